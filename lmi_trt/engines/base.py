@@ -1,0 +1,134 @@
+"""The one engine protocol every backend implements (torch, trtllm, synthetic).
+
+Engines speak token ids only. Tokenization, incremental detokenization, stop strings and
+wire formats live in ``lmi_trt.serving``; an engine receives a ``GenerationRequest`` and
+yields ``EngineOutput`` deltas until one has ``finished=True``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended. Values are the LMI/TGI wire names."""
+
+    LENGTH = "length"
+    EOS = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings, already validated by the serving layer.
+
+    ``do_sample=False`` means greedy regardless of temperature/top_k/top_p (DJL semantics).
+    """
+
+    max_new_tokens: int = 30
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_new_tokens: int = 0
+    beam_width: int = 1
+    logprobs: bool = False
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Token-id sequences; the engine stops on / never emits them where it can. Stop *strings*
+    # are still enforced on text by the serving layer, since tokenization is context dependent.
+    stop_token_ids: list[list[int]] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    streaming: bool = True
+
+
+@dataclass
+class EngineOutput:
+    """A delta: the tokens generated since the previous output of the same request."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    # HTTP-ish code for errors: 400 bad request, 424 model-side failure, 503 overloaded.
+    error_code: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the loaded engine can honour; the serving layer validates requests against it."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int | None = None  # prompt + output; None = only max_new_tokens bounds output
+    max_new_tokens: int | None = None
+    max_beam_width: int = 1
+    supports_logprobs: bool = False
+
+
+@dataclass
+class EngineStats:
+    active_requests: int = 0
+    queued_requests: int = 0
+    max_batch_size: int = 0
+    total_requests: int = 0
+    total_generated_tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class EngineError(RuntimeError):
+    """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, code: int = 424) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Lifecycle: construct (cheap) → ``await start()`` (loads weights) → submit … → ``await close()``."""
+
+    name: str
+
+    @property
+    def limits(self) -> EngineLimits: ...
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine has died; /ping turns 503 and the process exits."""
+        ...
+
+    async def start(self) -> None: ...
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        """Enqueue and stream deltas. The last output has ``finished=True``.
+
+        Per-request failures arrive as a final output with ``error`` set; they never raise
+        out of other requests' iterators. Closing the iterator early (client gone) cancels.
+        """
+        ...
+
+    async def cancel(self, request_id: str) -> None:
+        """Stop a request and free its slot; its iterator ends with ``FinishReason.CANCELLED``."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def close(self) -> None: ...
