@@ -1,0 +1,64 @@
+"""Engine selection and construction: (config, artifact, tokenizer facts) → an Engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from lmi_trt.engines.base import Engine, EngineError
+
+log = logging.getLogger(__name__)
+
+EngineKind = Literal["trtllm", "torch", "synthetic"]
+
+# DJL's Java front end defaults the trtllm rolling batch to 256; our torch engine keeps
+# a smaller default because its CPU/CUDA cache is sized from it up front.
+DEFAULT_BATCH = {"trtllm": 256, "torch": 32, "synthetic": 256}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    trtllm_importable: bool
+    gpu_count: int
+
+
+def probe_host() -> HostFacts:
+    """Side-effecting probe, kept at the edge: is TensorRT-LLM importable, how many GPUs."""
+    trtllm = importlib.util.find_spec("tensorrt_llm") is not None
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        pass
+    return HostFacts(trtllm_importable=trtllm, gpu_count=gpus)
+
+
+def choose_engine(rolling_batch: str, host: HostFacts) -> tuple[EngineKind, str]:
+    """Pure: the engine to run and a sentence saying why (logged at startup)."""
+    if rolling_batch in ("trtllm", "torch", "synthetic"):
+        return rolling_batch, f"option.rolling_batch={rolling_batch}"  # type: ignore[return-value]
+    if rolling_batch == "disable":
+        raise EngineError(
+            "option.rolling_batch=disable is not supported: every engine here batches in flight; "
+            "remove the key or set auto, trtllm or torch",
+            code=400,
+        )
+    if host.trtllm_importable and host.gpu_count > 0:
+        return "trtllm", f"auto: tensorrt_llm is importable and {host.gpu_count} GPU(s) are visible"
+    missing = []
+    if not host.trtllm_importable:
+        missing.append("tensorrt_llm is not installed")
+    if host.gpu_count == 0:
+        missing.append("no GPU is visible")
+    return "torch", "auto: " + " and ".join(missing) + "; using the embedded torch engine"
+
+
+def default_batch_size(kind: EngineKind, configured: int | None) -> int:
+    return configured if configured is not None else DEFAULT_BATCH[kind]
+
+
+__all__ = ["Engine", "EngineKind", "HostFacts", "probe_host", "choose_engine", "default_batch_size"]

@@ -1,0 +1,1022 @@
+"""Configuration: serving.properties + OPTION_*/HF_*/SERVING_* env + CLI overrides → LmiConfig.
+
+DJL-Serving LMI semantics: a key in ``serving.properties`` wins over the environment (Java's
+``putIfAbsent``), CLI overrides win over both. The environment rules, including the TGI/SageMaker
+aliases that apply only while the LMI variable is unset, follow DJL's ``ModelInfo``, ``ConfigManager``,
+``SageMakerCompatibility`` and its container entrypoint. This is the only module that reads
+``os.environ`` (in ``load_config_from_environment``); everything else is pure over a mapping.
+
+Every key lives in ``REGISTRY``: its type, allowed values, aliases, env variables and whether it
+changes the compiled TensorRT-LLM engine. Defaults live on ``LmiConfig`` fields only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
+
+from lmi_trt.properties import PropertiesSyntaxError, iter_properties
+
+log = logging.getLogger(__name__)
+
+PROPERTIES_FILE_NAME = "serving.properties"
+MASK = "****"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key as written, the value and what is allowed."""
+
+
+class Quantization(str, enum.Enum):
+    """One vocabulary for DJL's ``option.quantize`` and Truss's ``quantization_type``."""
+
+    SMOOTHQUANT = "smoothquant"
+    AWQ = "awq"
+    FP8 = "fp8"
+    FP8_KV = "fp8_kv"                          # fp8 weights/activations and an fp8 KV cache
+    WEIGHTS_INT8 = "weights_int8"              # int8 weight-only (W8A16)
+    WEIGHTS_INT8_KV_INT8 = "weights_int8_kv_int8"
+    WEIGHTS_INT4 = "weights_int4"              # int4 weight-only (W4A16)
+    WEIGHTS_INT4_KV_INT8 = "weights_int4_kv_int8"
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Calibration data is read for activation or KV-cache scales; plain weight-only needs none."""
+        return self not in (Quantization.WEIGHTS_INT8, Quantization.WEIGHTS_INT4)
+
+
+# Input spellings → Quantization (None = no quantization). Truss's legacy names included.
+_QUANTIZE_NAMES: dict[str, Quantization | None] = {
+    "none": None,
+    "no_quant": None,
+    "smoothquant": Quantization.SMOOTHQUANT,
+    "smooth_quant": Quantization.SMOOTHQUANT,
+    "awq": Quantization.AWQ,
+    "fp8": Quantization.FP8,
+    "fp8_kv": Quantization.FP8_KV,
+    "weights_int8": Quantization.WEIGHTS_INT8,
+    "weights_kv_int8": Quantization.WEIGHTS_INT8_KV_INT8,
+    "weights_int8_kv_int8": Quantization.WEIGHTS_INT8_KV_INT8,
+    "weights_int4": Quantization.WEIGHTS_INT4,
+    # Truss's first config called int4 weights + int8 KV "weights_kv_int4" (there is no int4 KV cache).
+    "weights_kv_int4": Quantization.WEIGHTS_INT4_KV_INT8,
+    "weights_int4_kv_int8": Quantization.WEIGHTS_INT4_KV_INT8,
+}
+
+
+class LmiConfig(BaseModel):
+    """The effective configuration. Attribute = registry key without ``option.``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    # --- model & sources ---
+    model_id: str | None = None          # option.model_id (HF id, s3://, local path); None → model_dir
+    model_dir: Path | None = None        # folder holding serving.properties (/opt/ml/model)
+    revision: str | None = None          # option.revision / HF_REVISION
+    trust_remote_code: bool = False      # option.trust_remote_code / HF_MODEL_TRUST_REMOTE_CODE
+    hf_token: SecretStr | None = None    # HF_TOKEN (masked in logs)
+    tokenizer_id: str | None = None      # option.tokenizer_id / tokenizer_repository
+    download_dir: Path = Path("/tmp/.lmi-trt")  # SERVING_DOWNLOAD_DIR / DJL_CACHE_DIR
+    engine_cache_uri: str | None = None  # s3://bucket/prefix or a local folder
+    compile_timeout: int = 3600
+    # --- engine choice & runtime ---
+    engine: Literal["Python", "MPI"] = "Python"
+    mpi_mode: bool = False
+    rolling_batch: Literal["auto", "trtllm", "torch", "synthetic", "disable"] = "auto"
+    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    tensor_parallel_degree: int | Literal["max"] = 1   # 'max' is resolved by the launcher
+    pipeline_parallel_degree: int = 1
+    enforce_eager: bool = False
+    synthetic_tokens_per_second: float = 100.0
+    # --- engine build shape (compile-time) ---
+    max_rolling_batch_size: int | None = None   # None → engine default (trtllm 256, torch 32)
+    max_input_len: int = 1024
+    max_output_len: int = 512                   # new tokens; max_seq_len defaults to input + output
+    max_seq_len: int | None = None
+    max_num_tokens: int | None = None
+    max_beam_width: int = 1
+    max_draft_len: int = 0
+    tokens_per_block: int | None = None         # None → TensorRT-LLM's default
+    use_paged_context_fmha: bool | None = None  # None → TensorRT-LLM's default
+    use_fp8_context_fmha: bool = False
+    use_fused_mlp: bool = False
+    use_custom_all_reduce: bool = False
+    logits_dtype: Literal["fp32", "fp16"] = "fp32"
+    # --- per-architecture (compile-time) ---
+    baichuan_model_version: Literal["v1_7b", "v1_13b", "v2_7b", "v2_13b"] | None = None
+    chatglm_model_version: str | None = None
+    gpt_model_version: Literal["gpt2", "santacoder", "starcoder"] | None = None
+    rotary_base: float | None = None
+    rotary_dim: int | None = None
+    rotary_scaling_type: Literal["linear", "dynamic"] | None = None
+    rotary_scaling_factor: float | None = None
+    # --- quantization (compile-time) ---
+    quantize: Quantization | None = None
+    smoothquant_alpha: float = 0.8
+    smoothquant_per_token: bool = False
+    smoothquant_per_channel: bool = False
+    multi_query_mode: bool = False
+    q_format: Literal["int4_awq", "w4a8_awq"] = "int4_awq"
+    calib_size: int = 512
+    calib_batch_size: int = 32
+    calib_max_seq_length: int = 512
+    awq_block_size: Literal[64, 128] = 128
+    calib_dataset: Path | None = None
+    # --- build process (does not change the engine) ---
+    trtllm_checkpoint_path: Path | None = None
+    num_checkpoint_workers: int | None = None
+    num_engine_workers: int | None = None
+    load_by_shard: bool = False
+    # --- TensorRT-LLM executor (runtime) ---
+    kv_cache_free_gpu_mem_fraction: float = 0.95
+    max_tokens_in_paged_kv_cache: int | None = None
+    kv_cache_host_memory_bytes: int | None = None
+    enable_kv_cache_reuse: bool = False
+    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
+    enable_chunked_context: bool = False
+    multi_block_mode: bool | None = None        # None → TensorRT-LLM's default
+    enable_trt_overlap: bool = False
+    max_num_sequences: int | None = None        # None → max_rolling_batch_size
+    # --- serving ---
+    job_queue_size: int = 1000
+    output_formatter: str | None = None  # json | jsonlines | sse | json_chat | jsonlines_chat
+    tgi_compat: bool = False
+    chat_template: str | None = None
+    model_loading_timeout: int = 1800
+    predict_timeout: int = 240
+    max_request_size: int = 64 * 1024 * 1024
+
+    # Provenance for the startup log only. Private attributes take part in ==, so two configs
+    # with equal values from different sources compare unequal; compare compile_time_values().
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _env_echo: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def compile_time_values(self) -> dict[str, Any]:
+        """Every compile-time key's effective value (registry key → JSON-friendly value).
+
+        ``option.tensor_parallel_degree`` may still be ``'max'``: the cache key must use the resolved count.
+        """
+        return {s.key: _jsonable(getattr(self, s.attr)) for s in REGISTRY if s.compile_time and s.attr}
+
+    def redacted(self) -> dict[str, Any]:
+        """All attributes as JSON-friendly values, secrets masked."""
+        return {name: _jsonable(getattr(self, name)) for name in type(self).model_fields}
+
+
+# --------------------------------------------------------------------------------------------
+# Value types: each parses a stripped, non-empty string or raises _BadValue with the hint.
+
+
+class _BadValue(Exception):
+    """Carries the second half of a ConfigError message: 'is not ...; set ...'."""
+
+
+@dataclass(frozen=True)
+class ValueType:
+    summary: str                              # for the options table, e.g. "integer ≥ 1"
+    parse: Callable[[str], Any]
+
+
+def _integer(minimum: int = 1, example: int = 2048) -> ValueType:
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer ≥ {minimum}")
+
+    def parse(raw: str) -> int:
+        if not re.fullmatch(r"[+-]?\d+", raw):
+            raise _BadValue(f"is not an integer; set {what} such as {example}")
+        value = int(raw)
+        if value < minimum:
+            raise _BadValue(f"is out of range; set {what} such as {example}")
+        return value
+
+    return ValueType(f"integer ≥ {minimum}", parse)
+
+
+def _number(*, above: float, at_most: float | None = None, example: float) -> ValueType:
+    what = f"a number > {above:g}" + (f" and ≤ {at_most:g}" if at_most is not None else "")
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise _BadValue(f"is not a number; set {what} such as {example:g}") from None
+        if not (math.isfinite(value) and value > above and (at_most is None or value <= at_most)):
+            raise _BadValue(f"is out of range; set {what} such as {example:g}")
+        return value
+
+    return ValueType(what.removeprefix("a "), parse)
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+def parse_bool(raw: str) -> bool:
+    """true/false/1/0/yes/no, case-insensitive; raises _BadValue otherwise."""
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise _BadValue("is not a boolean; set true or false (1/0 and yes/no work too)")
+
+
+_BOOL = ValueType("boolean", parse_bool)
+
+
+def _choice(names: Mapping[str, Any], *, shown: Iterable[str] | None = None,
+            rejected: Mapping[str, str] | None = None) -> ValueType:
+    """Case-insensitive choice; ``names`` maps each accepted spelling to its value."""
+    lookup = {k.lower(): v for k, v in names.items()}
+    listed = tuple(shown if shown is not None else names)
+    refused = {k.lower(): v for k, v in (rejected or {}).items()}
+
+    def parse(raw: str) -> Any:
+        lowered = raw.lower()
+        if lowered in lookup:
+            return lookup[lowered]
+        if lowered in refused:
+            raise _BadValue(f"{refused[lowered]}; use one of: {', '.join(listed)}")
+        raise _BadValue(f"is not one of: {', '.join(listed)}")
+
+    return ValueType("one of " + ", ".join(f"`{name}`" for name in listed), parse)
+
+
+def _same(*values: Any) -> dict[str, Any]:
+    return {str(v): v for v in values}
+
+
+def _text_parse(raw: str) -> str:
+    return raw
+
+
+def _path_parse(raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def _secret_parse(raw: str) -> SecretStr:
+    return SecretStr(raw)
+
+
+def _parallel_degree(raw: str) -> int | str:
+    if raw.lower() == "max":
+        return "max"  # the launcher resolves it to the visible GPU count (÷ PP)
+    try:
+        return _integer(1, 2).parse(raw)
+    except _BadValue:
+        raise _BadValue("is not a positive integer or 'max'; set e.g. 4, or max for all GPUs") from None
+
+
+def _cache_uri(raw: str) -> str:
+    if "://" in raw:
+        if not re.fullmatch(r"s3://[^/]+(/.*)?", raw):
+            raise _BadValue("is not an s3://bucket/prefix URI or a local path; set e.g. s3://my-bucket/engines")
+        return raw.rstrip("/")
+    return str(Path(raw).expanduser())
+
+
+def _only_true(raw: str) -> bool:
+    if not parse_bool(raw):
+        raise _BadValue("cannot be false: in-flight batching needs a paged KV cache; remove the key")
+    return True
+
+
+_TEXT = ValueType("string", _text_parse)
+_PATH = ValueType("path", _path_parse)
+_SECRET = ValueType("secret string", _secret_parse)
+_TP = ValueType("integer ≥ 1 or max", _parallel_degree)
+_CACHE_URI = ValueType("path or s3:// URI", _cache_uri)
+_TRUE_ONLY = ValueType("`true`", _only_true)
+
+# DJL's other LMI backends: a clear refusal instead of "not one of".
+_OTHER_BACKENDS = {
+    name: "is served by other LMI containers; this container serves TensorRT-LLM (trtllm) or torch"
+    for name in ("vllm", "lmi-dist", "lmi_dist", "deepspeed", "scheduler", "neuronx", "tnx",
+                 "hf-accelerate", "lmi-dist-v2")
+}
+_DJL_ENGINES = {
+    **{name: "is another DJL engine; this container runs engine=Python (or MPI) and picks the model "
+             "backend with option.rolling_batch"
+       for name in ("deepspeed", "pytorch", "onnxruntime", "tensorflow", "mxnet", "fastertransformer", "onnx")},
+    **{name: f"is a model backend, not a DJL engine; set option.rolling_batch={name} instead"
+       for name in ("auto", "trtllm", "torch", "synthetic")},
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The key registry.
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One configuration key, named as written in serving.properties."""
+
+    key: str
+    type: ValueType
+    description: str
+    attr: str | None = None         # LmiConfig attribute; None = accepted for compatibility, ignored
+    compile_time: bool = False      # changing it changes the TensorRT-LLM engine (engine-cache key)
+    aliases: tuple[str, ...] = ()   # other names as written (Truss keys, older DJL names)
+    ignored: str | None = None      # why a DJL key has no effect here; logged whenever it is set
+    note: str | None = None         # logged (info) whenever it is set
+    secret: bool = False
+
+    def env_names(self) -> tuple[str, ...]:
+        """The generic environment variable for this key (OPTION_X / SERVING_X), then the named ones."""
+        if self.key == "engine":
+            generic: tuple[str, ...] = ("OPTION_ENGINE",)
+        elif self.key.startswith("option."):
+            generic = ("OPTION_" + self.key.removeprefix("option.").upper(),)
+        elif "." not in self.key:
+            generic = ("SERVING_" + self.key.upper(),)
+        else:
+            generic = ()  # gpu.minWorkers has no environment form
+        return generic + tuple(a.var for a in ENV_ALIASES if _canonical_key(a.key) == self.key)
+
+
+def _both(name: str) -> tuple[str, str]:
+    """A Truss-style alias is accepted with and without the ``option.`` prefix."""
+    return (f"option.{name}", name)
+
+
+_IGNORED_WORKERS = "lmi-trt runs one model copy per GPUs ÷ (TP×PP) and sizes its own workers"
+_IGNORED_BATCHING = ("lmi-trt always batches in flight (size it with option.max_rolling_batch_size); "
+                     "DJL's dynamic batching does not apply")
+_IGNORED_METRICS = "lmi-trt always exports Prometheus metrics on /metrics"
+
+REGISTRY: tuple[KeySpec, ...] = (
+    # --- model & sources ---
+    KeySpec("option.model_id", _TEXT, "Hugging Face id, s3:// URI or local folder; unset: the model dir is the model",
+            "model_id", aliases=_both("engine_repository") + _both("huggingface_ckpt_repository")),
+    KeySpec("option.revision", _TEXT, "Hugging Face revision (branch, tag or commit)", "revision"),
+    KeySpec("option.trust_remote_code", _BOOL, "allow the model's own Python code (auto_map)",
+            "trust_remote_code"),
+    KeySpec("option.hf_token", _SECRET, "Hugging Face token for gated/private models (masked in logs)",
+            "hf_token", secret=True),
+    KeySpec("option.tokenizer_id", _TEXT, "tokenizer source when it differs from the model (id, s3:// or path)",
+            "tokenizer_id", aliases=_both("tokenizer_repository")),
+    KeySpec("download_dir", _PATH, "where downloads and local engine builds go", "download_dir"),
+    KeySpec("option.engine_cache_uri", _CACHE_URI,
+            "shared engine cache (s3://bucket/prefix or a folder); unset: a local cache under download_dir",
+            "engine_cache_uri"),
+    KeySpec("option.compile_timeout", _integer(1, 3600), "seconds one engine build may take",
+            "compile_timeout"),
+    # --- engine choice ---
+    KeySpec("engine", _choice({"python": "Python", "mpi": "MPI"}, shown=("Python", "MPI"),
+                              rejected=_DJL_ENGINES),
+            "DJL worker engine; MPI implies option.mpi_mode=true", "engine",
+            aliases=("option.engine",),
+            note="lmi-trt starts TP×PP MPI ranks itself; engine only sets option.mpi_mode"),
+    KeySpec("option.mpi_mode", _BOOL, "DJL's MPI worker flag, accepted for compatibility", "mpi_mode",
+            note="lmi-trt launches MPI ranks from tensor_parallel_degree × pipeline_parallel_degree, "
+                 "so option.mpi_mode changes nothing"),
+    KeySpec("option.rolling_batch",
+            _choice(_same("auto", "trtllm", "torch", "synthetic", "disable"), rejected=_OTHER_BACKENDS),
+            "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
+            "synthetic: benchmark engine; disable: DJL's request-at-a-time mode", "rolling_batch"),
+    KeySpec("option.device", _choice(_same("auto", "cpu", "cuda")), "device of the torch engine", "device"),
+    KeySpec("option.dtype",
+            _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
+                     "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32"},
+                    shown=("auto", "fp16", "bf16", "fp32")),
+            "weights/activation precision; auto: the checkpoint's", "dtype", compile_time=True),
+    KeySpec("option.tensor_parallel_degree", _TP, "tensor-parallel ranks; max: all visible GPUs (÷ PP)",
+            "tensor_parallel_degree", compile_time=True, aliases=_both("tensor_parallel_count")),
+    KeySpec("option.pipeline_parallel_degree", _integer(1, 2), "pipeline-parallel ranks",
+            "pipeline_parallel_degree", compile_time=True, aliases=_both("pipeline_parallel_count")),
+    KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs", "enforce_eager"),
+    KeySpec("option.synthetic_tokens_per_second", _number(above=0, example=100),
+            "decode rate per sequence of the synthetic benchmark engine", "synthetic_tokens_per_second"),
+    # --- engine build shape ---
+    KeySpec("option.max_rolling_batch_size", _integer(1, 64),
+            "most sequences in flight; also the engine's max batch size; unset: trtllm 256, torch 32",
+            "max_rolling_batch_size", compile_time=True, aliases=_both("max_batch_size")),
+    KeySpec("option.max_input_len", _integer(1, 2048), "longest prompt in tokens", "max_input_len",
+            compile_time=True),
+    KeySpec("option.max_output_len", _integer(1, 512), "most new tokens per request", "max_output_len",
+            compile_time=True),
+    KeySpec("option.max_seq_len", _integer(2, 4096),
+            "prompt + output tokens; unset: max_input_len + max_output_len", "max_seq_len", compile_time=True),
+    KeySpec("option.max_num_tokens", _integer(1, 8192),
+            "tokens per engine step (packed batch); unset: TensorRT-LLM's default", "max_num_tokens",
+            compile_time=True, aliases=_both("max_rolling_batch_prefill_tokens")),
+    KeySpec("option.max_beam_width", _integer(1, 1), "beam-search width the engine is built for",
+            "max_beam_width", compile_time=True),
+    KeySpec("option.max_draft_len", _integer(0, 4), "speculative-decoding draft tokens per step",
+            "max_draft_len", compile_time=True),
+    KeySpec("option.tokens_per_block", _choice({str(2 ** n): 2 ** n for n in range(3, 9)}),
+            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default", "tokens_per_block",
+            compile_time=True),
+    KeySpec("option.use_paged_context_fmha", _BOOL,
+            "paged context attention (needed for KV reuse and chunked context); unset: TensorRT-LLM's default",
+            "use_paged_context_fmha", compile_time=True,
+            aliases=("plugin_configuration.use_paged_context_fmha",)),
+    KeySpec("option.use_fp8_context_fmha", _BOOL, "fp8 context attention (Hopper, fp8 quantization)",
+            "use_fp8_context_fmha", compile_time=True, aliases=("plugin_configuration.use_fp8_context_fmha",)),
+    KeySpec("option.paged_kv_cache", _TRUE_ONLY, "Truss plugin flag; the KV cache is always paged",
+            aliases=("plugin_configuration.paged_kv_cache",),
+            ignored="in-flight batching always uses a paged KV cache"),
+    KeySpec("option.use_fused_mlp", _BOOL, "fuse the gated MLP (Llama family)", "use_fused_mlp",
+            compile_time=True),
+    KeySpec("option.use_custom_all_reduce", _BOOL,
+            "NVLink all-reduce for TensorRT-LLM 0.x; newer versions choose it themselves",
+            "use_custom_all_reduce", compile_time=True),
+    KeySpec("option.logits_dtype",
+            _choice({"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16"}, shown=("fp32", "fp16")),
+            "logits precision (T5)", "logits_dtype", compile_time=True),
+    # --- per-architecture ---
+    KeySpec("option.baichuan_model_version", _choice(_same("v1_7b", "v1_13b", "v2_7b", "v2_13b")),
+            "Baichuan variant; unset: inferred from config.json", "baichuan_model_version", compile_time=True),
+    KeySpec("option.chatglm_model_version",
+            _choice(_same("glm", "chatglm", "chatglm2", "chatglm3", "glm4", "chatglm_6b", "chatglm2_6b",
+                          "chatglm2_6b_32k", "chatglm3_6b", "chatglm3_6b_base", "chatglm3_6b_32k", "glm_10b")),
+            "ChatGLM variant; unset: inferred from config.json", "chatglm_model_version", compile_time=True),
+    KeySpec("option.gpt_model_version", _choice(_same("gpt2", "santacoder", "starcoder")),
+            "GPT-2 family variant; unset: inferred from config.json", "gpt_model_version", compile_time=True),
+    KeySpec("option.rotary_base", _number(above=0, example=10000), "RoPE base; unset: config.json's rope_theta",
+            "rotary_base", compile_time=True),
+    KeySpec("option.rotary_dim", _integer(1, 64), "rotary dimensions (GPT-J); unset: config.json's",
+            "rotary_dim", compile_time=True),
+    KeySpec("option.rotary_scaling_type", _choice(_same("linear", "dynamic")),
+            "RoPE scaling; set together with option.rotary_scaling_factor", "rotary_scaling_type",
+            compile_time=True),
+    KeySpec("option.rotary_scaling_factor", _number(above=1, example=2),
+            "RoPE scaling factor; set together with option.rotary_scaling_type", "rotary_scaling_factor",
+            compile_time=True),
+    # --- quantization ---
+    KeySpec("option.quantize",
+            _choice(_QUANTIZE_NAMES, shown=tuple(_QUANTIZE_NAMES)),
+            "quantization (DJL and Truss names; no_quant/none: off)", "quantize", compile_time=True,
+            aliases=_both("quantization_type")),
+    KeySpec("option.smoothquant_alpha", _number(above=0, at_most=1, example=0.8),
+            "SmoothQuant migration strength", "smoothquant_alpha", compile_time=True),
+    KeySpec("option.smoothquant_per_token", _BOOL, "SmoothQuant per-token activation scales",
+            "smoothquant_per_token", compile_time=True),
+    KeySpec("option.smoothquant_per_channel", _BOOL, "SmoothQuant per-channel weight scales",
+            "smoothquant_per_channel", compile_time=True),
+    KeySpec("option.multi_query_mode", _BOOL, "SmoothQuant for multi-/grouped-query attention models",
+            "multi_query_mode", compile_time=True),
+    KeySpec("option.q_format", _choice(_same("int4_awq", "w4a8_awq")), "AWQ format", "q_format",
+            compile_time=True, aliases=_both("awq_format")),
+    KeySpec("option.calib_size", _integer(1, 512), "calibration samples", "calib_size", compile_time=True,
+            aliases=_both("awq_calib_size") + ("quantization_config.calib_size",)),
+    KeySpec("option.calib_batch_size", _integer(1, 32), "calibration batch size", "calib_batch_size",
+            compile_time=True),
+    KeySpec("option.calib_max_seq_length", _integer(1, 512), "tokens per calibration sample",
+            "calib_max_seq_length", compile_time=True, aliases=("quantization_config.calib_max_seq_length",)),
+    KeySpec("option.awq_block_size", _choice({"64": 64, "128": 128}), "AWQ group size", "awq_block_size",
+            compile_time=True),
+    KeySpec("option.calib_dataset", _PATH, "local calibration dataset (file or folder)", "calib_dataset",
+            compile_time=True, aliases=("quantization_config.calib_dataset",)),
+    # --- build process ---
+    KeySpec("option.trtllm_checkpoint_path", _PATH, "where the converted TensorRT-LLM checkpoint is written",
+            "trtllm_checkpoint_path"),
+    KeySpec("option.num_checkpoint_workers", _integer(1, 4), "parallel checkpoint conversions",
+            "num_checkpoint_workers"),
+    KeySpec("option.num_engine_workers", _integer(1, 4), "parallel engine builds (GPUs)", "num_engine_workers"),
+    KeySpec("option.load_by_shard", _BOOL, "convert shard by shard to save host memory (Falcon)",
+            "load_by_shard"),
+    # --- TensorRT-LLM executor ---
+    KeySpec("option.kv_cache_free_gpu_mem_fraction", _number(above=0, at_most=1, example=0.9),
+            "share of free GPU memory given to the KV cache", "kv_cache_free_gpu_mem_fraction"),
+    KeySpec("option.max_tokens_in_paged_kv_cache", _integer(1, 65536),
+            "KV-cache size cap in tokens (the smaller of this and the fraction wins)",
+            "max_tokens_in_paged_kv_cache"),
+    KeySpec("option.kv_cache_host_memory_bytes", _integer(1, 2 ** 30), "host memory for KV-cache offload",
+            "kv_cache_host_memory_bytes"),
+    KeySpec("option.enable_kv_cache_reuse", _BOOL, "prefix caching (needs paged context attention)",
+            "enable_kv_cache_reuse", compile_time=True),
+    KeySpec("option.batch_scheduler_policy", _choice(_same("max_utilization", "guaranteed_no_evict")),
+            "in-flight batch scheduling", "batch_scheduler_policy"),
+    KeySpec("option.enable_chunked_context", _BOOL, "split long prompts over several steps",
+            "enable_chunked_context", aliases=_both("enable_chunked_prefill")),
+    KeySpec("option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default",
+            "multi_block_mode"),
+    KeySpec("option.enable_trt_overlap", _BOOL, "overlap consecutive batches", "enable_trt_overlap"),
+    KeySpec("option.max_num_sequences", _integer(1, 64),
+            "runtime cap on sequences in flight (≤ max_rolling_batch_size); unset: max_rolling_batch_size",
+            "max_num_sequences"),
+    # --- serving ---
+    KeySpec("job_queue_size", _integer(1, 1000), "queued requests beyond which the server answers 503",
+            "job_queue_size"),
+    KeySpec("option.output_formatter", _choice(_same("json", "jsonlines", "sse", "json_chat", "jsonlines_chat")),
+            "response format of /invocations; unset: by request", "output_formatter"),
+    KeySpec("option.tgi_compat", _BOOL, "TGI-shaped /invocations responses", "tgi_compat"),
+    KeySpec("option.chat_template", _TEXT, "Jinja chat template overriding the tokenizer's", "chat_template"),
+    KeySpec("option.model_loading_timeout", _integer(1, 1800), "seconds to load the model (not the compile)",
+            "model_loading_timeout"),
+    KeySpec("option.predict_timeout", _integer(1, 240), "seconds one request may take", "predict_timeout"),
+    KeySpec("max_request_size", _integer(1, 64 * 1024 * 1024), "largest request body in bytes",
+            "max_request_size"),
+    # --- DJL keys accepted and ignored ---
+    KeySpec("option.entryPoint", _TEXT, "DJL handler module", aliases=("option.entrypoint",),
+            ignored="lmi-trt's handler is built in; a custom entry point or model.py is not loaded"),
+    KeySpec("batch_size", _integer(1, 1), "DJL dynamic batch size", ignored=_IGNORED_BATCHING),
+    KeySpec("max_batch_delay", _integer(0, 100), "DJL dynamic batching delay (ms)", ignored=_IGNORED_BATCHING),
+    KeySpec("minWorkers", _integer(0, 1), "DJL worker count", aliases=("minworkers",), ignored=_IGNORED_WORKERS),
+    KeySpec("maxWorkers", _integer(0, 1), "DJL worker count", aliases=("maxworkers",), ignored=_IGNORED_WORKERS),
+    KeySpec("gpu.minWorkers", _integer(0, 1), "DJL worker count", ignored=_IGNORED_WORKERS),
+    KeySpec("gpu.maxWorkers", _integer(0, 1), "DJL worker count", ignored=_IGNORED_WORKERS),
+    KeySpec("option.bedrock_compat", _BOOL, "DJL Bedrock '3p' schema",
+            ignored="the Bedrock '3p' schema is not served; use /v1/chat/completions or option.tgi_compat"),
+    KeySpec("log_request_metric", _BOOL, "DJL per-request metrics", ignored=_IGNORED_METRICS),
+    KeySpec("metrics_aggregation", _integer(1, 1000), "DJL metrics aggregation", ignored=_IGNORED_METRICS),
+    KeySpec("chunked_read_timeout", _integer(1, 120), "DJL front-end stream chunk timeout",
+            ignored="tokens stream straight from the engine; option.predict_timeout bounds a request"),
+    KeySpec("features", _TEXT, "DJL container feature list (SERVING_FEATURES)",
+            ignored="lmi-trt picks its engine with option.rolling_batch"),
+)
+
+
+@dataclass(frozen=True)
+class EnvAlias:
+    """A named environment variable that sets a key; in ENV_ALIASES order, the first one set wins,
+    and only when no OPTION_/SERVING_ variable sets the key (the entrypoint's "only when unset")."""
+
+    var: str
+    key: str
+    convert: Callable[[str], str] = _text_parse
+
+
+def _inverted_bool(raw: str) -> str:
+    return "false" if parse_bool(raw) else "true"
+
+
+def _megabytes_to_bytes(raw: str) -> str:
+    return str(_integer(1, 6).parse(raw.strip()) * 1024 * 1024)
+
+
+ENV_ALIASES: tuple[EnvAlias, ...] = (
+    EnvAlias("HF_MODEL_ID", "option.model_id"),
+    EnvAlias("HF_REVISION", "option.revision"),
+    EnvAlias("HF_TOKEN", "option.hf_token"),
+    EnvAlias("HF_MODEL_TRUST_REMOTE_CODE", "option.trust_remote_code"),
+    EnvAlias("TENSOR_PARALLEL_DEGREE", "option.tensor_parallel_degree"),
+    EnvAlias("SM_NUM_GPUS", "option.tensor_parallel_degree"),
+    EnvAlias("PIPELINE_PARALLEL_DEGREE", "option.pipeline_parallel_degree"),
+    EnvAlias("HF_MODEL_QUANTIZE", "option.quantize"),
+    EnvAlias("MAX_CONCURRENT_REQUESTS", "job_queue_size"),
+    EnvAlias("MAX_BATCH_SIZE", "option.max_rolling_batch_size"),
+    EnvAlias("MAX_BATCH_PREFILL_TOKENS", "option.max_rolling_batch_prefill_tokens"),
+    EnvAlias("CUDA_MEMORY_FRACTION", "option.kv_cache_free_gpu_mem_fraction"),
+    EnvAlias("ENABLE_CUDA_GRAPHS", "option.enforce_eager", _inverted_bool),
+    EnvAlias("SAGEMAKER_MAX_REQUEST_SIZE", "max_request_size"),
+    EnvAlias("SAGEMAKER_MAX_PAYLOAD_IN_MB", "max_request_size", _megabytes_to_bytes),
+    EnvAlias("SAGEMAKER_STARTUP_TIMEOUT", "option.model_loading_timeout"),
+    EnvAlias("MODEL_LOADING_TIMEOUT", "option.model_loading_timeout"),   # DJL image default variable
+    EnvAlias("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout"),
+    EnvAlias("PREDICT_TIMEOUT", "option.predict_timeout"),               # DJL image default variable
+    EnvAlias("DJL_CACHE_DIR", "download_dir"),
+)
+
+# Truss nests these; in a properties file they are a JSON object: plugin_configuration={"paged_kv_cache": true}
+_GROUP_KEYS = ("plugin_configuration", "quantization_config")
+
+_BY_NAME: dict[str, KeySpec] = {}
+for _spec in REGISTRY:
+    for _name in (_spec.key, *_spec.aliases):
+        assert _name not in _BY_NAME, f"registry name {_name} defined twice"
+        _BY_NAME[_name] = _spec
+
+
+def _canonical_key(name: str) -> str:
+    return _BY_NAME[name].key
+
+
+# --------------------------------------------------------------------------------------------
+# Gathering raw settings from the three sources.
+
+
+@dataclass(frozen=True)
+class _Setting:
+    name: str        # as the user wrote it: a properties key, an env variable or an override key
+    spec: KeySpec
+    value: str
+    origin: str      # "serving.properties", "env" or "override"
+    rank: int = 0    # within one source, the lowest rank wins (env aliases rank behind OPTION_*/SERVING_*)
+
+    @property
+    def label(self) -> str:
+        """The key as written, with the key it sets when that differs."""
+        return self.name if self.name == self.spec.key else f"{self.name} ({self.spec.key})"
+
+    @property
+    def shown_value(self) -> str:
+        return MASK if _is_secret(self.name) or self.spec.secret else self.value
+
+
+def _is_secret(name: str) -> bool:
+    """HF_TOKEN, AWS_SECRET_ACCESS_KEY, API_KEY, DB_PASSWORD... but not MAX_NUM_TOKENS or TOKENIZER_ID:
+    TOKEN and KEY count only at the end of a word, SECRET and PASSWORD anywhere."""
+    words = re.split(r"[^A-Z0-9]+", name.upper())
+    return any(w.endswith(("TOKEN", "KEY")) or "SECRET" in w or "PASSWORD" in w or "PASSWD" in w for w in words)
+
+
+def _lookup(name: str, *, bare_means_option: bool) -> KeySpec | None:
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    if bare_means_option and not name.startswith("option."):
+        return _BY_NAME.get(f"option.{name}")
+    return None
+
+
+def _group_members(written: str, value: str, origin: str) -> list[tuple[str, str]]:
+    """plugin_configuration={"use_paged_context_fmha": true} → [("use_paged_context_fmha", "true")]."""
+    try:
+        members = json.loads(value)
+    except json.JSONDecodeError:
+        members = None
+    if not isinstance(members, dict):
+        raise ConfigError(f"{written}={value!r} ({origin}) is not a JSON object; "
+                          'write e.g. plugin_configuration={"use_paged_context_fmha": true}')
+    return [(k, json.dumps(v) if isinstance(v, bool) else str(v)) for k, v in members.items()]
+
+
+def _settings_from(entries: Iterable[tuple[str, str, str]], origin: str, *,
+                   bare_means_option: bool) -> list[_Setting]:
+    """``(as written, key, value)`` entries of one source → settings; unknown keys are warned about."""
+    out: list[_Setting] = []
+    for written, key, value in entries:
+        group = key.removeprefix("option.")
+        if group in _GROUP_KEYS:
+            members = _group_members(written, value, origin)
+            out += _settings_from(((f"{written}.{m}", f"{group}.{m}", v) for m, v in members), origin,
+                                  bare_means_option=False)
+            continue
+        spec = _lookup(key, bare_means_option=bare_means_option)
+        if spec is None:
+            _warn_unknown(written, key, value, origin)
+        else:
+            out.append(_Setting(written, spec, value, origin))
+    return out
+
+
+def _file_settings(path: Path) -> list[_Setting]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")  # what Java's Properties.load(InputStream) assumes
+    try:
+        entries = list(iter_properties(text))
+    except PropertiesSyntaxError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    first_line: dict[str, int] = {}
+    for line, key, _ in entries:
+        if key in first_line:
+            log.warning("%s: %s is set on lines %d and %d; the last one wins", path, key, first_line[key], line)
+        first_line[key] = line
+    last = {key: value for _, key, value in entries}
+    return _settings_from(((k, k, v) for k, v in last.items()), PROPERTIES_FILE_NAME, bare_means_option=False)
+
+
+def env_key(var: str) -> str | None:
+    """DJL's generic rule: OPTION_FOO_BAR → option.foo_bar, SERVING_FOO → foo; None for other variables.
+
+    The rest after OPTION_ is lower-cased only when it is all [A-Z_0-9] (mixed case is kept);
+    OPTION_ENGINE sets the plain key ``engine``, OPTION_ENTRYPOINT sets ``option.entryPoint``.
+    """
+    if var.startswith("OPTION_") and len(var) > len("OPTION_"):
+        rest = var[len("OPTION_"):]
+        if re.fullmatch(r"[A-Z_0-9]+", rest):
+            rest = rest.lower()
+        if rest == "engine":
+            return "engine"
+        return "option." + ("entryPoint" if rest == "entrypoint" else rest)
+    if var.startswith("SERVING_") and len(var) > len("SERVING_"):
+        return var[len("SERVING_"):].lower()
+    return None
+
+
+def _env_settings(env: Mapping[str, str]) -> list[_Setting]:
+    generic = ((var, key, env[var]) for var in sorted(env)
+               if (key := env_key(var)) is not None and env[var].strip())  # DJL ignores empty values
+    out = _settings_from(generic, "env", bare_means_option=False)
+    for rank, alias in enumerate(ENV_ALIASES, start=1):
+        value = env.get(alias.var, "")
+        if not value.strip():
+            continue
+        spec = _BY_NAME[alias.key]
+        try:
+            converted = alias.convert(value)
+        except _BadValue as e:
+            raise ConfigError(f"{alias.var} ({spec.key})={value!r} {e}") from None
+        out.append(_Setting(alias.var, spec, converted, "env", rank))
+    return out
+
+
+def _override_settings(overrides: Mapping[str, str]) -> list[_Setting]:
+    # The CLI may leave out "option." (-o max_input_len=2048).
+    return _settings_from(((k, k, v) for k, v in overrides.items()), "override", bare_means_option=True)
+
+
+def _warn_unknown(written: str, key: str, value: str, origin: str) -> None:
+    hint = nearest_key(key)
+    # A misspelt secret (option.hf_tokn) is still a secret.
+    shown = MASK if _is_secret(written) or (hint is not None and _BY_NAME[hint].secret) else value
+    name = written if written == key else f"{written} ({key})"
+    if hint is None:
+        advice = "see the configuration table in README.md"
+    elif hint == _BY_NAME[hint].key:
+        advice = f"did you mean {hint}?"
+    else:
+        advice = f"did you mean {hint} ({_BY_NAME[hint].key})?"
+    log.warning("unknown key %s=%r (%s) is ignored; %s", name, shown, origin, advice)
+
+
+def nearest_key(name: str) -> str | None:
+    """The accepted name closest to a misspelt one (``option.`` added or dropped first)."""
+    for candidate in (f"option.{name}", name.removeprefix("option.")):
+        if candidate in _BY_NAME:
+            return candidate
+    # Compare without the shared "option." prefix, which would make every option.* look alike.
+    bare = sorted({n.removeprefix("option.") for n in _BY_NAME})
+    matches = difflib.get_close_matches(name.removeprefix("option."), bare, n=1, cutoff=0.7)
+    if not matches:
+        return None
+    forms = (f"option.{matches[0]}", matches[0])
+    return next(f for f in (forms if name.startswith("option.") else forms[::-1]) if f in _BY_NAME)
+
+
+def _winners(settings: list[_Setting]) -> dict[str, _Setting]:
+    """One setting per key within one source: lowest rank wins; same-rank disagreement is an error."""
+    by_key: dict[str, list[_Setting]] = {}
+    for s in settings:
+        by_key.setdefault(s.spec.key, []).append(s)
+    out: dict[str, _Setting] = {}
+    for key, group in by_key.items():
+        best = min(s.rank for s in group)
+        top = [s for s in group if s.rank == best]
+        if len({s.value.strip() for s in top}) > 1:
+            both = " and ".join(f"{s.name}={s.shown_value!r}" for s in top)
+            raise ConfigError(f"{top[0].origin} sets {key} twice, as {both}; keep one of them")
+        out[key] = top[0]
+        for shadowed in (s for s in group if s.rank > best):
+            log.info("%s is not applied: %s sets %s (alias variables apply only while the LMI one is unset)",
+                     shadowed.name, top[0].name, key)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Loading.
+
+
+def load_config(
+    *,
+    properties_file: Path | None = None,
+    model_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> LmiConfig:
+    """Merge file (wins over env), env, and CLI overrides (win over both). Pure over ``env``.
+
+    With no ``properties_file``, ``model_dir/serving.properties`` is read when present; with a
+    ``properties_file`` and no ``model_dir``, the file's folder is the model dir (DJL's layout).
+    """
+    env = env or {}
+    properties_file, model_dir = _locate(properties_file, model_dir)
+    chosen: dict[str, _Setting] = {}
+    for layer in (_env_settings(env),
+                  _file_settings(properties_file) if properties_file else [],
+                  _override_settings(overrides or {})):
+        chosen.update(_winners(layer))  # a higher source replaces the whole key (putIfAbsent, inverted)
+    values = _parse_values(chosen)
+    if values.get("engine") == "MPI":
+        values["mpi_mode"] = True  # DJL: engine=MPI forces option.mpi_mode
+    _check_cross_fields(values, chosen, model_dir)
+    _warn_inapplicable(values, chosen)
+    config = LmiConfig(model_dir=model_dir, **values)
+    config._origins = {key: _origin_text(s) for key, s in chosen.items()}
+    config._env_echo = echo_environment(env)
+    return config
+
+
+def load_config_from_environment(
+    properties_file: Path | None = None,
+    model_dir: Path | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> LmiConfig:
+    """``load_config`` over ``os.environ`` — the one place the process environment is read."""
+    return load_config(properties_file=properties_file, model_dir=model_dir, env=dict(os.environ),
+                       overrides=overrides)
+
+
+def _locate(properties_file: Path | None, model_dir: Path | None) -> tuple[Path | None, Path | None]:
+    if model_dir is not None:
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ConfigError(f"model dir {str(model_dir)!r} is not a directory; pass the folder holding "
+                              f"{PROPERTIES_FILE_NAME} (and the model, when option.model_id is unset)")
+    if properties_file is not None:
+        properties_file = Path(properties_file)
+        if not properties_file.is_file():
+            raise ConfigError(f"properties file {str(properties_file)!r} does not exist; pass an existing "
+                              f"{PROPERTIES_FILE_NAME} or leave it out to use the model dir's")
+        return properties_file, model_dir if model_dir is not None else properties_file.parent
+    if model_dir is not None and (model_dir / PROPERTIES_FILE_NAME).is_file():
+        return model_dir / PROPERTIES_FILE_NAME, model_dir
+    return None, model_dir
+
+
+def _parse_values(chosen: Mapping[str, _Setting]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for s in chosen.values():
+        raw = s.value.strip()
+        if not raw:
+            continue  # an empty value means the default, and still hides the same key from lower sources
+        try:
+            value = s.spec.type.parse(raw)
+        except _BadValue as e:
+            raise ConfigError(f"{s.label}={s.shown_value!r} {e}") from None
+        if s.spec.ignored:
+            log.warning("%s=%r is accepted for compatibility and ignored: %s", s.label, s.shown_value,
+                        s.spec.ignored)
+            continue
+        if s.spec.note:
+            log.info("%s=%r: %s", s.label, s.shown_value, s.spec.note)
+        values[s.spec.attr] = value
+    return values
+
+
+def _label(key: str, chosen: Mapping[str, _Setting]) -> str:
+    return chosen[key].label if key in chosen else key
+
+
+def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting], model_dir: Path | None) -> None:
+    """Combinations no engine can honour are errors: never clip or drop a setting silently."""
+    def get(attr: str) -> Any:
+        return values.get(attr, LmiConfig.model_fields[attr].default)
+
+    def name(attr: str) -> str:
+        return _label(_attr_key(attr), chosen)
+
+    if get("model_id") is None and model_dir is None and get("rolling_batch") != "synthetic":
+        raise ConfigError("no model: set option.model_id (or HF_MODEL_ID) to a Hugging Face id, s3:// URI or "
+                          "local folder, or pass a model dir holding the model")
+    scaling_type, scaling_factor = get("rotary_scaling_type"), get("rotary_scaling_factor")
+    if (scaling_type is None) != (scaling_factor is None):
+        given = "rotary_scaling_type" if scaling_type is not None else "rotary_scaling_factor"
+        missing = "rotary_scaling_factor" if scaling_type is not None else "rotary_scaling_type"
+        raise ConfigError(f"{name(given)}={chosen[_attr_key(given)].value.strip()!r} needs {_attr_key(missing)} "
+                          "as well; set both (e.g. linear and 2.0) or neither")
+    max_input, max_seq = get("max_input_len"), get("max_seq_len")
+    if max_seq is not None and max_seq <= max_input:
+        raise ConfigError(f"{name('max_seq_len')}={max_seq} leaves no room for output after "
+                          f"{name('max_input_len')}={max_input}; set max_seq_len above max_input_len "
+                          f"(e.g. {max_input + get('max_output_len')}) or leave it unset")
+    max_tokens = get("max_num_tokens")
+    if max_tokens is not None and max_tokens < max_input and not get("enable_chunked_context"):
+        raise ConfigError(f"{name('max_num_tokens')}={max_tokens} is below {name('max_input_len')}={max_input}, "
+                          "so the longest prompt would not fit in one step; raise max_num_tokens to at least "
+                          f"{max_input}, lower max_input_len, or set option.enable_chunked_context=true")
+    batch, sequences = get("max_rolling_batch_size"), get("max_num_sequences")
+    if batch is not None and sequences is not None and sequences > batch:
+        raise ConfigError(f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
+                          "the batch size the engine is built for; lower it or raise max_rolling_batch_size")
+    if get("use_paged_context_fmha") is False:
+        for needs in ("enable_kv_cache_reuse", "enable_chunked_context"):
+            if get(needs):
+                raise ConfigError(f"{name(needs)}=true needs paged context attention, but "
+                                  f"{name('use_paged_context_fmha')}=false; drop one of them")
+
+
+_QUANT_KNOBS: tuple[tuple[tuple[str, ...], Callable[[Quantization | None], bool], str], ...] = (
+    (("smoothquant_alpha", "smoothquant_per_token", "smoothquant_per_channel", "multi_query_mode"),
+     lambda q: q is Quantization.SMOOTHQUANT, "option.quantize=smoothquant"),
+    (("q_format", "awq_block_size"), lambda q: q is Quantization.AWQ, "option.quantize=awq"),
+    (("calib_size", "calib_batch_size", "calib_max_seq_length", "calib_dataset"),
+     lambda q: q is not None and q.needs_calibration, "a calibrated option.quantize (not weights-only)"),
+    (("use_fp8_context_fmha",), lambda q: q in (Quantization.FP8, Quantization.FP8_KV),
+     "option.quantize=fp8 or fp8_kv"),
+)
+
+
+def _warn_inapplicable(values: Mapping[str, Any], chosen: Mapping[str, _Setting]) -> None:
+    quantize = values.get("quantize")
+    for attrs, applies, needs in _QUANT_KNOBS:
+        if applies(quantize):
+            continue
+        for attr in attrs:
+            if attr in values:
+                log.warning("%s is set but has no effect without %s (option.quantize is %s)",
+                            _label(_attr_key(attr), chosen), needs, quantize.value if quantize else "unset")
+
+
+def _attr_key(attr: str) -> str:
+    return _BY_ATTR[attr].key
+
+
+_BY_ATTR = {s.attr: s for s in REGISTRY if s.attr}
+
+
+# --------------------------------------------------------------------------------------------
+# Logging the effective configuration.
+
+_ECHO_PREFIXES = ("OPTION_", "SERVING_", "HF_", "SM_", "SAGEMAKER_", "AWS_")
+_ECHO_NAMES = frozenset({a.var for a in ENV_ALIASES} | {"CUDA_VISIBLE_DEVICES"})
+
+
+def echo_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables that matter to configuration, with secret-looking values masked."""
+    return {var: (MASK if _is_secret(var) else env[var]) for var in sorted(env)
+            if var.startswith(_ECHO_PREFIXES) or var in _ECHO_NAMES}
+
+
+def _origin_text(s: _Setting) -> str:
+    """'serving.properties', 'env OPTION_X', 'override'; with an alias: 'serving.properties: max_batch_size'."""
+    if s.origin == "env":
+        return f"env {s.name}"
+    return s.origin if s.name == s.spec.key else f"{s.origin}: {s.name}"
+
+
+def log_effective_config(config: LmiConfig, logger: logging.Logger) -> None:
+    """Log the effective configuration once, as one record: every key, its value and its source."""
+    lines = ["effective configuration:"]
+    if config.model_dir is not None:
+        lines.append(f"  model_dir = {config.model_dir}")
+    for spec in REGISTRY:
+        if spec.attr is None:
+            continue
+        value = _jsonable(getattr(config, spec.attr))
+        default = _jsonable(LmiConfig.model_fields[spec.attr].default)
+        source = config._origins.get(spec.key) or ("default" if value == default else "given")
+        lines.append(f"  {spec.key} = {value}  [{source}]")
+    if config._env_echo:
+        lines.append("environment:")
+        lines += [f"  {var}={value}" for var, value in config._env_echo.items()]
+    logger.info("%s", "\n".join(lines))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return MASK
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# The options table in README.md.
+
+README_START = "<!-- options:start -->"
+README_END = "<!-- options:end -->"
+
+
+def render_options_table() -> str:
+    """A Markdown table of every key: name, environment variables, default, compile-time, description."""
+    rows = ["| Key | Environment | Default | Compile-time | Description |", "|---|---|---|---|---|"]
+    for spec in REGISTRY:
+        env = ", ".join(f"`{v}`" for v in spec.env_names()) or "—"
+        if spec.attr is None:
+            default, compile_time = "—", "—"
+        else:
+            default_value = _jsonable(LmiConfig.model_fields[spec.attr].default)
+            default = "—" if default_value is None else f"`{_plain(default_value)}`"
+            compile_time = "yes" if spec.compile_time else "no"
+        rows.append("| " + " | ".join(_cell(c) for c in (f"`{spec.key}`", env, default, compile_time,
+                                                          _describe(spec))) + " |")
+    return "\n".join(rows)
+
+
+def _plain(value: Any) -> str:
+    """true/false like the properties file, numbers and strings as they are."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _describe(spec: KeySpec) -> str:
+    text = spec.description[0].upper() + spec.description[1:] + "."
+    if spec.ignored:
+        text = f"Ignored: {spec.ignored}. ({text})"
+    text += f" {spec.type.summary[0].upper()}{spec.type.summary[1:]}."
+    if spec.aliases:
+        text += " Also: " + ", ".join(f"`{a}`" for a in spec.aliases) + "."
+    return text
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def replace_options_table(readme: str) -> str:
+    """README text with the table between the options markers replaced by the registry's."""
+    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
+    return readme[:start] + "\n" + render_options_table() + "\n" + readme[end:]
+
+
+if __name__ == "__main__":
+    # python -m lmi_trt.config  → rewrites README.md's options table from the registry.
+    readme_path = Path(__file__).resolve().parents[1] / "README.md"
+    readme_path.write_text(replace_options_table(readme_path.read_text()))

@@ -1,0 +1,82 @@
+"""Several model copies behind one front end: each request goes to the least-loaded copy.
+
+A host with more GPUs than TP×PP runs GPUs ÷ (TP×PP) copies (DJL's worker count); the
+copies share one HTTP server, admission queue and tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from lmi_trt.engines.base import Engine, EngineLimits, EngineOutput, EngineStats, GenerationRequest
+
+
+def least_loaded(stats: Sequence[EngineStats]) -> int:
+    """Index of the copy with the fewest requests in flight (ties → lowest index)."""
+    return min(range(len(stats)), key=lambda i: (stats[i].active_requests + stats[i].queued_requests, i))
+
+
+class ReplicaSet:
+    name: str
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        if not engines:
+            raise ValueError("ReplicaSet needs at least one engine")
+        self._engines = list(engines)
+        self.name = f"{self._engines[0].name}x{len(self._engines)}"
+        self._owner: dict[str, Engine] = {}
+
+    @property
+    def copies(self) -> int:
+        return len(self._engines)
+
+    @property
+    def limits(self) -> EngineLimits:
+        first = self._engines[0].limits
+        return EngineLimits(
+            max_batch_size=sum(e.limits.max_batch_size for e in self._engines),
+            max_input_len=min(e.limits.max_input_len for e in self._engines),
+            max_seq_len=first.max_seq_len,
+            max_new_tokens=first.max_new_tokens,
+            max_beam_width=min(e.limits.max_beam_width for e in self._engines),
+            supports_logprobs=all(e.limits.supports_logprobs for e in self._engines),
+        )
+
+    @property
+    def healthy(self) -> bool:
+        # One dead copy fails the process (DJL's fail-fast): the platform restarts it whole.
+        return all(e.healthy for e in self._engines)
+
+    async def start(self) -> None:
+        await asyncio.gather(*(e.start() for e in self._engines))
+
+    async def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        engine = self._engines[least_loaded([e.stats() for e in self._engines])]
+        self._owner[request.request_id] = engine
+        try:
+            async for out in engine.submit(request):
+                yield out
+        finally:
+            self._owner.pop(request.request_id, None)
+
+    async def cancel(self, request_id: str) -> None:
+        engine = self._owner.get(request_id)
+        if engine is not None:
+            await engine.cancel(request_id)
+
+    def stats(self) -> EngineStats:
+        parts = [e.stats() for e in self._engines]
+        total = EngineStats(
+            active_requests=sum(p.active_requests for p in parts),
+            queued_requests=sum(p.queued_requests for p in parts),
+            max_batch_size=sum(p.max_batch_size for p in parts),
+            total_requests=sum(p.total_requests for p in parts),
+            total_generated_tokens=sum(p.total_generated_tokens for p in parts),
+        )
+        for i, p in enumerate(parts):
+            total.extra[f"copy{i}_active"] = float(p.active_requests + p.queued_requests)
+        return total
+
+    async def close(self) -> None:
+        await asyncio.gather(*(e.close() for e in self._engines), return_exceptions=True)

@@ -1,0 +1,530 @@
+"""The one request core every wire schema goes through.
+
+Adapters (LMI, TGI, OpenAI, Triton, ...) parse their own body into a neutral
+``GenerateParams`` and call ``GenerationService.start`` — which admits, tokenizes, validates
+against the engine's limits and submits, raising ``LmiHttpError`` before anything is sent —
+then iterate the returned ``GenerationStream`` of neutral ``Delta``s inside ``async with``.
+Detokenization, stop strings, cancellation, timeouts and metrics happen here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines.base import (
+    Engine,
+    EngineError,
+    EngineOutput,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+)
+from lmi_trt.serving.detok import IncrementalDetokenizer, make_decode
+from lmi_trt.serving.errors import (
+    BadRequest,
+    LmiHttpError,
+    ModelError,
+    ServiceUnavailable,
+    error_from_code,
+)
+from lmi_trt.serving.metrics import Metrics
+from lmi_trt.serving.stops import StopMatcher
+from lmi_trt.serving.tokenizer import tokenizer_facts
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = 30  # DJL/TGI default
+MAX_STOP_STRINGS = 64
+# Longer prompts are tokenized on a worker thread so one big request cannot stall every stream.
+THREAD_TOKENIZE_CHARS = 16_384
+
+
+class GenerateParams(BaseModel):
+    """Schema-neutral generation settings. Adapters map their own field names onto these.
+
+    ``None`` means "not given": defaults are applied in ``sampling_params`` so an adapter can
+    tell the two apart (LMI infers ``do_sample`` from the sampling fields that were given).
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    max_new_tokens: int | None = Field(None, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    do_sample: bool | None = None
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: bool = False
+    truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_non_empty(cls, v: list[str]) -> list[str]:
+        if any(not s for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One clause per problem: ``field.path[i]: what is wrong (got value)``."""
+    parts = []
+    for e in err.errors(include_url=False):
+        loc = prefix
+        for p in e["loc"]:
+            loc = f"{loc}[{p}]" if isinstance(p, int) else f"{loc}.{p}" if loc else str(p)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] not in ("missing", "extra_forbidden") and "input" in e and not isinstance(e["input"], dict):
+            got = repr(e["input"])
+            msg = f"{msg} (got {got[:80] + '...' if len(got) > 80 else got})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def _implies_sampling(p: GenerateParams) -> bool:
+    """LMI ≥ 0.32 / TGI: sampling fields that change the distribution switch sampling on."""
+    return (
+        (p.temperature is not None and p.temperature > 0 and p.temperature != 1.0)
+        or bool(p.top_k)
+        or (p.top_p is not None and p.top_p < 1.0)
+    )
+
+
+def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -> SamplingParams:
+    do_sample = p.do_sample if p.do_sample is not None else _implies_sampling(p)
+    if p.temperature == 0:
+        do_sample = False  # temperature 0 is greedy (OpenAI semantics), not a division by zero
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=1.0 if p.temperature is None else p.temperature,
+        top_k=p.top_k or 0,
+        top_p=1.0 if p.top_p is None else p.top_p,
+        seed=p.seed,
+        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        min_new_tokens=p.min_new_tokens,
+        logprobs=logprobs,
+        ignore_eos=p.ignore_eos,
+    )
+
+
+@dataclass(slots=True)
+class TokenOut:
+    id: int
+    text: str  # this token's share of the visible text (see Delta.text)
+    logprob: float | None
+    special: bool
+
+
+@dataclass(slots=True)
+class Delta:
+    """New output since the previous delta. ``text`` is the concatenation of ``tokens[*].text``
+    plus, on the final delta only, text flushed at the end that no token carried (possible
+    when the engine's final output has no tokens)."""
+
+    text: str
+    tokens: list[TokenOut]
+    generated_tokens: int  # cumulative
+    prompt_tokens: int
+    finish_reason: FinishReason | None = None
+    error: LmiHttpError | None = None  # set iff finish_reason is ERROR
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str
+    finish_reason: FinishReason
+    generated_tokens: int
+    prompt_tokens: int
+    tokens: list[TokenOut] = field(default_factory=list)  # filled when collect(keep_tokens=True)
+    error: LmiHttpError | None = None
+
+
+class GenerationStream:
+    """Neutral deltas for one request. Use inside ``async with``: leaving early (client gone,
+    handler cancelled) cancels the engine request and frees the admission slot."""
+
+    def __init__(
+        self,
+        service: GenerationService,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerateParams,
+        max_new_tokens: int,
+        engine_iter: AsyncIterator[EngineOutput],
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.max_new_tokens = max_new_tokens
+        self.generated_tokens = 0
+        self._service = service
+        self._it = engine_iter
+        self._detok = IncrementalDetokenizer(
+            service.tokenizer, prompt_token_ids, decode=service.decoder(params.skip_special_tokens)
+        )
+        self._stops = StopMatcher(params.stop) if params.stop else None
+        self._specials = service.facts.special_token_ids
+        self._done = False
+        self._timed_out = False
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self._first_token_at: float | None = None
+        self._waiting_since: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        timeout = service.config.predict_timeout
+        if timeout and timeout > 0:
+            self._watchdog = self._loop.call_later(timeout, self._check_stall)
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    async def __aenter__(self) -> GenerationStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._done:
+            raise StopAsyncIteration
+        self._waiting_since = self._loop.time()
+        try:
+            out = await self._it.__anext__()
+        except StopAsyncIteration:
+            return await self._fail(ModelError("the engine ended the request without a final output"))
+        except EngineError as e:
+            return await self._fail(error_from_code(str(e), e.code))
+        except Exception as e:
+            log.exception("engine stream for %s failed", self.request_id)
+            return await self._fail(ModelError(f"engine failure: {e}"))
+        finally:
+            self._waiting_since = None
+        return await self._process(out)
+
+    async def collect(self, keep_tokens: bool = False) -> Completion:
+        """Drain to the end; the non-streaming path."""
+        texts: list[str] = []
+        tokens: list[TokenOut] = []
+        last: Delta | None = None
+        async for last in self:
+            if last.text:
+                texts.append(last.text)
+            if keep_tokens:
+                tokens.extend(last.tokens)
+        assert last is not None and last.finish_reason is not None
+        return Completion(
+            text="".join(texts),
+            finish_reason=last.finish_reason,
+            generated_tokens=last.generated_tokens,
+            prompt_tokens=self.prompt_tokens,
+            tokens=tokens,
+            error=last.error,
+        )
+
+    async def aclose(self) -> None:
+        """Release the request. Early (client gone): cancel the engine request, in the
+        background so a second cancellation of the calling task cannot skip it."""
+        if self._done:
+            # Finished: let the engine's iterator run its cleanup now rather than at GC.
+            aclose = getattr(self._it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            return
+        self._finish(FinishReason.CANCELLED)
+        self._service.spawn(self._cancel_engine())
+
+    async def _process(self, out: EngineOutput) -> Delta:
+        if out.error is not None or out.finish_reason is FinishReason.ERROR:
+            return await self._fail(error_from_code(out.error or "engine error", out.error_code))
+        tokens: list[TokenOut] = []
+        texts: list[str] = []
+        stops = self._stops
+        lps = out.logprobs
+        reason: FinishReason | None = None
+        for i, tid in enumerate(out.token_ids):
+            self.generated_tokens += 1
+            piece = self._detok.step(tid)
+            if stops is not None:
+                piece = stops.feed(piece)
+            tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in self._specials))
+            if piece:
+                texts.append(piece)
+            if stops is not None and stops.matched is not None:
+                reason = FinishReason.STOP_SEQUENCE
+                break
+        if reason is None and out.finished:
+            reason = out.finish_reason or (
+                FinishReason.LENGTH if self.generated_tokens >= self.max_new_tokens else FinishReason.EOS
+            )
+            if reason is FinishReason.CANCELLED and self._timed_out:
+                return await self._fail(self._timeout_error())
+            tail = self._detok.finish()
+            if stops is not None:
+                tail = stops.feed(tail)
+                if stops.matched is not None:
+                    reason = FinishReason.STOP_SEQUENCE
+                else:
+                    tail += stops.flush()
+            if tail:
+                texts.append(tail)
+                if tokens:
+                    tokens[-1].text += tail
+        if tokens and self._first_token_at is None:
+            self._first_token_at = self._loop.time()
+            self._service.observe_ttft(self._first_token_at - self._t0)
+        delta = Delta("".join(texts), tokens, self.generated_tokens, self.prompt_tokens, reason)
+        if reason is not None:
+            self._finish(reason)
+            if not out.finished:  # a stop string ended it while the engine is still generating
+                await self._cancel_engine()
+        return delta
+
+    async def _fail(self, err: LmiHttpError) -> Delta:
+        self._finish(FinishReason.ERROR)
+        await self._cancel_engine()
+        return Delta("", [], self.generated_tokens, self.prompt_tokens, FinishReason.ERROR, err)
+
+    def _finish(self, reason: FinishReason) -> None:
+        self._done = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._service.release(self, reason, self._loop.time() - self._t0)
+
+    async def _cancel_engine(self) -> None:
+        try:
+            await self._service.engine.cancel(self.request_id)
+            aclose = getattr(self._it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        except Exception:
+            log.exception("cancelling engine request %s failed", self.request_id)
+
+    def _check_stall(self) -> None:
+        """predict_timeout watchdog: one timer per interval instead of a timeout per token."""
+        if self._done:
+            return
+        timeout = self._service.config.predict_timeout
+        now = self._loop.time()
+        since = self._waiting_since
+        if since is not None and now - since >= timeout:
+            self._timed_out = True
+            # The engine ends the stream with CANCELLED, which _process turns into the error.
+            self._service.spawn(self._service.engine.cancel(self.request_id))
+            return
+        self._watchdog = self._loop.call_at((since if since is not None else now) + timeout, self._check_stall)
+
+    def _timeout_error(self) -> LmiHttpError:
+        t = self._service.config.predict_timeout
+        return ModelError(
+            f"no output from the engine for {t} s (option.predict_timeout={t}); the request was cancelled. "
+            "Raise option.predict_timeout or lower the load."
+        )
+
+
+class GenerationService:
+    def __init__(self, engine: Engine, tokenizer: Any, config: LmiConfig, *, metrics: Metrics | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.metrics = metrics
+        self.facts = tokenizer_facts(tokenizer)
+        self._decoders = {flag: make_decode(tokenizer, flag) for flag in (True, False)}
+        self._in_system = 0
+        self._ids = itertools.count(1)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def in_system(self) -> int:
+        """Requests admitted and not finished (what job_queue_size bounds)."""
+        return self._in_system
+
+    def decoder(self, skip_special_tokens: bool):
+        return self._decoders[skip_special_tokens]
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def start(
+        self,
+        prompt: str | Sequence[int],
+        params: GenerateParams,
+        *,
+        add_special_tokens: bool = True,
+        field_name: str = "inputs",
+    ) -> GenerationStream:
+        """Admit, tokenize, validate and submit. Raises ``LmiHttpError`` (nothing sent yet).
+
+        ``field_name`` is the adapter's name for the prompt, used in error messages.
+        """
+        if not self.engine.healthy:
+            raise ServiceUnavailable("the engine is not healthy; the server is restarting or has failed", retry_after=5)
+        limit = self.config.job_queue_size
+        if self._in_system >= limit:
+            self._reject(503)
+            raise ServiceUnavailable(
+                f"server busy: {self._in_system} requests in the system, option.job_queue_size={limit}; retry later"
+            )
+        self._in_system += 1
+        try:
+            ids = await self._prompt_ids(prompt, add_special_tokens, field_name)
+            if params.truncate is not None and len(ids) > params.truncate:
+                ids = ids[-params.truncate :]
+            max_new = self._check_limits(ids, params, field_name)
+            request_id = f"req-{next(self._ids)}"
+            request = GenerationRequest(
+                request_id=request_id,
+                prompt_token_ids=ids,
+                sampling=sampling_params(
+                    params, max_new_tokens=max_new, logprobs=params.logprobs and self.engine.limits.supports_logprobs
+                ),
+                stop_token_ids=[[i] for i in params.stop_token_ids],
+                streaming=True,
+            )
+            try:
+                it = self.engine.submit(request).__aiter__()
+            except EngineError as e:
+                raise error_from_code(str(e), e.code) from e
+        except LmiHttpError as e:
+            self._in_system -= 1
+            self._reject(e.status)
+            raise
+        except BaseException:
+            self._in_system -= 1
+            raise
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(ids))
+        return GenerationStream(self, request_id, ids, params, max_new, it)
+
+    async def generate(self, prompt: str | Sequence[int], params: GenerateParams, *, keep_tokens: bool = False) -> Completion:
+        async with await self.start(prompt, params) as stream:
+            return await stream.collect(keep_tokens=keep_tokens)
+
+    async def _prompt_ids(self, prompt: str | Sequence[int], add_special_tokens: bool, field_name: str) -> list[int]:
+        if isinstance(prompt, str):
+            try:
+                if len(prompt) > THREAD_TOKENIZE_CHARS:
+                    ids = await asyncio.to_thread(self.tokenize, prompt, add_special_tokens)
+                else:
+                    ids = self.tokenize(prompt, add_special_tokens)
+            except Exception as e:  # e.g. lone surrogates that Python's json accepts
+                raise BadRequest(f"{field_name} could not be tokenized: {e}") from e
+        else:
+            ids = list(prompt)
+            vocab = self.facts.vocab_size
+            bad = next((i for i in ids if not isinstance(i, int) or not 0 <= i < vocab), None)
+            if bad is not None:
+                raise BadRequest(f"{field_name} contains token id {bad!r}; token ids must be integers in [0, {vocab})")
+        if not ids:
+            raise BadRequest(f"{field_name} is empty: the prompt has 0 tokens; send at least one character of text")
+        return ids
+
+    def _check_limits(self, ids: list[int], params: GenerateParams, field_name: str) -> int:
+        limits = self.engine.limits
+        n = len(ids)
+        if n > limits.max_input_len:
+            raise BadRequest(
+                f"{field_name} has {n} tokens, more than option.max_input_len={limits.max_input_len}; "
+                "shorten the prompt, set parameters.truncate, or serve with a larger option.max_input_len"
+            )
+        cap = limits.max_new_tokens if limits.max_new_tokens is not None else self.config.max_output_len
+        if limits.max_seq_len is not None:
+            cap = min(cap, limits.max_seq_len - n)
+        if params.max_new_tokens is None:
+            max_new = min(DEFAULT_MAX_NEW_TOKENS, cap)  # only the default adapts; a value asked for never does
+            if max_new < 1:
+                raise BadRequest(
+                    f"{field_name} has {n} tokens, leaving no room to generate within the engine's "
+                    f"max_seq_len={limits.max_seq_len}"
+                )
+        else:
+            max_new = params.max_new_tokens
+            if max_new > cap:
+                if limits.max_seq_len is not None and n + max_new > limits.max_seq_len:
+                    raise BadRequest(
+                        f"max_new_tokens={max_new} plus the prompt's {n} tokens exceeds the engine's max_seq_len="
+                        f"{limits.max_seq_len}; ask for at most {max(cap, 0)} new tokens"
+                    )
+                raise BadRequest(
+                    f"max_new_tokens={max_new} is more than option.max_output_len={cap}; ask for at most {cap}"
+                )
+        if params.min_new_tokens > max_new:
+            raise BadRequest(f"min_new_tokens={params.min_new_tokens} is more than max_new_tokens={max_new}")
+        vocab = self.facts.vocab_size
+        bad = next((i for i in params.stop_token_ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise BadRequest(f"stop_token_ids contains {bad}; token ids must be in [0, {vocab})")
+        return max_new
+
+    def release(self, stream: GenerationStream, reason: FinishReason, seconds: float) -> None:
+        self._in_system -= 1
+        m = self.metrics
+        if m is not None:
+            m.generated_tokens.inc(stream.generated_tokens)
+            m.finished.labels(reason.value).inc()
+            m.generation_latency.observe(seconds)
+
+    def observe_ttft(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.ttft.observe(seconds)
+
+    def _reject(self, status: int) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(str(status)).inc()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run cleanup outside the (possibly cancelled) request task, holding a reference."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        """Wait for background cleanups (shutdown, tests)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "Completion",
+    "Delta",
+    "GenerateParams",
+    "GenerationService",
+    "GenerationStream",
+    "TokenOut",
+    "format_validation_error",
+    "sampling_params",
+]

@@ -1,0 +1,95 @@
+"""Errors the serving layer answers with, following DJL's status-code contract.
+
+Every error carries the HTTP status, a message a user can act on (it names the field, the
+value and what would work) and a short ``type``. Protocol adapters render them in their own
+shape; ``error_body`` is the LMI/DJL shape ``{"error": msg, "code": N, "type": T}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class LmiHttpError(Exception):
+    status: int = 500
+    type: str = "InternalServerError"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+class BadRequest(LmiHttpError):
+    status = 400
+    type = "BadRequestError"
+
+
+class NotFound(LmiHttpError):
+    status = 404
+    type = "NotFoundError"
+
+
+class MethodNotAllowed(LmiHttpError):
+    status = 405
+    type = "MethodNotAllowedError"
+
+
+class PayloadTooLarge(LmiHttpError):
+    status = 413
+    type = "PayloadTooLargeError"
+
+
+class ModelError(LmiHttpError):
+    """A model-side failure (DJL answers 424 for these)."""
+
+    status = 424
+    type = "ModelError"
+
+
+class ServiceUnavailable(LmiHttpError):
+    """Overloaded or not ready: 503 with Retry-After so load balancers back off."""
+
+    status = 503
+    type = "ServiceUnavailableError"
+
+    def __init__(self, message: str, *, retry_after: int = 1, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("Retry-After", str(retry_after))
+
+
+class OutOfMemory(LmiHttpError):
+    status = 507
+    type = "OutOfMemoryError"
+
+
+def error_from_code(message: str, code: int | None) -> LmiHttpError:
+    """Map an engine's ``error_code`` (400/424/503/507/...) to the matching error class."""
+    classes: dict[int, type[LmiHttpError]] = {
+        400: BadRequest,
+        404: NotFound,
+        413: PayloadTooLarge,
+        424: ModelError,
+        503: ServiceUnavailable,
+        507: OutOfMemory,
+    }
+    cls = classes.get(code or 424)
+    if cls is not None:
+        return cls(message)
+    return LmiHttpError(message, status=code)
+
+
+def error_body(err: LmiHttpError) -> dict[str, Any]:
+    return {"error": err.message, "code": err.status, "type": err.type}

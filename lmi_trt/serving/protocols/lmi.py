@@ -1,0 +1,299 @@
+"""The LMI/DJL schema on ``POST /invocations`` and ``POST /predictions/{model}``.
+
+Request ``{"inputs": str | [str], "parameters": {...}, "stream": bool}`` (or a text/plain
+body). Output formats follow DJL's ``output_formatter``: ``json`` (non-streaming default),
+``jsonlines`` (streaming default, application/jsonlines), ``sse`` (text/event-stream, the
+streaming default with ``option.tgi_compat``). An explicit ``option.output_formatter``
+applies to every request, as in DJL; ``stream`` only picks the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lmi_trt.serving.app import (
+    CONTEXT,
+    ServingContext,
+    error_response,
+    json_response,
+    parse_json,
+    read_body,
+    validate,
+)
+from lmi_trt.serving.core import Completion, Delta, GenerateParams, GenerationStream, TokenOut
+from lmi_trt.serving.errors import BadRequest, NotFound
+
+log = logging.getLogger(__name__)
+
+Format = Literal["json", "jsonlines", "sse"]
+CONTENT_TYPES: dict[str, str] = {
+    "json": "application/json",
+    "jsonlines": "application/jsonlines",
+    "sse": "text/event-stream",
+}
+# Accepted for compatibility and deliberately without effect here (DJL passes them to
+# backends that may ignore them too); anything else unknown gets a warning.
+_IGNORED_PARAMETERS = frozenset(
+    {"watermark", "typical_p", "top_n_tokens", "decoder_input_details", "adapter_id", "length_penalty", "early_stopping"}
+)
+# Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
+_UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
+_warned_unknown: set[str] = set()
+
+
+class LmiParameters(GenerateParams):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    details: bool = False
+    return_full_text: bool = False
+    stop_sequences: list[str] = Field(default_factory=list)
+    ignore_eos_token: bool = False  # DJL's name for ignore_eos
+
+    @field_validator("stop_sequences", mode="before")
+    @classmethod
+    def _stop_sequences_as_list(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        return [v] if isinstance(v, str) else v
+
+    def to_generate(self) -> GenerateParams:
+        """The neutral parameters; rejects multi-sequence requests and warns once per unknown key."""
+        extras = self.model_extra or {}
+        for name in _UNSUPPORTED_MULTI:
+            value = extras.get(name)
+            if value not in (None, 1):
+                raise BadRequest(
+                    f"parameters.{name}={value!r} is not supported: this server returns one sequence; use 1 or leave it out"
+                )
+        for name in extras:
+            if name not in _IGNORED_PARAMETERS and name not in _UNSUPPORTED_MULTI and name not in _warned_unknown:
+                _warned_unknown.add(name)
+                close = difflib.get_close_matches(name, _KNOWN_PARAMETERS, n=1)
+                log.warning("ignoring unknown parameters.%s%s", name, f" (did you mean {close[0]!r}?)" if close else "")
+        stops = self.stop + [s for s in self.stop_sequences if s not in self.stop]
+        if any(not s for s in stops):
+            raise BadRequest("parameters.stop_sequences: stop strings must be non-empty")
+        fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
+        fields.update(stop=stops, ignore_eos=self.ignore_eos or self.ignore_eos_token, logprobs=self.logprobs or self.details)
+        return GenerateParams.model_construct(**fields)
+
+
+_KNOWN_PARAMETERS = sorted(LmiParameters.model_fields)
+
+
+class LmiRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    # Checked by hand: a plain union would report one error per member ("inputs.str", "inputs.list[str]").
+    inputs: Any
+    parameters: LmiParameters = Field(default_factory=LmiParameters)
+    stream: bool = False
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _null_parameters(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @field_validator("inputs")
+    @classmethod
+    def _text_or_texts(cls, v: Any) -> str | list[str]:
+        if isinstance(v, str):
+            return v
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            return v
+        raise ValueError("must be a string or a non-empty list of strings")
+
+
+def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) -> Format:
+    if output_formatter in CONTENT_TYPES:
+        return output_formatter  # type: ignore[return-value]
+    if stream:
+        return "sse" if tgi_compat else "jsonlines"
+    return "json"
+
+
+# --- encoding ---
+def token_dict(t: TokenOut, tgi: bool) -> dict[str, Any]:
+    if tgi:
+        d: dict[str, Any] = {"id": t.id, "text": t.text, "logprob": t.logprob}
+        if t.special:
+            d["special"] = True
+        return d
+    d = {"id": t.id, "text": t.text, "log_prob": t.logprob}
+    if t.special:
+        d["special_token"] = True
+    return d
+
+
+class _Shape:
+    """Per-request output settings, so the per-token path does no lookups."""
+
+    __slots__ = ("details", "full_text_prefix", "inputs", "sse", "tgi")
+
+    def __init__(self, ctx: ServingContext, params: LmiParameters, inputs: str, fmt: Format) -> None:
+        self.tgi = ctx.config.tgi_compat
+        self.details = params.details or self.tgi  # DJL: tgi_compat turns details on by default
+        self.full_text_prefix = inputs if params.return_full_text else ""
+        self.inputs = inputs
+        self.sse = fmt == "sse"
+
+    def record(self, obj: dict[str, Any]) -> bytes:
+        line = orjson.dumps(obj)
+        return b"data: " + line + b"\n\n" if self.sse else line + b"\n"
+
+    def json_result(self, c: Completion) -> dict[str, Any]:
+        out: dict[str, Any] = {"generated_text": self.full_text_prefix + c.text}
+        if self.details:
+            out["details"] = {
+                "finish_reason": c.finish_reason.value,
+                "generated_tokens": c.generated_tokens,
+                "inputs": self.inputs,
+                "tokens": [token_dict(t, self.tgi) for t in c.tokens],
+            }
+        return out
+
+    def stream_chunk(self, delta: Delta, texts: list[str]) -> bytes:
+        """Lines for one delta: one per token; the final one adds generated_text (and details)."""
+        tokens = delta.tokens
+        if not delta.finished:
+            return b"".join(self.record({"token": token_dict(t, self.tgi)}) for t in tokens)
+        parts = [self.record({"token": token_dict(t, self.tgi)}) for t in tokens[:-1]]
+        if delta.error is not None:
+            last: dict[str, Any] = {"token": {"id": -1, "text": "", "log_prob": -1, "special_token": True}}
+        elif tokens:
+            last = {"token": token_dict(tokens[-1], self.tgi)}
+        else:  # the engine's final output carried no token; the flushed text still needs a line
+            last = {"token": {"id": None, "text": delta.text, "log_prob": None, "special_token": True}}
+        last["generated_text"] = self.full_text_prefix + "".join(texts)
+        if self.details or delta.error is not None:
+            last["details"] = {
+                "finish_reason": delta.finish_reason.value,  # type: ignore[union-attr]
+                "generated_tokens": delta.generated_tokens,
+                "inputs": self.inputs,
+            }
+        if delta.error is not None:
+            last["error"] = delta.error.message
+            last["code"] = delta.error.status
+        parts.append(self.record(last))
+        return b"".join(parts)
+
+
+# --- handlers ---
+async def _parse(request: web.Request) -> dict[str, Any] | str:
+    raw = await read_body(request)
+    if request.content_type.startswith("text/plain"):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadRequest(f"text/plain body is not valid UTF-8: {e}") from None
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise BadRequest(f'request body must be a JSON object such as {{"inputs": "Hello"}}, got a JSON {type(body).__name__}')
+    return body
+
+
+async def invocations(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    body = await _parse(request)
+    if isinstance(body, str):
+        req = LmiRequest(inputs=body)
+    else:
+        if "inputs" not in body:
+            for key, handler in ctx.invocation_handlers.items():
+                if key in body:
+                    return await handler(request, body)
+            accepted = ", ".join(repr(k) for k in ("inputs", *ctx.invocation_handlers))
+            raise BadRequest(f"invalid payload: the JSON object must contain {accepted}; got keys {sorted(body)!r}")
+        req = validate(LmiRequest, body)
+    params = req.parameters.to_generate()
+    service = ctx.require_service()
+    fmt = choose_format(ctx.config.output_formatter, req.stream, ctx.config.tgi_compat)
+    if isinstance(req.inputs, list):
+        if fmt != "json":
+            raise BadRequest(
+                f"inputs is a list of {len(req.inputs)} prompts, which needs the json output; send one string to stream "
+                f"(stream={req.stream}, output format {fmt})"
+            )
+        return await _batch(ctx, req, params)
+    shape = _Shape(ctx, req.parameters, req.inputs, fmt)
+    async with await service.start(req.inputs, params) as stream:
+        if fmt == "json":
+            completion = await stream.collect(keep_tokens=shape.details)
+            if completion.error is not None:
+                return error_response(completion.error)
+            result = shape.json_result(completion)
+            return json_response([result] if shape.tgi else result)
+        return await _stream(request, stream, shape, fmt)
+
+
+async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape, fmt: Format) -> web.StreamResponse:
+    # Headers wait for the first delta, as DJL's front end does, so an error that comes
+    # before any token still gets its HTTP status instead of a 200 stream.
+    first = await stream.__anext__()
+    if first.error is not None:
+        return error_response(first.error)
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt], "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    texts: list[str] = []
+    delta = first
+    try:
+        while True:
+            if delta.text:
+                texts.append(delta.text)
+            chunk = shape.stream_chunk(delta, texts)
+            if chunk:
+                await response.write(chunk)
+            if delta.finished:
+                break
+            delta = await stream.__anext__()
+        await response.write_eof()
+    except ConnectionResetError:
+        # The client went away (seen here when handlers are not cancelled on disconnect);
+        # leaving the caller's `async with` cancels the generation. aiohttp finishes quietly.
+        pass
+    return response
+
+
+async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -> web.Response:
+    service = ctx.require_service()
+    streams: list[GenerationStream] = []
+    try:
+        for text in req.inputs:
+            streams.append(await service.start(text, params, field_name=f"inputs[{len(streams)}]"))
+        shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
+        collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))
+        completions = await asyncio.gather(*collecting)
+    finally:
+        for s in streams:
+            await s.aclose()
+    for c in completions:
+        if c.error is not None:
+            return error_response(c.error)
+    return json_response([shape.json_result(c) for shape, c in zip(shapes, completions, strict=True)])
+
+
+async def predictions(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    name = request.match_info["model"]
+    if name != ctx.model_name:
+        raise NotFound(f"model {name!r} is not served here; this server serves {ctx.model_name!r}")
+    return await invocations(request)
+
+
+def install(app: web.Application, ctx: ServingContext) -> None:
+    fmt = ctx.config.output_formatter
+    if fmt is not None and fmt not in CONTENT_TYPES:
+        log.warning(
+            "option.output_formatter=%r does not apply to LMI requests (they use %s); the chat formats belong to chat requests",
+            fmt, "/".join(CONTENT_TYPES),
+        )
+    app.router.add_post("/invocations", invocations)
+    app.router.add_post("/predictions/{model}", predictions)
+    app.router.add_post("/predictions/{model}/{version}", predictions)

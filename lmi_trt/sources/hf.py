@@ -1,0 +1,180 @@
+"""Hugging Face hub ids → a snapshot folder in the hub cache, through ``snapshot_download``.
+
+huggingface_hub reads ``HF_HOME``/``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``, ``HF_ENDPOINT`` and a stored or
+``HF_TOKEN`` token itself, and draws its own progress bars; nothing here reads the environment.
+Only the files a server needs are fetched (``select_hub_files``): a 70B repo that also ships
+``*.bin``, ``original/*.pth`` and GGUF variants costs one copy of the weights, not four.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from huggingface_hub import HfApi, get_cached_repo_tree, snapshot_download
+from huggingface_hub.errors import (
+    CachedRepoTreeNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    IncompleteSnapshotError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from .artifact import TOKENIZER_FILES, SourceError
+
+log = logging.getLogger(__name__)
+
+# Root-level files of an HF checkpoint besides the weights and the tokenizer files.
+_CHECKPOINT_META = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "hf_quant_config.json",  # modelopt pre-quantized (FP8/NVFP4) checkpoints
+        "quantize_config.json",  # GPTQ/AWQ
+        "quant_cfg.json",
+        "model.safetensors.index.json",
+        "pytorch_model.bin.index.json",
+    }
+)
+# Beyond TOKENIZER_FILES: what AutoTokenizer reads when present (chat templates included).
+_TOKENIZER_EXTRA = frozenset(
+    {"special_tokens_map.json", "added_tokens.json", "merges.txt", "chat_template.json", "chat_template.jinja"}
+)
+_TOKENIZER_GLOBS = ("*.tiktoken", "tokenizer*")
+# Weight formats no loader here reads; never fetched even inside engine repositories.
+_FOREIGN_WEIGHTS = ("*.pth", "*.pt", "*.gguf", "*.onnx", "*.onnx_data", "*.msgpack", "*.h5", "*.ot", "*.ckpt", "*.bin")
+
+
+def _matches(name: str, globs: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def _is_tokenizer_file(name: str) -> bool:
+    return name in TOKENIZER_FILES or name in _TOKENIZER_EXTRA or _matches(name, _TOKENIZER_GLOBS)
+
+
+def select_hub_files(filenames: Iterable[str], *, trust_remote_code: bool, tokenizer_only: bool = False) -> list[str]:
+    """The files of a hub repo worth downloading, from its listing.
+
+    * an engine repo (any ``*.engine``, Truss ``engine_repository``): everything at any depth except
+      foreign weight formats (``*.bin``, ``*.pth``, GGUF, …);
+    * a checkpoint: root-level config, tokenizer and quantization files plus ``*.safetensors``, or
+      ``pytorch_model*.bin`` only when the repo has no safetensors;
+    * ``tokenizer_only``: root-level tokenizer files and ``config.json`` (AutoTokenizer reads it);
+    * ``*.py`` (remote code) only with ``trust_remote_code``.
+    """
+    names = sorted(set(filenames))
+    code = [n for n in names if trust_remote_code and "/" not in n and n.endswith(".py")]
+    root = [n for n in names if "/" not in n]
+    if tokenizer_only:
+        return sorted({n for n in root if _is_tokenizer_file(n) or n == "config.json"} | set(code))
+    if any(n.endswith(".engine") for n in names):
+        return sorted(
+            {n for n in names if not _matches(PurePosixPath(n).name, _FOREIGN_WEIGHTS) and not n.endswith(".py")}
+            | set(code)
+        )
+    has_safetensors = any(n.endswith(".safetensors") for n in root)
+    weights = (
+        [n for n in root if n.endswith(".safetensors")]
+        if has_safetensors
+        else [n for n in root if n.startswith("pytorch_model") and n.endswith(".bin")]
+    )
+    other_index = "pytorch_model.bin.index.json" if has_safetensors else "model.safetensors.index.json"
+    meta = [n for n in root if (n in _CHECKPOINT_META or _is_tokenizer_file(n)) and n != other_index]
+    return sorted(set(weights) | set(meta) | set(code))
+
+
+def _repo_files(repo_id: str, revision: str | None, token: str | None) -> list[str] | None:
+    """The repo's file list: from the hub, else (offline) from the listing cached by an earlier download.
+
+    None when neither is available; the snapshot is then taken as it is in the cache.
+    """
+    try:
+        return HfApi(token=token).list_repo_files(repo_id, revision=revision)
+    except OfflineModeIsEnabled:
+        pass
+    except (RepositoryNotFoundError, RevisionNotFoundError, HFValidationError):
+        raise
+    except Exception as e:  # noqa: BLE001 - hub down, no network, 401: snapshot_download decides below
+        log.debug("listing %s failed (%s); falling back to the cached listing", repo_id, e)
+    try:
+        return [f.path for f in get_cached_repo_tree(repo_id, revision=revision)]
+    except (CachedRepoTreeNotFoundError, OSError, ValueError):
+        return None
+
+
+def _explain(repo_id: str, revision: str | None, error: Exception, key: str) -> SourceError:
+    rev = f" at revision {revision!r}" if revision else ""
+    if isinstance(error, HFValidationError):
+        return SourceError(
+            f"{key} {repo_id!r} is not an existing local folder, an s3:// URI, or a valid Hugging Face repo id "
+            f"('namespace/name'): {error}"
+        )
+    if isinstance(error, GatedRepoError):
+        return SourceError(
+            f"{key} {repo_id!r} is a gated repo{rev}: accept its license on https://huggingface.co/{repo_id} "
+            "with the account whose token you pass in HF_TOKEN (and check that token has read access)"
+        )
+    if isinstance(error, RepositoryNotFoundError):
+        return SourceError(
+            f"{key} {repo_id!r} was not found on the Hugging Face hub: check the spelling; if it is private, "
+            "set HF_TOKEN to a token that can read it"
+        )
+    if isinstance(error, RevisionNotFoundError):
+        return SourceError(f"{key} {repo_id!r} has no revision {revision!r}; fix option.revision (HF_REVISION)")
+    if isinstance(error, HfHubHTTPError) and error.response is not None and error.response.status_code in (401, 403):
+        return SourceError(
+            f"{key} {repo_id!r}{rev}: the hub refused access ({error.response.status_code}); set HF_TOKEN to a "
+            "token that can read the repo"
+        )
+    if isinstance(error, IncompleteSnapshotError):
+        return SourceError(
+            f"{key} {repo_id!r}{rev}: the local hub cache holds only part of the files and the hub cannot be "
+            "reached; re-run with network access (unset HF_HUB_OFFLINE) to complete it"
+        )
+    if isinstance(error, LocalEntryNotFoundError):
+        offline = isinstance(error.__cause__, OfflineModeIsEnabled)
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
+        return SourceError(
+            f"{key} {repo_id!r}{rev} is not in the local hub cache (HF_HOME) and {why}: download it "
+            f"beforehand (`hf download {repo_id}` with the same HF_HOME), "
+            + ("unset HF_HUB_OFFLINE, " if offline else "check the network / HF_ENDPOINT, ")
+            + "or point option.model_id at a local folder or s3:// URI"
+        )
+    return SourceError(f"{key} {repo_id!r}{rev}: hub download failed: {type(error).__name__}: {error}")
+
+
+def download_hub(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    trust_remote_code: bool = False,
+    tokenizer_only: bool = False,
+    key: str = "option.model_id",
+) -> tuple[Path, str]:
+    """Fetch (or find in the cache) the needed files of ``repo_id``; return (snapshot folder, commit sha).
+
+    ``key`` is the setting that named the repo, for error messages.
+    """
+    try:
+        files = _repo_files(repo_id, revision, token)
+        patterns = (
+            select_hub_files(files, trust_remote_code=trust_remote_code, tokenizer_only=tokenizer_only)
+            if files is not None
+            else None
+        )
+        # Exact names as allow_patterns; the original revision (not the sha) so refs/<branch> is recorded
+        # and a later offline start finds the same snapshot.
+        snapshot = snapshot_download(repo_id, revision=revision, token=token, allow_patterns=patterns)
+    except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
+        raise _explain(repo_id, revision, e, key) from e
+    path = Path(snapshot)
+    # The cache lays snapshots out as snapshots/<commit sha>/.
+    return path, path.name

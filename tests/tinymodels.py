@@ -1,0 +1,154 @@
+"""Tiny random-weight models and a tokenizer trained on the spot (no hub, no network).
+
+Every model shares one byte-level BPE tokenizer (vocab 512, <pad>=0 <s>=1 </s>=2) so greedy
+outputs can be compared across engines. Built once per session into a cache dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+VOCAB = 512
+SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Multi-byte text on purpose: the detokenizer must never split a character.
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Large language models generate text one token at a time.",
+    "Serving engines batch requests to keep the GPU busy.",
+    "Grüße aus München! Ça va? Überall schöne Straßen.",
+    "日本語のテキストもトークン化できます。東京は大きい都市です。",
+    "Emoji test: 🚀🔥✨ and math: ∑ ∫ √ π ≈ 3.14159",
+    "def hello(name):\n    return f'Hello, {name}!'\n",
+    "Once upon a time there was a small model that learned to talk.",
+]
+
+
+def _texts() -> list[str]:
+    out = []
+    for i in range(300):
+        for line in CORPUS:
+            out.append(f"{line} {i}")
+    return out
+
+
+def build_tokenizer(out_dir: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_texts(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def _config(arch: str):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        return tf.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              intermediate_size=128, max_position_embeddings=512, **common)
+    if arch == "qwen2":
+        return tf.Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              intermediate_size=128, max_position_embeddings=512, **common)
+    if arch == "mistral":
+        return tf.MistralConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=128, max_position_embeddings=512, sliding_window=None, **common)
+    if arch == "gpt2":
+        return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common)
+    if arch == "falcon":
+        return tf.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+                               new_decoder_architecture=True, max_position_embeddings=512, **common)
+    if arch == "gptj":
+        return tf.GPTJConfig(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=512, **common)
+    raise ValueError(f"unknown tiny arch {arch!r}")
+
+
+ARCHS = ("llama", "qwen2", "mistral", "gpt2", "falcon", "gptj")
+
+
+def build_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny ``arch`` model plus the shared tokenizer into ``out_dir``; return it."""
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
+        return out_dir
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_config(arch))
+    # Random weights produce near-uniform logits; scale them up so greedy choices are
+    # well separated and identical across batching strategies and numeric paths.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(str(out_dir))
+    build_tokenizer(out_dir)
+    return out_dir
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("LMI_TEST_MODEL_CACHE", Path(__file__).parent / ".models"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def tiny_model(arch: str = "llama") -> Path:
+    """A cached tiny model folder (built on first use)."""
+    return build_model(arch, cache_root() / arch)
+
+
+def make_hub_cache(model_dir: Path, hf_home: Path, repo_id: str = "acme/tiny-llama",
+                   commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """Lay ``model_dir`` out as a huggingface_hub cache entry so ``repo_id`` resolves offline."""
+    import shutil
+
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / commit
+    if not snap.exists():
+        shutil.copytree(model_dir, snap)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snap
+
+
+def model_config(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Write a tiny random-weight model + tokenizer (for trying lmi-trt offline).")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--arch", default="llama", choices=ARCHS)
+    a = ap.parse_args()
+    print(build_model(a.arch, a.out_dir))
