@@ -99,7 +99,7 @@ class LmiConfig(BaseModel):
     tensor_parallel_degree: int | Literal["max"] = 1   # 'max' is resolved by the launcher
     pipeline_parallel_degree: int = 1
     enforce_eager: bool = False
-    synthetic_tokens_per_second: float = 100.0
+    synthetic_tokens_per_second: float = 0.0  # 0 = as fast as possible
     # --- engine build shape (compile-time) ---
     max_rolling_batch_size: int | None = None   # None → engine default (trtllm 256, torch 32)
     max_input_len: int = 1024
@@ -203,15 +203,18 @@ def _integer(minimum: int = 1, example: int = 2048) -> ValueType:
     return ValueType(f"integer ≥ {minimum}", parse)
 
 
-def _number(*, above: float, at_most: float | None = None, example: float) -> ValueType:
-    what = f"a number > {above:g}" + (f" and ≤ {at_most:g}" if at_most is not None else "")
+def _number(*, above: float | None = None, at_least: float | None = None, at_most: float | None = None,
+            example: float) -> ValueType:
+    low = f"> {above:g}" if above is not None else f"≥ {at_least:g}"
+    what = f"a number {low}" + (f" and ≤ {at_most:g}" if at_most is not None else "")
 
     def parse(raw: str) -> float:
         try:
             value = float(raw)
         except ValueError:
             raise _BadValue(f"is not a number; set {what} such as {example:g}") from None
-        if not (math.isfinite(value) and value > above and (at_most is None or value <= at_most)):
+        in_low = value > above if above is not None else value >= at_least
+        if not (math.isfinite(value) and in_low and (at_most is None or value <= at_most)):
             raise _BadValue(f"is out of range; set {what} such as {example:g}")
         return value
 
@@ -396,8 +399,9 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("option.pipeline_parallel_degree", _integer(1, 2), "pipeline-parallel ranks",
             "pipeline_parallel_degree", compile_time=True, aliases=_both("pipeline_parallel_count")),
     KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs", "enforce_eager"),
-    KeySpec("option.synthetic_tokens_per_second", _number(above=0, example=100),
-            "decode rate per sequence of the synthetic benchmark engine", "synthetic_tokens_per_second"),
+    KeySpec("option.synthetic_tokens_per_second", _number(at_least=0, example=100),
+            "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible",
+            "synthetic_tokens_per_second"),
     # --- engine build shape ---
     KeySpec("option.max_rolling_batch_size", _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: trtllm 256, torch 32",

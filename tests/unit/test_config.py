@@ -340,7 +340,7 @@ def test_truss_groups_from_the_environment(tmp_path, caplog):
     ("file", "option.awq_block_size", "32", "is not one of: 64, 128"),
     ("file", "option.device", "tpu", "is not one of: auto, cpu, cuda"),
     ("file", "option.rotary_scaling_factor", "1", "is out of range; set a number > 1"),
-    ("file", "option.synthetic_tokens_per_second", "inf", "is out of range; set a number > 0"),
+    ("file", "option.synthetic_tokens_per_second", "inf", "is out of range; set a number ≥ 0"),
     ("file", "max_batch_size (option.max_rolling_batch_size)", "x", "is not an integer"),
     ("env", "OPTION_MAX_INPUT_LEN (option.max_input_len)", "abc", "is not an integer"),
     ("env", "HF_MODEL_TRUST_REMOTE_CODE (option.trust_remote_code)", "perhaps", "is not a boolean"),

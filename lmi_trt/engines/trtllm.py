@@ -1,0 +1,955 @@
+"""TensorRT-LLM engine: serve a precompiled TensorRT engine through the C++ in-flight-batching Executor.
+
+Data path: ``engine_dir`` (``config.json`` + one plan per rank) → ``EngineFacts`` (pure parse) →
+``check_settings`` (what the engine cannot honour is an error, never a silent clip) →
+``tensorrt_llm.bindings.executor.Executor`` with in-flight batching → one response-pump thread
+that calls ``await_responses`` and hands results to per-request asyncio queues.
+
+Supported TensorRT-LLM releases: 0.12 and 1.0–1.2 (trtllm_api.md §0, §1.4–1.7). Where they differ:
+* 0.12's ``Request`` is keyword-only after the prompt; 1.x takes ``max_tokens`` positionally. We
+  always pass keywords. ``max_tokens``/``seed``/``min_tokens`` are the current names in both (0.12
+  still accepts the deprecated ``max_new_tokens``/``random_seed``/``min_length`` aliases, and logs a
+  warning per request for them), so the same keywords serve both.
+* ``FinishReason.CANCELLED`` and ``TIMED_OUT`` exist only in 1.x; we map reasons by name.
+* A cancelled request gets a final result in 1.x (since 0.16) and nothing in 0.12, so 0.12
+  streams are ended here when cancelled.
+* ``KvCacheConfig(enable_block_reuse=...)`` defaults to True in 1.x and False in 0.x: always passed.
+* Knobs that only some bindings have are probed, not assumed: ``ExtendedRuntimePerfKnobConfig``
+  (``multi_block_mode`` at run time) and ``ExecutorConfig.enable_trt_overlap``.
+
+Leader mode (MPI, TP×PP ranks): every rank constructs the Executor; only the rank where
+``can_enqueue_requests()`` is True serves requests; the others call ``wait_for_shutdown()``.
+
+The ``tensorrt_llm.bindings.executor`` module is always named ``tle`` here, so the surface test's
+AST scan can check every name and keyword this file uses against the real API listing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmi_trt.engines.base import (
+    EngineError,
+    EngineLimits,
+    EngineOutput,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+)
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_SERIES = ((0, 12), (1, 0), (1, 1), (1, 2))
+SUPPORTED_TEXT = "0.12.x, 1.0.x, 1.1.x or 1.2.x (≤ 1.2.0rcN)"
+# How long one await_responses call may block: bounds how fast close() stops the pump.
+PUMP_POLL = timedelta(milliseconds=50)
+# DJL's do_sample=true fills only what the request left unset (djl_lmi.md §4.2).
+DJL_SAMPLING_DEFAULTS = {"top_k": 5, "top_p": 0.85, "temperature": 0.8}
+
+
+class TrtllmUnavailable(EngineError):
+    """TensorRT-LLM cannot run here: not installed, an unsupported release, or no GPU."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=503)
+
+
+class TrtllmConfigError(EngineError):
+    """The engine folder or the settings are wrong; the message names the key, the value and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=400)
+
+
+# =============================================================================== versions
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    """What differs between supported releases, as far as this engine is concerned."""
+
+    version: str
+    series: tuple[int, int]
+
+    @property
+    def final_result_on_cancel(self) -> bool:
+        # Cancelled requests return a final (empty) result since 0.16 (trtllm_api.md §1.1).
+        return self.series >= (0, 16)
+
+
+def api_spec(version: str) -> ApiSpec:
+    """Pure: the spec for an installed ``tensorrt_llm.__version__``, or a clear refusal."""
+    m = re.match(r"^(\d+)\.(\d+)", version or "")
+    if not m:
+        raise TrtllmUnavailable(f"cannot read the TensorRT-LLM version {version!r}; supported: {SUPPORTED_TEXT}")
+    series = (int(m.group(1)), int(m.group(2)))
+    if series not in SUPPORTED_SERIES:
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM {version} is not supported by the trtllm engine; supported: {SUPPORTED_TEXT}. "
+            "Later releases dropped the TensorRT-engine path; use an image with a supported release, "
+            "or option.rolling_batch=torch"
+        )
+    return ApiSpec(version, series)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def probe_runtime(gpu_available: Callable[[], bool] | None = None) -> tuple[ModuleType, ApiSpec]:
+    """Import TensorRT-LLM's executor bindings and check this host can run them (side effects only here)."""
+    try:
+        import tensorrt_llm
+    except ImportError as exc:
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM is not installed ({exc}); run the TensorRT-LLM image, or set option.rolling_batch=torch"
+        ) from exc
+    spec = api_spec(getattr(tensorrt_llm, "__version__", ""))
+    try:
+        import tensorrt_llm.bindings.executor as tle
+    except ImportError as exc:
+        raise TrtllmUnavailable(f"TensorRT-LLM {spec.version} has no executor bindings ({exc})") from exc
+    if not hasattr(tle, "Executor"):
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM {spec.version} was built without the TensorRT-engine Executor "
+            "(tensorrt_llm.bindings.executor.Executor is missing); install a release that ships it: "
+            f"{SUPPORTED_TEXT}"
+        )
+    if not (gpu_available or _cuda_available)():
+        raise TrtllmUnavailable(
+            "no CUDA GPU is visible, and TensorRT engines only run on one; check the container's GPU "
+            "access (--gpus all, CUDA_VISIBLE_DEVICES) or set option.rolling_batch=torch"
+        )
+    return tle, spec
+
+
+# =============================================================================== settings
+
+
+BatchSchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
+
+
+class TrtllmSettings(BaseModel):
+    """Runtime settings of the Executor (the lead maps LmiConfig → these; see ``from_config``).
+
+    ``None`` means "the engine's or TensorRT-LLM's own default".
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # option.max_rolling_batch_size / option.max_num_sequences; may only lower the engine's value.
+    max_batch_size: int | None = Field(None, ge=1)
+    # The option that set max_batch_size (named in errors); None = a default, lowered to the
+    # engine's build-time value with a warning instead of an error.
+    max_batch_size_key: str | None = None
+    max_num_tokens: int | None = Field(None, ge=1)  # option.max_num_tokens
+    kv_cache_free_gpu_mem_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1)
+    enable_kv_cache_reuse: bool = False
+    batch_scheduler_policy: BatchSchedulerPolicy = "max_utilization"  # DJL's default
+    enable_chunked_context: bool = False
+    multi_block_mode: bool | None = None
+    enable_trt_overlap: bool = False
+    max_beam_width: int | None = Field(None, ge=1)  # None → the engine's
+    tensor_parallel_degree: int | None = Field(1, ge=1)  # None → accept the engine's (TP "max")
+    pipeline_parallel_degree: int = Field(1, ge=1)
+
+    @classmethod
+    def from_config(cls, config: Any, *, max_batch_size: int | None = None) -> TrtllmSettings:
+        """From an ``LmiConfig``; ``max_batch_size`` is the default used when neither
+        ``option.max_num_sequences`` nor ``option.max_rolling_batch_size`` is set."""
+        key, batch = None, max_batch_size
+        for name in ("max_num_sequences", "max_rolling_batch_size"):  # DJL: max_num_sequences wins
+            if getattr(config, name, None) is not None:
+                key, batch = f"option.{name}", getattr(config, name)
+                break
+        tp = getattr(config, "tensor_parallel_degree", 1)
+        values = {
+            name: getattr(config, name)
+            for name in (
+                "max_num_tokens",
+                "kv_cache_free_gpu_mem_fraction",
+                "max_tokens_in_paged_kv_cache",
+                "enable_kv_cache_reuse",
+                "batch_scheduler_policy",
+                "enable_chunked_context",
+                "multi_block_mode",
+                "enable_trt_overlap",
+                "max_beam_width",
+                "pipeline_parallel_degree",
+            )
+            if getattr(config, name, None) is not None
+        }
+        return cls(
+            max_batch_size=batch,
+            max_batch_size_key=key,
+            tensor_parallel_degree=None if tp == "max" else tp,
+            **values,
+        )
+
+
+# =============================================================================== engine facts
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine folder's config.json says about the engine (trtllm_api.md §4)."""
+
+    layout: Literal["builder", "legacy"]  # builder: version + pretrained_config + build_config
+    version: str | None  # TensorRT-LLM release that built it; None for the legacy layout
+    name: str  # architecture (builder) or builder_config.name (legacy file names use it)
+    dtype: str
+    tp_size: int
+    pp_size: int
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int | None
+    max_beam_width: int
+    paged_kv_cache: bool | None
+    use_paged_context_fmha: bool
+    remove_input_padding: bool | None
+    tokens_per_block: int | None
+    multi_block_mode: bool | None  # a build flag only in 0.x configs; None where it is a runtime knob
+    gather_generation_logits: bool = False
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+
+def _flag(value: Any) -> bool | None:
+    """Plugin settings are bools, "enable"/"disable", or a dtype string meaning enabled."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() not in ("disable", "disabled", "false", "none", "")
+    return bool(value)
+
+
+def _require(section: dict, key: str, where: str) -> Any:
+    if key not in section:
+        raise TrtllmConfigError(f"engine config.json has no {where}.{key}; was it written by trtllm-build?")
+    return section[key]
+
+
+def parse_engine_config(config: dict) -> EngineFacts:
+    """Pure: the facts from an engine config.json, 1.x/0.8+ (``build_config``) or legacy (``builder_config``)."""
+    if "build_config" in config and "pretrained_config" in config:
+        pretrained, build = config["pretrained_config"], config["build_config"]
+        plugins = build.get("plugin_config") or {}
+        mapping = pretrained.get("mapping") or {}
+        quant = pretrained.get("quantization") or {}
+        max_input = _require(build, "max_input_len", "build_config")
+        max_seq = build.get("max_seq_len")
+        if max_seq is None:  # ≤0.10 engines record max_output_len instead
+            max_seq = max_input + _require(build, "max_output_len", "build_config")
+        kv_type = build.get("kv_cache_type")
+        paged = (str(getattr(kv_type, "name", kv_type)).upper() == "PAGED") if kv_type is not None else _flag(
+            plugins.get("paged_kv_cache")
+        )
+        return EngineFacts(
+            layout="builder",
+            version=config.get("version"),
+            name=_require(pretrained, "architecture", "pretrained_config"),
+            dtype=_require(pretrained, "dtype", "pretrained_config"),
+            tp_size=int(mapping.get("tp_size", 1)),
+            pp_size=int(mapping.get("pp_size", 1)),
+            max_batch_size=_require(build, "max_batch_size", "build_config"),
+            max_input_len=max_input,
+            max_seq_len=max_seq,
+            max_num_tokens=build.get("max_num_tokens"),
+            max_beam_width=build.get("max_beam_width", 1),
+            paged_kv_cache=paged,
+            use_paged_context_fmha=bool(_flag(plugins.get("use_paged_context_fmha"))),
+            remove_input_padding=_flag(plugins.get("remove_input_padding")),
+            tokens_per_block=plugins.get("tokens_per_block"),
+            multi_block_mode=_flag(plugins.get("multi_block_mode")),
+            gather_generation_logits=bool(build.get("gather_generation_logits", False)),
+            quant_algo=quant.get("quant_algo"),
+            kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        )
+    if "builder_config" in config:
+        builder, plugins = config["builder_config"], config.get("plugin_config") or {}
+        max_input = _require(builder, "max_input_len", "builder_config")
+        return EngineFacts(
+            layout="legacy",
+            version=None,
+            name=_require(builder, "name", "builder_config"),
+            dtype=_require(builder, "precision", "builder_config"),
+            tp_size=int(builder.get("tensor_parallel", 1)),
+            pp_size=int(builder.get("pipeline_parallel", 1)),
+            max_batch_size=_require(builder, "max_batch_size", "builder_config"),
+            max_input_len=max_input,
+            max_seq_len=max_input + _require(builder, "max_output_len", "builder_config"),
+            max_num_tokens=builder.get("max_num_tokens"),
+            max_beam_width=builder.get("max_beam_width", 1),
+            paged_kv_cache=_flag(plugins.get("paged_kv_cache")),
+            use_paged_context_fmha=bool(_flag(plugins.get("use_paged_context_fmha"))),
+            remove_input_padding=_flag(plugins.get("remove_input_padding")),
+            tokens_per_block=plugins.get("tokens_per_block"),
+            multi_block_mode=_flag(plugins.get("multi_block_mode", builder.get("multi_block_mode"))),
+            gather_generation_logits=bool(builder.get("gather_all_token_logits", False)),
+        )
+    raise TrtllmConfigError(
+        "engine config.json has neither build_config+pretrained_config (trtllm-build ≥0.8) nor "
+        f"builder_config (older builds); top-level keys: {sorted(config)}. Is this a TRT-LLM checkpoint "
+        "(run trtllm-build / lmi-trt compile first) or an HF model folder?"
+    )
+
+
+def resolve_engine_dir(path: Path) -> Path:
+    """The folder holding config.json and the plans; a Triton/LMI model folder's ``tensorrt_llm/1/`` too."""
+    for candidate in (path, path / "tensorrt_llm" / "1", path / "1"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise TrtllmConfigError(
+        f"no engine config.json in {path} (nor in its tensorrt_llm/1/ or 1/); point option.model_id at the "
+        "folder trtllm-build wrote (config.json + rank*.engine)"
+    )
+
+
+def read_engine_facts(engine_dir: Path) -> EngineFacts:
+    path = engine_dir / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TrtllmConfigError(f"cannot read the engine config {path}: {exc}") from exc
+    return parse_engine_config(config)
+
+
+# =============================================================================== engine file names
+
+_RANK_FILE = re.compile(r"^rank(?P<rank>\d+)\.engine$")
+_LEGACY_FILE = re.compile(r"^.+_tp\d+(?:_pp\d+)?_rank(?P<rank>\d+)\.engine$")
+
+
+def expected_engine_file(facts: EngineFacts, rank: int) -> str:
+    """``GptJsonConfig::engineFilename``: the C++ loader picks the naming from whether ``version`` exists."""
+    if facts.version is None:
+        pp = f"_pp{facts.pp_size}" if facts.pp_size > 1 else ""
+        return f"{facts.name}_{facts.dtype}_tp{facts.tp_size}{pp}_rank{rank}.engine"
+    return f"rank{rank}.engine"
+
+
+def plan_engine_links(names: Iterable[str], facts: EngineFacts) -> dict[str, str]:
+    """Pure: for each rank whose expected plan name is missing, the file (other naming) to link it to.
+
+    Empty when every expected name exists. Raises when a rank has no plan, or more than one candidate.
+    """
+    names = set(names)
+    links = {}
+    for rank in range(facts.world_size):
+        want = expected_engine_file(facts, rank)
+        if want in names:
+            continue
+        found = sorted(
+            n for n in names if (m := _RANK_FILE.match(n) or _LEGACY_FILE.match(n)) and int(m.group("rank")) == rank
+        )
+        if len(found) != 1:
+            listing = ", ".join(sorted(n for n in names if n.endswith(".engine"))) or "no .engine files"
+            problem = "no plan" if not found else f"{len(found)} candidate plans ({', '.join(found)})"
+            raise TrtllmConfigError(
+                f"the engine is built for tp={facts.tp_size} pp={facts.pp_size} and TensorRT-LLM loads {want} "
+                f"for rank {rank}, but the folder has {problem}; it holds: {listing}"
+            )
+        links[want] = found[0]
+    return links
+
+
+def prepare_engine_dir(engine_dir: Path, facts: EngineFacts, scratch_dir: Path) -> Path:
+    """The folder to hand to the Executor: ``engine_dir`` itself, or — when plans are named the other
+    way (legacy vs ``rank{N}.engine``) — a folder of symlinks under ``scratch_dir`` with the names the
+    installed Executor expects (``engine_dir`` may be read-only, e.g. /opt/ml/model)."""
+    links = plan_engine_links(os.listdir(engine_dir), facts)
+    if not links:
+        return engine_dir
+    shadow = scratch_dir / "engine"
+    shadow.mkdir(parents=True, exist_ok=True)
+    for entry in os.listdir(engine_dir):
+        (shadow / entry).symlink_to((engine_dir / entry).resolve())
+    for want, have in links.items():
+        (shadow / want).symlink_to((engine_dir / have).resolve())
+    log.info("engine plans renamed for this TensorRT-LLM via symlinks in %s: %s", shadow, links)
+    return shadow
+
+
+# =============================================================================== settings checks
+
+
+def effective_batch_size(settings: TrtllmSettings, facts: EngineFacts) -> int:
+    return min(settings.max_batch_size or facts.max_batch_size, facts.max_batch_size)
+
+
+def effective_beam_width(settings: TrtllmSettings, facts: EngineFacts) -> int:
+    return settings.max_beam_width or facts.max_beam_width
+
+
+def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
+    """Pure: warnings for what is adjusted; one error listing everything the engine cannot honour."""
+    errors, warnings = [], []
+    tp, pp = settings.tensor_parallel_degree, settings.pipeline_parallel_degree
+    if tp is not None and (tp, pp) != (facts.tp_size, facts.pp_size):
+        errors.append(
+            f"option.tensor_parallel_degree={tp} and option.pipeline_parallel_degree={pp}, but the engine is built "
+            f"for tp={facts.tp_size} pp={facts.pp_size} ({facts.world_size} GPU(s)); set "
+            f"option.tensor_parallel_degree={facts.tp_size} and option.pipeline_parallel_degree={facts.pp_size}, "
+            "or rebuild the engine"
+        )
+    if settings.max_batch_size is not None and settings.max_batch_size > facts.max_batch_size:
+        if settings.max_batch_size_key:
+            errors.append(
+                f"{settings.max_batch_size_key}={settings.max_batch_size} exceeds the engine's built "
+                f"max_batch_size={facts.max_batch_size}; set it to at most {facts.max_batch_size}, or rebuild "
+                "the engine with a larger max_batch_size"
+            )
+        else:
+            warnings.append(
+                f"the default batch size {settings.max_batch_size} is above the engine's built max_batch_size="
+                f"{facts.max_batch_size}; serving at most {facts.max_batch_size} requests at once"
+            )
+    if settings.max_num_tokens and facts.max_num_tokens and settings.max_num_tokens > facts.max_num_tokens:
+        errors.append(
+            f"option.max_num_tokens={settings.max_num_tokens} exceeds the engine's built max_num_tokens="
+            f"{facts.max_num_tokens}; the runtime can only lower it: set at most {facts.max_num_tokens} or rebuild"
+        )
+    if settings.max_beam_width and settings.max_beam_width > facts.max_beam_width:
+        errors.append(
+            f"option.max_beam_width={settings.max_beam_width} exceeds the engine's built max_beam_width="
+            f"{facts.max_beam_width}; lower it or rebuild the engine with --max_beam_width {settings.max_beam_width}"
+        )
+    if facts.paged_kv_cache is False:
+        errors.append(
+            "the engine was built without a paged KV cache, which in-flight batching needs; rebuild it with "
+            "--kv_cache_type paged (--paged_kv_cache enable on older releases)"
+        )
+    if facts.remove_input_padding is False:
+        errors.append(
+            "the engine was built with remove_input_padding disabled; in-flight batching needs packed input: "
+            "rebuild with --remove_input_padding enable"
+        )
+    for key, enabled in (("enable_kv_cache_reuse", settings.enable_kv_cache_reuse),
+                         ("enable_chunked_context", settings.enable_chunked_context)):
+        if enabled and not facts.use_paged_context_fmha:
+            errors.append(
+                f"option.{key}=true needs an engine built with paged context FMHA (TensorRT-LLM: \"When KV cache "
+                "block reuse is set, model has to be built with paged context FMHA support\"); rebuild with "
+                f"--use_paged_context_fmha enable, or set option.{key}=false"
+            )
+    if settings.max_tokens_in_paged_kv_cache and settings.max_tokens_in_paged_kv_cache < facts.max_seq_len:
+        warnings.append(
+            f"option.max_tokens_in_paged_kv_cache={settings.max_tokens_in_paged_kv_cache} is less than one "
+            f"max_seq_len={facts.max_seq_len} sequence; long requests will wait or be rejected"
+        )
+    if errors:
+        raise TrtllmConfigError("; ".join(errors))
+    return warnings
+
+
+def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> tuple[Any, list[str]]:
+    """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks."""
+    warnings = []
+    kv_cache = tle.KvCacheConfig(
+        enable_block_reuse=settings.enable_kv_cache_reuse,
+        max_tokens=settings.max_tokens_in_paged_kv_cache,
+        free_gpu_memory_fraction=settings.kv_cache_free_gpu_mem_fraction,
+    )
+    policy = getattr(tle.CapacitySchedulerPolicy, settings.batch_scheduler_policy.upper())
+    extra = {}
+    if settings.multi_block_mode is not None:
+        if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
+            extra["extended_runtime_perf_knob_config"] = tle.ExtendedRuntimePerfKnobConfig(
+                multi_block_mode=settings.multi_block_mode
+            )
+        elif facts.multi_block_mode is not None and facts.multi_block_mode != settings.multi_block_mode:
+            warnings.append(
+                f"option.multi_block_mode={str(settings.multi_block_mode).lower()} is ignored: in this TensorRT-LLM "
+                f"it is a build option and the engine was built with multi_block_mode="
+                f"{str(facts.multi_block_mode).lower()}; rebuild to change it"
+            )
+    if settings.enable_trt_overlap:
+        if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
+            extra["enable_trt_overlap"] = True
+        else:
+            warnings.append("option.enable_trt_overlap=true is ignored: this TensorRT-LLM's Executor has no such knob")
+    config = tle.ExecutorConfig(
+        max_beam_width=effective_beam_width(settings, facts),
+        scheduler_config=tle.SchedulerConfig(capacity_scheduler_policy=policy),
+        kv_cache_config=kv_cache,
+        # The Python binding defaults to False while recent C++ defaults to True: always pass it.
+        enable_chunked_context=settings.enable_chunked_context,
+        batching_type=tle.BatchingType.INFLIGHT,
+        max_batch_size=effective_batch_size(settings, facts),
+        max_num_tokens=settings.max_num_tokens,
+        parallel_config=tle.ParallelConfig(
+            communication_type=tle.CommunicationType.MPI,
+            communication_mode=tle.CommunicationMode.LEADER,
+        ),
+        **extra,
+    )
+    return config, warnings
+
+
+# =============================================================================== requests
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """Keyword arguments for ``Request``, ``SamplingConfig`` and ``OutputConfig``."""
+
+    request: dict[str, Any]
+    sampling: dict[str, Any]
+    output: dict[str, Any]
+
+
+def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
+    """Pure: ``SamplingConfig`` keywords with DJL semantics.
+
+    ``do_sample=False`` is greedy (``top_k=1``) whatever temperature/top_k/top_p say. ``do_sample=True``
+    fills only unset values with top_k=5, top_p=0.85, temperature=0.8; ``SamplingParams`` cannot tell
+    unset from its neutral defaults (top_k 0, top_p 1.0, temperature 1.0), so those count as unset.
+    ``seed`` is used when sampling without a request seed (DJL draws one per request).
+    """
+    kw: dict[str, Any] = {"beam_width": p.beam_width}
+    if p.beam_width == 1:
+        if p.do_sample:
+            kw["top_k"] = p.top_k or DJL_SAMPLING_DEFAULTS["top_k"]
+            kw["top_p"] = p.top_p if p.top_p != 1.0 else DJL_SAMPLING_DEFAULTS["top_p"]
+            kw["temperature"] = p.temperature if p.temperature != 1.0 else DJL_SAMPLING_DEFAULTS["temperature"]
+            kw["seed"] = (p.seed if p.seed is not None else seed) % 2**64  # RandomSeedType is uint64
+        else:
+            kw["top_k"] = 1
+    if p.repetition_penalty != 1.0:
+        kw["repetition_penalty"] = p.repetition_penalty
+    if p.presence_penalty:
+        kw["presence_penalty"] = p.presence_penalty
+    if p.frequency_penalty:
+        kw["frequency_penalty"] = p.frequency_penalty
+    if p.min_new_tokens:
+        kw["min_tokens"] = p.min_new_tokens
+    return kw
+
+
+def map_request(
+    req: GenerationRequest,
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    max_beam_width: int,
+    seed: int,
+) -> RequestSpec:
+    """Pure: a protocol request as Executor keywords; ``EngineError(400)`` for what cannot be served."""
+    p = req.sampling
+    if not req.prompt_token_ids:
+        raise EngineError("the prompt has no tokens", code=400)
+    if p.max_new_tokens < 1:
+        raise EngineError(f"max_new_tokens={p.max_new_tokens}: ask for at least 1 token", code=400)
+    if p.beam_width > 1 and req.streaming:
+        raise EngineError(
+            f"beam_width={p.beam_width} needs a non-streaming request: beams rewrite earlier tokens, which "
+            "streamed deltas cannot express; set stream=false or beam_width=1",
+            code=400,
+        )
+    if p.beam_width > max_beam_width:
+        raise EngineError(
+            f"beam_width={p.beam_width} exceeds the engine's max_beam_width={max_beam_width}; lower beam_width, "
+            f"or rebuild the engine with --max_beam_width {p.beam_width} and set option.max_beam_width",
+            code=400,
+        )
+    stop_words = [list(s) for s in req.stop_token_ids if s]
+    if not p.ignore_eos:
+        # One end_id per request: further EOS ids (Llama-3's <|eot_id|>, …) stop as stop words.
+        stop_words += [[e] for e in eos_token_ids[1:] if [e] not in stop_words]
+    request = {
+        "input_token_ids": list(req.prompt_token_ids),
+        "max_tokens": p.max_new_tokens,
+        "streaming": req.streaming,
+        # end_id -1 never matches: how the LLM API implements ignore_eos.
+        "end_id": -1 if p.ignore_eos else eos_token_ids[0],
+        "pad_id": pad_token_id,
+        "stop_words": stop_words or None,
+        "bad_words": [list(b) for b in req.bad_words_ids if b] or None,
+    }
+    output = {"exclude_input_from_output": True, "return_log_probs": p.logprobs}
+    return RequestSpec(request, sampling_kwargs(p, seed), output)
+
+
+def to_executor_request(tle: ModuleType, spec: RequestSpec) -> Any:
+    return tle.Request(
+        **spec.request,
+        sampling_config=tle.SamplingConfig(**spec.sampling),
+        output_config=tle.OutputConfig(**spec.output),
+    )
+
+
+_FINISH_REASONS = {
+    "END_ID": FinishReason.EOS,
+    "STOP_WORDS": FinishReason.STOP_SEQUENCE,
+    "LENGTH": FinishReason.LENGTH,
+    "CANCELLED": FinishReason.CANCELLED,
+    # Only with Request.allotted_time_ms, which we never set; stopped early, like a cancel.
+    "TIMED_OUT": FinishReason.CANCELLED,
+}
+
+
+def final_tokens_and_reason(
+    tokens: list[int],
+    reason_name: str,
+    *,
+    end_id: int,
+    extra_eos: frozenset[int],
+    generated: int,
+    max_new_tokens: int,
+) -> tuple[list[int], FinishReason]:
+    """Pure: the last delta's tokens and why the sequence ended.
+
+    An extra EOS id ends as a stop word: report it as EOS and drop it, as the end id itself is not
+    part of TensorRT-LLM's output. Without a reason (NOT_FINISHED on a final result), fall back to
+    DJL's rule: LENGTH when all tokens were produced, else EOS. ``generated`` counts ``tokens`` too.
+    """
+    if reason_name == "END_ID" and tokens and tokens[-1] == end_id:
+        return tokens[:-1], FinishReason.EOS
+    if reason_name == "STOP_WORDS" and tokens and tokens[-1] in extra_eos:
+        return tokens[:-1], FinishReason.EOS
+    if reason_name in _FINISH_REASONS:
+        return tokens, _FINISH_REASONS[reason_name]
+    return tokens, FinishReason.LENGTH if generated >= max_new_tokens else FinishReason.EOS
+
+
+# =============================================================================== the engine
+
+
+@dataclass(eq=False)
+class _Stream:
+    request_id: str
+    exec_id: int
+    max_new_tokens: int
+    end_id: int
+    extra_eos: frozenset[int]
+    logprobs: bool
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    generated: int = 0
+    cancelled: bool = False
+    done: bool = False
+
+
+def _error_output(request_id: str, message: str, code: int) -> EngineOutput:
+    return EngineOutput(request_id, [], finished=True, finish_reason=FinishReason.ERROR, error=message, error_code=code)
+
+
+class TrtllmEngine:
+    """The ``Engine`` protocol over ``tensorrt_llm.bindings.executor.Executor``."""
+
+    name = "trtllm"
+
+    def __init__(
+        self,
+        engine_dir: str | os.PathLike,
+        settings: TrtllmSettings | None = None,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int | None = None,
+        scratch_dir: str | os.PathLike | None = None,
+        gpu_available: Callable[[], bool] | None = None,
+    ) -> None:
+        if not eos_token_ids:
+            raise TrtllmConfigError(
+                "no EOS token id: TensorRT-LLM would generate until max_new_tokens; the tokenizer or "
+                "generation_config.json must name eos_token_id"
+            )
+        self._engine_dir = resolve_engine_dir(Path(engine_dir))
+        self.facts = read_engine_facts(self._engine_dir)
+        self.settings = settings or TrtllmSettings()
+        for warning in check_settings(self.settings, self.facts):
+            log.warning("%s", warning)
+        self._eos = list(eos_token_ids)
+        self._pad = self._eos[0] if pad_token_id is None else pad_token_id
+        self._scratch = Path(scratch_dir) if scratch_dir is not None else None
+        self._gpu_available = gpu_available
+        self._limits = EngineLimits(
+            max_batch_size=effective_batch_size(self.settings, self.facts),
+            max_input_len=self.facts.max_input_len,
+            max_seq_len=self.facts.max_seq_len,
+            max_beam_width=effective_beam_width(self.settings, self.facts),
+            supports_logprobs=True,
+        )
+        self._tle: ModuleType | None = None
+        self._spec: ApiSpec | None = None
+        self._executor: Any = None
+        self._leader = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pump: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._healthy = False
+        self._closed = False
+        self._owned_scratch: Path | None = None
+        self._streams: dict[int, _Stream] = {}  # by executor request id
+        self._by_request_id: dict[str, _Stream] = {}
+        self._total_requests = 0
+        self._total_tokens = 0
+        self._last_iteration: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def is_leader(self) -> bool:
+        """True on the rank that serves requests (always, without MPI)."""
+        return self._leader
+
+    @property
+    def tensorrt_llm_version(self) -> str | None:
+        return self._spec.version if self._spec else None
+
+    async def start(self) -> None:
+        if self._executor is not None or self._closed:
+            raise RuntimeError("TrtllmEngine.start() may be called once")
+        tle, spec = probe_runtime(self._gpu_available)
+        if self._scratch is None:
+            self._owned_scratch = self._scratch = Path(tempfile.mkdtemp(prefix="lmi-trt-engine-"))
+        engine_dir = prepare_engine_dir(self._engine_dir, self.facts, self._scratch)
+        config, warnings = build_executor_config(tle, self.settings, self.facts)
+        for warning in warnings:
+            log.warning("%s", warning)
+        log.info(
+            "loading TensorRT-LLM %s engine %s (built by %s, %s, tp=%d pp=%d, batch %d, max_input_len %d, "
+            "max_seq_len %d)", spec.version, engine_dir, self.facts.version or "a legacy release", self.facts.dtype,
+            self.facts.tp_size, self.facts.pp_size, self._limits.max_batch_size, self.facts.max_input_len,
+            self.facts.max_seq_len,
+        )
+        try:
+            executor = await asyncio.to_thread(tle.Executor, str(engine_dir), tle.ModelType.DECODER_ONLY, config)
+        except RuntimeError as exc:
+            if self._owned_scratch is not None:
+                shutil.rmtree(self._owned_scratch, ignore_errors=True)
+            out_of_memory = "out of memory" in str(exc).lower()
+            raise EngineError(
+                f"TensorRT-LLM {spec.version} could not load the engine in {engine_dir}: {exc}"
+                + ("; lower option.kv_cache_free_gpu_mem_fraction or the batch size" if out_of_memory else ""),
+                code=507 if out_of_memory else 424,
+            ) from exc
+        self._tle, self._spec, self._executor = tle, spec, executor
+        self._loop = asyncio.get_running_loop()
+        self._leader = bool(executor.can_enqueue_requests())
+        if self._leader:
+            self._pump = threading.Thread(target=self._pump_loop, name="trtllm-response-pump", daemon=True)
+            self._pump.start()
+        self._healthy = True
+
+    def wait_for_shutdown(self) -> None:
+        """Block a follower rank (``can_enqueue_requests()`` False) until the leader shuts down.
+
+        TensorRT-LLM's ``shutdown()`` on a follower returns once the leader's has run (leader mode)."""
+        if self._executor is None:
+            raise RuntimeError("call start() before wait_for_shutdown()")
+        if self._leader:
+            raise RuntimeError("wait_for_shutdown() is for follower ranks; the leader serves requests and close()s")
+        self._executor.shutdown()
+        self._healthy = False
+        self._closed = True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._healthy = False
+        self._stopping.set()
+        for stream in list(self._streams.values()):
+            self._finish(stream, _error_output(stream.request_id, "the engine is shutting down", 503))
+        if self._pump is not None:
+            await asyncio.to_thread(self._pump.join)
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown)
+        if self._owned_scratch is not None:
+            shutil.rmtree(self._owned_scratch, ignore_errors=True)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        stream = self._enqueue(request)
+        if isinstance(stream, EngineOutput):
+            yield stream
+            return
+        try:
+            while True:
+                out = await stream.queue.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not stream.done:  # the consumer went away (client disconnect): free the slot
+                self._cancel_stream(stream)
+
+    def _enqueue(self, request: GenerationRequest) -> _Stream | EngineOutput:
+        rid = request.request_id
+        if not self._healthy or self._executor is None:
+            return _error_output(rid, "the TensorRT-LLM engine is not running", 503)
+        if not self._leader:
+            return _error_output(rid, "this MPI rank does not take requests (leader mode: rank 0 does)", 503)
+        if rid in self._by_request_id:
+            return _error_output(rid, f"request id {rid!r} is already in flight", 400)
+        try:
+            spec = map_request(
+                request,
+                eos_token_ids=self._eos,
+                pad_token_id=self._pad,
+                max_beam_width=self._limits.max_beam_width,
+                seed=random.getrandbits(63),
+            )
+            exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec))
+        except EngineError as exc:
+            return _error_output(rid, str(exc), exc.code)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            return _error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 424)
+        stream = _Stream(
+            request_id=rid,
+            exec_id=exec_id,
+            max_new_tokens=request.sampling.max_new_tokens,
+            end_id=spec.request["end_id"],
+            extra_eos=frozenset(self._eos[1:]) if not request.sampling.ignore_eos else frozenset(),
+            logprobs=request.sampling.logprobs,
+        )
+        self._streams[exec_id] = stream
+        self._by_request_id[rid] = stream
+        self._total_requests += 1
+        return stream
+
+    async def cancel(self, request_id: str) -> None:
+        stream = self._by_request_id.get(request_id)
+        if stream is not None and not stream.done:
+            self._cancel_stream(stream)
+
+    def _cancel_stream(self, stream: _Stream) -> None:
+        if stream.cancelled or stream.done:
+            return
+        stream.cancelled = True
+        try:
+            self._executor.cancel_request(stream.exec_id)
+        except RuntimeError as exc:
+            log.warning("cancel_request(%d) for %s failed: %s", stream.exec_id, stream.request_id, exc)
+        if not self._spec.final_result_on_cancel:
+            # This release sends nothing back for a cancelled request: end the stream here.
+            self._finish(stream, EngineOutput(stream.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED))
+
+    def _finish(self, stream: _Stream, out: EngineOutput) -> None:
+        stream.done = True
+        self._streams.pop(stream.exec_id, None)
+        self._by_request_id.pop(stream.request_id, None)
+        stream.queue.put_nowait(out)
+
+    # ------------------------------------------------------------------ response pump
+
+    def _pump_loop(self) -> None:
+        """The one thread that waits on the Executor; everything else happens on the event loop."""
+        try:
+            while not self._stopping.is_set():
+                responses = self._executor.await_responses(timeout=PUMP_POLL)
+                if responses:
+                    self._loop.call_soon_threadsafe(self._dispatch, responses)
+        except BaseException as exc:  # noqa: BLE001 — any death of the pump must fail the engine loudly
+            if self._stopping.is_set():
+                return
+            log.exception("the TensorRT-LLM response pump died")
+            try:
+                self._loop.call_soon_threadsafe(self._pump_died, f"{type(exc).__name__}: {exc}")
+            except RuntimeError:  # the event loop is already closed
+                pass
+
+    def _pump_died(self, reason: str) -> None:
+        self._healthy = False
+        for stream in list(self._streams.values()):
+            self._finish(stream, _error_output(stream.request_id, f"the TensorRT-LLM response loop stopped: {reason}", 424))
+
+    def _dispatch(self, responses: list) -> None:
+        for response in responses:
+            stream = self._streams.get(response.request_id)
+            if stream is None:  # already ended here (0.12 cancel, shutdown, pump failure)
+                continue
+            if response.has_error():
+                self._finish(stream, _error_output(stream.request_id, response.error_msg, 424))
+                continue
+            out = self._to_output(stream, response.result)
+            self._total_tokens += len(out.token_ids)
+            if out.finished:
+                self._finish(stream, out)
+            else:
+                stream.queue.put_nowait(out)
+
+    def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
+        tokens = list(result.output_token_ids[0]) if result.output_token_ids else []
+        logprobs = list(result.log_probs[0]) if stream.logprobs and result.log_probs else None
+        stream.generated += len(tokens)
+        if not result.is_final:
+            return EngineOutput(stream.request_id, tokens, logprobs)
+        reason_name = result.finish_reasons[0].name if result.finish_reasons else "NOT_FINISHED"
+        tokens, reason = final_tokens_and_reason(
+            tokens,
+            reason_name,
+            end_id=stream.end_id,
+            extra_eos=stream.extra_eos,
+            generated=stream.generated,
+            max_new_tokens=stream.max_new_tokens,
+        )
+        if stream.cancelled:
+            reason = FinishReason.CANCELLED
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)]
+        return EngineOutput(stream.request_id, tokens, logprobs, finished=True, finish_reason=reason)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> EngineStats:
+        extra: dict[str, float] = {}
+        if self._leader and self._executor is not None and not self._closed:
+            drained = self._executor.get_latest_iteration_stats()
+            if drained:
+                self._last_iteration = drained[-1]
+        it = self._last_iteration
+        if it is not None:
+            extra["executor_active_requests"] = float(it.num_active_requests)
+            kv = it.kv_cache_stats
+            if kv is not None:
+                extra["kv_cache_free_blocks"] = float(kv.free_num_blocks)
+                extra["kv_cache_used_blocks"] = float(kv.used_num_blocks)
+                extra["kv_cache_max_blocks"] = float(kv.max_num_blocks)
+        return EngineStats(
+            active_requests=len(self._streams),
+            queued_requests=it.num_queued_requests if it is not None else 0,
+            max_batch_size=self._limits.max_batch_size,
+            total_requests=self._total_requests,
+            total_generated_tokens=self._total_tokens,
+            extra=extra,
+        )

@@ -1,0 +1,86 @@
+"""The load path, stage by stage: config → sources → (compile) → engine, as one coroutine.
+
+Each stage hands a plain value to the next; nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines import EngineKind, default_batch_size
+from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.serving.app import LoadedModel
+from lmi_trt.serving.tokenizer import load_tokenizer
+from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer) -> Engine:
+    """Construct (not start) the engine for an artifact; mismatches are user errors."""
+    batch = default_batch_size(kind, config.max_rolling_batch_size)
+    eos = _eos_ids(tokenizer, artifact)
+    if kind == "synthetic":
+        from lmi_trt.engines.synthetic import SyntheticEngine
+
+        return SyntheticEngine(
+            len(tokenizer),
+            tokens_per_second=config.synthetic_tokens_per_second or None,
+            max_batch_size=batch,
+            max_input_len=config.max_input_len,
+            max_new_tokens=config.max_output_len,
+            special_token_ids=tuple(tokenizer.all_special_ids),
+        )
+    if kind == "torch":
+        if artifact.kind != "hf_checkpoint":
+            raise EngineError(
+                f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}, which only the "
+                "trtllm engine can serve; the torch engine needs a Hugging Face checkpoint "
+                "(install TensorRT-LLM on a GPU host, or point option.model_id at the HF model)",
+                code=400,
+            )
+        from lmi_trt.engines.torch import TorchEngine
+
+        return TorchEngine(
+            artifact.path,
+            dtype=config.dtype,
+            device=config.device,
+            max_batch_size=batch,
+            max_input_len=config.max_input_len,
+            max_new_tokens=config.max_output_len,
+            trust_remote_code=config.trust_remote_code,
+            eos_token_ids=eos,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
+
+    if artifact.kind != "trtllm_engine":
+        raise EngineError(
+            f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}; it must be compiled "
+            "first: run `lmi-trt compile` and point option.model_id at its output",
+            code=400,
+        )
+    settings = TrtllmSettings.from_config(config, max_batch_size=batch)
+    return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+
+
+def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
+    """EOS ids from generation_config (Llama-3 lists several) falling back to the tokenizer's."""
+    gen = (artifact.hf_config or {}).get("eos_token_id")
+    ids = gen if isinstance(gen, list) else ([gen] if isinstance(gen, int) else [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+async def load_model(config: LmiConfig, kind: EngineKind) -> LoadedModel:
+    artifact = await asyncio.to_thread(resolve_model, config)
+    log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
+    tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
+    tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
+    engine = build_engine(kind, config, artifact, tokenizer)
+    await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
+    log.info("engine %s ready: %s", engine.name, engine.limits)
+    return LoadedModel(engine=engine, tokenizer=tokenizer)

@@ -1,0 +1,34 @@
+"""A fake ``tensorrt_llm`` for tests on machines without TensorRT-LLM or a GPU.
+
+Its names, constructor keywords (and their order), properties, methods and enum members are a
+subset of the real API as listed in ``trtllm_api_surface.py`` (checked by
+``tests/unit/test_fake_surface.py``). The build side writes the real engine layout; the executor
+really generates, through the Hugging Face checkpoint an engine was built from.
+
+``tensorrt_llm.__version__`` can be assigned to impersonate another release: 0.x gets the
+0.12 executor bindings, 1.x the 1.x ones. Engines only load in the release that built them.
+"""
+
+import sys
+import types
+
+from tensorrt_llm import _state
+
+
+class _FakeTensorrtLlmModule(types.ModuleType):
+    @property
+    def __version__(self):
+        return _state.version()
+
+    @__version__.setter
+    def __version__(self, value):
+        _state.set_version(value)
+
+
+sys.modules[__name__].__class__ = _FakeTensorrtLlmModule
+
+from tensorrt_llm import bindings, builder, mapping, models, plugin, quantization  # noqa: E402
+from tensorrt_llm.builder import BuildConfig  # noqa: E402
+from tensorrt_llm.mapping import Mapping  # noqa: E402
+
+__all__ = ["BuildConfig", "Mapping", "bindings", "builder", "mapping", "models", "plugin", "quantization"]

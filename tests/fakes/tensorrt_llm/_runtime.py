@@ -1,0 +1,532 @@
+"""The fake Executor's inside (private): engine loading and an in-flight-batching step loop that
+really generates through the Hugging Face checkpoint an engine file points at.
+
+Semantics kept from TensorRT-LLM (trtllm_api.md §1, §4, §7):
+* requests join and leave the running batch at any step; at most ``max_batch_size`` run, the
+  rest wait in arrival order;
+* streaming results carry only the tokens new since the previous result (all generated tokens
+  with ``return_all_generated_tokens``); non-streaming results carry prompt + output unless
+  ``exclude_input_from_output``; the end id itself is not part of the output;
+* sampling follows ``SamplingConfig``: greedy when ``top_k`` is 1, or when neither ``top_k`` nor
+  ``top_p`` is set; otherwise temperature, top-k, top-p with a per-request generator (seed 0
+  unless given); repetition/presence/frequency penalties, ``min_tokens``, bad and stop words;
+* run-time rejections (a prompt over ``max_input_len``) come back as error Responses for that
+  request only; prompt + max_tokens over ``max_seq_len`` is clamped (TRT-LLM logs a warning);
+* ``cancel_request``: 1.x sends a final result with ``FinishReason.CANCELLED``; 0.12 sends none;
+* leader mode: rank 0 generates; other ranks' ``shutdown()`` blocks until the leader's.
+Simplification: a beam-search request (beam_width > 1) is decoded in one go through
+``transformers``' beam search and answered with one final result, without log probs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tensorrt_llm import _state
+
+log = logging.getLogger("tensorrt_llm")
+
+ENGINE_FORMAT = "fake-tensorrt-llm-engine"
+
+
+def _tllm_error(msg: str) -> RuntimeError:
+    return RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {msg}")
+
+
+# --------------------------------------------------------------------------- MPI world
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    comm: object | None = None  # an mpi4py communicator when launched under mpirun
+
+
+def current_world() -> World:
+    """The MPI world, as TensorRT-LLM sees it at import: size 1 unless launched under mpirun."""
+    for size_key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if int(os.environ.get(size_key, "1")) > 1:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+            return World(comm.Get_rank(), comm.Get_size(), comm)
+    return World(0, 1)
+
+
+# Leader shutdown reaches followers of the same process (simulated worlds in tests) here.
+_SHUTDOWN: dict[str, threading.Event] = {}
+_SHUTDOWN_LOCK = threading.Lock()
+
+
+def _shutdown_event(engine_dir: Path) -> threading.Event:
+    with _SHUTDOWN_LOCK:
+        return _SHUTDOWN.setdefault(str(engine_dir.resolve()), threading.Event())
+
+
+# --------------------------------------------------------------------------- engine directory
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    name: str
+    precision: str
+    version: str | None
+    tp_size: int
+    pp_size: int
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_beam_width: int
+    use_paged_context_fmha: bool
+    tokens_per_block: int
+
+
+def read_engine_config(engine_dir: Path) -> EngineLimits:
+    path = engine_dir / "config.json"
+    if not path.is_file():
+        raise _tllm_error(f"Failed to open config file {path}")
+    cfg = json.loads(path.read_text())
+    if "version" in cfg:
+        pretrained, build = cfg["pretrained_config"], cfg["build_config"]
+        plugins = build.get("plugin_config", {})
+        mapping = pretrained.get("mapping", {})
+        max_input = build["max_input_len"]
+        max_seq = build.get("max_seq_len") or max_input + build.get("max_output_len", 0)
+        return EngineLimits(
+            name=pretrained["architecture"],
+            precision=pretrained["dtype"],
+            version=cfg["version"],
+            tp_size=mapping.get("tp_size", 1),
+            pp_size=mapping.get("pp_size", 1),
+            max_batch_size=build["max_batch_size"],
+            max_input_len=max_input,
+            max_seq_len=max_seq,
+            max_beam_width=build.get("max_beam_width", 1),
+            use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
+            tokens_per_block=plugins.get("tokens_per_block", 32),
+        )
+    builder, plugins = cfg["builder_config"], cfg.get("plugin_config", {})
+    return EngineLimits(
+        name=builder["name"],
+        precision=builder["precision"],
+        version=None,
+        tp_size=builder.get("tensor_parallel", 1),
+        pp_size=builder.get("pipeline_parallel", 1),
+        max_batch_size=builder["max_batch_size"],
+        max_input_len=builder["max_input_len"],
+        max_seq_len=builder["max_input_len"] + builder["max_output_len"],
+        max_beam_width=builder.get("max_beam_width", 1),
+        use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
+        tokens_per_block=plugins.get("tokens_per_block", 64),
+    )
+
+
+def engine_filename(limits: EngineLimits, rank: int) -> str:
+    """``GptJsonConfig::engineFilename``: the legacy name when config.json has no ``version``."""
+    if limits.version is None:
+        pp = f"_pp{limits.pp_size}" if limits.pp_size > 1 else ""
+        return f"{limits.name}_{limits.precision}_tp{limits.tp_size}{pp}_rank{rank}.engine"
+    return f"rank{rank}.engine"
+
+
+def deserialize(path: Path) -> dict:
+    """The fake "plan": JSON naming the checkpoint it was built from and the building release."""
+    if not path.is_file():
+        raise _tllm_error(f"Engine file {path} does not exist")
+    try:
+        blob = json.loads(path.read_bytes())
+        assert blob.get("format") == ENGINE_FORMAT
+    except (ValueError, AssertionError):
+        raise _tllm_error(f"Failed to deserialize cuda engine {path}") from None
+    if blob["tensorrt_llm_version"] != _state.version():
+        # A TensorRT plan only loads in the TensorRT it was built with (trtllm_api.md §4).
+        raise _tllm_error(
+            "Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed.Version tag does not match. "
+            f"Note: Current Version: {_state.version()}, Serialized Engine Version: {blob['tensorrt_llm_version']}"
+        )
+    return blob
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+@dataclass
+class _Seq:
+    id: int
+    prompt: list[int]
+    max_tokens: int
+    streaming: bool
+    exclude_input: bool
+    return_all: bool
+    return_log_probs: bool
+    end_id: int
+    beam_width: int
+    sampling: object
+    bad_words: list[list[int]]
+    stop_words: list[list[int]]
+    client_id: int | None
+    generated: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    sent: int = 0
+    past: object = None
+    logits: object = None
+    generator: object = None
+
+
+class ExecutorImpl:
+    def __init__(self, model_path, config, *, api):
+        self._api = api
+        self._dir = Path(model_path)
+        self.limits = read_engine_config(self._dir)
+        self._world = current_world()
+        if self.limits.tp_size * self.limits.pp_size != self._world.size:
+            raise _tllm_error(
+                f"tensor parallelism mismatch: the engine has tp={self.limits.tp_size} pp={self.limits.pp_size}, "
+                f"the MPI world has {self._world.size} rank(s)"
+            )
+        blob = deserialize(self._dir / engine_filename(self.limits, self._world.rank))
+        kv = config.kv_cache_config
+        if kv.enable_block_reuse and not self.limits.use_paged_context_fmha:
+            raise _tllm_error("When KV cache block reuse is set, model has to be built with paged context FMHA support")
+        if config.max_beam_width > self.limits.max_beam_width:
+            raise _tllm_error(
+                f"max_beam_width ({config.max_beam_width}) is larger than the engine's ({self.limits.max_beam_width})"
+            )
+        # Runtime values may only lower the engine's build-time limits.
+        self.max_batch_size = min(config.max_batch_size or self.limits.max_batch_size, self.limits.max_batch_size)
+        self.max_beam_width = config.max_beam_width
+        self._kv_max_tokens = kv.max_tokens or self.max_batch_size * self.limits.max_seq_len
+        self._stats: deque = deque(maxlen=max(config.iter_stats_max_iterations, 0))
+        self.is_leader = self._world.rank == 0
+        self._cv = threading.Condition()
+        self._waiting: deque[_Seq] = deque()
+        self._active: list[_Seq] = []
+        self._cancel: set[int] = set()
+        self._ready: list = []
+        self._next_id = 1
+        self._iter = 0
+        self._stop = False
+        self._closed = False
+        self._thread = None
+        if self.is_leader:
+            self._model = _load_model(blob["hf_model_dir"])
+            self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
+            self._thread.start()
+
+    # ---------------------------------------------------------------- client API
+
+    def enqueue(self, request) -> int:
+        if not self.is_leader:
+            raise _tllm_error("Only the leader rank can enqueue requests")
+        if self._closed:
+            raise _tllm_error("Cannot enqueue requests after the executor was shut down")
+        if request.__class__ is not self._api.Request:
+            raise TypeError(f"enqueue_request(): expected a {self._api.Request.__module__}.Request, got {request!r}")
+        sc, oc = request.sampling_config, request.output_config
+        if sc.beam_width > self.max_beam_width:
+            raise _tllm_error(
+                f"Request beam width ({sc.beam_width}) is larger than the executor's max beam width ({self.max_beam_width})"
+            )
+        with self._cv:
+            rid = self._next_id
+            self._next_id += 1
+            self._waiting.append(
+                _Seq(
+                    id=rid,
+                    prompt=request.input_token_ids,
+                    max_tokens=request.max_tokens,
+                    streaming=request.streaming,
+                    exclude_input=oc.exclude_input_from_output,
+                    return_all=request.return_all_generated_tokens,
+                    return_log_probs=oc.return_log_probs,
+                    end_id=-1 if request.end_id is None else request.end_id,
+                    beam_width=sc.beam_width,
+                    sampling=sc,
+                    bad_words=[list(w) for w in request.bad_words or []],
+                    stop_words=[list(w) for w in request.stop_words or []],
+                    client_id=request.client_id,
+                )
+            )
+            self._cv.notify_all()
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        with self._cv:
+            self._cancel.add(rid)
+            self._cv.notify_all()
+
+    def await_responses(self, rid, timeout: float | None) -> list:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while True:
+                picked = [r for r in self._ready if rid is None or r.request_id == rid]
+                if picked:
+                    self._ready = [r for r in self._ready if not (rid is None or r.request_id == rid)]
+                    return picked
+                if self._closed:
+                    return []
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return []
+                self._cv.wait(remaining)
+
+    def num_ready(self, rid) -> int:
+        with self._cv:
+            return sum(1 for r in self._ready if rid is None or r.request_id == rid)
+
+    def drain_iteration_stats(self) -> list:
+        with self._cv:
+            out = list(self._stats)
+            self._stats.clear()
+            return out
+
+    def drain_request_stats(self) -> list:
+        return []  # request_stats_max_iterations is 0 unless asked for; the fake keeps none
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        if not self.is_leader:
+            # Follower ranks run until the leader shuts down (LEADER mode, trtllm_api.md §1.2).
+            if self._world.comm is not None:
+                self._world.comm.bcast(None, root=0)
+            else:
+                _shutdown_event(self._dir).wait()
+            self._closed = True
+            return
+        with self._cv:
+            self._stop = True
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._world.comm is not None:
+            self._world.comm.bcast("shutdown", root=0)
+        else:
+            _shutdown_event(self._dir).set()
+
+    # ---------------------------------------------------------------- step loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                started = time.monotonic()
+                out = self._take_cancellations()
+                admitted = self._admit(out)
+            for seq in list(self._active):
+                self._step(seq, admitted, out)
+            with self._cv:
+                done = {r.request_id for r in out if r.has_error() or r.result.is_final}
+                self._active = [s for s in self._active if s.id not in done]
+                self._ready.extend(out)
+                self._record_stats(started, len(admitted), len(done))
+                self._cv.notify_all()
+
+    def _take_cancellations(self) -> list:
+        out = []
+        for seq in [s for s in (*self._waiting, *self._active) if s.id in self._cancel]:
+            if seq in self._active:
+                self._active.remove(seq)
+            else:
+                self._waiting.remove(seq)
+            if not _state.is_0x():  # final CANCELLED results exist since 0.16 (trtllm_api.md §1.1)
+                out.append(self._result(seq, self._api.FinishReason.CANCELLED))
+        self._cancel.clear()
+        return out
+
+    def _admit(self, out: list) -> set[int]:
+        admitted = set()
+        while self._waiting and len(self._active) < self.max_batch_size:
+            seq = self._waiting.popleft()
+            if len(seq.prompt) > self.limits.max_input_len:
+                out.append(
+                    self._api.Response(
+                        seq.id,
+                        f"[TensorRT-LLM][ERROR] Prompt length ({len(seq.prompt)}) exceeds maximum input length "
+                        f"({self.limits.max_input_len}). Set log level to info and check TRTGptModel logs for how "
+                        "maximum input length is set",
+                        seq.client_id,
+                    )
+                )
+                continue
+            room = self.limits.max_seq_len - len(seq.prompt)
+            if seq.max_tokens > room:
+                log.warning(
+                    "Prompt length + number of requested output tokens (%d + %d) exceeds maximum sequence length "
+                    "(%d). Number of requested output tokens is reduced to %d.",
+                    len(seq.prompt), seq.max_tokens, self.limits.max_seq_len, room,
+                )
+                seq.max_tokens = room
+            if seq.max_tokens <= 0:
+                out.append(self._result(seq, self._api.FinishReason.LENGTH))
+                continue
+            self._active.append(seq)
+            admitted.add(seq.id)
+        return admitted
+
+    def _step(self, seq: _Seq, admitted: set[int], out: list) -> None:
+        import torch
+
+        try:
+            with torch.no_grad():
+                if seq.beam_width > 1:
+                    out.append(self._beam_search(seq))
+                    return
+                if seq.id in admitted:
+                    self._forward(seq, seq.prompt)
+                token, logprob = _select(seq)
+                reason = self._advance(seq, token, logprob)
+                if reason is None:
+                    self._forward(seq, [token])
+        except Exception as exc:  # one request's failure must not end the others
+            out.append(self._api.Response(seq.id, f"[TensorRT-LLM][ERROR] {exc}", seq.client_id))
+            return
+        if reason is not None or seq.streaming:
+            out.append(self._result(seq, reason))
+
+    def _forward(self, seq: _Seq, ids: list[int]) -> None:
+        import torch
+
+        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+
+    def _advance(self, seq: _Seq, token: int, logprob: float):
+        fr = self._api.FinishReason
+        if token == seq.end_id:
+            return fr.END_ID
+        seq.generated.append(token)
+        seq.log_probs.append(logprob)
+        if any(w and seq.generated[-len(w):] == w for w in seq.stop_words):
+            return fr.STOP_WORDS
+        if len(seq.generated) >= seq.max_tokens:
+            return fr.LENGTH
+        return None
+
+    def _result(self, seq: _Seq, reason):
+        res = self._api.Result()
+        res.is_final = res.is_sequence_final = reason is not None
+        if seq.streaming:
+            start = 0 if seq.return_all else seq.sent
+            tokens, lps = seq.generated[start:], seq.log_probs[start:]
+        else:
+            tokens, lps = seq.generated, seq.log_probs
+            if not seq.exclude_input:
+                tokens = seq.prompt + tokens
+        seq.sent = len(seq.generated)
+        res.output_token_ids = [list(tokens)]
+        res.finish_reasons = [reason if reason is not None else self._api.FinishReason.NOT_FINISHED]
+        res.decoding_iter = len(seq.generated)
+        if seq.return_log_probs:
+            res.log_probs = [list(lps)]
+            res.cum_log_probs = [float(sum(seq.log_probs))]
+        return self._api.Response(seq.id, res, seq.client_id)
+
+    def _beam_search(self, seq: _Seq):
+        import torch
+
+        sc = seq.sampling
+        gen = self._model.generate(
+            torch.tensor([seq.prompt]),
+            num_beams=seq.beam_width,
+            num_return_sequences=seq.beam_width,
+            max_new_tokens=seq.max_tokens,
+            do_sample=False,
+            eos_token_id=seq.end_id if seq.end_id >= 0 else None,
+            pad_token_id=max(seq.end_id, 0),
+            length_penalty=sc.length_penalty if sc.length_penalty is not None else 1.0,
+        )
+        fr, beams, reasons = self._api.FinishReason, [], []
+        for row in gen[:, len(seq.prompt):].tolist():
+            ended = seq.end_id in row
+            row = row[: row.index(seq.end_id)] if ended else row
+            beams.append(row if seq.exclude_input else seq.prompt + row)
+            reasons.append(fr.END_ID if ended else fr.LENGTH)
+        res = self._api.Result()
+        res.is_final = res.is_sequence_final = True
+        res.output_token_ids, res.finish_reasons = beams, reasons
+        return self._api.Response(seq.id, res, seq.client_id)
+
+    def _record_stats(self, started: float, new: int, completed: int) -> None:
+        api, tpb = self._api, self.limits.tokens_per_block
+        kv = api.KvCacheStats()
+        kv.tokens_per_block = tpb
+        kv.max_num_blocks = self._kv_max_tokens // tpb
+        kv.used_num_blocks = sum(-(-(len(s.prompt) + len(s.generated)) // tpb) for s in self._active)
+        kv.free_num_blocks = max(kv.max_num_blocks - kv.used_num_blocks, 0)
+        ifb = api.InflightBatchingStats()
+        ifb.num_scheduled_requests = len(self._active) + completed
+        ifb.num_context_requests = new
+        ifb.num_gen_requests = len(self._active) + completed - new
+        st = api.IterationStats()
+        st.timestamp = datetime.datetime.now().strftime("%m-%d-%Y %H:%M:%S.%f")
+        st.iter = self._iter
+        st.iter_latency_ms = (time.monotonic() - started) * 1000.0
+        st.num_new_active_requests = new
+        st.num_active_requests = len(self._active)
+        st.num_queued_requests = len(self._waiting)
+        st.num_completed_requests = completed
+        st.max_num_active_requests = self.max_batch_size
+        st.kv_cache_stats = kv
+        st.inflight_batching_stats = ifb
+        self._iter += 1
+        self._stats.append(st)
+
+
+def _load_model(hf_dir: str | None):
+    if hf_dir is None:
+        raise _tllm_error("this engine was built from a model without weights (from_config); nothing to run")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+
+def _select(seq: _Seq) -> tuple[int, float]:
+    """The next token and its log probability under the request's SamplingConfig."""
+    import torch
+
+    sc, logits = seq.sampling, seq.logits.clone()
+    history = seq.prompt + seq.generated
+    for word in seq.bad_words:
+        if word and (len(word) == 1 or history[-(len(word) - 1):] == word[:-1]):
+            logits[word[-1]] = float("-inf")
+    if sc.min_tokens and len(seq.generated) < sc.min_tokens and seq.end_id >= 0:
+        logits[seq.end_id] = float("-inf")
+    if sc.repetition_penalty is not None and sc.repetition_penalty != 1.0 and history:
+        idx = torch.tensor(sorted(set(history)))
+        picked = logits[idx]
+        logits[idx] = torch.where(picked > 0, picked / sc.repetition_penalty, picked * sc.repetition_penalty)
+    if seq.generated and (sc.presence_penalty or sc.frequency_penalty):
+        counts = torch.bincount(torch.tensor(seq.generated), minlength=logits.numel()).float()
+        logits -= (counts > 0).float() * (sc.presence_penalty or 0.0) + counts * (sc.frequency_penalty or 0.0)
+    top_k, top_p = sc.top_k or 0, sc.top_p or 0.0
+    if top_k == 1 or (top_k == 0 and top_p == 0.0):
+        token = int(torch.argmax(logits))
+        return token, float(torch.log_softmax(logits, -1)[token])
+    logits = logits / (sc.temperature if sc.temperature else 1.0)
+    logprobs = torch.log_softmax(logits, -1)
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=True)
+        cumulative = torch.cumsum(torch.softmax(ordered, -1), -1)
+        drop = cumulative - torch.softmax(ordered, -1) >= top_p  # keep the smallest set reaching top_p
+        logits[order[drop]] = float("-inf")
+    if seq.generator is None:
+        seq.generator = torch.Generator().manual_seed(sc.seed if sc.seed is not None else 0)
+    token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=seq.generator))
+    return token, float(logprobs[token])

@@ -1,0 +1,147 @@
+"""HTTP through the trtllm engine (fake TensorRT-LLM) along the real load path:
+config → sources (engine folder detected) → tokenizer from option.tokenizer_id → TrtllmEngine.
+
+Greedy tokens equal the tiny model's `model.generate`, i.e. what the torch engine serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import pytest
+from aiohttp import ClientSession, ClientTimeout
+from aiohttp.test_utils import TestServer
+
+from tinymodels import tiny_model
+from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.config import LmiConfig
+from lmi_trt.loader import load_model
+from lmi_trt.serving.app import CONTEXT, build_app
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def hf_dir():
+    return tiny_model("llama")
+
+
+@pytest.fixture
+def trtllm(monkeypatch):
+    with fake_tensorrt_llm():
+        import lmi_trt.engines.trtllm as trt
+
+        # The one hardware seam: this machine has no GPU, the fake Executor needs none.
+        monkeypatch.setattr(trt, "_cuda_available", lambda: True)
+        yield
+
+
+@pytest.fixture
+def engine_dir(trtllm, hf_dir, tmp_path):
+    return make_engine_dir(hf_dir, tmp_path / "engine", max_batch_size=4, max_input_len=64, max_seq_len=96)
+
+
+def _reference(hf_dir, prompt: str, n: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+async def _server(config: LmiConfig):
+    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+        for _ in range(600):
+            async with s.get(server.make_url("/ping")) as r:
+                if r.status == 200:
+                    break
+                body = await r.text()
+                assert "FAILED" not in body, body
+            await asyncio.sleep(0.05)
+    return server
+
+
+async def test_greedy_tokens_match_generate_and_errors_stay_isolated(engine_dir, hf_dir, tmp_path):
+    config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
+                       max_input_len=64, max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "dl")
+    server = await _server(config)
+    url = str(server.make_url("/invocations"))
+    prompts = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]
+    try:
+        async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+            async def one(prompt: str) -> list[int]:
+                body = {"inputs": prompt, "parameters": {"max_new_tokens": 10, "details": True, "ignore_eos": True}}
+                async with s.post(url, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    return [t["id"] for t in (await r.json())["details"]["tokens"]]
+
+            async def stream(prompt: str) -> list[int]:
+                body = {"inputs": prompt, "parameters": {"max_new_tokens": 10, "ignore_eos": True}, "stream": True}
+                async with s.post(url, json=body) as r:
+                    assert r.status == 200
+                    return [json.loads(line)["token"]["id"] async for line in r.content if line.strip()]
+
+            async def too_long() -> tuple[int, str]:
+                body = {"inputs": "word " * 200, "parameters": {"max_new_tokens": 4}}
+                async with s.post(url, json=body) as r:
+                    return r.status, await r.text()
+
+            results = await asyncio.gather(*(one(p) for p in prompts), *(stream(p) for p in prompts), too_long())
+        for i, prompt in enumerate(prompts):
+            expected = _reference(hf_dir, prompt, 10)
+            assert results[i] == expected, prompt
+            assert results[len(prompts) + i] == expected, prompt
+        status, text = results[-1]
+        assert status == 400 and "option.max_input_len" in text
+    finally:
+        await server.close()
+
+
+async def test_disconnect_cancels_inside_the_executor(engine_dir, hf_dir, tmp_path):
+    config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
+                       max_input_len=64, max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "dl")
+    server = await _server(config)
+    try:
+        async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+            body = {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 32, "ignore_eos": True}, "stream": True}
+            async with s.post(server.make_url("/invocations"), json=body) as r:
+                await r.content.readline()  # one token, then hang up
+        service = server.app[CONTEXT].service
+        for _ in range(200):
+            if service.engine.stats().active_requests == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert service.engine.stats().active_requests == 0
+    finally:
+        await server.close()
+
+
+def test_engine_folder_without_tokenizer_needs_tokenizer_id(engine_dir, tmp_path):
+    from lmi_trt.sources import SourceError, resolve_model, resolve_tokenizer
+
+    config = LmiConfig(model_id=str(engine_dir), download_dir=tmp_path / "dl")
+    artifact = resolve_model(config)
+    assert artifact.kind == "trtllm_engine"
+    with pytest.raises(SourceError, match="option.tokenizer_id"):
+        resolve_tokenizer(config, artifact)
+
+
+def test_engine_folder_with_tokenizer_files_serves_alone(engine_dir, hf_dir, tmp_path):
+    from lmi_trt.sources import resolve_model, resolve_tokenizer
+
+    for f in hf_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+            shutil.copy(f, engine_dir / f.name)
+    config = LmiConfig(model_id=str(engine_dir), download_dir=tmp_path / "dl")
+    artifact = resolve_model(config)
+    assert resolve_tokenizer(config, artifact) == engine_dir

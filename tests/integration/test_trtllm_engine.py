@@ -1,0 +1,311 @@
+"""TrtllmEngine end to end against the fake TensorRT-LLM, which really generates with a tiny Llama."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+from tinymodels import tiny_model
+from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
+
+MAX_INPUT = 32
+PROMPTS = [[1, 45, 67, 89, 100], [1, 300, 22], [1, 7, 8, 9, 10, 11, 12], [1, 250], [1, 99, 98, 97], [1, 5]]
+BUILD = dict(max_batch_size=4, max_input_len=MAX_INPUT, max_seq_len=160, max_beam_width=2)
+
+
+@pytest.fixture(scope="module")
+def trt():
+    with fake_tensorrt_llm() as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def engine_dir(trt, tmp_path_factory):
+    return make_engine_dir(tiny_model("llama"), tmp_path_factory.mktemp("trt") / "engine", **BUILD)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Greedy continuations from transformers' own generate (what the torch engine would give)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model("llama")), dtype=torch.float32).eval()
+
+    def generate(prompt: list[int], max_new_tokens: int, eos: int | None = 2) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=0)[0, len(prompt):].tolist()
+        return out[: out.index(eos)] if eos in out else out
+
+    return generate
+
+
+async def started(engine_dir, settings: TrtllmSettings | None = None, **kwargs) -> TrtllmEngine:
+    kwargs.setdefault("eos_token_ids", [2])
+    engine = TrtllmEngine(engine_dir, settings or TrtllmSettings(), pad_token_id=0, gpu_available=lambda: True, **kwargs)
+    await asyncio.wait_for(engine.start(), 60)
+    return engine
+
+
+def req(rid: str, prompt: list[int], streaming: bool = True, **sampling) -> GenerationRequest:
+    sampling.setdefault("max_new_tokens", 20)
+    return GenerationRequest(rid, prompt, SamplingParams(**sampling), streaming=streaming)
+
+
+async def collect(engine: TrtllmEngine, request: GenerationRequest) -> list:
+    async def run():
+        return [out async for out in engine.submit(request)]
+
+    return await asyncio.wait_for(run(), 60)
+
+
+def tokens_of(outputs) -> list[int]:
+    return [t for out in outputs for t in out.token_ids]
+
+
+async def test_greedy_tokens_equal_transformers_generate(engine_dir, reference):
+    engine = await started(engine_dir)
+    try:
+        assert isinstance(engine, Engine) and engine.healthy and engine.is_leader
+        assert engine.limits.max_input_len == MAX_INPUT and engine.limits.max_batch_size == 4
+        for i, prompt in enumerate(PROMPTS[:3]):
+            want = reference(prompt, 24)
+            streamed = await collect(engine, req(f"s{i}", prompt, max_new_tokens=24))
+            whole = await collect(engine, req(f"w{i}", prompt, streaming=False, max_new_tokens=24))
+            assert tokens_of(streamed) == want and tokens_of(whole) == want
+            assert len(whole) == 1 and whole[0].finished
+            reason = FinishReason.LENGTH if len(want) == 24 else FinishReason.EOS
+            assert streamed[-1].finish_reason is reason and whole[0].finish_reason is reason
+            assert all(not o.finished for o in streamed[:-1]) and streamed[-1].finished
+    finally:
+        await engine.close()
+
+
+async def test_concurrent_streams_carry_only_new_tokens(engine_dir, reference):
+    engine = await started(engine_dir)
+    try:
+        requests = [req(f"c{i}", p, max_new_tokens=8 + 3 * i, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+        results = await asyncio.gather(*(collect(engine, r) for r in requests))
+        for r, outs in zip(requests, results):
+            assert tokens_of(outs) == reference(r.prompt_token_ids, r.sampling.max_new_tokens, eos=None)
+            assert all(len(o.token_ids) == 1 for o in outs[:-1])  # one step, one new token
+            assert outs[-1].finish_reason is FinishReason.LENGTH
+        stats = engine.stats()
+        assert stats.total_requests == len(PROMPTS) and stats.active_requests == 0
+        assert stats.total_generated_tokens == sum(r.sampling.max_new_tokens for r in requests)
+    finally:
+        await engine.close()
+
+
+async def _cancel_mid_stream(engine: TrtllmEngine, reference) -> None:
+    long = req("long", PROMPTS[0], max_new_tokens=120, ignore_eos=True)
+    outputs, agen = [], engine.submit(long)
+    async for out in agen:
+        outputs.append(out)
+        if len(outputs) == 3:
+            await engine.cancel("long")
+        if out.finished:
+            break
+    assert outputs[-1].finished and outputs[-1].finish_reason is FinishReason.CANCELLED
+    assert 3 <= len(tokens_of(outputs)) < 120
+    assert engine.stats().active_requests == 0
+    # max_batch_size is 1: the next request runs only if the slot was freed.
+    after = await collect(engine, req("after", PROMPTS[1], max_new_tokens=6, ignore_eos=True))
+    assert tokens_of(after) == reference(PROMPTS[1], 6, eos=None)
+
+
+async def test_cancellation_ends_with_cancelled_and_frees_the_slot(engine_dir, reference):
+    engine = await started(engine_dir, TrtllmSettings(max_batch_size=1, max_batch_size_key="option.max_rolling_batch_size"))
+    try:
+        await _cancel_mid_stream(engine, reference)
+        # A consumer that goes away (client disconnect) cancels too.
+        before = engine.stats().total_generated_tokens
+        agen = engine.submit(req("gone", PROMPTS[2], max_new_tokens=120, ignore_eos=True))
+        await agen.__anext__()
+        await agen.aclose()
+        after = await collect(engine, req("after2", PROMPTS[3], max_new_tokens=4, ignore_eos=True))
+        assert after[-1].finish_reason is FinishReason.LENGTH
+        # "after2" waited for the one slot, so "gone" has ended by now: cancelled, not run to 120.
+        assert engine.stats().total_generated_tokens - before - 4 < 120
+        assert engine.stats().active_requests == 0
+    finally:
+        await engine.close()
+
+
+async def test_one_bad_request_fails_alone_with_424(engine_dir, reference):
+    engine = await started(engine_dir)
+    try:
+        good = [req(f"g{i}", p, max_new_tokens=10, ignore_eos=True) for i, p in enumerate(PROMPTS[:3])]
+        bad = req("too-long", list(range(1, MAX_INPUT + 9)))
+        results = await asyncio.gather(*(collect(engine, r) for r in [good[0], bad, *good[1:]]))
+        bad_out = results[1]
+        assert len(bad_out) == 1 and bad_out[0].error_code == 424
+        assert bad_out[0].finish_reason is FinishReason.ERROR
+        assert f"Prompt length ({MAX_INPUT + 8}) exceeds maximum input length ({MAX_INPUT})" in bad_out[0].error
+        for r, outs in zip(good, [results[0], *results[2:]]):
+            assert tokens_of(outs) == reference(r.prompt_token_ids, 10, eos=None)
+            assert outs[-1].error is None
+        assert engine.healthy
+    finally:
+        await engine.close()
+
+
+async def test_unservable_requests_answer_400_without_reaching_the_executor(engine_dir):
+    engine = await started(engine_dir)
+    try:
+        out = await collect(engine, req("beam-stream", PROMPTS[0], beam_width=2))
+        assert out[0].error_code == 400 and "non-streaming" in out[0].error
+        dup_stream = engine.submit(req("dup", PROMPTS[0], max_new_tokens=50, ignore_eos=True))
+        await dup_stream.__anext__()
+        out = await collect(engine, req("dup", PROMPTS[1]))
+        assert out[0].error_code == 400 and "already in flight" in out[0].error
+        await dup_stream.aclose()
+    finally:
+        await engine.close()
+
+
+async def test_beam_search_and_logprobs(engine_dir, reference):
+    engine = await started(engine_dir)
+    try:
+        beams = await collect(engine, req("beam", PROMPTS[0], streaming=False, beam_width=2, max_new_tokens=6, ignore_eos=True))
+        assert beams[-1].finished and len(beams[-1].token_ids) == 6 and beams[-1].error is None
+        outs = await collect(engine, req("lp", PROMPTS[1], max_new_tokens=5, logprobs=True, ignore_eos=True))
+        assert [len(o.logprobs) for o in outs] == [len(o.token_ids) for o in outs]
+        assert all(lp <= 0.0 for o in outs for lp in o.logprobs)
+    finally:
+        await engine.close()
+
+
+async def test_extra_eos_ids_stop_like_eos(engine_dir, reference):
+    want = reference(PROMPTS[0], 20, eos=None)
+    extra = want[3]  # a token the model will produce: declared a second EOS id
+    engine = await started(engine_dir, eos_token_ids=[2, extra])
+    try:
+        outs = await collect(engine, req("eos2", PROMPTS[0], max_new_tokens=20))
+        assert tokens_of(outs) == want[: want.index(extra)]
+        assert outs[-1].finish_reason is FinishReason.EOS
+    finally:
+        await engine.close()
+
+
+async def test_close_ends_inflight_requests_and_returns(engine_dir):
+    engine = await started(engine_dir)
+    stream = engine.submit(req("inflight", PROMPTS[0], max_new_tokens=150, ignore_eos=True))
+    await stream.__anext__()
+    started_at = time.monotonic()
+    await asyncio.wait_for(engine.close(), 10)
+    assert time.monotonic() - started_at < 5
+    rest = [out async for out in stream]
+    assert rest[-1].finished and rest[-1].error_code == 503
+    assert not engine.healthy and not engine._pump.is_alive()
+    after = await collect(engine, req("late", PROMPTS[1]))
+    assert after[0].error_code == 503
+    await engine.close()  # idempotent
+
+
+async def test_a_dead_pump_fails_inflight_requests_and_health(engine_dir, monkeypatch):
+    engine = await started(engine_dir)
+    try:
+        stream = engine.submit(req("victim", PROMPTS[0], max_new_tokens=150, ignore_eos=True))
+        await stream.__anext__()
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("[TensorRT-LLM][ERROR] CUDA error: an illegal memory access was encountered")
+
+        monkeypatch.setattr(engine._executor, "await_responses", broken)
+        rest = await asyncio.wait_for(_drain(stream), 10)
+        assert rest[-1].error_code == 424 and "illegal memory access" in rest[-1].error
+        assert not engine.healthy
+    finally:
+        monkeypatch.undo()
+        await engine.close()
+
+
+async def _drain(stream):
+    return [out async for out in stream]
+
+
+async def test_release_012_streams_and_cancels(trt, monkeypatch, tmp_path, reference):
+    monkeypatch.setattr(trt, "__version__", "0.12.0")
+    engine_dir = make_engine_dir(tiny_model("llama"), tmp_path / "e012", **BUILD)
+    engine = await started(engine_dir, TrtllmSettings(max_batch_size=1, max_batch_size_key="option.max_rolling_batch_size"))
+    try:
+        assert engine.tensorrt_llm_version == "0.12.0"
+        outs = await collect(engine, req("g", PROMPTS[2], max_new_tokens=12))
+        assert tokens_of(outs) == reference(PROMPTS[2], 12)
+        # 0.12 sends nothing for a cancelled request: the engine ends the stream itself.
+        await _cancel_mid_stream(engine, reference)
+    finally:
+        await engine.close()
+
+
+async def test_plans_with_legacy_names_are_linked(engine_dir, tmp_path, reference):
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.json").write_bytes((engine_dir / "config.json").read_bytes())
+    (legacy / "llama_float16_tp1_rank0.engine").write_bytes((engine_dir / "rank0.engine").read_bytes())
+    engine = await started(legacy, scratch_dir=tmp_path / "scratch")
+    try:
+        outs = await collect(engine, req("l", PROMPTS[0], max_new_tokens=8))
+        assert tokens_of(outs) == reference(PROMPTS[0], 8)
+        assert os.path.islink(tmp_path / "scratch" / "engine" / "rank0.engine")
+    finally:
+        await engine.close()
+
+
+async def test_engine_from_another_release_fails_to_load(engine_dir, trt, monkeypatch):
+    monkeypatch.setattr(trt, "__version__", "1.0.0")
+    engine = TrtllmEngine(engine_dir, eos_token_ids=[2], gpu_available=lambda: True)
+    with pytest.raises(EngineError, match="Version tag does not match") as err:
+        await engine.start()
+    assert err.value.code == 424 and not engine.healthy
+
+
+def test_settings_the_engine_cannot_honour_fail_at_construction(engine_dir):
+    with pytest.raises(EngineError, match="option.max_num_sequences=8 exceeds the engine's built max_batch_size=4"):
+        TrtllmEngine(engine_dir, TrtllmSettings(max_batch_size=8, max_batch_size_key="option.max_num_sequences"),
+                     eos_token_ids=[2])
+    with pytest.raises(EngineError, match="no EOS token id"):
+        TrtllmEngine(engine_dir, eos_token_ids=[])
+
+
+async def test_leader_mode_followers_wait_for_the_leader(trt, monkeypatch, tmp_path):
+    """A simulated 2-rank world in one process: rank 1 serves nothing and returns when rank 0 shuts down."""
+    from tensorrt_llm import _runtime
+
+    engine_dir = make_engine_dir(tiny_model("llama"), tmp_path / "tp2", tp_size=2, **BUILD)
+    settings = TrtllmSettings(tensor_parallel_degree=2)
+    monkeypatch.setattr(_runtime, "current_world", lambda: _runtime.World(1, 2))
+    follower = await started(engine_dir, settings)
+    monkeypatch.setattr(_runtime, "current_world", lambda: _runtime.World(0, 2))
+    leader = await started(engine_dir, settings)
+    assert leader.is_leader and not follower.is_leader
+    out = await collect(follower, req("nope", PROMPTS[0]))
+    assert out[0].error_code == 503
+    waiter = threading.Thread(target=follower.wait_for_shutdown)
+    waiter.start()
+    outs = await collect(leader, req("yes", PROMPTS[0], max_new_tokens=4, ignore_eos=True))
+    assert len(tokens_of(outs)) == 4 and waiter.is_alive()
+    await leader.close()
+    await asyncio.to_thread(waiter.join, 10)
+    assert not waiter.is_alive()
+    with pytest.raises(RuntimeError, match="follower ranks"):
+        leader.wait_for_shutdown()
+
+
+def test_selftest_passes_against_the_fake(trt, tmp_path):
+    from lmi_trt.selftest import run_selftest
+
+    lines = []
+    assert run_selftest(tmp_path, gpu_available=lambda: True, out=lines.append), lines
+    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 6 and lines[-1] == "selftest PASSED"
+    lines.clear()
+    assert not run_selftest(tmp_path / "again", gpu_available=lambda: False, out=lines.append)
+    assert lines[0].startswith("FAIL  TensorRT-LLM and a GPU")

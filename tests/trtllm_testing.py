@@ -1,0 +1,61 @@
+"""Test helpers for the TensorRT-LLM fake: install it for a while, and build engine folders with
+its build API exactly as real code would (trtllm_api.md §2.3)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+@contextmanager
+def fake_tensorrt_llm(version: str | None = None) -> Iterator:
+    """``import tensorrt_llm`` resolves to the fake inside the block; outside it nothing is left
+    behind (other tests must still see TensorRT-LLM as absent)."""
+    added = str(FAKES) not in sys.path
+    if added:
+        sys.path.insert(0, str(FAKES))
+    try:
+        import tensorrt_llm
+
+        if version is not None:
+            tensorrt_llm.__version__ = version
+        yield tensorrt_llm
+    finally:
+        for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+            del sys.modules[name]
+        if added:
+            sys.path.remove(str(FAKES))
+
+
+def make_engine_dir(
+    hf_dir: Path,
+    out_dir: Path,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    dtype: str = "auto",
+    plugin_config: dict | None = None,
+    **build_config,
+) -> Path:
+    """Convert and build every rank of ``hf_dir`` into ``out_dir`` (config.json + rank{r}.engine).
+
+    Needs the fake (or real) ``tensorrt_llm`` importable; ``build_config`` are ``BuildConfig`` keywords.
+    """
+    from tensorrt_llm import BuildConfig, Mapping
+    from tensorrt_llm.builder import build
+    from tensorrt_llm.models import MODEL_MAP
+    from tensorrt_llm.plugin import PluginConfig
+
+    arch = json.loads((Path(hf_dir) / "config.json").read_text())["architectures"][0]
+    world = tp_size * pp_size
+    for rank in range(world):
+        mapping = Mapping(world_size=world, rank=rank, tp_size=tp_size, pp_size=pp_size)
+        model = MODEL_MAP[arch].from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping)
+        config = BuildConfig(**build_config, plugin_config=PluginConfig(**(plugin_config or {})))
+        build(model, config).save(str(out_dir))
+    return Path(out_dir)
