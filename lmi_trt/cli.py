@@ -1,0 +1,119 @@
+"""`lmi-trt` command line: serve | plan | compile | selftest | bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from lmi_trt import __version__
+
+DEFAULT_MODEL_DIR = Path("/opt/ml/model")
+
+log = logging.getLogger("lmi_trt")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("model and configuration (flags win over serving.properties and the environment)")
+    src.add_argument("--model-dir", type=Path, help="folder holding serving.properties; with no model_id it is the model "
+                     f"(default: {DEFAULT_MODEL_DIR} when it exists)")
+    src.add_argument("--properties", type=Path, help="a serving.properties file (default: MODEL_DIR/serving.properties)")
+    src.add_argument("--model-id", help="same as option.model_id: HF id, s3:// URI or local folder")
+    src.add_argument("--engine", choices=["auto", "trtllm", "torch", "synthetic"], help="same as option.rolling_batch")
+    src.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                     help="any serving.properties key, e.g. -o option.max_input_len=2048 (repeatable)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--option {item!r}: expected KEY=VALUE, e.g. option.max_input_len=2048")
+        out[key.strip()] = value.strip()
+    if args.model_id:
+        out["option.model_id"] = args.model_id
+    if args.engine:
+        out["option.rolling_batch"] = args.engine
+    return out
+
+
+def load_cli_config(args: argparse.Namespace):
+    """CLI flags → LmiConfig (the config stage reads the environment and the properties file)."""
+    from lmi_trt.config import load_config_from_environment
+
+    model_dir = args.model_dir
+    if model_dir is None and args.properties is None and DEFAULT_MODEL_DIR.is_dir():
+        model_dir = DEFAULT_MODEL_DIR
+    return load_config_from_environment(properties_file=args.properties, model_dir=model_dir, overrides=_overrides(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from lmi_trt.config import ConfigError, log_effective_config
+    from lmi_trt.engines import choose_engine, probe_host
+    from lmi_trt.loader import load_model
+    from lmi_trt.serving.app import build_app, run_app
+
+    try:
+        config = load_cli_config(args)
+        kind, why = choose_engine(config.rolling_batch, probe_host())
+    except (ConfigError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    log_effective_config(config, log)
+    log.info("engine: %s (%s)", kind, why)
+    model_name = args.model_name or _model_name(config)
+    app = build_app(lambda: load_model(config, kind), config, model_name=model_name)
+    return run_app(app, host=args.host, port=args.port)
+
+
+def _model_name(config) -> str:
+    ident = config.model_id or (str(config.model_dir) if config.model_dir else "model")
+    return ident.rstrip("/").split("/")[-1] or "model"
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from lmi_trt.selftest import run_selftest
+
+    return run_selftest()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmi-trt",
+        description="serving.properties-driven LLM inference: TensorRT-LLM on GPUs, an embedded torch engine elsewhere.",
+    )
+    parser.add_argument("--version", action="version", version=f"lmi-trt {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a model over HTTP (DJL/SageMaker, TGI, OpenAI and Triton routes)")
+    _add_config_flags(serve)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="bind address (default 127.0.0.1; the container entrypoint passes 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--model-name", help="name reported by /ping and /v1/models (default: last part of model_id)")
+    serve.set_defaults(func=cmd_serve)
+
+    from lmi_trt.compile.commands import add_subcommands
+
+    add_subcommands(sub, add_config_flags=_add_config_flags, load_config=load_cli_config)
+
+    from lmi_trt.bench import add_subcommand as add_bench
+
+    add_bench(sub)
+
+    selftest = sub.add_parser("selftest", help="on a GPU host with TensorRT-LLM: build a tiny engine, serve it, check it")
+    selftest.set_defaults(func=cmd_selftest)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Start `lmi-trt serve` as a real process on a free loopback port, for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, log_path: Path):
+        self.proc = proc
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def post(self, path: str, json=None, **kw) -> requests.Response:
+        return requests.post(self.url + path, json=json, timeout=kw.pop("timeout", 60), **kw)
+
+    def get(self, path: str, **kw) -> requests.Response:
+        return requests.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)
+
+
+def wait_ready(server: Server, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+        try:
+            if server.get("/ping", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server not ready after {timeout}s:\n{server.log()[-4000:]}")
+
+
+@contextmanager
+def serve(args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, ready: bool = True,
+          cwd: Path | None = None):
+    """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit."""
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_"))}
+    full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    full_env.update(env or {})
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmi_trt", "serve", *args, "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+        )
+    server = Server(proc, port, log_path)
+    try:
+        if ready:
+            wait_ready(server)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
