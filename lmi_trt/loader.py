@@ -57,11 +57,7 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
     from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 
     if artifact.kind != "trtllm_engine":
-        raise EngineError(
-            f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}; it must be compiled "
-            "first: run `lmi-trt compile` and point option.model_id at its output",
-            code=400,
-        )
+        raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     settings = TrtllmSettings.from_config(config, max_batch_size=batch)
     return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
@@ -75,9 +71,19 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
     return ids
 
 
+def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
+    """The JIT stage: a checkpoint served by trtllm becomes an engine (from the cache, or built once)."""
+    if kind != "trtllm" or artifact.kind == "trtllm_engine":
+        return artifact
+    from lmi_trt.compile.jit import ensure_engine
+
+    return ensure_engine(config, artifact, progress=lambda msg: log.info("compile: %s", msg))
+
+
 async def load_model(config: LmiConfig, kind: EngineKind) -> LoadedModel:
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
+    artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
     engine = build_engine(kind, config, artifact, tokenizer)

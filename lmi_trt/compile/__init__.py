@@ -1,0 +1,16 @@
+"""The compile stage: HF checkpoint → TensorRT-LLM engine, planned first, cached, built per rank.
+
+Modules: ``options`` (CompileOptions), ``archs`` (architecture registry), ``plan`` (BuildPlan,
+memory estimate), ``quant`` (quantization + modelopt calibration), ``cache`` (engine cache),
+``build`` (execution through TensorRT-LLM), ``jit`` (serve/compile entry points), ``commands``
+(``lmi-trt plan`` / ``lmi-trt compile``). Only the light, pure parts are re-exported here.
+"""
+
+from .errors import BuildError, CacheError, PlanError
+from .options import CompileOptions, Quantize
+from .plan import BuildPlan, GpuFacts, MemoryEstimate, estimate_memory, make_plan
+
+__all__ = [
+    "BuildError", "BuildPlan", "CacheError", "CompileOptions", "GpuFacts", "MemoryEstimate", "PlanError", "Quantize",
+    "estimate_memory", "make_plan",
+]

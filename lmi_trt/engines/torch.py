@@ -692,9 +692,12 @@ class TorchEngine:
         config = model.config.get_text_config()
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         if limit and self.max_input_len + self.max_new_tokens > limit:
+            out = max(1, min(self.max_new_tokens, limit // 4))
             raise EngineError(
-                f"max_input_len + max_new_tokens = {self.max_input_len + self.max_new_tokens} exceeds the model's "
-                f"{limit} positions (max_position_embeddings); lower them",
+                f"option.max_input_len={self.max_input_len} + option.max_output_len={self.max_new_tokens} = "
+                f"{self.max_input_len + self.max_new_tokens} exceeds the model's {limit} positions "
+                f"(max_position_embeddings); set them to fit, e.g. option.max_input_len={limit - out} "
+                f"option.max_output_len={out}",
                 code=400,
             )
 

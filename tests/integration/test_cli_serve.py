@@ -84,7 +84,8 @@ def test_cli_flag_wins_over_properties_and_env(llama, tmp_path):
     props = tmp_path / "serving.properties"
     props.write_text(f"option.model_id={llama}\noption.rolling_batch=torch\noption.max_input_len=8\n")
     env = {"OPTION_MAX_INPUT_LEN": "4"}
-    with serve(["--properties", str(props), "-o", "option.max_input_len=256"], tmp_path, env=env) as srv:
+    with serve(["--properties", str(props), "-o", "option.max_input_len=256", "-o", "max_output_len=64"],
+               tmp_path, env=env) as srv:
         r = srv.post("/invocations", {"inputs": "word " * 40, "parameters": {"max_new_tokens": 2}})
         assert r.status_code == 200, r.text
 

@@ -145,3 +145,32 @@ def test_engine_folder_with_tokenizer_files_serves_alone(engine_dir, hf_dir, tmp
     config = LmiConfig(model_id=str(engine_dir), download_dir=tmp_path / "dl")
     artifact = resolve_model(config)
     assert resolve_tokenizer(config, artifact) == engine_dir
+
+
+async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_reuses_it(
+        trtllm, hf_dir, tmp_path, monkeypatch, caplog):
+    """JIT through the real load path: checkpoint → plan → build (fake TRT-LLM) → cache → Executor."""
+    import lmi_trt.compile.jit as jit
+    from lmi_trt.compile.plan import GpuFacts
+
+    monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
+    monkeypatch.setattr(jit, "_host_trtllm", lambda: "1.2.0rc2")
+    shared_cache = tmp_path / "shared-engine-cache"
+    config = LmiConfig(model_id=str(hf_dir), rolling_batch="trtllm", max_input_len=64, max_output_len=32,
+                       max_rolling_batch_size=4, download_dir=tmp_path / "replica1", engine_cache_uri=str(shared_cache))
+    expected = _reference(hf_dir, "The quick brown fox", 8)
+    for replica, download_dir in enumerate((tmp_path / "replica1", tmp_path / "replica2")):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            server = await _server(config.model_copy(update={"download_dir": download_dir}))
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+                body = {"inputs": "The quick brown fox",
+                        "parameters": {"max_new_tokens": 8, "details": True, "ignore_eos": True}}
+                async with s.post(server.make_url("/invocations"), json=body) as r:
+                    assert r.status == 200, await r.text()
+                    assert [t["id"] for t in (await r.json())["details"]["tokens"]] == expected
+        finally:
+            await server.close()
+        built = "(built," in caplog.text
+        assert built is (replica == 0), caplog.text[-3000:]

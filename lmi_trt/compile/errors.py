@@ -1,0 +1,26 @@
+"""Errors of the compile stage. Each names the key, the value and what would work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PlanError(ValueError):
+    """A configuration that cannot become an engine, found before any download or GPU work."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        super().__init__(f"{key}={value!r}: {problem}. {fix}")
+
+
+class BuildError(RuntimeError):
+    """A compile step failed (or timed out); ``stage`` is quantize | convert | build | save | upload."""
+
+    def __init__(self, stage: str, message: str, rank: int | None = None) -> None:
+        self.stage, self.rank, self.detail = stage, rank, message
+        where = f"{stage} (rank {rank})" if rank is not None else stage
+        super().__init__(f"compile failed at {where}: {message}")
+
+
+class CacheError(RuntimeError):
+    """The engine cache could not be read, verified, locked or written."""

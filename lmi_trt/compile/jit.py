@@ -1,0 +1,172 @@
+"""The compile stage as the serve and compile commands use it: config + artifact → engine folder.
+
+``prepare_plan`` is the planning half (no weights needed), ``ensure_engine`` the JIT path through
+the engine cache, ``compile_to`` the ahead-of-time path into a folder or ``s3://`` prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmi_trt.sources import ModelArtifact, detect_artifact
+
+from .archs import checkpoint_as_hf_config
+from .build import BuildSettings, Progress, build_engine
+from .cache import CacheKeyInputs, EngineCache, S3EngineCache, make_manifest, write_manifest
+from .errors import BuildError, CacheError, PlanError
+from .options import CompileOptions
+from .plan import BuildPlan, GpuFacts, MemoryEstimate, check_fits, estimate_memory, make_checkpoint_plan, make_plan
+from .probe import detect_gpu, detect_trtllm_version
+
+log = logging.getLogger(__name__)
+
+ENGINE_CACHE_DIRNAME = "trtllm-engines"
+
+
+@dataclass(frozen=True)
+class PreparedPlan:
+    plan: BuildPlan
+    memory: MemoryEstimate
+    gpu: GpuFacts
+
+
+def prepare_plan(config: Any, model_config: dict[str, Any], gpu: GpuFacts, trtllm_version: str, *,
+                 checkpoint: bool = False, require_fit: bool = True) -> PreparedPlan:
+    """Plan + memory estimate; raises ``PlanError`` for anything that cannot work (not fitting too, if asked).
+
+    ``model_config`` is the HF config.json, or with ``checkpoint`` a TensorRT-LLM checkpoint's.
+    """
+    opts = CompileOptions.from_config(config)
+    plan = (make_checkpoint_plan if checkpoint else make_plan)(opts, model_config, gpu, trtllm_version)
+    hf_config = checkpoint_as_hf_config(model_config) if checkpoint else model_config
+    fraction = getattr(config, "kv_cache_free_gpu_mem_fraction", None)
+    memory = estimate_memory(plan, hf_config, gpu, **({"kv_fraction": fraction} if fraction else {}))
+    if require_fit:
+        check_fits(plan, memory)
+    return PreparedPlan(plan, memory, gpu)
+
+
+def _host_gpu() -> GpuFacts:
+    gpu = detect_gpu()
+    if gpu is None:
+        raise PlanError("GPU", None, "no GPU is visible, and TensorRT-LLM engines are built on the GPU they run on",
+                        "Run on a GPU host, or serve with option.rolling_batch=torch")
+    return gpu
+
+
+def _host_trtllm() -> str:
+    version = detect_trtllm_version()
+    if version is None:
+        raise PlanError("tensorrt_llm", None, "TensorRT-LLM is not installed on this host",
+                        "Use the lmi-trt TensorRT-LLM image, or serve with option.rolling_batch=torch")
+    return version
+
+
+def _settings(config: Any, gpu: GpuFacts) -> BuildSettings:
+    return BuildSettings(
+        timeout_s=float(getattr(config, "compile_timeout", 3600) or 3600),
+        workers=getattr(config, "num_engine_workers", None),
+        gpu_count=gpu.count,
+        load_by_shard=bool(getattr(config, "load_by_shard", False)),
+        checkpoint_dir=getattr(config, "trtllm_checkpoint_path", None),
+    )
+
+
+def _properties(config: Any) -> dict[str, Any]:
+    values = getattr(config, "compile_time_values", None)
+    return dict(values()) if callable(values) else {}
+
+
+def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
+    """(config.json, whether it is a TensorRT-LLM checkpoint's) of a compilable artifact."""
+    if artifact.kind == "trtllm_checkpoint":
+        return json.loads((artifact.path / "config.json").read_text()), True
+    if artifact.kind != "hf_checkpoint" or artifact.hf_config is None:
+        raise PlanError("option.model_id", artifact.model_id,
+                        f"is a {artifact.kind.replace('_', ' ')}, not a Hugging Face or TensorRT-LLM checkpoint "
+                        "to compile", "Point option.model_id at the HF model (an engine folder is served as it is)")
+    return artifact.hf_config, False
+
+
+def engine_cache(config: Any, client: Any = None) -> EngineCache:
+    """The cache ``option.engine_cache_uri`` names: an s3:// prefix (with a local copy) or a local folder."""
+    uri = getattr(config, "engine_cache_uri", None)
+    timeout = float(getattr(config, "compile_timeout", 3600) or 3600)
+    local = Path(getattr(config, "download_dir", tempfile.gettempdir())) / ENGINE_CACHE_DIRNAME
+    remote = None
+    if uri and str(uri).startswith("s3://"):
+        remote = S3EngineCache(str(uri), client)
+    elif uri:
+        local = Path(uri)
+    # Waiting for another builder may take a whole compile, plus its download.
+    return EngineCache(local, remote, lock_timeout_s=2 * timeout, wait_timeout_s=2 * timeout)
+
+
+def ensure_engine(config: Any, artifact: ModelArtifact, *, gpu: GpuFacts | None = None,
+                  trtllm_version: str | None = None, cache: EngineCache | None = None,
+                  progress: Progress | None = None) -> ModelArtifact:
+    """JIT: the engine for ``artifact`` from the cache, built (once across replicas) when missing."""
+    model_config, checkpoint = model_config_of(artifact)
+    gpu = gpu or _host_gpu()
+    prepared = prepare_plan(config, model_config, gpu, trtllm_version or _host_trtllm(), checkpoint=checkpoint)
+    plan = prepared.plan
+    for note in plan.notes + prepared.memory.notes:
+        log.info("plan: %s", note)
+    cache = cache or engine_cache(config)
+    inputs = CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu)
+
+    def build(out: Path) -> None:
+        build_engine(plan, artifact.path, out, settings=_settings(config, gpu), tokenizer_dir=artifact.tokenizer_dir,
+                     properties=_properties(config), progress=progress)
+
+    result = cache.get_or_build(inputs, build, model_id=artifact.model_id)
+    log.info("engine for %s: %s (%s, key %s)", artifact.model_id, result.path, result.source, result.key[:12])
+    return detect_artifact(result.path, model_id=artifact.model_id, source=artifact.source,
+                           fingerprint=result.key)
+
+
+def check_output(output: str) -> None:
+    """An AOT output folder must be new or empty (checked before any download)."""
+    if output.startswith("s3://"):
+        return
+    target = Path(output)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise CacheError(f"--output {output}: exists and is not an empty folder; choose a new one")
+
+
+def compile_to(config: Any, artifact: ModelArtifact, output: str, *, gpu: GpuFacts, trtllm_version: str,
+               client: Any = None, progress: Progress | None = None) -> PreparedPlan:
+    """AOT: build into ``output`` (a new folder, or an ``s3://`` prefix), a self-describing artifact."""
+    check_output(output)
+    model_config, checkpoint = model_config_of(artifact)
+    prepared = prepare_plan(config, model_config, gpu, trtllm_version, checkpoint=checkpoint)
+    plan = prepared.plan
+    remote = S3EngineCache(output, client) if output.startswith("s3://") else None
+    target = None if remote else Path(output)
+    parent = target.parent if target is not None else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{target.name if target else 'lmi-trt-compile'}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        build_engine(plan, artifact.path, tmp, settings=_settings(config, gpu), tokenizer_dir=artifact.tokenizer_dir,
+                     properties=_properties(config), progress=progress)
+        manifest = make_manifest(tmp, CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu), artifact.model_id)
+        write_manifest(tmp, manifest)
+        if remote is not None:
+            try:
+                remote.upload("", tmp, manifest)
+            except CacheError as e:
+                raise BuildError("upload", str(e)) from e
+        else:
+            if target.exists():
+                target.rmdir()  # empty, checked above
+            tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return prepared
