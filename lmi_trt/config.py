@@ -98,7 +98,6 @@ class LmiConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     tensor_parallel_degree: int | Literal["max"] = 1   # 'max' is resolved by the launcher
     pipeline_parallel_degree: int = 1
-    enforce_eager: bool = False
     synthetic_tokens_per_second: float = 0.0  # 0 = as fast as possible
     # --- engine build shape (compile-time) ---
     max_rolling_batch_size: int | None = None   # None → engine default (trtllm 256, torch 32)
@@ -145,6 +144,7 @@ class LmiConfig(BaseModel):
     kv_cache_host_memory_bytes: int | None = None
     enable_kv_cache_reuse: bool = False
     batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
+    torch_batching: Literal["auto", "continuous", "static"] = "auto"
     enable_chunked_context: bool = False
     multi_block_mode: bool | None = None        # None → TensorRT-LLM's default
     enable_trt_overlap: bool = False
@@ -398,7 +398,9 @@ REGISTRY: tuple[KeySpec, ...] = (
             "tensor_parallel_degree", compile_time=True, aliases=_both("tensor_parallel_count")),
     KeySpec("option.pipeline_parallel_degree", _integer(1, 2), "pipeline-parallel ranks",
             "pipeline_parallel_degree", compile_time=True, aliases=_both("pipeline_parallel_count")),
-    KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs", "enforce_eager"),
+    KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs (vLLM/lmi-dist knob; ENABLE_CUDA_GRAPHS)",
+            ignored="the torch engine always runs eager (its per-request sampler runs between steps) and "
+                    "TensorRT-LLM engines keep the executor's default"),
     KeySpec("option.synthetic_tokens_per_second", _number(at_least=0, example=100),
             "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible",
             "synthetic_tokens_per_second"),
@@ -413,7 +415,8 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("option.max_seq_len", _integer(2, 4096),
             "prompt + output tokens; unset: max_input_len + max_output_len", "max_seq_len", compile_time=True),
     KeySpec("option.max_num_tokens", _integer(1, 8192),
-            "tokens per engine step (packed batch); unset: TensorRT-LLM's default", "max_num_tokens",
+            "tokens per engine step (packed batch); unset: TensorRT-LLM's default, torch: max(max_input_len + batch, 2048)",
+            "max_num_tokens",
             compile_time=True, aliases=_both("max_rolling_batch_prefill_tokens")),
     KeySpec("option.max_beam_width", _integer(1, 1), "beam-search width the engine is built for",
             "max_beam_width", compile_time=True),
@@ -503,6 +506,10 @@ REGISTRY: tuple[KeySpec, ...] = (
             "enable_kv_cache_reuse", compile_time=True),
     KeySpec("option.batch_scheduler_policy", _choice(_same("max_utilization", "guaranteed_no_evict")),
             "in-flight batch scheduling", "batch_scheduler_policy"),
+    KeySpec("option.torch_batching", _choice(_same("auto", "continuous", "static")),
+            "torch engine: continuous batching (requests join every step) or static batches (higher "
+            "throughput, later arrivals wait for the next batch); auto: continuous where the architecture "
+            "supports it", "torch_batching"),
     KeySpec("option.enable_chunked_context", _BOOL, "split long prompts over several steps",
             "enable_chunked_context", aliases=_both("enable_chunked_prefill")),
     KeySpec("option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default",

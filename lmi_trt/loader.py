@@ -53,6 +53,8 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
             trust_remote_code=config.trust_remote_code,
             eos_token_ids=eos,
             pad_token_id=tokenizer.pad_token_id,
+            max_num_tokens=config.max_num_tokens,
+            batching=config.torch_batching,
         )
     from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 

@@ -163,7 +163,14 @@ def check_token_ids(request: GenerationRequest, vocab_size: int, max_input_len: 
                 raise EngineError(f"{name} has token ids outside [0, {vocab_size}): {bad[:5]}", code=400)
 
 
-def cb_config(max_batch_size: int, max_input_len: int, max_new_tokens: int) -> ContinuousBatchingConfig:
+def default_max_num_tokens(max_batch_size: int, max_input_len: int) -> int:
+    """Tokens one step may process: a whole prompt plus a decode token for every other request,
+    and at least 2048 so a burst of prompts prefills in a few steps rather than dozens."""
+    return max(max_input_len + max_batch_size, 2048)
+
+
+def cb_config(max_batch_size: int, max_input_len: int, max_new_tokens: int,
+              max_num_tokens: int | None = None) -> ContinuousBatchingConfig:
     """Paged cache sized for ``max_batch_size`` full-length sequences, never from free memory."""
     blocks_per_sequence = math.ceil((max_input_len + max_new_tokens) / _PAGE_SIZE)
     # Older releases (5.17 included) name the page size ``block_size``; same meaning.
@@ -172,8 +179,7 @@ def cb_config(max_batch_size: int, max_input_len: int, max_new_tokens: int) -> C
     return ContinuousBatchingConfig(
         **{page_field: _PAGE_SIZE},
         num_blocks=max_batch_size * blocks_per_sequence,
-        # One whole prompt plus one decode token for every other request fits in a step.
-        max_batch_tokens=max_input_len + max_batch_size,
+        max_batch_tokens=max_num_tokens or default_max_num_tokens(max_batch_size, max_input_len),
         max_requests_per_batch=max_batch_size,
         # The sampler hook runs Python between batch preparation and update: no graphs, no
         # compile, no double-buffering (which would prepare step N+1 before N is sampled).
@@ -361,7 +367,8 @@ class _ContinuousBackend:
         )
         self._manager = model.init_continuous_batching(
             generation_config=generation_config,
-            continuous_batching_config=cb_config(engine.max_batch_size, engine.max_input_len, engine.max_new_tokens),
+            continuous_batching_config=cb_config(engine.max_batch_size, engine.max_input_len, engine.max_new_tokens,
+                                                 engine.max_num_tokens),
         )
         # Replaces the processors the manager derived from the generation config; the batch
         # processor picks this attribute up when the generation thread starts.
@@ -550,6 +557,7 @@ class TorchEngine:
         eos_token_ids: list[int] | None = None,
         pad_token_id: int | None = None,
         batching: str = "auto",
+        max_num_tokens: int | None = None,
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -563,6 +571,10 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.max_input_len = max_input_len
         self.max_new_tokens = max_new_tokens
+        if max_num_tokens is not None and max_num_tokens < max_input_len:
+            raise EngineError(f"option.max_num_tokens={max_num_tokens} is below option.max_input_len={max_input_len}: "
+                              "a prompt of max_input_len tokens could never be scheduled; raise it", code=400)
+        self.max_num_tokens = max_num_tokens
         self.trust_remote_code = trust_remote_code
         self.requested_batching = batching
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
