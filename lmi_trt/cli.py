@@ -52,20 +52,38 @@ def load_cli_config(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     from lmi_trt.config import ConfigError, log_effective_config
     from lmi_trt.engines import choose_engine, probe_host
+    from lmi_trt.launch import plan_for, run_serve
     from lmi_trt.loader import load_model
     from lmi_trt.serving.app import build_app, run_app
+    from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
     try:
         config = load_cli_config(args)
-        kind, why = choose_engine(config.rolling_batch, probe_host())
+        host = probe_host()
+        kind, why = choose_engine(config.rolling_batch, host)
+        plan = plan_for(config, kind, host.gpu_count)
     except (ConfigError, ValueError) as e:
         log.error("%s", e)
         return 2
     log_effective_config(config, log)
     log.info("engine: %s (%s)", kind, why)
+    log.info("launch: %s", plan.describe())
+    for note in plan.notes:
+        log.info("launch: %s", note)
     model_name = args.model_name or _model_name(config)
-    app = build_app(lambda: load_model(config, kind), config, model_name=model_name)
-    return run_app(app, host=args.host, port=args.port)
+
+    def serve_http() -> int:
+        app = build_app(lambda: load_model(config, kind, plan), config, model_name=model_name,
+                        adapters=DEFAULT_ADAPTERS)
+        return run_app(app, host=args.host, port=args.port)
+
+    try:
+        # TP×PP ranks / several TensorRT-LLM copies: re-executes this command under mpirun (lmi_trt.launch).
+        return run_serve(plan, argv=getattr(args, "argv", sys.argv[1:]), under_mpi=args.under_mpi,
+                         serve_http=serve_http, load_follower=lambda: load_model(config, kind, plan))
+    except ConfigError as e:  # LaunchError: no MPI launcher, mpi4py/launcher mismatch
+        log.error("%s", e)
+        return 2
 
 
 def _model_name(config) -> str:
@@ -94,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bind address (default 127.0.0.1; the container entrypoint passes 0.0.0.0)")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--model-name", help="name reported by /ping and /v1/models (default: last part of model_id)")
+    # Added by the MPI relaunch (lmi_trt.launch): this process is one of the ranks lmi-trt started.
+    serve.add_argument("--under-mpi", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
     from lmi_trt.compile.commands import add_subcommands
@@ -111,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve` re-executes it under mpirun for TP×PP
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)
 

@@ -38,21 +38,32 @@ class _Sequence:
         "pending_lps",
         "reason",
         "request",
+        "stop_ids",
         "tail",
-        "wakeup",
+        "waiter",
     )
 
     def __init__(self, request: GenerationRequest, cycle: list[int]) -> None:
         self.request = request
         self.cycle = cycle
         self.generated = 0
+        self.stop_ids = request.stop_token_ids
         self.tail: deque[int] = deque(maxlen=max((len(s) for s in request.stop_token_ids), default=1))
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
         self.reason: FinishReason | None = None  # set once finished
         self.error: str | None = None
         self.error_code: int | None = None
-        self.wakeup = asyncio.Event()
+        # The consumer's future while it waits for output (None when it is not waiting): one
+        # future per wait, resolved by the step that produces its next token.
+        self.waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
 
 
 class SyntheticEngine:
@@ -175,11 +186,12 @@ class SyntheticEngine:
 
     async def _stream(self, seq: _Sequence) -> AsyncIterator[EngineOutput]:
         rid = seq.request.request_id
+        create_future = asyncio.get_running_loop().create_future
         try:
             while True:
                 if not seq.pending_ids and seq.reason is None:
-                    seq.wakeup.clear()
-                    await seq.wakeup.wait()
+                    seq.waiter = waiter = create_future()
+                    await waiter
                 # Everything produced since the last read goes out as one delta: a slow
                 # consumer gets fewer, larger deltas instead of a growing backlog.
                 ids, lps = seq.pending_ids, seq.pending_lps
@@ -203,28 +215,46 @@ class SyntheticEngine:
         if self._active.pop(rid, None) is None:
             with contextlib.suppress(ValueError):  # already finished or never queued
                 self._waiting.remove(seq)
-        seq.wakeup.set()
+        seq.wake()
 
-    def _step(self, seq: _Sequence) -> None:
-        req = seq.request
-        k = seq.generated
-        tid = seq.cycle[k % len(seq.cycle)]
-        seq.generated = k + 1
-        seq.pending_ids.append(tid)
-        seq.pending_lps.append(-0.25 * (k % 4 + 1))
-        seq.tail.append(tid)
-        self._total_tokens += 1
-        can_stop = seq.generated >= req.sampling.min_new_tokens
-        if can_stop and tid == self.eos_token_id and not req.sampling.ignore_eos:
-            self._end(seq, FinishReason.EOS)
-        elif can_stop and req.stop_token_ids and any(
-            len(s) <= len(seq.tail) and list(seq.tail)[-len(s):] == s for s in req.stop_token_ids
-        ):
-            self._end(seq, FinishReason.STOP_SEQUENCE)
-        elif seq.generated >= req.sampling.max_new_tokens:
-            self._end(seq, FinishReason.LENGTH)
-        else:
-            seq.wakeup.set()
+    def _step(self, active: list[_Sequence]) -> None:
+        """One engine step: one token for every active sequence (the per-token path, kept flat)."""
+        eos = self.eos_token_id
+        produced = 0
+        for seq in active:
+            if seq.reason is not None:  # defensive: _active holds running sequences only
+                continue
+            req = seq.request
+            sampling = req.sampling
+            k = seq.generated
+            cycle = seq.cycle
+            tid = cycle[k % len(cycle)]
+            seq.generated = k = k + 1
+            seq.pending_ids.append(tid)
+            seq.pending_lps.append(-0.25 * ((k - 1) % 4 + 1))
+            produced += 1
+            if k >= sampling.min_new_tokens:
+                if tid == eos and not sampling.ignore_eos:
+                    self._end(seq, FinishReason.EOS)
+                    continue
+                if seq.stop_ids:
+                    tail = seq.tail
+                    tail.append(tid)
+                    recent = list(tail)
+                    if any(len(s) <= len(recent) and recent[-len(s):] == s for s in seq.stop_ids):
+                        self._end(seq, FinishReason.STOP_SEQUENCE)
+                        continue
+            elif seq.stop_ids:
+                seq.tail.append(tid)
+            if k >= sampling.max_new_tokens:
+                self._end(seq, FinishReason.LENGTH)
+            else:
+                w = seq.waiter
+                if w is not None:
+                    seq.waiter = None
+                    if not w.done():
+                        w.set_result(None)
+        self._total_tokens += produced
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -240,8 +270,7 @@ class SyntheticEngine:
                 await self._work.wait()
                 next_step = loop.time()
                 continue
-            for seq in list(self._active.values()):
-                self._step(seq)
+            self._step(list(self._active.values()))
             if period:
                 next_step += period
                 await asyncio.sleep(max(0.0, next_step - loop.time()))

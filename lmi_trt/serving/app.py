@@ -131,9 +131,38 @@ def parse_json(raw: bytes) -> Any:
         # orjson is strict JSON; Python's parser also takes NaN/Infinity, which clients'
         # json.dumps emits. Parsing those lets validation name the offending field.
         try:
-            return json.loads(raw)
+            data = json.loads(raw)
+        except UnicodeDecodeError as u:
+            raise BadRequest(f"request body is not valid UTF-8: byte {u.start} is {u.object[u.start:u.start + 1]!r}") from None
         except ValueError:
             raise BadRequest(f"request body is not valid JSON: {e}") from None
+        except RecursionError:  # orjson stops at 1024 levels; Python's parser overflows the stack
+            raise BadRequest("request body is nested too deeply (more than 1024 levels of arrays/objects)") from None
+        _reject_lone_surrogates(data)
+        return data
+
+
+def _reject_lone_surrogates(data: Any) -> None:
+    """Python's parser accepts ``"\\ud800"`` escapes that orjson refuses: such a string is not
+    text (no tokenizer or encoder takes it), so it is a 400 that names where it is."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise BadRequest(
+                    f"{where or 'request body'}: contains a lone UTF-16 surrogate ({ascii(value[e.start])[1:-1]}), "
+                    "which is not Unicode text; send valid UTF-8 / paired surrogate escapes"
+                ) from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                shown = key.encode("utf-8", "backslashreplace").decode()
+                stack.append((f"{where}.{shown}" if where else shown, key))
+                stack.append((f"{where}.{shown}" if where else shown, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
 
 
 def validate(model: type[M], data: Any, prefix: str = "") -> M:

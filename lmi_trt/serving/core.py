@@ -27,7 +27,7 @@ from lmi_trt.engines.base import (
     GenerationRequest,
     SamplingParams,
 )
-from lmi_trt.serving.detok import IncrementalDetokenizer, make_decode
+from lmi_trt.serving.detok import IncrementalDetokenizer, TokenLengths, make_decode
 from lmi_trt.serving.errors import (
     BadRequest,
     LmiHttpError,
@@ -68,6 +68,8 @@ class GenerateParams(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[int] = Field(default_factory=list)
+    # Words that must never be generated; tokenized here into the engine's bad_words_ids.
+    bad_words: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: bool = False
@@ -85,6 +87,20 @@ class GenerateParams(BaseModel):
     def _stop_non_empty(cls, v: list[str]) -> list[str]:
         if any(not s for s in v):
             raise ValueError("stop strings must be non-empty")
+        return v
+
+    @field_validator("bad_words", mode="before")
+    @classmethod
+    def _bad_words_as_list(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words_non_empty(cls, v: list[str]) -> list[str]:
+        if any(not w for w in v):
+            raise ValueError("bad words must be non-empty")
         return v
 
 
@@ -189,13 +205,13 @@ class GenerationStream:
         self.generated_tokens = 0
         self._service = service
         self._it = engine_iter
-        self._detok = IncrementalDetokenizer(
-            service.tokenizer, prompt_token_ids, decode=service.decoder(params.skip_special_tokens)
-        )
+        decode, lengths = service.decoder_and_lengths(params.skip_special_tokens)
+        self._detok = IncrementalDetokenizer(service.tokenizer, prompt_token_ids, decode=decode, token_lengths=lengths)
         self._stops = StopMatcher(params.stop) if params.stop else None
         self._specials = service.facts.special_token_ids
         self._done = False
         self._timed_out = False
+        self._cancel_pending = False  # _process ended the request: cancel the engine side before returning
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self._first_token_at: float | None = None
@@ -233,7 +249,11 @@ class GenerationStream:
             return await self._fail(ModelError(f"engine failure: {e}"))
         finally:
             self._waiting_since = None
-        return await self._process(out)
+        delta = self._process(out)
+        if self._cancel_pending:  # rare: an error, a stop string, a timeout
+            self._cancel_pending = False
+            await self._cancel_engine()
+        return delta
 
     async def collect(self, keep_tokens: bool = False) -> Completion:
         """Drain to the end; the non-streaming path."""
@@ -267,31 +287,40 @@ class GenerationStream:
         self._finish(FinishReason.CANCELLED)
         self._service.spawn(self._cancel_engine())
 
-    async def _process(self, out: EngineOutput) -> Delta:
+    def _process(self, out: EngineOutput) -> Delta:
+        """One engine delta → one Delta: one detokenizer pass, the stop check, the token records.
+        Sets ``_cancel_pending`` where the engine request must be cancelled (the caller awaits it)."""
         if out.error is not None or out.finish_reason is FinishReason.ERROR:
-            return await self._fail(error_from_code(out.error or "engine error", out.error_code))
+            return self._failed(error_from_code(out.error or "engine error", out.error_code))
         tokens: list[TokenOut] = []
         texts: list[str] = []
         stops = self._stops
-        lps = out.logprobs
         reason: FinishReason | None = None
-        for i, tid in enumerate(out.token_ids):
-            self.generated_tokens += 1
-            piece = self._detok.step(tid)
-            if stops is not None:
-                piece = stops.feed(piece)
-            tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in self._specials))
-            if piece:
-                texts.append(piece)
-            if stops is not None and stops.matched is not None:
-                reason = FinishReason.STOP_SEQUENCE
-                break
+        token_ids = out.token_ids
+        if token_ids:
+            pieces = self._detok.step_many(token_ids)
+            lps = out.logprobs
+            specials = self._specials
+            if stops is None:
+                for i, tid in enumerate(token_ids):
+                    tokens.append(TokenOut(tid, pieces[i], lps[i] if lps else None, tid in specials))
+                texts = pieces
+            else:
+                for i, tid in enumerate(token_ids):
+                    piece = stops.feed(pieces[i])
+                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials))
+                    if piece:
+                        texts.append(piece)
+                    if stops.matched is not None:
+                        reason = FinishReason.STOP_SEQUENCE
+                        break
+            self.generated_tokens += len(tokens)
         if reason is None and out.finished:
             reason = out.finish_reason or (
                 FinishReason.LENGTH if self.generated_tokens >= self.max_new_tokens else FinishReason.EOS
             )
             if reason is FinishReason.CANCELLED and self._timed_out:
-                return await self._fail(self._timeout_error())
+                return self._failed(self._timeout_error())
             tail = self._detok.finish()
             if stops is not None:
                 tail = stops.feed(tail)
@@ -310,8 +339,13 @@ class GenerationStream:
         if reason is not None:
             self._finish(reason)
             if not out.finished:  # a stop string ended it while the engine is still generating
-                await self._cancel_engine()
+                self._cancel_pending = True
         return delta
+
+    def _failed(self, err: LmiHttpError) -> Delta:
+        self._finish(FinishReason.ERROR)
+        self._cancel_pending = True
+        return Delta("", [], self.generated_tokens, self.prompt_tokens, FinishReason.ERROR, err)
 
     async def _fail(self, err: LmiHttpError) -> Delta:
         self._finish(FinishReason.ERROR)
@@ -363,6 +397,8 @@ class GenerationService:
         self.metrics = metrics
         self.facts = tokenizer_facts(tokenizer)
         self._decoders = {flag: make_decode(tokenizer, flag) for flag in (True, False)}
+        # len(decode([id])) caches shared by every request's detokenizer (see detok.TokenLengths).
+        self._token_lengths = {flag: TokenLengths(decode) for flag, decode in self._decoders.items()}
         self._in_system = 0
         self._ids = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
@@ -374,6 +410,10 @@ class GenerationService:
 
     def decoder(self, skip_special_tokens: bool):
         return self._decoders[skip_special_tokens]
+
+    def decoder_and_lengths(self, skip_special_tokens: bool) -> tuple[Any, TokenLengths]:
+        """The decode function and its shared one-token length cache, for an IncrementalDetokenizer."""
+        return self._decoders[skip_special_tokens], self._token_lengths[skip_special_tokens]
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -412,6 +452,7 @@ class GenerationService:
                     params, max_new_tokens=max_new, logprobs=params.logprobs and self.engine.limits.supports_logprobs
                 ),
                 stop_token_ids=[[i] for i in params.stop_token_ids],
+                bad_words_ids=self.bad_words_ids(params.bad_words),
                 streaming=True,
             )
             try:
@@ -428,6 +469,18 @@ class GenerationService:
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(ids))
         return GenerationStream(self, request_id, ids, params, max_new, it)
+
+    def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Token-id sequences for bad words: each word as written and, for a word that does
+        not start with a space, with one (how a word mid-sentence tokenizes in BPE/SentencePiece)."""
+        out: list[list[int]] = []
+        for word in words:
+            variants = [word] if word[:1].isspace() else [word, " " + word]
+            for text in variants:
+                ids = self.tokenize(text, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
 
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams, *, keep_tokens: bool = False) -> Completion:
         async with await self.start(prompt, params) as stream:

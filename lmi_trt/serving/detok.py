@@ -7,7 +7,9 @@ plus the tokens not yet emitted — and emits only the text beyond the prefix's 
 that text ends in U+FFFD the tail is an incomplete UTF-8 character and is held back.
 
 The window only ever holds the last emission plus held tokens (at most ``MAX_HELD_TOKENS``),
-so the cost per token stays flat however long the output grows.
+so the cost per token stays flat however long the output grows. In the common case (the
+previous emission was one token) a step costs one decode of a two-token window: the length of
+a one-token prefix comes from ``TokenLengths``, a cache shared by all requests of a server.
 """
 
 from __future__ import annotations
@@ -38,10 +40,30 @@ def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int
     return partial(tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
 
+class TokenLengths(dict):
+    """``len(decode([token_id]))`` per token id, filled on first use.
+
+    The length of a one-token prefix is all a step needs besides the window's own decode, and it
+    depends on nothing but the token id and the decode function; one cache per decode function
+    (per server and ``skip_special_tokens``) serves every request. At most one entry per vocab id.
+    """
+
+    __slots__ = ("_decode",)
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        super().__init__()
+        self._decode = decode
+
+    def __missing__(self, token_id: int) -> int:
+        n = len(self._decode([token_id]))
+        self[token_id] = n
+        return n
+
+
 class IncrementalDetokenizer:
     """Turns generated token ids into text pieces whose concatenation equals decoding them all at once."""
 
-    __slots__ = ("_decode", "_emitted", "_ids", "_prefix_len", "_prefix_offset", "_read_offset")
+    __slots__ = ("_decode", "_emitted", "_ids", "_lengths", "_prefix_len", "_prefix_offset", "_read_offset")
 
     def __init__(
         self,
@@ -50,8 +72,11 @@ class IncrementalDetokenizer:
         *,
         skip_special_tokens: bool = True,
         decode: Callable[[list[int]], str] | None = None,
+        token_lengths: TokenLengths | None = None,
     ) -> None:
+        """``token_lengths`` must cache the same ``decode`` (``TokenLengths(decode)``); a private one when omitted."""
         self._decode = decode or make_decode(tokenizer, skip_special_tokens)
+        self._lengths = token_lengths if token_lengths is not None else TokenLengths(self._decode)
         context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else []
         self._ids: list[int] = context
         self._prefix_offset = 0
@@ -65,8 +90,10 @@ class IncrementalDetokenizer:
         ids.append(token_id)
         text = self._decode(ids[self._prefix_offset :])
         start = self._prefix_len + self._emitted
-        if len(ids) - self._read_offset < MAX_HELD_TOKENS:
-            if text.endswith(REPLACEMENT):  # an unfinished character: emit what precedes it
+        n = len(ids)
+        read = self._read_offset
+        if n - read < MAX_HELD_TOKENS:
+            if text[-1:] == REPLACEMENT:  # an unfinished character: emit what precedes it
                 stable = len(text.rstrip(REPLACEMENT))
                 if stable <= start:
                     return ""
@@ -76,7 +103,22 @@ class IncrementalDetokenizer:
                 # Nothing visible yet (e.g. skipped special tokens). Sliding now would leave a
                 # prefix without text, and SentencePiece would then strip the next token's space.
                 return ""
-        return self._emit(text, start)
+        # Emit everything and slide the window: the tokens just emitted become the prefix
+        # (as in _emit, inlined: this is the per-token path).
+        self._emitted = 0
+        self._prefix_offset = read
+        self._read_offset = n
+        self._prefix_len = self._lengths[token_id] if n - read == 1 else len(self._decode(ids[read:n]))
+        if read >= _TRIM_AT:
+            del ids[:read]
+            self._read_offset = n - read
+            self._prefix_offset = 0
+        return text[start:]
+
+    def step_many(self, token_ids: Sequence[int]) -> list[str]:
+        """``[step(t) for t in token_ids]``: the pieces of one engine delta, in one call."""
+        step = self.step
+        return [step(t) for t in token_ids]
 
     def finish(self) -> str:
         """Flush what is held at the end of generation, an incomplete character included (as decode() shows it)."""

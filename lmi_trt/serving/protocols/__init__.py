@@ -1,0 +1,17 @@
+"""Protocol adapters: thin schema translations onto the one request core (``serving.core``).
+
+``DEFAULT_ADAPTERS`` is every schema this server speaks, in install order; the order also fixes
+how ``POST /invocations`` picks a schema for a JSON object (first match wins):
+``inputs`` → LMI, ``messages`` → OpenAI chat, ``prompt`` → Truss (or OpenAI completions when the
+body is completions-shaped, see ``truss``). Other routes are schema-specific: ``/v1/*`` OpenAI,
+``/generate``, ``/generate_stream``, ``/``, ``/info``, ``/health`` TGI, ``/v2/models/...`` Triton,
+``/endpoints/{name}/invocations[-response-stream]`` the SageMaker runtime emulation.
+"""
+
+from __future__ import annotations
+
+from lmi_trt.serving.protocols import lmi, openai, sagemaker, tgi, triton, truss
+
+DEFAULT_ADAPTERS = (lmi.install, openai.install, tgi.install, triton.install, truss.install, sagemaker.install)
+
+__all__ = ["DEFAULT_ADAPTERS"]

@@ -46,6 +46,7 @@ _IGNORED_PARAMETERS = frozenset(
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
 _warned_unknown: set[str] = set()
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 
 class LmiParameters(GenerateParams):
@@ -145,8 +146,23 @@ class _Shape:
         self.sse = fmt == "sse"
 
     def record(self, obj: dict[str, Any]) -> bytes:
-        line = orjson.dumps(obj)
-        return b"data: " + line + b"\n\n" if self.sse else line + b"\n"
+        if self.sse:
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+        return orjson.dumps(obj, option=_NEWLINE)
+
+    def token_records(self, tokens: list[TokenOut]) -> bytes:
+        """``record({"token": token_dict(t)})`` for each token, joined: the per-token path."""
+        if self.tgi or self.sse:
+            return b"".join([self.record({"token": token_dict(t, self.tgi)}) for t in tokens])
+        dumps = orjson.dumps
+        out = []
+        for t in tokens:
+            if t.special:
+                d = {"id": t.id, "text": t.text, "log_prob": t.logprob, "special_token": True}
+            else:
+                d = {"id": t.id, "text": t.text, "log_prob": t.logprob}
+            out.append(dumps({"token": d}, option=_NEWLINE))
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def json_result(self, c: Completion) -> dict[str, Any]:
         out: dict[str, Any] = {"generated_text": self.full_text_prefix + c.text}
@@ -163,8 +179,8 @@ class _Shape:
         """Lines for one delta: one per token; the final one adds generated_text (and details)."""
         tokens = delta.tokens
         if not delta.finished:
-            return b"".join(self.record({"token": token_dict(t, self.tgi)}) for t in tokens)
-        parts = [self.record({"token": token_dict(t, self.tgi)}) for t in tokens[:-1]]
+            return self.token_records(tokens) if tokens else b""
+        parts = [self.token_records(tokens[:-1])] if len(tokens) > 1 else []
         if delta.error is not None:
             last: dict[str, Any] = {"token": {"id": -1, "text": "", "log_prob": -1, "special_token": True}}
         elif tokens:
@@ -243,17 +259,20 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
     await response.prepare(request)
     texts: list[str] = []
     delta = first
+    write, chunk_of, next_delta = response.write, shape.stream_chunk, stream.__anext__
     try:
-        while True:
+        # One write per engine delta (all its records); the last one goes out with the end of
+        # the chunked body in the same write.
+        while not delta.finished:
             if delta.text:
                 texts.append(delta.text)
-            chunk = shape.stream_chunk(delta, texts)
+            chunk = chunk_of(delta, texts)
             if chunk:
-                await response.write(chunk)
-            if delta.finished:
-                break
-            delta = await stream.__anext__()
-        await response.write_eof()
+                await write(chunk)
+            delta = await next_delta()
+        if delta.text:
+            texts.append(delta.text)
+        await response.write_eof(chunk_of(delta, texts))
     except ConnectionResetError:
         # The client went away (seen here when handlers are not cancelled on disconnect);
         # leaving the caller's `async with` cancels the generation. aiohttp finishes quietly.

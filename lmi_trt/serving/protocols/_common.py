@@ -1,0 +1,176 @@
+"""Glue shared by the schema adapters (OpenAI, TGI, Triton, Truss): how a stream is opened,
+written and ended. Generation semantics stay in ``serving.core``; this is wire plumbing only.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from lmi_trt.serving.app import CONTEXT, json_response, parse_json, read_body
+from lmi_trt.serving.core import (
+    Delta,
+    GenerateParams,
+    GenerationStream,
+    format_validation_error,
+)
+from lmi_trt.serving.errors import BadRequest, LmiHttpError
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class FieldError(BadRequest):
+    """A 400 that knows which request field is wrong (OpenAI's ``param``)."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def param_of(err: LmiHttpError) -> str | None:
+    return getattr(err, "param", None)
+
+
+def validate_body(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
+    """pydantic validation whose failure is a 400 naming each field (and the first as ``param``)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]["loc"] if e.errors() else ()
+        param = prefix
+        for p in first:
+            param = f"{param}[{p}]" if isinstance(p, int) else f"{param}.{p}" if param else str(p)
+        raise FieldError(param or None, f"invalid request: {format_validation_error(e, prefix)}") from None
+
+
+def neutral_params(names: dict[str, str] | None = None, **fields: Any) -> GenerateParams:
+    """``GenerateParams(**fields)``, its validation failures as a 400 that uses the adapter's
+    field names (``names`` maps a neutral name, e.g. ``stop``, to the schema's, e.g. ``stop_words``)."""
+    try:
+        return GenerateParams(**fields)
+    except ValidationError as e:
+        names = names or {}
+        first = e.errors(include_url=False)[0]["loc"][0] if e.errors() else None
+        msg = format_validation_error(e)
+        for neutral, theirs in names.items():
+            msg = msg.replace(f"{neutral}:", f"{theirs}:").replace(f"{neutral}[", f"{theirs}[")
+        param = names.get(str(first), str(first)) if first is not None else None
+        raise FieldError(param, f"invalid request: {msg}") from None
+
+
+async def json_object(request: web.Request, example: str) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 that shows what a body looks like."""
+    body = parse_json(await read_body(request))
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object such as {example}, got a JSON {type(body).__name__}")
+    return body
+
+
+def word_list(value: Any, field: str) -> list[str]:
+    """Triton/Truss word lists: a string is comma-separated (Triton's preprocessing parses it as
+    CSV, so ``"a,b"`` is two words and ``""`` none); a list holds one word per item (empty items,
+    Truss' default ``[""]``, are skipped)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [w for row in csv.reader([value]) for w in row if w]
+    if isinstance(value, list) and all(isinstance(w, str) for w in value):
+        return [w for w in value if w]
+    raise FieldError(field, f"{field} must be a string (comma-separated words) or a list of strings, got {value!r}")
+
+
+async def open_stream(
+    request: web.Request,
+    stream: GenerationStream,
+    headers: dict[str, str],
+    render_error: Callable[[LmiHttpError], web.StreamResponse],
+) -> tuple[web.StreamResponse | None, Delta | web.StreamResponse]:
+    """Wait for the first delta before sending headers (as DJL's front end does), so an error
+    that comes before any token still gets its HTTP status. Returns (prepared response, first
+    delta), or (None, error response)."""
+    first = await stream.__anext__()
+    if first.error is not None:
+        return None, render_error(first.error)
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    return response, first
+
+
+async def pump(
+    response: web.StreamResponse,
+    stream: GenerationStream,
+    first: Delta,
+    encode: Callable[[Delta], Iterable[bytes] | bytes],
+    *,
+    trailer: bytes = b"",
+) -> web.StreamResponse:
+    """Write ``encode(delta)`` for every delta from ``first`` to the final one, then ``trailer``.
+
+    A client that went away ends the loop quietly; leaving the caller's ``async with`` cancels
+    the generation.
+    """
+    delta = first
+    try:
+        while True:
+            chunk = encode(delta)
+            if not isinstance(chunk, bytes):
+                chunk = b"".join(chunk)
+            if chunk:
+                await response.write(chunk)
+            if delta.finished:
+                break
+            delta = await stream.__anext__()
+        if trailer:
+            await response.write(trailer)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass
+    return response
+
+
+def sse(obj: Any) -> bytes:
+    import orjson
+
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def model_name(request: web.Request) -> str:
+    return request.app[CONTEXT].model_name
+
+
+__all__ = [
+    "SSE_HEADERS",
+    "FieldError",
+    "json_object",
+    "json_response",
+    "open_stream",
+    "param_of",
+    "pump",
+    "sse",
+    "validate_body",
+    "word_list",
+]
+
+
+def errors_as(render: Callable[[LmiHttpError], web.StreamResponse]):
+    """Decorate a handler so the request core's errors come back in the adapter's own shape."""
+    import functools
+
+    def wrap(handler: Callable[[web.Request], Any]):
+        @functools.wraps(handler)
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except LmiHttpError as e:
+                return render(e)
+
+        return wrapped
+
+    return wrap

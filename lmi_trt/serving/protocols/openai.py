@@ -1,0 +1,495 @@
+"""The OpenAI schema: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``.
+
+Chat messages are rendered with the chat template (``serving.chat``). A body with ``messages``
+at ``/invocations`` is a chat request too (DJL): its answer is a ``chat.completion`` object, or
+when streaming ``chat.completion.chunk`` JSON lines (DJL's ``jsonlines_chat``; with
+``option.output_formatter=sse`` SSE ending in ``data: [DONE]``). Errors under ``/v1`` have
+OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; at ``/invocations`` the LMI
+shape, as every other ``/invocations`` error.
+
+Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presence/frequency
+penalties, stop (str | list), n=1, stream + stream_options.include_usage, logprobs of the chosen
+token (chat ``logprobs``; completions ``logprobs=0``), echo (completions), and the common
+extensions top_k, min_tokens, repetition_penalty, ignore_eos, skip_special_tokens,
+stop_token_ids, bad_words. Refused with a 400 naming the field: n/best_of > 1, top_logprobs /
+completions logprobs > 0, logit_bias, suffix, tools, non-text response_format, non-text content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import time
+import uuid
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lmi_trt.engines.base import FinishReason
+from lmi_trt.serving import chat
+from lmi_trt.serving.app import CONTEXT, ServingContext, error_response, json_response
+from lmi_trt.serving.core import (
+    Completion,
+    Delta,
+    GenerateParams,
+    GenerationStream,
+    TokenOut,
+)
+from lmi_trt.serving.errors import LmiHttpError, NotFound
+from lmi_trt.serving.protocols._common import (
+    SSE_HEADERS,
+    FieldError,
+    errors_as,
+    json_object,
+    neutral_params,
+    open_stream,
+    param_of,
+    pump,
+    sse,
+    validate_body,
+)
+
+log = logging.getLogger(__name__)
+
+FINISH = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "abort",
+}
+DONE = b"data: [DONE]\n\n"
+# Accepted and without effect on the output.
+_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
+                      "modalities", "prediction", "audio", "web_search_options", "functions", "function_call",
+                      "min_p", "length_penalty", "use_beam_search", "include_stop_str_in_output", "spaces_between_special_tokens"})
+_warned: set[str] = set()
+
+
+# --- errors ---
+_ERROR_TYPES = {404: "not_found_error", 424: "model_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+def _error_type(status: int) -> str:
+    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def openai_error_body(err: LmiHttpError) -> dict[str, Any]:
+    return {"error": {"message": err.message, "type": _error_type(err.status), "param": param_of(err), "code": err.status}}
+
+
+def openai_error(err: LmiHttpError) -> web.Response:
+    return json_response(openai_error_body(err), status=err.status, headers=err.headers or None)
+
+
+# --- request schemas ---
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    logit_bias: dict[str, float] | None = None
+    # Common extensions (vLLM / TGI names), usually sent through the client's extra_body.
+    top_k: int | None = Field(None, ge=-1)
+    min_tokens: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+
+    def _check_common(self) -> None:
+        for name in ("n", "best_of"):
+            value = getattr(self, name, None)
+            if value is None:
+                value = (self.model_extra or {}).get(name)
+            if value not in (None, 1):
+                raise FieldError(name, f"{name}={value!r} is not supported: this server returns one choice; use 1 or leave it out")
+        if self.logit_bias:
+            raise FieldError("logit_bias", "logit_bias is not supported by this server; leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "stream_options is only allowed with stream=true")
+        for name in self.model_extra or {}:
+            if name not in _IGNORED and name not in _warned:
+                _warned.add(name)
+                close = difflib.get_close_matches(name, sorted(type(self).model_fields), n=1)
+                log.warning("ignoring unknown OpenAI field %r%s", name, f" (did you mean {close[0]!r}?)" if close else "")
+
+    def _params(self, max_new_tokens: int | None, logprobs: bool) -> GenerateParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not s for s in stop):
+            raise FieldError("stop", "stop strings must be non-empty")
+        if any(not w for w in self.bad_words or []):
+            raise FieldError("bad_words", "bad words must be non-empty")
+        return neutral_params(
+            {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=self.min_tokens or 0,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k if self.top_k and self.top_k > 0 else None,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            bad_words=list(self.bad_words or []),
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            logprobs=logprobs,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Base):
+    messages: Any  # checked by chat.normalize_messages, which names the message and field
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def generate_params(self) -> GenerateParams:
+        self._check_common()
+        if self.top_logprobs:
+            raise FieldError("top_logprobs", f"top_logprobs={self.top_logprobs} is not supported: the engine reports only "
+                                             "the chosen token's logprob; use logprobs=true with top_logprobs=0")
+        if self.tools and self.tool_choice != "none":
+            raise FieldError("tools", "tools (function calling) are not supported by this server; leave tools out "
+                                      "or set tool_choice='none'")
+        fmt = (self.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise FieldError("response_format", f"response_format type {fmt!r} is not supported; only 'text'")
+        max_new = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self._params(max_new, bool(self.logprobs))
+
+
+class CompletionRequest(_Base):
+    prompt: Any
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        def is_ids(x: Any) -> bool:
+            return isinstance(x, list) and bool(x) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+        if isinstance(v, str) or is_ids(v):
+            return v
+        if isinstance(v, list) and v and all(isinstance(x, str) or is_ids(x) for x in v):
+            return v
+        raise ValueError("must be a string, a list of token ids, or a non-empty list of those")
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+    def generate_params(self) -> GenerateParams:
+        self._check_common()
+        if self.logprobs:
+            raise FieldError("logprobs", f"logprobs={self.logprobs} is not supported: the engine reports only the chosen "
+                                         "token's logprob; use logprobs=0")
+        if self.suffix:
+            raise FieldError("suffix", "suffix (insertion) is not supported by this server; leave it out")
+        return self._params(self.max_tokens, self.logprobs is not None)
+
+
+# --- response pieces ---
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:
+    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode()), "top_logprobs": []}
+                        for t in tokens]}
+
+
+class _CompletionLogprobs:
+    """Completions-style logprobs, accumulated over deltas (text_offset counts from the choice text start)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def render(self, tokens: list[TokenOut]) -> dict[str, Any]:
+        offsets = []
+        for t in tokens:
+            offsets.append(self.offset)
+            self.offset += len(t.text)
+        return {
+            "tokens": [t.text for t in tokens],
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{t.text: t.logprob} for t in tokens],
+            "text_offset": offsets,
+        }
+
+
+def _check_logprobs(ctx: ServingContext, wanted: bool, param: str) -> None:
+    if wanted and not ctx.require_service().engine.limits.supports_logprobs:
+        raise FieldError(param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs")
+
+
+# --- chat ---
+ChatFormat = Literal["json", "sse", "jsonlines"]
+
+
+def _chat_format(ctx: ServingContext, stream: bool, at_invocations: bool) -> ChatFormat:
+    if not at_invocations:
+        return "sse" if stream else "json"
+    fmt = ctx.config.output_formatter
+    if fmt == "json_chat":
+        return "json"
+    if fmt in ("jsonlines_chat", "jsonlines"):
+        return "jsonlines"
+    if fmt == "sse":
+        return "sse"
+    return "jsonlines" if stream else "json"
+
+
+async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: bool) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    req: ChatRequest = validate_body(ChatRequest, body)
+    params = req.generate_params()
+    messages = chat.normalize_messages(req.messages)
+    service = ctx.require_service()
+    _check_logprobs(ctx, params.logprobs, "logprobs")
+    prompt = chat.render(
+        service.tokenizer, messages, template_option=ctx.config.chat_template,
+        add_generation_prompt=req.add_generation_prompt, template_kwargs=req.chat_template_kwargs,
+    )
+    fmt = _chat_format(ctx, bool(req.stream), at_invocations)
+    render_error = error_response if at_invocations else openai_error
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    async with await service.start(prompt, params, add_special_tokens=False, field_name="messages") as stream:
+        if fmt == "json":
+            c = await stream.collect(keep_tokens=params.logprobs)
+            if c.error is not None:
+                return render_error(c.error)
+            return json_response({
+                "id": cid, "object": "chat.completion", "created": created, "model": ctx.model_name,
+                "system_fingerprint": None,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None,
+                    "finish_reason": FINISH.get(c.finish_reason, c.finish_reason.value),
+                }],
+                "usage": _usage(c.prompt_tokens, c.generated_tokens),
+            })
+        headers = SSE_HEADERS if fmt == "sse" else {"Content-Type": "application/jsonlines", "Cache-Control": "no-cache"}
+        response, first = await open_stream(request, stream, headers, render_error)
+        if response is None:
+            return first  # type: ignore[return-value]
+        record = sse if fmt == "sse" else (lambda obj: orjson.dumps(obj) + b"\n")
+        enc = _ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations)
+        return await pump(response, stream, first, enc.encode, trailer=DONE if fmt == "sse" else b"")  # type: ignore[arg-type]
+
+
+class _ChatChunks:
+    def __init__(self, cid: str, created: int, model: str, record, logprobs: bool, usage: bool, lmi_errors: bool) -> None:
+        self.base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "system_fingerprint": None}
+        self.record = record
+        self.logprobs = logprobs
+        self.usage = usage
+        self.lmi_errors = lmi_errors
+        self.started = False
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        obj = {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        if self.usage:
+            obj["usage"] = None
+        return self.record(obj)
+
+    def encode(self, d: Delta) -> list[bytes]:
+        out = []
+        if not self.started:
+            self.started = True
+            out.append(self._chunk({"role": "assistant", "content": ""}))
+        if d.text or (self.logprobs and d.tokens):
+            out.append(self._chunk({"content": d.text}, logprobs=_chat_logprobs(d.tokens) if self.logprobs else None))
+        if d.finished:
+            if d.error is not None:
+                body = ({"error": d.error.message, "code": d.error.status, "type": d.error.type} if self.lmi_errors
+                        else openai_error_body(d.error))
+                out.append(self.record(body))
+                return out
+            out.append(self._chunk({}, FINISH.get(d.finish_reason, d.finish_reason.value)))  # type: ignore[arg-type]
+            if self.usage:
+                out.append(self.record({**self.base, "choices": [], "usage": _usage(d.prompt_tokens, d.generated_tokens)}))
+        return out
+
+
+# --- completions ---
+async def _completions(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    req: CompletionRequest = validate_body(CompletionRequest, body)
+    params = req.generate_params()
+    prompts = req.prompts()
+    service = ctx.require_service()
+    _check_logprobs(ctx, params.logprobs, "logprobs")
+    cid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    base = {"id": cid, "object": "text_completion", "created": created, "model": ctx.model_name,
+            "system_fingerprint": None}
+
+    def echo_text(p: str | list[int]) -> str:
+        if not req.echo:
+            return ""
+        return p if isinstance(p, str) else service.tokenizer.decode(p, skip_special_tokens=params.skip_special_tokens)
+
+    if len(prompts) > 1:
+        if req.stream:
+            raise FieldError("prompt", f"prompt is a list of {len(prompts)} prompts, which cannot be streamed; "
+                                       "send one prompt per streamed request")
+        return await _completions_batch(ctx, prompts, params, base, echo_text)
+    prompt = prompts[0]
+    async with await service.start(prompt, params, field_name="prompt") as stream:
+        prefix = echo_text(prompt)
+        if not req.stream:
+            c = await stream.collect(keep_tokens=params.logprobs)
+            if c.error is not None:
+                return openai_error(c.error)
+            return json_response({**base, "choices": [_completion_choice(0, c, prefix, params.logprobs)],
+                                  "usage": _usage(c.prompt_tokens, c.generated_tokens)})
+        response, first = await open_stream(request, stream, SSE_HEADERS, openai_error)
+        if response is None:
+            return first  # type: ignore[return-value]
+        lps = _CompletionLogprobs(len(prefix)) if params.logprobs else None
+        state = {"prefix": prefix}
+
+        def encode(d: Delta) -> list[bytes]:
+            out = []
+            text = state["prefix"] + d.text
+            state["prefix"] = ""
+            if text or (lps and d.tokens):
+                out.append(sse({**base, "choices": [{"index": 0, "text": text, "logprobs": lps.render(d.tokens) if lps else None,
+                                                     "finish_reason": None}], **({"usage": None} if req.include_usage else {})}))
+            if d.finished:
+                if d.error is not None:
+                    out.append(sse(openai_error_body(d.error)))
+                    return out
+                out.append(sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                                     "finish_reason": FINISH.get(d.finish_reason, d.finish_reason.value)}],  # type: ignore[arg-type]
+                                **({"usage": None} if req.include_usage else {})}))
+                if req.include_usage:
+                    out.append(sse({**base, "choices": [], "usage": _usage(d.prompt_tokens, d.generated_tokens)}))
+            return out
+
+        return await pump(response, stream, first, encode, trailer=DONE)
+
+
+def _completion_choice(index: int, c: Completion, prefix: str, logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": prefix + c.text,
+        "logprobs": _CompletionLogprobs(len(prefix)).render(c.tokens) if logprobs else None,
+        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason.value),
+    }
+
+
+async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text) -> web.Response:
+    service = ctx.require_service()
+    streams: list[GenerationStream] = []
+    try:
+        for i, p in enumerate(prompts):
+            streams.append(await service.start(p, params, field_name=f"prompt[{i}]"))
+        completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
+    finally:
+        for s in streams:
+            await s.aclose()
+    for c in completions:
+        if c.error is not None:
+            return openai_error(c.error)
+    choices = [_completion_choice(i, c, echo_text(p), params.logprobs) for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+    usage = _usage(sum(c.prompt_tokens for c in completions), sum(c.generated_tokens for c in completions))
+    return json_response({**base, "choices": choices, "usage": usage})
+
+
+# --- handlers ---
+@errors_as(openai_error)
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body = await json_object(request, '{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}')
+    return await _chat(request, body, at_invocations=False)
+
+
+@errors_as(openai_error)
+async def completions(request: web.Request) -> web.StreamResponse:
+    body = await json_object(request, '{"model": "m", "prompt": "Hello"}')
+    return await _completions(request, body)
+
+
+async def completions_at_invocations(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """An OpenAI completions body at /invocations (dispatched by the Truss adapter); LMI error shape."""
+    try:
+        return await _completions(request, body)
+    except LmiHttpError as e:
+        return error_response(e)
+
+
+async def chat_at_invocations(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    return await _chat(request, body, at_invocations=True)
+
+
+def _model_card(ctx: ServingContext) -> dict[str, Any]:
+    return {"id": ctx.model_name, "object": "model", "created": _STARTED, "owned_by": "lmi-trt",
+            "root": ctx.config.model_id or ctx.model_name}
+
+
+_STARTED = int(time.time())
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [_model_card(request.app[CONTEXT])]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    name = request.match_info["model"]
+    if name != ctx.model_name:
+        return openai_error(_not_found(name, ctx))
+    return json_response(_model_card(ctx))
+
+
+def _not_found(name: str, ctx: ServingContext) -> LmiHttpError:
+    err = NotFound(f"the model {name!r} does not exist; this server serves {ctx.model_name!r}")
+    err.param = "model"  # type: ignore[attr-defined]
+    return err
+
+
+def install(app: web.Application, ctx: ServingContext) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    ctx.invocation_handlers.setdefault("messages", chat_at_invocations)

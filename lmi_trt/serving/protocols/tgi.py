@@ -1,0 +1,254 @@
+"""The TGI schema: ``POST /generate``, ``POST /generate_stream``, ``POST /`` (TGI's compat route,
+which huggingface_hub's InferenceClient uses for a URL model), ``GET /info``, ``GET /health``.
+
+Request ``{"inputs": str, "parameters": {...}, "stream": bool}`` with TGI's parameter names
+(``null`` means "not given"). ``/generate`` answers ``{"generated_text", "details"?}``; ``/``
+answers a one-element list of that (TGI's api-inference shape) or streams when ``stream`` is
+true; ``/generate_stream`` sends SSE events ``{"index", "token": {id, text, logprob, special},
+"top_tokens", "generated_text" (last event only), "details" (last event only: finish_reason
+length|eos_token|stop_sequence, generated_tokens, seed, input_length)}``. Errors: ``{"error",
+"error_type"}`` with error_type validation | overloaded | generation, under the same HTTP status
+codes as every other schema here (TGI itself answers 422 for validation). Stop sequences end the
+text and are not part of it (TGI keeps them), as in every schema of this server.
+
+Refused with a 400: best_of > 1, top_n_tokens > 0, decoder_input_details, typical_p, watermark,
+grammar, adapter_id — the engine cannot honour them and a silent no-op would mislead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lmi_trt.serving.app import CONTEXT, ModelStatus, ServingContext, json_response
+from lmi_trt.serving.core import (
+    Completion,
+    Delta,
+    GenerateParams,
+    TokenOut,
+    sampling_params,
+)
+from lmi_trt.serving.errors import LmiHttpError
+from lmi_trt.serving.protocols._common import (
+    SSE_HEADERS,
+    FieldError,
+    errors_as,
+    json_object,
+    open_stream,
+    pump,
+    sse,
+    validate_body,
+)
+
+_ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 503: "overloaded", 429: "overloaded"}
+_UNSUPPORTED = {
+    "best_of": lambda v: v not in (None, 1),
+    "top_n_tokens": lambda v: bool(v),
+    "decoder_input_details": lambda v: bool(v),
+    "typical_p": lambda v: v is not None,
+    "watermark": lambda v: bool(v),
+    "grammar": lambda v: v is not None,
+    "adapter_id": lambda v: v is not None,
+}
+_WHY = {
+    "best_of": "this server returns one sequence",
+    "top_n_tokens": "the engine reports only the chosen token's logprob",
+    "decoder_input_details": "prompt logprobs are not computed",
+    "typical_p": "typical sampling is not available in the engine",
+    "watermark": "watermarking is not available",
+    "grammar": "constrained decoding is not available",
+    "adapter_id": "LoRA adapters are not served",
+}
+
+
+def tgi_error_body(err: LmiHttpError) -> dict[str, Any]:
+    return {"error": err.message, "error_type": _ERROR_TYPES.get(err.status, "generation")}
+
+
+def tgi_error(err: LmiHttpError) -> web.Response:
+    return json_response(tgi_error_body(err), status=err.status, headers=err.headers or None)
+
+
+class TgiParameters(GenerateParams):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    details: bool = False
+    return_full_text: bool = False
+    best_of: int | None = Field(None, ge=1)
+    top_n_tokens: int | None = Field(None, ge=0)
+    decoder_input_details: bool = False
+    typical_p: float | None = None
+    watermark: bool = False
+    grammar: Any = None
+    adapter_id: str | None = None
+
+    def to_generate(self) -> GenerateParams:
+        for name, refused in _UNSUPPORTED.items():
+            value = getattr(self, name)
+            if refused(value):
+                raise FieldError(f"parameters.{name}", f"parameters.{name}={value!r} is not supported: {_WHY[name]}; leave it out")
+        fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
+        fields["logprobs"] = self.logprobs or self.details
+        return GenerateParams.model_construct(**fields)
+
+
+class TgiRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    inputs: str
+    parameters: TgiParameters = Field(default_factory=TgiParameters)
+    stream: bool = False
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _drop_nulls(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        return {k: x for k, x in v.items() if x is not None} if isinstance(v, dict) else v
+
+
+def _token(t: TokenOut) -> dict[str, Any]:
+    return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
+
+
+def _seed(p: GenerateParams) -> int | None:
+    return p.seed if sampling_params(p, max_new_tokens=1, logprobs=False).do_sample else None
+
+
+async def _parse(request: web.Request) -> TgiRequest:
+    body = await json_object(request, '{"inputs": "Hello", "parameters": {"max_new_tokens": 20}}')
+    return validate_body(TgiRequest, body)
+
+
+async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    params = req.parameters.to_generate()
+    service = ctx.require_service()
+    async with await service.start(req.inputs, params) as stream:
+        c: Completion = await stream.collect(keep_tokens=req.parameters.details)
+    if c.error is not None:
+        return tgi_error(c.error)
+    out: dict[str, Any] = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + c.text}
+    if req.parameters.details:
+        out["details"] = {
+            "finish_reason": c.finish_reason.value,
+            "generated_tokens": c.generated_tokens,
+            "seed": _seed(params),
+            "prefill": [],
+            "tokens": [_token(t) for t in c.tokens],
+            "top_tokens": None,
+            "best_of_sequences": None,
+        }
+    return json_response([out] if as_list else out)
+
+
+async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    params = req.parameters.to_generate()
+    service = ctx.require_service()
+    prefix = req.inputs if req.parameters.return_full_text else ""
+    seed = _seed(params)
+    async with await service.start(req.inputs, params) as stream:
+        response, first = await open_stream(request, stream, SSE_HEADERS, tgi_error)
+        if response is None:
+            return first  # type: ignore[return-value]
+        texts: list[str] = []
+        index = 0
+
+        def event(token: dict[str, Any], last: Delta | None = None) -> bytes:
+            nonlocal index
+            index += 1
+            obj: dict[str, Any] = {"index": index, "token": token, "top_tokens": None, "generated_text": None, "details": None}
+            if last is not None:
+                obj["generated_text"] = prefix + "".join(texts)
+                obj["details"] = {"finish_reason": last.finish_reason.value,  # type: ignore[union-attr]
+                                  "generated_tokens": last.generated_tokens, "seed": seed,
+                                  "input_length": last.prompt_tokens}
+            return sse(obj)
+
+        def encode(d: Delta) -> list[bytes]:
+            if d.text:
+                texts.append(d.text)
+            if not d.finished:
+                return [event(_token(t)) for t in d.tokens]
+            if d.error is not None:
+                return [*(event(_token(t)) for t in d.tokens), sse(tgi_error_body(d.error))]
+            out = [event(_token(t)) for t in d.tokens[:-1]]
+            if d.tokens:
+                out.append(event(_token(d.tokens[-1]), d))
+            else:  # the engine's last output carried no token; the flushed text still needs an event
+                out.append(event({"id": -1, "text": d.text, "logprob": None, "special": True}, d))
+            return out
+
+        return await pump(response, stream, first, encode)
+
+
+@errors_as(tgi_error)
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, await _parse(request), as_list=False)
+
+
+@errors_as(tgi_error)
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    return await _generate_stream(request, await _parse(request))
+
+
+@errors_as(tgi_error)
+async def compat_generate(request: web.Request) -> web.StreamResponse:
+    req = await _parse(request)
+    if req.stream:
+        return await _generate_stream(request, req)
+    return await _generate(request, req, as_list=True)
+
+
+def _info(ctx: ServingContext) -> dict[str, Any]:
+    from lmi_trt import __version__
+
+    cfg = ctx.config
+    limits = ctx.service.engine.limits if ctx.service is not None else None
+    max_input = limits.max_input_len if limits else cfg.max_input_len
+    max_new = (limits.max_new_tokens if limits and limits.max_new_tokens is not None else cfg.max_output_len)
+    max_total = limits.max_seq_len if limits and limits.max_seq_len is not None else max_input + max_new
+    return {
+        "model_id": cfg.model_id or ctx.model_name,
+        "model_sha": None,
+        "model_dtype": str(getattr(cfg, "dtype", None) or "auto"),
+        "model_device_type": ctx.service.engine.name if ctx.service is not None else "loading",
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": cfg.job_queue_size,
+        "max_best_of": 1,
+        "max_stop_sequences": 64,
+        "max_input_tokens": max_input,
+        "max_input_length": max_input,
+        "max_total_tokens": max_total,
+        "max_batch_size": limits.max_batch_size if limits else None,
+        "validation_workers": 1,
+        "max_client_batch_size": 1,
+        "router": "lmi-trt",
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+    }
+
+
+async def info(request: web.Request) -> web.Response:
+    return json_response(_info(request.app[CONTEXT]))
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    status = ctx.status
+    if status is ModelStatus.HEALTHY:
+        return web.Response(status=200)
+    msg = ctx.load_error or ("the model is still loading" if status is ModelStatus.PENDING else "the engine is unhealthy")
+    return json_response({"error": msg, "error_type": "healthcheck"}, status=503)
+
+
+def install(app: web.Application, ctx: ServingContext) -> None:
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/generate_stream", generate_stream)
+    app.router.add_post("/", compat_generate)
+    app.router.add_get("/info", info)
+    app.router.add_get("/health", health)

@@ -1,0 +1,219 @@
+"""Triton's generate extension, as the tensorrtllm_backend ensemble answers it.
+
+``POST /v2/models/{name}[/versions/{v}]/generate`` → ``{"model_name", "model_version",
+"text_output"}`` (+ ``output_log_probs``, ``cum_log_probs`` with ``return_log_probs``);
+``/generate_stream`` → SSE ``data: {...}`` events whose ``text_output`` is the new text. Fields
+come at the top level (the ensemble's inputs) or under ``"parameters"``; a one-element list is
+taken as its element (a shape-[1] tensor). ``{name}`` is the served model or the ensemble
+names Triton users call (``ensemble``, ``tensorrt_llm_bls``). Errors: ``{"error": msg}``; after a
+stream started, an ``{"error": msg}`` event under the 200 (as Triton does).
+
+Inputs: text_input, max_tokens, bad_words, stop_words (a comma-separated string or a list),
+end_id, pad_id, top_k, top_p, temperature, length_penalty, repetition_penalty, min_tokens
+(min_length), presence_penalty, frequency_penalty, seed (random_seed), return_log_probs,
+beam_width, num_return_sequences, exclude_input_in_output (default true), stream. Refused with a
+400 (the engine cannot honour them): beam_width / num_return_sequences > 1, return_context_logits,
+return_generation_logits, lora_*, prompt_embedding_table, embedding_bias_*, guided_decoding_*.
+``stop_words`` end the text and are not part of it (server-side stop strings, multi-byte safe).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmi_trt.serving.app import CONTEXT, ModelStatus, ServingContext, json_response
+from lmi_trt.serving.core import Delta, GenerateParams
+from lmi_trt.serving.errors import BadRequest, LmiHttpError, NotFound
+from lmi_trt.serving.protocols._common import (
+    SSE_HEADERS,
+    FieldError,
+    errors_as,
+    json_object,
+    neutral_params,
+    open_stream,
+    pump,
+    sse,
+    validate_body,
+    word_list,
+)
+
+TRITON_MODEL_NAMES = ("ensemble", "tensorrt_llm_bls")
+_LISTS = ("bad_words", "stop_words", "text_input")
+_REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
+_IGNORED = frozenset({"pad_id", "return_perf_metrics", "return_kv_cache_reuse_stats", "id", "request_id",
+                      "sequence_id", "sequence_start", "sequence_end", "streaming"})
+
+
+def triton_error(err: LmiHttpError) -> web.Response:
+    return json_response({"error": err.message}, status=err.status, headers=err.headers or None)
+
+
+class TritonRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    text_input: str
+    max_tokens: int | None = Field(None, ge=1)
+    bad_words: Any = None
+    stop_words: Any = None
+    end_id: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    length_penalty: float | None = Field(None, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    min_tokens: int | None = Field(None, ge=0)
+    min_length: int | None = Field(None, ge=0)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    random_seed: int | None = Field(None, ge=0, lt=2**64)
+    return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    beam_width: int = Field(1, ge=1)
+    num_return_sequences: int = Field(1, ge=1)
+    exclude_input_in_output: bool = True
+    stream: bool = False
+
+    def to_generate(self) -> GenerateParams:
+        for name in ("beam_width", "num_return_sequences"):
+            if getattr(self, name) != 1:
+                raise FieldError(name, f"{name}={getattr(self, name)} is not supported: this server returns one sequence; use 1")
+        for name in ("return_context_logits", "return_generation_logits"):
+            if getattr(self, name):
+                raise FieldError(name, f"{name} is not supported: logits are not returned by this server")
+        for name in self.model_extra or {}:
+            if name.startswith(_REFUSED_PREFIXES):
+                raise FieldError(name, f"{name} is not supported by this server (no LoRA, prompt tuning, embedding bias "
+                                       "or guided decoding); leave it out")
+        top_p = self.top_p
+        return neutral_params(
+            {"max_new_tokens": "max_tokens", "stop": "stop_words", "bad_words": "bad_words", "stop_token_ids": "end_id", "min_new_tokens": "min_tokens"},
+            max_new_tokens=self.max_tokens,
+            min_new_tokens=self.min_tokens if self.min_tokens is not None else (self.min_length or 0),
+            temperature=self.temperature,
+            top_k=self.top_k or None,
+            top_p=top_p if top_p else None,  # TRT-LLM: top_p 0 means "not used"
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed if self.seed is not None else self.random_seed,
+            stop=word_list(self.stop_words, "stop_words"),
+            bad_words=word_list(self.bad_words, "bad_words"),
+            stop_token_ids=[self.end_id] if self.end_id is not None else [],
+            logprobs=self.return_log_probs,
+        )
+
+
+def _flatten(body: dict[str, Any]) -> dict[str, Any]:
+    """Top-level inputs plus ``parameters``; shape-[1] tensors (one-element lists) as scalars."""
+    params = body.get("parameters")
+    merged = {k: v for k, v in body.items() if k != "parameters"}
+    if params is not None:
+        if not isinstance(params, dict):
+            raise FieldError("parameters", "parameters must be a JSON object")
+        for k, v in params.items():
+            if k in merged and merged[k] != v:
+                raise FieldError(k, f"{k} is given both at the top level and in parameters, with different values")
+            merged[k] = v
+    out = {}
+    for k, v in merged.items():
+        if isinstance(v, list) and len(v) == 1 and (k not in _LISTS or k == "text_input"):
+            v = v[0]
+        if k in _IGNORED or v is None:
+            continue
+        out[k] = v
+    return out
+
+
+def _check_model(request: web.Request) -> tuple[str, str]:
+    ctx = request.app[CONTEXT]
+    name = request.match_info["model"]
+    version = request.match_info.get("version", "1")
+    if name != ctx.model_name and name not in TRITON_MODEL_NAMES:
+        raise NotFound(f"Request for unknown model: {name!r} is not found; this server serves {ctx.model_name!r} "
+                       f"(also reachable as {' or '.join(repr(n) for n in TRITON_MODEL_NAMES)})")
+    return name, version
+
+
+async def _handle(request: web.Request, force_stream: bool | None) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    name, version = _check_model(request)
+    body = await json_object(request, '{"text_input": "Hello", "max_tokens": 20}')
+    if "text_input" not in body and "parameters" not in body:
+        raise BadRequest(f"text_input is required, e.g. {{\"text_input\": \"Hello\", \"max_tokens\": 20}}; got keys {sorted(body)!r}")
+    req: TritonRequest = validate_body(TritonRequest, _flatten(body))
+    params = req.to_generate()
+    stream_it = req.stream if force_stream is None else force_stream
+    service = ctx.require_service()
+    head = {"model_name": name, "model_version": version}
+    prefix = "" if req.exclude_input_in_output else req.text_input
+    async with await service.start(req.text_input, params, field_name="text_input") as stream:
+        if not stream_it:
+            c = await stream.collect(keep_tokens=req.return_log_probs)
+            if c.error is not None:
+                return triton_error(c.error)
+            out: dict[str, Any] = {**head, "text_output": prefix + c.text}
+            if req.return_log_probs:
+                lps = [t.logprob for t in c.tokens]
+                out["output_log_probs"] = lps
+                out["cum_log_probs"] = sum(lp for lp in lps if lp is not None)
+            return json_response(out)
+        response, first = await open_stream(request, stream, SSE_HEADERS, triton_error)
+        if response is None:
+            return first  # type: ignore[return-value]
+        state = {"prefix": prefix, "sent": False, "cum": 0.0}
+
+        def encode(d: Delta) -> bytes:
+            if d.error is not None:
+                return sse({"error": d.error.message})
+            text = state["prefix"] + d.text
+            state["prefix"] = ""
+            if not text and (state["sent"] or not d.finished) and not (req.return_log_probs and d.tokens):
+                return b""
+            state["sent"] = True
+            obj: dict[str, Any] = {**head, "text_output": text}
+            if req.return_log_probs:
+                lps = [t.logprob for t in d.tokens]
+                state["cum"] += sum(lp for lp in lps if lp is not None)
+                obj["output_log_probs"] = lps
+                obj["cum_log_probs"] = state["cum"]
+            return sse(obj)
+
+        return await pump(response, stream, first, encode)
+
+
+@errors_as(triton_error)
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, None)
+
+
+@errors_as(triton_error)
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, True)
+
+
+async def server_live(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def server_ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[CONTEXT].status is ModelStatus.HEALTHY else 400)
+
+
+@errors_as(triton_error)
+async def model_ready(request: web.Request) -> web.Response:
+    _check_model(request)
+    return await server_ready(request)
+
+
+def install(app: web.Application, ctx: ServingContext) -> None:
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.router.add_post(base + "/generate", generate)
+        app.router.add_post(base + "/generate_stream", generate_stream)
+        app.router.add_get(base + "/ready", model_ready)
+    app.router.add_get("/v2/health/live", server_live)
+    app.router.add_get("/v2/health/ready", server_ready)
