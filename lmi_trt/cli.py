@@ -50,9 +50,9 @@ def load_cli_config(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from lmi_trt.config import ConfigError, log_effective_config
+    from lmi_trt.config import ConfigError, install_log_redaction, log_effective_config
     from lmi_trt.engines import choose_engine, probe_host
-    from lmi_trt.launch import plan_for, run_serve
+    from lmi_trt.launch import plan_for, run_serve, supported_plan
     from lmi_trt.loader import load_model
     from lmi_trt.serving.app import build_app, run_app
     from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
@@ -61,15 +61,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = load_cli_config(args)
         host = probe_host()
         kind, why = choose_engine(config.rolling_batch, host)
-        plan = plan_for(config, kind, host.gpu_count)
+        plan = supported_plan(plan_for(config, kind, host.gpu_count))
     except (ConfigError, ValueError) as e:
         log.error("%s", e)
         return 2
+    if config.hf_token is not None:  # option.hf_token may come from serving.properties, not the environment
+        install_log_redaction([config.hf_token.get_secret_value()])
     log_effective_config(config, log)
     log.info("engine: %s (%s)", kind, why)
     log.info("launch: %s", plan.describe())
     for note in plan.notes:
-        log.info("launch: %s", note)
+        (log.warning if "idle" in note else log.info)("launch: %s", note)
     model_name = args.model_name or _model_name(config)
 
     def serve_http() -> int:
@@ -133,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve` re-executes it under mpirun for TP×PP
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from lmi_trt.config import install_log_redaction
+
+    install_log_redaction()  # HF_TOKEN, AWS_SECRET_ACCESS_KEY, ... never reach the log
     return int(args.func(args) or 0)
 
 

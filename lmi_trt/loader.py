@@ -11,6 +11,7 @@ import logging
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines import EngineKind, default_batch_size
 from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.launch import LaunchPlan, Placement, build_copies, trtllm_copy_settings
 from lmi_trt.serving.app import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer
 from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
@@ -18,8 +19,13 @@ from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
 log = logging.getLogger(__name__)
 
 
-def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer) -> Engine:
-    """Construct (not start) the engine for an artifact; mismatches are user errors."""
+def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer,
+                 placement: Placement | None = None) -> Engine:
+    """Construct (not start) the engine for an artifact; mismatches are user errors.
+
+    ``placement`` (from the launch plan) puts one model copy on its GPUs: ``cuda:i`` for torch,
+    an orchestrator-mode Executor with ``device_ids`` for trtllm.
+    """
     batch = default_batch_size(kind, config.max_rolling_batch_size)
     eos = _eos_ids(tokenizer, artifact)
     if kind == "synthetic":
@@ -46,7 +52,7 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
         return TorchEngine(
             artifact.path,
             dtype=config.dtype,
-            device=config.device,
+            device=(placement.torch_device if placement else None) or config.device,
             max_batch_size=batch,
             max_input_len=config.max_input_len,
             max_new_tokens=config.max_output_len,
@@ -61,6 +67,8 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     settings = TrtllmSettings.from_config(config, max_batch_size=batch)
+    if placement is not None and placement.orchestrator:
+        settings = trtllm_copy_settings(settings, placement)
     return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
 
@@ -82,13 +90,14 @@ def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifa
     return ensure_engine(config, artifact, progress=lambda msg: log.info("compile: %s", msg))
 
 
-async def load_model(config: LmiConfig, kind: EngineKind) -> LoadedModel:
+async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | None = None) -> LoadedModel:
+    """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
-    engine = build_engine(kind, config, artifact, tokenizer)
+    engine = build_copies(plan, lambda placement: build_engine(kind, config, artifact, tokenizer, placement))
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
     return LoadedModel(engine=engine, tokenizer=tokenizer)

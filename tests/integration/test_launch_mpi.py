@@ -1,0 +1,213 @@
+"""TP=2 under MPI on the CPU, with the fake TensorRT-LLM Executor (leader mode), as real processes:
+``lmi-trt serve`` re-executes itself under ``mpiexec -n 2`` (PyPI MPICH); rank 0 serves HTTP, rank 1
+follows; the ranks end together on SIGTERM and when one of them fails, within bounded times.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from cliserver import free_port
+from tinymodels import tiny_model
+from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+BIN = Path(sys.executable).parent
+if shutil.which("mpiexec", path=str(BIN)) is None:
+    pytest.skip("the mpich launcher (pip install mpich) is not in the venv", allow_module_level=True)
+
+READY_S = 90.0  # two ranks importing torch on a shared 2-core machine
+END_S = 45.0  # the job must be gone this long after a stop or a failure
+
+# The one hardware seam, in every process of the job: this machine has no GPU, the fake Executor needs none.
+SITECUSTOMIZE = """\
+import lmi_trt.engines.trtllm as _trt
+_trt._cuda_available = lambda: True
+"""
+
+
+@pytest.fixture(scope="module")
+def hf_dir():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def engine_dir(hf_dir, tmp_path_factory):
+    with fake_tensorrt_llm():
+        return make_engine_dir(hf_dir, tmp_path_factory.mktemp("tp2") / "engine", tp_size=2, max_batch_size=4,
+                               max_input_len=64, max_seq_len=96)
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("site")
+    (d / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return d
+
+
+def _env(site_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_", "PMI_", "OMPI_"))}
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join([str(site_dir), str(FAKES), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+    })
+    return env
+
+
+def _serve_args(engine: Path, hf_dir: Path, port: int) -> list[str]:
+    return ["serve", "--model-id", str(engine), "--engine", "trtllm", "--port", str(port),
+            "-o", f"option.tokenizer_id={hf_dir}", "-o", "option.tensor_parallel_degree=2",
+            "-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
+
+
+def _job_pids(token: str) -> list[int]:
+    """Processes of this test's job (their command line names the unique port)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if token in cmdline and "zombie" not in state:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _rank_pid(token: str, rank: int) -> int | None:
+    for pid in _job_pids(token):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"lmi_trt" in cmdline and f"PMI_RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+class Job:
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path, port: int):
+        self.port, self.token, self.log_path = port, f"--port {port}", log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the job ended with {self.proc.returncode}:\n{self.log()[-4000:]}"
+            try:
+                if requests.get(self.url + "/ping", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"not ready after {READY_S}s:\n{self.log()[-4000:]}")
+
+    def wait_end(self) -> tuple[int, float]:
+        t0 = time.monotonic()
+        try:
+            rc = self.proc.wait(timeout=END_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not end within {END_S}s:\n{self.log()[-4000:]}") from None
+        return rc, time.monotonic() - t0
+
+    def leftovers(self) -> list[int]:
+        deadline = time.monotonic() + 5
+        while (pids := _job_pids(self.token)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return pids
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in _job_pids(self.token):  # only this job's processes, by their unique port
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_rank0_serves_rank1_follows_and_sigterm_ends_both(engine_dir, hf_dir, site_dir, tmp_path):
+    port = free_port()
+    job = Job([sys.executable, "-m", "lmi_trt", *_serve_args(engine_dir, hf_dir, port)], _env(site_dir),
+              tmp_path / "job.log", port)
+    try:
+        job.wait_ready()
+        r = requests.post(job.url + "/invocations", json={"inputs": "The quick brown fox",
+                                                          "parameters": {"max_new_tokens": 8}}, timeout=60)
+        assert r.status_code == 200 and r.json()["generated_text"], r.text
+        stream = requests.post(job.url + "/generate_stream", json={"inputs": "Once upon a time",
+                                                                  "parameters": {"max_new_tokens": 4}}, timeout=60)
+        assert stream.status_code == 200 and stream.text.count("data:") >= 1, stream.text
+        log = job.log()
+        tail = log[-4000:]
+        assert "mpirun -n 2" in log and "--under-mpi" in log, tail  # relaunched itself under MPI
+        assert log.count("listening on http://") == 1 and "rank0 INFO lmi_trt.serving.app: listening" in log, tail
+        assert "rank1 INFO lmi_trt.launch: follower rank ready" in log, tail  # rank 1 follows, serves nothing
+        assert _rank_pid(job.token, 0) and _rank_pid(job.token, 1), _job_pids(job.token)
+
+        job.proc.send_signal(signal.SIGTERM)
+        rc, took = job.wait_end()
+        log = job.log()
+        assert rc == 0, log[-4000:]
+        assert "the leader shut the engine down; follower rank exiting" in log, log[-4000:]
+        assert job.leftovers() == [], "processes of the job are still running"
+        assert took < 30, (took, log[-4000:])
+    finally:
+        job.cleanup()
+
+
+def test_a_failing_follower_ends_the_job_with_an_error(engine_dir, hf_dir, site_dir, tmp_path):
+    broken = tmp_path / "engine"
+    shutil.copytree(engine_dir, broken)
+    (broken / "rank1.engine").write_text("not a TensorRT plan")  # only rank 1 fails to load
+    port = free_port()
+    job = Job([sys.executable, "-m", "lmi_trt", *_serve_args(broken, hf_dir, port)], _env(site_dir),
+              tmp_path / "job.log", port)
+    try:
+        rc, _ = job.wait_end()
+        log = job.log()
+        assert rc != 0, log[-4000:]
+        assert "rank 1 failed" in log and "Failed to deserialize" in log
+        assert "aborting the MPI job" in log
+        assert job.leftovers() == []
+    finally:
+        job.cleanup()
+
+
+def test_user_started_mpiexec_is_detected_and_a_dead_leader_ends_the_followers(engine_dir, hf_dir, site_dir, tmp_path):
+    """DJL-style: the job is started by `mpiexec -n 2 lmi-trt serve` (no relaunch); then rank 0 is killed."""
+    port = free_port()
+    cmd = [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "lmi_trt", *_serve_args(engine_dir, hf_dir, port)]
+    job = Job(cmd, _env(site_dir), tmp_path / "job.log", port)
+    try:
+        job.wait_ready()
+        assert "starting the ranks" not in job.log()  # already under MPI: no nested mpirun
+        leader = _rank_pid(job.token, 0)
+        assert leader is not None
+        os.kill(leader, signal.SIGKILL)
+        rc, took = job.wait_end()
+        assert rc != 0
+        assert job.leftovers() == [], "the follower outlived its leader"
+        assert took < 15
+    finally:
+        job.cleanup()
