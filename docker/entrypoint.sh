@@ -41,11 +41,24 @@ cmd=${1:-serve}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   serve)
-    # 77 asks for a restart (DJL's convention), anything else is final so the platform sees it.
+    # lmi-trt runs as a child so that the restart loop can live here; docker stop / SageMaker's
+    # SIGTERM is forwarded to it, so it drains in-flight requests instead of being killed.
+    child="" stopping=0
+    trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
     while true; do
-      "$LMI_TRT" serve --host "${LMI_HOST:-0.0.0.0}" --port "${SAGEMAKER_BIND_TO_PORT:-8080}" "$@"
+      "$LMI_TRT" serve --host "${LMI_HOST:-0.0.0.0}" --port "${SAGEMAKER_BIND_TO_PORT:-8080}" "$@" &
+      child=$!
+      wait "$child"
       code=$?
-      [ "$code" -eq 77 ] || exit "$code"
+      # A trapped signal interrupts `wait`; keep waiting for the child's own exit status.
+      while kill -0 "$child" 2>/dev/null; do
+        wait "$child"
+        code=$?
+      done
+      # 77 asks for a restart (DJL's convention), anything else is final so the platform sees it.
+      if [ "$code" -ne 77 ] || [ "$stopping" -eq 1 ]; then
+        exit "$code"
+      fi
       echo "lmi-trt asked for a restart (exit 77)"
     done
     ;;

@@ -32,6 +32,10 @@ class ReplicaSet:
         return len(self._engines)
 
     @property
+    def engines(self) -> tuple[Engine, ...]:
+        return tuple(self._engines)
+
+    @property
     def limits(self) -> EngineLimits:
         first = self._engines[0].limits
         return EngineLimits(
@@ -49,16 +53,30 @@ class ReplicaSet:
         return all(e.healthy for e in self._engines)
 
     async def start(self) -> None:
-        await asyncio.gather(*(e.start() for e in self._engines))
+        results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            # Don't leave the copies that did start holding GPUs and threads.
+            await self.close()
+            raise failure
 
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         engine = self._engines[least_loaded([e.stats() for e in self._engines])]
+        # Called now, not on first iteration, so a copy's up-front EngineError reaches the caller
+        # at submit time exactly as it would from a single engine.
+        outputs = engine.submit(request)
         self._owner[request.request_id] = engine
+        return self._relay(request.request_id, outputs)
+
+    async def _relay(self, request_id: str, outputs: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
         try:
-            async for out in engine.submit(request):
+            async for out in outputs:
                 yield out
         finally:
-            self._owner.pop(request.request_id, None)
+            self._owner.pop(request_id, None)
+            aclose = getattr(outputs, "aclose", None)
+            if aclose is not None:
+                await aclose()  # an early close (client gone) cancels inside the copy
 
     async def cancel(self, request_id: str) -> None:
         engine = self._owner.get(request_id)

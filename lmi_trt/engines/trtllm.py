@@ -27,6 +27,7 @@ AST scan can check every name and keyword this file uses against the real API li
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -174,6 +175,10 @@ class TrtllmSettings(BaseModel):
     max_beam_width: int | None = Field(None, ge=1)  # None → the engine's
     tensor_parallel_degree: int | None = Field(1, ge=1)  # None → accept the engine's (TP "max")
     pipeline_parallel_degree: int = Field(1, ge=1)
+    # One model copy among several on a host (lmi_trt.launch): its GPUs, and ORCHESTRATOR mode,
+    # the documented way to run several Executors in one process (workers spawned over MPI).
+    device_ids: tuple[int, ...] | None = None
+    orchestrator: bool = False
 
     @classmethod
     def from_config(cls, config: Any, *, max_batch_size: int | None = None) -> TrtllmSettings:
@@ -469,6 +474,13 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
     return warnings
 
 
+def _orchestrator_config(tle: ModuleType) -> Any:
+    """Orchestrator mode spawns TensorRT-LLM's own ``bin/executorWorker`` for the copy's ranks."""
+    package = importlib.util.find_spec("tensorrt_llm")
+    root = Path(package.submodule_search_locations[0]) if package and package.submodule_search_locations else Path()
+    return tle.OrchestratorConfig(is_orchestrator=True, worker_executable_path=str(root / "bin" / "executorWorker"))
+
+
 def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> tuple[Any, list[str]]:
     """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks."""
     warnings = []
@@ -506,7 +518,10 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
         max_num_tokens=settings.max_num_tokens,
         parallel_config=tle.ParallelConfig(
             communication_type=tle.CommunicationType.MPI,
-            communication_mode=tle.CommunicationMode.LEADER,
+            communication_mode=(tle.CommunicationMode.ORCHESTRATOR if settings.orchestrator
+                                else tle.CommunicationMode.LEADER),
+            device_ids=list(settings.device_ids) if settings.device_ids else None,
+            orchestrator_config=_orchestrator_config(tle) if settings.orchestrator else None,
         ),
         **extra,
     )

@@ -76,7 +76,7 @@ async def test_two_torch_copies_share_the_load_and_answer_like_one(tmp_path):
     assert isinstance(replicas, ReplicaSet) and replicas.copies == 2 and replicas.name == "torchx2"
 
     assert double == single  # greedy: the copy a request lands on does not matter
-    per_copy = [e.stats().total_requests for e in replicas._engines]
+    per_copy = [e.stats().total_requests for e in replicas.engines]
     assert all(n > 0 for n in per_copy), f"least-loaded routing used only some copies: {per_copy}"
     assert sum(per_copy) == len(PROMPTS) == replicas.stats().total_requests
     assert replicas.limits.max_batch_size == 2 * 4

