@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import CacheError
 from .plan import BuildPlan, GpuFacts
@@ -93,6 +93,17 @@ class Manifest(BaseModel):
     files: dict[str, FileEntry]
     created_at: float
     builder: str
+
+    @field_validator("files")
+    @classmethod
+    def _names_stay_inside(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        """Names come from a shared (S3) cache: each must be a plain relative path, so that a bad
+        manifest cannot have a download write outside the entry folder."""
+        for name in files:
+            parts = name.split("/")
+            if name == MANIFEST_NAME or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+                raise ValueError(f"file name {name!r} is not a plain relative path inside the entry")
+        return files
 
 
 def file_sha256(path: Path) -> str:

@@ -1,8 +1,9 @@
 """A real engine without a model: for measuring the serving layer alone and testing it fast.
 
 It implements the whole protocol — a FIFO queue in front of ``max_batch_size`` slots, one
-token per active request per step, ``tokens_per_second`` steps a second (None: as fast as
-the event loop allows), stop token ids, eos, cancellation and stats — but its "model"
+token per active request per step, ``tokens_per_second`` steps a second on its own clock
+(so the rate is per sequence; None: one step per event-loop pass, as fast as the consumers
+take them), stop token ids, eos, cancellation and stats — but its "model"
 echoes the prompt: output token k is ``prompt_token_ids[k % len(prompt)]``. So outputs are
 deterministic, decode to real (multi-byte) text with any tokenizer, and a test steers them
 through the prompt: a prompt containing the eos token ends with ``eos_token``.
@@ -27,36 +28,81 @@ from lmi_trt.engines.base import (
 
 log = logging.getLogger(__name__)
 
+# A per-sequence rate this high is no GPU's: it means as fast as possible (lock-step), as None
+# does; benchmark scripts have long passed 1e9 for that.
+ASAP_TOKENS_PER_SECOND = 1e6
+# Catching up with the clock never takes more steps than this in one go (a stalled loop must not
+# turn into one huge burst; the schedule then slips instead).
+_MAX_STEPS_AT_ONCE = 1024
+
+# Log probability of output token k (0-based): -0.25, -0.5, -0.75, -1.0, repeating. Grown on demand.
+_LOGPROBS: list[float] = []
+
+
+def _logprobs(n: int) -> list[float]:
+    if len(_LOGPROBS) < n:
+        _LOGPROBS.extend(-0.25 * (k % 4 + 1) for k in range(len(_LOGPROBS), n))
+    return _LOGPROBS
+
 
 class _Sequence:
+    """One request. Its outputs are a deterministic function of the prompt, so they are laid out
+    once when it enters the batch (``plan``) and a step only advances ``generated``; the consumer slices what it has not
+    read yet. A step thus costs the serving core what a real engine's delivery costs (a counter
+    and a wake-up), not a model's sampling in Python."""
+
     __slots__ = (
         "cycle",
+        "end_at",
+        "end_reason",
         "error",
         "error_code",
         "generated",
-        "pending_ids",
-        "pending_lps",
+        "ids",
+        "lps",
+        "read",
         "reason",
         "request",
-        "stop_ids",
-        "tail",
         "waiter",
     )
 
     def __init__(self, request: GenerationRequest, cycle: list[int]) -> None:
         self.request = request
         self.cycle = cycle
-        self.generated = 0
-        self.stop_ids = request.stop_token_ids
-        self.tail: deque[int] = deque(maxlen=max((len(s) for s in request.stop_token_ids), default=1))
-        self.pending_ids: list[int] = []
-        self.pending_lps: list[float] = []
+        self.generated = 0  # tokens produced so far
+        self.read = 0  # tokens handed to the consumer so far
+        self.ids: list[int] = []
+        self.lps: list[float] = _LOGPROBS
+        self.end_at = 0  # the step count at which the sequence ends by itself, and why
+        self.end_reason = FinishReason.LENGTH
         self.reason: FinishReason | None = None  # set once finished
         self.error: str | None = None
         self.error_code: int | None = None
         # The consumer's future while it waits for output (None when it is not waiting): one
         # future per wait, resolved by the step that produces its next token.
         self.waiter: asyncio.Future[None] | None = None
+
+    def plan(self, eos_token_id: int | None) -> None:
+        """Lay out the output: token k is ``cycle[k % len(cycle)]``; the sequence ends at the first
+        eos (unless ignored) or stop token ids at or after ``min_new_tokens``, else at ``max_new_tokens``."""
+        req = self.request
+        sampling = req.sampling
+        n = sampling.max_new_tokens
+        cycle = self.cycle
+        self.ids = ids = (cycle * (n // len(cycle) + 1))[:n]
+        self.lps = _logprobs(n)
+        self.end_at, self.end_reason = n, FinishReason.LENGTH
+        eos = None if sampling.ignore_eos else eos_token_id
+        stops = [s for s in req.stop_token_ids if s]
+        if (eos is None or eos not in cycle) and not stops:
+            return
+        for k in range(max(sampling.min_new_tokens, 1), n + 1):  # k tokens generated, the last is ids[k - 1]
+            if ids[k - 1] == eos:
+                self.end_at, self.end_reason = k, FinishReason.EOS
+                return
+            if any(len(s) <= k and ids[k - len(s) : k] == s for s in stops):
+                self.end_at, self.end_reason = k, FinishReason.STOP_SEQUENCE
+                return
 
     def wake(self) -> None:
         w = self.waiter
@@ -189,18 +235,19 @@ class SyntheticEngine:
         create_future = asyncio.get_running_loop().create_future
         try:
             while True:
-                if not seq.pending_ids and seq.reason is None:
+                if seq.read == seq.generated and seq.reason is None:
                     seq.waiter = waiter = create_future()
                     await waiter
                 # Everything produced since the last read goes out as one delta: a slow
                 # consumer gets fewer, larger deltas instead of a growing backlog.
-                ids, lps = seq.pending_ids, seq.pending_lps
-                seq.pending_ids, seq.pending_lps = [], []
+                a, b = seq.read, seq.generated
+                seq.read = b
                 if seq.reason is None:
-                    yield EngineOutput(rid, ids, lps)
+                    yield EngineOutput(rid, seq.ids[a:b], seq.lps[a:b])
                     continue
                 yield EngineOutput(
-                    rid, ids, lps, finished=True, finish_reason=seq.reason, error=seq.error, error_code=seq.error_code
+                    rid, seq.ids[a:b], seq.lps[a:b], finished=True, finish_reason=seq.reason,
+                    error=seq.error, error_code=seq.error_code,
                 )
                 return
         finally:
@@ -218,61 +265,59 @@ class SyntheticEngine:
         seq.wake()
 
     def _step(self, active: list[_Sequence]) -> None:
-        """One engine step: one token for every active sequence (the per-token path, kept flat)."""
-        eos = self.eos_token_id
-        produced = 0
+        """One engine step: one token for every active sequence (each a counter and a wake-up)."""
         for seq in active:
-            if seq.reason is not None:  # defensive: _active holds running sequences only
+            k = seq.generated = seq.generated + 1
+            if k >= seq.end_at:
+                self._end(seq, seq.end_reason)
                 continue
-            req = seq.request
-            sampling = req.sampling
-            k = seq.generated
-            cycle = seq.cycle
-            tid = cycle[k % len(cycle)]
-            seq.generated = k = k + 1
-            seq.pending_ids.append(tid)
-            seq.pending_lps.append(-0.25 * ((k - 1) % 4 + 1))
-            produced += 1
-            if k >= sampling.min_new_tokens:
-                if tid == eos and not sampling.ignore_eos:
-                    self._end(seq, FinishReason.EOS)
-                    continue
-                if seq.stop_ids:
-                    tail = seq.tail
-                    tail.append(tid)
-                    recent = list(tail)
-                    if any(len(s) <= len(recent) and recent[-len(s):] == s for s in seq.stop_ids):
-                        self._end(seq, FinishReason.STOP_SEQUENCE)
-                        continue
-            elif seq.stop_ids:
-                seq.tail.append(tid)
-            if k >= sampling.max_new_tokens:
-                self._end(seq, FinishReason.LENGTH)
-            else:
-                w = seq.waiter
-                if w is not None:
-                    seq.waiter = None
-                    if not w.done():
-                        w.set_result(None)
-        self._total_tokens += produced
+            w = seq.waiter
+            if w is not None:
+                seq.waiter = None
+                if not w.done():
+                    w.set_result(None)
+        self._total_tokens += len(active)
+
+    def _admit(self) -> None:
+        max_batch = self._limits.max_batch_size
+        while self._waiting and len(self._active) < max_batch:
+            seq = self._waiting.popleft()
+            seq.plan(self.eos_token_id)
+            self._active[seq.request.request_id] = seq
 
     async def _run(self) -> None:
+        """Steps on the engine's own clock, like a GPU: ``tokens_per_second`` steps a second, each
+        one token for every active sequence. When the event loop falls behind that clock, the
+        steps that came due meanwhile all happen at once (consumers then read several tokens as
+        one delta, as from a real engine's response queue). As fast as possible: one step per
+        event-loop pass, after every consumer had its turn, so the engine never runs ahead (None,
+        or a rate of ``ASAP_TOKENS_PER_SECOND`` and up)."""
         loop = asyncio.get_running_loop()
-        period = 1.0 / self.tokens_per_second if self.tokens_per_second else 0.0
+        rate = self.tokens_per_second
+        period = 1.0 / rate if rate and rate < ASAP_TOKENS_PER_SECOND else 0.0
         next_step = loop.time()
-        max_batch = self._limits.max_batch_size
+        active = self._active
         while not self._closed:
-            while self._waiting and len(self._active) < max_batch:
-                seq = self._waiting.popleft()
-                self._active[seq.request.request_id] = seq
-            if not self._active:
+            self._admit()
+            if not active:
                 self._work.clear()
                 await self._work.wait()
                 next_step = loop.time()
                 continue
-            self._step(list(self._active.values()))
-            if period:
-                next_step += period
-                await asyncio.sleep(max(0.0, next_step - loop.time()))
-            else:
+            if not period:
+                self._step(list(active.values()))
                 await asyncio.sleep(0)
+                continue
+            now = loop.time()
+            if now < next_step:
+                await asyncio.sleep(next_step - now)
+                continue
+            due = min(int((now - next_step) / period) + 1, _MAX_STEPS_AT_ONCE)
+            next_step = max(next_step + due * period, now)  # past the cap, the schedule slips
+            for i in range(due):
+                if i:
+                    self._admit()
+                    if not active:
+                        break
+                self._step(list(active.values()))
+            await asyncio.sleep(0)  # consumers run before the next step, even when it is already due

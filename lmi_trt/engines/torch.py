@@ -665,9 +665,18 @@ class TorchEngine:
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
         kwargs = {"device_map": str(device)} if device.type != "cpu" else {}
-        model = AutoModelForCausalLM.from_pretrained(
-            str(self.model_path), dtype=dtype, trust_remote_code=self.trust_remote_code, **kwargs
-        ).eval()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(self.model_path), dtype=dtype, trust_remote_code=self.trust_remote_code, **kwargs
+            ).eval()
+        except ValueError as exc:
+            if self.trust_remote_code or "trust_remote_code" not in str(exc):
+                raise
+            raise EngineError(
+                f"the model in {self.model_path} needs its own Python code (auto_map in config.json), which is not "
+                "run unless you allow it: set option.trust_remote_code=true (HF_MODEL_TRUST_REMOTE_CODE=true) if "
+                "you trust that code", code=400,
+            ) from exc
         self._configure_tokens(model)
         self._check_positions(model)
         self._vocab_size = model.get_input_embeddings().num_embeddings

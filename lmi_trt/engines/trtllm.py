@@ -3,7 +3,8 @@
 Data path: ``engine_dir`` (``config.json`` + one plan per rank) → ``EngineFacts`` (pure parse) →
 ``check_settings`` (what the engine cannot honour is an error, never a silent clip) →
 ``tensorrt_llm.bindings.executor.Executor`` with in-flight batching → one response-pump thread
-that calls ``await_responses`` and hands results to per-request asyncio queues.
+that calls ``await_responses`` and hands each batch of results to the event loop in one call,
+where they go to per-request streams (a consumer that fell behind reads what queued up as one delta).
 
 Supported TensorRT-LLM releases: 0.12 and 1.0–1.2 (trtllm_api.md §0, §1.4–1.7). Where they differ:
 * 0.12's ``Request`` is keyword-only after the prompt; 1.x takes ``max_tokens`` positionally. We
@@ -665,10 +666,50 @@ class _Stream:
     end_id: int
     extra_eos: frozenset[int]
     logprobs: bool
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # Outputs not read yet, and the consumer's future while it waits for one (event loop only).
+    pending: list[EngineOutput] = field(default_factory=list)
+    waiter: asyncio.Future | None = None
     generated: int = 0
     cancelled: bool = False
     done: bool = False
+
+
+def _push(stream: _Stream, out: EngineOutput) -> None:
+    stream.pending.append(out)
+    waiter = stream.waiter
+    if waiter is not None:
+        stream.waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
+
+
+def _take(stream: _Stream) -> EngineOutput:
+    """The next delta: the outputs queued for a consumer that fell behind, merged into one (one
+    detokenizer pass, one write downstream). An error output is never merged: the tokens before
+    it go out first, then the error, as they arrived; nor are outputs with and without log probs."""
+    pending = stream.pending
+    first = pending[0]
+    n = 1
+    if first.error is None and not first.finished:
+        with_lps = first.logprobs is not None
+        while n < len(pending):
+            nxt = pending[n]
+            if nxt.error is not None or (nxt.logprobs is not None) != with_lps:
+                break
+            n += 1
+            if nxt.finished:
+                break
+    if n == 1:
+        return pending.pop(0)
+    merged, stream.pending = pending[:n], pending[n:]
+    last = merged[-1]
+    return EngineOutput(
+        last.request_id,
+        [t for out in merged for t in out.token_ids],
+        [lp for out in merged for lp in out.logprobs] if with_lps else None,  # type: ignore[union-attr]
+        finished=last.finished,
+        finish_reason=last.finish_reason,
+    )
 
 
 def _error_output(request_id: str, message: str, code: int) -> EngineOutput:
@@ -818,9 +859,14 @@ class TrtllmEngine:
         if isinstance(stream, EngineOutput):
             yield stream
             return
+        create_future = asyncio.get_running_loop().create_future
         try:
             while True:
-                out = await stream.queue.get()
+                if not stream.pending:
+                    stream.waiter = waiter = create_future()
+                    await waiter
+                    continue
+                out = _take(stream)
                 yield out
                 if out.finished:
                     return
@@ -883,7 +929,7 @@ class TrtllmEngine:
         stream.done = True
         self._streams.pop(stream.exec_id, None)
         self._by_request_id.pop(stream.request_id, None)
-        stream.queue.put_nowait(out)
+        _push(stream, out)
 
     # ------------------------------------------------------------------ response pump
 
@@ -921,7 +967,7 @@ class TrtllmEngine:
             if out.finished:
                 self._finish(stream, out)
             else:
-                stream.queue.put_nowait(out)
+                _push(stream, out)
 
     def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
         tokens = list(result.output_token_ids[0]) if result.output_token_ids else []

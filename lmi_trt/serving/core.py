@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from lmi_trt.engines.base import (
     GenerationRequest,
     SamplingParams,
 )
-from lmi_trt.serving.detok import IncrementalDetokenizer, TokenLengths, make_decode
+from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
     LmiHttpError,
@@ -205,15 +206,17 @@ class GenerationStream:
         self.generated_tokens = 0
         self._service = service
         self._it = engine_iter
-        decode, lengths = service.decoder_and_lengths(params.skip_special_tokens)
-        self._detok = IncrementalDetokenizer(service.tokenizer, prompt_token_ids, decode=decode, token_lengths=lengths)
+        self._detok = IncrementalDetokenizer(
+            service.tokenizer, prompt_token_ids, cache=service.token_cache(params.skip_special_tokens)
+        )
         self._stops = StopMatcher(params.stop) if params.stop else None
         self._specials = service.facts.special_token_ids
         self._done = False
         self._timed_out = False
         self._cancel_pending = False  # _process ended the request: cancel the engine side before returning
         self._loop = asyncio.get_running_loop()
-        self._t0 = self._loop.time()
+        # Metrics use the process clock: uvloop's loop.time() is cached per pass, in milliseconds.
+        self._t0 = time.perf_counter()
         self._first_token_at: float | None = None
         self._waiting_since: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
@@ -298,16 +301,18 @@ class GenerationStream:
         reason: FinishReason | None = None
         token_ids = out.token_ids
         if token_ids:
-            pieces = self._detok.step_many(token_ids)
+            # One pass over the delta's tokens: detokenize, stop check, records.
+            step = self._detok.step
             lps = out.logprobs
             specials = self._specials
             if stops is None:
                 for i, tid in enumerate(token_ids):
-                    tokens.append(TokenOut(tid, pieces[i], lps[i] if lps else None, tid in specials))
-                texts = pieces
+                    piece = step(tid)
+                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials))
+                    texts.append(piece)
             else:
                 for i, tid in enumerate(token_ids):
-                    piece = stops.feed(pieces[i])
+                    piece = stops.feed(step(tid))
                     tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials))
                     if piece:
                         texts.append(piece)
@@ -333,7 +338,7 @@ class GenerationStream:
                 if tokens:
                     tokens[-1].text += tail
         if tokens and self._first_token_at is None:
-            self._first_token_at = self._loop.time()
+            self._first_token_at = time.perf_counter()
             self._service.observe_ttft(self._first_token_at - self._t0)
         delta = Delta("".join(texts), tokens, self.generated_tokens, self.prompt_tokens, reason)
         if reason is not None:
@@ -356,7 +361,7 @@ class GenerationStream:
         self._done = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._service.release(self, reason, self._loop.time() - self._t0)
+        self._service.release(self, reason, time.perf_counter() - self._t0)
 
     async def _cancel_engine(self) -> None:
         try:
@@ -396,9 +401,8 @@ class GenerationService:
         self.config = config
         self.metrics = metrics
         self.facts = tokenizer_facts(tokenizer)
-        self._decoders = {flag: make_decode(tokenizer, flag) for flag in (True, False)}
-        # len(decode([id])) caches shared by every request's detokenizer (see detok.TokenLengths).
-        self._token_lengths = {flag: TokenLengths(decode) for flag, decode in self._decoders.items()}
+        # Per-token decode facts shared by every request's detokenizer (see detok.TokenCache).
+        self._token_caches = {flag: make_token_cache(tokenizer, flag) for flag in (True, False)}
         self._in_system = 0
         self._ids = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
@@ -409,11 +413,11 @@ class GenerationService:
         return self._in_system
 
     def decoder(self, skip_special_tokens: bool):
-        return self._decoders[skip_special_tokens]
+        return self._token_caches[skip_special_tokens].decode
 
-    def decoder_and_lengths(self, skip_special_tokens: bool) -> tuple[Any, TokenLengths]:
-        """The decode function and its shared one-token length cache, for an IncrementalDetokenizer."""
-        return self._decoders[skip_special_tokens], self._token_lengths[skip_special_tokens]
+    def token_cache(self, skip_special_tokens: bool) -> TokenCache:
+        """The shared per-token cache (and decode function) for an IncrementalDetokenizer."""
+        return self._token_caches[skip_special_tokens]
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -425,10 +429,12 @@ class GenerationService:
         *,
         add_special_tokens: bool = True,
         field_name: str = "inputs",
+        max_tokens_field: str = "max_new_tokens",
     ) -> GenerationStream:
         """Admit, tokenize, validate and submit. Raises ``LmiHttpError`` (nothing sent yet).
 
-        ``field_name`` is the adapter's name for the prompt, used in error messages.
+        ``field_name`` and ``max_tokens_field`` are the adapter's names for the prompt and for
+        ``max_new_tokens``, used in error messages.
         """
         if not self.engine.healthy:
             raise ServiceUnavailable("the engine is not healthy; the server is restarting or has failed", retry_after=5)
@@ -443,7 +449,7 @@ class GenerationService:
             ids = await self._prompt_ids(prompt, add_special_tokens, field_name)
             if params.truncate is not None and len(ids) > params.truncate:
                 ids = ids[-params.truncate :]
-            max_new = self._check_limits(ids, params, field_name)
+            max_new = self._check_limits(ids, params, field_name, max_tokens_field)
             request_id = f"req-{next(self._ids)}"
             request = GenerationRequest(
                 request_id=request_id,
@@ -505,7 +511,8 @@ class GenerationService:
             raise BadRequest(f"{field_name} is empty: the prompt has 0 tokens; send at least one character of text")
         return ids
 
-    def _check_limits(self, ids: list[int], params: GenerateParams, field_name: str) -> int:
+    def _check_limits(self, ids: list[int], params: GenerateParams, field_name: str,
+                      max_tokens_field: str = "max_new_tokens") -> int:
         limits = self.engine.limits
         n = len(ids)
         if n > limits.max_input_len:
@@ -528,14 +535,14 @@ class GenerationService:
             if max_new > cap:
                 if limits.max_seq_len is not None and n + max_new > limits.max_seq_len:
                     raise BadRequest(
-                        f"max_new_tokens={max_new} plus the prompt's {n} tokens exceeds the engine's max_seq_len="
+                        f"{max_tokens_field}={max_new} plus the prompt's {n} tokens exceeds the engine's max_seq_len="
                         f"{limits.max_seq_len}; ask for at most {max(cap, 0)} new tokens"
                     )
                 raise BadRequest(
-                    f"max_new_tokens={max_new} is more than option.max_output_len={cap}; ask for at most {cap}"
+                    f"{max_tokens_field}={max_new} is more than option.max_output_len={cap}; ask for at most {cap}"
                 )
         if params.min_new_tokens > max_new:
-            raise BadRequest(f"min_new_tokens={params.min_new_tokens} is more than max_new_tokens={max_new}")
+            raise BadRequest(f"min_new_tokens={params.min_new_tokens} is more than {max_tokens_field}={max_new}")
         vocab = self.facts.vocab_size
         bad = next((i for i in params.stop_token_ids if not 0 <= i < vocab), None)
         if bad is not None:

@@ -7,9 +7,14 @@ plus the tokens not yet emitted — and emits only the text beyond the prefix's 
 that text ends in U+FFFD the tail is an incomplete UTF-8 character and is held back.
 
 The window only ever holds the last emission plus held tokens (at most ``MAX_HELD_TOKENS``),
-so the cost per token stays flat however long the output grows. In the common case (the
-previous emission was one token) a step costs one decode of a two-token window: the length of
-a one-token prefix comes from ``TokenLengths``, a cache shared by all requests of a server.
+so the cost per token stays flat however long the output grows.
+
+The common case is cheaper still (``TokenCache``, shared by all requests of a server): the
+length of a one-token prefix is cached per token id, so a step costs one decode of a two-token
+window; and with a byte-level BPE decoder (GPT-2, Llama 3, Qwen, Mistral-Nemo, ...), where
+decoding is "concatenate the tokens' bytes, then UTF-8", a token whose own bytes are complete
+UTF-8, following text that ended on a complete character, decodes to its own cached text, so
+the step calls no decoder at all. Either way the pieces are exactly those of the plain method.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
+
+try:
+    from tokenizers.decoders import ByteLevel as _ByteLevelDecoder
+except ImportError:  # tokenizers is a dependency; a slow-tokenizer-only install still works
+    _ByteLevelDecoder = None
 
 REPLACEMENT = "\ufffd"
 # Text before a trailing run of U+FFFD is final (only the unfinished tail can still change),
@@ -40,13 +50,16 @@ def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int
     return partial(tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
 
-class TokenLengths(dict):
-    """``len(decode([token_id]))`` per token id, filled on first use.
+def is_byte_level(tokenizer: Any) -> bool:
+    """True when the tokenizer decodes with exactly the byte-level decoder: each token maps to
+    bytes on its own, and the text is those bytes concatenated, decoded as UTF-8 (invalid bytes
+    as U+FFFD). Then text that ended on a complete character never changes when bytes follow."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return _ByteLevelDecoder is not None and backend is not None and type(backend.decoder) is _ByteLevelDecoder
 
-    The length of a one-token prefix is all a step needs besides the window's own decode, and it
-    depends on nothing but the token id and the decode function; one cache per decode function
-    (per server and ``skip_special_tokens``) serves every request. At most one entry per vocab id.
-    """
+
+class _Lengths(dict):
+    """``len(decode([token_id]))``, filled on first use."""
 
     __slots__ = ("_decode",)
 
@@ -55,15 +68,62 @@ class TokenLengths(dict):
         self._decode = decode
 
     def __missing__(self, token_id: int) -> int:
-        n = len(self._decode([token_id]))
-        self[token_id] = n
+        n = self[token_id] = len(self._decode([token_id]))
         return n
+
+
+class _Pieces(dict):
+    """The text a token adds after text that ended on a complete character, where that does not
+    depend on what came before: ``decode([token_id])`` when it is non-empty and has no U+FFFD
+    (so its bytes are complete UTF-8), else "" (no shortcut for this token). Only for byte-level
+    decoders; the pair check below guards against decoders that treat a token specially."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        super().__init__()
+        self._decode = decode
+
+    def __missing__(self, token_id: int) -> str:
+        text = self._decode([token_id])
+        if not text or REPLACEMENT in text or self._decode([token_id, token_id]) != text + text:
+            text = ""
+        self[token_id] = text
+        return text
+
+
+class TokenCache:
+    """Per-token facts for one decode function, filled on first use and shared by every
+    detokenizer using that function (one per server and ``skip_special_tokens``): at most one
+    entry per vocab id in each table."""
+
+    __slots__ = ("decode", "lengths", "pieces")
+
+    def __init__(self, decode: Callable[[list[int]], str], *, byte_level: bool = False) -> None:
+        """``byte_level``: ``decode`` is a byte-level decoder's (``is_byte_level``), which allows the shortcut."""
+        self.decode = decode
+        self.lengths = _Lengths(decode)
+        self.pieces = _Pieces(decode) if byte_level else None
+
+
+def make_token_cache(tokenizer: Any, skip_special_tokens: bool) -> TokenCache:
+    return TokenCache(make_decode(tokenizer, skip_special_tokens), byte_level=is_byte_level(tokenizer))
 
 
 class IncrementalDetokenizer:
     """Turns generated token ids into text pieces whose concatenation equals decoding them all at once."""
 
-    __slots__ = ("_decode", "_emitted", "_ids", "_lengths", "_prefix_len", "_prefix_offset", "_read_offset")
+    __slots__ = (
+        "_clean",
+        "_decode",
+        "_emitted",
+        "_ids",
+        "_lengths",
+        "_pieces",
+        "_prefix_len",
+        "_prefix_offset",
+        "_read_offset",
+    )
 
     def __init__(
         self,
@@ -72,21 +132,42 @@ class IncrementalDetokenizer:
         *,
         skip_special_tokens: bool = True,
         decode: Callable[[list[int]], str] | None = None,
-        token_lengths: TokenLengths | None = None,
+        cache: TokenCache | None = None,
     ) -> None:
-        """``token_lengths`` must cache the same ``decode`` (``TokenLengths(decode)``); a private one when omitted."""
-        self._decode = decode or make_decode(tokenizer, skip_special_tokens)
-        self._lengths = token_lengths if token_lengths is not None else TokenLengths(self._decode)
+        """``cache`` (shared, see ``TokenCache``) brings its decode function; else ``decode``, else
+        the tokenizer's own (``skip_special_tokens``) with a private cache."""
+        if cache is None:
+            cache = TokenCache(decode) if decode is not None else make_token_cache(tokenizer, skip_special_tokens)
+        self._decode = decode = cache.decode
+        self._lengths = cache.lengths
+        self._pieces = cache.pieces
         context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else []
         self._ids: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)  # ids before this have been emitted (or are context)
-        self._prefix_len = len(self._decode(context)) if context else 0
+        context_text = decode(context) if context else ""
+        self._prefix_len = len(context_text)
         self._emitted = 0  # chars of the window's text beyond the prefix already emitted
+        # Everything so far is emitted and the text ends on a complete character: the shortcut applies.
+        self._clean = self._pieces is not None and bool(context_text) and context_text[-1] != REPLACEMENT
 
     def step(self, token_id: int) -> str:
         """Add one token; return the text that became final ("" while holding back)."""
         ids = self._ids
+        if self._clean:
+            piece = self._pieces[token_id]
+            if piece:  # byte-level shortcut: decode(window + [t]) == decode(window) + piece
+                ids.append(token_id)
+                n = len(ids)
+                read = self._read_offset
+                self._prefix_offset = read
+                self._read_offset = n
+                self._prefix_len = len(piece)
+                if read >= _TRIM_AT:
+                    del ids[:read]
+                    self._read_offset = n - read
+                    self._prefix_offset = 0
+                return piece
         ids.append(token_id)
         text = self._decode(ids[self._prefix_offset :])
         start = self._prefix_len + self._emitted
@@ -94,6 +175,7 @@ class IncrementalDetokenizer:
         read = self._read_offset
         if n - read < MAX_HELD_TOKENS:
             if text[-1:] == REPLACEMENT:  # an unfinished character: emit what precedes it
+                self._clean = False
                 stable = len(text.rstrip(REPLACEMENT))
                 if stable <= start:
                     return ""
@@ -102,6 +184,7 @@ class IncrementalDetokenizer:
             if len(text) <= start:
                 # Nothing visible yet (e.g. skipped special tokens). Sliding now would leave a
                 # prefix without text, and SentencePiece would then strip the next token's space.
+                self._clean = False
                 return ""
         # Emit everything and slide the window: the tokens just emitted become the prefix
         # (as in _emit, inlined: this is the per-token path).
@@ -109,16 +192,12 @@ class IncrementalDetokenizer:
         self._prefix_offset = read
         self._read_offset = n
         self._prefix_len = self._lengths[token_id] if n - read == 1 else len(self._decode(ids[read:n]))
+        self._clean = self._pieces is not None and text[-1:] != REPLACEMENT
         if read >= _TRIM_AT:
             del ids[:read]
             self._read_offset = n - read
             self._prefix_offset = 0
         return text[start:]
-
-    def step_many(self, token_ids: Sequence[int]) -> list[str]:
-        """``[step(t) for t in token_ids]``: the pieces of one engine delta, in one call."""
-        step = self.step
-        return [step(t) for t in token_ids]
 
     def finish(self) -> str:
         """Flush what is held at the end of generation, an incomplete character included (as decode() shows it)."""
@@ -133,6 +212,7 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(ids)
         self._prefix_len = len(self._decode(ids[self._prefix_offset : self._read_offset]))
+        self._clean = self._pieces is not None and text[-1:] != REPLACEMENT
         if self._prefix_offset >= _TRIM_AT:
             del ids[: self._prefix_offset]
             self._read_offset -= self._prefix_offset

@@ -64,9 +64,13 @@ def _fetch(name: str, config: LmiConfig, *, tokenizer_only: bool,
         path, fingerprint = download_s3(name, config.download_dir, max_concurrency=s3_max_concurrency)
         return path, "s3", fingerprint
     local = Path(name).expanduser()
-    if local.is_dir():
+    try:
+        is_dir, exists = local.is_dir(), local.exists()
+    except OSError:  # a name no file system holds (ENAMETOOLONG): not a local folder
+        is_dir = exists = False
+    if is_dir:
         return local.resolve(), "local", None
-    if local.exists():
+    if exists:
         raise SourceError(f"{name!r} is a file; option.model_id / option.tokenizer_id must name a folder")
     if name.startswith(_OTHER_SCHEMES):
         raise SourceError(f"{name!r}: unsupported URI scheme; use a local folder, s3://bucket/prefix or a HF repo id")

@@ -20,7 +20,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -179,7 +180,8 @@ def _size_or_none(path: Path) -> int | None:
 
 
 class _ListedObject(BaseSubscriber):
-    """Hands the listing's size and ETag to s3transfer: no HeadObject, and every GET carries If-Match."""
+    """Hands the listing's size and ETag to s3transfer: no HeadObject, and ranged GETs carry If-Match
+    (``_require_listed_etags`` adds it to the single GETs of objects under the multipart threshold)."""
 
     def __init__(self, obj: S3Object, progress: _Progress) -> None:
         self._obj = obj
@@ -214,6 +216,25 @@ class _Progress:
                          self._total / 2**20, self._done / 2**20 / max(now - self._start, 1e-3))
 
 
+@contextmanager
+def _require_listed_etags(client: Any, bucket: str, objects: Iterable[S3Object]) -> Iterator[None]:
+    """Every GetObject of a listed object carries ``If-Match: <listed ETag>``, so an object replaced
+    after the listing fails with 412 instead of mixing a new file into the old listing's copy.
+    (s3transfer sends If-Match only on ranged GETs, and takes no IfMatch extra argument.)"""
+    etags = {o.key: f'"{o.etag}"' for o in objects}
+
+    def add_if_match(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Bucket") == bucket and params.get("Key") in etags:
+            params.setdefault("IfMatch", etags[params["Key"]])
+
+    handler_id = f"lmi-trt-if-match-{id(etags)}"
+    client.meta.events.register("before-parameter-build.s3.GetObject", add_if_match, unique_id=handler_id)
+    try:
+        yield
+    finally:
+        client.meta.events.unregister("before-parameter-build.s3.GetObject", unique_id=handler_id)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
@@ -239,7 +260,8 @@ def _fill(client: Any, uri: S3Uri, wanted: dict[PurePosixPath, S3Object], tmp: P
     # which ignores the size/ETag hand-off below.
     config = TransferConfig(max_concurrency=max_concurrency, preferred_transfer_client="classic")
     # Leaving the manager with an exception cancels the transfers still queued.
-    with create_transfer_manager(client, config) as manager:
+    with _require_listed_etags(client, uri.bucket, (o for _, o in to_download)), \
+            create_transfer_manager(client, config) as manager:
         futures = [
             (obj, manager.download(uri.bucket, obj.key, str(tmp / rel), subscribers=[_ListedObject(obj, progress)]))
             for rel, obj in to_download

@@ -10,7 +10,7 @@ import pytest
 from serverproc import tiny_tokenizer
 from tinymodels import CORPUS
 
-from lmi_trt.serving.detok import MAX_HELD_TOKENS, IncrementalDetokenizer, make_decode
+from lmi_trt.serving.detok import MAX_HELD_TOKENS, IncrementalDetokenizer, is_byte_level, make_decode, make_token_cache
 
 TEXTS = [*CORPUS, "Grüße 日本語 🚀🔥✨ Straße", "🚀🚀🚀 東京", "a  b   c\n\n  d", " leading and trailing "]
 
@@ -140,3 +140,45 @@ def test_unfinished_character_at_the_end_is_flushed_as_decode_shows_it():
     streamed = "".join(detok.step(i) for i in ids)
     assert "\ufffd" not in streamed
     assert streamed + detok.finish() == _decode(tok, ids)
+
+
+def _plain(tok) -> IncrementalDetokenizer:
+    """The method without any shortcut (a decode function of unknown kind gets none)."""
+    base = make_decode(tok, True)
+    return IncrementalDetokenizer(tok, decode=lambda ids: base(ids))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shared_cache_and_byte_level_shortcut_give_the_same_pieces(tok, seed):
+    """Piece for piece (not only joined), the shared TokenCache (one-token lengths, and the
+    byte-level shortcut that skips the decoder) agrees with the plain method, on text and on
+    random ids with broken UTF-8, with and without prompt context, reused across requests."""
+    rng = random.Random(seed)
+    specials = set(tok.all_special_ids)
+    text_ids = tok.encode(rng.choice(TEXTS) + " " + rng.choice(TEXTS), add_special_tokens=False)
+    random_ids = [i for i in (rng.randrange(len(tok)) for _ in range(200)) if i not in specials]
+    cache = make_token_cache(tok, True)
+    for ids in (text_ids, random_ids, text_ids + random_ids[:7] + text_ids):
+        for prompt in ([], text_ids[:9], random_ids[-3:]):
+            shared = IncrementalDetokenizer(tok, prompt, cache=cache)
+            plain = IncrementalDetokenizer(tok, prompt, decode=make_decode(tok, True))
+            assert _stream(shared, ids) == _stream(plain, ids)
+            if not prompt and (tok is tiny_tokenizer() or ids is text_ids):
+                assert "".join(_stream(IncrementalDetokenizer(tok, cache=cache), ids)) == _decode(tok, ids)
+
+
+def test_byte_level_shortcut_skips_the_decoder_on_plain_text():
+    tok = tiny_tokenizer()
+    assert is_byte_level(tok) and not is_byte_level(_sentencepiece_tokenizer())
+    cache = make_token_cache(tok, True)
+    calls: list[int] = []
+    decode = cache.decode
+    cache.decode = lambda ids: calls.append(len(ids)) or decode(ids)
+    ids = tok.encode(" ".join(CORPUS), add_special_tokens=False)
+    for t in ids:  # warm the per-token tables (filled on first use, once per server)
+        cache.pieces[t], cache.lengths[t]
+    detok = IncrementalDetokenizer(tok, ids[:3], cache=cache)
+    calls.clear()
+    out = "".join(_stream(detok, ids[3:]))
+    assert out == _decode(tok, ids)[len(_decode(tok, ids[:3])):]
+    assert len(calls) < len(ids) // 4  # only multi-byte characters still go through the decoder

@@ -5,13 +5,17 @@ how ``POST /invocations`` picks a schema for a JSON object (first match wins):
 ``inputs`` → LMI, ``messages`` → OpenAI chat, ``prompt`` → Truss (or OpenAI completions when the
 body is completions-shaped, see ``truss``). Other routes are schema-specific: ``/v1/*`` OpenAI,
 ``/generate``, ``/generate_stream``, ``/``, ``/info``, ``/health`` TGI, ``/v2/models/...`` Triton,
-``/endpoints/{name}/invocations[-response-stream]`` the SageMaker runtime emulation.
+``/endpoints/{name}/invocations[-response-stream]`` the SageMaker runtime emulation,
+``/openapi.json`` the OpenAPI description of all of them.
 """
 
 from __future__ import annotations
 
+from lmi_trt.serving import openapi
 from lmi_trt.serving.protocols import lmi, openai, sagemaker, tgi, triton, truss
 
-DEFAULT_ADAPTERS = (lmi.install, openai.install, tgi.install, triton.install, truss.install, sagemaker.install)
+# openapi last: it describes the routes the others installed (GET /openapi.json).
+DEFAULT_ADAPTERS = (lmi.install, openai.install, tgi.install, triton.install, truss.install, sagemaker.install,
+                    openapi.install)
 
 __all__ = ["DEFAULT_ADAPTERS"]

@@ -80,7 +80,11 @@ def word_list(value: Any, field: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        return [w for row in csv.reader([value]) for w in row if w]
+        try:
+            return [w for row in csv.reader([value]) for w in row if w]
+        except csv.Error as e:  # e.g. a bare carriage return inside an unquoted word
+            raise FieldError(field, f"{field} is not a valid comma-separated list of words ({e}); "
+                                    "send a list of strings instead") from None
     if isinstance(value, list) and all(isinstance(w, str) for w in value):
         return [w for w in value if w]
     raise FieldError(field, f"{field} must be a string (comma-separated words) or a list of strings, got {value!r}")

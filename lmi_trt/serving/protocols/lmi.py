@@ -46,6 +46,7 @@ _IGNORED_PARAMETERS = frozenset(
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
 _warned_unknown: set[str] = set()
+_MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 
@@ -74,10 +75,12 @@ class LmiParameters(GenerateParams):
                     f"parameters.{name}={value!r} is not supported: this server returns one sequence; use 1 or leave it out"
                 )
         for name in extras:
-            if name not in _IGNORED_PARAMETERS and name not in _UNSUPPORTED_MULTI and name not in _warned_unknown:
+            if (name not in _IGNORED_PARAMETERS and name not in _UNSUPPORTED_MULTI and name not in _warned_unknown
+                    and len(_warned_unknown) < _MAX_WARNED):
                 _warned_unknown.add(name)
                 close = difflib.get_close_matches(name, _KNOWN_PARAMETERS, n=1)
-                log.warning("ignoring unknown parameters.%s%s", name, f" (did you mean {close[0]!r}?)" if close else "")
+                log.warning("ignoring unknown parameters.%s%s", ascii(name)[1:-1][:200],
+                            f" (did you mean {close[0]!r}?)" if close else "")
         stops = self.stop + [s for s in self.stop_sequences if s not in self.stop]
         if any(not s for s in stops):
             raise BadRequest("parameters.stop_sequences: stop strings must be non-empty")
@@ -259,20 +262,19 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
     await response.prepare(request)
     texts: list[str] = []
     delta = first
-    write, chunk_of, next_delta = response.write, shape.stream_chunk, stream.__anext__
+    write, records, next_delta = response.write, shape.token_records, stream.__anext__
     try:
-        # One write per engine delta (all its records); the last one goes out with the end of
-        # the chunked body in the same write.
+        # One write per engine delta (all its records, as stream_chunk makes them); the last
+        # one goes out with the end of the chunked body in the same write.
         while not delta.finished:
             if delta.text:
                 texts.append(delta.text)
-            chunk = chunk_of(delta, texts)
-            if chunk:
-                await write(chunk)
+            if delta.tokens:
+                await write(records(delta.tokens))
             delta = await next_delta()
         if delta.text:
             texts.append(delta.text)
-        await response.write_eof(chunk_of(delta, texts))
+        await response.write_eof(shape.stream_chunk(delta, texts))
     except ConnectionResetError:
         # The client went away (seen here when handlers are not cancelled on disconnect);
         # leaving the caller's `async with` cancels the generation. aiohttp finishes quietly.

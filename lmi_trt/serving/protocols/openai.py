@@ -66,6 +66,7 @@ _IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_too
                       "modalities", "prediction", "audio", "web_search_options", "functions", "function_call",
                       "min_p", "length_penalty", "use_beam_search", "include_stop_str_in_output", "spaces_between_special_tokens"})
 _warned: set[str] = set()
+_MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 
 
 # --- errors ---
@@ -127,7 +128,7 @@ class _Base(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
         for name in self.model_extra or {}:
-            if name not in _IGNORED and name not in _warned:
+            if name not in _IGNORED and name not in _warned and len(_warned) < _MAX_WARNED:
                 _warned.add(name)
                 close = difflib.get_close_matches(name, sorted(type(self).model_fields), n=1)
                 log.warning("ignoring unknown OpenAI field %r%s", name, f" (did you mean {close[0]!r}?)" if close else "")
@@ -137,7 +138,7 @@ class _Base(BaseModel):
         if any(not s for s in stop):
             raise FieldError("stop", "stop strings must be non-empty")
         if any(not w for w in self.bad_words or []):
-            raise FieldError("bad_words", "bad words must be non-empty")
+            raise FieldError("bad_words", "bad_words: bad words must be non-empty")
         return neutral_params(
             {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
             max_new_tokens=max_new_tokens,
@@ -290,7 +291,9 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     render_error = error_response if at_invocations else openai_error
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    async with await service.start(prompt, params, add_special_tokens=False, field_name="messages") as stream:
+    max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    async with await service.start(prompt, params, add_special_tokens=False, field_name="messages",
+                                   max_tokens_field=max_field) as stream:
         if fmt == "json":
             c = await stream.collect(keep_tokens=params.logprobs)
             if c.error is not None:
@@ -374,7 +377,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
                                        "send one prompt per streamed request")
         return await _completions_batch(ctx, prompts, params, base, echo_text)
     prompt = prompts[0]
-    async with await service.start(prompt, params, field_name="prompt") as stream:
+    async with await service.start(prompt, params, field_name="prompt", max_tokens_field="max_tokens") as stream:
         prefix = echo_text(prompt)
         if not req.stream:
             c = await stream.collect(keep_tokens=params.logprobs)
@@ -423,7 +426,7 @@ async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParam
     streams: list[GenerationStream] = []
     try:
         for i, p in enumerate(prompts):
-            streams.append(await service.start(p, params, field_name=f"prompt[{i}]"))
+            streams.append(await service.start(p, params, field_name=f"prompt[{i}]", max_tokens_field="max_tokens"))
         completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
     finally:
         for s in streams:

@@ -151,7 +151,7 @@ async def _handle(request: web.Request, force_stream: bool | None) -> web.Stream
     service = ctx.require_service()
     head = {"model_name": name, "model_version": version}
     prefix = "" if req.exclude_input_in_output else req.text_input
-    async with await service.start(req.text_input, params, field_name="text_input") as stream:
+    async with await service.start(req.text_input, params, field_name="text_input", max_tokens_field="max_tokens") as stream:
         if not stream_it:
             c = await stream.collect(keep_tokens=req.return_log_probs)
             if c.error is not None:

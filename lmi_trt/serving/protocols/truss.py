@@ -92,7 +92,7 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
     req: TrussRequest = validate_body(TrussRequest, body)
     params = req.to_generate()
     service = ctx.require_service()
-    async with await service.start(req.prompt, params, field_name="prompt") as stream:
+    async with await service.start(req.prompt, params, field_name="prompt", max_tokens_field="max_tokens") as stream:
         if req.stream is False:
             c = await stream.collect()
             if c.error is not None:

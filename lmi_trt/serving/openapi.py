@@ -1,0 +1,210 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 description of every route this server answers.
+
+Request bodies come from the protocol adapters' own pydantic models (the ones that validate
+the requests), so the description cannot drift from what is enforced. Routes are read from the
+application's router when the document is first asked for, so a route added by any adapter
+is described (an unknown ``POST`` route gets a generic JSON-object body and a warning).
+
+Install it as the last protocol adapter: ``build_app(..., adapters=(*DEFAULT_ADAPTERS, openapi.install))``.
+The fuzz tests (``tests/integration/test_reliability_fuzz.py``) drive the real server from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import re
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from lmi_trt import __version__
+from lmi_trt.serving.app import CONTEXT, ServingContext
+
+log = logging.getLogger(__name__)
+
+OPENAPI_PATH = "/openapi.json"
+_SPEC: web.AppKey[dict[str, Any]] = web.AppKey("lmi_openapi_spec", dict)
+
+# Request models by component name: (module, attribute). Imported when the document is built.
+MODELS: dict[str, tuple[str, str]] = {
+    "LmiRequest": ("lmi_trt.serving.protocols.lmi", "LmiRequest"),
+    "ChatRequest": ("lmi_trt.serving.protocols.openai", "ChatRequest"),
+    "CompletionRequest": ("lmi_trt.serving.protocols.openai", "CompletionRequest"),
+    "TgiRequest": ("lmi_trt.serving.protocols.tgi", "TgiRequest"),
+    "TritonRequest": ("lmi_trt.serving.protocols.triton", "TritonRequest"),
+    "TrussRequest": ("lmi_trt.serving.protocols.truss", "TrussRequest"),
+}
+# /invocations takes an LMI body, or (dispatched on its keys) OpenAI chat/completions or Truss.
+_INVOCATIONS = ("LmiRequest", "ChatRequest", "CompletionRequest", "TrussRequest")
+# Which models a POST route's JSON body is one of; "text" adds a text/plain body (LMI's raw prompt).
+BODIES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "/invocations": (_INVOCATIONS, True),
+    "/predictions/{model}": (_INVOCATIONS, True),
+    "/predictions/{model}/{version}": (_INVOCATIONS, True),
+    "/endpoints/{endpoint}/invocations": (_INVOCATIONS, True),
+    "/endpoints/{endpoint}/invocations-response-stream": (_INVOCATIONS, True),
+    "/v1/chat/completions": (("ChatRequest",), False),
+    "/v1/completions": (("CompletionRequest",), False),
+    "/generate": (("TgiRequest",), False),
+    "/generate_stream": (("TgiRequest",), False),
+    "/": (("TgiRequest",), False),
+    "/v2/models/{model}/generate": (("TritonRequest",), False),
+    "/v2/models/{model}/generate_stream": (("TritonRequest",), False),
+    "/v2/models/{model}/versions/{version}/generate": (("TritonRequest",), False),
+    "/v2/models/{model}/versions/{version}/generate_stream": (("TritonRequest",), False),
+}
+
+_WORDS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# Fields the models type as ``Any`` because a validator checks them by hand (to name the field in
+# one error instead of one per union member); here they get the shape that validator accepts.
+FIELD_SHAPES: dict[tuple[str, str], dict[str, Any]] = {
+    ("LmiRequest", "inputs"): {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}],
+        "description": "the prompt, or a list of prompts (json output only)",
+    },
+    ("ChatRequest", "messages"): {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"type": "string", "minLength": 1},
+                "content": {"anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
+                ]},
+            },
+        },
+    },
+    ("CompletionRequest", "prompt"): {
+        "anyOf": [
+            {"type": "string"},
+            _TOKEN_IDS,
+            {"type": "array", "minItems": 1, "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS]}},
+        ],
+    },
+    ("TritonRequest", "bad_words"): _WORDS,
+    ("TritonRequest", "stop_words"): _WORDS,
+    ("TrussRequest", "bad_words_list"): _WORDS,
+    ("TrussRequest", "stop_words_list"): _WORDS,
+}
+
+_ERROR = {
+    "description": "an error: a JSON body whose message names the offending field (shape per schema: "
+                   "LMI {error, code, type}, OpenAI {error: {message, param, ...}}, TGI {error, error_type}, "
+                   "Triton {error})",
+    "content": {"application/json": {"schema": {"type": "object"}}},
+}
+_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+
+
+def _load_models(names: set[str]) -> dict[str, type[BaseModel]]:
+    out: dict[str, type[BaseModel]] = {}
+    for name in sorted(names):
+        module, attr = MODELS[name]
+        try:
+            model = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            log.warning("openapi: request model %s.%s is not available (%s); its routes get a generic body",
+                        module, attr, e)
+            continue
+        out[name] = model
+    return out
+
+
+def component_schemas(names: set[str]) -> tuple[dict[str, Any], set[str]]:
+    """The models' JSON schemas (validation mode) as ``components.schemas``; and the names found."""
+    models = _load_models(names)
+    if not models:
+        return {}, set()
+    _, defs = models_json_schema(
+        [(m, "validation") for m in models.values()], ref_template="#/components/schemas/{model}"
+    )
+    schemas = defs.get("$defs", {})
+    for (model, field_name), shape in FIELD_SHAPES.items():
+        props = schemas.get(model, {}).get("properties", {})
+        if field_name in props:
+            props[field_name] = {**shape, "title": props[field_name].get("title", field_name)}
+    return schemas, set(models)
+
+
+def _summary(handler: Any) -> str:
+    doc = inspect.getdoc(inspect.unwrap(handler)) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else getattr(handler, "__name__", "handler")
+
+
+def _operation_id(method: str, path: str) -> str:
+    return method.lower() + (re.sub(r"[^A-Za-z0-9]+", "_", path).strip("_") or "root")
+
+
+def build_spec(app: web.Application) -> dict[str, Any]:
+    """The OpenAPI document for ``app``'s routes as they are now."""
+    ctx: ServingContext = app[CONTEXT]
+    routes: list[tuple[str, str, Any]] = []
+    for route in app.router.routes():
+        resource = route.resource
+        if resource is None or route.method in ("HEAD", "OPTIONS", "*"):
+            continue
+        routes.append((resource.canonical, route.method, route.handler))
+    wanted = {m for path, method, _ in routes if method == "POST" for m in BODIES.get(path, ((), False))[0]}
+    schemas, available = component_schemas(wanted)
+    paths: dict[str, dict[str, Any]] = {}
+    for path, method, handler in routes:
+        op: dict[str, Any] = {
+            "operationId": _operation_id(method, path),
+            "summary": _summary(handler),
+            "responses": {"200": {"description": "success"}, "4XX": _ERROR, "5XX": _ERROR},
+        }
+        params = _PARAM.findall(path)
+        if params:
+            op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+                                for p in params]
+        if method in ("POST", "PUT", "PATCH"):
+            names, text = BODIES.get(path, ((), False))
+            refs = [{"$ref": f"#/components/schemas/{n}"} for n in names if n in available]
+            if not names:
+                log.warning("openapi: no request model is registered for %s %s; documented as a JSON object",
+                            method, path)
+            json_schema: dict[str, Any] = (refs[0] if len(refs) == 1 else {"anyOf": refs}) if refs else {"type": "object"}
+            content: dict[str, Any] = {"application/json": {"schema": json_schema}}
+            if text:
+                content["text/plain"] = {"schema": {"type": "string", "minLength": 1}}
+            op["requestBody"] = {"required": True, "content": content}
+        paths.setdefault(path, {})[method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "lmi-trt",
+            "version": __version__,
+            "description": f"LLM inference for model {ctx.model_name!r}: LMI/DJL, SageMaker, TGI, OpenAI, "
+                           "Triton generate and Truss schemas.",
+        },
+        "paths": dict(sorted(paths.items())),
+        "components": {"schemas": schemas},
+    }
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """This document."""
+    cache = request.app[_SPEC]
+    if "doc" not in cache:  # the router is frozen once serving, so the document is built once
+        # the stdlib encoder: bounds such as seed < 2**64 are beyond orjson's 64-bit integers
+        cache["doc"] = json.dumps(build_spec(request.app)).encode()
+    return web.Response(body=cache["doc"], content_type="application/json")
+
+
+def install(app: web.Application, ctx: ServingContext) -> None:
+    app[_SPEC] = {}
+    app.router.add_get(OPENAPI_PATH, openapi_json)
+
+
+__all__ = ["BODIES", "FIELD_SHAPES", "MODELS", "OPENAPI_PATH", "build_spec", "install"]
