@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -71,3 +72,27 @@ async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], timeout: f
         if loop.time() > deadline:
             return False
         await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def serve_all_schemas(config: LmiConfig | None = None, **kw: Any):
+    """A ready in-process server with every protocol adapter; yields (client session, SyntheticApp)."""
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
+
+    sa = SyntheticApp(config or LmiConfig(max_input_len=128, max_output_len=256), adapters=DEFAULT_ADAPTERS, **kw)
+    async with TestServer(sa.app) as server, ClientSession(str(server.make_url(""))) as s:
+
+        async def ready() -> bool:
+            async with s.get("/ping") as r:
+                return r.status == 200
+
+        assert await wait_until(ready)
+        yield s, sa
+
+
+async def post(s: Any, path: str, body: Any) -> tuple[int, str, bytes]:
+    async with s.post(path, json=body) as r:
+        return r.status, r.content_type, await r.read()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
-from serverproc import SyntheticApp, tiny_tokenizer, wait_until
+from serverproc import SyntheticApp, post, tiny_tokenizer
+from serverproc import serve_all_schemas as serve
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.serving import chat
@@ -19,22 +19,6 @@ MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 USER = [{"role": "user", "content": "Hi there"}]
 
 
-@contextlib.asynccontextmanager
-async def serve(config: LmiConfig | None = None, **kw: Any):
-    sa = SyntheticApp(config or LmiConfig(max_input_len=128, max_output_len=256), adapters=DEFAULT_ADAPTERS, **kw)
-    async with TestServer(sa.app) as server, aiohttp.ClientSession(str(server.make_url(""))) as s:
-
-        async def ready() -> bool:
-            async with s.get("/ping") as r:
-                return r.status == 200
-
-        assert await wait_until(ready)
-        yield s, sa
-
-
-async def post(s: aiohttp.ClientSession, path: str, body: Any) -> tuple[int, str, bytes]:
-    async with s.post(path, json=body) as r:
-        return r.status, r.content_type, await r.read()
 
 
 def sse_events(raw: bytes) -> list[Any]:

@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
-from serverproc import SyntheticApp, tiny_tokenizer, wait_until
+from serverproc import post, tiny_tokenizer
+from serverproc import serve_all_schemas as serve
 
-from lmi_trt.config import LmiConfig
 from lmi_trt.serving.errors import BadRequest
-from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 from lmi_trt.serving.protocols._common import word_list
 from lmi_trt.serving.protocols.truss import is_openai_completion
 
 MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 
 
-@contextlib.asynccontextmanager
-async def serve(config: LmiConfig | None = None, **kw: Any):
-    sa = SyntheticApp(config or LmiConfig(max_input_len=128, max_output_len=256), adapters=DEFAULT_ADAPTERS, **kw)
-    async with TestServer(sa.app) as server, aiohttp.ClientSession(str(server.make_url(""))) as s:
-
-        async def ready() -> bool:
-            async with s.get("/ping") as r:
-                return r.status == 200
-
-        assert await wait_until(ready)
-        yield s, sa
-
-
-async def post(s: aiohttp.ClientSession, path: str, body: Any) -> tuple[int, str, bytes]:
-    async with s.post(path, json=body) as r:
-        return r.status, r.content_type, await r.read()
 
 
 def n_tokens(text: str) -> int:
