@@ -111,8 +111,12 @@ def error_response(err: LmiHttpError) -> web.Response:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw body, with option.max_request_size enforced as a JSON 413."""
-    limit = request.app[CONTEXT].config.max_request_size
+    """The raw body, with option.max_request_size enforced as a JSON 413; refused with 503
+    before it is read when the server is already full."""
+    ctx = request.app[CONTEXT]
+    if ctx.service is not None:
+        ctx.service.check_admission()
+    limit = ctx.config.max_request_size
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"request body is {request.content_length} bytes, more than option.max_request_size={limit}"

@@ -422,6 +422,21 @@ class GenerationService:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
+    def check_admission(self) -> None:
+        """503 now if a request could not be admitted: unhealthy engine, or job_queue_size reached.
+
+        Also called before a request body is read, so an overload burst of large bodies is not
+        buffered only to be refused.
+        """
+        if not self.engine.healthy:
+            raise ServiceUnavailable("the engine is not healthy; the server is restarting or has failed", retry_after=5)
+        limit = self.config.job_queue_size
+        if self._in_system >= limit:
+            self._reject(503)
+            raise ServiceUnavailable(
+                f"server busy: {self._in_system} requests in the system, option.job_queue_size={limit}; retry later"
+            )
+
     async def start(
         self,
         prompt: str | Sequence[int],
@@ -436,14 +451,7 @@ class GenerationService:
         ``field_name`` and ``max_tokens_field`` are the adapter's names for the prompt and for
         ``max_new_tokens``, used in error messages.
         """
-        if not self.engine.healthy:
-            raise ServiceUnavailable("the engine is not healthy; the server is restarting or has failed", retry_after=5)
-        limit = self.config.job_queue_size
-        if self._in_system >= limit:
-            self._reject(503)
-            raise ServiceUnavailable(
-                f"server busy: {self._in_system} requests in the system, option.job_queue_size={limit}; retry later"
-            )
+        self.check_admission()
         self._in_system += 1
         try:
             ids = await self._prompt_ids(prompt, add_special_tokens, field_name)
