@@ -298,9 +298,6 @@ async def test_limits_and_validation_errors_are_the_same_everywhere(schema: Sche
         pytest.skip("Truss payloads have no temperature/top_p")
     if schema.name in ("truss", "triton") and case == "empty-stop":
         pytest.skip('Triton/Truss word lists skip empty words: [""] is Truss\' own default for "none"')
-    if schema.name in ("lmi", "sagemaker") and case == "too-many-stops":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="lmi.py merges parameters.stop_sequences through model_construct, skipping the 64-string limit"))
     async with serve() as s:
         path, body = schema.body(prompt, **kwargs)
         status, ctype, raw = await _post(s, path, body)

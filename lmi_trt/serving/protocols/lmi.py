@@ -27,7 +27,7 @@ from lmi_trt.serving.app import (
     read_body,
     validate,
 )
-from lmi_trt.serving.core import Completion, Delta, GenerateParams, GenerationStream, TokenOut
+from lmi_trt.serving.core import MAX_STOP_STRINGS, Completion, Delta, GenerateParams, GenerationStream, TokenOut
 from lmi_trt.serving.errors import BadRequest, NotFound
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,9 @@ class LmiParameters(GenerateParams):
         stops = self.stop + [s for s in self.stop_sequences if s not in self.stop]
         if any(not s for s in stops):
             raise BadRequest("parameters.stop_sequences: stop strings must be non-empty")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise BadRequest(f"parameters.stop_sequences: {len(stops)} stop strings (stop and stop_sequences together); "
+                             f"send at most {MAX_STOP_STRINGS} items")
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
         fields.update(stop=stops, ignore_eos=self.ignore_eos or self.ignore_eos_token, logprobs=self.logprobs or self.details)
         return GenerateParams.model_construct(**fields)
