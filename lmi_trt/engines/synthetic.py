@@ -47,9 +47,9 @@ def _logprobs(n: int) -> list[float]:
 
 class _Sequence:
     """One request. Its outputs are a deterministic function of the prompt, so they are laid out
-    once when it enters the batch (``plan``) and a step only advances ``generated``; the consumer slices what it has not
-    read yet. A step thus costs the serving core what a real engine's delivery costs (a counter
-    and a wake-up), not a model's sampling in Python."""
+    once when it enters the batch (``plan``) and a step only advances ``generated``; the consumer
+    slices what it has not read yet. A step thus costs the serving core what a real engine's
+    delivery costs (a counter and a wake-up), not a model's sampling in Python."""
 
     __slots__ = (
         "cycle",
