@@ -13,7 +13,7 @@ from lmi_trt.engines import EngineKind, default_batch_size
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.launch import LaunchPlan, Placement, build_copies, trtllm_copy_settings
 from lmi_trt.serving.app import LoadedModel
-from lmi_trt.serving.tokenizer import load_tokenizer
+from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,13 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
 
 
 def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
-    """EOS ids from generation_config (Llama-3 lists several) falling back to the tokenizer's."""
-    gen = (artifact.hf_config or {}).get("eos_token_id")
-    ids = gen if isinstance(gen, list) else ([gen] if isinstance(gen, int) else [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
+    """The tokenizer's and generation_config.json's EOS ids (Llama 3 lists several), plus any
+    that only config.json names."""
+    ids = list(tokenizer_facts(tokenizer, artifact.path).eos_token_ids)
+    configured = (artifact.hf_config or {}).get("eos_token_id")
+    for i in configured if isinstance(configured, list) else [configured]:
+        if isinstance(i, int) and i not in ids:
+            ids.append(i)
     return ids
 
 
