@@ -103,3 +103,19 @@ def test_missing_model_fails_fast_naming_it(tmp_path):
     with serve(["--model-id", str(missing) + "/", "--engine", "torch"], tmp_path, ready=False) as srv:
         assert srv.proc.wait(timeout=90) != 0
         assert "no-such-model" in srv.log()
+
+
+def test_readme_quick_start_serves_serving_properties_example(llama, tmp_path):
+    # README: `python tests/tinymodels.py ./models/tiny-llama` then
+    # `lmi-trt serve --properties serving.properties.example`, run from the repository root.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny-llama").symlink_to(llama)
+    shutil.copy(root / "serving.properties.example", tmp_path / "serving.properties.example")
+    with serve(["--properties", "serving.properties.example"], tmp_path, cwd=tmp_path) as srv:
+        r = srv.post("/invocations", {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 16,
+                                                                                   "details": True}})
+        assert r.status_code == 200, r.text
+        assert r.json()["details"]["generated_tokens"] >= 1
