@@ -157,6 +157,13 @@ class LmiConfig(BaseModel):
     model_loading_timeout: int = 1800
     predict_timeout: int = 240
     max_request_size: int = 64 * 1024 * 1024
+    # --- serving: what one client may cost (README "Reliability and limits") ---
+    header_read_timeout: int = 30
+    body_read_timeout: int = 120
+    max_connections: int = 1000
+    max_upload_bytes: int = 256 * 1024 * 1024
+    max_prompts_per_request: int = 64
+    parse_special_tokens: bool = False
 
     # Provenance for the startup log only. Private attributes take part in ==, so two configs
     # with equal values from different sources compare unequal; compare compile_time_values().
@@ -530,6 +537,23 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("option.predict_timeout", _integer(1, 240), "seconds one request may take", "predict_timeout"),
     KeySpec("max_request_size", _integer(1, 64 * 1024 * 1024), "largest request body in bytes",
             "max_request_size"),
+    KeySpec("header_read_timeout", _integer(1, 30),
+            "seconds a client has to send a request's line and headers; then 408 and the connection closes",
+            "header_read_timeout"),
+    KeySpec("body_read_timeout", _integer(1, 120), "seconds a client has to send a request body; then 408",
+            "body_read_timeout"),
+    KeySpec("max_connections", _integer(1, 1000),
+            "open client connections; past it idle keep-alive ones are closed, then new ones get 503 "
+            "(capped below the process's open-files limit)", "max_connections"),
+    KeySpec("max_upload_bytes", _integer(1, 256 * 1024 * 1024),
+            "request-body bytes being received at once, all clients together; past it new bodies get 503",
+            "max_upload_bytes"),
+    KeySpec("option.max_prompts_per_request", _integer(1, 64),
+            "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size",
+            "max_prompts_per_request"),
+    KeySpec("option.parse_special_tokens", _BOOL,
+            "parse special-token text (e.g. <|im_end|>) in prompts and chat content as control tokens; "
+            "default: tokenized as plain text", "parse_special_tokens"),
     # --- DJL keys accepted and ignored ---
     KeySpec("option.entryPoint", _TEXT, "DJL handler module", aliases=("option.entrypoint",),
             ignored="lmi-trt's handler is built in; a custom entry point or model.py is not loaded"),

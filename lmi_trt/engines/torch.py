@@ -293,17 +293,23 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
             tokens[i] = best[i]
     if sampled:
         probs = _warp(logits[sampled], [slots[i].sampling for i in sampled])
+        # A row whose probabilities the arithmetic broke (NaN, inf, all zero: an extreme
+        # temperature or penalty) would make the batched draw raise for every row: fail it alone.
+        valid = (torch.isfinite(probs).all(-1) & (probs >= 0).all(-1) & (probs.sum(-1) > 0)).tolist()
+        for j, i in enumerate(sampled):
+            if not valid[j]:
+                errors[i] = "sampling produced invalid probabilities (NaN/inf) for this request's settings"
         # Unseeded rows share one draw; a seeded row draws from its own generator only, so its
         # tokens do not depend on what else is in the batch.
-        draws = torch.empty(len(sampled), dtype=torch.long, device=logits.device)
-        unseeded = [j for j, i in enumerate(sampled) if slots[i].generator is None]
+        draws = torch.zeros(len(sampled), dtype=torch.long, device=logits.device)
+        unseeded = [j for j, i in enumerate(sampled) if valid[j] and slots[i].generator is None]
         if unseeded:
             draws[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(-1)
         for j, i in enumerate(sampled):
-            if slots[i].generator is not None:
+            if valid[j] and slots[i].generator is not None:
                 draws[j] = torch.multinomial(probs[j], 1, generator=slots[i].generator)[0]
-        for i, token in zip(sampled, draws.tolist()):
-            tokens[i] = token
+        for j, (i, token) in enumerate(zip(sampled, draws.tolist())):
+            tokens[i] = token if valid[j] else 0
 
     logprobs: list[float | None] = [None] * n
     if raw_logprobs is not None:

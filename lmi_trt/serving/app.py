@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
 from lmi_trt.config import LmiConfig
@@ -38,6 +39,31 @@ from lmi_trt.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from lmi_trt.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+class RateLimitedLog:
+    """One WARNING line per kind and interval, with how many were left out: a client must not be
+    able to fill the log (malformed requests, limits that bite)."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self._log = logger
+        self._interval = interval
+        self._last: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def warning(self, kind: str, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last.get(kind, -self._interval) < self._interval:
+            self._skipped[kind] = self._skipped.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        skipped = self._skipped.pop(kind, 0)
+        if skipped:
+            msg += f" (and {skipped} more like it in the last {self._interval:.0f} s)"
+        self._log.warning(msg, *args)
+
+
+limits_log = RateLimitedLog(log)
 
 M = TypeVar("M", bound=BaseModel)
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
@@ -72,7 +98,11 @@ class ServingContext:
     load_error: str | None = None
     # Top-level body key → handler, consulted by the LMI /invocations route when "inputs" is absent.
     invocation_handlers: dict[str, InvocationHandler] = field(default_factory=dict)
+    uploads: UploadBudget = field(init=False)
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.uploads = UploadBudget(self.config.max_upload_bytes)
 
     @property
     def status(self) -> ModelStatus:
@@ -111,20 +141,82 @@ def error_response(err: LmiHttpError) -> web.Response:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw body, with option.max_request_size enforced as a JSON 413; refused with 503
-    before it is read when the server is already full."""
+    """The raw body (decoded from its Content-Encoding), refused with 503 before it is read when
+    the server is already full. As it streams in, its decoded bytes count against
+    max_request_size (413) and, with every other body being received, against max_upload_bytes
+    (503); it must arrive within body_read_timeout seconds (408). A body that does not decode
+    (bad gzip/deflate) is a 400."""
     ctx = request.app[CONTEXT]
     if ctx.service is not None:
         ctx.service.check_admission()
-    limit = ctx.config.max_request_size
+    config = ctx.config
+    limit = config.max_request_size
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"request body is {request.content_length} bytes, more than option.max_request_size={limit}"
         )
+    uploads = ctx.uploads
+    uploads.check(request.content_length or 0)
+    body = bytearray()
+    taken = 0
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise PayloadTooLarge(f"request body is more than option.max_request_size={limit} bytes") from e
+        async with asyncio.timeout(config.body_read_timeout):
+            while chunk := await request.content.readany():
+                body += chunk
+                if len(body) > limit:
+                    raise PayloadTooLarge(f"request body is more than option.max_request_size={limit} bytes"
+                                          + (" once decompressed" if request.headers.get("Content-Encoding") else ""))
+                uploads.take(len(chunk))
+                taken += len(chunk)
+    except TimeoutError:
+        limits_log.warning("body_read_timeout", "a request body took longer than body_read_timeout=%d s (408): %s %s",
+                           config.body_read_timeout, request.method, request.path)
+        raise LmiHttpError(f"the request body did not arrive within body_read_timeout={config.body_read_timeout} s",
+                           status=408, type="RequestTimeout", headers={"Connection": "close"}) from None
+    except web.RequestPayloadError as e:  # aiohttp's wrapper of a ContentEncodingError, bad chunking, ...
+        raise BadRequest(f"request body could not be read: {e}"
+                         + (f" (Content-Encoding: {request.headers['Content-Encoding']})"
+                            if request.headers.get("Content-Encoding") else "")) from None
+    finally:
+        uploads.give(taken)
+    return bytes(body)
+
+
+class UploadBudget:
+    """Bytes of request bodies being received right now, all clients together (max_upload_bytes)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def check(self, announced: int) -> None:
+        if self.in_flight + announced > self.limit:
+            self._refuse()
+
+    def take(self, n: int) -> None:
+        self.in_flight += n
+        if self.in_flight > self.limit:
+            self._refuse()
+
+    def give(self, n: int) -> None:
+        self.in_flight -= n
+
+    def _refuse(self) -> None:
+        limits_log.warning("max_upload_bytes", "request bodies being received reached max_upload_bytes=%d; "
+                           "refusing new bodies with 503", self.limit)
+        raise ServiceUnavailable(f"too many request bytes being received at once (max_upload_bytes={self.limit}); "
+                                 "retry later", retry_after=1)
+
+
+# JSON bodies from this size up are parsed off the event loop.
+_THREAD_JSON_BYTES = 256 * 1024
+
+
+async def load_json(raw: bytes) -> Any:
+    """``parse_json``, off the event loop for big bodies (the NaN-tolerant fallback is slow)."""
+    if len(raw) >= _THREAD_JSON_BYTES:
+        return await asyncio.to_thread(parse_json, raw)
+    return parse_json(raw)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -322,6 +414,131 @@ async def _exit_when_failed(ctx: ServingContext, stop: asyncio.Event, grace: flo
     return True
 
 
+# Idle keep-alive connections close after this long (nginx's default); aiohttp's is about an hour.
+KEEPALIVE_TIMEOUT_S = 75.0
+# File descriptors kept for everything but client connections (model files, logs, pipes, threads).
+_RESERVED_FDS = 64
+# After the drain, aiohttp gets this long to cancel what is left before the engine closes.
+_CANCEL_GRACE_S = 1.0
+
+
+def _timeout_response(message: str) -> bytes:
+    body = orjson.dumps({"error": message, "code": 408, "type": "RequestTimeout"})
+    return (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+_BUSY = (b'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n'
+         b'Retry-After: 1\r\nContent-Length: 81\r\n\r\n'
+         b'{"error":"too many open connections; retry later","code":503,"type":"ServiceUnav"}')
+
+
+class ConnectionGuard:
+    """Bounds open connections (idle keep-alive ones are closed first) and how long a client may
+    take to send a request's line and headers. Shared by the handlers of one listening socket."""
+
+    def __init__(self, max_connections: int, header_timeout: float) -> None:
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.open: dict[GuardedRequestHandler, None] = {}  # insertion order: oldest first
+
+    def admit(self, handler: GuardedRequestHandler) -> bool:
+        if len(self.open) >= self.max_connections:
+            idle = next((h for h in self.open if h.idle), None)
+            if idle is None:
+                limits_log.warning("max_connections", "max_connections=%d open connections, none idle: new "
+                                   "connections get 503", self.max_connections)
+                return False
+            limits_log.warning("max_connections_idle", "max_connections=%d reached: closing idle keep-alive "
+                               "connections for new ones", self.max_connections)
+            idle.force_close()
+            self.open.pop(idle, None)
+        self.open[handler] = None
+        return True
+
+
+class GuardedRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler plus a header read timeout (408), the connection bound, and
+    malformed requests logged as one rate-limited WARNING line instead of an ERROR traceback.
+
+    It reads aiohttp's ``_request_count`` / ``_request_in_progress`` / ``_messages`` (aiohttp 3.9
+    to 3.14, aiohttp/web_protocol.py); ``data_received`` and ``connection_made`` are its
+    asyncio.Protocol methods."""
+
+    def __init__(self, manager: web.Server, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._served = False
+
+    @property
+    def idle(self) -> bool:
+        """Between requests of a keep-alive connection, with nothing of the next one received."""
+        return self._served and self._header_timer is None and not self._request_in_progress and not self._messages
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._guard.admit(self):
+            transport.write(_BUSY)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._start_header_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_header_timer()
+        self._guard.open.pop(self, None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is None and data and not self._request_in_progress and not self._messages:
+            self._start_header_timer()  # the first bytes of the next request on a kept-alive connection
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count != before:
+            self._served = True
+            self._stop_header_timer()
+
+    def _start_header_timer(self) -> None:
+        self._header_timer = self._loop.call_later(self._guard.header_timeout, self._headers_late)
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        t = self._guard.header_timeout
+        limits_log.warning("header_read_timeout", "a client sent no complete request line and headers within "
+                           "header_read_timeout=%g s: 408, connection closed", t)
+        if self.transport is not None:
+            self.transport.write(_timeout_response(f"the request line and headers did not arrive within "
+                                                   f"header_read_timeout={t:g} s"))
+        self.force_close()
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError):  # the client's malformed request, not a server fault
+            limits_log.warning("malformed", "malformed request from %s refused with %d: %s",
+                               self.peername[0] if isinstance(self.peername, tuple) else "?", exc.code,
+                               ascii(exc.message)[:200])
+            return
+        super().log_exception(*args, **kw)
+
+
+def connection_limit(configured: int) -> int:
+    """max_connections, lowered to fit the process's open-files limit (each connection is one)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft - _RESERVED_FDS >= configured:
+        return configured
+    fits = max(soft - _RESERVED_FDS, 1)
+    log.warning("max_connections=%d does not fit the open-files limit (ulimit -n %d): serving at most %d "
+                "connections; raise ulimit -n to allow more", configured, soft, fits)
+    return fits
+
+
 async def serve(
     app: web.Application,
     host: str = "127.0.0.1",
@@ -332,33 +549,57 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then stop accepting, give in-flight
-    requests up to ``shutdown_timeout`` seconds, and close the engine.
+    requests up to ``shutdown_timeout`` seconds, cancel what is left, and close the engine.
 
     Returns the process exit code: 0 after a requested stop, 1 when the model FAILED and
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout, access_log=None)
+    ctx = app[CONTEXT]
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=_CANCEL_GRACE_S, access_log=None,
+                           keepalive_timeout=KEEPALIVE_TIMEOUT_S)
     await runner.setup()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher: asyncio.Task[bool] | None = None
+    listener: asyncio.base_events.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        log.info("listening on http://%s:%d", host, port)
+        guard = ConnectionGuard(connection_limit(ctx.config.max_connections), ctx.config.header_read_timeout)
+        server = runner.server
+        assert server is not None
+        # The same protocol aiohttp's TCPSite serves (web.Server → RequestHandler), built here so
+        # each connection gets the guarded handler; arguments as AppRunner passes them.
+        listener = await loop.create_server(
+            lambda: GuardedRequestHandler(server, guard, loop=loop, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+                                          access_log=None),
+            host, port, backlog=1024, reuse_address=True,
+        )
+        log.info("listening on http://%s:%d (at most %d connections)", host, port, guard.max_connections)
         if exit_on_failure_after is not None:
-            watcher = loop.create_task(_exit_when_failed(app[CONTEXT], stop, exit_on_failure_after))
+            watcher = loop.create_task(_exit_when_failed(ctx, stop, exit_on_failure_after))
         await stop.wait()
         log.info("shutting down: draining in-flight requests for up to %.0f s", shutdown_timeout)
     finally:
+        t0 = time.monotonic()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         failed = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.result()
         if watcher is not None and not watcher.done():
             watcher.cancel()
+        if listener is not None:
+            listener.close()
+            if runner.server is not None:
+                runner.server.pre_shutdown()  # idle connections close; busy ones after their request
+            # Drain: wait for the requests in flight, up to the timeout (a real bound: what is
+            # left then is cancelled, aiohttp gets _CANCEL_GRACE_S for that, then the engine closes).
+            while ctx.service is not None and ctx.service.in_system and time.monotonic() - t0 < shutdown_timeout:
+                await asyncio.sleep(0.05)
+            if ctx.service is not None and ctx.service.in_system:
+                log.warning("drain timeout (%.0f s): cancelling %d requests still in flight", shutdown_timeout,
+                            ctx.service.in_system)
         await runner.cleanup()
+        log.info("stopped after %.1f s", time.monotonic() - t0)
     return 1 if failed else 0
 
 

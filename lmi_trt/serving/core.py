@@ -10,12 +10,15 @@ Detokenization, stop strings, cancellation, timeouts and metrics happen here, on
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import re
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -41,11 +44,41 @@ from lmi_trt.serving.stops import StopMatcher
 from lmi_trt.serving.tokenizer import tokenizer_facts
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_MAX_NEW_TOKENS = 30  # DJL/TGI default
 MAX_STOP_STRINGS = 64
-# Longer prompts are tokenized on a worker thread so one big request cannot stall every stream.
+# Stop strings and bad words: each at most this many characters, all of one field together at
+# most this many UTF-8 bytes. Their cost per request (matcher, tokenization) is linear in these.
+MAX_STOP_CHARS = 1024
+MAX_WORDS_BYTES = 16 * 1024
+# Longer texts are tokenized on the tokenizer pool so one big request cannot stall every stream.
 THREAD_TOKENIZE_CHARS = 16_384
+# Sampling values the arithmetic carries. Below MIN_TEMPERATURE, float32 logits / temperature
+# overflow to inf and the softmax turns NaN (vLLM clamps at the same 1e-2 for that reason:
+# vllm-project/vllm, vllm/sampling_params.py, _MAX_TEMP). A top_p so small that it is greedy
+# rounds to 0 in float32 elsewhere; top_k is a 32-bit SizeType32 in TensorRT-LLM's
+# SamplingConfig (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h).
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
+MIN_TOP_P = 1e-6
+MAX_TOP_K = 2**31 - 1
+# repetition_penalty divides or multiplies logits: outside this range a float32 logit overflows
+# or vanishes. presence/frequency penalties: OpenAI's documented range [-2, 2].
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 100.0
+MAX_ABS_PENALTY = 2.0
+
+
+def bounded_words(v: list[str], what: str) -> list[str]:
+    if any(not w for w in v):
+        raise ValueError(f"{what} must be non-empty")
+    longest = max(v, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        raise ValueError(f"{what} must be at most {MAX_STOP_CHARS} characters each, one has {len(longest)}")
+    total = sum(len(w.encode("utf-8", "surrogatepass")) for w in v)
+    if total > MAX_WORDS_BYTES:
+        raise ValueError(f"{what} must be at most {MAX_WORDS_BYTES} bytes together (UTF-8), got {total}")
+    return v
 
 
 class GenerateParams(BaseModel):
@@ -60,12 +93,13 @@ class GenerateParams(BaseModel):
     max_new_tokens: int | None = Field(None, ge=1)
     min_new_tokens: int = Field(0, ge=0)
     do_sample: bool | None = None
-    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)
+    top_p: float | None = Field(None, ge=MIN_TOP_P, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY,
+                                             allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -86,8 +120,14 @@ class GenerateParams(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_non_empty(cls, v: list[str]) -> list[str]:
-        if any(not s for s in v):
-            raise ValueError("stop strings must be non-empty")
+        return bounded_words(v, "stop strings")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_carried(cls, v: float | None) -> float | None:
+        if v is not None and 0 < v < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}: smaller values overflow the "
+                             "sampling arithmetic")
         return v
 
     @field_validator("bad_words", mode="before")
@@ -100,9 +140,7 @@ class GenerateParams(BaseModel):
     @field_validator("bad_words")
     @classmethod
     def _bad_words_non_empty(cls, v: list[str]) -> list[str]:
-        if any(not w for w in v):
-            raise ValueError("bad words must be non-empty")
-        return v
+        return bounded_words(v, "bad words")
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -406,6 +444,18 @@ class GenerationService:
         self._in_system = 0
         self._ids = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
+        # Big texts are tokenized here, off the event loop. A job still queued when its client
+        # leaves is dropped (its future is cancelled); a running one is bounded by max_prompt_chars.
+        self._tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lmi-tokenize")
+        # No token is longer than the longest vocabulary entry (byte-level BPE spells each byte
+        # as one character), so a text of more characters than this has more than max_input_len
+        # tokens: refused before any tokenizer work.
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        self.max_prompt_chars = engine.limits.max_input_len * max(longest, 1)
+        # Special-token texts (``</s>``, ``<|im_end|>``), to find them in a client's chat content.
+        specials = sorted({t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+                          | set(tokenizer.all_special_tokens), key=len, reverse=True)
+        self.special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     @property
     def in_system(self) -> int:
@@ -419,10 +469,33 @@ class GenerationService:
         """The shared per-token cache (and decode function) for an IncrementalDetokenizer."""
         return self._token_caches[skip_special_tokens]
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    def tokenize(self, text: str, add_special_tokens: bool = True, *, user_text: bool = True) -> list[int]:
+        """Token ids. ``user_text``: special-token text (``</s>``, ``<|im_end|>``) in it stays text
+        unless option.parse_special_tokens; a client's text must not forge control tokens."""
+        split = user_text and not self.config.parse_special_tokens
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=split)
 
-    def check_admission(self) -> None:
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the tokenizer pool: work that grows with a request's size."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
+
+    def check_prompt_chars(self, text: str, field_name: str) -> None:
+        if len(text) > self.max_prompt_chars:
+            raise BadRequest(
+                f"{field_name} has {len(text)} characters, more than any prompt of option.max_input_len="
+                f"{self.engine.limits.max_input_len} tokens can have ({self.max_prompt_chars}); shorten the prompt"
+            )
+
+    def admit_batch(self, n: int, field_name: str) -> None:
+        """A request of ``n`` prompts: at most option.max_prompts_per_request, and room for all
+        of them under job_queue_size (each prompt is one request in the system)."""
+        cap = self.config.max_prompts_per_request
+        if n > cap:
+            raise BadRequest(f"{field_name} has {n} prompts, more than option.max_prompts_per_request={cap}; "
+                             "split them over several requests")
+        self.check_admission(n)
+
+    def check_admission(self, n: int = 1) -> None:
         """503 now if a request could not be admitted: unhealthy engine, or job_queue_size reached.
 
         Also called before a request body is read, so an overload burst of large bodies is not
@@ -431,10 +504,12 @@ class GenerationService:
         if not self.engine.healthy:
             raise ServiceUnavailable("the engine is not healthy; the server is restarting or has failed", retry_after=5)
         limit = self.config.job_queue_size
-        if self._in_system >= limit:
+        if self._in_system + n > limit:
             self._reject(503)
+            more = f" and this request brings {n}" if n > 1 else ""
             raise ServiceUnavailable(
-                f"server busy: {self._in_system} requests in the system, option.job_queue_size={limit}; retry later"
+                f"server busy: {self._in_system} requests in the system{more}, option.job_queue_size={limit}; "
+                "retry later"
             )
 
     async def start(
@@ -445,16 +520,21 @@ class GenerationService:
         add_special_tokens: bool = True,
         field_name: str = "inputs",
         max_tokens_field: str = "max_new_tokens",
+        admitted: bool = False,
+        user_text: bool = True,
     ) -> GenerationStream:
         """Admit, tokenize, validate and submit. Raises ``LmiHttpError`` (nothing sent yet).
 
         ``field_name`` and ``max_tokens_field`` are the adapter's names for the prompt and for
-        ``max_new_tokens``, used in error messages.
+        ``max_new_tokens``, used in error messages. ``admitted``: the caller already checked
+        admission for a batch (``admit_batch``) and starts its prompts one by one. ``user_text``
+        False: a text prompt made by the server (a rendered chat template), whose special tokens count.
         """
-        self.check_admission()
+        if not admitted:
+            self.check_admission()
         self._in_system += 1
         try:
-            ids = await self._prompt_ids(prompt, add_special_tokens, field_name)
+            ids = await self._prompt_ids(prompt, add_special_tokens, field_name, user_text)
             if params.truncate is not None and len(ids) > params.truncate:
                 ids = ids[-params.truncate :]
             max_new = self._check_limits(ids, params, field_name, max_tokens_field)
@@ -466,7 +546,7 @@ class GenerationService:
                     params, max_new_tokens=max_new, logprobs=params.logprobs and self.engine.limits.supports_logprobs
                 ),
                 stop_token_ids=[[i] for i in params.stop_token_ids],
-                bad_words_ids=self.bad_words_ids(params.bad_words),
+                bad_words_ids=await self._bad_words_ids(params.bad_words),
                 streaming=True,
             )
             try:
@@ -496,17 +576,25 @@ class GenerationService:
                     out.append(ids)
         return out
 
+    async def _bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        if sum(map(len, words)) > MAX_STOP_CHARS:
+            return await self.off_loop(self.bad_words_ids, words)
+        return self.bad_words_ids(words)
+
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams, *, keep_tokens: bool = False) -> Completion:
         async with await self.start(prompt, params) as stream:
             return await stream.collect(keep_tokens=keep_tokens)
 
-    async def _prompt_ids(self, prompt: str | Sequence[int], add_special_tokens: bool, field_name: str) -> list[int]:
+    async def _prompt_ids(self, prompt: str | Sequence[int], add_special_tokens: bool, field_name: str,
+                          user_text: bool) -> list[int]:
         if isinstance(prompt, str):
+            self.check_prompt_chars(prompt, field_name)
             try:
                 if len(prompt) > THREAD_TOKENIZE_CHARS:
-                    ids = await asyncio.to_thread(self.tokenize, prompt, add_special_tokens)
+                    ids = await self.off_loop(functools.partial(self.tokenize, prompt, add_special_tokens,
+                                                                user_text=user_text))
                 else:
-                    ids = self.tokenize(prompt, add_special_tokens)
+                    ids = self.tokenize(prompt, add_special_tokens, user_text=user_text)
             except Exception as e:  # e.g. lone surrogates that Python's json accepts
                 raise BadRequest(f"{field_name} could not be tokenized: {e}") from e
         else:

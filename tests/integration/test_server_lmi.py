@@ -152,7 +152,8 @@ async def test_stop_sequences_end_the_output(key, stream):
 
 
 async def test_eos_in_the_output_finishes_with_eos_token():
-    async with serve() as (session, _, _):
+    # The prompt's "</s>" must be the eos token for the echoing engine to emit it: allowed by option.
+    async with serve(LmiConfig(max_input_len=64, max_output_len=256, parse_special_tokens=True)) as (session, _, _):
         _, _, raw = await _post(session, {"inputs": "done</s>", "parameters": {"max_new_tokens": 50, "details": True}})
         out = orjson.loads(raw)
         assert out["generated_text"] == "done" and out["details"]["finish_reason"] == "eos_token"

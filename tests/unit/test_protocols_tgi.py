@@ -98,6 +98,8 @@ async def test_stop_sequence_and_eos_finish_reasons():
                                                                                                "details": True}})
         out = orjson.loads(raw)
         assert out["generated_text"] == "one two " and out["details"]["finish_reason"] == "stop_sequence"
+    # The prompt's "</s>" must be the eos token for the echoing engine to emit it: allowed by option.
+    async with serve(LmiConfig(max_input_len=128, max_output_len=256, parse_special_tokens=True)) as (s, _):
         status, _, raw = await post(s, "/generate", {"inputs": "x</s>", "parameters": {"max_new_tokens": 50, "details": True}})
         assert orjson.loads(raw)["details"]["finish_reason"] == "eos_token"
 

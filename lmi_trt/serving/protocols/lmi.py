@@ -23,11 +23,11 @@ from lmi_trt.serving.app import (
     ServingContext,
     error_response,
     json_response,
-    parse_json,
+    load_json,
     read_body,
     validate,
 )
-from lmi_trt.serving.core import MAX_STOP_STRINGS, Completion, Delta, GenerateParams, GenerationStream, TokenOut
+from lmi_trt.serving.core import MAX_STOP_STRINGS, Completion, bounded_words, Delta, GenerateParams, GenerationStream, TokenOut
 from lmi_trt.serving.errors import BadRequest, NotFound
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,10 @@ class LmiParameters(GenerateParams):
                 log.warning("ignoring unknown parameters.%s%s", ascii(name)[1:-1][:200],
                             f" (did you mean {close[0]!r}?)" if close else "")
         stops = self.stop + [s for s in self.stop_sequences if s not in self.stop]
-        if any(not s for s in stops):
-            raise BadRequest("parameters.stop_sequences: stop strings must be non-empty")
+        try:
+            bounded_words(stops, "stop strings")
+        except ValueError as e:
+            raise BadRequest(f"parameters.stop_sequences: {e} (stop and stop_sequences together)") from None
         if len(stops) > MAX_STOP_STRINGS:
             raise BadRequest(f"parameters.stop_sequences: {len(stops)} stop strings (stop and stop_sequences together); "
                              f"send at most {MAX_STOP_STRINGS} items")
@@ -215,7 +217,7 @@ async def _parse(request: web.Request) -> dict[str, Any] | str:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise BadRequest(f"text/plain body is not valid UTF-8: {e}") from None
-    body = parse_json(raw)
+    body = await load_json(raw)
     if not isinstance(body, dict):
         raise BadRequest(f'request body must be a JSON object such as {{"inputs": "Hello"}}, got a JSON {type(body).__name__}')
     return body
@@ -287,10 +289,11 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
 
 async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -> web.Response:
     service = ctx.require_service()
+    service.admit_batch(len(req.inputs), "inputs")
     streams: list[GenerationStream] = []
     try:
         for text in req.inputs:
-            streams.append(await service.start(text, params, field_name=f"inputs[{len(streams)}]"))
+            streams.append(await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True))
         shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
         collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))
         completions = await asyncio.gather(*collecting)

@@ -280,11 +280,10 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     ctx = request.app[CONTEXT]
     req: ChatRequest = validate_body(ChatRequest, body)
     params = req.generate_params()
-    messages = chat.normalize_messages(req.messages)
     service = ctx.require_service()
     _check_logprobs(ctx, params.logprobs, "logprobs")
-    prompt = chat.render(
-        service.tokenizer, messages, template_option=ctx.config.chat_template,
+    prompt = await chat.prompt_for(
+        service, req.messages, template_option=ctx.config.chat_template,
         add_generation_prompt=req.add_generation_prompt, template_kwargs=req.chat_template_kwargs,
     )
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
@@ -293,7 +292,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     async with await service.start(prompt, params, add_special_tokens=False, field_name="messages",
-                                   max_tokens_field=max_field) as stream:
+                                   max_tokens_field=max_field, user_text=False) as stream:
         if fmt == "json":
             c = await stream.collect(keep_tokens=params.logprobs)
             if c.error is not None:
@@ -423,10 +422,12 @@ def _completion_choice(index: int, c: Completion, prefix: str, logprobs: bool) -
 
 async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text) -> web.Response:
     service = ctx.require_service()
+    service.admit_batch(len(prompts), "prompt")
     streams: list[GenerationStream] = []
     try:
         for i, p in enumerate(prompts):
-            streams.append(await service.start(p, params, field_name=f"prompt[{i}]", max_tokens_field="max_tokens"))
+            streams.append(await service.start(p, params, field_name=f"prompt[{i}]", max_tokens_field="max_tokens",
+                                               admitted=True))
         completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
     finally:
         for s in streams:
