@@ -99,6 +99,7 @@ class ServingContext:
     # Top-level body key → handler, consulted by the LMI /invocations route when "inputs" is absent.
     invocation_handlers: dict[str, InvocationHandler] = field(default_factory=dict)
     uploads: UploadBudget = field(init=False)
+    json_worker: JsonWorker | None = None
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -174,7 +175,7 @@ async def read_body(request: web.Request) -> bytes:
         raise LmiHttpError(f"the request body did not arrive within body_read_timeout={config.body_read_timeout} s",
                            status=408, type="RequestTimeout", headers={"Connection": "close"}) from None
     except web.RequestPayloadError as e:  # aiohttp's wrapper of a ContentEncodingError, bad chunking, ...
-        raise BadRequest(f"request body could not be read: {e}"
+        raise BadRequest(f"request body could not be read: {' '.join(str(e).split())}"
                          + (f" (Content-Encoding: {request.headers['Content-Encoding']})"
                             if request.headers.get("Content-Encoding") else "")) from None
     finally:
@@ -208,15 +209,73 @@ class UploadBudget:
                                  "retry later", retry_after=1)
 
 
-# JSON bodies from this size up are parsed off the event loop.
-_THREAD_JSON_BYTES = 256 * 1024
+# JSON bodies from this size up are parsed in the JSON worker process: a parser holds the GIL for
+# its whole run (orjson: 0.4 s for 300k chat turns), so a thread would still stall the event loop.
+_WORKER_JSON_BYTES = 256 * 1024
 
 
-async def load_json(raw: bytes) -> Any:
-    """``parse_json``, off the event loop for big bodies (the NaN-tolerant fallback is slow)."""
-    if len(raw) >= _THREAD_JSON_BYTES:
+class JsonWorker:
+    """One process that parses big request bodies and refuses those with more JSON values than any
+    valid request needs (then only a bounded object graph is unpickled on the event loop).
+    Forked before the model load starts any thread (serve())."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        self._pool.submit(int).result()  # fork now, while the process has no other thread
+
+    async def parse(self, raw: bytes, max_values: int) -> Any:
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            ok, value = await asyncio.get_running_loop().run_in_executor(self._pool, _parse_bounded, raw, max_values)
+        except BrokenProcessPool:  # the worker died (killed for memory?): this body is not parsed
+            log.error("the JSON worker process died; big request bodies are refused until a restart")
+            raise ServiceUnavailable("the server cannot parse big request bodies right now") from None
+        if not ok:
+            raise BadRequest(value)
+        return value
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _parse_bounded(raw: bytes, max_values: int) -> tuple[bool, Any]:
+    """In the worker: (True, parsed body) or (False, the 400's message)."""
+    try:
+        data = parse_json(raw)
+    except LmiHttpError as e:
+        return False, e.message
+    n, stack = 0, [data]
+    while stack:
+        value = stack.pop()
+        n += 1
+        if n > max_values:
+            return False, (f"request body holds more than {max_values} JSON values, more than any request within "
+                           "option.max_input_len and option.max_prompts_per_request needs")
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return True, data
+
+
+def max_json_values(config: LmiConfig) -> int:
+    """JSON values a valid request may hold: each prompt (a batch's) as token ids, or a chat of
+    one message per token (a message is an object, a role, a content: 3 values), plus settings."""
+    return config.max_prompts_per_request * (config.max_input_len + 16) + 3 * config.max_input_len + 1024
+
+
+async def load_json(request: web.Request, raw: bytes) -> Any:
+    """``parse_json``, in the JSON worker for big bodies (when the server runs one)."""
+    ctx = request.app[CONTEXT]
+    if len(raw) < _WORKER_JSON_BYTES:
+        return parse_json(raw)
+    if ctx.json_worker is None:  # an app served without serve() (tests): a thread at least
         return await asyncio.to_thread(parse_json, raw)
-    return parse_json(raw)
+    return await ctx.json_worker.parse(raw, max_json_values(ctx.config))
 
 
 def parse_json(raw: bytes) -> Any:
@@ -518,10 +577,12 @@ class GuardedRequestHandler(web.RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
-        if isinstance(exc, HttpProcessingError):  # the client's malformed request, not a server fault
-            limits_log.warning("malformed", "malformed request from %s refused with %d: %s",
-                               self.peername[0] if isinstance(self.peername, tuple) else "?", exc.code,
-                               ascii(exc.message)[:200])
+        # The client's malformed request (line, headers, body encoding), not a server fault; a bad
+        # body shows up again when aiohttp reads the rest of it after the handler answered 400.
+        if isinstance(exc, (HttpProcessingError, web.RequestPayloadError)):
+            limits_log.warning("malformed", "malformed request from %s refused: %s",
+                               self.peername[0] if isinstance(self.peername, tuple) else "?",
+                               ascii(" ".join(str(exc).split()))[:200])
             return
         super().log_exception(*args, **kw)
 
@@ -555,6 +616,7 @@ async def serve(
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
     """
     ctx = app[CONTEXT]
+    ctx.json_worker = JsonWorker()
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=_CANCEL_GRACE_S, access_log=None,
                            keepalive_timeout=KEEPALIVE_TIMEOUT_S)
     await runner.setup()
@@ -599,6 +661,7 @@ async def serve(
                 log.warning("drain timeout (%.0f s): cancelling %d requests still in flight", shutdown_timeout,
                             ctx.service.in_system)
         await runner.cleanup()
+        ctx.json_worker.close()
         log.info("stopped after %.1f s", time.monotonic() - t0)
     return 1 if failed else 0
 

@@ -67,7 +67,7 @@ def neutral_params(names: dict[str, str] | None = None, **fields: Any) -> Genera
 
 async def json_object(request: web.Request, example: str) -> dict[str, Any]:
     """The body as a JSON object, or a 400 that shows what a body looks like."""
-    body = await load_json(await read_body(request))
+    body = await load_json(request, await read_body(request))
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object such as {example}, got a JSON {type(body).__name__}")
     return body

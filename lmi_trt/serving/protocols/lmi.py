@@ -217,7 +217,7 @@ async def _parse(request: web.Request) -> dict[str, Any] | str:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise BadRequest(f"text/plain body is not valid UTF-8: {e}") from None
-    body = await load_json(raw)
+    body = await load_json(request, raw)
     if not isinstance(body, dict):
         raise BadRequest(f'request body must be a JSON object such as {{"inputs": "Hello"}}, got a JSON {type(body).__name__}')
     return body
