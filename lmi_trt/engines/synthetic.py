@@ -282,7 +282,12 @@ class SyntheticEngine:
         max_batch = self._limits.max_batch_size
         while self._waiting and len(self._active) < max_batch:
             seq = self._waiting.popleft()
-            seq.plan(self.eos_token_id)
+            try:
+                seq.plan(self.eos_token_id)
+            except Exception as exc:  # noqa: BLE001 - one request's failure ends that request, not the engine
+                log.exception("planning request %s failed", seq.request.request_id)
+                self._end(seq, FinishReason.ERROR, error=f"generation failed: {exc}", code=424)
+                continue
             self._active[seq.request.request_id] = seq
 
     async def _run(self) -> None:

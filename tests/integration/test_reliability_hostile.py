@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from cliserver import Server, serve
+from cliserver import Server, serve, wait_ready
 from tinymodels import tiny_model
 
 pytestmark = pytest.mark.slow
@@ -108,11 +108,11 @@ def _attack_with_victims(srv: Server, attack, victims: int = 4) -> list[Any]:
 # --- 1. stop strings and bad words ------------------------------------------------------------------
 
 @pytest.mark.parametrize("path, body, field", [
-    ("/invocations", {"inputs": "hi", "parameters": {"stop_sequences": ["x" * 40_000]}}, "parameters.stop_sequences"),
+    ("/invocations", {"inputs": "hi", "parameters": {"stop_sequences": ["x" * 20_000]}}, "parameters.stop_sequences"),
     ("/invocations", {"inputs": "hi", "parameters": {"stop": ["y" * 1000] * 20}}, "parameters.stop"),
-    ("/v1/completions", {"prompt": "hi", "stop": ["x" * 40_000]}, "stop"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": "x" * 40_000}, "stop"),
-    ("/generate", {"inputs": "hi", "parameters": {"stop": ["x" * 40_000]}}, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["x" * 20_000]}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": "x" * 20_000}, "stop"),
+    ("/generate", {"inputs": "hi", "parameters": {"stop": ["x" * 20_000]}}, "stop"),
     ("/v1/completions", {"prompt": "hi", "bad_words": ["w" * 1_000_000]}, "bad_words"),
     ("/invocations", {"inputs": "hi", "parameters": {"bad_words": ["w" * 1000] * 20}}, "parameters.bad_words"),
 ])
@@ -329,14 +329,7 @@ def test_idle_connections_are_shed_before_new_clients_are_refused(tmp_path):
         refused, _ = asyncio.run(hold_and_probe())
         assert refused.startswith(b"HTTP/1.1 503"), refused[:200]
         assert "none idle: new connections get 503" in srv.log()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the held ones closed: new clients get in again
-            try:
-                if srv.get("/ping", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
+        wait_ready(srv, timeout=30)  # the held ones closed: new clients get in again
         assert _victim_answer(srv) == expected
 
 
@@ -423,3 +416,37 @@ def test_chat_template_kwargs_are_limited_to_documented_keys(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     r = server.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"enable_thinking": False}})
     assert r.status_code == 200, r.text
+
+
+# --- 9. the drain timeout is a real bound ---------------------------------------------------------------------
+
+def test_sigterm_with_a_hundred_long_streams_exits_within_the_drain_timeout(tmp_path):
+    """On 4dccd9d aiohttp waited the timeout for handlers, then again as long after cancelling them
+    (51.6 s for a 30 s timeout with 100 streams)."""
+    import signal
+
+    from test_reliability_lifecycle import _stream_in_thread, launched
+
+    timeout_s = 4.0
+    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic", "-o", "job_queue_size=200",
+            "-o", "option.synthetic_tokens_per_second=50", "-o", "option.max_output_len=4000"]
+    env = {"LMI_TEST_EXIT_AFTER": "10", "LMI_TEST_SHUTDOWN_TIMEOUT": str(timeout_s)}
+    with launched(args, tmp_path, env) as (proc, url, log):
+        outs: list[dict[str, Any]] = [{} for _ in range(100)]
+        threads = [_stream_in_thread(url, {"inputs": f"s{i} ", "parameters": {"max_new_tokens": 4000}, "stream": True},
+                                     out) for i, out in enumerate(outs)]
+        deadline = time.monotonic() + 60
+        while not all("first_at" in o for o in outs):
+            assert time.monotonic() < deadline, sum("first_at" in o for o in outs)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert proc.wait(timeout=60) == 0
+        # Every stream was cut (no final record), and the server's own account of the shutdown —
+        # SIGTERM to engine closed — is the timeout plus aiohttp's cancellation grace.
+        assert all(0 < len(o["lines"]) < 4000 and "generated_text" not in o["lines"][-1] for o in outs)
+        text = log.read_text()
+        assert "cancelling 100 requests still in flight" in text
+        took = float(text.split("stopped after ")[1].split(" s")[0])
+        assert timeout_s - 0.5 < took < timeout_s + 3, took

@@ -78,3 +78,28 @@ def test_concatenation_is_preserved_without_match():
 def test_empty_stop_strings_are_refused(bad):
     with pytest.raises(ValueError, match="non-empty"):
         StopMatcher(bad)
+
+
+def test_matching_is_linear_in_the_text_and_the_stop_strings():
+    """The worst case for a prefix table: 1024-character stop strings and a text whose tail is
+    never one of their prefixes, fed one character at a time (the old matcher sliced and hashed
+    every tail length at every step: ~1e11 character operations here). Linear work takes well
+    under a second."""
+    import threading
+    import time
+
+    stops = ["a" * 1023 + "b", "ab" * 512]
+    out: list[str] = []
+
+    def run() -> None:
+        m = StopMatcher(stops)
+        out.extend(m.feed("b") for _ in range(200_000))
+        out.append(m.feed("a" * 1023 + "bz"))
+        out.append(m.matched or "")
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)  # a generous bound: the thread is still running only if matching is superlinear
+    assert not worker.is_alive(), f"still matching after {time.monotonic() - t0:.0f} s"
+    assert out[-1] == stops[0] and "".join(out[:-1]) == "b" * 200_000
