@@ -145,6 +145,7 @@ class LmiConfig(BaseModel):
     enable_kv_cache_reuse: bool = False
     batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
     torch_batching: Literal["auto", "continuous", "static"] = "auto"
+    torch_decode_loop: Literal["auto", "builtin", "transformers"] = "auto"
     enable_chunked_context: bool = False
     multi_block_mode: bool | None = None        # None → TensorRT-LLM's default
     enable_trt_overlap: bool = False
@@ -510,6 +511,10 @@ REGISTRY: tuple[KeySpec, ...] = (
             "torch engine: continuous batching (requests join every step) or static batches (higher "
             "throughput, later arrivals wait for the next batch); auto: continuous where the architecture "
             "supports it", "torch_batching"),
+    KeySpec("option.torch_decode_loop", _choice(_same("auto", "builtin", "transformers")),
+            "torch engine: builtin = lmi-trt's own decode loop (Llama, Mistral, Qwen2, Qwen3: CUDA graphs, "
+            "sampling on the GPU); transformers = transformers' batching paths (option.torch_batching); "
+            "auto: builtin where the model is Llama-shaped and option.torch_batching is auto", "torch_decode_loop"),
     KeySpec("option.enable_chunked_context", _BOOL, "split long prompts over several steps",
             "enable_chunked_context", aliases=_both("enable_chunked_prefill")),
     KeySpec("option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default",

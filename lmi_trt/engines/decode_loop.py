@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -158,6 +159,9 @@ class DecodeLoopBackend(QueuedBackend):
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
         if self._cuda:
             self._capture()
+        # Where the loop's time goes (read by benchmarks/gpu_decode.py): steps launched, rows they
+        # decoded, seconds spent waiting for the device versus everything else.
+        self.counters = {"prefill_steps": 0, "decode_steps": 0, "decode_rows": 0, "wait_s": 0.0}
         self._free = list(range(self.slots))
         self._rows: list[_Row] = []  # admission order
         self._inflight: list[_Launch] = []
@@ -188,11 +192,18 @@ class DecodeLoopBackend(QueuedBackend):
                 self._decode_step(self.slots, mode)
             torch.cuda.synchronize()
             pool = None
-            for size in reversed(self._sizes):  # largest first: smaller graphs reuse its memory
-                for mode in Mode:
+            for mode in Mode:
+                for size in reversed(self._sizes):  # largest first: smaller graphs reuse its memory
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        self._decode_step(size, mode)
+                    try:
+                        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                            self._decode_step(size, mode)
+                    except RuntimeError:
+                        # Such steps then run eagerly: slower, still correct.
+                        log.warning("built-in decode loop: %s steps cannot be captured as CUDA graphs", mode.name,
+                                    exc_info=True)
+                        torch.cuda.synchronize()
+                        break
                     pool = graph.pool()
                     self._graphs[size, mode] = graph
             torch.cuda.synchronize()
@@ -233,6 +244,7 @@ class DecodeLoopBackend(QueuedBackend):
         last = self._put([i for i, _ in ends]) if ends else None
         rows_index = self._put([row.index for row, _, _ in plan.chunks])
         logits = self._decoder.prefill(self._put(tokens), self._put(positions), rows_index, keys, last)
+        self.counters["prefill_steps"] += 1
         if logits is None:
             return None
         ending = [row for _, row in ends]
@@ -259,13 +271,16 @@ class DecodeLoopBackend(QueuedBackend):
         self._step[:, :size].copy_(self._put(step), non_blocking=True)
         mode = max(r.mode() for r in rows)
         self._ban_multi_word_prefixes(rows, True)
-        if self._cuda:
-            self._graphs[size, mode].replay()
+        graph = self._graphs.get((size, mode))
+        if graph is not None:
+            graph.replay()
         else:
             self._decode_step(size, mode)
         self._ban_multi_word_prefixes(rows, False)
         for r in rows:
             r.launched += 1
+        self.counters["decode_steps"] += 1
+        self.counters["decode_rows"] += len(rows)
         return self._to_host(self._out[:, :size], columns)
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -354,11 +369,12 @@ class DecodeLoopBackend(QueuedBackend):
             remaining = len(row.prompt) - row.prefilled
             if row.done or remaining == 0:
                 continue
-            length = min(remaining, self._budget)
-            width = max(plan.width, length)
+            # A whole prompt always fits (max_num_tokens >= max_input_len); prompts share a step
+            # while chunks × padded length stays within it.
+            width = max(plan.width, remaining)
             if plan.chunks and (len(plan.chunks) + 1) * width > self._budget:
                 break
-            plan.chunks.append((row, row.prefilled, length))
+            plan.chunks.append((row, row.prefilled, remaining))
             plan.width = width
         return plan
 
@@ -367,7 +383,9 @@ class DecodeLoopBackend(QueuedBackend):
         launches, self._inflight = self._inflight + more, []
         for launch in launches:
             if launch.event is not None:
+                started = time.perf_counter()
                 launch.event.synchronize()
+                self.counters["wait_s"] += time.perf_counter() - started
             self._emit(launch)
 
     def _emit(self, launch: _Launch) -> None:

@@ -45,9 +45,10 @@ def unsupported_reason(model: nn.Module, max_seq_len: int) -> str | None:
     if window is not None and window < max_seq_len:
         return f"sliding_window={window} is shorter than max_input_len + max_output_len = {max_seq_len}"
     body = getattr(model, "model", None)
-    rope_type = getattr(getattr(body, "rotary_emb", None), "rope_type", None)
-    if rope_type is None:
+    rotary = getattr(body, "rotary_emb", None)
+    if rotary is None:
         return "no rotary embedding module at model.model.rotary_emb"
+    rope_type = getattr(rotary, "rope_type", "default")
     if rope_type in _LENGTH_DEPENDENT_ROPE:
         return f"rope_type={rope_type!r} depends on the sequence length"
     for layer in getattr(body, "layers", []):
