@@ -103,8 +103,15 @@ class _Row:
     def done(self) -> bool:
         return self.slot.finished or self.slot.cancelled or self.slot.closed
 
+    def __post_init__(self) -> None:
+        # The mode once min_new_tokens is behind it; computed once, read every step.
+        self.settled = row_mode(self.slot.sampling, self.slot.sampling.min_new_tokens,
+                                bool(self.single_bad or self.multi_bad))
+
     def mode(self) -> Mode:
-        return row_mode(self.slot.sampling, self.launched, bool(self.single_bad or self.multi_bad))
+        if self.launched >= self.slot.sampling.min_new_tokens:
+            return self.settled
+        return max(self.settled, Mode.PROCESSED)
 
 
 @dataclass

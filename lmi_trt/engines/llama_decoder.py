@@ -10,8 +10,8 @@ slot (row) and position it belongs to, so one function serves both:
 * **prefill** — chunks of prompts, padded to one length; attention through SDPA over the slots'
   rows up to the longest position in the chunk.
 
-The KV cache is one row of ``max_seq_len + 1`` positions per slot and layer; the extra position
-is scratch, where padding tokens and idle slots write so that they never touch real entries.
+The KV cache is one row of ``max_seq_len + 1`` positions (rounded up to 16) per slot and layer;
+position ``max_seq_len`` is scratch, where padding tokens and idle slots write so that they never touch real entries.
 The math follows transformers' modeling_llama / modeling_qwen3 (release 5.x): RMSNorm in fp32,
 cos/sin tables from the model's own rotary module (so every static RoPE scaling type is honoured),
 ``rotate_half`` rotation, scaling ``head_dim ** -0.5``, repeat_kv head order (query head h reads
@@ -131,15 +131,21 @@ class LlamaDecoder:
                 q_norm=q_norm.weight if q_norm is not None else None,
                 k_norm=k_norm.weight if k_norm is not None else None,
             ))
-        positions = torch.arange(max_seq_len + 1, device=self.device).unsqueeze(0)
+        # Cache rows of max_seq_len + 1 positions (the last is scratch), rounded up so that each
+        # row starts 16-element aligned: an odd row length sends cuBLAS to slow unaligned kernels.
+        length = -(-(max_seq_len + 1) // 16) * 16
+        positions = torch.arange(length, device=self.device).unsqueeze(0)
         with torch.no_grad():
             probe = torch.empty(1, device=self.device, dtype=self.dtype)
             cos, sin = body.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [max_seq_len + 1, head_dim]
-        shape = (slots, self.kv_heads, max_seq_len + 1, self.head_dim)
+        # rotate_half(x) * sin == swap_halves(x) * sin_signed, with sin's first half negated.
+        half = self.head_dim // 2
+        self.cos = cos[0].contiguous()  # [length, head_dim]
+        self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        shape = (slots, self.kv_heads, length, self.head_dim)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.key_positions = torch.arange(max_seq_len + 1, device=self.device)
+        self.key_positions = torch.arange(length, device=self.device)
 
     @staticmethod
     def cache_bytes_per_slot(model: nn.Module, max_seq_len: int) -> int:
@@ -148,7 +154,7 @@ class LlamaDecoder:
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         itemsize = torch.empty(0, dtype=model.dtype).element_size()
-        return 2 * config.num_hidden_layers * kv_heads * (max_seq_len + 1) * head_dim * itemsize
+        return 2 * config.num_hidden_layers * kv_heads * (max_seq_len + 16) * head_dim * itemsize
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -161,10 +167,10 @@ class LlamaDecoder:
         return weight * h.to(x.dtype)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """transformers' apply_rotary_pos_emb on [T, heads, D] with [T, 1, D] tables."""
-        half = x.size(-1) // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        """transformers' apply_rotary_pos_emb (x * cos + rotate_half(x) * sin) on [T, heads, D] with
+        [T, 1, D] tables, in three kernels: ``sin`` is the sign-adjusted table."""
+        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+        return torch.addcmul(x * cos, swapped, sin)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
         t = x.size(0)
@@ -179,10 +185,18 @@ class LlamaDecoder:
         qk = self._rotate(qkv[:, :k_end].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
         return qk[:, :self.heads], qk[:, self.heads:], v
 
+    @staticmethod
+    def _add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+        """``residual + x @ weight.T (+ bias)``; without a bias the add rides on the matmul (addmm)."""
+        if bias is None:
+            return torch.addmm(residual, x, weight.t())
+        return residual + F.linear(x, weight, bias)
+
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + F.linear(attn, layer.o, layer.o_bias)
+        x = self._add_linear(x, attn, layer.o, layer.o_bias)
         gate, up = F.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+        return self._add_linear(x, F.silu(gate) * up, layer.down, layer.down_bias)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.final_norm), self.lm_head, self.lm_head_bias).float()
@@ -210,7 +224,7 @@ class LlamaDecoder:
             n, s = b * self.kv_heads, k_cache.size(2)
             scores = torch.baddbmm(bias, q.reshape(n, self.group, self.head_dim),
                                    k_cache.view(n, s, self.head_dim).transpose(1, 2), alpha=self.scale)
-            probs = scores.softmax(-1, dtype=torch.float32).to(self.dtype)
+            probs = scores.softmax(-1)  # accumulates in fp32 whatever the input dtype
             attn = torch.bmm(probs, v_cache.view(n, s, self.head_dim))  # [(B, kv head), group, D]
             x = self._mlp_residual(layer, x, attn.reshape(b, self.heads * self.head_dim))
         return self._logits(x)
