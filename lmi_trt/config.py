@@ -400,8 +400,9 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("option.pipeline_parallel_degree", _integer(1, 2), "pipeline-parallel ranks",
             "pipeline_parallel_degree", compile_time=True, aliases=_both("pipeline_parallel_count")),
     KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs (vLLM/lmi-dist knob; ENABLE_CUDA_GRAPHS)",
-            ignored="the torch engine always runs eager (its per-request sampler runs between steps) and "
-                    "TensorRT-LLM engines keep the executor's default"),
+            ignored="the torch engine's transformers paths run eager (their per-request sampler runs between "
+                    "steps), its built-in decode loop always captures CUDA graphs on CUDA, and TensorRT-LLM "
+                    "engines keep the executor's default"),
     KeySpec("option.synthetic_tokens_per_second", _number(at_least=0, example=100),
             "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible",
             "synthetic_tokens_per_second"),
