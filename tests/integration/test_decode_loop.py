@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
+from test_torch_engine import one_torch_thread  # noqa: F401 - the same module-wide thread limit
 from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -26,14 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [1, 40], [1] + list(range(100, 113)),
            [1, 7, 7, 7], [1] + list(range(200, 216)), [1, 3], [1] + list(range(300, 310))]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
