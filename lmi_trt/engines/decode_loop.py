@@ -172,9 +172,10 @@ class DecodeLoopBackend(QueuedBackend):
         self._free = list(range(self.slots))
         self._rows: list[_Row] = []  # admission order
         self._inflight: list[_Launch] = []
-        log.info("built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s", self.slots,
-                 self._max_seq, self._budget,
-                 f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)")
+        log.info("built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s, %s attention",
+                 self.slots, self._max_seq, self._budget,
+                 f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)",
+                 "fused (Triton)" if self._decoder.fused_attention else "matmul")
         self._start("torch-engine-decode-loop")
 
     # -- the device steps ------------------------------------------------------------------------

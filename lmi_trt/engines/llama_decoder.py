@@ -6,7 +6,8 @@ SiLU-gated MLP. This module runs that block over a flat list of tokens, each tag
 slot (row) and position it belongs to, so one function serves both:
 
 * **decode** — one token per slot for slots ``0..B-1``; fixed shapes, so a step can be captured
-  as a CUDA graph per batch size. Attention reads each slot's whole cache row under a length mask.
+  as a CUDA graph per batch size. Attention: on CUDA the fused kernel of ``decode_attention``
+  (each slot's row up to its length); elsewhere matmuls over each whole row under a length mask.
 * **prefill** — chunks of prompts, padded to one length; attention through SDPA over the slots'
   rows up to the longest position in the chunk.
 
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import decode_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE types whose tables depend on the current sequence length cannot be precomputed once.
@@ -146,6 +149,8 @@ class LlamaDecoder:
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.key_positions = torch.arange(length, device=self.device)
+        # The fused Triton kernel where it can run (CUDA); the matmul path otherwise (CPU, CI).
+        self.fused_attention = decode_attention.available(self.device, self.head_dim)
 
     @staticmethod
     def cache_bytes_per_slot(model: nn.Module, max_seq_len: int) -> int:
@@ -211,21 +216,28 @@ class LlamaDecoder:
         b = tokens.size(0)
         rows = torch.arange(b, device=tokens.device)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-        # Additive mask over each slot's cache row, shared by every layer: [B * kv_heads, group, S + 1].
-        visible = self.key_positions.unsqueeze(0) <= positions.unsqueeze(1)
-        bias = torch.zeros(visible.shape, device=tokens.device, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        bias = bias[:, None, None, :].expand(b, self.kv_heads, self.group, -1).reshape(b * self.kv_heads, self.group, -1)
+        if self.fused_attention:
+            lengths = positions + 1
+        else:
+            # Additive mask over each slot's cache row, shared by every layer: [B * kv_heads, group, S].
+            visible = self.key_positions.unsqueeze(0) <= positions.unsqueeze(1)
+            bias = torch.zeros(visible.shape, device=tokens.device, dtype=self.dtype)
+            bias = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+            bias = bias.expand(b, self.kv_heads, self.group, -1).reshape(b * self.kv_heads, self.group, -1)
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             k_cache, v_cache = self.k_cache[index][:b], self.v_cache[index][:b]
             k_cache[rows, :, positions] = k
             v_cache[rows, :, positions] = v
-            n, s = b * self.kv_heads, k_cache.size(2)
-            scores = torch.baddbmm(bias, q.reshape(n, self.group, self.head_dim),
-                                   k_cache.view(n, s, self.head_dim).transpose(1, 2), alpha=self.scale)
-            probs = scores.softmax(-1)  # accumulates in fp32 whatever the input dtype
-            attn = torch.bmm(probs, v_cache.view(n, s, self.head_dim))  # [(B, kv head), group, D]
+            if self.fused_attention:
+                attn = decode_attention.decode_attention(q, k_cache, v_cache, lengths, self.scale)
+            else:
+                n, s = b * self.kv_heads, k_cache.size(2)
+                scores = torch.baddbmm(bias, q.reshape(n, self.group, self.head_dim),
+                                       k_cache.view(n, s, self.head_dim).transpose(1, 2), alpha=self.scale)
+                probs = scores.softmax(-1)  # accumulates in fp32 whatever the input dtype
+                attn = torch.bmm(probs, v_cache.view(n, s, self.head_dim))  # [(B, kv head), group, D]
             x = self._mlp_residual(layer, x, attn.reshape(b, self.heads * self.head_dim))
         return self._logits(x)
 
