@@ -172,10 +172,10 @@ class DecodeLoopBackend(QueuedBackend):
         self._free = list(range(self.slots))
         self._rows: list[_Row] = []  # admission order
         self._inflight: list[_Launch] = []
-        log.info("built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s, %s attention",
+        log.info("built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s, %s",
                  self.slots, self._max_seq, self._budget,
                  f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)",
-                 "fused (Triton)" if self._decoder.fused_attention else "matmul")
+                 "Triton kernels" if self._decoder.fused_kernels else "torch operations only")
         self._start("torch-engine-decode-loop")
 
     # -- the device steps ------------------------------------------------------------------------

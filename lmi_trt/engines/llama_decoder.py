@@ -6,7 +6,7 @@ SiLU-gated MLP. This module runs that block over a flat list of tokens, each tag
 slot (row) and position it belongs to, so one function serves both:
 
 * **decode** — one token per slot for slots ``0..B-1``; fixed shapes, so a step can be captured
-  as a CUDA graph per batch size. Attention: on CUDA the fused kernel of ``decode_attention``
+  as a CUDA graph per batch size. Attention: on CUDA the fused kernel of ``decode_kernels``
   (each slot's row up to its length); elsewhere matmuls over each whole row under a length mask.
 * **prefill** — chunks of prompts, padded to one length; attention through SDPA over the slots'
   rows up to the longest position in the chunk.
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import decode_attention
+from . import decode_kernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE types whose tables depend on the current sequence length cannot be precomputed once.
@@ -149,8 +149,8 @@ class LlamaDecoder:
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.key_positions = torch.arange(length, device=self.device)
-        # The fused Triton kernel where it can run (CUDA); the matmul path otherwise (CPU, CI).
-        self.fused_attention = decode_attention.available(self.device, self.head_dim)
+        # The Triton kernels where they can run (CUDA); torch operations otherwise (CPU, CI).
+        self.fused_kernels = decode_kernels.available(self.device, self.head_dim)
 
     @staticmethod
     def cache_bytes_per_slot(model: nn.Module, max_seq_len: int) -> int:
@@ -177,6 +177,19 @@ class LlamaDecoder:
         swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
         return torch.addcmul(x * cos, swapped, sin)
 
+    def _queries(self, layer: _Layer, index: int, x: torch.Tensor, positions: torch.Tensor,
+                 rows: torch.Tensor) -> torch.Tensor:
+        """Project and rotate; k and v go into the cache at (``rows``, ``positions``); q [T, heads, D]."""
+        if self.fused_kernels and layer.q_norm is None:
+            qkv = F.linear(self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias)
+            return decode_kernels.rotary_into_cache(qkv, self.cos, self.sin, positions, rows, self.k_cache[index],
+                                                    self.v_cache[index], self.heads)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        q, k, v = self._qkv(layer, x, cos, sin)
+        self.k_cache[index][rows, :, positions] = k
+        self.v_cache[index][rows, :, positions] = v
+        return q
+
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
         t = x.size(0)
         qkv = F.linear(self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias)
@@ -200,8 +213,13 @@ class LlamaDecoder:
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = self._add_linear(x, attn, layer.o, layer.o_bias)
-        gate, up = F.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-        return self._add_linear(x, F.silu(gate) * up, layer.down, layer.down_bias)
+        gate_up = F.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias)
+        if self.fused_kernels:
+            hidden = decode_kernels.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            hidden = F.silu(gate) * up
+        return self._add_linear(x, hidden, layer.down, layer.down_bias)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.final_norm), self.lm_head, self.lm_head_bias).float()
@@ -215,8 +233,7 @@ class LlamaDecoder:
         """
         b = tokens.size(0)
         rows = torch.arange(b, device=tokens.device)
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-        if self.fused_attention:
+        if self.fused_kernels:
             lengths = positions + 1
         else:
             # Additive mask over each slot's cache row, shared by every layer: [B * kv_heads, group, S].
@@ -226,12 +243,10 @@ class LlamaDecoder:
             bias = bias.expand(b, self.kv_heads, self.group, -1).reshape(b * self.kv_heads, self.group, -1)
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q = self._queries(layer, index, x, positions, rows)
             k_cache, v_cache = self.k_cache[index][:b], self.v_cache[index][:b]
-            k_cache[rows, :, positions] = k
-            v_cache[rows, :, positions] = v
-            if self.fused_attention:
-                attn = decode_attention.decode_attention(q, k_cache, v_cache, lengths, self.scale)
+            if self.fused_kernels:
+                attn = decode_kernels.decode_attention(q, k_cache, v_cache, lengths, self.scale)
             else:
                 n, s = b * self.kv_heads, k_cache.size(2)
                 scores = torch.baddbmm(bias, q.reshape(n, self.group, self.head_dim),
@@ -250,14 +265,11 @@ class LlamaDecoder:
         n, length = tokens.shape
         flat_pos = positions.reshape(-1)
         flat_rows = rows.repeat_interleave(length)
-        cos, sin = self.cos[flat_pos].unsqueeze(1), self.sin[flat_pos].unsqueeze(1)
         key_pos = self.key_positions[:keys]
         mask = key_pos.view(1, 1, 1, keys) <= positions.view(n, 1, length, 1)  # padding sees all: no NaN
         x = F.embedding(tokens.reshape(-1), self.embed)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            self.k_cache[index][flat_rows, :, flat_pos] = k
-            self.v_cache[index][flat_rows, :, flat_pos] = v
+            q = self._queries(layer, index, x, flat_pos, flat_rows)
             keys_k = self.k_cache[index][rows, :, :keys]
             keys_v = self.v_cache[index][rows, :, :keys]
             if self.group > 1:  # expanded copies keep SDPA on its fused, mask-capable kernels
