@@ -11,16 +11,13 @@ One thread runs the loop. Each iteration it
 3. launches one decode step for every request that has a token to extend, as the CUDA graph of the
    smallest captured batch size covering the highest slot in use (idle slots inside it write to a
    scratch cache position and are ignored);
-4. only then hands finished tokens to the server: on CUDA those of every launch already complete
-   (a pinned device→host copy and an event each), waiting for the oldest only when more than
-   ``_AHEAD`` launches are queued or nothing was launched; all the tokens a request got from
-   those launches go out as one delta. On CPU (eager) the previous iteration's, one per delta.
+4. only then waits for the *previous* iteration's tokens (a pinned device→host copy and an event)
+   and hands them to the server.
 
-The GPU therefore always has the next steps queued while the host turns earlier ones into
-outputs; the only synchronisation is that copy of finished tokens, and when the host is slower
-than the GPU (many streams) it handles several steps per pass instead of falling further behind.
-Stop conditions (EOS, stop sequences) are seen a few steps late, so a finishing request costs a
-few discarded tokens of work; ``max_new_tokens`` is known in advance and costs nothing. Multi-token bad words need the newest
+The GPU therefore always has the next step queued while the host turns the last one into
+outputs; the only synchronisation is that copy of finished tokens. Stop conditions (EOS, stop
+sequences) are seen one step late, so a finishing request costs one discarded token of work;
+``max_new_tokens`` is known in advance and costs nothing. Multi-token bad words need the newest
 token before the next step can ban anything, so while such a request decodes the loop waits for
 each step before launching the next.
 
@@ -51,9 +48,6 @@ DECODE_LOOPS = ("auto", "builtin", "transformers")
 # Fraction of the free device memory the KV cache and the per-slot sampling state may take; the
 # rest is left for activations, CUDA graphs and the allocator's slack.
 _MEMORY_FRACTION = 0.85
-# Launches the device may run ahead of the host; when the host falls behind (many streams), the
-# tokens of several steps reach each request as one delta.
-_AHEAD = 4
 _ERRORS = {1: "the model produced NaN/inf logits", 2: "every token is excluded by bad_words_ids/min_new_tokens"}
 
 
@@ -325,23 +319,13 @@ class DecodeLoopBackend(QueuedBackend):
             launched += self._guarded(self._launch_prefill, plan, [row for row, _, _ in plan.chunks], "prefill")
         decoding = self._decodable()
         if decoding and any(r.multi_bad for r in decoding):
-            self._inflight += launched  # the bans need the newest token of each row
+            self._drain(launched)  # the bans need the newest token of each row
             launched = []
-            self._drain(len(self._inflight))
             decoding = self._decodable()
         if decoding:
             launched += self._guarded(self._launch_decode, decoding, decoding, "decode")
-        if not self._cuda:  # eager: the launches are done; their tokens go out at once, one per delta
-            self._drain(len(self._inflight))
-            self._inflight = launched
-            return
-        self._inflight += launched
-        # Keep at most _AHEAD launches queued on the device; take whatever else has completed; wait
-        # for the oldest only when nothing was launched (nothing else to do).
-        count = max(0, len(self._inflight) - _AHEAD)
-        while count < len(self._inflight) and self._inflight[count].event.query():
-            count += 1
-        self._drain(max(count, 0 if launched else 1))
+        self._drain([])
+        self._inflight = launched
 
     def _guarded(self, launch, argument, rows: Sequence[_Row], what: str) -> list[_Launch]:
         try:
@@ -402,48 +386,33 @@ class DecodeLoopBackend(QueuedBackend):
             plan.width = width
         return plan
 
-    def _drain(self, count: int) -> None:
-        """Hand the tokens of the ``count`` oldest launches to the server, in order."""
-        launches, self._inflight = self._inflight[:count], self._inflight[count:]
+    def _drain(self, more: list[_Launch]) -> None:
+        """Hand the tokens of every launch in flight (then of ``more``) to the server, in order."""
+        launches, self._inflight = self._inflight + more, []
         for launch in launches:
             if launch.event is not None:
                 started = time.perf_counter()
                 launch.event.synchronize()
                 self.counters["wait_s"] += time.perf_counter() - started
-        if self._cuda:
-            self._emit(launches)
-        else:
-            for launch in launches:
-                self._emit([launch])
+            self._emit(launch)
 
-    def _emit(self, launches: list[_Launch]) -> None:
-        """One output per request for ``launches``: its tokens of all of them, in order."""
+    def _emit(self, launch: _Launch) -> None:
+        tokens, logprobs, status = launch.host.tolist()
         items: list[tuple[_Slot, EngineOutput]] = []
-        open_outputs: dict[_Row, EngineOutput] = {}
-        for launch in launches:
-            tokens, logprobs, status = launch.host.tolist()
-            for column, row in enumerate(launch.rows):
-                if row is None or row.done:
-                    continue
-                slot = row.slot
-                if status[column]:
-                    slot.finished = True
-                    items.append((slot, self._engine._error_output(slot, _ERRORS[int(status[column])], 424)))
-                    continue
-                token = int(tokens[column])
-                slot.generated.append(token)
-                reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
-                slot.finished = reason is not None
-                logprob = [logprobs[column]] if slot.sampling.logprobs else None
-                out = open_outputs.get(row)
-                if out is None:
-                    out = EngineOutput(slot.request.request_id, [token], logprob, finished=slot.finished,
-                                       finish_reason=reason)
-                    open_outputs[row] = out
-                    items.append((slot, out))
-                else:
-                    out.token_ids.append(token)
-                    out.logprobs = out.logprobs + logprob if logprob else out.logprobs
-                    out.finished, out.finish_reason = slot.finished, reason
-        self._engine._sampled_rows += sum(len(out.token_ids) for _, out in items)  # only this thread writes it
+        for column, row in enumerate(launch.rows):
+            if row is None or row.done:
+                continue
+            slot = row.slot
+            if status[column]:
+                slot.finished = True
+                items.append((slot, self._engine._error_output(slot, _ERRORS[int(status[column])], 424)))
+                continue
+            token = int(tokens[column])
+            slot.generated.append(token)
+            reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
+            slot.finished = reason is not None
+            items.append((slot, EngineOutput(slot.request.request_id, [token],
+                                             [logprobs[column]] if slot.sampling.logprobs else None,
+                                             finished=slot.finished, finish_reason=reason)))
+        self._engine._sampled_rows += len(items)  # only this thread writes it
         self._engine._deliver(items)
