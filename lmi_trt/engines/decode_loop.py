@@ -5,9 +5,9 @@ One thread runs the loop. Each iteration it
 
 1. frees the cache slots of requests that finished, were cancelled or failed, and admits waiting
    requests into free slots (their sampling state is written to the device in one batch);
-2. launches at most one prefill step: prompt chunks of up to ``max_num_tokens`` tokens (padded
-   length × chunks), a prompt longer than that spread over several steps; the chunks that end a
-   prompt sample their first token;
+2. launches at most one prefill step: waiting prompts, whole (``max_num_tokens`` ≥
+   ``max_input_len``, so one always fits), as many as keep prompts × padded length within
+   ``max_num_tokens``; each samples its first token;
 3. launches one decode step for every request that has a token to extend, as the CUDA graph of the
    smallest captured batch size covering the highest slot in use (idle slots inside it write to a
    scratch cache position and are ignored);
@@ -23,7 +23,7 @@ each step before launching the next.
 
 Failures: a row whose logits are NaN/inf or whose every token is banned ends with an error, the
 rest of its batch carries on (the sampler reports a status per row). An exception in a prefill
-step fails the requests whose chunks were in it; in a decode step, the requests in that step;
+step fails the requests whose prompts were in it; in a decode step, the requests in that step;
 the engine lives on. An exception elsewhere in the loop marks the engine unhealthy.
 """
 
@@ -96,7 +96,7 @@ class _Row:
     prompt: list[int]
     single_bad: list[int]
     multi_bad: list[list[int]]
-    prefilled: int = 0  # prompt tokens in the cache
+    prefilled: bool = False  # the prompt is in the cache
     launched: int = 0  # tokens whose sampling has been launched
 
     @property
@@ -125,7 +125,7 @@ class _Launch:
 
 @dataclass
 class _Plan:
-    chunks: list[tuple[_Row, int, int]] = field(default_factory=list)  # (row, start, length)
+    rows: list[_Row] = field(default_factory=list)  # whole prompts, padded to ``width``
     width: int = 0
 
 
@@ -239,24 +239,17 @@ class DecodeLoopBackend(QueuedBackend):
             bans = [banned_next_tokens(r.prompt + r.slot.generated, r.multi_bad) for r in rows]
             self._state.mark(self._state.banned_now, [r.index for r in rows], bans, value)
 
-    def _launch_prefill(self, plan: _Plan) -> _Launch | None:
-        scratch, width = self._decoder.scratch, plan.width
-        tokens, positions, ends = [], [], []
-        for i, (row, start, length) in enumerate(plan.chunks):
-            tokens.append(row.prompt[start:start + length] + [self._pad] * (width - length))
-            positions.append(list(range(start, start + length)) + [scratch] * (width - length))
-            row.prefilled += length
-            if row.prefilled == len(row.prompt):
-                ends.append((i * width + length - 1, row))
-        keys = max(start + length for _, start, length in plan.chunks)
-        last = self._put([i for i, _ in ends]) if ends else None
-        rows_index = self._put([row.index for row, _, _ in plan.chunks])
-        logits = self._decoder.prefill(self._put(tokens), self._put(positions), rows_index, keys, last)
-        self.counters["prefill_steps"] += 1
-        if logits is None:
-            return None
-        ending = [row for _, row in ends]
+    def _launch_prefill(self, plan: _Plan) -> _Launch:
+        scratch, width, ending = self._decoder.scratch, plan.width, plan.rows
+        tokens = [row.prompt + [self._pad] * (width - len(row.prompt)) for row in ending]
+        positions = [list(range(len(row.prompt))) + [scratch] * (width - len(row.prompt)) for row in ending]
+        last = self._put([i * width + len(row.prompt) - 1 for i, row in enumerate(ending)])
         slots = self._put([row.index for row in ending])
+        keys = max(len(row.prompt) for row in ending)
+        logits = self._decoder.prefill(self._put(tokens), self._put(positions), slots, keys, last)
+        self.counters["prefill_steps"] += 1
+        for row in ending:
+            row.prefilled = True
         self._ban_multi_word_prefixes(ending, True)
         generated = torch.zeros(len(ending), dtype=torch.long, device=self._device)
         mode = max(row.mode() for row in ending)
@@ -315,8 +308,8 @@ class DecodeLoopBackend(QueuedBackend):
         self._admit()
         launched: list[_Launch] = []
         plan = self._plan_prefill()
-        if plan.chunks:
-            launched += self._guarded(self._launch_prefill, plan, [row for row, _, _ in plan.chunks], "prefill")
+        if plan.rows:
+            launched += self._guarded(self._launch_prefill, plan, plan.rows, "prefill")
         decoding = self._decodable()
         if decoding and any(r.multi_bad for r in decoding):
             self._drain(launched)  # the bans need the newest token of each row
@@ -336,7 +329,7 @@ class DecodeLoopBackend(QueuedBackend):
                 if not row.done:
                     self._engine.fail(row.slot, f"generation failed: {exc}", 424)
             return []
-        return [result] if result is not None else []
+        return [result]
 
     def _decodable(self) -> list[_Row]:
         return [r for r in self._rows
@@ -374,15 +367,14 @@ class DecodeLoopBackend(QueuedBackend):
     def _plan_prefill(self) -> _Plan:
         plan = _Plan()
         for row in self._rows:
-            remaining = len(row.prompt) - row.prefilled
-            if row.done or remaining == 0:
+            if row.done or row.prefilled:
                 continue
             # A whole prompt always fits (max_num_tokens >= max_input_len); prompts share a step
-            # while chunks × padded length stays within it.
-            width = max(plan.width, remaining)
-            if plan.chunks and (len(plan.chunks) + 1) * width > self._budget:
+            # while prompts × padded length stays within it.
+            width = max(plan.width, len(row.prompt))
+            if plan.rows and (len(plan.rows) + 1) * width > self._budget:
                 break
-            plan.chunks.append((row, row.prefilled, remaining))
+            plan.rows.append(row)
             plan.width = width
         return plan
 

@@ -8,8 +8,8 @@ slot (row) and position it belongs to, so one function serves both:
 * **decode** — one token per slot for slots ``0..B-1``; fixed shapes, so a step can be captured
   as a CUDA graph per batch size. Attention: on CUDA the fused kernel of ``decode_kernels``
   (each slot's row up to its length); elsewhere matmuls over each whole row under a length mask.
-* **prefill** — chunks of prompts, padded to one length; attention through SDPA over the slots'
-  rows up to the longest position in the chunk.
+* **prefill** — prompts padded to one length; attention through SDPA over the slots' rows up to
+  the longest prompt.
 
 The KV cache is one row of ``max_seq_len + 1`` positions (rounded up to 16) per slot and layer;
 position ``max_seq_len`` is scratch, where padding tokens and idle slots write so that they never touch real entries.
@@ -257,11 +257,10 @@ class LlamaDecoder:
         return self._logits(x)
 
     def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, keys: int,
-                last: torch.Tensor | None) -> torch.Tensor | None:
-        """Prompt chunks: ``tokens``/``positions`` ``[n, L]`` (padding at position ``scratch``), one
-        cache slot per chunk in ``rows`` ``[n]``, ``keys`` = 1 + the largest real position. Returns
-        fp32 logits ``[len(last), vocab]`` at the flat token indices ``last`` (the chunks that end a
-        prompt), or ``None``."""
+                last: torch.Tensor) -> torch.Tensor:
+        """Prompts: ``tokens``/``positions`` ``[n, L]`` (padding at position ``scratch``), one cache
+        slot per prompt in ``rows`` ``[n]``, ``keys`` = 1 + the largest real position. Returns fp32
+        logits ``[len(last), vocab]`` at the flat token indices ``last`` (each prompt's last token)."""
         n, length = tokens.shape
         flat_pos = positions.reshape(-1)
         flat_rows = rows.repeat_interleave(length)
@@ -278,6 +277,4 @@ class LlamaDecoder:
             q = q.view(n, length, self.heads, self.head_dim).transpose(1, 2)
             attn = F.scaled_dot_product_attention(q, keys_k, keys_v, attn_mask=mask, scale=self.scale)
             x = self._mlp_residual(layer, x, attn.transpose(1, 2).reshape(n * length, self.heads * self.head_dim))
-        if last is None or last.numel() == 0:
-            return None
         return self._logits(x[last])
