@@ -145,6 +145,7 @@ class LmiConfig(BaseModel):
     enable_kv_cache_reuse: bool = False
     batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
     torch_batching: Literal["auto", "continuous", "static"] = "auto"
+    torch_decode_loop: Literal["auto", "builtin", "transformers"] = "auto"
     enable_chunked_context: bool = False
     multi_block_mode: bool | None = None        # None → TensorRT-LLM's default
     enable_trt_overlap: bool = False
@@ -406,8 +407,9 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("option.pipeline_parallel_degree", _integer(1, 2), "pipeline-parallel ranks",
             "pipeline_parallel_degree", compile_time=True, aliases=_both("pipeline_parallel_count")),
     KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs (vLLM/lmi-dist knob; ENABLE_CUDA_GRAPHS)",
-            ignored="the torch engine always runs eager (its per-request sampler runs between steps) and "
-                    "TensorRT-LLM engines keep the executor's default"),
+            ignored="the torch engine's transformers paths run eager (their per-request sampler runs between "
+                    "steps), its built-in decode loop always captures CUDA graphs on CUDA, and TensorRT-LLM "
+                    "engines keep the executor's default"),
     KeySpec("option.synthetic_tokens_per_second", _number(at_least=0, example=100),
             "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible",
             "synthetic_tokens_per_second"),
@@ -517,6 +519,10 @@ REGISTRY: tuple[KeySpec, ...] = (
             "torch engine: continuous batching (requests join every step) or static batches (higher "
             "throughput, later arrivals wait for the next batch); auto: continuous where the architecture "
             "supports it", "torch_batching"),
+    KeySpec("option.torch_decode_loop", _choice(_same("auto", "builtin", "transformers")),
+            "torch engine: builtin = lmi-trt's own decode loop (Llama, Mistral, Qwen2, Qwen3: CUDA graphs, "
+            "sampling on the GPU); transformers = transformers' batching paths (option.torch_batching); "
+            "auto: builtin where the model is Llama-shaped and option.torch_batching is auto", "torch_decode_loop"),
     KeySpec("option.enable_chunked_context", _BOOL, "split long prompts over several steps",
             "enable_chunked_context", aliases=_both("enable_chunked_prefill")),
     KeySpec("option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default",

@@ -61,6 +61,7 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
             pad_token_id=tokenizer.pad_token_id,
             max_num_tokens=config.max_num_tokens,
             batching=config.torch_batching,
+            decode_loop=config.torch_decode_loop,
         )
     from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 

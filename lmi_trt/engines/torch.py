@@ -442,19 +442,18 @@ class _ContinuousBackend:
                 self._engine.fail(slot, f"generation failed: {result.error}", 424)
 
 
-class _StaticBackend:
-    name = "static"
+class QueuedBackend:
+    """A backend whose own thread (``_run``) takes requests from a pending queue."""
 
-    def __init__(self, engine: TorchEngine, model: PreTrainedModel) -> None:
-        self._engine = engine
-        self._model = model
-        self._device = model.device
-        self._keep_last_logits = bool(getattr(model, "_supports_logits_to_keep", lambda: False)())
+    def _start(self, thread_name: str) -> None:
         self._pending: deque[_Slot] = deque()
         self._wake = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="torch-engine-static", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
 
     def enqueue(self, slot: _Slot) -> None:
         with self._wake:
@@ -465,12 +464,24 @@ class _StaticBackend:
         with self._wake:
             if slot in self._pending:
                 self._pending.remove(slot)
+            self._wake.notify()
 
     def close(self) -> None:
         with self._wake:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout=_CLOSE_TIMEOUT_S)
+
+
+class _StaticBackend(QueuedBackend):
+    name = "static"
+
+    def __init__(self, engine: TorchEngine, model: PreTrainedModel) -> None:
+        self._engine = engine
+        self._model = model
+        self._device = model.device
+        self._keep_last_logits = bool(getattr(model, "_supports_logits_to_keep", lambda: False)())
+        self._start("torch-engine-static")
 
     def _next_batch(self) -> list[_Slot]:
         with self._wake:
@@ -564,6 +575,7 @@ class TorchEngine:
         pad_token_id: int | None = None,
         batching: str = "auto",
         max_num_tokens: int | None = None,
+        decode_loop: str = "auto",
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -583,6 +595,7 @@ class TorchEngine:
         self.max_num_tokens = max_num_tokens
         self.trust_remote_code = trust_remote_code
         self.requested_batching = batching
+        self.decode_loop = decode_loop  # auto | builtin | transformers (see decode_loop.py)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -650,7 +663,7 @@ class TorchEngine:
             max_batch_size=self.max_batch_size,
             total_requests=self._total_requests,
             total_generated_tokens=self._total_tokens,
-            extra={"continuous_batching": float(self.batching == "continuous"), "sampled_rows": self._sampled_rows},
+            extra={"continuous_batching": float(self.batching in ("continuous", "decode_loop")), "sampled_rows": self._sampled_rows},
         )
 
     async def close(self) -> None:
@@ -687,9 +700,17 @@ class TorchEngine:
         self._check_positions(model)
         self._vocab_size = model.get_input_embeddings().num_embeddings
         self._model_device = model.device
-        batching, why = self._choose_batching(model)
-        log.info("torch engine: %s on %s (%s), %s batching because %s", type(model).__name__, model.device,
-                 model.dtype, batching, why)
+        from .decode_loop import DecodeLoopBackend, choose_decode_loop  # it imports this module
+
+        builtin, why = choose_decode_loop(self.decode_loop, self.requested_batching, model,
+                                          self.max_input_len + self.max_new_tokens)
+        if builtin:
+            log.info("torch engine: %s on %s (%s), the built-in decode loop because %s", type(model).__name__,
+                     model.device, model.dtype, why)
+            return DecodeLoopBackend(self, model)
+        batching, reason = self._choose_batching(model)
+        log.info("torch engine: %s on %s (%s), transformers %s batching because %s; not the built-in decode "
+                 "loop: %s", type(model).__name__, model.device, model.dtype, batching, reason, why)
         if batching == "static":
             return _StaticBackend(self, model)
         try:

@@ -23,7 +23,7 @@ from lmi_trt.engines.torch import TorchEngine
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-EXPECTED_BATCHING = {"llama": "continuous", "qwen2": "continuous", "mistral": "continuous",
+EXPECTED_BATCHING = {"llama": "decode_loop", "qwen2": "decode_loop", "mistral": "decode_loop",
                      "gpt2": "continuous", "falcon": "static", "gptj": "static"}
 MAX_BATCH, MAX_INPUT, MAX_NEW = 4, 32, 200
 EOS_PROMPT = [1, 40, 41, 42]
@@ -306,7 +306,8 @@ async def test_continuous_engine_death_fails_everything(monkeypatch):
     from transformers import LlamaForCausalLM
 
     poison_forward(monkeypatch, LlamaForCausalLM)
-    engine = TorchEngine(tiny_model("llama"), max_batch_size=2, max_input_len=16, max_new_tokens=MAX_NEW)
+    engine = TorchEngine(tiny_model("llama"), max_batch_size=2, max_input_len=16, max_new_tokens=MAX_NEW,
+                         decode_loop="transformers")
     await engine.start()
     try:
         bystander = asyncio.create_task(collect(engine, req("by", [1, 5, 6], max_new_tokens=MAX_NEW,
