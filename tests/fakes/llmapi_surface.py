@@ -111,8 +111,8 @@ SURFACE = {
             "source": "RES: tensorrt_llm/executor/result.py @dataclass(slots=True) CompletionOutput",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
             "ctor": [[
-                "index", "text=''", "token_ids=[]", "cumulative_logprob=None", "logprobs=[]",
-                "prompt_logprobs=[]", "finish_reason=None", "stop_reason=None", "generation_logits=None",
+                "index", "text=''", "token_ids=field(default_factory=list)", "cumulative_logprob=None",
+                "logprobs=field(default_factory=list)", "prompt_logprobs=field(default_factory=list)", "finish_reason=None", "stop_reason=None", "generation_logits=None",
                 "disaggregated_params=None",
             ]],
             "props_rw": [
@@ -128,7 +128,21 @@ SURFACE = {
                                  "CANCELLED → 'cancelled'",
                 "stop_reason": "the stop string or stop token id that ended the sequence, else None; the stop "
                                "tokens are cut from token_ids unless include_stop_str_in_output",
+                "end_id": "not verified: whether the PyTorch backend keeps the end id in token_ids (the C++ "
+                          "Executor does not); lmi-trt drops a trailing end id either way",
             },
+        },
+        "GenerationResult": {
+            "source": "RES: tensorrt_llm/executor/result.py GenerationResultBase / GenerationResult (the base of "
+                      "RequestOutput); keeps self.id and self.sampling_params",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "props_ro": ["request_id", "finished", "outputs"],
+            "methods": ["abort", "aborted", "result", "aresult", "__aiter__", "__anext__", "__await__"],
+        },
+        "IterationResult": {
+            "source": "RES: tensorrt_llm/executor/result.py IterationResult (what get_stats_async returns)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "methods": ["__aiter__", "__anext__"],
         },
         "Logprob": {
             "source": "tensorrt_llm/executor/result.py (NamedTuple-like dataclass Logprob(logprob, rank))",
@@ -171,12 +185,14 @@ SURFACE = {
                 "include_stop_str_in_output", "embedding_bias", "logits_processor", "apply_batched_logits_processor",
                 "n", "best_of", "use_beam_search", "top_k", "top_p", "top_p_min", "top_p_reset_ids", "top_p_decay",
                 "seed", "temperature", "min_tokens", "beam_search_diversity_rate", "repetition_penalty",
-                "presence_penalty", "frequency_penalty", "length_penalty", "early_stopping", "no_repeat_ngram_size", "min_p", "beam_width_array", "logprobs",
+                "presence_penalty", "frequency_penalty", "length_penalty", "early_stopping", "no_repeat_ngram_size",
+                "min_p", "beam_width_array", "logprobs",
                 "prompt_logprobs", "return_context_logits", "return_generation_logits", "exclude_input_from_output",
                 "return_encoder_output", "return_perf_metrics", "additional_model_outputs", "lookahead_config",
                 "guided_decoding", "ignore_eos", "detokenize", "add_special_tokens", "truncate_prompt_tokens",
                 "skip_special_tokens", "spaces_between_special_tokens",
             ],
+            "static_methods": ["params_imply_greedy_decoding"],
             "semantics": {
                 "greedy": "params_imply_greedy_decoding: temperature 0, or top_k 1, or top_p 0, or all of "
                           "temperature/top_k/top_p unset; best_of > 1 with greedy is a ValueError",
@@ -273,7 +289,10 @@ SURFACE = {
                         "ContextChunkingPolicy", "TorchLlmArgs"],
         },
         "tensorrt_llm.sampling_params": {"exports": ["SamplingParams", "GuidedDecodingParams"]},
-        "tensorrt_llm.executor.result": {"exports": ["CompletionOutput", "Logprob", "GenerationResult"]},
+        "tensorrt_llm.executor": {"exports": ["CompletionOutput", "GenerationResult", "RequestError"]},
+        "tensorrt_llm.executor.result": {
+            "exports": ["CompletionOutput", "Logprob", "GenerationResult", "IterationResult"],
+        },
         "tensorrt_llm.executor.utils": {"exports": ["RequestError"]},
         "tensorrt_llm.bindings.executor": {
             "exports": ["Executor"],
