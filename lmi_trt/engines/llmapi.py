@@ -77,6 +77,7 @@ LLM_DEFAULT_INPUT_LEN = 1024
 LOGPROB_FLOOR = -9999.0
 # How long one get_stats_async pass waits for a new iteration before it ends (its default).
 STATS_TIMEOUT_S = 2.0
+STATS_PAUSE_S = 0.5
 DTYPES = {"auto": "auto", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 POLICIES = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
 # LLM API finish reasons as the Executor's names, so one rule (final_tokens_and_reason) maps both paths.
@@ -546,16 +547,20 @@ class LlmApiEngine:
     # ------------------------------------------------------------------ stats
 
     async def _poll_stats(self) -> None:
-        """Keep the newest iteration stats: each get_stats_async pass ends after its timeout when idle."""
+        """Keep the newest iteration stats. A get_stats_async pass ends after its timeout when idle; the
+        pause between passes bounds the polling however a release ends them (stats queue up meanwhile)."""
+        failed_before = False
         while not self._closed:
             try:
                 async for stat in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
                     self._last_iteration = json.loads(stat) if isinstance(stat, str) else stat
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 — stats must never take serving down; say so once per pass
-                log.exception("reading TensorRT-LLM iteration stats failed")
-                await asyncio.sleep(STATS_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 — stats must never take serving down
+                log.log(logging.DEBUG if failed_before else logging.WARNING,
+                        "reading TensorRT-LLM iteration stats failed", exc_info=True)
+                failed_before = True
+            await asyncio.sleep(STATS_PAUSE_S)
 
     def stats(self) -> EngineStats:
         extra: dict[str, float] = {}
