@@ -12,6 +12,8 @@ executor/result.py; 1.0–1.2 and main):
   ``ValueError``, ``TypeError``). Iterating it applies one response per step and yields the same object:
   ``outputs[0].token_ids_diff``/``logprobs_diff`` are that step's tokens and log probs.
 * An error response raises ``RequestError`` out of that request's iteration only.
+* Any other exception is the executor's (trtllm-serve's openai_server.py stops the server on
+  ``CppExecutorError``): the engine turns unhealthy, so /ping answers 503 and the process exits.
 * ``abort()`` ends the request with ``finish_reason='cancelled'`` (trtllm-serve aborts on disconnect,
   tensorrt_llm/serve/openai_server.py ``await_disconnected``).
 * ``finish_reason`` is 'stop' for the end id and for stop words (``stop_reason`` = the stop token id or
@@ -471,6 +473,10 @@ class LlmApiEngine:
             return _error_output(entry.request_id, f"TensorRT-LLM failed the request: {exc}", 424)
         except StopAsyncIteration:  # no final step seen: the result ended without one
             return _error_output(entry.request_id, "TensorRT-LLM ended the request without a result", 424)
+        except Exception as exc:  # noqa: BLE001 — an executor failure: trtllm-serve stops the server on one
+            log.exception("TensorRT-LLM failed outside one request")
+            self._healthy = False
+            return _error_output(entry.request_id, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}", 424)
         return self._to_output(entry, result.outputs[0], finished=result.finished)
 
     def _enqueue(self, request: GenerationRequest) -> _Request | EngineOutput:

@@ -270,6 +270,26 @@ async def test_close_ends_inflight_requests(trt, model_dir):
     await engine.close()  # idempotent
 
 
+async def test_an_executor_failure_fails_the_request_and_health(trt, model_dir, monkeypatch):
+    from tensorrt_llm.llmapi.llm import RequestOutput
+
+    engine = await started(model_dir)
+    try:
+        stream = engine.submit(req("victim", PROMPTS[0], max_new_tokens=150, ignore_eos=True))
+        await stream.__anext__()
+
+        async def broken(self):
+            raise RuntimeError("[TensorRT-LLM][ERROR] CUDA error: an illegal memory access was encountered")
+
+        monkeypatch.setattr(RequestOutput, "__anext__", broken)
+        rest = [out async for out in stream]
+        assert rest[-1].error_code == 424 and "illegal memory access" in rest[-1].error
+        assert not engine.healthy
+    finally:
+        monkeypatch.undo()
+        await engine.close()
+
+
 @pytest.mark.parametrize("release", ["1.0.0", "1.1.0", "1.2.1", "1.3.0"])
 async def test_releases_from_1_0_serve(trt, monkeypatch, model_dir, reference, release):
     monkeypatch.setattr(trt, "__version__", release)
