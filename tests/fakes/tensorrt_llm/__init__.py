@@ -31,4 +31,15 @@ from tensorrt_llm import bindings, builder, mapping, models, plugin, quantizatio
 from tensorrt_llm.builder import BuildConfig  # noqa: E402
 from tensorrt_llm.mapping import Mapping  # noqa: E402
 
-__all__ = ["BuildConfig", "Mapping", "bindings", "builder", "mapping", "models", "plugin", "quantization"]
+__all__ = ["BuildConfig", "LLM", "Mapping", "SamplingParams", "bindings", "builder", "mapping", "models", "plugin",
+           "quantization"]
+
+
+def __getattr__(name: str):
+    # tensorrt_llm.LLM / SamplingParams: the LLM API (PyTorch backend, 1.0+; listed in llmapi_surface.py).
+    # Resolved on first use so the Executor fake's namespace stays what trtllm_api_surface.py lists.
+    if name in ("LLM", "SamplingParams"):
+        from tensorrt_llm import llmapi
+
+        return getattr(llmapi, name)
+    raise AttributeError(f"module 'tensorrt_llm' has no attribute {name!r}")

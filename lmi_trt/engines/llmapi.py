@@ -1,0 +1,588 @@
+"""TensorRT-LLM through its LLM API, PyTorch backend: serve a Hugging Face checkpoint with ``tensorrt_llm.LLM``.
+
+Since TensorRT-LLM 1.0 the PyTorch backend is the LLM API's default, and the releases after 1.2 have no
+TensorRT-engine Executor at all (NVIDIA/TensorRT-LLM PRs 15918 and 16369), so this engine is the only
+path there. Data path: the resolved model folder + ``LlmApiSettings`` → ``llm_plan`` (pure: the ``LLM``
+keywords, or an error naming the option) → ``LLM(model_dir, **keywords)`` → one
+``generate_async(token ids, SamplingParams, streaming=True)`` per request, read as an async iterator.
+
+Facts it relies on (NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm.py, llm_args.py, sampling_params.py,
+executor/result.py; 1.0–1.2 and main):
+* ``generate_async`` returns a ``RequestOutput`` at once; bad input raises synchronously (``RequestError``,
+  ``ValueError``, ``TypeError``). Iterating it applies one response per step and yields the same object:
+  ``outputs[0].token_ids_diff``/``logprobs_diff`` are that step's tokens and log probs.
+* An error response raises ``RequestError`` out of that request's iteration only.
+* Any other exception is the executor's (trtllm-serve's openai_server.py stops the server on
+  ``CppExecutorError``): the engine turns unhealthy, so /ping answers 503 and the process exits.
+* ``abort()`` ends the request with ``finish_reason='cancelled'`` (trtllm-serve aborts on disconnect,
+  tensorrt_llm/serve/openai_server.py ``await_disconnected``).
+* ``finish_reason`` is 'stop' for the end id and for stop words (``stop_reason`` = the stop token id or
+  string), 'length', 'timeout' or 'cancelled'. We pass ``include_stop_str_in_output=True`` so stop tokens
+  stay in the output as on the Executor path; the serving layer decides what the client sees.
+* ``stop_token_ids``/``bad_token_ids`` take single tokens; longer sequences go as ``stop``/``bad`` strings,
+  which the LLM tokenizes again (without special tokens), so only sequences whose text re-tokenizes to the
+  same ids are passed; the serving layer still enforces every stop string on the text.
+* Log probs: ``logprobs=k`` gives per token a ``dict[token id, Logprob]`` (top-1 of the sampled token in
+  1.0, PR 6097; the top k from 1.1, PR 7756); trtllm-serve's postprocess_handlers.py also accepts plain
+  floats. A sampled token missing from its top-k dict gets trtllm-serve's floor, -9999.0.
+* Iteration stats come from ``get_stats_async`` (an async iterable of JSON stats that stops after its
+  timeout without a new one), only with ``enable_iter_perf_stats=True``.
+
+The ``tensorrt_llm.llmapi`` module is always named ``llmapi`` here and loaded by ``probe_llm_api``; the
+test tests/unit/test_llmapi_surface.py checks every name and keyword used on it against the listing of the
+real API (tests/fakes/llmapi_surface.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import random
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmi_trt.engines.base import (
+    EngineError,
+    EngineLimits,
+    EngineOutput,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+)
+from lmi_trt.engines.trtllm import (
+    TrtllmConfigError,
+    TrtllmSettings,
+    TrtllmUnavailable,
+    _cuda_available,
+    _error_output,
+    final_tokens_and_reason,
+    map_request,
+)
+
+log = logging.getLogger(__name__)
+
+FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
+# TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
+LLM_DEFAULT_BATCH = 2048
+LLM_DEFAULT_INPUT_LEN = 1024
+# trtllm-serve's floor for a log prob (postprocess_handlers.py: max(logprob, -9999.0)).
+LOGPROB_FLOOR = -9999.0
+# How long one get_stats_async pass waits for a new iteration before it ends (its default).
+STATS_TIMEOUT_S = 2.0
+STATS_PAUSE_S = 0.5
+DTYPES = {"auto": "auto", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+POLICIES = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
+# LLM API finish reasons as the Executor's names, so one rule (final_tokens_and_reason) maps both paths.
+_REASON_NAMES = {"length": "LENGTH", "cancelled": "CANCELLED", "timeout": "TIMED_OUT"}
+
+
+# =============================================================================== versions
+
+
+def llm_api_series(version: str) -> tuple[int, int]:
+    """Pure: the (major, minor) of a TensorRT-LLM version whose LLM API is the PyTorch one, or a refusal."""
+    m = re.match(r"^(\d+)\.(\d+)", version or "")
+    if not m:
+        raise TrtllmUnavailable(f"cannot read the TensorRT-LLM version {version!r}; the pytorch backend needs 1.0 or later")
+    series = (int(m.group(1)), int(m.group(2)))
+    if series < FIRST_SERIES:
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM {version} has no PyTorch LLM API (tensorrt_llm.LLM builds TensorRT engines before 1.0); "
+            "set option.backend=tensorrt, or use a TensorRT-LLM 1.0+ image"
+        )
+    return series
+
+
+def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[ModuleType, str]:
+    """Import ``tensorrt_llm.llmapi`` and check this host can run it (side effects only here)."""
+    try:
+        trtllm = importlib.import_module("tensorrt_llm")
+    except ImportError as exc:
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM is not installed ({exc}); run the TensorRT-LLM image, or set option.rolling_batch=torch"
+        ) from exc
+    version = getattr(trtllm, "__version__", "")
+    llm_api_series(version)
+    llmapi = importlib.import_module("tensorrt_llm.llmapi")
+    if not (gpu_available or _cuda_available)():
+        raise TrtllmUnavailable(
+            "no CUDA GPU is visible, and TensorRT-LLM's PyTorch backend runs on one; check the container's GPU "
+            "access (--gpus all, CUDA_VISIBLE_DEVICES) or set option.rolling_batch=torch"
+        )
+    return llmapi, version
+
+
+# =============================================================================== settings
+
+
+class LlmApiSettings(BaseModel):
+    """What the LLM takes beyond the Executor's runtime settings (``runtime``, shared with the trtllm engine)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: TrtllmSettings = Field(default_factory=TrtllmSettings)
+    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"  # option.dtype
+    max_input_len: int | None = Field(None, ge=1)  # option.max_input_len
+    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output
+    trust_remote_code: bool = False  # option.trust_remote_code
+
+    @classmethod
+    def from_config(cls, config: Any, *, max_batch_size: int | None = None) -> LlmApiSettings:
+        """From an ``LmiConfig``; ``max_batch_size`` as in ``TrtllmSettings.from_config``."""
+        max_seq = config.max_seq_len or config.max_input_len + config.max_output_len
+        return cls(
+            runtime=TrtllmSettings.from_config(config, max_batch_size=max_batch_size),
+            dtype=config.dtype,
+            max_input_len=config.max_input_len,
+            max_seq_len=max_seq,
+            trust_remote_code=config.trust_remote_code,
+        )
+
+
+@dataclass(frozen=True)
+class LlmPlan:
+    """The ``LLM`` keywords as plain data; the nested configs are built by ``make_llm``."""
+
+    keywords: dict[str, Any]
+    kv_cache_config: dict[str, Any]
+    scheduler_config: dict[str, Any]
+    cuda_graph_config: dict[str, Any]
+
+
+def llm_plan(settings: LlmApiSettings) -> LlmPlan:
+    """Pure: the options as ``LLM`` keywords; what this backend cannot honour is an error naming the key."""
+    rt = settings.runtime
+    if rt.tensor_parallel_degree is None:
+        raise TrtllmConfigError(
+            "option.tensor_parallel_degree=max must be resolved to a GPU count before the pytorch backend starts"
+        )
+    if rt.multi_block_mode is not None:
+        raise TrtllmConfigError(
+            f"option.multi_block_mode={str(rt.multi_block_mode).lower()} tunes TensorRT engines; the pytorch "
+            "backend has no such switch: remove the key, or set option.backend=tensorrt"
+        )
+    if rt.enable_trt_overlap:
+        raise TrtllmConfigError(
+            "option.enable_trt_overlap=true applies to TensorRT engines only; the pytorch backend overlaps "
+            "scheduling by itself: remove the key, or set option.backend=tensorrt"
+        )
+    if rt.device_ids is not None or rt.orchestrator:
+        raise TrtllmConfigError(
+            "several model copies per host (option.tensor_parallel_degree below the GPU count) are not "
+            "supported on the pytorch backend yet; set option.tensor_parallel_degree to the GPU count"
+        )
+    batch = rt.max_batch_size or LLM_DEFAULT_BATCH
+    keywords: dict[str, Any] = {
+        "tensor_parallel_size": rt.tensor_parallel_degree,
+        "pipeline_parallel_size": rt.pipeline_parallel_degree,
+        "dtype": DTYPES[settings.dtype],
+        "trust_remote_code": settings.trust_remote_code,
+        "max_batch_size": batch,
+        "max_beam_width": rt.max_beam_width or 1,
+        "enable_chunked_prefill": rt.enable_chunked_context,
+        # /metrics reads the backend's iteration stats; they are only collected when asked for.
+        "enable_iter_perf_stats": True,
+    }
+    for key, value in (
+        ("max_num_tokens", rt.max_num_tokens),
+        ("max_input_len", settings.max_input_len),
+        ("max_seq_len", settings.max_seq_len),
+    ):
+        if value is not None:
+            keywords[key] = value
+    kv: dict[str, Any] = {"enable_block_reuse": rt.enable_kv_cache_reuse}
+    if rt.kv_cache_free_gpu_mem_fraction is not None:
+        kv["free_gpu_memory_fraction"] = rt.kv_cache_free_gpu_mem_fraction
+    if rt.max_tokens_in_paged_kv_cache is not None:
+        kv["max_tokens"] = rt.max_tokens_in_paged_kv_cache
+    # CUDA graphs up to the served batch size (the LLM's default stops at 128), padded so that every
+    # batch size runs a captured graph.
+    graphs = {"max_batch_size": batch, "enable_padding": True}
+    return LlmPlan(keywords, kv, {"capacity_scheduler_policy": POLICIES[rt.batch_scheduler_policy]}, graphs)
+
+
+def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan) -> Any:
+    """Construct the LLM (loads the weights; blocking)."""
+    return llmapi.LLM(
+        str(model_dir),
+        kv_cache_config=llmapi.KvCacheConfig(**plan.kv_cache_config),
+        scheduler_config=llmapi.SchedulerConfig(
+            capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
+        ),
+        cuda_graph_config=llmapi.CudaGraphConfig(**plan.cuda_graph_config),
+        **plan.keywords,
+    )
+
+
+# =============================================================================== requests
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """``SamplingParams`` keywords, and what reading the result needs."""
+
+    sampling: dict[str, Any]
+    end_id: int            # -1: never (ignore_eos)
+    extra_eos: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Codec:
+    """The LLM's tokenizer as the two calls ``SamplingParams._setup`` relies on."""
+
+    decode: Callable[[list[int]], str]
+    encode: Callable[[str], list[int]]  # without special tokens, as _setup encodes stop/bad strings
+
+
+def split_words(words: Sequence[Sequence[int]], codec: Codec) -> tuple[list[int], list[str], list[list[int]]]:
+    """Pure: single-token words as ids; longer ones as text where the LLM's re-tokenization gives the same
+    ids back (the LLM API takes only those two forms); the rest are returned as they are."""
+    ids = [w[0] for w in words if len(w) == 1]
+    texts, left = [], []
+    for word in (list(w) for w in words if len(w) > 1):
+        text = codec.decode(word)
+        if codec.encode(text) == word:
+            texts.append(text)
+        else:
+            left.append(word)
+    return ids, texts, left
+
+
+def plan_request(
+    req: GenerationRequest,
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    max_beam_width: int,
+    seed: int,
+    codec: Codec,
+) -> RequestPlan:
+    """Pure: a protocol request as ``SamplingParams`` keywords; ``EngineError(400)`` for what cannot be served.
+
+    The checks, the DJL sampling rules and the stop words (extra EOS ids included) are the Executor path's
+    (``map_request``); here they are spelled the LLM API's way. A stop sequence the LLM cannot match is left
+    to the serving layer's text match; a banned sequence it cannot match is refused."""
+    spec = map_request(req, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_beam_width=max_beam_width,
+                       seed=seed)
+    p = req.sampling
+    sampling = dict(spec.sampling)
+    beam_width = sampling.pop("beam_width")
+    if beam_width > 1:
+        sampling.update(use_beam_search=True, best_of=beam_width, n=1)
+    stop_ids, stop_texts, _ = split_words(spec.request["stop_words"] or [], codec)
+    bad_ids, bad_texts, unbannable = split_words(spec.request["bad_words"] or [], codec)
+    if unbannable:
+        raise EngineError(
+            f"bad word sequence {unbannable[0]} cannot be banned on the pytorch backend: it takes banned sequences "
+            f"as text, and {codec.decode(unbannable[0])!r} tokenizes differently; ban single tokens instead",
+            code=400,
+        )
+    sampling.update(
+        max_tokens=p.max_new_tokens,
+        end_id=eos_token_ids[0],
+        pad_id=pad_token_id,
+        ignore_eos=p.ignore_eos,
+        stop_token_ids=stop_ids or None,
+        stop=stop_texts or None,
+        bad_token_ids=bad_ids or None,
+        bad=bad_texts or None,
+        include_stop_str_in_output=True,
+        logprobs=1 if p.logprobs else None,
+        detokenize=False,  # the serving layer detokenizes incrementally
+    )
+    return RequestPlan(sampling, spec.request["end_id"], frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]))
+
+
+def token_logprobs(tokens: Sequence[int], entries: Sequence[Any]) -> list[float]:
+    """Pure: the sampled tokens' log probs from the LLM API's per-token entries (a dict of Logprob, or a float)."""
+    out = []
+    for token, entry in zip(tokens, entries):
+        if isinstance(entry, dict):
+            hit = entry.get(token)
+            out.append(max(hit.logprob, LOGPROB_FLOOR) if hit is not None else LOGPROB_FLOOR)
+        else:
+            out.append(max(float(entry), LOGPROB_FLOOR))
+    return out
+
+
+def reason_name(finish_reason: str | None, stop_reason: int | str | None) -> str:
+    """Pure: an LLM API finish reason as the Executor's FinishReason name."""
+    if finish_reason == "stop":
+        return "END_ID" if stop_reason is None else "STOP_WORDS"
+    return _REASON_NAMES.get(finish_reason or "", "NOT_FINISHED")
+
+
+# =============================================================================== the engine
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    result: Any  # the RequestOutput
+    plan: RequestPlan
+    max_new_tokens: int
+    logprobs: bool
+    generated: int = 0
+    cancelled: bool = False
+    done: bool = False
+
+
+class LlmApiEngine:
+    """The ``Engine`` protocol over ``tensorrt_llm.LLM`` (PyTorch backend, TensorRT-LLM ≥ 1.0)."""
+
+    name = "trtllm-pytorch"
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        settings: LlmApiSettings | None = None,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int | None = None,
+        gpu_available: Callable[[], bool] | None = None,
+    ) -> None:
+        if not eos_token_ids:
+            raise TrtllmConfigError(
+                "no EOS token id: TensorRT-LLM would generate until max_new_tokens; the tokenizer or "
+                "generation_config.json must name eos_token_id"
+            )
+        self._model_dir = Path(model_dir)
+        if not (self._model_dir / "config.json").is_file():
+            raise TrtllmConfigError(f"{self._model_dir} is not a Hugging Face checkpoint folder (no config.json)")
+        self.settings = settings or LlmApiSettings()
+        self._plan = llm_plan(self.settings)
+        kw = self._plan.keywords
+        self._limits = EngineLimits(
+            max_batch_size=kw["max_batch_size"],
+            max_input_len=kw.get("max_input_len", LLM_DEFAULT_INPUT_LEN),
+            max_seq_len=kw.get("max_seq_len"),
+            max_beam_width=kw["max_beam_width"],
+            supports_logprobs=True,
+        )
+        self._eos = list(eos_token_ids)
+        self._pad = self._eos[0] if pad_token_id is None else pad_token_id
+        self._gpu_available = gpu_available
+        self._llm: Any = None
+        self._llmapi: ModuleType | None = None
+        self._codec: Codec | None = None
+        self.tensorrt_llm_version: str | None = None
+        self._healthy = False
+        self._closed = False
+        self._requests: dict[str, _Request] = {}
+        self._stats_task: asyncio.Task | None = None
+        self._closing: asyncio.Future | None = None  # set by close(): ends every open stream
+        self._last_iteration: dict | None = None
+        self._total_requests = 0
+        self._total_tokens = 0
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    async def start(self) -> None:
+        if self._llm is not None or self._closed:
+            raise RuntimeError("LlmApiEngine.start() may be called once")
+        llmapi, version = probe_llm_api(self._gpu_available)
+        log.info(
+            "loading %s with TensorRT-LLM %s (pytorch backend): tp=%d pp=%d, dtype %s, batch %d, max_seq_len %s",
+            self._model_dir, version, self._plan.keywords["tensor_parallel_size"],
+            self._plan.keywords["pipeline_parallel_size"], self._plan.keywords["dtype"], self._limits.max_batch_size,
+            self._limits.max_seq_len or "from the model",
+        )
+        try:
+            self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, self._plan)
+        except ValueError as exc:  # pydantic's ValidationError is one too
+            raise TrtllmConfigError(f"TensorRT-LLM {version} refused the settings for {self._model_dir}: {exc}") from exc
+        except RuntimeError as exc:
+            out_of_memory = "out of memory" in str(exc).lower()
+            raise EngineError(
+                f"TensorRT-LLM {version} could not load {self._model_dir}: {exc}"
+                + ("; lower option.kv_cache_free_gpu_mem_fraction or the batch size" if out_of_memory else ""),
+                code=507 if out_of_memory else 424,
+            ) from exc
+        self._llmapi, self.tensorrt_llm_version = llmapi, version
+        tokenizer = self._llm.tokenizer
+        self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
+        self._closing = asyncio.get_running_loop().create_future()
+        self._stats_task = asyncio.create_task(self._poll_stats(), name="llmapi-stats")
+        self._healthy = True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._healthy = False
+        for entry in list(self._requests.values()):
+            self._abort(entry)
+        if self._closing is not None:
+            self._closing.set_result(None)
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
+        if self._llm is not None:
+            await asyncio.to_thread(self._llm.shutdown)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        entry = self._enqueue(request)
+        if isinstance(entry, EngineOutput):
+            yield entry
+            return
+        try:
+            while True:
+                out = await self._next_output(entry)
+                if out.finished:
+                    self._forget(entry)
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not entry.done:  # the consumer went away (client disconnect): free the slot
+                self._abort(entry)
+                self._forget(entry)
+
+    async def _next_output(self, entry: _Request) -> EngineOutput:
+        """The next step of one request, its failure as an error output, or a 503 once the engine closes."""
+        step = asyncio.ensure_future(entry.result.__anext__())
+        await asyncio.wait({step, self._closing}, return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            step.cancel()
+            return _error_output(entry.request_id, "the engine is shutting down", 503)
+        try:
+            result = step.result()
+        except self._llmapi.RequestError as exc:
+            return _error_output(entry.request_id, f"TensorRT-LLM failed the request: {exc}", 424)
+        except StopAsyncIteration:  # no final step seen: the result ended without one
+            return _error_output(entry.request_id, "TensorRT-LLM ended the request without a result", 424)
+        except Exception as exc:  # noqa: BLE001 — an executor failure: trtllm-serve stops the server on one
+            log.exception("TensorRT-LLM failed outside one request")
+            self._healthy = False
+            return _error_output(entry.request_id, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}", 424)
+        return self._to_output(entry, result.outputs[0], finished=result.finished)
+
+    def _enqueue(self, request: GenerationRequest) -> _Request | EngineOutput:
+        rid = request.request_id
+        if not self._healthy or self._llm is None:
+            return _error_output(rid, "the TensorRT-LLM engine is not running", 503)
+        if rid in self._requests:
+            return _error_output(rid, f"request id {rid!r} is already in flight", 400)
+        llmapi = self._llmapi
+        try:
+            plan = plan_request(
+                request,
+                eos_token_ids=self._eos,
+                pad_token_id=self._pad,
+                max_beam_width=self._limits.max_beam_width,
+                seed=random.getrandbits(63),
+                codec=self._codec,
+            )
+            result = self._llm.generate_async(
+                inputs=list(request.prompt_token_ids),
+                sampling_params=llmapi.SamplingParams(**plan.sampling),
+                streaming=request.streaming,
+            )
+        except EngineError as exc:
+            return _error_output(rid, str(exc), exc.code)
+        except (llmapi.RequestError, ValueError, TypeError) as exc:
+            return _error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
+        except RuntimeError as exc:
+            return _error_output(rid, f"TensorRT-LLM could not take the request: {exc}", 503)
+        entry = _Request(rid, result, plan, request.sampling.max_new_tokens, request.sampling.logprobs)
+        self._requests[rid] = entry
+        self._total_requests += 1
+        return entry
+
+    def _to_output(self, entry: _Request, completion: Any, *, finished: bool) -> EngineOutput:
+        tokens = list(completion.token_ids_diff)
+        logprobs = token_logprobs(tokens, completion.logprobs_diff) if entry.logprobs else None
+        entry.generated += len(tokens)
+        self._total_tokens += len(tokens)
+        if not finished:
+            return EngineOutput(entry.request_id, tokens, logprobs)
+        tokens, reason = final_tokens_and_reason(
+            tokens,
+            reason_name(completion.finish_reason, completion.stop_reason),
+            end_id=entry.plan.end_id,
+            extra_eos=entry.plan.extra_eos,
+            generated=entry.generated,
+            max_new_tokens=entry.max_new_tokens,
+        )
+        if entry.cancelled:
+            reason = FinishReason.CANCELLED
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)]
+        return EngineOutput(entry.request_id, tokens, logprobs, finished=True, finish_reason=reason)
+
+    async def cancel(self, request_id: str) -> None:
+        entry = self._requests.get(request_id)
+        if entry is not None and not entry.done:
+            self._abort(entry)
+
+    def _abort(self, entry: _Request) -> None:
+        if entry.cancelled:
+            return
+        entry.cancelled = True
+        try:
+            entry.result.abort()
+        except RuntimeError as exc:  # the executor is already gone (shutdown)
+            log.warning("abort of %s failed: %s", entry.request_id, exc)
+
+    def _forget(self, entry: _Request) -> None:
+        entry.done = True
+        self._requests.pop(entry.request_id, None)
+
+    # ------------------------------------------------------------------ stats
+
+    async def _poll_stats(self) -> None:
+        """Keep the newest iteration stats. A get_stats_async pass ends after its timeout when idle; the
+        pause between passes bounds the polling however a release ends them (stats queue up meanwhile)."""
+        failed_before = False
+        while not self._closed:
+            try:
+                async for stat in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                    self._last_iteration = json.loads(stat) if isinstance(stat, str) else stat
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 — stats must never take serving down
+                log.log(logging.DEBUG if failed_before else logging.WARNING,
+                        "reading TensorRT-LLM iteration stats failed", exc_info=True)
+                failed_before = True
+            await asyncio.sleep(STATS_PAUSE_S)
+
+    def stats(self) -> EngineStats:
+        extra: dict[str, float] = {}
+        it = self._last_iteration
+        if it is not None:
+            extra["executor_active_requests"] = float(it.get("numActiveRequests", 0))
+            kv = it.get("kvCacheStats")
+            if kv:
+                extra["kv_cache_free_blocks"] = float(kv.get("freeNumBlocks", 0))
+                extra["kv_cache_used_blocks"] = float(kv.get("usedNumBlocks", 0))
+                extra["kv_cache_max_blocks"] = float(kv.get("maxNumBlocks", 0))
+        return EngineStats(
+            active_requests=len(self._requests),
+            queued_requests=int(it.get("numQueuedRequests", 0)) if it is not None else 0,
+            max_batch_size=self._limits.max_batch_size,
+            total_requests=self._total_requests,
+            total_generated_tokens=self._total_tokens,
+            extra=extra,
+        )

@@ -1,0 +1,319 @@
+"""Plain listing of TensorRT-LLM's LLM API (PyTorch backend) surface that the fake and lmi_trt may use.
+
+Data only, parsed with ``ast.literal_eval`` (never imported). Read from NVIDIA/TensorRT-LLM sources
+through the public-code index. The index keeps file versions by crawl commit, not by release tag, so
+each entry says which copy it was read from:
+
+* ``LLM-1.x``  tensorrt_llm/llmapi/llm.py @4c05a74891e4df8066f08ed4ce14b0972abe4e25 (BaseLLM/_TorchLLM/
+  ``class LLM(_TorchLLM)``, ``scheduling_params``/``cache_salt``, no ``priority``: the 1.0/1.1 line);
+* ``LLM-new``  tensorrt_llm/llmapi/llm.py, a later unlabeled copy (``priority``, ``trace_headers``,
+  ``conversation_params``; still with ``_TrtLLM``): the 1.2 line;
+* ``STATS``    the ``get_stats``/``get_stats_async`` bodies of tensorrt_llm/llmapi/llm.py (two copies, same text);
+* ``ARGS``     tensorrt_llm/llmapi/llm_args.py (``SchedulerConfig`` read in three copies: the newest adds
+  ``waiting_queue_policy``; ``KvCacheConfig``/``CudaGraphConfig`` from the 1.2-era copy);
+* ``SP``       tensorrt_llm/sampling_params.py @a98a9061d72f6fd39f5d055ebdd2c6878a100e2c (~1.1–1.2);
+* ``RES``      tensorrt_llm/executor/result.py @005bc848893f575ec14b45d6b13139360d67c790 (CompletionOutput,
+  ``_handle_sequence``: finish reasons, stop-word stripping, cumulative ``token_ids``/``logprobs``);
+* ``UTILS``    tensorrt_llm/executor/utils.py @015884d6f9c477bf3c3928c61f5b5a143c7630c5 (``RequestError(RuntimeError)``);
+* ``INIT``     tensorrt_llm/llmapi/__init__.py ``__all__``: a 1.x copy (with ``TrtLlmArgs``) and a main copy
+  (no ``BuildConfig``/``TrtLlmArgs``; ``AsyncLLM`` added);
+* ``SERVE``    tensorrt_llm/serve/openai_server.py copies: ``generate_async(inputs=, sampling_params=,
+  streaming=, ...)``, ``asyncio.create_task(self.await_disconnected(raw_request, promise))`` then
+  ``promise.abort()``; ``RequestError`` → HTTP 400; ``get_stats_async`` feeds ``/metrics``;
+  tensorrt_llm/serve/postprocess_handlers.py ``create_logprobs``: an entry is a float or ``dict[int, Logprob]``.
+
+Release facts that are not in one file:
+
+* TensorRT-engine removal: PRs 15918 ("Remove python modules ... for legacy TensorRT backend") and 16369
+  ("Remove C++ modules for legacy TRT backend": "The nanobind ``Executor`` class no longer exists") merged
+  on main after 1.2; the fake calls that release ``1.3.0`` (the first one without the Executor binding).
+* Log probs on the PyTorch backend: PR 6097 "Topk logprobs for TRT backend and top1 logprob for PyT backend"
+  (in 1.0.0), PR 7756 "Return topk logprobs in torch backend" (merged 2025-09, after the 1.0 branch: 1.1.0+).
+  PR 9374 ("Change PyT to always include sampled logprob") was closed unmerged, so a sampled token outside
+  the top k may be missing from its step's dict: users must not rely on it being there.
+
+Conventions as in ``trtllm_api_surface.py``: "ctor" is a list of overloads of parameter strings
+("name", "name=DEFAULT", "*", "**kwargs"); pydantic models and slot dataclasses are keyword-only
+construction ("notes" says so); "fields" lists field → default text; "releases" lists the fake's release
+values an entry exists in; "source" names the copy it was read from.
+"""
+
+RELEASES = ["1.0.0", "1.1.0", "1.2.1", "1.3.0"]
+
+SURFACE = {
+    # ------------------------------------------------------------------ tensorrt_llm.llmapi
+    "tensorrt_llm.llmapi": {
+        "__all__": [
+            "LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "GuidedDecodingParams",
+            "KvCacheConfig", "CudaGraphConfig", "SchedulerConfig", "CapacitySchedulerPolicy",
+            "ContextChunkingPolicy", "RequestError", "TorchLlmArgs",
+        ],
+        "LLM": {
+            "source": "LLM-1.x, LLM-new: tensorrt_llm/llmapi/llm.py class LLM(_TorchLLM)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [[
+                "model", "tokenizer=None", "tokenizer_mode='auto'", "skip_tokenizer_init=False",
+                "trust_remote_code=False", "tensor_parallel_size=1", "dtype='auto'", "revision=None",
+                "tokenizer_revision=None", "**kwargs",
+            ]],
+            "notes": "kwargs must be TorchLlmArgs fields (else ValueError 'LLM got invalid argument: <key>'); "
+                     "TrtLlmArgs-only keys raise ValueError pointing at tensorrt_llm._tensorrt_engine.LLM (1.x)",
+            "methods": [
+                "generate", "generate_async", "shutdown", "get_stats", "get_stats_async",
+                "__enter__", "__exit__",
+            ],
+            "props_ro": ["tokenizer", "args"],
+            "sigs": {
+                "generate_async": [
+                    # LLM-1.x (1.0.0, 1.1.0)
+                    "(inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None, streaming=False, "
+                    "kv_cache_retention_config=None, disaggregated_params=None, _postproc_params=None, "
+                    "scheduling_params=None, cache_salt=None) -> RequestOutput",
+                    # LLM-new (1.2.1, and main at the time it was read)
+                    "(inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None, streaming=False, "
+                    "kv_cache_retention_config=None, disaggregated_params=None, trace_headers=None, "
+                    "_postproc_params=None, scheduling_params=None, conversation_params=None, cache_salt=None, "
+                    "priority=0.5) -> RequestOutput",
+                ],
+                "shutdown": "() -> None",
+                "get_stats": "(timeout=2) -> List[dict]",
+                "get_stats_async": "(timeout=2) -> IterationResult",
+            },
+            "sigs_by_release": {"generate_async": {"1.0.0": 0, "1.1.0": 0, "1.2.1": 1, "1.3.0": 1}},
+            "semantics": {
+                "generate_async": "returns a RequestOutput at once (not a coroutine); needs a running event loop "
+                                  "for async iteration; RequestError/ValueError/TypeError for bad input raise "
+                                  "synchronously; RuntimeError('LLM is shutting down') once shut down",
+                "max_num_tokens": "without enable_chunked_prefill, a prompt longer than max_num_tokens is refused "
+                                  "synchronously (LLM-new _check_arguments)",
+                "get_stats_async": "IterationResult: async iterable of per-iteration stats (JSON objects: iter, "
+                                   "numActiveRequests, numQueuedRequests, maxNumActiveRequests, kvCacheStats"
+                                   "{maxNumBlocks, freeNumBlocks, usedNumBlocks, tokensPerBlock}); iteration stops "
+                                   "after `timeout` seconds without a new one (STATS, RES IterationResult); needs "
+                                   "enable_iter_perf_stats=True",
+                "shutdown": "safe to call twice; stops the executor and the MPI session it owns",
+            },
+        },
+        "RequestOutput": {
+            "source": "LLM-1.x, LLM-new: tensorrt_llm/llmapi/llm.py RequestOutput(DetokenizedGenerationResultBase, "
+                      "GenerationResult); built by _from_generation_result, never by its constructor",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "props_ro": ["request_id", "prompt", "prompt_token_ids", "outputs", "finished", "context_logits"],
+            "methods": ["abort", "aborted", "result", "aresult", "__aiter__", "__anext__", "__await__"],
+            "semantics": {
+                "__anext__": "applies the next queued response and returns the same object; StopAsyncIteration "
+                             "once the final one was applied (RES GenerationResult)",
+                "abort": "asks the executor to abort the request; it ends with finish_reason 'cancelled'",
+                "errors": "an error response raises RequestError out of the iteration of that request only",
+            },
+        },
+        "CompletionOutput": {
+            "source": "RES: tensorrt_llm/executor/result.py @dataclass(slots=True) CompletionOutput",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [[
+                "index", "text=''", "token_ids=field(default_factory=list)", "cumulative_logprob=None",
+                "logprobs=field(default_factory=list)", "prompt_logprobs=field(default_factory=list)", "finish_reason=None", "stop_reason=None", "generation_logits=None",
+                "disaggregated_params=None",
+            ]],
+            "props_rw": [
+                "index", "text", "token_ids", "cumulative_logprob", "logprobs", "prompt_logprobs",
+                "finish_reason", "stop_reason", "generation_logits", "disaggregated_params",
+            ],
+            "props_ro": ["length", "text_diff", "token_ids_diff", "logprobs_diff"],
+            "finish_reasons": ["stop", "length", "timeout", "cancelled"],
+            "semantics": {
+                "token_ids": "cumulative; token_ids_diff is what the last applied response added",
+                "logprobs": "cumulative list, one entry per token: dict[int, Logprob] (PyTorch backend)",
+                "finish_reason": "END_ID and STOP_WORDS → 'stop'; LENGTH → 'length'; TIMED_OUT → 'timeout'; "
+                                 "CANCELLED → 'cancelled'",
+                "stop_reason": "the stop string or stop token id that ended the sequence, else None; the stop "
+                               "tokens are cut from token_ids unless include_stop_str_in_output",
+                "end_id": "not verified: whether the PyTorch backend keeps the end id in token_ids (the C++ "
+                          "Executor does not); lmi-trt drops a trailing end id either way",
+            },
+        },
+        "GenerationResult": {
+            "source": "RES: tensorrt_llm/executor/result.py GenerationResultBase / GenerationResult (the base of "
+                      "RequestOutput); keeps self.id and self.sampling_params",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "props_ro": ["request_id", "finished", "outputs"],
+            "methods": ["abort", "aborted", "result", "aresult", "__aiter__", "__anext__", "__await__"],
+        },
+        "IterationResult": {
+            "source": "RES: tensorrt_llm/executor/result.py IterationResult (what get_stats_async returns)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "methods": ["__aiter__", "__anext__"],
+        },
+        "Logprob": {
+            "source": "tensorrt_llm/executor/result.py (NamedTuple-like dataclass Logprob(logprob, rank))",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [["logprob", "rank=None"]],
+            "props_rw": ["logprob", "rank"],
+            "semantics": {
+                "top_k": "1.0.0: one entry per step (PR 6097: top-1 on PyTorch); 1.1.0+: the requested top k "
+                         "(PR 7756)",
+            },
+        },
+        "RequestError": {
+            "source": "UTILS: tensorrt_llm/executor/utils.py class RequestError(RuntimeError)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "bases": ["RuntimeError"],
+        },
+        "SamplingParams": {
+            "source": "SP: tensorrt_llm/sampling_params.py @dataclass(slots=True, kw_only=True) SamplingParams",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only; __post_init__ validates (ValueError): top_p in [0,1], top_k >= 0, "
+                     "temperature >= 0, best_of >= n",
+            "ctor": [[
+                "*",
+                "end_id=None", "pad_id=None", "max_tokens=32", "bad=None", "bad_token_ids=None", "stop=None",
+                "stop_token_ids=None", "include_stop_str_in_output=False", "embedding_bias=None",
+                "logits_processor=None", "apply_batched_logits_processor=False", "n=1", "best_of=None",
+                "use_beam_search=False", "top_k=None", "top_p=None", "top_p_min=None", "top_p_reset_ids=None",
+                "top_p_decay=None", "seed=None", "temperature=None", "min_tokens=None",
+                "beam_search_diversity_rate=None", "repetition_penalty=None", "presence_penalty=None",
+                "frequency_penalty=None", "length_penalty=None",
+                "early_stopping=None", "no_repeat_ngram_size=None", "min_p=None", "beam_width_array=None",
+                "logprobs=None", "prompt_logprobs=None", "return_context_logits=False",
+                "return_generation_logits=False", "exclude_input_from_output=True", "return_encoder_output=False",
+                "return_perf_metrics=False", "additional_model_outputs=None", "lookahead_config=None",
+                "guided_decoding=None", "ignore_eos=False", "detokenize=True", "add_special_tokens=True",
+                "truncate_prompt_tokens=None", "skip_special_tokens=True", "spaces_between_special_tokens=True",
+            ]],
+            "props_rw": [
+                "end_id", "pad_id", "max_tokens", "bad", "bad_token_ids", "stop", "stop_token_ids",
+                "include_stop_str_in_output", "embedding_bias", "logits_processor", "apply_batched_logits_processor",
+                "n", "best_of", "use_beam_search", "top_k", "top_p", "top_p_min", "top_p_reset_ids", "top_p_decay",
+                "seed", "temperature", "min_tokens", "beam_search_diversity_rate", "repetition_penalty",
+                "presence_penalty", "frequency_penalty", "length_penalty", "early_stopping", "no_repeat_ngram_size",
+                "min_p", "beam_width_array", "logprobs",
+                "prompt_logprobs", "return_context_logits", "return_generation_logits", "exclude_input_from_output",
+                "return_encoder_output", "return_perf_metrics", "additional_model_outputs", "lookahead_config",
+                "guided_decoding", "ignore_eos", "detokenize", "add_special_tokens", "truncate_prompt_tokens",
+                "skip_special_tokens", "spaces_between_special_tokens",
+            ],
+            "static_methods": ["params_imply_greedy_decoding"],
+            "semantics": {
+                "greedy": "params_imply_greedy_decoding: temperature 0, or top_k 1, or top_p 0, or all of "
+                          "temperature/top_k/top_p unset; best_of > 1 with greedy is a ValueError",
+                "stop_token_ids": "single token ids; multi-token stops come as `stop` strings, tokenized without "
+                                  "special tokens",
+                "bad_token_ids": "single token ids; multi-token bans come as `bad` strings",
+                "end_id": "None → the tokenizer's eos_token_id; ignore_eos keeps generating past it",
+                "logprobs": "an int: the top-k count per generated token (True → 1)",
+                "beam": "use_beam_search=True with best_of=beam width, n=returned beams",
+            },
+        },
+        "GuidedDecodingParams": {
+            "source": "SP: tensorrt_llm/sampling_params.py @dataclass(slots=True, kw_only=True)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only",
+            "ctor": [["*", "json=None", "regex=None", "grammar=None", "json_object=False", "structural_tag=None"]],
+            "props_rw": ["json", "regex", "grammar", "json_object", "structural_tag"],
+        },
+        "KvCacheConfig": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class KvCacheConfig(StrictBaseModel, PybindMirror)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only (pydantic, unknown keys rejected)",
+            "ctor": [[
+                "*", "enable_block_reuse=True", "max_tokens=None", "max_attention_window=None",
+                "sink_token_length=None", "free_gpu_memory_fraction=0.9", "host_cache_size=None",
+                "onboard_blocks=True", "cross_kv_cache_fraction=None", "secondary_offload_min_priority=None",
+                "event_buffer_max_size=0", "enable_partial_reuse=True", "copy_on_partial_reuse=True",
+                "use_uvm=False", "dtype='auto'", "tokens_per_block=32",
+            ]],
+            "props_rw": [
+                "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
+                "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction",
+                "secondary_offload_min_priority", "event_buffer_max_size", "enable_partial_reuse",
+                "copy_on_partial_reuse", "use_uvm", "dtype", "tokens_per_block",
+            ],
+            "semantics": {"max_tokens": "the KV pool is min(max_tokens, free_gpu_memory_fraction of free memory)"},
+        },
+        "CudaGraphConfig": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class CudaGraphConfig(StrictBaseModel)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only (pydantic); batch_sizes given → sorted, max_batch_size = max(batch_sizes); neither "
+                     "→ max_batch_size 128 and generated sizes; TorchLlmArgs.cuda_graph_config=None disables graphs",
+            "ctor": [["*", "batch_sizes=None", "max_batch_size=0", "enable_padding=False"]],
+            "props_rw": ["batch_sizes", "max_batch_size", "enable_padding"],
+        },
+        "SchedulerConfig": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class SchedulerConfig(StrictBaseModel, PybindMirror)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only (pydantic)",
+            "ctor": [[
+                "*", "capacity_scheduler_policy=CapacitySchedulerPolicy.GUARANTEED_NO_EVICT",
+                "context_chunking_policy=None", "dynamic_batch_config=None",
+                "waiting_queue_policy=WaitingQueuePolicy.FCFS  # newest copy only",
+            ]],
+            "props_rw": ["capacity_scheduler_policy", "context_chunking_policy", "dynamic_batch_config"],
+        },
+        "CapacitySchedulerPolicy": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class CapacitySchedulerPolicy(StrEnum)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "members": ["MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"],
+        },
+        "ContextChunkingPolicy": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class ContextChunkingPolicy(StrEnum)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "members": ["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"],
+        },
+        "TorchLlmArgs": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py TorchLlmArgs(BaseLlmArgs); the LLM keywords lmi_trt maps",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only (pydantic); explicit None for max_batch_size/max_input_len/max_beam_width/"
+                     "max_num_tokens is reset to the default",
+            "ctor": [[
+                "*", "model", "tokenizer=None", "tokenizer_mode='auto'", "skip_tokenizer_init=False",
+                "trust_remote_code=False", "tensor_parallel_size=1", "dtype='auto'", "revision=None",
+                "tokenizer_revision=None", "pipeline_parallel_size=1", "context_parallel_size=1",
+                "gpus_per_node=None", "enable_attention_dp=False", "enable_lora=False", "lora_config=None",
+                "kv_cache_config=KvCacheConfig()", "enable_chunked_prefill=False", "guided_decoding_backend=None",
+                "scheduler_config=SchedulerConfig()", "max_batch_size=2048", "max_input_len=1024",
+                "max_seq_len=None", "max_beam_width=1", "max_num_tokens=8192", "gather_generation_logits=False",
+                "num_postprocess_workers=0", "postprocess_tokenizer_dir=None", "reasoning_parser=None",
+                "return_perf_metrics=False", "cuda_graph_config=CudaGraphConfig()",
+                "disable_overlap_scheduler=False", "attn_backend='TRTLLM'", "sampler_type='auto'",
+                "enable_iter_perf_stats=False", "enable_iter_req_stats=False", "print_iter_log=False",
+                "torch_compile_config=None", "stream_interval=1", "max_stats_len=1000",
+            ]],
+        },
+    },
+    # ------------------------------------------------------------------ module layout (real paths)
+    "modules": {
+        "tensorrt_llm": {"exports": ["LLM", "SamplingParams"], "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"]},
+        "tensorrt_llm.llmapi.llm": {"exports": ["LLM", "RequestOutput"]},
+        "tensorrt_llm.llmapi.llm_args": {
+            "exports": ["KvCacheConfig", "CudaGraphConfig", "SchedulerConfig", "CapacitySchedulerPolicy",
+                        "ContextChunkingPolicy", "TorchLlmArgs"],
+        },
+        "tensorrt_llm.sampling_params": {"exports": ["SamplingParams", "GuidedDecodingParams"]},
+        "tensorrt_llm.executor": {"exports": ["CompletionOutput", "GenerationResult", "RequestError"]},
+        "tensorrt_llm.executor.result": {
+            "exports": ["CompletionOutput", "Logprob", "GenerationResult", "IterationResult"],
+        },
+        "tensorrt_llm.executor.utils": {"exports": ["RequestError"]},
+        "tensorrt_llm.bindings.executor": {
+            "exports": ["Executor"],
+            "releases": ["1.0.0", "1.1.0", "1.2.1"],
+            "note": "Executor removed after 1.2 (PRs 15918, 16369)",
+        },
+        "tensorrt_llm._tensorrt_engine": {
+            "exports": ["LLM"],
+            "releases": ["1.0.0", "1.1.0", "1.2.1"],
+            "note": "the TensorRT-engine LLM since 1.0; removed with PR 15918",
+        },
+    },
+    # ------------------------------------------------------------------ who already names the backend choice
+    "backend_choice": {
+        "trtllm-serve": "--backend pytorch|tensorrt|_autodeploy (default pytorch since 1.0; 'trt' is an alias "
+                        "of tensorrt; 0.18 docs: 'Set to pytorch for pytorch path. Default is cpp path')",
+        "LLM": "LLM(backend=...) is a deprecated TorchLlmArgs field; BaseLLM picks TorchLlmArgs for 'pytorch', "
+               "_autodeploy's args for '_autodeploy', TrtLlmArgs otherwise (LLM-1.x)",
+        "djl-serving": "option.backend (None or 'pytorch') in djl_python/properties_manager/trt_properties.py "
+                       "(TensorRtLlmProperties.backend → LLM(backend=...)); wlm/LmiUtils.java skips the engine "
+                       "build when option.backend=pytorch",
+        "lmi-trt": "option.backend = auto | pytorch | tensorrt (DJL's key, trtllm-serve's values)",
+    },
+}

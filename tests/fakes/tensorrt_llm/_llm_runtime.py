@@ -1,0 +1,276 @@
+"""The fake LLM API's inside (private): an in-flight-batching step loop over the Hugging Face checkpoint
+the LLM was built from. Model loading and token selection are the Executor fake's (``_runtime``).
+
+Kept from the PyTorch backend (tensorrt_llm/_torch/pyexecutor): requests join and leave the running
+batch at any step; at most ``max_batch_size`` run and, under GUARANTEED_NO_EVICT, only while the KV cache
+(``KvCacheConfig.max_tokens``, in ``tokens_per_block`` blocks) can hold every admitted request's prompt +
+max_tokens (MAX_UTILIZATION admits on the prompt alone); the rest wait in arrival order. A sequence ends
+at ``max_seq_len``; ``abort_request`` ends it with CANCELLED; a failure of one request becomes an error
+response for that request only. Log probs come from the raw logits' log-softmax (PR 7756): 1.0.0 gives
+the sampled token's only (PR 6097: top-1 on PyTorch), later releases the requested top k.
+Simplification: beam search is decoded in one go by transformers' beam search (one final response).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tensorrt_llm import _state
+from tensorrt_llm._runtime import _load_model, _select
+from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
+
+
+@dataclass(frozen=True)
+class _Strategy:
+    """SamplingParams in the shape ``_runtime._select`` reads (greedy = top_k 1)."""
+
+    top_k: int
+    top_p: float
+    temperature: float | None
+    seed: int | None
+    min_tokens: int | None
+    repetition_penalty: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+
+    @classmethod
+    def of(cls, sp) -> _Strategy:
+        greedy = sp._greedy_decoding
+        return cls(
+            top_k=1 if greedy else (sp.top_k or 0),
+            top_p=1.0 if greedy or sp.top_p is None else sp.top_p,
+            temperature=sp.temperature,
+            seed=sp.seed,
+            min_tokens=sp.min_tokens,
+            repetition_penalty=sp.repetition_penalty,
+            presence_penalty=sp.presence_penalty,
+            frequency_penalty=sp.frequency_penalty,
+        )
+
+
+@dataclass(eq=False)
+class _Seq:
+    result: GenerationResult
+    prompt: list[int]
+    max_tokens: int
+    end_id: int
+    sampling: _Strategy
+    bad_words: list[list[int]]
+    stop_words: list[list[int]]
+    top_logprobs: int
+    streaming: bool
+    beam_width: int
+    generated: list[int] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    sent: int = 0
+    pending_logprobs: list = field(default_factory=list)  # per-token dicts not sent yet
+    past: object = None
+    logits: object = None
+    generator: object = None
+
+    @property
+    def id(self) -> int:
+        return self.result.id
+
+
+class LlmRuntime:
+    def __init__(self, hf_dir: str, args) -> None:
+        self.args = args
+        self._model = _load_model(hf_dir)
+        positions = getattr(self._model.config, "max_position_embeddings", None)
+        self.max_seq_len = args.max_seq_len or positions
+        self.tokens_per_block = args.kv_cache_config.tokens_per_block
+        kv_tokens = args.kv_cache_config.max_tokens or args.max_batch_size * self.max_seq_len
+        self.kv_blocks = kv_tokens // self.tokens_per_block
+        self._cv = threading.Condition()
+        self._waiting: deque[_Seq] = deque()
+        self._active: list[_Seq] = []
+        self._cancel: set[int] = set()
+        self._stats: deque[str] = deque(maxlen=args.max_stats_len)
+        self._iter = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="fake-llmapi-executor", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ client side (event loop thread)
+
+    def submit(self, seq: _Seq) -> None:
+        with self._cv:
+            if self._stop:
+                raise RuntimeError("LLM is shutting down")
+            self._waiting.append(seq)
+            self._cv.notify_all()
+
+    def abort_request(self, request_id: int) -> None:
+        with self._cv:
+            self._cancel.add(request_id)
+            self._cv.notify_all()
+
+    def next_stats(self) -> str | None:
+        with self._cv:
+            return self._stats.popleft() if self._stats else None
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # ------------------------------------------------------------ step loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                started = time.monotonic()
+                self._take_cancellations()
+                admitted = self._admit()
+            finished = 0
+            for seq in list(self._active):
+                if self._step(seq, seq in admitted):
+                    finished += 1
+                    self._active.remove(seq)
+            with self._cv:
+                self._record_stats(started, len(admitted), finished)
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.tokens_per_block)
+
+    def _reserved_blocks(self, seq: _Seq) -> int:
+        policy = self.args.scheduler_config.capacity_scheduler_policy.value
+        tokens = len(seq.prompt) + (seq.max_tokens if policy == "GUARANTEED_NO_EVICT" else len(seq.generated))
+        return self._blocks(tokens)
+
+    def _take_cancellations(self) -> None:
+        for seq in [s for s in (*self._waiting, *self._active) if s.id in self._cancel]:
+            (self._active if seq in self._active else self._waiting).remove(seq)
+            seq.result._enqueue(self._response(seq, "CANCELLED"))
+        self._cancel.clear()
+
+    def _admit(self) -> set[_Seq]:
+        admitted: set[_Seq] = set()
+        used = sum(self._reserved_blocks(s) for s in self._active)
+        while self._waiting and len(self._active) < self.args.max_batch_size:
+            seq = self._waiting[0]
+            if len(seq.prompt) >= self.max_seq_len:
+                # A stand-in for a run-time failure of one request: PyExecutor answers it with an error
+                # response for that request (the LLM API raises it as RequestError from its iterator).
+                self._waiting.popleft()
+                seq.result._enqueue(_Response([], None, None, None, True, error=(
+                    f"The prompt length ({len(seq.prompt)}) must be smaller than max_seq_len ({self.max_seq_len})")))
+                continue
+            need = self._reserved_blocks(seq)
+            if self._active and used + need > self.kv_blocks:
+                break  # wait for KV cache room (a lone request always runs)
+            self._waiting.popleft()
+            seq.max_tokens = min(seq.max_tokens, self.max_seq_len - len(seq.prompt))
+            self._active.append(seq)
+            admitted.add(seq)
+            used += need
+        return admitted
+
+    def _step(self, seq: _Seq, new: bool) -> bool:
+        """One decoding step; True when the sequence ended."""
+        import torch
+
+        try:
+            with torch.no_grad():
+                if seq.beam_width > 1:
+                    seq.result._enqueue(self._beam_search(seq))
+                    return True
+                if new:
+                    self._forward(seq, seq.prompt)
+                token, _ = _select(seq)
+                reason = self._advance(seq, token)
+                if reason is None:
+                    self._forward(seq, [token])
+        except Exception as exc:  # one request's failure must not end the others
+            seq.result._enqueue(_Response([], None, None, None, True, error=f"{type(exc).__name__}: {exc}"))
+            return True
+        if reason is not None or seq.streaming:
+            seq.result._enqueue(self._response(seq, reason))
+        return reason is not None
+
+    def _forward(self, seq: _Seq, ids: list[int]) -> None:
+        import torch
+
+        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+
+    def _advance(self, seq: _Seq, token: int) -> str | None:
+        import torch
+
+        if token == seq.end_id:
+            return "END_ID"
+        logprobs = torch.log_softmax(seq.logits, -1)
+        seq.cum_logprob += float(logprobs[token])
+        seq.generated.append(token)
+        if seq.top_logprobs:
+            seq.pending_logprobs.append(_logprob_entry(logprobs, token, seq.top_logprobs))
+        if any(w and seq.generated[-len(w):] == w for w in seq.stop_words):
+            return "STOP_WORDS"
+        if len(seq.generated) >= seq.max_tokens:
+            return "LENGTH"
+        return None
+
+    def _response(self, seq: _Seq, reason: str | None) -> _Response:
+        start = seq.sent if seq.streaming else 0
+        seq.sent = len(seq.generated)
+        logprobs = None
+        if seq.top_logprobs:
+            logprobs, seq.pending_logprobs = seq.pending_logprobs, []
+        final = reason is not None
+        return _Response([seq.generated[start:]], logprobs, seq.cum_logprob, reason, final)
+
+    def _beam_search(self, seq: _Seq) -> _Response:
+        import torch
+
+        gen = self._model.generate(
+            torch.tensor([seq.prompt]), num_beams=seq.beam_width, num_return_sequences=seq.beam_width,
+            max_new_tokens=seq.max_tokens, do_sample=False, eos_token_id=seq.end_id if seq.end_id >= 0 else None,
+            pad_token_id=max(seq.end_id, 0),
+        )
+        beams, ended = [], False
+        for row in gen[:, len(seq.prompt):].tolist():
+            if seq.end_id in row:
+                row, ended = row[: row.index(seq.end_id)], ended or not beams
+            beams.append(row)
+        return _Response(beams, None, None, "END_ID" if ended else "LENGTH", True)
+
+    def _record_stats(self, started: float, new: int, finished: int) -> None:
+        if not self.args.enable_iter_perf_stats:
+            return
+        used = sum(self._blocks(len(s.prompt) + len(s.generated)) for s in self._active)
+        self._stats.append(json.dumps({
+            "iter": self._iter,
+            "iterLatencyMS": (time.monotonic() - started) * 1000.0,
+            "numNewActiveRequests": new,
+            "numActiveRequests": len(self._active),
+            "numQueuedRequests": len(self._waiting),
+            "numCompletedRequests": finished,
+            "maxNumActiveRequests": self.args.max_batch_size,
+            "kvCacheStats": {
+                "maxNumBlocks": self.kv_blocks,
+                "freeNumBlocks": max(self.kv_blocks - used, 0),
+                "usedNumBlocks": used,
+                "tokensPerBlock": self.tokens_per_block,
+            },
+        }))
+        self._iter += 1
+
+
+def _logprob_entry(logprobs, token: int, k: int) -> dict[int, Logprob]:
+    import torch
+
+    if _state.series() < (1, 1):  # 1.0.0: the sampled token's log prob only (PR 6097)
+        return {token: Logprob(float(logprobs[token]), None)}
+    values, indices = torch.topk(logprobs, min(k, logprobs.numel()))
+    return {int(i): Logprob(float(v), rank) for rank, (v, i) in enumerate(zip(values, indices), start=1)}

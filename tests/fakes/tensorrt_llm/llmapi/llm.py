@@ -1,0 +1,184 @@
+"""Fake ``tensorrt_llm.llmapi.llm`` (real file: tensorrt_llm/llmapi/llm.py): ``LLM`` (the PyTorch backend's
+``_TorchLLM``) and ``RequestOutput``.
+
+Kept from the real one: the constructor's keywords and order; ``**kwargs`` must be ``TorchLlmArgs`` fields
+(1.x names the TensorRT-engine LLM for TrtLlmArgs-only keys); ``generate_async`` returns at once (input
+errors raise synchronously: a prompt over ``max_num_tokens`` without chunked prefill, logprobs > 1 on 1.0.0);
+stop/bad strings are tokenized through the model's tokenizer (``SamplingParams._setup``); stats only with
+``enable_iter_perf_stats``; ``shutdown`` twice is fine. Releases come from the fake's version: the LLM API
+PyTorch backend is the default from 1.0 (0.x is refused here: its ``LLM`` built TensorRT engines).
+Simplification: one process, world size 1 (the real one spawns MPI workers for TP×PP > 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tensorrt_llm import _state
+from tensorrt_llm._llm_runtime import LlmRuntime, _Seq, _Strategy
+from tensorrt_llm.executor.result import GenerationResult, IterationResult
+from tensorrt_llm.llmapi.llm_args import _TRT_ONLY_KEYS, TorchLlmArgs
+from tensorrt_llm.sampling_params import SamplingParams
+
+# generate_async keywords that came with the 1.2 line (LLM-new); earlier releases reject them.
+_NEWER_KEYWORDS = {"trace_headers": None, "conversation_params": None, "priority": 0.5}
+
+
+class RequestOutput(GenerationResult):
+    def __init__(self, *args, **kwargs) -> None:
+        raise RuntimeError("RequestOutput is created by LLM.generate_async, not directly")
+
+    @classmethod
+    def _from_generation(cls, request_id: int, prompt_token_ids: list[int], sampling_params, streaming, executor):
+        self = cls.__new__(cls)
+        GenerationResult.__init__(self, request_id, sampling_params, streaming, executor)
+        self._prompt_token_ids = prompt_token_ids
+        return self
+
+    @property
+    def prompt(self) -> str | None:
+        return None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self._prompt_token_ids
+
+    @property
+    def context_logits(self):
+        return None
+
+
+class LLM:
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        tokenizer_mode="auto",
+        skip_tokenizer_init=False,
+        trust_remote_code=False,
+        tensor_parallel_size=1,
+        dtype="auto",
+        revision=None,
+        tokenizer_revision=None,
+        **kwargs,
+    ) -> None:
+        if _state.series() < (1, 0):
+            raise ImportError(f"fake tensorrt_llm {_state.version()}: the LLM API's PyTorch LLM exists from 1.0")
+        self._executor = None
+        for key in kwargs:
+            if key in _TRT_ONLY_KEYS and _state.series() < (1, 3):
+                raise ValueError(
+                    f"{key} is not supported by the PyTorch backend. Please use "
+                    "'from tensorrt_llm._tensorrt_engine import LLM' instead to use the TensorRT backend."
+                )
+            if key not in TorchLlmArgs.model_fields:
+                raise ValueError(f"LLM got invalid argument: {key}")
+        self.args = TorchLlmArgs(
+            model=str(model), tokenizer=tokenizer, tokenizer_mode=tokenizer_mode,
+            skip_tokenizer_init=skip_tokenizer_init, trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_parallel_size, dtype=dtype, revision=revision,
+            tokenizer_revision=tokenizer_revision, **kwargs,
+        )
+        world = self.args.tensor_parallel_size * self.args.pipeline_parallel_size
+        if world != 1:
+            raise RuntimeError(f"fake tensorrt_llm runs one rank; tensor_parallel_size × pipeline_parallel_size = {world}")
+        folder = Path(self.args.model)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
+        self._tokenizer = None
+        if not skip_tokenizer_init:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer or str(folder))
+        self._executor = LlmRuntime(str(folder), self.args)
+        self._next_id = 1
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def generate_async(
+        self,
+        inputs,
+        sampling_params=None,
+        lora_request=None,
+        prompt_adapter_request=None,
+        streaming=False,
+        kv_cache_retention_config=None,
+        disaggregated_params=None,
+        trace_headers=None,
+        _postproc_params=None,
+        scheduling_params=None,
+        conversation_params=None,
+        cache_salt=None,
+        priority=0.5,
+    ) -> RequestOutput:
+        if _state.series() < (1, 2):
+            given = {"trace_headers": trace_headers, "conversation_params": conversation_params, "priority": priority}
+            for name, default in _NEWER_KEYWORDS.items():
+                if given[name] != default:
+                    raise TypeError(f"generate_async() got an unexpected keyword argument '{name}'")
+        if self._executor is None:
+            raise RuntimeError("LLM is shutting down")
+        prompt = self._prompt_ids(inputs)
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(f"The sampling_params must be type SamplingParams or None, but got {type(sp)}")
+        if self._tokenizer is not None:
+            sp._setup(self._tokenizer)
+        elif sp.end_id is None or sp.stop is not None or sp.bad is not None:
+            raise ValueError("tokenizer is required to set up end_id, stop or bad strings (skip_tokenizer_init=True)")
+        self._check_arguments(prompt, sp)
+        result = RequestOutput._from_generation(self._next_id, prompt, sp, streaming, self._executor)
+        self._next_id += 1
+        self._executor.submit(_Seq(
+            result=result,
+            prompt=prompt,
+            max_tokens=sp.max_tokens,
+            end_id=-1 if sp.ignore_eos else sp.end_id,
+            sampling=_Strategy.of(sp),
+            bad_words=sp._get_bad_words(),
+            stop_words=sp._get_stop_words(),
+            top_logprobs=sp.logprobs or 0,
+            streaming=streaming,
+            beam_width=sp.best_of if sp.use_beam_search else 1,
+        ))
+        return result
+
+    def _prompt_ids(self, inputs) -> list[int]:
+        if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
+            inputs = inputs["prompt_token_ids"]
+        if isinstance(inputs, str):
+            if self._tokenizer is None:
+                raise ValueError("a text prompt needs the tokenizer (skip_tokenizer_init=True)")
+            return self._tokenizer.encode(inputs)
+        if isinstance(inputs, list) and all(isinstance(t, int) for t in inputs):
+            return list(inputs)
+        raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
+
+    def _check_arguments(self, prompt: list[int], sp: SamplingParams) -> None:
+        args = self.args
+        if sp.logprobs and sp.logprobs > 1 and _state.series() < (1, 1):
+            raise ValueError(f"PyTorch backend currently supports only top-1 logprobs, got logprobs={sp.logprobs}")
+        if sp.use_beam_search and sp.best_of > args.max_beam_width:
+            raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({args.max_beam_width})")
+        if not args.enable_chunked_prefill and args.max_num_tokens and len(prompt) > args.max_num_tokens:
+            raise ValueError(
+                f"The sum of prompt length ({len(prompt)}) and query length (0) should not exceed "
+                f"max_num_tokens ({args.max_num_tokens})"
+            )
+
+    def get_stats_async(self, timeout=2) -> IterationResult:
+        return IterationResult(self._executor.next_stats, timeout)
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.shutdown()
+        return False

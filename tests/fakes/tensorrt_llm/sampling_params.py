@@ -1,0 +1,142 @@
+"""Fake ``tensorrt_llm.sampling_params`` (real file: tensorrt_llm/sampling_params.py, read @a98a9061).
+
+Fields, order, defaults and ``_validate`` as the real slot dataclass; ``_setup`` tokenizes ``stop``/``bad``
+strings without special tokens and fills ``end_id``/``pad_id`` from the tokenizer, as the real one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple, Union
+
+
+@dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
+    json_object: bool = False
+    structural_tag: Optional[str] = None
+
+    def _validate(self) -> None:
+        guides = [self.json is not None, self.regex is not None, self.grammar is not None, self.json_object,
+                  self.structural_tag is not None]
+        if sum(guides) > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {sum(guides)}.")
+
+
+@dataclass(slots=True, kw_only=True)
+class SamplingParams:
+    end_id: Optional[int] = None
+    pad_id: Optional[int] = None
+    max_tokens: int = 32
+    bad: Optional[Union[str, List[str]]] = None
+    bad_token_ids: Optional[List[int]] = None
+    _bad_word_ids: Optional[List[List[int]]] = field(default=None, init=False, repr=False)
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[int]] = None
+    include_stop_str_in_output: bool = False
+    _stop_word_ids: Optional[List[List[int]]] = field(default=None, init=False, repr=False)
+    embedding_bias: Any = None
+    logits_processor: Any = None
+    apply_batched_logits_processor: bool = False
+    n: int = 1
+    best_of: Optional[int] = None
+    use_beam_search: bool = False
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    top_p_min: Optional[float] = None
+    top_p_reset_ids: Optional[int] = None
+    top_p_decay: Optional[float] = None
+    seed: Optional[int] = None
+    temperature: Optional[float] = None
+    min_tokens: Optional[int] = None
+    beam_search_diversity_rate: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    length_penalty: Optional[float] = None
+    early_stopping: Optional[int] = None
+    no_repeat_ngram_size: Optional[int] = None
+    min_p: Optional[float] = None
+    beam_width_array: Optional[List[int]] = None
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    exclude_input_from_output: bool = True
+    return_encoder_output: bool = False
+    return_perf_metrics: bool = False
+    additional_model_outputs: Optional[List[str]] = None
+    lookahead_config: Any = None
+    guided_decoding: Optional[GuidedDecodingParams] = None
+    ignore_eos: bool = False
+    detokenize: bool = True
+    add_special_tokens: bool = True
+    truncate_prompt_tokens: Optional[int] = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pad_id is None:
+            self.pad_id = self.end_id
+        self.best_of = self.best_of or self.n
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.top_p is not None and (self.top_p < 0 or self.top_p > 1):
+            raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
+        if self.best_of is not None and self.best_of > 1 and self._greedy_decoding:
+            raise ValueError(
+                f"Greedy decoding in the LLM API does not allow multiple returns. Please set to best_of=1, "
+                f"got best_of={self.best_of}."
+            )
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            raise ValueError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}")
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
+        self.logprobs = self.logprobs and int(self.logprobs)
+        self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
+
+    @staticmethod
+    def params_imply_greedy_decoding(*, temperature, top_p, top_k) -> bool:
+        return (temperature is None and top_p is None and top_k is None) or top_k == 1 or top_p == 0.0 \
+            or temperature == 0
+
+    @property
+    def _greedy_decoding(self) -> bool:
+        return not self.use_beam_search and self.params_imply_greedy_decoding(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+        )
+
+    def _setup(self, tokenizer, add_special_tokens: bool = False) -> SamplingParams:
+        if self.end_id is None:
+            self.end_id = tokenizer.eos_token_id
+            self.pad_id = tokenizer.pad_token_id
+            if self.pad_id is None:
+                self.pad_id = self.end_id
+        if self.bad is not None:
+            strs = [self.bad] if isinstance(self.bad, str) else self.bad
+            self._bad_word_ids = [tokenizer.encode(s, add_special_tokens=add_special_tokens) for s in strs]
+        if self.stop is not None:
+            strs = [self.stop] if isinstance(self.stop, str) else self.stop
+            self._stop_word_ids = [tokenizer.encode(s, add_special_tokens=add_special_tokens) for s in strs]
+        return self
+
+    def _get_bad_words(self) -> List[List[int]]:
+        return [[i] for i in self.bad_token_ids or []] + (self._bad_word_ids or [])
+
+    def _get_stop_words(self) -> List[List[int]]:
+        return [[i] for i in self.stop_token_ids or []] + (self._stop_word_ids or [])
+
+    def _get_stop_reasons_and_words(self) -> List[Tuple[Union[str, int], List[int]]]:
+        reasons: list = list(self.stop_token_ids or [])
+        if self.stop is not None:
+            reasons += [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return list(zip(reasons, self._get_stop_words()))

@@ -1,0 +1,323 @@
+"""LlmApiEngine end to end against the fake LLM API (PyTorch backend), which really generates with a tiny Llama."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tinymodels import tiny_model
+from trtllm_testing import fake_tensorrt_llm
+
+from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
+from lmi_trt.engines.trtllm import TrtllmSettings
+
+PROMPTS = [[1, 45, 67, 89, 100], [1, 300, 22], [1, 7, 8, 9, 10, 11, 12], [1, 250], [1, 99, 98, 97], [1, 5]]
+
+
+@pytest.fixture(scope="module")
+def trt():
+    with fake_tensorrt_llm() as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model):
+    """Greedy continuations from transformers' own generate."""
+    import torch
+
+    def generate(prompt: list[int], max_new_tokens: int, eos: int | None = 2, bad: list[list[int]] | None = None):
+        with torch.no_grad():
+            out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                                    eos_token_id=eos, pad_token_id=0, bad_words_ids=bad)[0, len(prompt):].tolist()
+        return out[: out.index(eos)] if eos in out else out
+
+    return generate
+
+
+def settings(batch: int = 4, **runtime) -> LlmApiSettings:
+    return LlmApiSettings(
+        runtime=TrtllmSettings(max_batch_size=batch, max_batch_size_key="option.max_rolling_batch_size", **runtime),
+        max_input_len=64,
+        max_seq_len=200,
+    )
+
+
+async def started(model_dir, config: LlmApiSettings | None = None, **kwargs) -> LlmApiEngine:
+    kwargs.setdefault("eos_token_ids", [2])
+    engine = LlmApiEngine(model_dir, config or settings(), pad_token_id=0, gpu_available=lambda: True, **kwargs)
+    await asyncio.wait_for(engine.start(), 120)
+    return engine
+
+
+def req(rid: str, prompt: list[int], streaming: bool = True, stop=(), bad=(), **sampling) -> GenerationRequest:
+    sampling.setdefault("max_new_tokens", 20)
+    return GenerationRequest(rid, prompt, SamplingParams(**sampling), stop_token_ids=[list(s) for s in stop],
+                             bad_words_ids=[list(b) for b in bad], streaming=streaming)
+
+
+async def collect(engine: LlmApiEngine, request: GenerationRequest) -> list:
+    async def run():
+        return [out async for out in engine.submit(request)]
+
+    return await asyncio.wait_for(run(), 120)
+
+
+def tokens_of(outputs) -> list[int]:
+    return [t for out in outputs for t in out.token_ids]
+
+
+async def test_greedy_tokens_equal_transformers_generate(trt, model_dir, reference):
+    engine = await started(model_dir)
+    try:
+        assert isinstance(engine, Engine) and engine.healthy
+        assert engine.limits.max_batch_size == 4 and engine.limits.max_seq_len == 200
+        for i, prompt in enumerate(PROMPTS[:3]):
+            want = reference(prompt, 24)
+            streamed = await collect(engine, req(f"s{i}", prompt, max_new_tokens=24))
+            whole = await collect(engine, req(f"w{i}", prompt, streaming=False, max_new_tokens=24))
+            assert tokens_of(streamed) == want and tokens_of(whole) == want
+            assert len(whole) == 1 and whole[0].finished
+            reason = FinishReason.LENGTH if len(want) == 24 else FinishReason.EOS
+            assert streamed[-1].finish_reason is reason and whole[0].finish_reason is reason
+            assert all(not o.finished for o in streamed[:-1]) and streamed[-1].finished
+    finally:
+        await engine.close()
+
+
+async def test_concurrent_streams_reassemble_one_token_per_step(trt, model_dir, reference):
+    engine = await started(model_dir)
+    try:
+        requests = [req(f"c{i}", p, max_new_tokens=8 + 3 * i, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+        results = await asyncio.gather(*(collect(engine, r) for r in requests))
+        for r, outs in zip(requests, results):
+            assert tokens_of(outs) == reference(r.prompt_token_ids, r.sampling.max_new_tokens, eos=None)
+            assert all(len(o.token_ids) == 1 for o in outs)  # token_ids_diff: one step, one new token
+            assert outs[-1].finish_reason is FinishReason.LENGTH
+        stats = engine.stats()
+        assert stats.total_requests == len(PROMPTS) and stats.active_requests == 0
+        assert stats.total_generated_tokens == sum(r.sampling.max_new_tokens for r in requests)
+    finally:
+        await engine.close()
+
+
+async def test_cancel_and_disconnect_end_the_request_and_free_the_slot(trt, model_dir, reference):
+    engine = await started(model_dir, settings(batch=1))
+    try:
+        outputs = []
+        async for out in engine.submit(req("long", PROMPTS[0], max_new_tokens=150, ignore_eos=True)):
+            outputs.append(out)
+            if len(outputs) == 3:
+                await engine.cancel("long")
+        assert outputs[-1].finished and outputs[-1].finish_reason is FinishReason.CANCELLED
+        assert 3 <= len(tokens_of(outputs)) < 150
+        assert engine.stats().active_requests == 0
+        # A consumer that goes away (client disconnect) aborts too.
+        before = engine.stats().total_generated_tokens
+        gone = engine.submit(req("gone", PROMPTS[2], max_new_tokens=150, ignore_eos=True))
+        await gone.__anext__()
+        await gone.aclose()
+        # max_batch_size is 1: this one runs only once "gone" left the batch.
+        after = await collect(engine, req("after", PROMPTS[1], max_new_tokens=6, ignore_eos=True))
+        assert tokens_of(after) == reference(PROMPTS[1], 6, eos=None)
+        assert engine.stats().total_generated_tokens - before < 150
+        assert engine.stats().active_requests == 0
+    finally:
+        await engine.close()
+
+
+async def test_errors_stay_per_request(trt, model_dir, reference):
+    engine = await started(model_dir, settings(max_num_tokens=48))
+    try:
+        good = [req(f"g{i}", p, max_new_tokens=10, ignore_eos=True) for i, p in enumerate(PROMPTS[:3])]
+        # refused by generate_async itself (prompt over max_num_tokens without chunked prefill): 400
+        refused = req("refused", list(range(1, 50)))
+        # failed while running (the fake's stand-in: a prompt not shorter than max_seq_len): 424
+        failing_engine = await started(model_dir, LlmApiSettings(runtime=TrtllmSettings(max_batch_size=4), max_seq_len=8))
+        try:
+            failed, ok = await asyncio.gather(
+                collect(failing_engine, req("fails", list(range(1, 11)))),
+                collect(failing_engine, req("ok", PROMPTS[1], max_new_tokens=4, ignore_eos=True)),
+            )
+            assert len(failed) == 1 and failed[0].error_code == 424 and failed[0].finish_reason is FinishReason.ERROR
+            assert "max_seq_len (8)" in failed[0].error
+            assert tokens_of(ok) == reference(PROMPTS[1], 4, eos=None) and failing_engine.healthy
+        finally:
+            await failing_engine.close()
+        results = await asyncio.gather(*(collect(engine, r) for r in [good[0], refused, *good[1:]]))
+        assert len(results[1]) == 1 and results[1][0].error_code == 400
+        assert "max_num_tokens (48)" in results[1][0].error
+        for r, outs in zip(good, [results[0], *results[2:]]):
+            assert tokens_of(outs) == reference(r.prompt_token_ids, 10, eos=None) and outs[-1].error is None
+        dup = engine.submit(req("dup", PROMPTS[0], max_new_tokens=50, ignore_eos=True))
+        await dup.__anext__()
+        out = await collect(engine, req("dup", PROMPTS[1]))
+        assert out[0].error_code == 400 and "already in flight" in out[0].error
+        await dup.aclose()
+        beam_stream = await collect(engine, req("beam-stream", PROMPTS[0], beam_width=2))
+        assert beam_stream[0].error_code == 400 and "non-streaming" in beam_stream[0].error
+        assert engine.healthy
+    finally:
+        await engine.close()
+
+
+async def test_logprobs_match_the_model(trt, model_dir, hf_model, reference):
+    import torch
+
+    engine = await started(model_dir)
+    try:
+        prompt = PROMPTS[1]
+        outs = await collect(engine, req("lp", prompt, max_new_tokens=6, logprobs=True, ignore_eos=True))
+        tokens = tokens_of(outs)
+        got = [lp for o in outs for lp in o.logprobs]
+        assert [len(o.logprobs) for o in outs] == [len(o.token_ids) for o in outs]
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt + tokens])).logits[0].float()
+        want = [float(torch.log_softmax(logits[len(prompt) + i - 1], -1)[t]) for i, t in enumerate(tokens)]
+        assert got == pytest.approx(want, abs=1e-4)
+    finally:
+        await engine.close()
+
+
+def round_trips(tokenizer, ids: list[int]) -> bool:
+    return tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+
+
+async def test_stop_words_bad_words_and_extra_eos(trt, model_dir, reference):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    want = reference(PROMPTS[0], 20, eos=None)
+    extra = want[3]  # a token the model will produce: declared a second EOS id
+    engine = await started(model_dir, eos_token_ids=[2, extra])
+    try:
+        # a second EOS id ends like EOS and is not part of the output
+        outs = await collect(engine, req("eos2", PROMPTS[0], max_new_tokens=20))
+        assert tokens_of(outs) == want[: want.index(extra)] and outs[-1].finish_reason is FinishReason.EOS
+        # a one-token stop word (stop_token_ids) and a two-token one (a stop string) stay in the output
+        outs = await collect(engine, req("stop1", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[[want[2]]]))
+        assert tokens_of(outs) == want[: want.index(want[2]) + 1]
+        assert outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
+        pair = next(want[i:i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i:i + 2]))
+        outs = await collect(engine, req("stop2", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[pair]))
+        assert tokens_of(outs)[-2:] == pair and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
+        # one the LLM cannot match as text is left to the serving layer's text match: generation goes on
+        odd = next(want[i:i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i:i + 2]))
+        outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[odd]))
+        assert tokens_of(outs) == want and outs[-1].finish_reason is FinishReason.LENGTH
+        bad = await collect(engine, req("bad2", PROMPTS[0], bad=[odd]))
+        assert bad[0].error_code == 400 and "cannot be banned on the pytorch backend" in bad[0].error
+        # a banned token never comes out: the output is the model's with that token banned
+        outs = await collect(engine, req("bad", PROMPTS[0], max_new_tokens=8, ignore_eos=True, bad=[[want[0]]]))
+        assert tokens_of(outs) == reference(PROMPTS[0], 8, eos=None, bad=[[want[0]]]) and want[0] not in tokens_of(outs)
+    finally:
+        await engine.close()
+
+
+async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir):
+    # 64 KV tokens = 2 blocks of 32; GUARANTEED_NO_EVICT admits a request only with room for prompt + max_tokens
+    config = settings(batch_scheduler_policy="guaranteed_no_evict", max_tokens_in_paged_kv_cache=64)
+    engine = await started(model_dir, config)
+    try:
+        order: list[tuple[str, bool]] = []
+
+        async def run(rid: str, prompt: list[int]) -> None:
+            async for out in engine.submit(req(rid, prompt, max_new_tokens=40, ignore_eos=True)):
+                order.append((rid, out.finished))
+
+        await asyncio.wait_for(asyncio.gather(run("a", PROMPTS[0]), run("b", PROMPTS[1])), 120)
+        first_done = order.index((order[0][0], True))
+        assert {rid for rid, _ in order[: first_done + 1]} == {order[0][0]}  # the second waited for KV room
+        stats = await wait_for_stats(engine)
+        assert stats.extra["kv_cache_max_blocks"] == 2.0
+    finally:
+        await engine.close()
+
+
+async def wait_for_stats(engine: LlmApiEngine):
+    for _ in range(600):  # a generous bound: the stats pass ends after its 2 s timeout at the latest
+        stats = engine.stats()
+        if "kv_cache_max_blocks" in stats.extra:
+            return stats
+        await asyncio.sleep(0.05)
+    raise AssertionError("no iteration stats arrived")
+
+
+async def test_close_ends_inflight_requests(trt, model_dir):
+    engine = await started(model_dir)
+    stream = engine.submit(req("inflight", PROMPTS[0], max_new_tokens=150, ignore_eos=True))
+    await stream.__anext__()
+    await asyncio.wait_for(engine.close(), 60)
+    rest = [out async for out in stream]
+    assert rest[-1].finished and rest[-1].error_code in (503, None)
+    assert rest[-1].error_code == 503 or rest[-1].finish_reason is FinishReason.CANCELLED
+    assert not engine.healthy
+    after = await collect(engine, req("late", PROMPTS[1]))
+    assert after[0].error_code == 503
+    await engine.close()  # idempotent
+
+
+async def test_an_executor_failure_fails_the_request_and_health(trt, model_dir, monkeypatch):
+    from tensorrt_llm.llmapi.llm import RequestOutput
+
+    engine = await started(model_dir)
+    try:
+        stream = engine.submit(req("victim", PROMPTS[0], max_new_tokens=150, ignore_eos=True))
+        await stream.__anext__()
+
+        async def broken(self):
+            raise RuntimeError("[TensorRT-LLM][ERROR] CUDA error: an illegal memory access was encountered")
+
+        monkeypatch.setattr(RequestOutput, "__anext__", broken)
+        rest = [out async for out in stream]
+        assert rest[-1].error_code == 424 and "illegal memory access" in rest[-1].error
+        assert not engine.healthy
+    finally:
+        monkeypatch.undo()
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0", "1.2.1", "1.3.0"])
+async def test_releases_from_1_0_serve(trt, monkeypatch, model_dir, reference, release):
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        assert engine.tensorrt_llm_version == release
+        outs = await collect(engine, req("r", PROMPTS[2], max_new_tokens=8, logprobs=True))
+        assert tokens_of(outs) == reference(PROMPTS[2], 8)
+        assert all(lp <= 0.0 for o in outs for lp in o.logprobs)
+    finally:
+        await engine.close()
+
+
+async def test_release_012_is_refused_naming_the_backend_key(trt, monkeypatch, model_dir):
+    monkeypatch.setattr(trt, "__version__", "0.12.0")
+    engine = LlmApiEngine(model_dir, settings(), eos_token_ids=[2], gpu_available=lambda: True)
+    with pytest.raises(EngineError, match="option.backend=tensorrt") as err:
+        await engine.start()
+    assert err.value.code == 503 and not engine.healthy
+
+
+async def test_options_the_backend_cannot_honour_name_the_key(trt, model_dir):
+    with pytest.raises(EngineError, match="option.multi_block_mode=true"):
+        LlmApiEngine(model_dir, settings(multi_block_mode=True), eos_token_ids=[2])
+    with pytest.raises(EngineError, match="option.enable_trt_overlap"):
+        LlmApiEngine(model_dir, settings(enable_trt_overlap=True), eos_token_ids=[2])
+    with pytest.raises(EngineError, match="no EOS token id"):
+        LlmApiEngine(model_dir, settings(), eos_token_ids=[])
+    engine = LlmApiEngine(model_dir, settings(), eos_token_ids=[2], gpu_available=lambda: False)
+    with pytest.raises(EngineError, match="no CUDA GPU is visible"):
+        await engine.start()

@@ -1,0 +1,300 @@
+"""The fake LLM API and lmi_trt's use of it, checked name by name against ``tests/fakes/llmapi_surface.py``
+(data read from TensorRT-LLM's source, parsed with ``ast.literal_eval``), for every release the fake plays.
+
+* every public name the fake defines is listed, in the module the listing names, with the listed
+  constructor keywords (order, keyword-only, required, literal defaults), enum members, and no method or
+  property the listing lacks;
+* ``generate_async`` takes exactly the listed keywords of each release; log probs are top-1 in 1.0.0
+  and top-k from 1.1.0; TensorRT-engine keywords are named as such while the release still has them;
+* every ``llmapi.*`` name, constructor keyword and planned ``LLM``/``SamplingParams`` keyword that
+  ``lmi_trt/engines/llmapi.py`` uses is listed;
+* the option mapping (``llm_plan``/``plan_request``) as pure functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import enum
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+from test_fake_surface import listed_params, load_surface, signature_mismatch, sig_names
+from tinymodels import tiny_model
+from trtllm_testing import FAKES, fake_tensorrt_llm
+
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
+from lmi_trt.engines.llmapi import Codec, LlmApiSettings, llm_plan, plan_request, reason_name, token_logprobs
+from lmi_trt.engines.trtllm import TrtllmSettings
+
+REPO = Path(__file__).resolve().parents[2]
+LISTING = FAKES / "llmapi_surface.py"
+SURFACE = load_surface(LISTING)
+API = SURFACE["tensorrt_llm.llmapi"]
+RELEASES = ast.literal_eval(
+    next(n.value for n in ast.parse(LISTING.read_text()).body
+         if isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["RELEASES"])
+)
+FAKE_MODULES = [m for m in SURFACE["modules"] if m not in ("tensorrt_llm", "tensorrt_llm.bindings.executor",
+                                                              "tensorrt_llm._tensorrt_engine")]
+
+
+@pytest.fixture(params=RELEASES)
+def trt(request):
+    with fake_tensorrt_llm(request.param) as module:
+        yield module
+
+
+def defined_public(module_name: str):
+    """Public classes/functions a fake module defines (a package: also what it re-exports)."""
+    module = importlib.import_module(module_name)
+    package = hasattr(module, "__path__")
+    for name, obj in vars(module).items():
+        if name.startswith("_") or inspect.ismodule(obj) or not (inspect.isclass(obj) or callable(obj)):
+            continue
+        home = str(getattr(obj, "__module__", ""))
+        if home == module_name or (package and home.startswith("tensorrt_llm")):
+            yield name, obj
+
+
+def listed_names(entry: dict) -> set[str]:
+    names = set()
+    for key in ("methods", "static_methods", "props_ro", "props_rw", "members"):
+        names |= set(entry.get(key, []))
+    for overload in entry.get("ctor", []):
+        names |= {p.name for p in listed_params(overload)}
+    return names
+
+
+def pydantic_mismatch(model, overload: list[str]) -> str | None:
+    """None when the model's fields are the listed keywords (in order, required, literal defaults)."""
+    listed = [p for p in listed_params(overload) if not p.optional_presence or p.name in model.model_fields]
+    fields = list(model.model_fields.items())
+    if [p.name for p in listed] != [n for n, _ in fields]:
+        return f"fields {[n for n, _ in fields]} != listed {[p.name for p in listed]}"
+    for want, (name, info) in zip(listed, fields):
+        if want.required != info.is_required():
+            return f"{name}: required is {info.is_required()}, listed {want.required}"
+        is_literal, value = want.literal_default()
+        if is_literal and info.default != value:
+            return f"{name}: default {info.default!r} != listed {value!r}"
+    return None
+
+
+def test_fake_names_are_listed_in_their_modules(trt):
+    problems = []
+    for module_name in FAKE_MODULES:
+        exports = set(SURFACE["modules"][module_name]["exports"])
+        for name, obj in defined_public(module_name):
+            if name not in exports:
+                problems.append(f"{module_name}.{name}: not among the module's listed exports")
+            if inspect.isclass(obj) and name not in API:
+                problems.append(f"{module_name}.{name}: no listing entry")
+    assert set(importlib.import_module("tensorrt_llm.llmapi").__all__) <= set(API["__all__"])
+    assert trt.LLM is importlib.import_module("tensorrt_llm.llmapi").LLM
+    assert trt.SamplingParams is importlib.import_module("tensorrt_llm.sampling_params").SamplingParams
+    assert not problems, "\n".join(problems)
+
+
+def test_constructors_enums_and_attributes_match_the_listing(trt):
+    from pydantic import BaseModel
+
+    problems, checked = [], 0
+    for module_name in FAKE_MODULES:
+        for name, obj in defined_public(module_name):
+            if not inspect.isclass(obj) or name not in API:
+                continue
+            entry = API[name]
+            if issubclass(obj, enum.Enum):
+                if list(obj.__members__) != entry["members"]:
+                    problems.append(f"{name}: members {list(obj.__members__)} != {entry['members']}")
+                continue
+            if "ctor" in entry:
+                checked += 1
+                if issubclass(obj, BaseModel):
+                    mismatch = pydantic_mismatch(obj, entry["ctor"][0])
+                else:
+                    mismatch = signature_mismatch(obj, entry["ctor"][0], "keyword-only" in entry.get("notes", ""))
+                if mismatch:
+                    problems.append(f"{name}: {mismatch}")
+            own = {n for k in obj.__mro__ if k.__module__.startswith("tensorrt_llm") for n in vars(k)
+                   if not n.startswith("_") or n in ("__aiter__", "__anext__", "__await__", "__enter__", "__exit__")}
+            own -= set(dir(BaseModel)) if issubclass(obj, BaseModel) else set()
+            own -= {"model_config", "model_fields"}
+            unlisted = own - listed_names(entry)
+            if unlisted:
+                problems.append(f"{name}: unlisted {sorted(unlisted)}")
+    assert checked >= 9
+    assert not problems, "\n".join(problems)
+
+
+def test_generate_async_takes_the_keywords_of_each_release(trt):
+    from tensorrt_llm.llmapi import LLM
+
+    sigs = API["LLM"]["sigs"]["generate_async"]
+    release = trt.__version__
+    this = sig_names(sigs[API["LLM"]["sigs_by_release"]["generate_async"][release]])
+    everything = sig_names(sigs[-1])
+    assert [p.name for p in list(inspect.signature(LLM.generate_async).parameters.values())[1:]] == everything
+    llm = LLM.__new__(LLM)  # the keyword check runs before anything needs a loaded model
+    llm._executor = None
+    for name in everything:
+        if name in this:
+            continue
+        with pytest.raises(TypeError, match=name):
+            llm.generate_async([1, 2], **{name: "x"})
+
+
+def test_trt_only_keywords_name_the_tensorrt_engine_llm_while_it_exists(trt):
+    from tensorrt_llm.llmapi import LLM
+
+    release = trt.__version__
+    expected = "_tensorrt_engine" if release in SURFACE["modules"]["tensorrt_llm._tensorrt_engine"]["releases"] \
+        else "invalid argument: build_config"
+    with pytest.raises(ValueError, match=expected):
+        LLM(str(tiny_model("llama")), build_config={})
+    with pytest.raises(ValueError, match="invalid argument: not_a_field"):
+        LLM(str(tiny_model("llama")), not_a_field=1)
+
+
+async def test_logprobs_are_top1_in_1_0_and_top_k_later(trt):
+    from tensorrt_llm import LLM, SamplingParams
+
+    top_k_release = trt.__version__ != "1.0.0"
+    with LLM(str(tiny_model("llama")), max_batch_size=2) as llm:
+        params = SamplingParams(max_tokens=3, logprobs=3 if top_k_release else 1, top_k=1)
+        if not top_k_release:
+            with pytest.raises(ValueError, match="top-1"):
+                llm.generate_async([1, 45, 67], SamplingParams(max_tokens=3, logprobs=3))
+        result = await asyncio.wait_for(llm.generate_async([1, 45, 67], params), 60)
+        out = result.outputs[0]
+        assert len(out.logprobs) == len(out.token_ids) == 3 and out.finish_reason == "length"
+        for token, entry in zip(out.token_ids, out.logprobs):
+            assert token in entry and len(entry) == (3 if top_k_release else 1)
+            if top_k_release:
+                assert [lp.rank for lp in entry.values()] == [1, 2, 3] and entry[token].rank == 1
+
+
+# ------------------------------------------------------------------------------ lmi_trt ⊆ the listing
+
+ENGINE_FILE = REPO / "lmi_trt" / "engines" / "llmapi.py"
+LLM_KEYWORDS = {p.name for p in listed_params(API["LLM"]["ctor"][0])} | {
+    p.name for p in listed_params(API["TorchLlmArgs"]["ctor"][0])
+}
+
+
+def ctor_names(name: str) -> set[str]:
+    return LLM_KEYWORDS if name == "LLM" else {p.name for p in listed_params(API[name]["ctor"][0])}
+
+
+def test_the_engine_uses_only_listed_llmapi_names_and_keywords():
+    tree = ast.parse(ENGINE_FILE.read_text())
+    problems, seen = [], set()
+    generate_keywords = {n for sig in API["LLM"]["sigs"]["generate_async"] for n in sig_names(sig)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "llmapi":
+            seen.add(node.attr)
+            if node.attr not in API["__all__"]:
+                problems.append(f"llmapi.{node.attr} is not listed")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if isinstance(func.value, ast.Name) and func.value.id == "llmapi" and "ctor" in API.get(func.attr, {}):
+                problems += [f"llmapi.{func.attr}({k.arg}=)" for k in node.keywords
+                             if k.arg and k.arg not in ctor_names(func.attr)]
+            if func.attr == "generate_async":
+                seen.add("generate_async")
+                problems += [f"generate_async({k.arg}=)" for k in node.keywords if k.arg not in generate_keywords]
+    assert {"LLM", "SamplingParams", "KvCacheConfig", "RequestError", "generate_async"} <= seen
+    assert not problems, "\n".join(problems)
+
+
+CODEC = Codec(decode=lambda ids: "|".join(map(str, ids)), encode=lambda text: [int(t) for t in text.split("|")])
+
+
+def test_planned_keywords_are_listed_fields():
+    plan = llm_plan(LlmApiSettings.from_config(
+        LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192)))
+    assert set(plan.keywords) <= LLM_KEYWORDS
+    assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
+    assert set(plan.scheduler_config) <= ctor_names("SchedulerConfig")
+    assert set(plan.cuda_graph_config) <= ctor_names("CudaGraphConfig")
+    assert plan.scheduler_config["capacity_scheduler_policy"] in API["CapacitySchedulerPolicy"]["members"]
+    request = GenerationRequest("r", [1, 2], SamplingParams(do_sample=True, logprobs=True, beam_width=1),
+                                stop_token_ids=[[5], [6, 7]], bad_words_ids=[[8]])
+    sampling = plan_request(request, eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC)
+    assert set(sampling.sampling) <= ctor_names("SamplingParams")
+
+
+def test_options_map_onto_llm_keywords():
+    config = LmiConfig(
+        tensor_parallel_degree=2, pipeline_parallel_degree=2, dtype="bf16", max_num_sequences=64, max_num_tokens=2048,
+        max_input_len=512, max_output_len=256, kv_cache_free_gpu_mem_fraction=0.8, max_tokens_in_paged_kv_cache=10000,
+        enable_kv_cache_reuse=True, batch_scheduler_policy="guaranteed_no_evict", enable_chunked_context=True,
+        trust_remote_code=True, max_beam_width=2,
+    )
+    plan = llm_plan(LlmApiSettings.from_config(config))
+    assert plan.keywords == {
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "dtype": "bfloat16", "trust_remote_code": True,
+        "max_batch_size": 64, "max_beam_width": 2, "enable_chunked_prefill": True, "enable_iter_perf_stats": True,
+        "max_num_tokens": 2048, "max_input_len": 512, "max_seq_len": 768,
+    }
+    assert plan.kv_cache_config == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.8, "max_tokens": 10000}
+    assert plan.scheduler_config == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
+    assert plan.cuda_graph_config == {"max_batch_size": 64, "enable_padding": True}
+    # DJL's defaults: max_utilization, no block reuse
+    default = llm_plan(LlmApiSettings.from_config(LmiConfig(), max_batch_size=256))
+    assert default.scheduler_config == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
+    assert default.kv_cache_config["enable_block_reuse"] is False and default.keywords["max_batch_size"] == 256
+    with pytest.raises(EngineError, match="option.tensor_parallel_degree=max"):
+        llm_plan(LlmApiSettings(runtime=TrtllmSettings(tensor_parallel_degree=None)))
+
+
+def test_requests_map_onto_sampling_params():
+    greedy = plan_request(
+        GenerationRequest("g", [1, 2], SamplingParams(max_new_tokens=9, logprobs=True, min_new_tokens=2),
+                          stop_token_ids=[[5], [6, 7]], bad_words_ids=[[8], [9, 10]]),
+        eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
+    )
+    assert greedy.sampling == {
+        "top_k": 1, "min_tokens": 2, "max_tokens": 9, "end_id": 2, "pad_id": 0, "ignore_eos": False,
+        "stop_token_ids": [5, 3], "stop": ["6|7"], "bad_token_ids": [8], "bad": ["9|10"],
+        "include_stop_str_in_output": True, "logprobs": 1, "detokenize": False,
+    }
+    assert greedy.end_id == 2 and greedy.extra_eos == frozenset({3})
+    sampled = plan_request(
+        GenerationRequest("s", [1], SamplingParams(do_sample=True, temperature=0.5, seed=11, repetition_penalty=1.2,
+                                                   ignore_eos=True)),
+        eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
+    )
+    assert {k: sampled.sampling[k] for k in ("top_k", "top_p", "temperature", "seed", "repetition_penalty")} == {
+        "top_k": 5, "top_p": 0.85, "temperature": 0.5, "seed": 11, "repetition_penalty": 1.2,
+    }
+    assert sampled.sampling["ignore_eos"] and sampled.sampling["stop_token_ids"] is None and sampled.end_id == -1
+    beam = plan_request(
+        GenerationRequest("b", [1], SamplingParams(beam_width=3), streaming=False),
+        eos_token_ids=[2], pad_token_id=0, max_beam_width=4, seed=7, codec=CODEC,
+    )
+    assert (beam.sampling["use_beam_search"], beam.sampling["best_of"], beam.sampling["n"]) == (True, 3, 1)
+    odd = Codec(decode=lambda ids: "x", encode=lambda text: [99])
+    with pytest.raises(EngineError, match="cannot be banned on the pytorch backend") as err:
+        plan_request(GenerationRequest("o", [1], SamplingParams(), bad_words_ids=[[4, 5]]),
+                     eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=odd)
+    assert err.value.code == 400
+
+
+def test_results_map_back():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Logprob:
+        logprob: float
+        rank: int | None = None
+
+    assert token_logprobs([5, 6, 7], [{5: Logprob(-0.5, 1)}, {1: Logprob(-0.1, 1)}, -0.25]) == [-0.5, -9999.0, -0.25]
+    assert reason_name("stop", None) == "END_ID" and reason_name("stop", 7) == "STOP_WORDS"
+    assert reason_name("stop", "</s>") == "STOP_WORDS" and reason_name("length", None) == "LENGTH"
+    assert reason_name("cancelled", None) == "CANCELLED" and reason_name("timeout", None) == "TIMED_OUT"
+    assert reason_name(None, None) == "NOT_FINISHED"
