@@ -38,6 +38,16 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the key as written, the value and what is allowed."""
 
 
+class StartupError(ConfigError):
+    """Why the server cannot start, found before it loads anything: the key (or flag), its value, the
+    problem and the fix. ``lmi-trt`` prints it as one line and exits 2; the structured fields are the
+    shape every error root is to share (key, value, problem, fix)."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        super().__init__(f"{key}={value!r}: {problem}; {fix}")
+
+
 class Quantization(str, enum.Enum):
     """One vocabulary for DJL's ``option.quantize`` and Truss's ``quantization_type``."""
 

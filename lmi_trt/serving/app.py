@@ -111,7 +111,7 @@ def error_response(err: LmiHttpError) -> web.Response:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw body, with option.max_request_size enforced as a JSON 413; refused with 503
+    """The raw body, with max_request_size enforced as a JSON 413; refused with 503
     before it is read when the server is already full."""
     ctx = request.app[CONTEXT]
     if ctx.service is not None:
@@ -119,12 +119,12 @@ async def read_body(request: web.Request) -> bytes:
     limit = ctx.config.max_request_size
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
-            f"request body is {request.content_length} bytes, more than option.max_request_size={limit}"
+            f"request body is {request.content_length} bytes, more than max_request_size={limit}"
         )
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
-        raise PayloadTooLarge(f"request body is more than option.max_request_size={limit} bytes") from e
+        raise PayloadTooLarge(f"request body is more than max_request_size={limit} bytes") from e
 
 
 def parse_json(raw: bytes) -> Any:
@@ -267,7 +267,7 @@ def build_app(
         from lmi_trt.serving.protocols import lmi
 
         adapters = (lmi.install,)
-    metrics = Metrics()
+    metrics = Metrics(model_name)
     ctx = ServingContext(config=config, model_name=model_name, metrics=metrics)
     metrics.attach_live(
         lambda: ctx.service.in_system if ctx.service else 0,

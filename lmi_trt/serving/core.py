@@ -361,7 +361,8 @@ class GenerationStream:
         self._done = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._service.release(self, reason, time.perf_counter() - self._t0)
+        self._service.release(self, reason, time.perf_counter() - self._t0,
+                              None if self._first_token_at is None else self._first_token_at - self._t0)
 
     async def _cancel_engine(self) -> None:
         try:
@@ -434,7 +435,7 @@ class GenerationService:
         if self._in_system >= limit:
             self._reject(503)
             raise ServiceUnavailable(
-                f"server busy: {self._in_system} requests in the system, option.job_queue_size={limit}; retry later"
+                f"server busy: {self._in_system} requests in the system, job_queue_size={limit}; retry later"
             )
 
     async def start(
@@ -557,13 +558,11 @@ class GenerationService:
             raise BadRequest(f"stop_token_ids contains {bad}; token ids must be in [0, {vocab})")
         return max_new
 
-    def release(self, stream: GenerationStream, reason: FinishReason, seconds: float) -> None:
+    def release(self, stream: GenerationStream, reason: FinishReason, seconds: float,
+                first_token_after: float | None = None) -> None:
         self._in_system -= 1
-        m = self.metrics
-        if m is not None:
-            m.generated_tokens.inc(stream.generated_tokens)
-            m.finished.labels(reason.value).inc()
-            m.generation_latency.observe(seconds)
+        if self.metrics is not None:
+            self.metrics.finished(reason.value, stream.generated_tokens, seconds, first_token_after)
 
     def observe_ttft(self, seconds: float) -> None:
         if self.metrics is not None:
