@@ -180,6 +180,13 @@ class LmiConfig(BaseModel):
         """
         return {s.key: _jsonable(getattr(self, s.attr)) for s in REGISTRY if s.compile_time and s.attr}
 
+    def derived(self, origin: str, **values: Any) -> LmiConfig:
+        """A copy with ``values`` a later stage filled in (``origin`` names it in the startup log);
+        they count as set from then on (``model_fields_set``)."""
+        copy = self.model_copy(update=values)
+        copy._origins = {**self._origins, **{_BY_ATTR[attr].key: origin for attr in values}}
+        return copy
+
     def redacted(self) -> dict[str, Any]:
         """All attributes as JSON-friendly values, secrets masked."""
         return {name: _jsonable(getattr(self, name)) for name in type(self).model_fields}

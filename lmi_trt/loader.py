@@ -166,7 +166,7 @@ def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: En
         return config
     log.info("option.max_input_len=%d and option.max_output_len=%d follow the model's %d positions (config.json %s); "
              "set them to choose others", inp, out, positions, key)
-    return config.model_copy(update={"max_input_len": inp, "max_output_len": out})
+    return config.derived(f"the model's {positions} positions", max_input_len=inp, max_output_len=out)
 
 
 def _local_folder(name: str, key: str) -> Path | None:

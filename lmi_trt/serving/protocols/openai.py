@@ -442,14 +442,14 @@ async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParam
 # --- handlers ---
 @errors_as(openai_error)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await json_object(request, '{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}')
+    body = await json_object(request, '{"messages": [{"role": "user", "content": "Hi"}]}')
     _check_model(request.app[CONTEXT], body.get("model"))
     return await _chat(request, body, at_invocations=False)
 
 
 @errors_as(openai_error)
 async def completions(request: web.Request) -> web.StreamResponse:
-    body = await json_object(request, '{"model": "m", "prompt": "Hello"}')
+    body = await json_object(request, '{"prompt": "Hello"}')
     _check_model(request.app[CONTEXT], body.get("model"))
     return await _completions(request, body)
 
