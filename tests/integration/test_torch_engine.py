@@ -423,3 +423,24 @@ async def test_startup_errors(tmp_path: Path):
         await TorchEngine(tiny_model("gpt2"), max_input_len=500, max_new_tokens=100).start()
     with pytest.raises(EngineError, match="dtype"):
         await TorchEngine(tiny_model("gpt2"), dtype="int8").start()
+
+
+async def test_copies_loading_together_load_tied_weights():
+    # transformers patches PreTrainedModel.tie_weights while it loads; overlapping loads (copies
+    # starting together) must neither untie a model nor leave the patch behind for later loads.
+    from transformers import PreTrainedModel
+
+    tie_weights = PreTrainedModel.tie_weights
+    path = tiny_model("gpt2")
+    engines = [TorchEngine(path, max_batch_size=1, max_input_len=16, max_new_tokens=8) for _ in range(3)]
+    try:
+        await asyncio.gather(*(e.start() for e in engines))
+        assert PreTrainedModel.tie_weights is tie_weights
+        ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        assert ref.lm_head.weight.data_ptr() == ref.transformer.wte.weight.data_ptr()
+        for i, engine in enumerate(engines):
+            outs = await collect(engine, req(f"tied{i}", PROMPTS[1], max_new_tokens=6, ignore_eos=True))
+            assert_greedy(tokens_of(outs), reference(ref, PROMPTS[1], 6, eos_token_id=None))
+    finally:
+        for engine in engines:
+            await engine.close()
