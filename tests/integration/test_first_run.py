@@ -112,7 +112,7 @@ def test_unknown_model_name_is_404_on_every_route(synthetic, method, path, body)
     assert "other" in r.text and "tiny" in r.text
 
 
-@pytest.mark.parametrize("model", ["tiny", None, "model_id"])
+@pytest.mark.parametrize("model", ["tiny", None, "model_id", "dummy"])  # dummy: huggingface_hub's placeholder
 def test_served_model_name_or_model_id_or_none_is_accepted(synthetic, model):
     srv, model_id = synthetic
     body = {"prompt": "hi", "max_tokens": 2, **({} if model is None else {"model": model_id if model == "model_id" else model})}

@@ -22,6 +22,7 @@ import difflib
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import orjson
@@ -38,7 +39,7 @@ from lmi_trt.serving.core import (
     GenerationStream,
     TokenOut,
 )
-from lmi_trt.serving.errors import LmiHttpError, check_model
+from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
 from lmi_trt.serving.protocols._common import (
     SSE_HEADERS,
     FieldError,
@@ -443,14 +444,14 @@ async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParam
 @errors_as(openai_error)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await json_object(request, '{"messages": [{"role": "user", "content": "Hi"}]}')
-    _check_model(request.app[CONTEXT], body.get("model"))
+    _check_model(request.app[CONTEXT], body.get("model"), also=UNNAMED_MODEL)
     return await _chat(request, body, at_invocations=False)
 
 
 @errors_as(openai_error)
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await json_object(request, '{"prompt": "Hello"}')
-    _check_model(request.app[CONTEXT], body.get("model"))
+    _check_model(request.app[CONTEXT], body.get("model"), also=UNNAMED_MODEL)
     return await _completions(request, body)
 
 
@@ -487,9 +488,9 @@ async def get_model(request: web.Request) -> web.Response:
     return json_response(_model_card(ctx))
 
 
-def _check_model(ctx: ServingContext, name: object) -> None:
+def _check_model(ctx: ServingContext, name: object, also: Iterable[str] = ()) -> None:
     # /invocations bodies are not checked: SageMaker routes by endpoint, and its clients send any name.
-    check_model(name, ctx.model_name, also=[ctx.config.model_id] if ctx.config.model_id else [])
+    check_model(name, ctx.model_name, also={*also, *([ctx.config.model_id] if ctx.config.model_id else [])})
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:
