@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -52,8 +53,9 @@ def load_cli_config(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     from lmi_trt.config import ConfigError, install_log_redaction, log_effective_config
     from lmi_trt.engines import choose_engine, probe_host
+    from lmi_trt.engines.base import EngineError
     from lmi_trt.launch import plan_for, run_serve, supported_plan
-    from lmi_trt.loader import load_model
+    from lmi_trt.loader import load_model, preflight
     from lmi_trt.serving.app import build_app, run_app
     from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
@@ -61,8 +63,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = load_cli_config(args)
         host = probe_host()
         kind, why = choose_engine(config.rolling_batch, host)
+        if not args.under_mpi:  # MPI ranks: the launching process checked, and rank 0 binds the port
+            _check_port(args.host, args.port)
+        config = preflight(config, kind)
         plan = supported_plan(plan_for(config, kind, host.gpu_count))
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError, EngineError) as e:
         log.error("%s", e)
         return 2
     if config.hf_token is not None:  # option.hf_token may come from serving.properties, not the environment
@@ -86,6 +91,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:  # LaunchError: no MPI launcher, mpi4py/launcher mismatch
         log.error("%s", e)
         return 2
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port in use is found before the model loads (with the listener's own SO_REUSEADDR, so a
+    port in TIME_WAIT still counts as free)."""
+    from lmi_trt.config import StartupError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        socket.create_server((host, port), family=family).close()
+    except OSError as e:
+        raise StartupError("--port", port, f"cannot listen on {host}:{port} ({e.strerror or e})",
+                           "stop what holds it or pass another --port (and --host for another address)") from None
 
 
 def _model_name(config) -> str:

@@ -38,6 +38,16 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the key as written, the value and what is allowed."""
 
 
+class StartupError(ConfigError):
+    """Why the server cannot start, found before it loads anything: the key (or flag), its value, the
+    problem and the fix. ``lmi-trt`` prints it as one line and exits 2; the structured fields are the
+    shape every error root is to share (key, value, problem, fix)."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        super().__init__(f"{key}={value!r}: {problem}; {fix}")
+
+
 class Quantization(str, enum.Enum):
     """One vocabulary for DJL's ``option.quantize`` and Truss's ``quantization_type``."""
 
@@ -177,6 +187,13 @@ class LmiConfig(BaseModel):
         ``option.tensor_parallel_degree`` may still be ``'max'``: the cache key must use the resolved count.
         """
         return {s.key: _jsonable(getattr(self, s.attr)) for s in REGISTRY if s.compile_time and s.attr}
+
+    def derived(self, origin: str, **values: Any) -> LmiConfig:
+        """A copy with ``values`` a later stage filled in (``origin`` names it in the startup log);
+        they count as set from then on (``model_fields_set``)."""
+        copy = self.model_copy(update=values)
+        copy._origins = {**self._origins, **{_BY_ATTR[attr].key: origin for attr in values}}
+        return copy
 
     def redacted(self) -> dict[str, Any]:
         """All attributes as JSON-friendly values, secrets masked."""
@@ -417,10 +434,12 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("option.max_rolling_batch_size", _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: trtllm 256, torch 32",
             "max_rolling_batch_size", compile_time=True, aliases=_both("max_batch_size")),
-    KeySpec("option.max_input_len", _integer(1, 2048), "longest prompt in tokens", "max_input_len",
-            compile_time=True),
-    KeySpec("option.max_output_len", _integer(1, 512), "most new tokens per request", "max_output_len",
-            compile_time=True),
+    KeySpec("option.max_input_len", _integer(1, 2048),
+            "longest prompt in tokens; unset: 1024, or what the model's positions leave after max_output_len",
+            "max_input_len", compile_time=True),
+    KeySpec("option.max_output_len", _integer(1, 512),
+            "most new tokens per request; unset: 512, or a quarter of the model's positions when fewer",
+            "max_output_len", compile_time=True),
     KeySpec("option.max_seq_len", _integer(2, 4096),
             "prompt + output tokens; unset: max_input_len + max_output_len", "max_seq_len", compile_time=True),
     KeySpec("option.max_num_tokens", _integer(1, 8192),

@@ -6,15 +6,21 @@ Each stage hands a plain value to the next; nothing here reads the environment.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import LmiConfig, StartupError
 from lmi_trt.engines import EngineKind, default_batch_size
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.launch import LaunchPlan, Placement, build_copies, trtllm_copy_settings
 from lmi_trt.serving.app import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
+from lmi_trt.sources.artifact import is_hf_config
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,8 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
+    if artifact.kind == "hf_checkpoint":  # a hub model preflight could not read before its download
+        config = fit_lengths(config, artifact.hf_config, kind)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
@@ -104,3 +112,141 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
     return LoadedModel(engine=engine, tokenizer=tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------
+# Preflight: what can be checked before anything is downloaded or loaded, so a mistake costs
+# seconds and one line rather than a load, a traceback and a failed server.
+
+# Defaults of unset limits where the model has room for them (LmiConfig's field defaults).
+_DEFAULT_INPUT = LmiConfig.model_fields["max_input_len"].default
+_DEFAULT_OUTPUT = LmiConfig.model_fields["max_output_len"].default
+# config.json keys stating the positions a model was trained for, in the order transformers'
+# configurations use them (GPT-2: n_positions, ChatGLM/Qwen-1: seq_length).
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
+
+
+def model_positions(hf_config: Mapping[str, Any] | None) -> tuple[int, str] | None:
+    """(positions, the config.json key stating them); multimodal configs keep them in text_config."""
+    if not hf_config:
+        return None
+    for cfg in (hf_config, hf_config.get("text_config") or {}):
+        for key in _POSITION_KEYS:
+            if isinstance(cfg.get(key), int) and cfg[key] > 1:
+                return cfg[key], key
+    return None
+
+
+def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: EngineKind) -> LmiConfig:
+    """Unset ``max_input_len`` / ``max_output_len`` follow the model's positions (as vLLM's
+    ``max_model_len`` and TGI's ``max_total_tokens`` do): the defaults where they fit, else output
+    a quarter of the positions and input the rest. Limits the user set that do not fit are a
+    ``StartupError`` naming them (torch; the trtllm build plan checks them with RoPE scaling)."""
+    found = model_positions(hf_config)
+    if found is None or kind == "synthetic":
+        return config
+    positions, key = found
+    given = config.model_fields_set
+    inp, out = config.max_input_len, config.max_output_len
+    if "max_input_len" in given and inp >= positions:
+        raise StartupError("option.max_input_len", inp, f"the model has {positions} positions (config.json {key})",
+                           f"set it below {positions}, leaving room for option.max_output_len")
+    if "max_output_len" in given and out >= positions:
+        raise StartupError("option.max_output_len", out, f"the model has {positions} positions (config.json {key})",
+                           f"set it below {positions}, leaving room for the prompt")
+    if "max_output_len" not in given:
+        out = min(_DEFAULT_OUTPUT, positions - inp) if "max_input_len" in given else min(_DEFAULT_OUTPUT, positions // 4)
+    if "max_input_len" not in given:
+        inp = min(_DEFAULT_INPUT, positions - out)
+    if inp + out > positions and kind == "torch":
+        raise StartupError("option.max_input_len + option.max_output_len", f"{inp} + {out} = {inp + out}",
+                           f"exceeds the model's {positions} positions (config.json {key})",
+                           f"set them to fit, e.g. option.max_input_len={positions - positions // 4} "
+                           f"option.max_output_len={positions // 4}, or leave both unset to follow the model")
+    if (inp, out) == (config.max_input_len, config.max_output_len):
+        return config
+    log.info("option.max_input_len=%d and option.max_output_len=%d follow the model's %d positions (config.json %s); "
+             "set them to choose others", inp, out, positions, key)
+    return config.derived(f"the model's {positions} positions", max_input_len=inp, max_output_len=out)
+
+
+def _local_folder(name: str, key: str) -> Path | None:
+    """The folder ``name`` is, None for a hub id or s3:// URI; a path that cannot exist is an error."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise StartupError(key, name, "is a file", "name a folder holding the model (config.json and weights)")
+    if name.startswith(("/", "./", "../", "~")):
+        raise StartupError(key, name, f"no such folder ({path.resolve()})", "check the path")
+    return None
+
+
+def _hub_config(name: str, key: str, revision: str | None) -> Mapping[str, Any] | None:
+    """config.json of a hub model from the local cache; with HF_HUB_OFFLINE a model not in the cache
+    cannot load, so that is an error now. Online, the download decides (None)."""
+    if name.startswith("s3://"):
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id either
+        cached = None
+    if isinstance(cached, str):
+        return _read_json(Path(cached))
+    if not constants.HF_HUB_OFFLINE:
+        return None
+    folder = Path(name).resolve()
+    raise StartupError(
+        key, name,
+        f"no such folder exists ({folder}), and it is not a Hugging Face model in the local hub cache "
+        "while HF_HUB_OFFLINE is set",
+        "give an existing folder (./path or an absolute path), download the model beforehand "
+        f"(`hf download {name}` with the same HF_HOME), or unset HF_HUB_OFFLINE")
+
+
+def _read_json(path: Path) -> Mapping[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # the sources stage reports an unreadable config.json with its own message
+    return data if isinstance(data, dict) else None
+
+
+def _check_engine_available(kind: EngineKind) -> None:
+    if kind != "trtllm":
+        return
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        raise StartupError("option.rolling_batch", "trtllm", "TensorRT-LLM is not installed here",
+                           "run the TensorRT-LLM image (docker/Dockerfile), or set option.rolling_batch=torch "
+                           "(or auto) for the embedded torch engine")
+    from lmi_trt.engines import trtllm
+
+    if not trtllm._cuda_available():  # the engine's own GPU probe (a test seam as well)
+        raise StartupError("option.rolling_batch", "trtllm", "no CUDA GPU is visible, and TensorRT engines only run on one",
+                           "give the container GPUs (--gpus all, CUDA_VISIBLE_DEVICES), or set "
+                           "option.rolling_batch=torch (or auto)")
+
+
+def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
+    """Everything checkable before loading, in seconds: the engine can run here, the model and
+    tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
+    Returns ``config`` with unset limits following the model."""
+    _check_engine_available(kind)
+    if config.tokenizer_id is not None:
+        tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
+        if tokenizer is None:
+            _hub_config(config.tokenizer_id, "option.tokenizer_id", None)
+    if kind == "synthetic" and config.model_id is None and config.model_dir is None:
+        return config
+    if config.model_id is None:
+        folder = config.model_dir
+        hf_config = _read_json(folder / "config.json") if folder is not None else None
+    else:
+        folder = _local_folder(config.model_id, "option.model_id")
+        hf_config = (_read_json(folder / "config.json") if folder is not None
+                     else _hub_config(config.model_id, "option.model_id", config.revision))
+    if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
+        return config
+    return fit_lengths(config, hf_config, kind)

@@ -75,6 +75,12 @@ _BATCHING = ("auto", "continuous", "static")
 _PAGE_SIZE = 256
 _CLOSE_TIMEOUT_S = 30.0
 _GATHER_S = 0.005  # how long a static batch waits for more of a burst once one request is there
+# One from_pretrained at a time per process: transformers (5.x, src/transformers/initialization.py
+# no_tie_weights / no_init_weights) patches PreTrainedModel.tie_weights and torch's init functions
+# for the duration of a load and restores what it saved, so two overlapping loads (model copies
+# starting together) can leave them patched for good: tied lm_heads of every later load are then
+# left uninitialized (GPT-2, Falcon: garbage or NaN logits).
+_LOAD_LOCK = threading.Lock()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -685,9 +691,10 @@ class TorchEngine:
         dtype = resolve_dtype(self.dtype, device)
         kwargs = {"device_map": str(device)} if device.type != "cpu" else {}
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(self.model_path), dtype=dtype, trust_remote_code=self.trust_remote_code, **kwargs
-            ).eval()
+            with _LOAD_LOCK:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(self.model_path), dtype=dtype, trust_remote_code=self.trust_remote_code, **kwargs
+                ).eval()
         except ValueError as exc:
             if self.trust_remote_code or "trust_remote_code" not in str(exc):
                 raise

@@ -154,7 +154,7 @@ async def read_body(request: web.Request) -> bytes:
     limit = config.max_request_size
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
-            f"request body is {request.content_length} bytes, more than option.max_request_size={limit}"
+            f"request body is {request.content_length} bytes, more than max_request_size={limit}"
         )
     uploads = ctx.uploads
     uploads.check(request.content_length or 0)
@@ -165,7 +165,7 @@ async def read_body(request: web.Request) -> bytes:
             while chunk := await request.content.readany():
                 body += chunk
                 if len(body) > limit:
-                    raise PayloadTooLarge(f"request body is more than option.max_request_size={limit} bytes"
+                    raise PayloadTooLarge(f"request body is more than max_request_size={limit} bytes"
                                           + (" once decompressed" if request.headers.get("Content-Encoding") else ""))
                 uploads.take(len(chunk))
                 taken += len(chunk)
@@ -418,7 +418,7 @@ def build_app(
         from lmi_trt.serving.protocols import lmi
 
         adapters = (lmi.install,)
-    metrics = Metrics()
+    metrics = Metrics(model_name)
     ctx = ServingContext(config=config, model_name=model_name, metrics=metrics)
     metrics.attach_live(
         lambda: ctx.service.in_system if ctx.service else 0,

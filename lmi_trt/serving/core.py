@@ -399,7 +399,8 @@ class GenerationStream:
         self._done = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._service.release(self, reason, time.perf_counter() - self._t0)
+        self._service.release(self, reason, time.perf_counter() - self._t0,
+                              None if self._first_token_at is None else self._first_token_at - self._t0)
 
     async def _cancel_engine(self) -> None:
         try:
@@ -508,7 +509,7 @@ class GenerationService:
             self._reject(503)
             more = f" and this request brings {n}" if n > 1 else ""
             raise ServiceUnavailable(
-                f"server busy: {self._in_system} requests in the system{more}, option.job_queue_size={limit}; "
+                f"server busy: {self._in_system} requests in the system{more}, job_queue_size={limit}; "
                 "retry later"
             )
 
@@ -645,13 +646,11 @@ class GenerationService:
             raise BadRequest(f"stop_token_ids contains {bad}; token ids must be in [0, {vocab})")
         return max_new
 
-    def release(self, stream: GenerationStream, reason: FinishReason, seconds: float) -> None:
+    def release(self, stream: GenerationStream, reason: FinishReason, seconds: float,
+                first_token_after: float | None = None) -> None:
         self._in_system -= 1
-        m = self.metrics
-        if m is not None:
-            m.generated_tokens.inc(stream.generated_tokens)
-            m.finished.labels(reason.value).inc()
-            m.generation_latency.observe(seconds)
+        if self.metrics is not None:
+            self.metrics.finished(reason.value, stream.generated_tokens, seconds, first_token_after)
 
     def observe_ttft(self, seconds: float) -> None:
         if self.metrics is not None:

@@ -7,7 +7,7 @@ shape; ``error_body`` is the LMI/DJL shape ``{"error": msg, "code": N, "type": T
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 
@@ -73,6 +73,24 @@ class ServiceUnavailable(LmiHttpError):
 class OutOfMemory(LmiHttpError):
     status = 507
     type = "OutOfMemoryError"
+
+
+# Names clients send to a server that serves one model, meaning "whichever it serves":
+# huggingface_hub's InferenceClient sends "dummy" when the model is a URL
+# (huggingface_hub/inference/_providers/hf_inference.py), "tgi" before that; TGI ignores the field.
+UNNAMED_MODEL = frozenset({"dummy", "tgi"})
+
+
+def check_model(requested: object, served: str, *, also: Collection[str] = ()) -> None:
+    """The one rule for a model a request names (path or body): left out, the served name, or one
+    of ``also`` (the route's aliases, ``option.model_id``, a body's ``UNNAMED_MODEL``) is this
+    server's model; any other name is a 404, as vLLM answers
+    (vllm/entrypoints/openai/serving_engine.py, ``_check_model``)."""
+    if requested is None or requested == served or requested in also:
+        return
+    err = NotFound(f"the model {requested!r} does not exist; this server serves {served!r}")
+    err.param = "model"  # type: ignore[attr-defined]  (OpenAI's error names the field)
+    raise err
 
 
 def error_from_code(message: str, code: int | None) -> LmiHttpError:

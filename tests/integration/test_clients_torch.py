@@ -60,7 +60,7 @@ def test_bad_words_never_appear_in_any_schema_on_a_real_engine(srv):
     outputs = {
         "lmi": srv.post("/invocations", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "bad_words": [word]}}).json()["generated_text"],
         "tgi": srv.post("/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "bad_words": [word]}}).json()["generated_text"],
-        "openai": srv.post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 24, "bad_words": [word]}).json()["choices"][0]["text"],
+        "openai": srv.post("/v1/completions", {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "bad_words": [word]}).json()["choices"][0]["text"],
         "triton": srv.post("/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": 24, "bad_words": word}).json()["text_output"],
         "truss": srv.post("/invocations", {"prompt": prompt, "max_tokens": 24, "bad_words_list": [word], "stream": False}).json()["text"],
     }
@@ -75,7 +75,7 @@ def test_stop_strings_on_a_real_engine(srv):
     full = srv.post("/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 24}}).json()["generated_text"]
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop.strip(), full
-    r = srv.post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 24, "stop": stop, "stream": True}, stream=True)
+    r = srv.post("/v1/completions", {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "stop": stop, "stream": True}, stream=True)
     events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith(b"data: ") and x != b"data: [DONE]"]
     text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
     assert text == full[: full.index(stop)] and events[-1]["choices"][0]["finish_reason"] == "stop"

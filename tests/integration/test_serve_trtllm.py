@@ -60,13 +60,16 @@ async def _server(config: LmiConfig):
     app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
+    # A JIT build on a loaded machine takes minutes: wait for readiness with a bound, not a speed.
+    deadline = asyncio.get_running_loop().time() + 300
     async with ClientSession(timeout=ClientTimeout(total=60)) as s:
-        for _ in range(600):
+        while True:
             async with s.get(server.make_url("/ping")) as r:
                 if r.status == 200:
                     break
                 body = await r.text()
                 assert "FAILED" not in body, body
+            assert asyncio.get_running_loop().time() < deadline, f"not ready after 300 s: {body}"
             await asyncio.sleep(0.05)
     return server
 

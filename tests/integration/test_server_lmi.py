@@ -177,7 +177,7 @@ async def test_bad_inputs_get_a_4xx_naming_the_field_and_the_server_keeps_servin
         ({"inputs": "x", "parameters": {"top_p": 0}}, {}, 400, ["parameters.top_p"]),
         ({"inputs": "x", "parameters": {"max_new_tokens": 10**6}}, {}, 400, ["max_new_tokens=1000000", "option.max_output_len=64"]),
         ({"inputs": "x", "parameters": {"num_beams": 3}}, {}, 400, ["parameters.num_beams"]),
-        ({"inputs": "x" * 5000}, {}, 413, ["option.max_request_size=4096"]),
+        ({"inputs": "x" * 5000}, {}, 413, ["max_request_size=4096"]),
         (b"\xff\xfe", {"Content-Type": "text/plain"}, 400, ["UTF-8"]),
     ]
     async with serve(cfg) as (session, _, _):
@@ -202,7 +202,7 @@ async def test_queue_over_job_queue_size_is_503():
             await r.content.readline()
         async with session.post("/invocations", json={"inputs": "one more"}) as r:
             assert r.status == 503 and r.headers.get("Retry-After")
-            assert "option.job_queue_size=2" in (await r.json())["error"]
+            assert "job_queue_size=2" in (await r.json())["error"]
         for r in held:
             r.close()
         assert await wait_until(lambda: sa.engine.stats().active_requests == 0)
@@ -290,8 +290,8 @@ async def test_metrics():
             assert r.status == 200 and r.content_type == "text/plain"
         assert 'lmi_http_requests_total{route="/invocations",status="200"} 1.0' in text
         assert 'lmi_http_requests_total{route="/invocations",status="400"} 1.0' in text
-        assert "lmi_time_to_first_token_seconds_count 1.0" in text
-        assert "lmi_generated_tokens_total 4.0" in text
+        assert 'lmi_time_to_first_token_seconds_count{model_name="tiny"} 1.0' in text
+        assert 'lmi_generation_tokens_total{model_name="tiny"} 4.0' in text
         assert "lmi_engine_queue_depth 0.0" in text and "lmi_requests_in_system 0.0" in text
 
 

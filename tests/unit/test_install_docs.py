@@ -1,0 +1,43 @@
+"""README's two install commands (issue 12, item 3): CI runs the development one verbatim, and both
+take torch from PyTorch's CPU index (PyPI's Linux torch is a CUDA build) without stalling where
+that index cannot be reached."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
+
+
+def _commands_after(readme: str, lead: str) -> str:
+    block = re.search(re.escape(lead) + r".*?```bash\n(.*?)\n```", readme, re.S)
+    assert block, lead
+    return block.group(1).strip()
+
+
+def test_ci_runs_the_readme_development_install_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    develop = _commands_after(readme, "To develop")
+    pip = develop.split(" && ")[-1]
+    assert pip.startswith("pip install ") and pip.endswith('-e ".[test]"'), develop
+    ci_lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    assert pip in ci_lines, (pip, ci_lines)
+
+
+def test_both_installs_take_the_cpu_torch_and_do_not_retry_an_unreachable_index():
+    readme = (ROOT / "README.md").read_text()
+    serve, develop = _commands_after(readme, "To serve on a CPU host"), _commands_after(readme, "To develop")
+    assert serve.endswith("-e .") and develop.endswith('-e ".[test]"')
+    for command in (serve, develop):
+        assert command.count("&&") == 2 and "\n" not in command  # one command: venv, activate, install
+        assert CPU_INDEX in command and "--retries 0" in command and '"torch==2.13.0"' in command
+
+
+def test_the_test_extra_has_what_the_notebook_and_plot_tests_import():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    names = {re.split(r"[<>=\[; ]", spec, maxsplit=1)[0].lower() for spec in extra}
+    assert {"nbformat", "nbclient", "ipykernel", "matplotlib", "sagemaker", "moto"} <= names
