@@ -82,6 +82,14 @@ def bounded_words(v: list[str], what: str) -> list[str]:
     return v
 
 
+class FeatureRefused(BadRequest):
+    """A 400 for a request field the engine cannot honour; ``param`` is the adapter's field name."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class GenerateParams(BaseModel):
     """Schema-neutral generation settings. Adapters map their own field names onto these.
 
@@ -617,11 +625,12 @@ class GenerationService:
             field_name = names.get("top_logprobs", "top_logprobs")
             can = (f"at most {limits.max_top_logprobs}" if limits.max_top_logprobs
                    else "none; ask only for the chosen token's log-prob")
-            raise BadRequest(f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} alternatives "
-                             "per token")
+            raise FeatureRefused(field_name, f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} "
+                                             "alternatives per token")
         if params.prompt_logprobs and not limits.supports_prompt_logprobs:
-            raise BadRequest(f"{names.get('prompt_logprobs', 'prompt_logprobs')}: the {engine} engine does not "
-                             "compute prompt log-probs; leave it out")
+            field_name = names.get("prompt_logprobs", "prompt_logprobs")
+            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; "
+                                             "leave it out")
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token-id sequences for bad words: each word as written and, for a word that does
