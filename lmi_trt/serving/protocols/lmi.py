@@ -36,6 +36,7 @@ from lmi_trt.serving.app import (
 from lmi_trt.engines.base import MAX_TOP_LOGPROBS
 from lmi_trt.serving.core import (
     MAX_STOP_STRINGS,
+    MAX_TOP_K,
     Alternative,
     Completion,
     Delta,
@@ -73,6 +74,8 @@ class LmiParameters(GenerateParams):
     return_full_text: bool = False
     stop_sequences: list[str] = Field(default_factory=list)
     ignore_eos_token: bool = False  # DJL's name for ignore_eos
+    # -1 is "no top-k" in DJL's vLLM parameters (lmi_input_output_schema.md: top_k default -1), as in vLLM.
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)
     top_n_tokens: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     decoder_input_details: bool = False
 
@@ -109,6 +112,7 @@ class LmiParameters(GenerateParams):
                              f"send at most {MAX_STOP_STRINGS} items")
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
         fields.update(stop=stops, ignore_eos=self.ignore_eos or self.ignore_eos_token,
+                      top_k=None if self.top_k == -1 else self.top_k,
                       logprobs=self.logprobs or self.details or bool(self.top_n_tokens or self.top_logprobs),
                       top_logprobs=self.top_n_tokens or self.top_logprobs,
                       prompt_logprobs=self.decoder_input_details or self.prompt_logprobs)

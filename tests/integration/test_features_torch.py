@@ -1,5 +1,6 @@
-"""Log-probs on the torch engine with real clients (issue 16, part 1).
+"""Issue 16's request features on the torch engine, with real clients.
 
+Log-probs (part 1):
 The server runs as a process (``lmi-trt serve --engine torch``) on the tiny Llama, on both torch
 decode paths: the built-in decode loop and transformers' own. Every top log-prob a client gets
 must equal ``log_softmax`` of the model's logits at that position, computed here with a plain
@@ -144,3 +145,14 @@ def test_lmi_streams_carry_every_tokens_log_prob_and_top_n_tokens(srv):
     details = r.json()["details"]
     assert len(details["top_tokens"]) == 4 and all(len(step) == 3 for step in details["top_tokens"])
     assert [s[0]["id"] for s in details["top_tokens"]] == [t["id"] for t in details["tokens"]]
+
+
+def test_djl_top_k_minus_one_means_no_top_k(srv):
+    """DJL's vLLM parameters default top_k to -1, "no top-k"; sampling with it equals sampling without."""
+    base = {"max_new_tokens": 8, "do_sample": True, "seed": 7, "temperature": 0.9}
+    with_minus_one = srv.post("/invocations", {"inputs": PROMPT, "parameters": {**base, "top_k": -1}})
+    assert with_minus_one.status_code == 200, with_minus_one.text
+    without = srv.post("/invocations", {"inputs": PROMPT, "parameters": base})
+    assert with_minus_one.json()["generated_text"] == without.json()["generated_text"]
+    r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"top_k": -2}})
+    assert r.status_code == 400 and "top_k" in r.text
