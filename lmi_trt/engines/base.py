@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 # Alternatives per generated token a request may ask for (OpenAI chat top_logprobs' bound).
 MAX_TOP_LOGPROBS = 20
@@ -24,6 +24,15 @@ class FinishReason(str, enum.Enum):
     STOP_SEQUENCE = "stop_sequence"
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """Output constrained to a grammar: ``json_schema`` (``value``: the schema as JSON text),
+    ``json_object`` (any JSON object; ``value`` empty), ``regex``, or ``grammar`` (EBNF, GBNF style)."""
+
+    kind: Literal["json_schema", "json_object", "regex", "grammar"]
+    value: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class SamplingParams:
     # The log-prob of each prompt token given the ones before it (TGI decoder_input_details).
     prompt_logprobs: bool = False
     ignore_eos: bool = False
+    guided: GuidedDecoding | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class EngineLimits:
     supports_logprobs: bool = False
     max_top_logprobs: int = 0  # the most alternatives per token it reports (0: none)
     supports_prompt_logprobs: bool = False
+    supports_guided_decoding: bool = False
 
 
 @dataclass

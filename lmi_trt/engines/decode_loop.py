@@ -39,6 +39,7 @@ import torch
 
 from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
+from .guided import allowed_tokens
 from .llama_decoder import LlamaDecoder, unsupported_reason
 from .torch import QueuedBackend, TorchEngine, _Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 
@@ -106,7 +107,7 @@ class _Row:
     def __post_init__(self) -> None:
         # The mode once min_new_tokens is behind it; computed once, read every step.
         self.settled = row_mode(self.slot.sampling, self.slot.sampling.min_new_tokens,
-                                bool(self.single_bad or self.multi_bad))
+                                bool(self.single_bad or self.multi_bad or self.slot.matcher is not None))
 
     def mode(self) -> Mode:
         if self.launched >= self.slot.sampling.min_new_tokens:
@@ -236,9 +237,18 @@ class DecodeLoopBackend(QueuedBackend):
         event.record()
         return _Launch(rows, host, event)
 
-    def _ban_multi_word_prefixes(self, rows: Sequence[_Row], value: bool) -> None:
+    def _step_bans(self, rows: Sequence[_Row], value: bool) -> None:
         """Set (before a step) or clear (after it) the bans of multi-token bad words whose prefix
-        ends the row's context, transformers' NoBadWordsLogitsProcessor rule."""
+        ends the row's context, transformers' NoBadWordsLogitsProcessor rule, and of every token a
+        constrained row's grammar cannot take next."""
+        guided = [r for r in rows if r.slot.matcher is not None]
+        if guided:
+            index = self._put([r.index for r in guided])
+            if value:
+                allowed = allowed_tokens([r.slot.matcher for r in guided], self._state.vocab)
+                self._state.banned_now[index] = ~allowed.to(self._device)
+            else:
+                self._state.banned_now[index] = False
         rows = [r for r in rows if r.multi_bad]
         if rows:
             bans = [banned_next_tokens(r.prompt + r.slot.generated, r.multi_bad) for r in rows]
@@ -255,12 +265,12 @@ class DecodeLoopBackend(QueuedBackend):
         self.counters["prefill_steps"] += 1
         for row in ending:
             row.prefilled = True
-        self._ban_multi_word_prefixes(ending, True)
+        self._step_bans(ending, True)
         generated = torch.zeros(len(ending), dtype=torch.long, device=self._device)
         mode = max(row.mode() for row in ending)
         tokens_out, logprobs, status = sample(logits, self._state.rows(slots), generated, self._state.eos, mode)
         self._record(slots, tokens_out, torch.ones_like(slots, dtype=torch.bool))
-        self._ban_multi_word_prefixes(ending, False)
+        self._step_bans(ending, False)
         for row in ending:
             row.launched = 1
         out = torch.stack((tokens_out.float(), logprobs, status.float()))
@@ -279,14 +289,14 @@ class DecodeLoopBackend(QueuedBackend):
             columns[r.index] = r
         self._step[:, :size].copy_(self._put(step), non_blocking=True)
         mode = max(r.mode() for r in rows)
-        self._ban_multi_word_prefixes(rows, True)
+        self._step_bans(rows, True)
         top = any(r.slot.sampling.top_logprobs for r in rows)
         graph = None if top else self._graphs.get((size, mode))
         if graph is not None:
             graph.replay()
         else:
             self._decode_step(size, mode, top)
-        self._ban_multi_word_prefixes(rows, False)
+        self._step_bans(rows, False)
         for r in rows:
             r.launched += 1
         self.counters["decode_steps"] += 1
@@ -320,8 +330,8 @@ class DecodeLoopBackend(QueuedBackend):
         if plan.rows:
             launched += self._guarded(self._launch_prefill, plan, plan.rows, "prefill")
         decoding = self._decodable()
-        if decoding and any(r.multi_bad for r in decoding):
-            self._drain(launched)  # the bans need the newest token of each row
+        if decoding and any(r.multi_bad or r.slot.matcher is not None for r in decoding):
+            self._drain(launched)  # the bans and grammars need the newest token of each row
             launched = []
             decoding = self._decodable()
         if decoding:
@@ -410,6 +420,8 @@ class DecodeLoopBackend(QueuedBackend):
                 continue
             token = int(tokens[column])
             slot.generated.append(token)
+            if slot.matcher is not None:
+                slot.matcher.accept_token(token)
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             k = slot.sampling.top_logprobs

@@ -47,6 +47,7 @@ class ReplicaSet:
             supports_logprobs=all(e.limits.supports_logprobs for e in self._engines),
             max_top_logprobs=min(e.limits.max_top_logprobs for e in self._engines),
             supports_prompt_logprobs=all(e.limits.supports_prompt_logprobs for e in self._engines),
+            supports_guided_decoding=all(e.limits.supports_guided_decoding for e in self._engines),
         )
 
     @property

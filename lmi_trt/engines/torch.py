@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import itertools
 import logging
 import math
@@ -40,7 +41,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
@@ -55,6 +56,10 @@ from .base import (
     GenerationRequest,
     SamplingParams,
 )
+from .guided import Grammars, allowed_tokens
+
+# Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
+_HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
 
 try:
     from transformers.generation import ContinuousBatchingConfig
@@ -218,6 +223,7 @@ class _Slot:
     cancelled: bool = False
     closed: bool = False
     started: bool = False
+    matcher: Any = None  # xgrammar GrammarMatcher of a constrained request (engine thread only)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -282,6 +288,10 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
                 _apply_history_processors(logits[i], slot)
             except Exception as exc:  # noqa: BLE001 - isolate the row, report it to its client
                 errors[i] = f"logits processing failed: {exc}"
+    guided = [i for i in range(n) if slots[i] is not None and slots[i].matcher is not None and errors[i] is None]
+    if guided:  # constrained decoding: what the grammar cannot take next is banned
+        allowed = allowed_tokens([slots[i].matcher for i in guided], logits.size(-1)).to(logits.device)
+        logits[guided] = logits[guided].masked_fill(~allowed, float("-inf"))
     # NaN or +inf would poison the softmax of a whole batched draw: fail those rows instead.
     broken = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
     broken, all_masked = torch.stack((broken, ~torch.isfinite(logits).any(-1))).tolist()
@@ -618,6 +628,7 @@ class TorchEngine:
         self._backend: _Backend | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._vocab_size = 0
+        self._grammars: Grammars | None = None  # once loaded
         self._model_device = torch.device("cpu")
         self._healthy = False
         self._closed = False
@@ -640,6 +651,7 @@ class TorchEngine:
             max_beam_width=1,
             supports_logprobs=True,
             max_top_logprobs=MAX_TOP_LOGPROBS,
+            supports_guided_decoding=_HAS_XGRAMMAR,
         )
 
     @property
@@ -663,7 +675,8 @@ class TorchEngine:
         self._check_ready()
         check_sampling(request.sampling, self.max_new_tokens)
         check_token_ids(request, self._vocab_size, self.max_input_len)
-        return self._stream(request)
+        guided = request.sampling.guided
+        return self._stream(request, self._grammars.matcher(guided) if guided is not None else None)
 
     async def cancel(self, request_id: str) -> None:
         slot = self._slots.get(request_id)
@@ -716,6 +729,7 @@ class TorchEngine:
         self._configure_tokens(model)
         self._check_positions(model)
         self._vocab_size = model.get_input_embeddings().num_embeddings
+        self._grammars = Grammars(self.model_path, self._vocab_size, self.eos_token_ids)
         self._model_device = model.device
         from .decode_loop import DecodeLoopBackend, choose_decode_loop  # it imports this module
 
@@ -789,7 +803,7 @@ class TorchEngine:
         if not self._healthy:
             raise EngineError("the torch engine has failed", code=503)
 
-    def _open(self, request: GenerationRequest) -> _Slot:
+    def _open(self, request: GenerationRequest, matcher: Any) -> _Slot:
         self._check_ready()
         if request.request_id in self._slots:
             raise EngineError(f"request_id {request.request_id!r} is already in flight", code=400)
@@ -804,6 +818,7 @@ class TorchEngine:
             generator=generator,
             queue=asyncio.Queue(),
             prompt_set=frozenset(request.prompt_token_ids),
+            matcher=matcher,
         )
         self._slots[request.request_id] = slot
         self._by_key[slot.key] = slot
@@ -821,8 +836,8 @@ class TorchEngine:
             del self._slots[slot.request.request_id]
         self._by_key.pop(slot.key, None)
 
-    async def _stream(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
-        slot = self._open(request)
+    async def _stream(self, request: GenerationRequest, matcher: Any) -> AsyncIterator[EngineOutput]:
+        slot = self._open(request, matcher)
         try:
             self._backend.enqueue(slot)
             tokens: list[int] = []
@@ -903,6 +918,8 @@ class TorchEngine:
                 on_finished(slot, FinishReason.ERROR)
                 continue
             slot.generated.append(pick.token)
+            if slot.matcher is not None:
+                slot.matcher.accept_token(pick.token)
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             logprobs = [pick.logprob] if pick.logprob is not None else None

@@ -26,6 +26,7 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     Engine,
+    GuidedDecoding,
     EngineError,
     EngineOutput,
     FinishReason,
@@ -119,6 +120,7 @@ class GenerateParams(BaseModel):
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token; implies logprobs
     prompt_logprobs: bool = False
+    guided: GuidedDecoding | None = None  # constrained decoding (response_format, grammar, guided_*)
     truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
 
     @field_validator("stop", mode="before")
@@ -197,6 +199,7 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -
         top_logprobs=p.top_logprobs if logprobs else 0,
         prompt_logprobs=p.prompt_logprobs,
         ignore_eos=p.ignore_eos,
+        guided=p.guided,
     )
 
 
@@ -580,7 +583,7 @@ class GenerationService:
         ``max_new_tokens``, used in error messages. ``admitted``: the caller already checked
         admission for a batch (``admit_batch``) and starts its prompts one by one. ``user_text``
         False: a text prompt made by the server (a rendered chat template), whose special tokens count.
-        ``names`` maps neutral feature fields (``top_logprobs``, ``prompt_logprobs``)
+        ``names`` maps neutral feature fields (``top_logprobs``, ``prompt_logprobs``, ``guided``)
         to the adapter's, for the 400 that refuses what the engine cannot do.
         """
         self.check_features(params, names or {})
@@ -631,6 +634,10 @@ class GenerationService:
             field_name = names.get("prompt_logprobs", "prompt_logprobs")
             raise FeatureRefused(field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; "
                                              "leave it out")
+        if params.guided is not None and not limits.supports_guided_decoding:
+            field_name = names.get("guided", "guided")
+            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine has no constrained decoding "
+                                             f"({params.guided.kind}); leave it out or serve with option.rolling_batch=torch")
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token-id sequences for bad words: each word as written and, for a word that does

@@ -44,7 +44,7 @@ async def server(monkeypatch, tmp_path):
             await srv.close()
 
 
-async def test_top_and_prompt_logprobs_refused_by_the_executor_engine(server):
+async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_engine(server):
     srv, s = server
     cases = [
         ("/generate", {"inputs": "Hi", "parameters": {"top_n_tokens": 2, "details": True}}, "parameters.top_n_tokens"),
@@ -53,6 +53,10 @@ async def test_top_and_prompt_logprobs_refused_by_the_executor_engine(server):
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
          "top_logprobs"),
         ("/invocations", {"inputs": "Hi", "parameters": {"top_n_tokens": 2}}, "parameters.top_n_tokens"),
+        # Constrained decoding is not wired to the Executor's GuidedDecodingConfig yet: refused, never ignored.
+        ("/generate", {"inputs": "Hi", "parameters": {"grammar": {"type": "regex", "value": "a+"}}}, "parameters.grammar"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                  "response_format": {"type": "json_object"}}, "response_format"),
     ]
     for path, body, field in cases:
         async with s.post(srv.make_url(path), json=body) as r:

@@ -33,7 +33,7 @@ from lmi_trt.serving.app import (
     read_body,
     validate,
 )
-from lmi_trt.engines.base import MAX_TOP_LOGPROBS
+from lmi_trt.engines.base import MAX_TOP_LOGPROBS, GuidedDecoding
 from lmi_trt.serving.core import (
     MAX_STOP_STRINGS,
     MAX_TOP_K,
@@ -77,6 +77,10 @@ class LmiParameters(GenerateParams):
     # -1 is "no top-k" in DJL's vLLM parameters (lmi_input_output_schema.md: top_k default -1), as in vLLM.
     top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)
     top_n_tokens: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    # Constrained decoding under vLLM's parameter names (DJL's LMI schema has none of its own).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
     decoder_input_details: bool = False
 
     @field_validator("stop_sequences", mode="before")
@@ -115,8 +119,20 @@ class LmiParameters(GenerateParams):
                       top_k=None if self.top_k == -1 else self.top_k,
                       logprobs=self.logprobs or self.details or bool(self.top_n_tokens or self.top_logprobs),
                       top_logprobs=self.top_n_tokens or self.top_logprobs,
-                      prompt_logprobs=self.decoder_input_details or self.prompt_logprobs)
+                      prompt_logprobs=self.decoder_input_details or self.prompt_logprobs,
+                      guided=self._guided() or self.guided)
         return GenerateParams.model_construct(**fields)
+
+
+    def _guided(self) -> GuidedDecoding | None:
+        given = {k: v for k, v in (("json_schema", self.guided_json), ("regex", self.guided_regex),
+                                   ("grammar", self.guided_grammar)) if v is not None}
+        if len(given) > 1:
+            raise BadRequest("parameters.guided_json, guided_regex and guided_grammar exclude each other; send one")
+        if not given:
+            return None
+        kind, value = given.popitem()
+        return GuidedDecoding(kind, value if isinstance(value, str) else orjson.dumps(value).decode())  # type: ignore[arg-type]
 
 
 _KNOWN_PARAMETERS = sorted(LmiParameters.model_fields)
@@ -154,7 +170,8 @@ def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) 
 
 
 # --- encoding ---
-NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details"}
+NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details",
+         "guided": "parameters.guided_json/guided_regex/guided_grammar"}
 
 
 def token_dict(t: TokenOut | Alternative, tgi: bool) -> dict[str, Any]:

@@ -11,9 +11,9 @@ Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presenc
 penalties, stop (str | list), n=1, stream + stream_options.include_usage, logprobs (chat
 ``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
 echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
-skip_special_tokens, stop_token_ids, bad_words. Refused with a 400 naming the field: n/best_of > 1,
-logit_bias, suffix, tools, non-text response_format, non-text content, and alternatives an engine
-cannot report.
+skip_special_tokens, stop_token_ids, bad_words, and chat ``response_format`` json_object /
+json_schema (constrained decoding). Refused with a 400 naming the field: n/best_of > 1,
+logit_bias, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lmi_trt.engines.base import FinishReason
+from lmi_trt.engines.base import FinishReason, GuidedDecoding
 from lmi_trt.serving import chat
 from lmi_trt.serving.app import CONTEXT, ServingContext, error_response, json_response
 from lmi_trt.serving.core import (
@@ -135,7 +135,8 @@ class _Base(BaseModel):
                 close = difflib.get_close_matches(name, sorted(type(self).model_fields), n=1)
                 log.warning("ignoring unknown OpenAI field %r%s", name, f" (did you mean {close[0]!r}?)" if close else "")
 
-    def _params(self, max_new_tokens: int | None, logprobs: bool, top_logprobs: int = 0) -> GenerateParams:
+    def _params(self, max_new_tokens: int | None, logprobs: bool, top_logprobs: int = 0,
+                guided: GuidedDecoding | None = None) -> GenerateParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
             raise FieldError("stop", "stop strings must be non-empty")
@@ -159,6 +160,7 @@ class _Base(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            guided=guided,
         )
 
     @property
@@ -184,11 +186,22 @@ class ChatRequest(_Base):
         if self.tools and self.tool_choice != "none":
             raise FieldError("tools", "tools (function calling) are not supported by this server; leave tools out "
                                       "or set tool_choice='none'")
-        fmt = (self.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise FieldError("response_format", f"response_format type {fmt!r} is not supported; only 'text'")
         max_new = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._params(max_new, bool(self.logprobs), self.top_logprobs or 0)
+        return self._params(max_new, bool(self.logprobs), self.top_logprobs or 0, self._guided())
+
+    def _guided(self) -> GuidedDecoding | None:
+        fmt = self.response_format or {}
+        kind = fmt.get("type", "text")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return GuidedDecoding("json_object")
+        if kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt.get("json_schema"), dict) else None
+            if not isinstance(schema, dict):
+                raise FieldError("response_format", "response_format.json_schema.schema must be a JSON schema object")
+            return GuidedDecoding("json_schema", orjson.dumps(schema).decode())
+        raise FieldError("response_format", f"response_format type {kind!r} is not one of text, json_object, json_schema")
 
 
 class CompletionRequest(_Base):
@@ -229,7 +242,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-CHAT_NAMES = {"top_logprobs": "top_logprobs"}
+CHAT_NAMES = {"top_logprobs": "top_logprobs", "guided": "response_format"}
 COMPLETION_NAMES = {"top_logprobs": "logprobs"}
 
 

@@ -15,19 +15,23 @@ text and are not part of it (TGI keeps them), as in every schema of this server.
 ``decoder_input_details`` the prompt tokens with their log-probs as ``prefill``; an engine that
 cannot report them refuses with a 400 naming the field and the engine.
 
-Refused with a 400: best_of > 1, typical_p, watermark, grammar, adapter_id — the engine cannot
-honour them and a silent no-op would mislead.
+``grammar`` ``{"type": "json", "value": schema}`` or ``{"type": "regex", "value": pattern}``
+constrains the output (on engines with constrained decoding; elsewhere a 400 naming the engine).
+
+Refused with a 400: best_of > 1, typical_p, watermark, adapter_id — the engine cannot honour them
+and a silent no-op would mislead.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lmi_trt.engines.base import MAX_TOP_LOGPROBS, GuidedDecoding
 from lmi_trt.serving.app import CONTEXT, ModelStatus, ServingContext, json_response
-from lmi_trt.engines.base import MAX_TOP_LOGPROBS
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
@@ -53,14 +57,12 @@ _UNSUPPORTED = {
     "best_of": lambda v: v not in (None, 1),
     "typical_p": lambda v: v is not None,
     "watermark": lambda v: bool(v),
-    "grammar": lambda v: v is not None,
     "adapter_id": lambda v: v is not None,
 }
 _WHY = {
     "best_of": "this server returns one sequence",
     "typical_p": "typical sampling is not available in the engine",
     "watermark": "watermarking is not available",
-    "grammar": "constrained decoding is not available",
     "adapter_id": "LoRA adapters are not served",
 }
 
@@ -95,7 +97,21 @@ class TgiParameters(GenerateParams):
         fields["top_logprobs"] = self.top_n_tokens or self.top_logprobs
         fields["prompt_logprobs"] = self.decoder_input_details or self.prompt_logprobs
         fields["logprobs"] = self.logprobs or self.details or bool(fields["top_logprobs"])
+        fields["guided"] = self._guided() or self.guided
         return GenerateParams.model_construct(**fields)
+
+    def _guided(self) -> GuidedDecoding | None:
+        g = self.grammar
+        if g is None:
+            return None
+        kind = g.get("type") if isinstance(g, dict) else None
+        value = g.get("value") if isinstance(g, dict) else None
+        if kind in ("json", "json_schema") and isinstance(value, (dict, str)):
+            return GuidedDecoding("json_schema", value if isinstance(value, str) else orjson.dumps(value).decode())
+        if kind == "regex" and isinstance(value, str):
+            return GuidedDecoding("regex", value)
+        raise FieldError("parameters.grammar", 'parameters.grammar must be {"type": "json", "value": <JSON schema>} or '
+                                               '{"type": "regex", "value": <pattern>}')
 
 
 class TgiRequest(BaseModel):
@@ -113,7 +129,8 @@ class TgiRequest(BaseModel):
         return {k: x for k, x in v.items() if x is not None} if isinstance(v, dict) else v
 
 
-NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details"}
+NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details",
+         "guided": "parameters.grammar"}
 
 
 def _token(t: TokenOut | Alternative) -> dict[str, Any]:

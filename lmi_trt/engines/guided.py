@@ -1,0 +1,78 @@
+"""Constrained decoding for the torch engine through xgrammar token bitmasks.
+
+A request's ``GuidedDecoding`` is compiled once per (kind, value) into an xgrammar
+``CompiledGrammar`` (an LRU here, on top of the compiler's own cache); each request gets a
+``GrammarMatcher`` that, before every step, says which tokens may come next. The engine turns that
+into a ban on the step's logits and feeds the chosen token back. The tokenizer's EOS ids are the
+grammar's stop tokens, so a complete JSON value or match ends with EOS.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .base import EngineError, GuidedDecoding
+
+_CACHED_GRAMMARS = 256
+
+
+class Grammars:
+    """Compiles and caches grammars for one model's tokenizer; hands out per-request matchers."""
+
+    def __init__(self, tokenizer_path: Path, vocab_size: int, stop_ids: Sequence[int]) -> None:
+        self._path = tokenizer_path
+        self._vocab = vocab_size
+        self._stop = list(stop_ids)
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+        self._compiled = functools.lru_cache(maxsize=_CACHED_GRAMMARS)(self._compile)
+
+    def matcher(self, guided: GuidedDecoding) -> Any:
+        """A fresh matcher for one request; ``EngineError`` 400 for a schema/regex/grammar xgrammar refuses."""
+        import xgrammar as xgr
+
+        with self._lock:
+            compiled = self._compiled(guided.kind, guided.value)
+        return xgr.GrammarMatcher(compiled)
+
+    def _compile(self, kind: str, value: str) -> Any:
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            from transformers import AutoTokenizer
+
+            info = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(self._path),
+                                                      vocab_size=self._vocab, stop_token_ids=self._stop or None)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        try:
+            # JSON without free whitespace: a model cannot pad its answer with spaces until
+            # max_tokens and leave the value unfinished.
+            if kind == "json_object":
+                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if kind == "json_schema":
+                json.loads(value)  # a clear message for text that is not JSON at all
+                return self._compiler.compile_json_schema(value, any_whitespace=False)
+            if kind == "regex":
+                return self._compiler.compile_regex(value)
+            return self._compiler.compile_grammar(value)
+        except (RuntimeError, ValueError) as exc:
+            raise EngineError(f"the {kind.replace('_', ' ')} cannot be compiled for constrained decoding: {exc}",
+                              code=400) from exc
+
+
+def allowed_tokens(matchers: Sequence[Any], vocab: int) -> torch.Tensor:
+    """[n, vocab] bool on the CPU: the tokens each matcher accepts next."""
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)
+    for i, m in enumerate(matchers):
+        m.fill_next_token_bitmask(bitmask, i)
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.view(len(matchers), -1)[:, :vocab].bool()
