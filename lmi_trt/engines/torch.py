@@ -45,6 +45,8 @@ from typing import Protocol
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
+from ..compat import dtype_kwargs
+
 from .base import (
     EngineError,
     EngineLimits,
@@ -667,7 +669,7 @@ class TorchEngine:
         kwargs = {"device_map": str(device)} if device.type != "cpu" else {}
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                str(self.model_path), dtype=dtype, trust_remote_code=self.trust_remote_code, **kwargs
+                str(self.model_path), **dtype_kwargs(dtype), trust_remote_code=self.trust_remote_code, **kwargs
             ).eval()
         except ValueError as exc:
             if self.trust_remote_code or "trust_remote_code" not in str(exc):
