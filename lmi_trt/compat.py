@@ -20,3 +20,9 @@ _DTYPE_KEYWORD = "dtype" if Version(transformers.__version__).release >= (4, 56)
 def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keyword for the weights' dtype, spelled as this transformers expects."""
     return {_DTYPE_KEYWORD: dtype}
+
+
+def text_config(config: Any) -> Any:
+    """The language model's part of a (possibly multimodal) config; ``get_text_config`` is absent in 4.42."""
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config

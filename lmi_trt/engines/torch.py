@@ -45,7 +45,7 @@ from typing import Protocol
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from ..compat import dtype_kwargs
+from ..compat import dtype_kwargs, text_config
 
 from .base import (
     EngineError,
@@ -712,7 +712,7 @@ class TorchEngine:
             log.warning("no EOS token id in the model config: requests end on max_new_tokens or stop tokens only")
 
     def _check_positions(self, model: PreTrainedModel) -> None:
-        config = model.config.get_text_config()
+        config = text_config(model.config)
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         if limit and self.max_input_len + self.max_new_tokens > limit:
             out = max(1, min(self.max_new_tokens, limit // 4))
