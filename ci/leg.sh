@@ -42,7 +42,8 @@ else
   echo "== $release: no python$image_py on this machine: the resolution below runs on $(python3 -V) only"
 fi
 
-# 2. The test venv: the project under the pins (the resolution check: pip fails if it cannot stay inside them).
+# 2. The test venv: the project under the pins (the resolution check: pip fails if it cannot stay inside them),
+#    with the test tools the release's tests need (.[test-core]; the default run has the whole .[test]).
 echo "== $release: installing under $pins (torch: $ci_torch)"
 rm -rf "$venv"
 python3 -m venv "$venv"
@@ -53,7 +54,7 @@ pip install -q "$ci_torch" mpich -c "$constraints"
 # PyPI mpich's mpicc, with a setuptools of its day (today's dropped the distutils API its setup.py uses).
 pip install -q "setuptools<70" wheel
 MPICC="$VIRTUAL_ENV/bin/mpicc" pip install -q --no-build-isolation -c "$constraints" mpi4py
-pip install -q -c "$constraints" -e ".[test]"
+pip install -q -c "$constraints" -e ".[test-core]"
 echo "== $release: installed in $((SECONDS - t0)) s"
 
 # 3. The pins still hold after the install, and the tests that apply to this release.

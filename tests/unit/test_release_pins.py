@@ -39,11 +39,11 @@ def read_pins(path: Path) -> dict[str, SpecifierSet]:
 
 
 def project_requirements() -> list[Requirement]:
-    """What `pip install .[mpi,quant,torch,test]` asks for: the dependencies and those extras."""
+    """What `pip install .[mpi,quant,torch,test-core]` asks for: the dependencies and those extras."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     return [Requirement(r) for r in project["dependencies"] + extras["mpi"] + extras["quant"] + extras["torch"]
-            + extras["test"]]
+            + extras["test-core"]]
 
 
 def oldest_admitted(spec: SpecifierSet) -> Version | None:
