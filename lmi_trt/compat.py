@@ -26,3 +26,16 @@ def text_config(config: Any) -> Any:
     """The language model's part of a (possibly multimodal) config; ``get_text_config`` is absent in 4.42."""
     get = getattr(config, "get_text_config", None)
     return get() if get is not None else config
+
+
+def reorder_cache(cache: Any, index: Any) -> Any:
+    """Keep the KV-cache rows ``index`` (a tensor of batch indices); returns the cache to use next.
+
+    transformers returns a ``Cache`` object (``reorder_cache`` in place) where the model supports one, and
+    the legacy tuple of per-layer (key, value) tensors, batch first, otherwise: 4.42 does so for every model
+    called without a cache object, and for GPT-2, Falcon and GPT-J always.
+    """
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(index)
+        return cache
+    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)

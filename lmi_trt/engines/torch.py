@@ -45,7 +45,7 @@ from typing import Protocol
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from ..compat import dtype_kwargs, text_config
+from ..compat import dtype_kwargs, reorder_cache, text_config
 
 from .base import (
     EngineError,
@@ -527,7 +527,7 @@ class _StaticBackend:
                 return
             if len(keep) < len(slots):
                 index = torch.tensor(keep, device=self._device)
-                cache.reorder_cache(index)
+                cache = reorder_cache(cache, index)
                 mask, positions = mask[index], positions[index]
                 slots, tokens = [slots[i] for i in keep], [tokens[i] for i in keep]
             ids = torch.tensor(tokens, device=self._device).unsqueeze(-1)
