@@ -971,8 +971,15 @@ class TrtllmEngine:
 
     def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
         tokens = list(result.output_token_ids[0]) if result.output_token_ids else []
-        logprobs = list(result.log_probs[0]) if stream.logprobs and result.log_probs else None
+        start = stream.generated
         stream.generated += len(tokens)
+        logprobs = None
+        if stream.logprobs and result.log_probs:
+            # output_token_ids is the delta, log_probs everything generated so far (LlmRequest::createResult
+            # in cpp/tensorrt_llm/batch_manager/llmRequest.cpp; tensorrt_llm/executor/result.py replaces
+            # its log-probs with each result's): take the delta's positions. A non-streaming result is
+            # one delta from position 0.
+            logprobs = list(result.log_probs[0][start : start + len(tokens)])
         if not result.is_final:
             return EngineOutput(stream.request_id, tokens, logprobs)
         reason_name = result.finish_reasons[0].name if result.finish_reasons else "NOT_FINISHED"

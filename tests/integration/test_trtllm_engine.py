@@ -183,6 +183,32 @@ async def test_beam_search_and_logprobs(engine_dir, reference):
         await engine.close()
 
 
+async def test_streamed_logprobs_are_the_deltas_positions(engine_dir):
+    """TensorRT-LLM streams token deltas with cumulative log-probs (LlmRequest::createResult): each
+    delta's log-probs are the ones at its positions, equal to the non-streaming request's; a consumer
+    that fell behind gets merged deltas whose log-probs still line up one per token."""
+    engine = await started(engine_dir)
+    try:
+        whole = await collect(engine, req("lp-whole", PROMPTS[1], streaming=False, max_new_tokens=12, logprobs=True,
+                                          ignore_eos=True))
+        want = whole[0].logprobs
+        assert len(want) == 12
+        streamed = await collect(engine, req("lp-stream", PROMPTS[1], max_new_tokens=12, logprobs=True,
+                                             ignore_eos=True))
+        assert [len(o.logprobs) for o in streamed] == [len(o.token_ids) for o in streamed]
+        assert [lp for o in streamed for lp in o.logprobs] == pytest.approx(want)
+
+        slow, agen = [], engine.submit(req("lp-slow", PROMPTS[1], max_new_tokens=12, logprobs=True, ignore_eos=True))
+        slow.append(await asyncio.wait_for(agen.__anext__(), 60))
+        while engine.stats().active_requests:  # let the rest queue up unread: it is read as merged deltas
+            await asyncio.sleep(0.01)
+        slow += [out async for out in agen]
+        assert len(slow) < 12 and [len(o.logprobs) for o in slow] == [len(o.token_ids) for o in slow]
+        assert [lp for o in slow for lp in o.logprobs] == pytest.approx(want)
+    finally:
+        await engine.close()
+
+
 async def test_extra_eos_ids_stop_like_eos(engine_dir, reference):
     want = reference(PROMPTS[0], 20, eos=None)
     extra = want[3]  # a token the model will produce: declared a second EOS id
@@ -261,7 +287,7 @@ async def test_plans_with_legacy_names_are_linked(engine_dir, tmp_path, referenc
 
 
 async def test_engine_from_another_release_fails_to_load(engine_dir, trt, monkeypatch):
-    monkeypatch.setattr(trt, "__version__", "1.0.0")
+    monkeypatch.setattr(trt, "__version__", "1.1.0" if trt.__version__ != "1.1.0" else "1.0.0")
     engine = TrtllmEngine(engine_dir, eos_token_ids=[2], gpu_available=lambda: True)
     with pytest.raises(EngineError, match="Version tag does not match") as err:
         await engine.start()
