@@ -209,6 +209,29 @@ async def test_streamed_logprobs_are_the_deltas_positions(engine_dir):
         await engine.close()
 
 
+async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
+    """TensorRT-LLM's executor does not dequeue a request whose beam width differs from the running ones
+    (getLeaderNewReqWithIds), nor anything behind it: the engine holds such a request back itself, so a
+    later request of the running width runs at once, and the held one runs when the running batch drains."""
+    engine = await started(engine_dir)
+    try:
+        long = asyncio.create_task(collect(engine, req("long", PROMPTS[0], max_new_tokens=120, ignore_eos=True)))
+        while engine.stats().total_generated_tokens == 0:  # "long" is running
+            await asyncio.sleep(0.01)
+        beam = asyncio.create_task(collect(engine, req("beam", PROMPTS[1], streaming=False, beam_width=2,
+                                                       max_new_tokens=4, ignore_eos=True)))
+        while engine.stats().total_requests < 2:  # "beam" is submitted before "short"
+            await asyncio.sleep(0.01)
+        short = await collect(engine, req("short", PROMPTS[2], max_new_tokens=4, ignore_eos=True))
+        assert short[-1].finish_reason is FinishReason.LENGTH and len(tokens_of(short)) == 4
+        assert not long.done() and not beam.done()  # ran alongside "long", ahead of the held beam request
+        beams = await beam
+        assert beams[-1].error is None and len(beams[-1].token_ids) == 4
+        assert long.done() and (await long)[-1].finish_reason is FinishReason.LENGTH
+    finally:
+        await engine.close()
+
+
 async def test_extra_eos_ids_stop_like_eos(engine_dir, reference):
     want = reference(PROMPTS[0], 20, eos=None)
     extra = want[3]  # a token the model will produce: declared a second EOS id
