@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from tinymodels import tiny_model
-from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
 from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
@@ -349,12 +352,36 @@ async def test_leader_mode_followers_wait_for_the_leader(trt, monkeypatch, tmp_p
         leader.wait_for_shutdown()
 
 
-def test_selftest_passes_against_the_fake(trt, tmp_path):
-    from lmi_trt.selftest import run_selftest
+def test_selftest_goes_through_lmi_trt_compile_and_exits_by_its_result(trt, tmp_path, monkeypatch):
+    """``lmi-trt selftest`` builds through lmi_trt.compile (plan → build → cache) as serve does, then serves:
+    exit 0 when every step passes, 1 when one fails (it printed FAILED and exited 0 before)."""
+    import lmi_trt.compile.jit as jit
+    import lmi_trt.engines.trtllm as engine_module
+    import lmi_trt.selftest as selftest
+    from lmi_trt.cli import main
+    from lmi_trt.compile.plan import GpuFacts
 
-    lines = []
-    assert run_selftest(tmp_path, gpu_available=lambda: True, out=lines.append), lines
-    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 6 and lines[-1] == "selftest PASSED"
-    lines.clear()
-    assert not run_selftest(tmp_path / "again", gpu_available=lambda: False, out=lines.append)
-    assert lines[0].startswith("FAIL  TensorRT-LLM and a GPU")
+    # The hardware seams: this machine has no GPU; the fake builds and runs without one.
+    monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
+    monkeypatch.setattr(engine_module, "_cuda_available", lambda: True)
+    monkeypatch.syspath_prepend(str(FAKES))  # the spawned build workers import the fake too
+    lines: list[str] = []
+    assert selftest.run_selftest(tmp_path / "ok", out=lines.append), lines
+    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 7 and lines[-1] == "selftest PASSED"
+    assert any("lmi_trt.compile" in line for line in lines)
+    built = json.loads(next((tmp_path / "ok" / "engine-cache").rglob("build_plan.json")).read_text())
+    assert built["trtllm_version"] == trt.__version__ and built["max_batch_size"] == 4
+
+    monkeypatch.setattr(selftest, "run_selftest", lambda: True)
+    assert main(["selftest"]) == 0
+    monkeypatch.setattr(selftest, "run_selftest", lambda: False)
+    assert main(["selftest"]) == 1
+
+
+def test_selftest_exits_non_zero_when_it_fails(tmp_path):
+    """Through the command as a process: the fake TensorRT-LLM, no GPU here → FAIL, exit status 1."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "lmi_trt", "selftest"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  TensorRT-LLM and a GPU" in done.stdout and done.stdout.rstrip().endswith("selftest FAILED")
