@@ -14,6 +14,7 @@ import enum
 import json
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from lmi_trt.serving.errors import (
     ServiceUnavailable,
     error_body,
 )
+from lmi_trt.serving.health_responder import HealthResponder
 from lmi_trt.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from lmi_trt.serving.metrics import Metrics
 
@@ -337,15 +339,28 @@ async def serve(
     Returns the process exit code: 0 after a requested stop, 1 when the model FAILED and
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
     """
+    # The socket, and the responder answering /ping on it, come before runner.setup() starts the load:
+    # a load that holds the GIL from its first steps would keep this coroutine from starting it later.
+    listener = _listen(host, port)
+    ctx = app[CONTEXT]
+    responder = HealthResponder(listener, ctx.model_name) if ctx.status is ModelStatus.PENDING else None
+    handover = asyncio.get_running_loop().create_task(_hand_over_when_loaded(ctx, responder))
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout, access_log=None)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException:
+        handover.cancel()
+        if responder is not None:
+            responder.stop()
+        listener.close()
+        raise
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher: asyncio.Task[bool] | None = None
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site = web.SockSite(runner, listener, backlog=1024)
         await site.start()
         log.info("listening on http://%s:%d", host, port)
         if exit_on_failure_after is not None:
@@ -358,8 +373,31 @@ async def serve(
         failed = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.result()
         if watcher is not None and not watcher.done():
             watcher.cancel()
+        handover.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handover
         await runner.cleanup()
     return 1 if failed else 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, ours rather than aiohttp's, so the health responder can share it."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+async def _hand_over_when_loaded(ctx: ServingContext, responder: HealthResponder | None) -> None:
+    """While the model is PENDING a child process answers /ping on the listening socket too (an engine
+    load that holds the GIL, as TensorRT-LLM's Executor constructor does, stops every thread here, not
+    it); once the model is ready or failed, it is stopped and the server alone answers."""
+    if responder is None:
+        return
+    log.info("health responder (pid %d) answers /ping while the model loads", responder.pid)
+    try:
+        while ctx.status is ModelStatus.PENDING:
+            await asyncio.sleep(0.1)
+    finally:
+        await asyncio.to_thread(responder.stop)
 
 
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]

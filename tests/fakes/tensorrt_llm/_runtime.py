@@ -519,7 +519,9 @@ def _hold_gil(seconds: float) -> None:
 
     libc = ctypes.PyDLL(None)
     whole = int(seconds)
+    log.info("fake Executor: the engine load holds the GIL for %.1f s", seconds)
     libc.nanosleep(ctypes.byref(_Timespec(whole, int((seconds - whole) * 1e9))), None)
+    log.info("fake Executor: the engine load released the GIL")
 
 
 def _load_model(hf_dir: str | None):
