@@ -235,6 +235,35 @@ async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
         await engine.close()
 
 
+async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(engine_dir):
+    """No starvation: once a request of another width waits, at most max_batch_size (4) later requests of
+    the running width go ahead of it; the rest wait for its group to finish."""
+    engine = await started(engine_dir)
+    try:
+        done: list[str] = []
+
+        async def run(rid: str, **kw):
+            outs = await collect(engine, req(rid, PROMPTS[0], ignore_eos=True, **kw))
+            assert outs[-1].error is None, outs[-1]
+            done.append(rid)
+
+        long = asyncio.create_task(run("long", max_new_tokens=40))
+        while engine.stats().total_generated_tokens == 0:
+            await asyncio.sleep(0.01)
+        tasks = [asyncio.create_task(run("beam", streaming=False, beam_width=2, max_new_tokens=4))]
+        while engine.stats().total_requests < 2:
+            await asyncio.sleep(0.01)
+        for i in range(6):
+            tasks.append(asyncio.create_task(run(f"later{i}", max_new_tokens=4)))
+            while engine.stats().total_requests < 3 + i:
+                await asyncio.sleep(0.01)
+        await asyncio.gather(long, *tasks)
+        assert done.index("beam") < done.index("later4") and done.index("beam") < done.index("later5"), done
+        assert max(done.index(f"later{i}") for i in range(3)) < done.index("beam"), done  # these went ahead
+    finally:
+        await engine.close()
+
+
 async def test_extra_eos_ids_stop_like_eos(engine_dir, reference):
     want = reference(PROMPTS[0], 20, eos=None)
     extra = want[3]  # a token the model will produce: declared a second EOS id

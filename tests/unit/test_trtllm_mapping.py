@@ -311,8 +311,11 @@ def test_settings_from_config_follow_djl_precedence():
 # ------------------------------------------------------------------------------ executor config
 
 
-def test_executor_config_1x(trt):
+def test_executor_config_1x(trt, monkeypatch):
     from tensorrt_llm.bindings import executor as tle
+
+    if trt.__version__.startswith("0."):  # under LMI_TRT_FAKE_RELEASE=0.12.0: this test is about 1.x
+        monkeypatch.setattr(trt, "__version__", "1.0.0")
 
     settings = TrtllmSettings(max_batch_size=8, kv_cache_free_gpu_mem_fraction=0.5, max_tokens_in_paged_kv_cache=4096,
                               batch_scheduler_policy="guaranteed_no_evict", multi_block_mode=False, enable_trt_overlap=True)
