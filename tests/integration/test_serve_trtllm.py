@@ -155,7 +155,9 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
     from lmi_trt.compile.plan import GpuFacts
 
     monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
-    monkeypatch.setattr(jit, "_host_trtllm", lambda: "1.2.0rc2")
+    import tensorrt_llm  # the fake, impersonating LMI_TRT_FAKE_RELEASE
+
+    monkeypatch.setattr(jit, "_host_trtllm", lambda: tensorrt_llm.__version__)
     shared_cache = tmp_path / "shared-engine-cache"
     config = LmiConfig(model_id=str(hf_dir), rolling_batch="trtllm", max_input_len=64, max_output_len=32,
                        max_rolling_batch_size=4, download_dir=tmp_path / "replica1", engine_cache_uri=str(shared_cache))
