@@ -339,32 +339,38 @@ async def serve(
     Returns the process exit code: 0 after a requested stop, 1 when the model FAILED and
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
     """
-    # The socket, and the responder answering /ping on it, come before runner.setup() starts the load:
-    # a load that holds the GIL from its first steps would keep this coroutine from starting it later.
+    # The socket, and the responder answering on it, come before runner.setup() starts the load: a load
+    # that holds the GIL from its first steps would keep this coroutine from starting them later.
     listener = _listen(host, port)
     ctx = app[CONTEXT]
     responder = HealthResponder(listener, ctx.model_name) if ctx.status is ModelStatus.PENDING else None
-    handover = asyncio.get_running_loop().create_task(_hand_over_when_loaded(ctx, responder))
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout, access_log=None)
     try:
         await runner.setup()
     except BaseException:
-        handover.cancel()
         if responder is not None:
             responder.stop()
         listener.close()
         raise
+    log.info("listening on http://%s:%d", host, port)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher: asyncio.Task[bool] | None = None
+    site: web.SockSite | None = None
     try:
+        if responder is not None and not await _responder_answers_until_loaded(app, responder, stop):
+            return 0
         site = web.SockSite(runner, listener, backlog=1024)
         await site.start()
-        log.info("listening on http://%s:%d", host, port)
+        if responder is not None:
+            # Stopped only once this server accepts too: a connection queued meanwhile is taken by one
+            # of the two, both of which answer it.
+            await asyncio.to_thread(responder.stop)
+            log.info("health responder stopped: the server answers alone (model %s)", ctx.status.value)
         if exit_on_failure_after is not None:
-            watcher = loop.create_task(_exit_when_failed(app[CONTEXT], stop, exit_on_failure_after))
+            watcher = loop.create_task(_exit_when_failed(ctx, stop, exit_on_failure_after))
         await stop.wait()
         log.info("shutting down: draining in-flight requests for up to %.0f s", shutdown_timeout)
     finally:
@@ -373,10 +379,11 @@ async def serve(
         failed = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.result()
         if watcher is not None and not watcher.done():
             watcher.cancel()
-        handover.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await handover
+        if responder is not None:
+            responder.stop()
         await runner.cleanup()
+        if site is None:  # once started, the site owns (and has closed) the socket
+            listener.close()
     return 1 if failed else 0
 
 
@@ -386,18 +393,19 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=1024)
 
 
-async def _hand_over_when_loaded(ctx: ServingContext, responder: HealthResponder | None) -> None:
-    """While the model is PENDING a child process answers /ping on the listening socket too (an engine
-    load that holds the GIL, as TensorRT-LLM's Executor constructor does, stops every thread here, not
-    it); once the model is ready or failed, it is stopped and the server alone answers."""
-    if responder is None:
-        return
+async def _responder_answers_until_loaded(app: web.Application, responder: HealthResponder, stop: asyncio.Event) -> bool:
+    """While the model loads, only the health responder accepts on the listening socket; this process
+    does not even watch it. An engine load that holds the GIL (TensorRT-LLM's Executor constructor
+    does) freezes every Python thread here, yet an event loop can still accept: uvloop's libuv accepts
+    in C with the GIL released, then waits for the GIL to run the callback, leaving the connection
+    unanswered until the load ends. True once the load ended (ready or failed), False if stopped first."""
     log.info("health responder (pid %d) answers /ping while the model loads", responder.pid)
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        while ctx.status is ModelStatus.PENDING:
-            await asyncio.sleep(0.1)
+        await asyncio.wait({app[_LOAD_TASK], stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await asyncio.to_thread(responder.stop)
+        stopping.cancel()
+    return app[_LOAD_TASK].done()
 
 
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]

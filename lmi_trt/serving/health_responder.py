@@ -6,12 +6,13 @@ thread of the serving process runs meanwhile: not the event loop, not a ``to_thr
 An orchestrator whose liveness probe gets no answer kills the container.
 
 So while the model is PENDING, ``HealthResponder`` runs this file as a small child process (the
-standard library only, no lmi_trt import, so it starts in a fraction of a second) that accepts on
-the server's own listening socket: ``GET /ping`` gets ``503 {"<model>": {"status": "PENDING"}}``,
+standard library only, no lmi_trt import, so it starts in a fraction of a second) that alone accepts
+on the server's listening socket: ``GET /ping`` gets ``503 {"<model>": {"status": "PENDING"}}``,
 anything else ``503`` "still loading" with ``Retry-After``, the same answers the server gives while
-loading. The kernel hands each new connection to whichever process accepts it, so the server keeps
-answering whenever it can. Once the model is ready (or failed), the server closes the control pipe;
-the child finishes the connection in hand and exits, and from then on only the server accepts.
+loading. The server does not watch the socket meanwhile (an event loop frozen by the GIL could still
+accept in C, uvloop's does, and leave the connection unanswered). Once the model is ready (or failed),
+the server starts accepting, then closes the control pipe; the child finishes the connection in hand
+and exits. A connection queued at the handover is accepted by one of the two, and both answer it.
 The child also exits when the server dies (the pipe's other end closes with it).
 """
 
@@ -116,19 +117,19 @@ def _serve_one(conn: socket.socket, model_name: str) -> None:
 
 def run(listener_fd: int, control_fd: int, model_name: str) -> None:
     listener = socket.socket(fileno=listener_fd)
-    listener.setblocking(False)  # shared with the server, whose event loop has it non-blocking already
+    listener.setblocking(False)  # shared with the server, which takes queued connections at the handover
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(control_fd, selectors.EVENT_READ)
     while True:
-        for key, _ in selector.select():
-            if key.fileobj == control_fd:  # closed by the server: the model left PENDING, or it died
-                return
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                continue  # the server took it
-            _serve_one(conn, model_name)
+        ready = [key.fileobj for key, _ in selector.select()]
+        if control_fd in ready:  # closed by the server: the model left PENDING, or it died
+            return
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            continue  # the server took it (at the handover) or the client gave up
+        _serve_one(conn, model_name)
 
 
 if __name__ == "__main__":

@@ -222,7 +222,10 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
         body = {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 4, "ignore_eos": True}}
         r = server.post("/invocations", json=body)
         assert r.status_code == 200, r.text
-        assert "health responder" in server.log()
         responder_pid = int(server.log().split("health responder (pid ")[1].split(")")[0])
+        deadline = time.monotonic() + 60  # the server answers before it stops the responder: no connection unanswered
+        while "health responder stopped" not in server.log():
+            assert time.monotonic() < deadline, server.log()[-4000:]
+            time.sleep(0.05)
         assert not os.path.exists(f"/proc/{responder_pid}")  # exited and reaped at the handover
         assert requests.get(server.url + "/ping", timeout=30).status_code == 200
