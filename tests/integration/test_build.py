@@ -64,7 +64,9 @@ def test_build_writes_the_precompiled_layout(tiny, tmp_path):
     built = config["build_config"]
     assert (built["max_input_len"], built["max_seq_len"], built["max_batch_size"], built["max_num_tokens"]) == \
         (128, 192, 4, 4 * 192)
-    assert built["plugin_config"]["tokens_per_block"] == 32 and built["plugin_config"]["use_paged_context_fmha"]
+    # The plan's plugin settings (the release's own defaults differ: 64 blocks, no paged context FMHA in 0.12)
+    assert built["plugin_config"]["tokens_per_block"] == plan.plugins.tokens_per_block
+    assert built["plugin_config"]["use_paged_context_fmha"] is plan.plugins.use_paged_context_fmha
     assert (out / "rank0.engine").is_file()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "hf_config.json",
                  "build_plan.json", "serving.properties"):
