@@ -143,7 +143,9 @@ def test_convert_failure_names_stage_and_rank(tiny, tmp_path):
 
 def test_build_failure_names_stage_and_rank(tiny, tmp_path):
     plan = plan_for(tiny, tensor_parallel_degree=2)
-    broken = plan.model_copy(update={"plugins": plan.plugins.model_copy(update={"context_fmha": False})})
+    # Paged context FMHA without context FMHA: set both, as 0.12's plan leaves paged context FMHA off.
+    broken_plugins = plan.plugins.model_copy(update={"context_fmha": False, "use_paged_context_fmha": True})
+    broken = plan.model_copy(update={"plugins": broken_plugins})
     with pytest.raises(BuildError) as e:
         build_engine(broken, tiny, tmp_path / "engine", settings=BuildSettings(workers=1))
     assert (e.value.stage, e.value.rank) == ("build", 0) and "use_paged_context_fmha" in str(e.value)
@@ -178,7 +180,9 @@ def test_failed_build_in_the_cache_leaves_nothing(tiny, tmp_path):
     from lmi_trt.compile.cache import CacheKeyInputs
 
     inputs = CacheKeyInputs.from_plan("fp", plan, H100x2)
-    broken = plan.model_copy(update={"plugins": plan.plugins.model_copy(update={"context_fmha": False})})
+    # Paged context FMHA without context FMHA: set both, as 0.12's plan leaves paged context FMHA off.
+    broken_plugins = plan.plugins.model_copy(update={"context_fmha": False, "use_paged_context_fmha": True})
+    broken = plan.model_copy(update={"plugins": broken_plugins})
     with pytest.raises(BuildError):
         cache.get_or_build(inputs, lambda out: build_engine(broken, tiny, out), model_id="m")
     assert list((tmp_path / "cache" / "entries").iterdir()) == []
