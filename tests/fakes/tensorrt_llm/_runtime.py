@@ -530,7 +530,9 @@ def _load_model(hf_dir: str | None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    from lmi_trt.compat import dtype_kwargs  # transformers < 4.56 (the 0.12 and 1.0 images) spells it torch_dtype
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
 
 
 def _select(seq: _Seq) -> tuple[int, float]:
