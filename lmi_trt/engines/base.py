@@ -61,6 +61,8 @@ class SamplingParams:
     prompt_logprobs: bool = False
     ignore_eos: bool = False
     guided: GuidedDecoding | None = None
+    # (token id, value) pairs added to the logits before sampling (OpenAI logit_bias); not to log-probs.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class EngineLimits:
     max_top_logprobs: int = 0  # the most alternatives per token it reports (0: none)
     supports_prompt_logprobs: bool = False
     supports_guided_decoding: bool = False
+    supports_logit_bias: bool = False
 
 
 @dataclass

@@ -183,13 +183,15 @@ class DecodeLoopBackend(QueuedBackend):
 
     # -- the device steps ------------------------------------------------------------------------
 
-    def _decode_step(self, size: int, mode: Mode, top: bool = False) -> None:
+    def _decode_step(self, size: int, mode: Mode, top: bool = False, bias: torch.Tensor | None = None) -> None:
         """Everything a decode step does on the device, for slots ``0..size-1`` (graph-capturable).
-        ``top``: also the top log-probs (eager steps only: few requests ask, the graphs stay lean)."""
+        ``top``: also the top log-probs; ``bias``: logit_bias per slot (eager steps only: few
+        requests ask, the graphs stay lean)."""
         positions, generated = self._step[0, :size], self._step[1, :size]
         valid = positions < self._decoder.scratch
         logits = self._decoder.decode(self._next[:size], positions)
-        tokens, logprobs, status = sample(logits, self._state.rows(slice(0, size)), generated, self._state.eos, mode)
+        tokens, logprobs, status = sample(logits, self._state.rows(slice(0, size)), generated, self._state.eos, mode,
+                                          bias)
         self._record(torch.arange(size, device=self._device), tokens, valid)
         self._out[:3, :size] = torch.stack((tokens.float(), logprobs, status.float()))
         if top:
@@ -237,6 +239,17 @@ class DecodeLoopBackend(QueuedBackend):
         event.record()
         return _Launch(rows, host, event)
 
+    def _bias(self, rows: Sequence[_Row | None]) -> torch.Tensor | None:
+        """[len(rows), vocab] logit_bias of a step's rows, or None when no row has one."""
+        if not any(r is not None and r.slot.sampling.logit_bias for r in rows):
+            return None
+        dense = torch.zeros(len(rows), self._state.vocab)
+        for i, r in enumerate(rows):
+            if r is not None and r.slot.sampling.logit_bias:
+                ids, values = zip(*r.slot.sampling.logit_bias)
+                dense[i, list(ids)] = torch.tensor(values)
+        return dense.to(self._device)
+
     def _step_bans(self, rows: Sequence[_Row], value: bool) -> None:
         """Set (before a step) or clear (after it) the bans of multi-token bad words whose prefix
         ends the row's context, transformers' NoBadWordsLogitsProcessor rule, and of every token a
@@ -268,7 +281,8 @@ class DecodeLoopBackend(QueuedBackend):
         self._step_bans(ending, True)
         generated = torch.zeros(len(ending), dtype=torch.long, device=self._device)
         mode = max(row.mode() for row in ending)
-        tokens_out, logprobs, status = sample(logits, self._state.rows(slots), generated, self._state.eos, mode)
+        tokens_out, logprobs, status = sample(logits, self._state.rows(slots), generated, self._state.eos, mode,
+                                              self._bias(ending))
         self._record(slots, tokens_out, torch.ones_like(slots, dtype=torch.bool))
         self._step_bans(ending, False)
         for row in ending:
@@ -291,11 +305,12 @@ class DecodeLoopBackend(QueuedBackend):
         mode = max(r.mode() for r in rows)
         self._step_bans(rows, True)
         top = any(r.slot.sampling.top_logprobs for r in rows)
-        graph = None if top else self._graphs.get((size, mode))
+        bias = self._bias(columns)
+        graph = None if top or bias is not None else self._graphs.get((size, mode))
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(size, mode, top)
+            self._decode_step(size, mode, top, bias)
         self._step_bans(rows, False)
         for r in rows:
             r.launched += 1

@@ -183,12 +183,13 @@ def top_logprobs(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, rows: Rows, generated: torch.Tensor, eos: torch.Tensor,
-           mode: Mode) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           mode: Mode, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row of fp32 ``logits``: (tokens i64, raw log-probabilities f32, status i64).
 
     Status 0 is fine, 1 means NaN/+inf logits, 2 means every token is banned; the token of a row
     with a non-zero status is meaningless. Log-probabilities are the raw model's (vLLM's default
-    ``raw_logprobs``), before penalties, bans and warping.
+    ``raw_logprobs``), before penalties, bans and warping. ``bias`` ([n, vocab]) is added to the
+    scores the token is chosen from (OpenAI logit_bias).
     """
     total = logits.logsumexp(-1)
     broken = total.isnan() | (total == float("inf"))
@@ -196,6 +197,8 @@ def sample(logits: torch.Tensor, rows: Rows, generated: torch.Tensor, eos: torch
         scores = logits
     else:
         scores = process(logits, rows, generated, eos)
+    if bias is not None:
+        scores = scores + bias
     tokens = scores.argmax(-1)
     if mode == Mode.SAMPLED:
         probs = warp(scores, rows).softmax(-1)

@@ -243,6 +243,9 @@ class _Pick:
 def _apply_history_processors(row: torch.Tensor, slot: _Slot) -> None:
     """Penalties and masks that need the request's history, in HF ``generate``'s order, in place."""
     params = slot.sampling
+    if params.logit_bias:
+        ids, values = zip(*params.logit_bias)
+        row[torch.tensor(ids, device=row.device)] += torch.tensor(values, dtype=row.dtype, device=row.device)
     if params.repetition_penalty != 1.0:
         ids = torch.tensor(sorted(slot.prompt_set.union(slot.generated)), device=row.device)
         scores = row[ids]
@@ -654,6 +657,7 @@ class TorchEngine:
             supports_logprobs=True,
             max_top_logprobs=MAX_TOP_LOGPROBS,
             supports_guided_decoding=_HAS_XGRAMMAR,
+            supports_logit_bias=True,
         )
 
     @property

@@ -121,6 +121,7 @@ class GenerateParams(BaseModel):
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token; implies logprobs
     prompt_logprobs: bool = False
     guided: GuidedDecoding | None = None  # constrained decoding (response_format, grammar, guided_*)
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id → added to its logit
     truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
 
     @field_validator("stop", mode="before")
@@ -200,6 +201,7 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -
         prompt_logprobs=p.prompt_logprobs,
         ignore_eos=p.ignore_eos,
         guided=p.guided,
+        logit_bias=tuple(sorted(p.logit_bias.items())),
     )
 
 
@@ -583,7 +585,7 @@ class GenerationService:
         ``max_new_tokens``, used in error messages. ``admitted``: the caller already checked
         admission for a batch (``admit_batch``) and starts its prompts one by one. ``user_text``
         False: a text prompt made by the server (a rendered chat template), whose special tokens count.
-        ``names`` maps neutral feature fields (``top_logprobs``, ``prompt_logprobs``, ``guided``)
+        ``names`` maps neutral feature fields (``top_logprobs``, ``prompt_logprobs``, ``guided``, ``logit_bias``)
         to the adapter's, for the 400 that refuses what the engine cannot do.
         """
         self.check_features(params, names or {})
@@ -634,6 +636,14 @@ class GenerationService:
             field_name = names.get("prompt_logprobs", "prompt_logprobs")
             raise FeatureRefused(field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; "
                                              "leave it out")
+        if params.logit_bias and not limits.supports_logit_bias:
+            field_name = names.get("logit_bias", "logit_bias")
+            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine cannot bias logits; leave it out")
+        vocab = self.facts.vocab_size
+        bad = next((i for i in params.logit_bias if not 0 <= i < vocab), None)
+        if bad is not None:
+            field_name = names.get("logit_bias", "logit_bias")
+            raise FeatureRefused(field_name, f"{field_name} names token id {bad}; token ids must be in [0, {vocab})")
         if params.guided is not None and not limits.supports_guided_decoding:
             field_name = names.get("guided", "guided")
             raise FeatureRefused(field_name, f"{field_name}: the {engine} engine has no constrained decoding "

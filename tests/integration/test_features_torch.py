@@ -205,3 +205,21 @@ def test_tgi_grammar_and_lmi_guided_parameters(srv, hf_online):
     assert re.fullmatch("a[bc]+d", r.json()["generated_text"]) or len(r.json()["generated_text"]) == 12, r.text
     r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"guided_regex": "(unclosed"}})
     assert r.status_code == 400 and "regex" in r.text
+
+
+# --- logit_bias (part 5) ---
+def test_openai_logit_bias_moves_the_choice(srv):
+    from openai import BadRequestError, OpenAI
+    from transformers import AutoTokenizer
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1)
+    pushed = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0,
+                                       logit_bias={"42": 100})
+    assert pushed.choices[0].text == AutoTokenizer.from_pretrained(tiny_model("llama")).decode([42] * 4)
+    first = srv.post("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 1, "details": True}})
+    away = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1,
+                                     logit_bias={str(first.json()["details"]["tokens"][0]["id"]): -100})
+    assert away.choices[0].logprobs.tokens[0] != plain.choices[0].logprobs.tokens[0]
+    with pytest.raises(BadRequestError, match="logit_bias"):
+        client.completions.create(model="tiny-llama", prompt=PROMPT, logit_bias={"x": 1})

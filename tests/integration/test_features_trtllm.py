@@ -57,6 +57,7 @@ async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_en
         ("/generate", {"inputs": "Hi", "parameters": {"grammar": {"type": "regex", "value": "a+"}}}, "parameters.grammar"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
                                   "response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
     ]
     for path, body, field in cases:
         async with s.post(srv.make_url(path), json=body) as r:

@@ -11,9 +11,9 @@ Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presenc
 penalties, stop (str | list), n=1, stream + stream_options.include_usage, logprobs (chat
 ``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
 echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
-skip_special_tokens, stop_token_ids, bad_words, and chat ``response_format`` json_object /
-json_schema (constrained decoding). Refused with a 400 naming the field: n/best_of > 1,
-logit_bias, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars).
+skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
+json_object / json_schema (constrained decoding). Refused with a 400 naming the field: n/best_of
+> 1, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars, biases).
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ class _Base(BaseModel):
                 value = (self.model_extra or {}).get(name)
             if value not in (None, 1):
                 raise FieldError(name, f"{name}={value!r} is not supported: this server returns one choice; use 1 or leave it out")
-        if self.logit_bias:
-            raise FieldError("logit_bias", "logit_bias is not supported by this server; leave it out")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
         for name in self.model_extra or {}:
@@ -161,7 +159,18 @@ class _Base(BaseModel):
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             guided=guided,
+            logit_bias=self._logit_bias(),
         )
+
+    def _logit_bias(self) -> dict[int, float]:
+        """OpenAI's ``{"token id": bias}``, bias in [-100, 100]."""
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or not -100 <= value <= 100:
+                raise FieldError("logit_bias", f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; "
+                                               f"got {key!r}: {value!r}")
+            out[int(key)] = float(value)
+        return out
 
     @property
     def include_usage(self) -> bool:
@@ -242,8 +251,8 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-CHAT_NAMES = {"top_logprobs": "top_logprobs", "guided": "response_format"}
-COMPLETION_NAMES = {"top_logprobs": "logprobs"}
+CHAT_NAMES = {"top_logprobs": "top_logprobs", "guided": "response_format", "logit_bias": "logit_bias"}
+COMPLETION_NAMES = {"top_logprobs": "logprobs", "logit_bias": "logit_bias"}
 
 
 def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:
