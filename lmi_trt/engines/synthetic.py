@@ -25,6 +25,7 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
 )
+from lmi_trt.engines.registry import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class SyntheticEngine:
         vocab_size: int,
         *,
         tokens_per_second: float | None = None,
-        max_batch_size: int = 256,
+        max_batch_size: int = ENGINES["synthetic"].default_batch,
         max_input_len: int = 4096,
         max_new_tokens: int = 4096,
         max_seq_len: int | None = None,

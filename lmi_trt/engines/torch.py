@@ -54,6 +54,7 @@ from .base import (
     GenerationRequest,
     SamplingParams,
 )
+from .registry import ENGINES
 
 try:
     from transformers.generation import ContinuousBatchingConfig
@@ -573,7 +574,7 @@ class TorchEngine:
         *,
         dtype: str = "auto",
         device: str = "auto",
-        max_batch_size: int = 32,
+        max_batch_size: int = ENGINES["torch"].default_batch,  # the registry's, for direct construction
         max_input_len: int = 1024,
         max_new_tokens: int = 512,
         trust_remote_code: bool = False,
