@@ -182,7 +182,8 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
         kv = q is Quantization.FP8_KV
         fields = dict(method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8" if kv else None,
                       modelopt_qformat="fp8", modelopt_kv_cache_dtype="fp8" if kv else None)
-    if fields["method"] == "modelopt" and spec.modelopt_decoder is None:
+    decoder = spec.modelopt_decoder_for(arch)
+    if fields["method"] == "modelopt" and decoder is None:
         raise PlanError("option.quantize", quantization_name(q), f"no calibration path (modelopt export) exists for {arch}",
                         _supported_message(spec, arch))
     calibration = CalibrationPlan(
@@ -196,7 +197,7 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
     if opts.calib_dataset is None:
         notes.append(f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` "
                      "package); set option.calib_dataset to a local .txt/.jsonl file to calibrate offline")
-    return QuantPlan(quantize=q, modelopt_decoder=spec.modelopt_decoder if fields["method"] == "modelopt" else None,
+    return QuantPlan(quantize=q, modelopt_decoder=decoder if fields["method"] == "modelopt" else None,
                      calibration=calibration, **fields), notes
 
 
@@ -409,6 +410,8 @@ def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..compat import dtype_kwargs
+
     say = progress or (lambda msg: log.info("%s", msg))
     calib = quant.calibration
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -416,7 +419,7 @@ def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict
     say(f"quantize: loading {hf_dir} on {device} for {quant.quant_algo} calibration")
     # On GPUs, accelerate spreads a model too big for one of them over all visible ones.
     model = AutoModelForCausalLM.from_pretrained(
-        hf_dir, dtype=torch_dtype if device == "cuda" else torch.float32, trust_remote_code=trust_remote_code,
+        hf_dir, **dtype_kwargs(torch_dtype if device == "cuda" else torch.float32), trust_remote_code=trust_remote_code,
         device_map="auto" if device == "cuda" else None,
     ).eval()
     tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
