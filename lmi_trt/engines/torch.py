@@ -489,27 +489,29 @@ class _StaticBackend(QueuedBackend):
         self._keep_last_logits = bool(getattr(model, "_supports_logits_to_keep", lambda: False)())
         self._start("torch-engine-static")
 
-    def _next_batch(self) -> list[_Slot]:
+    def _next_batch(self) -> list[_Slot] | None:
+        """The next batch (never empty), or None once stopping."""
         with self._wake:
-            while not self._pending and not self._stopping:
-                self._wake.wait()
-            # Requests of a burst arrive one event-loop turn apart: let them join this batch.
-            deadline = time.monotonic() + _GATHER_S
-            while len(self._pending) < self._engine.max_batch_size and not self._stopping:
-                if not self._wake.wait(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-            if self._stopping:
-                return []
-            batch = []
-            while self._pending and len(batch) < self._engine.max_batch_size:
-                batch.append(self._pending.popleft())
-            return batch
+            while not self._stopping:
+                while not self._pending and not self._stopping:
+                    self._wake.wait()
+                # Requests of a burst arrive one event-loop turn apart: let them join this batch.
+                deadline = time.monotonic() + _GATHER_S
+                while len(self._pending) < self._engine.max_batch_size and not self._stopping:
+                    if not self._wake.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        break
+                batch = []
+                while self._pending and len(batch) < self._engine.max_batch_size and not self._stopping:
+                    batch.append(self._pending.popleft())
+                if batch:  # empty when every gathered request was cancelled meanwhile: wait again
+                    return batch
+            return None
 
     def _run(self) -> None:
         try:
             if self._device.type == "cuda" and self._device.index is not None:
                 torch.cuda.set_device(self._device)
-            while batch := self._next_batch():
+            while (batch := self._next_batch()) is not None:
                 try:
                     with torch.inference_mode():
                         self._decode(batch)
