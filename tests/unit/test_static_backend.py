@@ -43,6 +43,13 @@ class _Recording(torch_engine._StaticBackend):
         self.decoded.set()
 
 
+class _Request:
+    """What the backend's queue handles of a request (torch_engine._Slot's queue-time hook)."""
+
+    def scheduled(self) -> None:
+        pass
+
+
 def _until(condition, bound_s: float = 60.0) -> bool:
     deadline = time.monotonic() + bound_s
     while not condition() and time.monotonic() < deadline:
@@ -57,7 +64,7 @@ def test_a_request_cancelled_while_its_batch_gathers_leaves_the_thread_serving(m
     died: list[str] = []
     engine = SimpleNamespace(max_batch_size=4, die=died.append, fail=lambda *a: died.append(a))
     backend = _Recording(engine, SimpleNamespace(device=torch.device("cpu")))
-    gone, later = object(), object()
+    gone, later = _Request(), _Request()
     backend._wake.on_gather = lambda: backend.cancel(gone)  # lands between enqueue and batch
     try:
         backend.enqueue(gone)
