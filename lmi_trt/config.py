@@ -6,8 +6,10 @@ aliases that apply only while the LMI variable is unset, follow DJL's ``ModelInf
 ``SageMakerCompatibility`` and its container entrypoint. This is the only module that reads
 ``os.environ`` (in ``load_config_from_environment``); everything else is pure over a mapping.
 
-Every key lives in ``REGISTRY``: its type, allowed values, aliases, env variables and whether it
-changes the compiled TensorRT-LLM engine. Defaults live on ``LmiConfig`` fields only.
+Every key is declared once, as an ``LmiConfig`` field annotated with its ``KeySpec`` (value type,
+description, aliases, compile-time or not, the note or "ignored because"); its default is the
+field's. ``REGISTRY`` is derived from those fields plus ``IGNORED_KEYS`` (DJL keys with no field);
+the README table, the parser and the validation read ``REGISTRY``.
 """
 
 from __future__ import annotations
@@ -20,18 +22,29 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
 
+from lmi_trt.engines.registry import ENGINE_NAMES, ENGINES
+from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
+from lmi_trt.vocabulary import (
+    AWQ_BLOCK_SIZES,
+    BAICHUAN_VERSIONS,
+    CHATGLM_VERSIONS,
+    GPT_VARIANTS,
+    KV_CACHE_FREE_GPU_MEM_FRACTION,
+    QUANTIZE_NAMES,
+    TOKENS_PER_BLOCK,
+    Quantization,
+)
 
 log = logging.getLogger(__name__)
 
 PROPERTIES_FILE_NAME = "serving.properties"
-MASK = "****"
 
 
 class ConfigError(ValueError):
@@ -48,156 +61,7 @@ class StartupError(ConfigError):
         super().__init__(f"{key}={value!r}: {problem}; {fix}")
 
 
-class Quantization(str, enum.Enum):
-    """One vocabulary for DJL's ``option.quantize`` and Truss's ``quantization_type``."""
 
-    SMOOTHQUANT = "smoothquant"
-    AWQ = "awq"
-    FP8 = "fp8"
-    FP8_KV = "fp8_kv"                          # fp8 weights/activations and an fp8 KV cache
-    WEIGHTS_INT8 = "weights_int8"              # int8 weight-only (W8A16)
-    WEIGHTS_INT8_KV_INT8 = "weights_int8_kv_int8"
-    WEIGHTS_INT4 = "weights_int4"              # int4 weight-only (W4A16)
-    WEIGHTS_INT4_KV_INT8 = "weights_int4_kv_int8"
-
-    @property
-    def needs_calibration(self) -> bool:
-        """Calibration data is read for activation or KV-cache scales; plain weight-only needs none."""
-        return self not in (Quantization.WEIGHTS_INT8, Quantization.WEIGHTS_INT4)
-
-
-# Input spellings → Quantization (None = no quantization). Truss's legacy names included.
-_QUANTIZE_NAMES: dict[str, Quantization | None] = {
-    "none": None,
-    "no_quant": None,
-    "smoothquant": Quantization.SMOOTHQUANT,
-    "smooth_quant": Quantization.SMOOTHQUANT,
-    "awq": Quantization.AWQ,
-    "fp8": Quantization.FP8,
-    "fp8_kv": Quantization.FP8_KV,
-    "weights_int8": Quantization.WEIGHTS_INT8,
-    "weights_kv_int8": Quantization.WEIGHTS_INT8_KV_INT8,
-    "weights_int8_kv_int8": Quantization.WEIGHTS_INT8_KV_INT8,
-    "weights_int4": Quantization.WEIGHTS_INT4,
-    # Truss's first config called int4 weights + int8 KV "weights_kv_int4" (there is no int4 KV cache).
-    "weights_kv_int4": Quantization.WEIGHTS_INT4_KV_INT8,
-    "weights_int4_kv_int8": Quantization.WEIGHTS_INT4_KV_INT8,
-}
-
-
-class LmiConfig(BaseModel):
-    """The effective configuration. Attribute = registry key without ``option.``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
-
-    # --- model & sources ---
-    model_id: str | None = None          # option.model_id (HF id, s3://, local path); None → model_dir
-    model_dir: Path | None = None        # folder holding serving.properties (/opt/ml/model)
-    revision: str | None = None          # option.revision / HF_REVISION
-    trust_remote_code: bool = False      # option.trust_remote_code / HF_MODEL_TRUST_REMOTE_CODE
-    hf_token: SecretStr | None = None    # HF_TOKEN (masked in logs)
-    tokenizer_id: str | None = None      # option.tokenizer_id / tokenizer_repository
-    download_dir: Path = Path("/tmp/.lmi-trt")  # SERVING_DOWNLOAD_DIR / DJL_CACHE_DIR
-    engine_cache_uri: str | None = None  # s3://bucket/prefix or a local folder
-    compile_timeout: int = 3600
-    # --- engine choice & runtime ---
-    engine: Literal["Python", "MPI"] = "Python"
-    mpi_mode: bool = False
-    rolling_batch: Literal["auto", "trtllm", "torch", "synthetic", "disable"] = "auto"
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    tensor_parallel_degree: int | Literal["max"] = 1   # 'max' is resolved by the launcher
-    pipeline_parallel_degree: int = 1
-    synthetic_tokens_per_second: float = 0.0  # 0 = as fast as possible
-    # --- engine build shape (compile-time) ---
-    max_rolling_batch_size: int | None = None   # None → engine default (trtllm 256, torch 32)
-    max_input_len: int = 1024
-    max_output_len: int = 512                   # new tokens; max_seq_len defaults to input + output
-    max_seq_len: int | None = None
-    max_num_tokens: int | None = None
-    max_beam_width: int = 1
-    max_draft_len: int = 0
-    tokens_per_block: int | None = None         # None → TensorRT-LLM's default
-    use_paged_context_fmha: bool | None = None  # None → TensorRT-LLM's default
-    use_fp8_context_fmha: bool = False
-    use_fused_mlp: bool = False
-    use_custom_all_reduce: bool = False
-    logits_dtype: Literal["fp32", "fp16"] = "fp32"
-    # --- per-architecture (compile-time) ---
-    baichuan_model_version: Literal["v1_7b", "v1_13b", "v2_7b", "v2_13b"] | None = None
-    chatglm_model_version: str | None = None
-    gpt_model_version: Literal["gpt2", "santacoder", "starcoder"] | None = None
-    rotary_base: float | None = None
-    rotary_dim: int | None = None
-    rotary_scaling_type: Literal["linear", "dynamic"] | None = None
-    rotary_scaling_factor: float | None = None
-    # --- quantization (compile-time) ---
-    quantize: Quantization | None = None
-    smoothquant_alpha: float = 0.8
-    smoothquant_per_token: bool = False
-    smoothquant_per_channel: bool = False
-    multi_query_mode: bool = False
-    q_format: Literal["int4_awq", "w4a8_awq"] = "int4_awq"
-    calib_size: int = 512
-    calib_batch_size: int = 32
-    calib_max_seq_length: int = 512
-    awq_block_size: Literal[64, 128] = 128
-    calib_dataset: Path | None = None
-    # --- build process (does not change the engine) ---
-    trtllm_checkpoint_path: Path | None = None
-    num_checkpoint_workers: int | None = None
-    num_engine_workers: int | None = None
-    load_by_shard: bool = False
-    # --- TensorRT-LLM executor (runtime) ---
-    kv_cache_free_gpu_mem_fraction: float = 0.95
-    max_tokens_in_paged_kv_cache: int | None = None
-    kv_cache_host_memory_bytes: int | None = None
-    enable_kv_cache_reuse: bool = False
-    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "max_utilization"
-    torch_batching: Literal["auto", "continuous", "static"] = "auto"
-    torch_decode_loop: Literal["auto", "builtin", "transformers"] = "auto"
-    enable_chunked_context: bool = False
-    multi_block_mode: bool | None = None        # None → TensorRT-LLM's default
-    enable_trt_overlap: bool = False
-    max_num_sequences: int | None = None        # None → max_rolling_batch_size
-    # --- serving ---
-    job_queue_size: int = 1000
-    output_formatter: str | None = None  # json | jsonlines | sse | json_chat | jsonlines_chat
-    tgi_compat: bool = False
-    chat_template: str | None = None
-    model_loading_timeout: int = 1800
-    predict_timeout: int = 240
-    max_request_size: int = 64 * 1024 * 1024
-    # --- serving: what one client may cost (README "Reliability and limits") ---
-    header_read_timeout: int = 30
-    body_read_timeout: int = 120
-    max_connections: int = 1000
-    max_upload_bytes: int = 256 * 1024 * 1024
-    max_prompts_per_request: int = 64
-    parse_special_tokens: bool = False
-
-    # Provenance for the startup log only. Private attributes take part in ==, so two configs
-    # with equal values from different sources compare unequal; compare compile_time_values().
-    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
-    _env_echo: dict[str, str] = PrivateAttr(default_factory=dict)
-
-    def compile_time_values(self) -> dict[str, Any]:
-        """Every compile-time key's effective value (registry key → JSON-friendly value).
-
-        ``option.tensor_parallel_degree`` may still be ``'max'``: the cache key must use the resolved count.
-        """
-        return {s.key: _jsonable(getattr(self, s.attr)) for s in REGISTRY if s.compile_time and s.attr}
-
-    def derived(self, origin: str, **values: Any) -> LmiConfig:
-        """A copy with ``values`` a later stage filled in (``origin`` names it in the startup log);
-        they count as set from then on (``model_fields_set``)."""
-        copy = self.model_copy(update=values)
-        copy._origins = {**self._origins, **{_BY_ATTR[attr].key: origin for attr in values}}
-        return copy
-
-    def redacted(self) -> dict[str, Any]:
-        """All attributes as JSON-friendly values, secrets masked."""
-        return {name: _jsonable(getattr(self, name)) for name in type(self).model_fields}
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,7 +202,7 @@ _DJL_ENGINES = {
              "backend with option.rolling_batch"
        for name in ("deepspeed", "pytorch", "onnxruntime", "tensorflow", "mxnet", "fastertransformer", "onnx")},
     **{name: f"is a model backend, not a DJL engine; set option.rolling_batch={name} instead"
-       for name in ("auto", "trtllm", "torch", "synthetic")},
+       for name in ("auto", *ENGINE_NAMES)},
 }
 
 
@@ -353,7 +217,7 @@ class KeySpec:
     key: str
     type: ValueType
     description: str
-    attr: str | None = None         # LmiConfig attribute; None = accepted for compatibility, ignored
+    attr: str | None = None         # LmiConfig field; set by REGISTRY from the field it annotates, None = ignored
     compile_time: bool = False      # changing it changes the TensorRT-LLM engine (engine-cache key)
     aliases: tuple[str, ...] = ()   # other names as written (Truss keys, older DJL names)
     ignored: str | None = None      # why a DJL key has no effect here; logged whenever it is set
@@ -383,203 +247,15 @@ _IGNORED_BATCHING = ("lmi-trt always batches in flight (size it with option.max_
                      "DJL's dynamic batching does not apply")
 _IGNORED_METRICS = "lmi-trt always exports Prometheus metrics on /metrics"
 
-REGISTRY: tuple[KeySpec, ...] = (
-    # --- model & sources ---
-    KeySpec("option.model_id", _TEXT, "Hugging Face id, s3:// URI or local folder; unset: the model dir is the model",
-            "model_id", aliases=_both("engine_repository") + _both("huggingface_ckpt_repository")),
-    KeySpec("option.revision", _TEXT, "Hugging Face revision (branch, tag or commit)", "revision"),
-    KeySpec("option.trust_remote_code", _BOOL, "allow the model's own Python code (auto_map)",
-            "trust_remote_code"),
-    KeySpec("option.hf_token", _SECRET, "Hugging Face token for gated/private models (masked in logs)",
-            "hf_token", secret=True),
-    KeySpec("option.tokenizer_id", _TEXT, "tokenizer source when it differs from the model (id, s3:// or path)",
-            "tokenizer_id", aliases=_both("tokenizer_repository")),
-    KeySpec("download_dir", _PATH, "where downloads and local engine builds go", "download_dir"),
-    KeySpec("option.engine_cache_uri", _CACHE_URI,
-            "shared engine cache (s3://bucket/prefix or a folder); unset: a local cache under download_dir",
-            "engine_cache_uri"),
-    KeySpec("option.compile_timeout", _integer(1, 3600), "seconds one engine build may take",
-            "compile_timeout"),
-    # --- engine choice ---
-    KeySpec("engine", _choice({"python": "Python", "mpi": "MPI"}, shown=("Python", "MPI"),
-                              rejected=_DJL_ENGINES),
-            "DJL worker engine; MPI implies option.mpi_mode=true", "engine",
-            aliases=("option.engine",),
-            note="lmi-trt starts TP×PP MPI ranks itself; engine only sets option.mpi_mode"),
-    KeySpec("option.mpi_mode", _BOOL, "DJL's MPI worker flag, accepted for compatibility", "mpi_mode",
-            note="lmi-trt launches MPI ranks from tensor_parallel_degree × pipeline_parallel_degree, "
-                 "so option.mpi_mode changes nothing"),
-    KeySpec("option.rolling_batch",
-            _choice(_same("auto", "trtllm", "torch", "synthetic", "disable"), rejected=_OTHER_BACKENDS),
-            "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
-            "synthetic: benchmark engine; disable: DJL's request-at-a-time mode", "rolling_batch"),
-    KeySpec("option.device", _choice(_same("auto", "cpu", "cuda")), "device of the torch engine", "device"),
-    KeySpec("option.dtype",
-            _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
-                     "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32"},
-                    shown=("auto", "fp16", "bf16", "fp32")),
-            "weights/activation precision; auto: the checkpoint's", "dtype", compile_time=True),
-    KeySpec("option.tensor_parallel_degree", _TP, "tensor-parallel ranks; max: all visible GPUs (÷ PP)",
-            "tensor_parallel_degree", compile_time=True, aliases=_both("tensor_parallel_count")),
-    KeySpec("option.pipeline_parallel_degree", _integer(1, 2), "pipeline-parallel ranks",
-            "pipeline_parallel_degree", compile_time=True, aliases=_both("pipeline_parallel_count")),
+# DJL keys accepted and ignored: no field, so they live here.
+IGNORED_KEYS: tuple[KeySpec, ...] = (
     KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs (vLLM/lmi-dist knob; ENABLE_CUDA_GRAPHS)",
             ignored="the torch engine's transformers paths run eager (their per-request sampler runs between "
                     "steps), its built-in decode loop always captures CUDA graphs on CUDA, and TensorRT-LLM "
                     "engines keep the executor's default"),
-    KeySpec("option.synthetic_tokens_per_second", _number(at_least=0, example=100),
-            "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible",
-            "synthetic_tokens_per_second"),
-    # --- engine build shape ---
-    KeySpec("option.max_rolling_batch_size", _integer(1, 64),
-            "most sequences in flight; also the engine's max batch size; unset: trtllm 256, torch 32",
-            "max_rolling_batch_size", compile_time=True, aliases=_both("max_batch_size")),
-    KeySpec("option.max_input_len", _integer(1, 2048),
-            "longest prompt in tokens; unset: 1024, or what the model's positions leave after max_output_len",
-            "max_input_len", compile_time=True),
-    KeySpec("option.max_output_len", _integer(1, 512),
-            "most new tokens per request; unset: 512, or a quarter of the model's positions when fewer",
-            "max_output_len", compile_time=True),
-    KeySpec("option.max_seq_len", _integer(2, 4096),
-            "prompt + output tokens; unset: max_input_len + max_output_len", "max_seq_len", compile_time=True),
-    KeySpec("option.max_num_tokens", _integer(1, 8192),
-            "tokens per engine step (packed batch); unset: TensorRT-LLM's default, torch: max(max_input_len + batch, 2048)",
-            "max_num_tokens",
-            compile_time=True, aliases=_both("max_rolling_batch_prefill_tokens")),
-    KeySpec("option.max_beam_width", _integer(1, 1), "beam-search width the engine is built for",
-            "max_beam_width", compile_time=True),
-    KeySpec("option.max_draft_len", _integer(0, 4), "speculative-decoding draft tokens per step",
-            "max_draft_len", compile_time=True),
-    KeySpec("option.tokens_per_block", _choice({str(2 ** n): 2 ** n for n in range(3, 9)}),
-            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default", "tokens_per_block",
-            compile_time=True),
-    KeySpec("option.use_paged_context_fmha", _BOOL,
-            "paged context attention (needed for KV reuse and chunked context); unset: TensorRT-LLM's default",
-            "use_paged_context_fmha", compile_time=True,
-            aliases=("plugin_configuration.use_paged_context_fmha",)),
-    KeySpec("option.use_fp8_context_fmha", _BOOL, "fp8 context attention (Hopper, fp8 quantization)",
-            "use_fp8_context_fmha", compile_time=True, aliases=("plugin_configuration.use_fp8_context_fmha",)),
     KeySpec("option.paged_kv_cache", _TRUE_ONLY, "Truss plugin flag; the KV cache is always paged",
             aliases=("plugin_configuration.paged_kv_cache",),
             ignored="in-flight batching always uses a paged KV cache"),
-    KeySpec("option.use_fused_mlp", _BOOL, "fuse the gated MLP (Llama family)", "use_fused_mlp",
-            compile_time=True),
-    KeySpec("option.use_custom_all_reduce", _BOOL,
-            "NVLink all-reduce for TensorRT-LLM 0.x; newer versions choose it themselves",
-            "use_custom_all_reduce", compile_time=True),
-    KeySpec("option.logits_dtype",
-            _choice({"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16"}, shown=("fp32", "fp16")),
-            "logits precision (T5)", "logits_dtype", compile_time=True),
-    # --- per-architecture ---
-    KeySpec("option.baichuan_model_version", _choice(_same("v1_7b", "v1_13b", "v2_7b", "v2_13b")),
-            "Baichuan variant; unset: inferred from config.json", "baichuan_model_version", compile_time=True),
-    KeySpec("option.chatglm_model_version",
-            _choice(_same("glm", "chatglm", "chatglm2", "chatglm3", "glm4", "chatglm_6b", "chatglm2_6b",
-                          "chatglm2_6b_32k", "chatglm3_6b", "chatglm3_6b_base", "chatglm3_6b_32k", "glm_10b")),
-            "ChatGLM variant; unset: inferred from config.json", "chatglm_model_version", compile_time=True),
-    KeySpec("option.gpt_model_version", _choice(_same("gpt2", "santacoder", "starcoder")),
-            "GPT-2 family variant; unset: inferred from config.json", "gpt_model_version", compile_time=True),
-    KeySpec("option.rotary_base", _number(above=0, example=10000), "RoPE base; unset: config.json's rope_theta",
-            "rotary_base", compile_time=True),
-    KeySpec("option.rotary_dim", _integer(1, 64), "rotary dimensions (GPT-J); unset: config.json's",
-            "rotary_dim", compile_time=True),
-    KeySpec("option.rotary_scaling_type", _choice(_same("linear", "dynamic")),
-            "RoPE scaling; set together with option.rotary_scaling_factor", "rotary_scaling_type",
-            compile_time=True),
-    KeySpec("option.rotary_scaling_factor", _number(above=1, example=2),
-            "RoPE scaling factor; set together with option.rotary_scaling_type", "rotary_scaling_factor",
-            compile_time=True),
-    # --- quantization ---
-    KeySpec("option.quantize",
-            _choice(_QUANTIZE_NAMES, shown=tuple(_QUANTIZE_NAMES)),
-            "quantization (DJL and Truss names; no_quant/none: off)", "quantize", compile_time=True,
-            aliases=_both("quantization_type")),
-    KeySpec("option.smoothquant_alpha", _number(above=0, at_most=1, example=0.8),
-            "SmoothQuant migration strength", "smoothquant_alpha", compile_time=True),
-    KeySpec("option.smoothquant_per_token", _BOOL, "SmoothQuant per-token activation scales",
-            "smoothquant_per_token", compile_time=True),
-    KeySpec("option.smoothquant_per_channel", _BOOL, "SmoothQuant per-channel weight scales",
-            "smoothquant_per_channel", compile_time=True),
-    KeySpec("option.multi_query_mode", _BOOL, "SmoothQuant for multi-/grouped-query attention models",
-            "multi_query_mode", compile_time=True),
-    KeySpec("option.q_format", _choice(_same("int4_awq", "w4a8_awq")), "AWQ format", "q_format",
-            compile_time=True, aliases=_both("awq_format")),
-    KeySpec("option.calib_size", _integer(1, 512), "calibration samples", "calib_size", compile_time=True,
-            aliases=_both("awq_calib_size") + ("quantization_config.calib_size",)),
-    KeySpec("option.calib_batch_size", _integer(1, 32), "calibration batch size", "calib_batch_size",
-            compile_time=True),
-    KeySpec("option.calib_max_seq_length", _integer(1, 512), "tokens per calibration sample",
-            "calib_max_seq_length", compile_time=True, aliases=("quantization_config.calib_max_seq_length",)),
-    KeySpec("option.awq_block_size", _choice({"64": 64, "128": 128}), "AWQ group size", "awq_block_size",
-            compile_time=True),
-    KeySpec("option.calib_dataset", _PATH, "local calibration dataset (file or folder)", "calib_dataset",
-            compile_time=True, aliases=("quantization_config.calib_dataset",)),
-    # --- build process ---
-    KeySpec("option.trtllm_checkpoint_path", _PATH, "where the converted TensorRT-LLM checkpoint is written",
-            "trtllm_checkpoint_path"),
-    KeySpec("option.num_checkpoint_workers", _integer(1, 4), "parallel checkpoint conversions",
-            "num_checkpoint_workers"),
-    KeySpec("option.num_engine_workers", _integer(1, 4), "parallel engine builds (GPUs)", "num_engine_workers"),
-    KeySpec("option.load_by_shard", _BOOL, "convert shard by shard to save host memory (Falcon)",
-            "load_by_shard"),
-    # --- TensorRT-LLM executor ---
-    KeySpec("option.kv_cache_free_gpu_mem_fraction", _number(above=0, at_most=1, example=0.9),
-            "share of free GPU memory given to the KV cache", "kv_cache_free_gpu_mem_fraction"),
-    KeySpec("option.max_tokens_in_paged_kv_cache", _integer(1, 65536),
-            "KV-cache size cap in tokens (the smaller of this and the fraction wins)",
-            "max_tokens_in_paged_kv_cache"),
-    KeySpec("option.kv_cache_host_memory_bytes", _integer(1, 2 ** 30), "host memory for KV-cache offload",
-            "kv_cache_host_memory_bytes"),
-    KeySpec("option.enable_kv_cache_reuse", _BOOL, "prefix caching (needs paged context attention)",
-            "enable_kv_cache_reuse", compile_time=True),
-    KeySpec("option.batch_scheduler_policy", _choice(_same("max_utilization", "guaranteed_no_evict")),
-            "in-flight batch scheduling", "batch_scheduler_policy"),
-    KeySpec("option.torch_batching", _choice(_same("auto", "continuous", "static")),
-            "torch engine: continuous batching (requests join every step) or static batches (higher "
-            "throughput, later arrivals wait for the next batch); auto: continuous where the architecture "
-            "supports it", "torch_batching"),
-    KeySpec("option.torch_decode_loop", _choice(_same("auto", "builtin", "transformers")),
-            "torch engine: builtin = lmi-trt's own decode loop (Llama, Mistral, Qwen2, Qwen3: CUDA graphs, "
-            "sampling on the GPU); transformers = transformers' batching paths (option.torch_batching); "
-            "auto: builtin where the model is Llama-shaped and option.torch_batching is auto", "torch_decode_loop"),
-    KeySpec("option.enable_chunked_context", _BOOL, "split long prompts over several steps",
-            "enable_chunked_context", aliases=_both("enable_chunked_prefill")),
-    KeySpec("option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default",
-            "multi_block_mode"),
-    KeySpec("option.enable_trt_overlap", _BOOL, "overlap consecutive batches", "enable_trt_overlap"),
-    KeySpec("option.max_num_sequences", _integer(1, 64),
-            "runtime cap on sequences in flight (≤ max_rolling_batch_size); unset: max_rolling_batch_size",
-            "max_num_sequences"),
-    # --- serving ---
-    KeySpec("job_queue_size", _integer(1, 1000), "queued requests beyond which the server answers 503",
-            "job_queue_size"),
-    KeySpec("option.output_formatter", _choice(_same("json", "jsonlines", "sse", "json_chat", "jsonlines_chat")),
-            "response format of /invocations; unset: by request", "output_formatter"),
-    KeySpec("option.tgi_compat", _BOOL, "TGI-shaped /invocations responses", "tgi_compat"),
-    KeySpec("option.chat_template", _TEXT, "Jinja chat template overriding the tokenizer's", "chat_template"),
-    KeySpec("option.model_loading_timeout", _integer(1, 1800), "seconds to load the model (not the compile)",
-            "model_loading_timeout"),
-    KeySpec("option.predict_timeout", _integer(1, 240), "seconds one request may take", "predict_timeout"),
-    KeySpec("max_request_size", _integer(1, 64 * 1024 * 1024), "largest request body in bytes",
-            "max_request_size"),
-    KeySpec("header_read_timeout", _integer(1, 30),
-            "seconds a client has to send a request's line and headers; then 408 and the connection closes",
-            "header_read_timeout"),
-    KeySpec("body_read_timeout", _integer(1, 120), "seconds a client has to send a request body; then 408",
-            "body_read_timeout"),
-    KeySpec("max_connections", _integer(1, 1000),
-            "open client connections; past it idle keep-alive ones are closed, then new ones get 503 "
-            "(capped below the process's open-files limit)", "max_connections"),
-    KeySpec("max_upload_bytes", _integer(1, 256 * 1024 * 1024),
-            "request-body bytes being received at once, all clients together; past it new bodies get 503",
-            "max_upload_bytes"),
-    KeySpec("option.max_prompts_per_request", _integer(1, 64),
-            "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size",
-            "max_prompts_per_request"),
-    KeySpec("option.parse_special_tokens", _BOOL,
-            "parse special-token text (e.g. <|im_end|>) in prompts and chat content as control tokens; "
-            "default: tokenized as plain text", "parse_special_tokens"),
-    # --- DJL keys accepted and ignored ---
     KeySpec("option.entryPoint", _TEXT, "DJL handler module", aliases=("option.entrypoint",),
             ignored="lmi-trt's handler is built in; a custom entry point or model.py is not loaded"),
     KeySpec("batch_size", _integer(1, 1), "DJL dynamic batch size", ignored=_IGNORED_BATCHING),
@@ -597,6 +273,432 @@ REGISTRY: tuple[KeySpec, ...] = (
     KeySpec("features", _TEXT, "DJL container feature list (SERVING_FEATURES)",
             ignored="lmi-trt picks its engine with option.rolling_batch"),
 )
+
+
+class LmiConfig(BaseModel):
+    """The effective configuration. Attribute = registry key without ``option.``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    # --- model & sources ---
+    model_id: Annotated[str | None, KeySpec(
+        "option.model_id",
+        _TEXT,
+        "Hugging Face id, s3:// URI or local folder; unset: the model dir is the model",
+        aliases=_both("engine_repository") + _both("huggingface_ckpt_repository"))] = None
+    model_dir: Path | None = None        # folder holding serving.properties (/opt/ml/model)
+    revision: Annotated[str | None, KeySpec(
+        "option.revision",
+        _TEXT,
+        "Hugging Face revision (branch, tag or commit)")] = None
+    trust_remote_code: Annotated[bool, KeySpec(
+        "option.trust_remote_code",
+        _BOOL,
+        "allow the model's own Python code (auto_map)")] = False
+    hf_token: Annotated[SecretStr | None, KeySpec(
+        "option.hf_token",
+        _SECRET,
+        "Hugging Face token for gated/private models (masked in logs)",
+        secret=True)] = None
+    tokenizer_id: Annotated[str | None, KeySpec(
+        "option.tokenizer_id",
+        _TEXT,
+        "tokenizer source when it differs from the model (id, s3:// or path)",
+        aliases=_both("tokenizer_repository"))] = None
+    download_dir: Annotated[Path, KeySpec(
+        "download_dir",
+        _PATH,
+        "where downloads and local engine builds go")] = Path("/tmp/.lmi-trt")
+    engine_cache_uri: Annotated[str | None, KeySpec(
+        "option.engine_cache_uri",
+        _CACHE_URI,
+        "shared engine cache (s3://bucket/prefix or a folder); unset: a local cache under download_dir")] = None  # s3://bucket/prefix or a local folder
+    compile_timeout: Annotated[int, KeySpec(
+        "option.compile_timeout",
+        _integer(1, 3600),
+        "seconds one engine build may take")] = 3600
+    # --- engine choice & runtime ---
+    engine: Annotated[Literal["Python", "MPI"], KeySpec(
+        "engine",
+        _choice({"python": "Python", "mpi": "MPI"}, shown=("Python", "MPI"),
+                              rejected=_DJL_ENGINES),
+        "DJL worker engine; MPI implies option.mpi_mode=true",
+        aliases=("option.engine",),
+        note="lmi-trt starts TP×PP MPI ranks itself; engine only sets option.mpi_mode")] = "Python"
+    mpi_mode: Annotated[bool, KeySpec(
+        "option.mpi_mode",
+        _BOOL,
+        "DJL's MPI worker flag, accepted for compatibility",
+        note="lmi-trt launches MPI ranks from tensor_parallel_degree × pipeline_parallel_degree, "
+                 "so option.mpi_mode changes nothing")] = False
+    rolling_batch: Annotated[Literal[("auto", *ENGINE_NAMES, "disable")], KeySpec(
+        "option.rolling_batch",
+        _choice(_same("auto", *ENGINE_NAMES, "disable"), rejected=_OTHER_BACKENDS),
+        "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
+            "synthetic: benchmark engine; disable: DJL's request-at-a-time mode")] = "auto"
+    dtype: Annotated[Literal["auto", "fp16", "bf16", "fp32"], KeySpec(
+        "option.dtype",
+        _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
+                     "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32"},
+                    shown=("auto", "fp16", "bf16", "fp32")),
+        "weights/activation precision; auto: the checkpoint's",
+        compile_time=True)] = "auto"
+    device: Annotated[Literal["auto", "cpu", "cuda"], KeySpec(
+        "option.device",
+        _choice(_same("auto", "cpu", "cuda")),
+        "device of the torch engine")] = "auto"
+    tensor_parallel_degree: Annotated[int | Literal["max"], KeySpec(
+        "option.tensor_parallel_degree",
+        _TP,
+        "tensor-parallel ranks; max: all visible GPUs (÷ PP)",
+        compile_time=True,
+        aliases=_both("tensor_parallel_count"))] = 1  # 'max' is resolved by the launcher
+    pipeline_parallel_degree: Annotated[int, KeySpec(
+        "option.pipeline_parallel_degree",
+        _integer(1, 2),
+        "pipeline-parallel ranks",
+        compile_time=True,
+        aliases=_both("pipeline_parallel_count"))] = 1
+    synthetic_tokens_per_second: Annotated[float, KeySpec(
+        "option.synthetic_tokens_per_second",
+        _number(at_least=0, example=100),
+        "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible")] = 0.0  # 0 = as fast as possible
+    # --- engine build shape (compile-time) ---
+    max_rolling_batch_size: Annotated[int | None, KeySpec(
+        "option.max_rolling_batch_size",
+        _integer(1, 64),
+        "most sequences in flight; also the engine's max batch size; unset: "
+        + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
+        compile_time=True,
+        aliases=_both("max_batch_size"))] = None  # None → the engine's default (engines.registry.settle)
+    max_input_len: Annotated[int, KeySpec(
+        "option.max_input_len",
+        _integer(1, 2048),
+        "longest prompt in tokens; unset: 1024, or what the model's positions leave after max_output_len",
+        compile_time=True)] = 1024
+    max_output_len: Annotated[int, KeySpec(
+        "option.max_output_len",
+        _integer(1, 512),
+        "most new tokens per request; unset: 512, or a quarter of the model's positions when fewer",
+        compile_time=True)] = 512  # new tokens; max_seq_len defaults to input + output
+    max_seq_len: Annotated[int | None, KeySpec(
+        "option.max_seq_len",
+        _integer(2, 4096),
+        "prompt + output tokens; unset: max_input_len + max_output_len",
+        compile_time=True)] = None
+    max_num_tokens: Annotated[int | None, KeySpec(
+        "option.max_num_tokens",
+        _integer(1, 8192),
+        "tokens per engine step (packed batch); unset: TensorRT-LLM's default, torch: max(max_input_len + batch, 2048)",
+        compile_time=True,
+        aliases=_both("max_rolling_batch_prefill_tokens"))] = None
+    max_beam_width: Annotated[int, KeySpec(
+        "option.max_beam_width",
+        _integer(1, 1),
+        "beam-search width the engine is built for",
+        compile_time=True)] = 1
+    max_draft_len: Annotated[int, KeySpec(
+        "option.max_draft_len",
+        _integer(0, 4),
+        "speculative-decoding draft tokens per step",
+        compile_time=True)] = 0
+    tokens_per_block: Annotated[Literal[TOKENS_PER_BLOCK] | None, KeySpec(
+        "option.tokens_per_block",
+        _choice({str(size): size for size in TOKENS_PER_BLOCK}),
+        "paged KV-cache block size in tokens; unset: TensorRT-LLM's default",
+        compile_time=True)] = None  # None → TensorRT-LLM's default
+    use_paged_context_fmha: Annotated[bool | None, KeySpec(
+        "option.use_paged_context_fmha",
+        _BOOL,
+        "paged context attention (needed for KV reuse and chunked context); unset: TensorRT-LLM's default",
+        compile_time=True,
+        aliases=("plugin_configuration.use_paged_context_fmha",))] = None  # None → TensorRT-LLM's default
+    use_fp8_context_fmha: Annotated[bool, KeySpec(
+        "option.use_fp8_context_fmha",
+        _BOOL,
+        "fp8 context attention (Hopper, fp8 quantization)",
+        compile_time=True,
+        aliases=("plugin_configuration.use_fp8_context_fmha",))] = False
+    use_fused_mlp: Annotated[bool, KeySpec(
+        "option.use_fused_mlp",
+        _BOOL,
+        "fuse the gated MLP (Llama family)",
+        compile_time=True)] = False
+    use_custom_all_reduce: Annotated[bool, KeySpec(
+        "option.use_custom_all_reduce",
+        _BOOL,
+        "NVLink all-reduce for TensorRT-LLM 0.x; newer versions choose it themselves",
+        compile_time=True)] = False
+    logits_dtype: Annotated[Literal["fp32", "fp16"], KeySpec(
+        "option.logits_dtype",
+        _choice({"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16"}, shown=("fp32", "fp16")),
+        "logits precision (T5)",
+        compile_time=True)] = "fp32"
+    # --- per-architecture (compile-time) ---
+    # The variant vocabularies are the compile stage's (lmi_trt.vocabulary), so config accepts what it converts.
+    baichuan_model_version: Annotated[Literal[tuple(BAICHUAN_VERSIONS)] | None, KeySpec(
+        "option.baichuan_model_version",
+        _choice(_same(*BAICHUAN_VERSIONS)),
+        "Baichuan variant; unset: inferred from config.json",
+        compile_time=True)] = None
+    chatglm_model_version: Annotated[Literal[tuple(CHATGLM_VERSIONS)] | None, KeySpec(
+        "option.chatglm_model_version",
+        _choice(_same(*CHATGLM_VERSIONS)),
+        "ChatGLM variant; unset: inferred from config.json",
+        compile_time=True)] = None
+    gpt_model_version: Annotated[Literal[tuple(GPT_VARIANTS)] | None, KeySpec(
+        "option.gpt_model_version",
+        _choice(_same(*GPT_VARIANTS)),
+        "GPT-2 family variant; unset: inferred from config.json",
+        compile_time=True)] = None
+    rotary_base: Annotated[float | None, KeySpec(
+        "option.rotary_base",
+        _number(above=0, example=10000),
+        "RoPE base; unset: config.json's rope_theta",
+        compile_time=True)] = None
+    rotary_dim: Annotated[int | None, KeySpec(
+        "option.rotary_dim",
+        _integer(1, 64),
+        "rotary dimensions (GPT-J); unset: config.json's",
+        compile_time=True)] = None
+    rotary_scaling_type: Annotated[Literal["linear", "dynamic"] | None, KeySpec(
+        "option.rotary_scaling_type",
+        _choice(_same("linear", "dynamic")),
+        "RoPE scaling; set together with option.rotary_scaling_factor",
+        compile_time=True)] = None
+    rotary_scaling_factor: Annotated[float | None, KeySpec(
+        "option.rotary_scaling_factor",
+        _number(above=1, example=2),
+        "RoPE scaling factor; set together with option.rotary_scaling_type",
+        compile_time=True)] = None
+    # --- quantization (compile-time) ---
+    quantize: Annotated[Quantization | None, KeySpec(
+        "option.quantize",
+        _choice(QUANTIZE_NAMES, shown=tuple(QUANTIZE_NAMES)),
+        "quantization (DJL and Truss names; no_quant/none: off)",
+        compile_time=True,
+        aliases=_both("quantization_type"))] = None
+    smoothquant_alpha: Annotated[float, KeySpec(
+        "option.smoothquant_alpha",
+        _number(above=0, at_most=1, example=0.8),
+        "SmoothQuant migration strength",
+        compile_time=True)] = 0.8
+    smoothquant_per_token: Annotated[bool, KeySpec(
+        "option.smoothquant_per_token",
+        _BOOL,
+        "SmoothQuant per-token activation scales",
+        compile_time=True)] = False
+    smoothquant_per_channel: Annotated[bool, KeySpec(
+        "option.smoothquant_per_channel",
+        _BOOL,
+        "SmoothQuant per-channel weight scales",
+        compile_time=True)] = False
+    multi_query_mode: Annotated[bool, KeySpec(
+        "option.multi_query_mode",
+        _BOOL,
+        "SmoothQuant for multi-/grouped-query attention models",
+        compile_time=True)] = False
+    q_format: Annotated[Literal["int4_awq", "w4a8_awq"], KeySpec(
+        "option.q_format",
+        _choice(_same("int4_awq", "w4a8_awq")),
+        "AWQ format",
+        compile_time=True,
+        aliases=_both("awq_format"))] = "int4_awq"
+    calib_size: Annotated[int, KeySpec(
+        "option.calib_size",
+        _integer(1, 512),
+        "calibration samples",
+        compile_time=True,
+        aliases=_both("awq_calib_size") + ("quantization_config.calib_size",))] = 512
+    calib_batch_size: Annotated[int, KeySpec(
+        "option.calib_batch_size",
+        _integer(1, 32),
+        "calibration batch size",
+        compile_time=True)] = 32
+    calib_max_seq_length: Annotated[int, KeySpec(
+        "option.calib_max_seq_length",
+        _integer(1, 512),
+        "tokens per calibration sample",
+        compile_time=True,
+        aliases=("quantization_config.calib_max_seq_length",))] = 512
+    awq_block_size: Annotated[Literal[AWQ_BLOCK_SIZES], KeySpec(
+        "option.awq_block_size",
+        _choice({str(size): size for size in AWQ_BLOCK_SIZES}),
+        "AWQ group size",
+        compile_time=True)] = 128
+    calib_dataset: Annotated[Path | None, KeySpec(
+        "option.calib_dataset",
+        _PATH,
+        "local calibration dataset (file or folder)",
+        compile_time=True,
+        aliases=("quantization_config.calib_dataset",))] = None
+    # --- build process (does not change the engine) ---
+    trtllm_checkpoint_path: Annotated[Path | None, KeySpec(
+        "option.trtllm_checkpoint_path",
+        _PATH,
+        "where the converted TensorRT-LLM checkpoint is written")] = None
+    num_checkpoint_workers: Annotated[int | None, KeySpec(
+        "option.num_checkpoint_workers",
+        _integer(1, 4),
+        "parallel checkpoint conversions")] = None
+    num_engine_workers: Annotated[int | None, KeySpec(
+        "option.num_engine_workers",
+        _integer(1, 4),
+        "parallel engine builds (GPUs)")] = None
+    load_by_shard: Annotated[bool, KeySpec(
+        "option.load_by_shard",
+        _BOOL,
+        "convert shard by shard to save host memory (Falcon)")] = False
+    # --- TensorRT-LLM executor (runtime) ---
+    kv_cache_free_gpu_mem_fraction: Annotated[float, KeySpec(
+        "option.kv_cache_free_gpu_mem_fraction",
+        _number(above=0, at_most=1, example=0.9),
+        "share of free GPU memory given to the KV cache")] = KV_CACHE_FREE_GPU_MEM_FRACTION
+    max_tokens_in_paged_kv_cache: Annotated[int | None, KeySpec(
+        "option.max_tokens_in_paged_kv_cache",
+        _integer(1, 65536),
+        "KV-cache size cap in tokens (the smaller of this and the fraction wins)")] = None
+    kv_cache_host_memory_bytes: Annotated[int | None, KeySpec(
+        "option.kv_cache_host_memory_bytes",
+        _integer(1, 2 ** 30),
+        "host memory for KV-cache offload")] = None
+    enable_kv_cache_reuse: Annotated[bool, KeySpec(
+        "option.enable_kv_cache_reuse",
+        _BOOL,
+        "prefix caching (needs paged context attention)",
+        compile_time=True)] = False
+    batch_scheduler_policy: Annotated[Literal["max_utilization", "guaranteed_no_evict"], KeySpec(
+        "option.batch_scheduler_policy",
+        _choice(_same("max_utilization", "guaranteed_no_evict")),
+        "in-flight batch scheduling")] = "max_utilization"
+    torch_batching: Annotated[Literal["auto", "continuous", "static"], KeySpec(
+        "option.torch_batching",
+        _choice(_same("auto", "continuous", "static")),
+        "torch engine: continuous batching (requests join every step) or static batches (higher "
+            "throughput, later arrivals wait for the next batch); auto: continuous where the architecture "
+            "supports it")] = "auto"
+    torch_decode_loop: Annotated[Literal["auto", "builtin", "transformers"], KeySpec(
+        "option.torch_decode_loop",
+        _choice(_same("auto", "builtin", "transformers")),
+        "torch engine: builtin = lmi-trt's own decode loop (Llama, Mistral, Qwen2, Qwen3: CUDA graphs, "
+            "sampling on the GPU); transformers = transformers' batching paths (option.torch_batching); "
+            "auto: builtin where the model is Llama-shaped and option.torch_batching is auto")] = "auto"
+    enable_chunked_context: Annotated[bool, KeySpec(
+        "option.enable_chunked_context",
+        _BOOL,
+        "split long prompts over several steps",
+        aliases=_both("enable_chunked_prefill"))] = False
+    multi_block_mode: Annotated[bool | None, KeySpec(
+        "option.multi_block_mode",
+        _BOOL,
+        "multi-block attention for long sequences; unset: TensorRT-LLM's default")] = None  # None → TensorRT-LLM's default
+    enable_trt_overlap: Annotated[bool, KeySpec(
+        "option.enable_trt_overlap",
+        _BOOL,
+        "overlap consecutive batches")] = False
+    max_num_sequences: Annotated[int | None, KeySpec(
+        "option.max_num_sequences",
+        _integer(1, 64),
+        "runtime cap on sequences in flight (≤ max_rolling_batch_size); unset: max_rolling_batch_size")] = None  # None → max_rolling_batch_size
+    # --- serving ---
+    job_queue_size: Annotated[int, KeySpec(
+        "job_queue_size",
+        _integer(1, 1000),
+        "queued requests beyond which the server answers 503")] = 1000
+    output_formatter: Annotated[str | None, KeySpec(
+        "option.output_formatter",
+        _choice(_same("json", "jsonlines", "sse", "json_chat", "jsonlines_chat")),
+        "response format of /invocations; unset: by request")] = None  # json | jsonlines | sse | json_chat | jsonlines_chat
+    tgi_compat: Annotated[bool, KeySpec(
+        "option.tgi_compat",
+        _BOOL,
+        "TGI-shaped /invocations responses")] = False
+    chat_template: Annotated[str | None, KeySpec(
+        "option.chat_template",
+        _TEXT,
+        "Jinja chat template overriding the tokenizer's")] = None
+    model_loading_timeout: Annotated[int, KeySpec(
+        "option.model_loading_timeout",
+        _integer(1, 1800),
+        "seconds to load the model (not the compile)")] = 1800
+    predict_timeout: Annotated[int, KeySpec(
+        "option.predict_timeout",
+        _integer(1, 240),
+        "seconds one request may take")] = 240
+    max_request_size: Annotated[int, KeySpec(
+        "max_request_size",
+        _integer(1, 64 * 1024 * 1024),
+        "largest request body in bytes")] = 64 * 1024 * 1024
+    # --- serving: what one client may cost (README "Reliability and limits") ---
+    header_read_timeout: Annotated[int, KeySpec(
+        "header_read_timeout",
+        _integer(1, 30),
+        "seconds a client has to send a request's line and headers; then 408 and the connection closes")] = 30
+    body_read_timeout: Annotated[int, KeySpec(
+        "body_read_timeout",
+        _integer(1, 120),
+        "seconds a client has to send a request body; then 408")] = 120
+    max_connections: Annotated[int, KeySpec(
+        "max_connections",
+        _integer(1, 1000),
+        "open client connections; past it idle keep-alive ones are closed, then new ones get 503 "
+            "(capped below the process's open-files limit)")] = 1000
+    max_upload_bytes: Annotated[int, KeySpec(
+        "max_upload_bytes",
+        _integer(1, 256 * 1024 * 1024),
+        "request-body bytes being received at once, all clients together; past it new bodies get 503")] = 256 * 1024 * 1024
+    max_prompts_per_request: Annotated[int, KeySpec(
+        "option.max_prompts_per_request",
+        _integer(1, 64),
+        "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size")] = 64
+    parse_special_tokens: Annotated[bool, KeySpec(
+        "option.parse_special_tokens",
+        _BOOL,
+        "parse special-token text (e.g. <|im_end|>) in prompts and chat content as control tokens; "
+            "default: tokenized as plain text")] = False
+
+    # Provenance for the startup log only. Private attributes take part in ==, so two configs
+    # with equal values from different sources compare unequal; compare compile_time_values().
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _env_echo: dict[str, str] = PrivateAttr(default_factory=dict)
+    _derived: frozenset[str] = PrivateAttr(default_factory=frozenset)  # attributes a later stage filled in
+
+    def compile_time_values(self) -> dict[str, Any]:
+        """Every compile-time key's effective value (registry key → JSON-friendly value).
+
+        ``option.tensor_parallel_degree`` may still be ``'max'``: the cache key must use the resolved count.
+        """
+        return {s.key: jsonable(getattr(self, s.attr)) for s in REGISTRY if s.compile_time and s.attr}
+
+    def derived(self, origin: str, **values: Any) -> LmiConfig:
+        """A copy with ``values`` a later stage filled in (``origin`` names it in the startup log);
+        they count as set from then on (``model_fields_set``)."""
+        copy = self.model_copy(update=values)
+        copy._origins = {**self._origins, **{_BY_ATTR[attr].key: origin for attr in values}}
+        copy._derived = self._derived | set(values)
+        return copy
+
+    def is_given(self, attr: str) -> bool:
+        """Whether the user set ``attr`` (a file, the environment, an override or a constructor
+        argument), as opposed to a default or a value a later stage derived."""
+        return attr in self.model_fields_set and attr not in self._derived
+
+    def redacted(self) -> dict[str, Any]:
+        """All attributes as JSON-friendly values, secrets masked."""
+        return {name: jsonable(getattr(self, name)) for name in type(self).model_fields}
+
+
+def _declared_keys() -> tuple[KeySpec, ...]:
+    """Each field's KeySpec (its ``Annotated`` metadata) with ``attr`` set to the field's name."""
+    specs = []
+    for name, field in LmiConfig.model_fields.items():
+        found = [m for m in field.metadata if isinstance(m, KeySpec)]
+        specs += [replace(m, attr=name) for m in found]
+    return tuple(specs)
+
+
+# Every key: the fields' declarations, then the DJL keys accepted and ignored.
+REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS
 
 
 @dataclass(frozen=True)
@@ -654,6 +756,7 @@ def _canonical_key(name: str) -> str:
     return _BY_NAME[name].key
 
 
+
 # --------------------------------------------------------------------------------------------
 # Gathering raw settings from the three sources.
 
@@ -673,14 +776,7 @@ class _Setting:
 
     @property
     def shown_value(self) -> str:
-        return MASK if _is_secret(self.name) or self.spec.secret else self.value
-
-
-def _is_secret(name: str) -> bool:
-    """HF_TOKEN, AWS_SECRET_ACCESS_KEY, API_KEY, DB_PASSWORD... but not MAX_NUM_TOKENS or TOKENIZER_ID:
-    TOKEN and KEY count only at the end of a word, SECRET and PASSWORD anywhere."""
-    words = re.split(r"[^A-Z0-9]+", name.upper())
-    return any(w.endswith(("TOKEN", "KEY")) or "SECRET" in w or "PASSWORD" in w or "PASSWD" in w for w in words)
+        return MASK if is_secret_name(self.name) or self.spec.secret else self.value
 
 
 def _lookup(name: str, *, bare_means_option: bool) -> KeySpec | None:
@@ -784,7 +880,7 @@ def _override_settings(overrides: Mapping[str, str]) -> list[_Setting]:
 def _warn_unknown(written: str, key: str, value: str, origin: str) -> None:
     hint = nearest_key(key)
     # A misspelt secret (option.hf_tokn) is still a secret.
-    shown = MASK if _is_secret(written) or (hint is not None and _BY_NAME[hint].secret) else value
+    shown = MASK if is_secret_name(written) or (hint is not None and _BY_NAME[hint].secret) else value
     name = written if written == key else f"{written} ({key})"
     if hint is None:
         advice = "see the configuration table in README.md"
@@ -862,13 +958,18 @@ def load_config(
     return config
 
 
+def process_environment() -> dict[str, str]:
+    """A copy of the process environment: the one place it is read (log redaction takes its secrets from here)."""
+    return dict(os.environ)
+
+
 def load_config_from_environment(
     properties_file: Path | None = None,
     model_dir: Path | None = None,
     overrides: Mapping[str, str] | None = None,
 ) -> LmiConfig:
     """``load_config`` over ``os.environ`` — the one place the process environment is read."""
-    return load_config(properties_file=properties_file, model_dir=model_dir, env=dict(os.environ),
+    return load_config(properties_file=properties_file, model_dir=model_dir, env=process_environment(),
                        overrides=overrides)
 
 
@@ -921,7 +1022,8 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
     def name(attr: str) -> str:
         return _label(_attr_key(attr), chosen)
 
-    if get("model_id") is None and model_dir is None and get("rolling_batch") != "synthetic":
+    engine = ENGINES.get(get("rolling_batch"))
+    if get("model_id") is None and model_dir is None and (engine is None or engine.uses_model):
         raise ConfigError("no model: set option.model_id (or HF_MODEL_ID) to a Hugging Face id, s3:// URI or "
                           "local folder, or pass a model dir holding the model")
     scaling_type, scaling_factor = get("rotary_scaling_type"), get("rotary_scaling_factor")
@@ -989,7 +1091,7 @@ _ECHO_NAMES = frozenset({a.var for a in ENV_ALIASES} | {"CUDA_VISIBLE_DEVICES"})
 
 def echo_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that matter to configuration, with secret-looking values masked."""
-    return {var: (MASK if _is_secret(var) else env[var]) for var in sorted(env)
+    return {var: (MASK if is_secret_name(var) else env[var]) for var in sorted(env)
             if var.startswith(_ECHO_PREFIXES) or var in _ECHO_NAMES}
 
 
@@ -1008,8 +1110,8 @@ def log_effective_config(config: LmiConfig, logger: logging.Logger) -> None:
     for spec in REGISTRY:
         if spec.attr is None:
             continue
-        value = _jsonable(getattr(config, spec.attr))
-        default = _jsonable(LmiConfig.model_fields[spec.attr].default)
+        value = jsonable(getattr(config, spec.attr))
+        default = jsonable(LmiConfig.model_fields[spec.attr].default)
         source = config._origins.get(spec.key) or ("default" if value == default else "given")
         lines.append(f"  {spec.key} = {value}  [{source}]")
     if config._env_echo:
@@ -1018,52 +1120,8 @@ def log_effective_config(config: LmiConfig, logger: logging.Logger) -> None:
     logger.info("%s", "\n".join(lines))
 
 
-# --------------------------------------------------------------------------------------------
-# Secrets out of every log line (libraries log too: botocore's DEBUG request dumps carry
-# x-amz-security-token, an exception may quote a URL with a token in it).
-
-_REDACTED: set[str] = set()
-_MIN_SECRET_LEN = 8  # shorter values ("1", "true") would mask ordinary text
-
-
-class _RedactingFormatter(logging.Formatter):
-    """Wraps a handler's formatter; masks every known secret value in the finished line."""
-
-    def __init__(self, inner: logging.Formatter) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = self.inner.format(record)
-        for secret in sorted(_REDACTED, key=len, reverse=True):
-            if secret in text:
-                text = text.replace(secret, MASK)
-        return text
-
-
-def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
-    """Values of secret-looking environment variables (HF_TOKEN, AWS_SECRET_ACCESS_KEY,
-    AWS_SESSION_TOKEN, OPTION_HF_TOKEN, ...), for log redaction."""
-    env = os.environ if env is None else env
-    return [v for k, v in env.items() if _is_secret(k) and len(v) >= _MIN_SECRET_LEN]
-
-
-def install_log_redaction(extra: Iterable[str] = (), *, env: Mapping[str, str] | None = None) -> None:
-    """Mask secrets (from the environment, plus ``extra`` such as ``option.hf_token`` from a
-    properties file) in everything the root logger's handlers write. Idempotent; call it again
-    to add secrets. Also keeps botocore's per-request DEBUG dumps (headers with session tokens of
-    role credentials that no variable names) out of the log."""
-    _REDACTED.update(secret_values(env))
-    _REDACTED.update(v for v in extra if v and len(v) >= _MIN_SECRET_LEN)
-    for handler in logging.getLogger().handlers:
-        if not isinstance(handler.formatter, _RedactingFormatter):
-            handler.setFormatter(_RedactingFormatter(handler.formatter or logging.Formatter()))
-    botocore = logging.getLogger("botocore")
-    if botocore.getEffectiveLevel() < logging.INFO:
-        botocore.setLevel(logging.INFO)
-
-
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A configuration value as JSON-friendly data (secrets masked, enums and paths as text)."""
     if isinstance(value, SecretStr):
         return MASK
     if isinstance(value, enum.Enum):
@@ -1071,57 +1129,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
-
-
-# --------------------------------------------------------------------------------------------
-# The options table in README.md.
-
-README_START = "<!-- options:start -->"
-README_END = "<!-- options:end -->"
-
-
-def render_options_table() -> str:
-    """A Markdown table of every key: name, environment variables, default, compile-time, description."""
-    rows = ["| Key | Environment | Default | Compile-time | Description |", "|---|---|---|---|---|"]
-    for spec in REGISTRY:
-        env = ", ".join(f"`{v}`" for v in spec.env_names()) or "—"
-        if spec.attr is None:
-            default, compile_time = "—", "—"
-        else:
-            default_value = _jsonable(LmiConfig.model_fields[spec.attr].default)
-            default = "—" if default_value is None else f"`{_plain(default_value)}`"
-            compile_time = "yes" if spec.compile_time else "no"
-        rows.append("| " + " | ".join(_cell(c) for c in (f"`{spec.key}`", env, default, compile_time,
-                                                          _describe(spec))) + " |")
-    return "\n".join(rows)
-
-
-def _plain(value: Any) -> str:
-    """true/false like the properties file, numbers and strings as they are."""
-    return json.dumps(value) if isinstance(value, bool) else str(value)
-
-
-def _describe(spec: KeySpec) -> str:
-    text = spec.description[0].upper() + spec.description[1:] + "."
-    if spec.ignored:
-        text = f"Ignored: {spec.ignored}. ({text})"
-    text += f" {spec.type.summary[0].upper()}{spec.type.summary[1:]}."
-    if spec.aliases:
-        text += " Also: " + ", ".join(f"`{a}`" for a in spec.aliases) + "."
-    return text
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def replace_options_table(readme: str) -> str:
-    """README text with the table between the options markers replaced by the registry's."""
-    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
-    return readme[:start] + "\n" + render_options_table() + "\n" + readme[end:]
-
-
-if __name__ == "__main__":
-    # python -m lmi_trt.config  → rewrites README.md's options table from the registry.
-    readme_path = Path(__file__).resolve().parents[1] / "README.md"
-    readme_path.write_text(replace_options_table(readme_path.read_text()))

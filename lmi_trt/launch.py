@@ -49,9 +49,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from lmi_trt.config import ConfigError
+from lmi_trt.config import ConfigError, LmiConfig
+from lmi_trt.engines.registry import ENGINES
+
+if TYPE_CHECKING:
+    from lmi_trt.engines.trtllm import TrtllmSettings
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +141,6 @@ class LaunchPlan:
                 f"{self.num_copies} cop{'y' if self.num_copies == 1 else 'ies'} ({where}){mpi}")
 
 
-_ENGINES = ("trtllm", "torch", "synthetic")
-
-
 def _degree(value: int | str, key: str) -> int | str:
     if value == "max":
         return value
@@ -155,23 +156,24 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str) 
     error; on a host without GPUs the plan keeps TP×PP ranks (the engine reports the missing GPU).
     Only the trtllm engine runs TP×PP > 1, under MPI.
     """
-    if engine not in _ENGINES:
-        raise LaunchError(f"engine {engine!r} is not one of {', '.join(_ENGINES)}")
+    if engine not in ENGINES:
+        raise LaunchError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
+    rule = ENGINES[engine].launch
     tp = _degree(tp, "option.tensor_parallel_degree")
     pp = _degree(pp, "option.pipeline_parallel_degree")
     if isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 0:
         raise ValueError(f"gpu_count={gpu_count!r}: expected a count ≥ 0")
     notes: list[str] = []
 
-    if engine == "synthetic":
+    if rule == "none":
         if tp != 1 or pp != 1:
-            notes.append(f"the synthetic engine uses no GPU and ignores option.tensor_parallel_degree={tp} "
+            notes.append(f"the {engine} engine uses no GPU and ignores option.tensor_parallel_degree={tp} "
                          f"and option.pipeline_parallel_degree={pp}")
         return LaunchPlan(engine, 1, 1, gpu_count, ((),), 0, None, tuple(notes))
 
-    if engine == "torch":
+    if rule == "per_gpu":
         if tp == "max":
-            notes.append("option.tensor_parallel_degree=max: the torch engine has no tensor parallelism; "
+            notes.append(f"option.tensor_parallel_degree=max: the {engine} engine has no tensor parallelism; "
                          "it runs one model copy per GPU instead")
             tp = 1
         if tp * pp > 1:
@@ -188,7 +190,7 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str) 
             notes.append(f"{gpu_count} GPUs, one model copy per GPU behind one front end (least-loaded routing)")
         return LaunchPlan(engine, 1, 1, gpu_count, tuple((i,) for i in range(gpu_count)), 0, None, tuple(notes))
 
-    # trtllm
+    # mpi_ranks (trtllm)
     if tp == "max":
         tp = max(1, gpu_count // pp)
         if gpu_count and gpu_count < pp:
@@ -221,9 +223,9 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str) 
     return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
 
 
-def plan_for(config: Any, kind: str, gpu_count: int) -> LaunchPlan:
-    """``plan_launch`` for an ``LmiConfig``; a torch engine on ``option.device=cpu`` uses no GPU."""
-    if kind == "torch" and getattr(config, "device", "auto") == "cpu":
+def plan_for(config: LmiConfig, kind: str, gpu_count: int) -> LaunchPlan:
+    """``plan_launch`` for an ``LmiConfig``; a per-GPU engine (torch) on ``option.device=cpu`` uses no GPU."""
+    if ENGINES[kind].launch == "per_gpu" and config.device == "cpu":
         gpu_count = 0
     return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind)
 
@@ -426,12 +428,13 @@ def _mpi4py_flavour(mpi: Any) -> MpiFlavour | None:
 
 def _label_logs(rank: int) -> None:
     """Name the rank in every log line (ranks share one output stream)."""
-    from lmi_trt.config import install_log_redaction
+    from lmi_trt.config import process_environment
+    from lmi_trt.log_redaction import install_log_redaction
 
     fmt = f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(fmt))
-    install_log_redaction()  # wraps the new formatters again: secrets stay masked
+    install_log_redaction(env=process_environment())  # wraps the new formatters again: secrets stay masked
 
 
 def goodbye(world: MpiWorld, timeout: float) -> bool:
@@ -574,43 +577,8 @@ def build_copies(plan: LaunchPlan | None, make_engine: Callable[[Placement | Non
     return ReplicaSet([make_engine(p) for p in placements])
 
 
-_ORCHESTRATOR_FIELDS = ("device_ids", "orchestrator")
-
-
-def _orchestrator_supported(settings_cls: Any) -> bool:
-    fields = getattr(settings_cls, "model_fields", {})
-    return all(f in fields for f in _ORCHESTRATOR_FIELDS)
-
-
-def supported_plan(plan: LaunchPlan, settings_cls: Any = None) -> LaunchPlan:
-    """The plan this build can run: several TensorRT-LLM copies need ``TrtllmSettings`` that carry
-    ``device_ids`` and ``orchestrator``; without them, one leader-mode copy runs, and a warning says
-    which GPUs stay idle and how to use them."""
-    if plan.trtllm_mode != "orchestrator":
-        return plan
-    if settings_cls is None:
-        from lmi_trt.engines.trtllm import TrtllmSettings as settings_cls
-    if _orchestrator_supported(settings_cls):
-        return plan
-    first = plan.copies[0]
-    idle = [d for copy in plan.copies[1:] for d in copy] + list(plan.idle_devices)
-    warning = (
-        f"{plan.num_copies} TensorRT-LLM copies of TP×PP={plan.world_size} would fit on {plan.gpu_count} GPUs, but "
-        "this build's trtllm engine cannot place orchestrator-mode copies (TrtllmSettings has no device_ids); "
-        f"serving ONE copy on GPU(s) {','.join(map(str, first))}, GPU(s) {','.join(map(str, sorted(idle)))} stay idle. "
-        "Use them with option.tensor_parallel_degree=max (one copy over all GPUs)"
-    )
-    return LaunchPlan(plan.engine, plan.tensor_parallel, plan.pipeline_parallel, plan.gpu_count, (first,),
-                      plan.world_size if plan.world_size > 1 else 0, "leader", (*plan.notes, warning))
-
-
-def trtllm_copy_settings(settings: Any, placement: Placement) -> Any:
+def trtllm_copy_settings(settings: TrtllmSettings, placement: Placement) -> TrtllmSettings:
     """``TrtllmSettings`` for one orchestrator-mode copy (``device_ids`` = the copy's GPUs)."""
-    if not _orchestrator_supported(type(settings)):
-        raise LaunchError(
-            "several TensorRT-LLM copies need orchestrator-mode Executors with device_ids, which this build's "
-            "TrtllmSettings cannot express; plan with launch.supported_plan()"
-        )
     return settings.model_copy(update={"device_ids": tuple(placement.devices), "orchestrator": True})
 
 
@@ -635,7 +603,6 @@ __all__ = [
     "run_rank",
     "run_serve",
     "supervise",
-    "supported_plan",
     "trtllm_copy_settings",
     "visible_device_ids",
 ]

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from lmi_trt.config import LmiConfig, StartupError
-from lmi_trt.engines import EngineKind, default_batch_size
-from lmi_trt.engines.base import Engine, EngineError
-from lmi_trt.launch import LaunchPlan, Placement, build_copies, trtllm_copy_settings
+from lmi_trt.engines import EngineKind, registry
+from lmi_trt.engines.base import Engine
+from lmi_trt.launch import LaunchPlan, Placement, build_copies
 from lmi_trt.serving.app import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
@@ -27,56 +27,9 @@ log = logging.getLogger(__name__)
 
 def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer,
                  placement: Placement | None = None) -> Engine:
-    """Construct (not start) the engine for an artifact; mismatches are user errors.
-
-    ``placement`` (from the launch plan) puts one model copy on its GPUs: ``cuda:i`` for torch,
-    an orchestrator-mode Executor with ``device_ids`` for trtllm.
-    """
-    batch = default_batch_size(kind, config.max_rolling_batch_size)
-    eos = _eos_ids(tokenizer, artifact)
-    if kind == "synthetic":
-        from lmi_trt.engines.synthetic import SyntheticEngine
-
-        return SyntheticEngine(
-            len(tokenizer),
-            tokens_per_second=config.synthetic_tokens_per_second or None,
-            max_batch_size=batch,
-            max_input_len=config.max_input_len,
-            max_new_tokens=config.max_output_len,
-            special_token_ids=tuple(tokenizer.all_special_ids),
-        )
-    if kind == "torch":
-        if artifact.kind != "hf_checkpoint":
-            raise EngineError(
-                f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}, which only the "
-                "trtllm engine can serve; the torch engine needs a Hugging Face checkpoint "
-                "(install TensorRT-LLM on a GPU host, or point option.model_id at the HF model)",
-                code=400,
-            )
-        from lmi_trt.engines.torch import TorchEngine
-
-        return TorchEngine(
-            artifact.path,
-            dtype=config.dtype,
-            device=(placement.torch_device if placement else None) or config.device,
-            max_batch_size=batch,
-            max_input_len=config.max_input_len,
-            max_new_tokens=config.max_output_len,
-            trust_remote_code=config.trust_remote_code,
-            eos_token_ids=eos,
-            pad_token_id=tokenizer.pad_token_id,
-            max_num_tokens=config.max_num_tokens,
-            batching=config.torch_batching,
-            decode_loop=config.torch_decode_loop,
-        )
-    from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
-
-    if artifact.kind != "trtllm_engine":
-        raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
-    settings = TrtllmSettings.from_config(config, max_batch_size=batch)
-    if placement is not None and placement.orchestrator:
-        settings = trtllm_copy_settings(settings, placement)
-    return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    """Construct (not start) the engine for an artifact (``lmi_trt.engines.registry``); mismatches are
+    user errors. ``placement`` (from the launch plan) puts one model copy on its GPUs."""
+    return registry.build_engine(kind, config, artifact, tokenizer, _eos_ids(tokenizer, artifact), placement)
 
 
 def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
@@ -92,15 +45,16 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
 
 def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
     """The JIT stage: a checkpoint served by trtllm becomes an engine (from the cache, or built once)."""
-    if kind != "trtllm" or artifact.kind == "trtllm_engine":
+    if not registry.ENGINES[kind].compiles or artifact.kind == "trtllm_engine":
         return artifact
     from lmi_trt.compile.jit import ensure_engine
 
-    return ensure_engine(config, artifact, progress=lambda msg: log.info("compile: %s", msg))
+    return ensure_engine(registry.compile_job(config), artifact, progress=lambda msg: log.info("compile: %s", msg))
 
 
 async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | None = None) -> LoadedModel:
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
+    config = registry.settle(config, kind)
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
     if artifact.kind == "hf_checkpoint":  # a hub model preflight could not read before its download
@@ -143,7 +97,7 @@ def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: En
     a quarter of the positions and input the rest. Limits the user set that do not fit are a
     ``StartupError`` naming them (torch; the trtllm build plan checks them with RoPE scaling)."""
     found = model_positions(hf_config)
-    if found is None or kind == "synthetic":
+    if found is None or not registry.ENGINES[kind].uses_model:
         return config
     positions, key = found
     given = config.model_fields_set
@@ -158,7 +112,7 @@ def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: En
         out = min(_DEFAULT_OUTPUT, positions - inp) if "max_input_len" in given else min(_DEFAULT_OUTPUT, positions // 4)
     if "max_input_len" not in given:
         inp = min(_DEFAULT_INPUT, positions - out)
-    if inp + out > positions and kind == "torch":
+    if inp + out > positions and not registry.ENGINES[kind].compiles:  # a build plan checks with RoPE scaling
         raise StartupError("option.max_input_len + option.max_output_len", f"{inp} + {out} = {inp + out}",
                            f"exceeds the model's {positions} positions (config.json {key})",
                            f"set them to fit, e.g. option.max_input_len={positions - positions // 4} "
@@ -215,16 +169,16 @@ def _read_json(path: Path) -> Mapping[str, Any] | None:
 
 
 def _check_engine_available(kind: EngineKind) -> None:
-    if kind != "trtllm":
+    if not registry.ENGINES[kind].needs_trtllm_gpu:
         return
     if importlib.util.find_spec("tensorrt_llm") is None:
-        raise StartupError("option.rolling_batch", "trtllm", "TensorRT-LLM is not installed here",
+        raise StartupError("option.rolling_batch", kind, "TensorRT-LLM is not installed here",
                            "run the TensorRT-LLM image (docker/Dockerfile), or set option.rolling_batch=torch "
                            "(or auto) for the embedded torch engine")
     from lmi_trt.engines import trtllm
 
     if not trtllm._cuda_available():  # the engine's own GPU probe (a test seam as well)
-        raise StartupError("option.rolling_batch", "trtllm", "no CUDA GPU is visible, and TensorRT engines only run on one",
+        raise StartupError("option.rolling_batch", kind, "no CUDA GPU is visible, and TensorRT engines only run on one",
                            "give the container GPUs (--gpus all, CUDA_VISIBLE_DEVICES), or set "
                            "option.rolling_batch=torch (or auto)")
 
@@ -232,13 +186,14 @@ def _check_engine_available(kind: EngineKind) -> None:
 def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     """Everything checkable before loading, in seconds: the engine can run here, the model and
     tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
-    Returns ``config`` with unset limits following the model."""
+    Returns ``config`` settled for the engine (``registry.settle``), unset limits following the model."""
     _check_engine_available(kind)
+    config = registry.settle(config, kind)
     if config.tokenizer_id is not None:
         tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
         if tokenizer is None:
             _hub_config(config.tokenizer_id, "option.tokenizer_id", None)
-    if kind == "synthetic" and config.model_id is None and config.model_dir is None:
+    if not registry.ENGINES[kind].uses_model and config.model_id is None and config.model_dir is None:
         return config
     if config.model_id is None:
         folder = config.model_dir

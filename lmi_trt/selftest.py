@@ -17,7 +17,8 @@ from pathlib import Path
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import FinishReason, GenerationRequest, SamplingParams
-from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings, probe_runtime
+from lmi_trt.engines.registry import settle, trtllm_settings
+from lmi_trt.engines.trtllm import TrtllmEngine, probe_runtime
 from lmi_trt.sources import ModelArtifact
 
 EOS, PAD = 2, 0
@@ -78,7 +79,7 @@ async def _generate(engine: TrtllmEngine, streaming: bool) -> tuple[list[int], l
 
 
 async def _serve(config: LmiConfig, engine_dir: Path, gpu_available: Callable[[], bool] | None, step) -> None:
-    settings = TrtllmSettings.from_config(config, max_batch_size=MAX_BATCH)  # as the loader builds them
+    settings = trtllm_settings(settle(config, "trtllm"))  # as the loader builds them
     engine = TrtllmEngine(engine_dir, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
     await step("start the Executor", engine.start)
     try:

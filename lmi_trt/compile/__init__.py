@@ -7,10 +7,10 @@ memory estimate), ``quant`` (quantization + modelopt calibration), ``cache`` (en
 """
 
 from .errors import BuildError, CacheError, PlanError
-from .options import CompileOptions, Quantize
+from .options import CompileOptions
 from .plan import BuildPlan, GpuFacts, MemoryEstimate, estimate_memory, make_plan
 
 __all__ = [
-    "BuildError", "BuildPlan", "CacheError", "CompileOptions", "GpuFacts", "MemoryEstimate", "PlanError", "Quantize",
+    "BuildError", "BuildPlan", "CacheError", "CompileOptions", "GpuFacts", "MemoryEstimate", "PlanError",
     "estimate_memory", "make_plan",
 ]

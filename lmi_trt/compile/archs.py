@@ -2,7 +2,7 @@
 
 One ``ArchSpec`` per model family: the ``tensorrt_llm.models.MODEL_MAP`` class, the oldest
 TensorRT-LLM release whose unified ``from_hugging_face`` converter handles it, the quantizations
-LMI supports for it (``reference/djl_lmi.md`` §1.3, plus weight-only where the converter does it),
+LMI supports for it (DJL-Serving's LMI TensorRT-LLM user guide, plus weight-only where the converter does it),
 and the per-family DJL keys (``option.chatglm_model_version``, ``rotary_dim``, ...). Everything here
 is pure: it reads a config dict and options and returns values or raises ``PlanError``.
 
@@ -18,16 +18,18 @@ from typing import Any
 
 from packaging.version import Version
 
+from lmi_trt.vocabulary import BAICHUAN_VERSIONS, CHATGLM_VERSIONS, GPT_VARIANTS, Quantization
+
 from .errors import PlanError
-from .options import CompileOptions, Quantize
+from .options import CompileOptions
 
 # Oldest TensorRT-LLM the compile path supports: BuildConfig.max_seq_len (0.11) and
 # from_hugging_face(..., quant_config=) on every family used here.
 MIN_TRTLLM_VERSION = "0.11.0"
 
-Q = Quantize
-_WEIGHT_ONLY = frozenset({Q.NONE, Q.WEIGHTS_INT8, Q.WEIGHTS_INT4})
-_WEIGHT_KV = frozenset({Q.WEIGHTS_KV_INT8, Q.WEIGHTS_KV_INT4})
+Q = Quantization
+_WEIGHT_ONLY = frozenset({None, Q.WEIGHTS_INT8, Q.WEIGHTS_INT4})  # None: not quantized
+_WEIGHT_KV = frozenset({Q.WEIGHTS_INT8_KV_INT8, Q.WEIGHTS_INT4_KV_INT8})
 _FP8 = frozenset({Q.FP8, Q.FP8_KV})
 
 PRECOMPILED_ROUTE = (
@@ -52,7 +54,7 @@ class ArchSpec:
     hf_architectures: tuple[str, ...]
     trtllm_class: str                  # name in tensorrt_llm.models.MODEL_MAP's values
     min_trtllm_version: str
-    quantizations: frozenset[Quantize]
+    quantizations: frozenset[Quantization | None]
     modelopt_decoder: str | None       # modelopt export decoder_type; None: no calibrated path
     gated_mlp: bool                    # SwiGLU/GeGLU MLP (3 matrices) vs 2-matrix MLP
     trust_remote_code: bool = False    # modeling code lives in the model repo, not transformers
@@ -70,25 +72,9 @@ class ArchSpec:
         return dict(self.modelopt_decoder_by_arch).get(hf_architecture, self.modelopt_decoder)
 
 
-_CHATGLM_VERSIONS = VersionKey(
-    "option.chatglm_model_version", "chatglm_version",
-    {
-        # DJL ≤0.29 spellings
-        "chatglm_6b": "chatglm", "chatglm2_6b": "chatglm2", "chatglm2_6b_32k": "chatglm2",
-        "chatglm3_6b": "chatglm3", "chatglm3_6b_base": "chatglm3", "chatglm3_6b_32k": "chatglm3",
-        "glm_10b": "glm",
-        # DJL master / TensorRT-LLM spellings
-        "glm": "glm", "chatglm": "chatglm", "chatglm2": "chatglm2", "chatglm3": "chatglm3", "glm4": "glm4",
-    },
-)
-_BAICHUAN_VERSIONS = VersionKey(
-    "option.baichuan_model_version", "model_version",
-    {v: v for v in ("v1_7b", "v1_13b", "v2_7b", "v2_13b")},
-)
-_GPT_VERSIONS = VersionKey(
-    "option.gpt_model_version", "gpt_variant",
-    {v: v for v in ("gpt2", "santacoder", "starcoder", "starcoder2", "nemotron", "jais")},
-)
+_CHATGLM_VERSIONS = VersionKey("option.chatglm_model_version", "chatglm_version", CHATGLM_VERSIONS)
+_BAICHUAN_VERSIONS = VersionKey("option.baichuan_model_version", "model_version", BAICHUAN_VERSIONS)
+_GPT_VERSIONS = VersionKey("option.gpt_model_version", "gpt_variant", GPT_VARIANTS)
 
 _LLAMA_QUANT = _WEIGHT_ONLY | _WEIGHT_KV | _FP8 | {Q.SMOOTHQUANT, Q.AWQ}
 
@@ -463,10 +449,7 @@ def check_arch_options(spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any],
         raise PlanError(given[0], given[1], "rotary scaling needs both a type and a factor",
                         "Set option.rotary_scaling_type (linear|dynamic) and option.rotary_scaling_factor (>1) "
                         "together, or neither")
-    if opts.rotary_scaling_factor is not None:
-        if opts.rotary_scaling_factor <= 1.0:
-            raise PlanError("option.rotary_scaling_factor", opts.rotary_scaling_factor,
-                            "a scaling factor must stretch the context", "Use a value greater than 1")
+    if opts.rotary_scaling_factor is not None:  # > 1: CompileOptions' bound, as the configuration's
         if not spec.rotary_scaling:
             raise PlanError("option.rotary_scaling_type", opts.rotary_scaling_type,
                             f"rotary scaling options apply to Llama, InternLM and Qwen, not {arch}",

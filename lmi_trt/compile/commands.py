@@ -18,13 +18,22 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from lmi_trt.vocabulary import quantization_name
 
 from .errors import BuildError, CacheError, PlanError
+from .options import CompileOptions
 from .plan import GpuFacts, check_fits
 from .probe import GPU_PRESETS, detect_gpu, detect_trtllm_version
 
+if TYPE_CHECKING:
+    from .jit import CompileJob
+
 log = logging.getLogger(__name__)
+
+# CLI flags → (the configuration, for finding the model; the CompileJob built from it), injected by lmi_trt.cli.
+LoadJob = Callable[[argparse.Namespace], "tuple[Any, CompileJob]"]
 
 # What `plan` assumes when neither a GPU nor --gpu* flags say otherwise.
 DEFAULT_PLAN_GPU = "h100"
@@ -92,7 +101,7 @@ def fetch_hf_config(config: Any) -> dict[str, Any]:
         return json.loads(path.read_text())
     from huggingface_hub import hf_hub_download
 
-    token = config.hf_token.get_secret_value() if getattr(config, "hf_token", None) else None
+    token = config.hf_token.get_secret_value() if config.hf_token is not None else None
     try:
         return json.loads(Path(hf_hub_download(model_id, "config.json", revision=config.revision,
                                                token=token)).read_text())
@@ -109,7 +118,7 @@ def render_plan(prepared: Any, assumption: str | None) -> str:
     plan, mem, gpu = prepared.plan, prepared.memory, prepared.gpu
     q = plan.quant
     quant = "none" if q.quant_algo is None and q.kv_cache_quant_algo is None else \
-        f"{q.quantize.value}: quant_algo={q.quant_algo}, kv_cache_quant_algo={q.kv_cache_quant_algo} ({q.method})"
+        f"{quantization_name(q.quantize)}: quant_algo={q.quant_algo}, kv_cache_quant_algo={q.kv_cache_quant_algo} ({q.method})"
     plugins = ", ".join(f"{k}={v}" for k, v in plan.plugins.plugin_config_kwargs().items())
     lines = [
         f"Plan: {plan.architecture} ({plan.family} → {plan.converter.trtllm_class}), TensorRT-LLM "
@@ -139,24 +148,24 @@ def render_plan(prepared: Any, assumption: str | None) -> str:
     return "\n".join(lines)
 
 
-def cmd_plan(args: argparse.Namespace, load_config: Callable[[argparse.Namespace], Any]) -> int:
+def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
     from lmi_trt.sources import SourceError
 
     from .jit import prepare_plan
 
     try:
-        config = load_config(args)
+        config, job = load_job(args)
         model_config = fetch_hf_config(config)
         if "build_config" in model_config:
             raise PlanError("option.model_id", config.model_id, "is already a TensorRT-LLM engine",
                             "Serve it as it is; plan the HF checkpoint it was built from")
         checkpoint = "architecture" in model_config and "architectures" not in model_config
-        gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(config))
+        gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
         version = args.trtllm_version or detect_trtllm_version()
         if version is None:
             version = DEFAULT_PLAN_TRTLLM_VERSION
             assumption = "; ".join(filter(None, [assumption, f"TensorRT-LLM not installed; planning for {version}"]))
-        prepared = prepare_plan(config, model_config, gpu, version, checkpoint=checkpoint, require_fit=False)
+        prepared = prepare_plan(job, model_config, gpu, version, checkpoint=checkpoint, require_fit=False)
     except (PlanError, SourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -174,18 +183,18 @@ def cmd_plan(args: argparse.Namespace, load_config: Callable[[argparse.Namespace
     return 0
 
 
-def _wanted_gpus(config: Any) -> int:
-    tp, pp = getattr(config, "tensor_parallel_degree", 1), getattr(config, "pipeline_parallel_degree", 1) or 1
-    return (tp if isinstance(tp, int) else MAX_TP_ASSUMED_GPUS) * pp
+def _wanted_gpus(opts: CompileOptions) -> int:
+    tp = opts.tensor_parallel_degree
+    return (tp if isinstance(tp, int) else MAX_TP_ASSUMED_GPUS) * opts.pipeline_parallel_degree
 
 
-def cmd_compile(args: argparse.Namespace, load_config: Callable[[argparse.Namespace], Any]) -> int:
+def cmd_compile(args: argparse.Namespace, load_job: LoadJob) -> int:
     from lmi_trt.sources import SourceError, resolve_model
 
     from .jit import check_output, compile_to
 
     try:
-        config = load_config(args)
+        config, job = load_job(args)
         version = detect_trtllm_version()
         if version is None:
             raise PlanError("tensorrt_llm", None, "TensorRT-LLM is not installed on this host",
@@ -200,7 +209,7 @@ def cmd_compile(args: argparse.Namespace, load_config: Callable[[argparse.Namesp
         gpu, _ = target_gpu(args, detected)
         check_output(args.output)
         artifact = resolve_model(config)
-        prepared = compile_to(config, artifact, args.output, gpu=gpu, trtllm_version=version,
+        prepared = compile_to(job, artifact, args.output, gpu=gpu, trtllm_version=version,
                               progress=lambda msg: log.info("compile: %s", msg))
     except (PlanError, SourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -217,16 +226,16 @@ def cmd_compile(args: argparse.Namespace, load_config: Callable[[argparse.Namesp
 
 
 def add_subcommands(subparsers: Any, *, add_config_flags: Callable[[argparse.ArgumentParser], None],
-                    load_config: Callable[[argparse.Namespace], Any]) -> None:
+                    load_job: LoadJob) -> None:
     plan = subparsers.add_parser("plan", help="print the engine build plan and memory estimate (no weights, no GPU)")
     add_config_flags(plan)
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     _add_target_flags(plan, for_compile=False)
-    plan.set_defaults(func=lambda args: cmd_plan(args, load_config))
+    plan.set_defaults(func=lambda args: cmd_plan(args, load_job))
 
     comp = subparsers.add_parser("compile", help="build the TensorRT-LLM engine ahead of time into a folder or s3://")
     add_config_flags(comp)
     comp.add_argument("--output", required=True, metavar="DIR|s3://bucket/prefix",
                       help="a new folder, or an s3:// prefix to upload the artifact to")
     _add_target_flags(comp, for_compile=True)
-    comp.set_defaults(func=lambda args: cmd_compile(args, load_config))
+    comp.set_defaults(func=lambda args: cmd_compile(args, load_job))

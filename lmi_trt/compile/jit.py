@@ -1,4 +1,7 @@
-"""The compile stage as the serve and compile commands use it: config + artifact → engine folder.
+"""The compile stage as the serve and compile commands use it: a ``CompileJob`` + artifact → engine folder.
+
+The job is built from the configuration in one place (``lmi_trt.engines.registry.compile_job``);
+nothing here reads the configuration.
 
 ``prepare_plan`` is the planning half (no weights needed), ``ensure_engine`` the JIT path through
 the engine cache, ``compile_to`` the ahead-of-time path into a folder or ``s3://`` prefix.
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from lmi_trt.sources import ModelArtifact, detect_artifact
 
 from .archs import checkpoint_as_hf_config
@@ -30,6 +35,22 @@ log = logging.getLogger(__name__)
 ENGINE_CACHE_DIRNAME = "trtllm-engines"
 
 
+class CompileJob(BaseModel):
+    """Everything the compile stage reads: the planner's options and how a build runs and is cached."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    options: CompileOptions
+    kv_cache_fraction: float          # option.kv_cache_free_gpu_mem_fraction (the memory estimate's KV share)
+    timeout_s: float                  # option.compile_timeout
+    workers: int | None               # option.num_engine_workers
+    load_by_shard: bool               # option.load_by_shard
+    checkpoint_dir: Path | None       # option.trtllm_checkpoint_path
+    cache_uri: str | None             # option.engine_cache_uri
+    download_dir: Path                # download_dir (the local engine cache lives under it)
+    properties: dict[str, Any]        # compile-time keys → values, written next to the engine
+
+
 @dataclass(frozen=True)
 class PreparedPlan:
     plan: BuildPlan
@@ -37,17 +58,15 @@ class PreparedPlan:
     gpu: GpuFacts
 
 
-def prepare_plan(config: Any, model_config: dict[str, Any], gpu: GpuFacts, trtllm_version: str, *,
+def prepare_plan(job: CompileJob, model_config: dict[str, Any], gpu: GpuFacts, trtllm_version: str, *,
                  checkpoint: bool = False, require_fit: bool = True) -> PreparedPlan:
     """Plan + memory estimate; raises ``PlanError`` for anything that cannot work (not fitting too, if asked).
 
     ``model_config`` is the HF config.json, or with ``checkpoint`` a TensorRT-LLM checkpoint's.
     """
-    opts = CompileOptions.from_config(config)
-    plan = (make_checkpoint_plan if checkpoint else make_plan)(opts, model_config, gpu, trtllm_version)
+    plan = (make_checkpoint_plan if checkpoint else make_plan)(job.options, model_config, gpu, trtllm_version)
     hf_config = checkpoint_as_hf_config(model_config) if checkpoint else model_config
-    fraction = getattr(config, "kv_cache_free_gpu_mem_fraction", None)
-    memory = estimate_memory(plan, hf_config, gpu, **({"kv_fraction": fraction} if fraction else {}))
+    memory = estimate_memory(plan, hf_config, gpu, kv_fraction=job.kv_cache_fraction)
     if require_fit:
         check_fits(plan, memory)
     return PreparedPlan(plan, memory, gpu)
@@ -69,19 +88,9 @@ def _host_trtllm() -> str:
     return version
 
 
-def _settings(config: Any, gpu: GpuFacts) -> BuildSettings:
-    return BuildSettings(
-        timeout_s=float(getattr(config, "compile_timeout", 3600) or 3600),
-        workers=getattr(config, "num_engine_workers", None),
-        gpu_count=gpu.count,
-        load_by_shard=bool(getattr(config, "load_by_shard", False)),
-        checkpoint_dir=getattr(config, "trtllm_checkpoint_path", None),
-    )
-
-
-def _properties(config: Any) -> dict[str, Any]:
-    values = getattr(config, "compile_time_values", None)
-    return dict(values()) if callable(values) else {}
+def _settings(job: CompileJob, gpu: GpuFacts) -> BuildSettings:
+    return BuildSettings(timeout_s=job.timeout_s, workers=job.workers, gpu_count=gpu.count,
+                         load_by_shard=job.load_by_shard, checkpoint_dir=job.checkpoint_dir)
 
 
 def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
@@ -95,11 +104,10 @@ def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
     return artifact.hf_config, False
 
 
-def engine_cache(config: Any, client: Any = None) -> EngineCache:
+def engine_cache(job: CompileJob, client: Any = None) -> EngineCache:
     """The cache ``option.engine_cache_uri`` names: an s3:// prefix (with a local copy) or a local folder."""
-    uri = getattr(config, "engine_cache_uri", None)
-    timeout = float(getattr(config, "compile_timeout", 3600) or 3600)
-    local = Path(getattr(config, "download_dir", tempfile.gettempdir())) / ENGINE_CACHE_DIRNAME
+    uri, timeout = job.cache_uri, job.timeout_s
+    local = job.download_dir / ENGINE_CACHE_DIRNAME
     remote = None
     if uri and str(uri).startswith("s3://"):
         remote = S3EngineCache(str(uri), client)
@@ -109,22 +117,22 @@ def engine_cache(config: Any, client: Any = None) -> EngineCache:
     return EngineCache(local, remote, lock_timeout_s=2 * timeout, wait_timeout_s=2 * timeout)
 
 
-def ensure_engine(config: Any, artifact: ModelArtifact, *, gpu: GpuFacts | None = None,
+def ensure_engine(job: CompileJob, artifact: ModelArtifact, *, gpu: GpuFacts | None = None,
                   trtllm_version: str | None = None, cache: EngineCache | None = None,
                   progress: Progress | None = None) -> ModelArtifact:
     """JIT: the engine for ``artifact`` from the cache, built (once across replicas) when missing."""
     model_config, checkpoint = model_config_of(artifact)
     gpu = gpu or _host_gpu()
-    prepared = prepare_plan(config, model_config, gpu, trtllm_version or _host_trtllm(), checkpoint=checkpoint)
+    prepared = prepare_plan(job, model_config, gpu, trtllm_version or _host_trtllm(), checkpoint=checkpoint)
     plan = prepared.plan
     for note in plan.notes + prepared.memory.notes:
         log.info("plan: %s", note)
-    cache = cache or engine_cache(config)
+    cache = cache or engine_cache(job)
     inputs = CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu)
 
     def build(out: Path) -> None:
-        build_engine(plan, artifact.path, out, settings=_settings(config, gpu), tokenizer_dir=artifact.tokenizer_dir,
-                     properties=_properties(config), progress=progress)
+        build_engine(plan, artifact.path, out, settings=_settings(job, gpu), tokenizer_dir=artifact.tokenizer_dir,
+                     properties=job.properties, progress=progress)
 
     result = cache.get_or_build(inputs, build, model_id=artifact.model_id)
     log.info("engine for %s: %s (%s, key %s)", artifact.model_id, result.path, result.source, result.key[:12])
@@ -141,12 +149,12 @@ def check_output(output: str) -> None:
         raise CacheError(f"--output {output}: exists and is not an empty folder; choose a new one")
 
 
-def compile_to(config: Any, artifact: ModelArtifact, output: str, *, gpu: GpuFacts, trtllm_version: str,
+def compile_to(job: CompileJob, artifact: ModelArtifact, output: str, *, gpu: GpuFacts, trtllm_version: str,
                client: Any = None, progress: Progress | None = None) -> PreparedPlan:
     """AOT: build into ``output`` (a new folder, or an ``s3://`` prefix), a self-describing artifact."""
     check_output(output)
     model_config, checkpoint = model_config_of(artifact)
-    prepared = prepare_plan(config, model_config, gpu, trtllm_version, checkpoint=checkpoint)
+    prepared = prepare_plan(job, model_config, gpu, trtllm_version, checkpoint=checkpoint)
     plan = prepared.plan
     remote = S3EngineCache(output, client) if output.startswith("s3://") else None
     target = None if remote else Path(output)
@@ -154,8 +162,8 @@ def compile_to(config: Any, artifact: ModelArtifact, output: str, *, gpu: GpuFac
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{target.name if target else 'lmi-trt-compile'}.partial-{uuid.uuid4().hex[:8]}"
     try:
-        build_engine(plan, artifact.path, tmp, settings=_settings(config, gpu), tokenizer_dir=artifact.tokenizer_dir,
-                     properties=_properties(config), progress=progress)
+        build_engine(plan, artifact.path, tmp, settings=_settings(job, gpu), tokenizer_dir=artifact.tokenizer_dir,
+                     properties=job.properties, progress=progress)
         manifest = make_manifest(tmp, CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu), artifact.model_id)
         write_manifest(tmp, manifest)
         if remote is not None:

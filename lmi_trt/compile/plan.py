@@ -19,6 +19,8 @@ from typing import Any, Literal
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field
 
+from lmi_trt.vocabulary import KV_CACHE_FREE_GPU_MEM_FRACTION, TRTLLM_DEFAULT_BATCH, quantization_name
+
 from .archs import (
     ArchSpec,
     ModelDims,
@@ -38,7 +40,6 @@ from .options import CompileOptions
 from .quant import QuantPlan, plan_quant
 
 PLAN_SCHEMA_VERSION = 1
-DEFAULT_MAX_BATCH_SIZE = 256       # DJL sets max_rolling_batch_size=256 for trtllm
 DEFAULT_MAX_NUM_TOKENS = 8192      # TensorRT-LLM's BuildConfig default
 # TensorRT-LLM's builder (``_init_max_seq_len`` in tensorrt_llm/builder.py, 0.12–1.2) multiplies
 # max_position_embeddings by the rope factor (rounding up) for every scaling type but these, whose
@@ -302,19 +303,12 @@ def resolve_max_num_tokens(opts: CompileOptions, max_batch_size: int, max_seq_le
     return value, notes
 
 
-def _is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
 def resolve_plugins(opts: CompileOptions, spec: ArchSpec, gpu: GpuFacts, version: Version,
                     quant: QuantPlan) -> tuple[PluginPlan, list[str]]:
     notes: list[str] = []
     v1 = version >= Version("1.0.0")
     legacy_flags = version < Version("0.12.0")
-    tokens_per_block = opts.tokens_per_block or (32 if v1 else 64)
-    if not _is_power_of_two(tokens_per_block):
-        raise PlanError("option.tokens_per_block", tokens_per_block, "must be a power of two",
-                        "Use 32, 64 or 128")
+    tokens_per_block = opts.tokens_per_block or (32 if v1 else 64)  # a power of two (TOKENS_PER_BLOCK)
     paged_context = (v1 and gpu.sm >= 80) if opts.use_paged_context_fmha is None else opts.use_paged_context_fmha
     if opts.use_paged_context_fmha and gpu.sm < 80:
         raise PlanError("option.use_paged_context_fmha", True,
@@ -346,7 +340,7 @@ def resolve_plugins(opts: CompileOptions, spec: ArchSpec, gpu: GpuFacts, version
             raise PlanError("option.use_fp8_context_fmha", True,
                             f"FP8 context FMHA runs on Hopper (9.0+) only; {gpu.name} is {gpu.sm / 10:.1f} "
                             "(TRT-LLM#1914)", "Remove option.use_fp8_context_fmha")
-    fused_mlp = spec.fused_mlp if opts.use_fused_mlp is None else opts.use_fused_mlp
+    fused_mlp = opts.use_fused_mlp
     weight_only = quant.quant_algo in ("W8A16", "W4A16")
     groupwise = quant.quant_algo in ("W4A16_AWQ", "W4A8_AWQ")
     if not legacy_flags:
@@ -362,7 +356,7 @@ def resolve_plugins(opts: CompileOptions, spec: ArchSpec, gpu: GpuFacts, version
         use_fused_mlp=fused_mlp,
         weight_only_quant_matmul_plugin="auto" if weight_only else None,
         weight_only_groupwise_quant_matmul_plugin="auto" if groupwise else None,
-        use_custom_all_reduce=bool(opts.use_custom_all_reduce) if legacy_flags else None,
+        use_custom_all_reduce=opts.use_custom_all_reduce if legacy_flags else None,
         multi_block_mode=bool(opts.multi_block_mode) if legacy_flags else None,
     ), notes
 
@@ -402,8 +396,8 @@ def make_checkpoint_plan(opts: CompileOptions, ckpt_config: dict[str, Any], gpu:
             raise PlanError(key, want, f"the TensorRT-LLM checkpoint is split for {have}",
                             f"Set {key}={have}, or convert the checkpoint again")
     q = ckpt_config.get("quantization") or {}
-    if opts.quantize.value != "none":
-        raise PlanError("option.quantize", opts.quantize.value, "a TensorRT-LLM checkpoint is already converted "
+    if opts.quantize is not None:
+        raise PlanError("option.quantize", quantization_name(opts.quantize), "a TensorRT-LLM checkpoint is already converted "
                         f"(quant_algo={q.get('quant_algo')}, kv_cache_quant_algo={q.get('kv_cache_quant_algo')})",
                         "Remove option.quantize, or convert the checkpoint again")
     ckpt_dtype = {v: k for k, v in _OPTION_DTYPE.items()}.get(str(ckpt_config.get("dtype")))
@@ -450,7 +444,7 @@ def _make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, t
                         "Use option.dtype=fp16 or bf16 with option.quantize")
     plugins, more = resolve_plugins(opts, spec, gpu, version, quant)
     notes += more
-    max_batch_size = opts.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+    max_batch_size = opts.max_batch_size or TRTLLM_DEFAULT_BATCH
     max_num_tokens, more = resolve_max_num_tokens(opts, max_batch_size, max_seq_len, plugins.use_paged_context_fmha)
     notes += more
     if from_hf:
@@ -494,7 +488,6 @@ def _make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, t
 # ---------------------------------------------------------------------------------------------
 
 RUNTIME_OVERHEAD_BYTES = 1 * GiB    # CUDA context, cuBLAS/TensorRT workspaces, NCCL buffers
-DEFAULT_KV_FRACTION = 0.9           # KvCacheConfig.free_gpu_memory_fraction default
 
 
 class MemoryEstimate(BaseModel):
@@ -563,7 +556,7 @@ def _activation_bytes(plan: BuildPlan, dims: ModelDims) -> int:
 
 
 def estimate_memory(plan: BuildPlan, hf_config: dict[str, Any], gpu: GpuFacts,
-                    kv_fraction: float = DEFAULT_KV_FRACTION) -> MemoryEstimate:
+                    kv_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION) -> MemoryEstimate:
     """Weights per GPU, KV bytes per token, how many tokens and full-length sequences fit."""
     dims = read_dims(lookup_arch(hf_config), hf_config)
     linear, embed, lm_head = _param_counts(dims)

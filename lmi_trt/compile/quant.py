@@ -1,6 +1,6 @@
 """Quantization: the ``quantize`` choice + knobs → a TensorRT-LLM ``QuantConfig``, and calibration.
 
-Planning (pure): ``plan_quant`` maps a ``Quantize`` value to ``QuantAlgo`` names
+Planning (pure): ``plan_quant`` maps a ``Quantization`` value to ``QuantAlgo`` names
 (``reference/trtllm_api.md`` §3) and decides how the weights get there:
 
 * ``none`` / ``convert``: ``from_hugging_face(..., quant_config=...)`` quantizes weight-only
@@ -26,11 +26,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 from .archs import ArchSpec, ModelDims, hf_architecture, rope_scaling, rope_theta
 from .errors import BuildError, PlanError
-from .options import CompileOptions, Quantize
+from lmi_trt.vocabulary import AWQ_BLOCK_SIZES, QUANTIZE_NAMES, Quantization, quantization_name
+
+from .options import CompileOptions
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +40,16 @@ log = logging.getLogger(__name__)
 QuantMethod = Literal["none", "convert", "modelopt", "trtllm_native", "checkpoint"]
 
 # Smallest compute capability each choice runs on (trtllm_api.md §3 table; §7.8 for FP8).
-_MIN_SM: dict[Quantize, int] = {
-    Quantize.NONE: 0,
-    Quantize.WEIGHTS_INT8: 75,
-    Quantize.WEIGHTS_INT4: 75,
-    Quantize.WEIGHTS_KV_INT8: 75,
-    Quantize.WEIGHTS_KV_INT4: 75,
-    Quantize.SMOOTHQUANT: 80,
-    Quantize.AWQ: 80,
-    Quantize.FP8: 89,
-    Quantize.FP8_KV: 89,
+_MIN_SM: dict[Quantization | None, int] = {
+    None: 0,
+    Quantization.WEIGHTS_INT8: 75,
+    Quantization.WEIGHTS_INT4: 75,
+    Quantization.WEIGHTS_INT8_KV_INT8: 75,
+    Quantization.WEIGHTS_INT4_KV_INT8: 75,
+    Quantization.SMOOTHQUANT: 80,
+    Quantization.AWQ: 80,
+    Quantization.FP8: 89,
+    Quantization.FP8_KV: 89,
 }
 W4A8_AWQ_MIN_SM = 89
 DEFAULT_CALIB_DATASET = "cnn_dailymail"  # TensorRT-LLM's default; a hub dataset, so it needs network
@@ -68,7 +70,7 @@ class CalibrationPlan(BaseModel):
 class QuantPlan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    quantize: Quantize
+    quantize: Quantization | None
     method: QuantMethod
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
@@ -102,6 +104,15 @@ class QuantPlan(BaseModel):
             kwargs["smoothquant_val"] = self.smoothquant_val
         return kwargs
 
+    @field_serializer("quantize")
+    def _quantize_name(self, value: Quantization | None) -> str:
+        return quantization_name(value)  # "none" as before, so engine-cache keys stay what they were
+
+    @field_validator("quantize", mode="before")
+    @classmethod
+    def _quantize_from_name(cls, value: Any) -> Any:
+        return QUANTIZE_NAMES.get(value, value) if isinstance(value, str) else value  # the build worker's JSON
+
 
 def _smoothquant_algo(opts: CompileOptions) -> tuple[str, QuantMethod]:
     """DJL's per_token/per_channel flags → the SmoothQuant variant (trtllm_api.md §3)."""
@@ -116,7 +127,7 @@ def _smoothquant_algo(opts: CompileOptions) -> tuple[str, QuantMethod]:
 
 
 def _supported_message(spec: ArchSpec, arch: str) -> str:
-    names = ", ".join(sorted(q.value for q in spec.quantizations))
+    names = ", ".join(sorted(quantization_name(q) for q in spec.quantizations))
     extra = " (AWQ on Mixtral crashes the compile: djl#3343/djl#3445)" if spec.family == "mixtral" else ""
     return f"Supported for {arch}: {names}{extra}"
 
@@ -128,29 +139,29 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
     arch = hf_architecture(hf)
     notes: list[str] = []
     if q not in spec.quantizations:
-        raise PlanError("option.quantize", q.value, f"not supported for {arch}", _supported_message(spec, arch))
+        raise PlanError("option.quantize", quantization_name(q), f"not supported for {arch}", _supported_message(spec, arch))
     min_sm = _MIN_SM[q]
-    if q is Quantize.AWQ and opts.q_format == "w4a8_awq":
+    if q is Quantization.AWQ and opts.q_format == "w4a8_awq":
         min_sm = W4A8_AWQ_MIN_SM
     if gpu_sm < min_sm:
-        raise PlanError("option.quantize", q.value,
+        raise PlanError("option.quantize", quantization_name(q),
                         f"needs a GPU of compute capability {min_sm / 10:.1f}+, this one is {gpu_sm / 10:.1f}",
                         "Use weights_int8/weights_int4 or no quantization on this GPU"
                         + (" (FP8 needs Ada/Hopper: L4, L40S, H100, H200)" if min_sm >= 89 else ""))
-    if q is Quantize.NONE:
+    if q is None:
         return QuantPlan(quantize=q, method="none"), notes
-    if q in (Quantize.WEIGHTS_INT8, Quantize.WEIGHTS_INT4):
-        algo = "W8A16" if q is Quantize.WEIGHTS_INT8 else "W4A16"
+    if q in (Quantization.WEIGHTS_INT8, Quantization.WEIGHTS_INT4):
+        algo = "W8A16" if q is Quantization.WEIGHTS_INT8 else "W4A16"
         return QuantPlan(quantize=q, method="convert", quant_algo=algo), notes
 
     fields: dict[str, Any] = {}
-    if q in (Quantize.WEIGHTS_KV_INT8, Quantize.WEIGHTS_KV_INT4):
-        int8 = q is Quantize.WEIGHTS_KV_INT8
+    if q in (Quantization.WEIGHTS_INT8_KV_INT8, Quantization.WEIGHTS_INT4_KV_INT8):
+        int8 = q is Quantization.WEIGHTS_INT8_KV_INT8
         fields = dict(method="modelopt", quant_algo="W8A16" if int8 else "W4A16", kv_cache_quant_algo="INT8",
                       modelopt_qformat="int8_wo" if int8 else "int4_wo", modelopt_kv_cache_dtype="int8")
         if not int8:
             notes.append("weights_kv_int4 = INT4 weights (W4A16) + INT8 KV cache: TensorRT-LLM has no INT4 KV cache")
-    elif q is Quantize.SMOOTHQUANT:
+    elif q is Quantization.SMOOTHQUANT:
         algo, method = _smoothquant_algo(opts)
         if method == "trtllm_native" and spec.trtllm_class != "LLaMAForCausalLM":
             raise PlanError("option.smoothquant_per_token" if opts.smoothquant_per_token
@@ -163,25 +174,25 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
         if opts.multi_query_mode:
             notes.append("option.multi_query_mode ignored: KV heads are read from config.json "
                          f"({dims.num_kv_heads} of {dims.num_heads})")
-    elif q is Quantize.AWQ:
+    elif q is Quantization.AWQ:
         _check_awq_blocks(opts.awq_block_size, dims, tp)
         fields = dict(method="modelopt", quant_algo="W4A16_AWQ" if opts.q_format == "int4_awq" else "W4A8_AWQ",
                       group_size=opts.awq_block_size, modelopt_qformat=opts.q_format)
-    elif q in (Quantize.FP8, Quantize.FP8_KV):
-        kv = q is Quantize.FP8_KV
+    elif q in (Quantization.FP8, Quantization.FP8_KV):
+        kv = q is Quantization.FP8_KV
         fields = dict(method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8" if kv else None,
                       modelopt_qformat="fp8", modelopt_kv_cache_dtype="fp8" if kv else None)
     decoder = spec.modelopt_decoder_for(arch)
     if fields["method"] == "modelopt" and decoder is None:
-        raise PlanError("option.quantize", q.value, f"no calibration path (modelopt export) exists for {arch}",
+        raise PlanError("option.quantize", quantization_name(q), f"no calibration path (modelopt export) exists for {arch}",
                         _supported_message(spec, arch))
     calibration = CalibrationPlan(
         dataset=opts.calib_dataset or DEFAULT_CALIB_DATASET,
         size=opts.calib_size,
         batch_size=opts.calib_batch_size,
         max_seq_length=opts.calib_max_seq_length,
-        awq_block_size=opts.awq_block_size if q is Quantize.AWQ else None,
-        smoothquant_alpha=opts.smoothquant_alpha if q is Quantize.SMOOTHQUANT else None,
+        awq_block_size=opts.awq_block_size if q is Quantization.AWQ else None,
+        smoothquant_alpha=opts.smoothquant_alpha if q is Quantization.SMOOTHQUANT else None,
     )
     if opts.calib_dataset is None:
         notes.append(f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` "
@@ -194,7 +205,7 @@ def _check_awq_blocks(block: int, dims: ModelDims, tp: int) -> None:
     """Every GEMM input dimension per rank must be a multiple of the AWQ block (modelopt export checks it late)."""
     for name, size in (("hidden_size", dims.hidden_size), ("intermediate_size", dims.intermediate_size)):
         if (size // tp) % block:
-            options = [b for b in (128, 64, 32) if (dims.hidden_size // tp) % b == 0
+            options = [b for b in sorted(AWQ_BLOCK_SIZES, reverse=True) if (dims.hidden_size // tp) % b == 0
                        and (dims.intermediate_size // tp) % b == 0]
             raise PlanError("option.awq_block_size", block,
                             f"{name}/TP = {size}/{tp} = {size // tp} is not a multiple of the AWQ block size",

@@ -5,17 +5,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 from dataclasses import dataclass
-from typing import Literal
 
 from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.engines.registry import ENGINES
 
 log = logging.getLogger(__name__)
 
-EngineKind = Literal["trtllm", "torch", "synthetic"]
-
-# DJL's Java front end defaults the trtllm rolling batch to 256; our torch engine keeps
-# a smaller default because its CPU/CUDA cache is sized from it up front.
-DEFAULT_BATCH = {"trtllm": 256, "torch": 32, "synthetic": 256}
+EngineKind = str  # a key of lmi_trt.engines.registry.ENGINES
 
 
 @dataclass(frozen=True)
@@ -39,8 +35,8 @@ def probe_host() -> HostFacts:
 
 def choose_engine(rolling_batch: str, host: HostFacts) -> tuple[EngineKind, str]:
     """Pure: the engine to run and a sentence saying why (logged at startup)."""
-    if rolling_batch in ("trtllm", "torch", "synthetic"):
-        return rolling_batch, f"option.rolling_batch={rolling_batch}"  # type: ignore[return-value]
+    if rolling_batch in ENGINES:
+        return rolling_batch, f"option.rolling_batch={rolling_batch}"
     if rolling_batch == "disable":
         raise EngineError(
             "option.rolling_batch=disable is not supported: every engine here batches in flight; "
@@ -57,8 +53,4 @@ def choose_engine(rolling_batch: str, host: HostFacts) -> tuple[EngineKind, str]
     return "torch", "auto: " + " and ".join(missing) + "; using the embedded torch engine"
 
 
-def default_batch_size(kind: EngineKind, configured: int | None) -> int:
-    return configured if configured is not None else DEFAULT_BATCH[kind]
-
-
-__all__ = ["Engine", "EngineKind", "HostFacts", "probe_host", "choose_engine", "default_batch_size"]
+__all__ = ["Engine", "EngineKind", "HostFacts", "probe_host", "choose_engine"]

@@ -93,6 +93,9 @@ class EngineOutput:
     error: str | None = None
     # HTTP-ish code for errors: 400 bad request, 424 model-side failure, 503 overloaded.
     error_code: int | None = None
+    # Seconds the request waited in the engine's queue for a batch slot: on its first output, from
+    # engines that know it (None otherwise).
+    queue_time_s: float | None = None
 
 
 @dataclass(frozen=True)

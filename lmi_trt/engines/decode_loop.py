@@ -386,6 +386,7 @@ class DecodeLoopBackend(QueuedBackend):
                 slot = self._pending.popleft()
                 if slot.cancelled or slot.closed:
                     continue
+                slot.scheduled()
                 bad = slot.request.bad_words_ids
                 admitted.append(_Row(slot, self._free.pop(), list(slot.request.prompt_token_ids),
                                      single_bad=[w[0] for w in bad if len(w) == 1],
@@ -444,6 +445,7 @@ class DecodeLoopBackend(QueuedBackend):
                             if k else None)
             items.append((slot, EngineOutput(slot.request.request_id, [token],
                                              [logprobs[column]] if slot.sampling.logprobs else None, alternatives,
-                                             finished=slot.finished, finish_reason=reason)))
+                                             finished=slot.finished, finish_reason=reason,
+                                             queue_time_s=slot.take_queue_time())))
         self._engine._sampled_rows += len(items)  # only this thread writes it
         self._engine._deliver(items)

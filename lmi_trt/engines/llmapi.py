@@ -136,18 +136,6 @@ class LlmApiSettings(BaseModel):
     max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output
     trust_remote_code: bool = False  # option.trust_remote_code
 
-    @classmethod
-    def from_config(cls, config: Any, *, max_batch_size: int | None = None) -> LlmApiSettings:
-        """From an ``LmiConfig``; ``max_batch_size`` as in ``TrtllmSettings.from_config``."""
-        max_seq = config.max_seq_len or config.max_input_len + config.max_output_len
-        return cls(
-            runtime=TrtllmSettings.from_config(config, max_batch_size=max_batch_size),
-            dtype=config.dtype,
-            max_input_len=config.max_input_len,
-            max_seq_len=max_seq,
-            trust_remote_code=config.trust_remote_code,
-        )
-
 
 @dataclass(frozen=True)
 class LlmPlan:

@@ -25,6 +25,7 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
 )
+from lmi_trt.engines.registry import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class _Sequence:
         "generated",
         "ids",
         "lps",
+        "queue_time_s",
+        "queued_at",
         "read",
         "reason",
         "request",
@@ -78,6 +81,8 @@ class _Sequence:
         self.reason: FinishReason | None = None  # set once finished
         self.error: str | None = None
         self.error_code: int | None = None
+        self.queued_at = 0.0  # the loop's time when it entered the waiting queue
+        self.queue_time_s: float | None = None  # set when it enters the batch; sent with the first output
         # The consumer's future while it waits for output (None when it is not waiting): one
         # future per wait, resolved by the step that produces its next token.
         self.waiter: asyncio.Future[None] | None = None
@@ -120,7 +125,7 @@ class SyntheticEngine:
         vocab_size: int,
         *,
         tokens_per_second: float | None = None,
-        max_batch_size: int = 256,
+        max_batch_size: int = ENGINES["synthetic"].default_batch,
         max_input_len: int = 4096,
         max_new_tokens: int = 4096,
         max_seq_len: int | None = None,
@@ -182,6 +187,7 @@ class SyntheticEngine:
         if problem is not None:
             self._end(seq, FinishReason.ERROR, error=problem, code=400)
         else:
+            seq.queued_at = asyncio.get_running_loop().time()
             self._waiting.append(seq)
             self._work.set()
         return self._stream(seq)
@@ -242,12 +248,13 @@ class SyntheticEngine:
                 # consumer gets fewer, larger deltas instead of a growing backlog.
                 a, b = seq.read, seq.generated
                 seq.read = b
+                queue_time, seq.queue_time_s = seq.queue_time_s, None
                 if seq.reason is None:
-                    yield EngineOutput(rid, seq.ids[a:b], seq.lps[a:b])
+                    yield EngineOutput(rid, seq.ids[a:b], seq.lps[a:b], queue_time_s=queue_time)
                     continue
                 yield EngineOutput(
                     rid, seq.ids[a:b], seq.lps[a:b], finished=True, finish_reason=seq.reason,
-                    error=seq.error, error_code=seq.error_code,
+                    error=seq.error, error_code=seq.error_code, queue_time_s=queue_time,
                 )
                 return
         finally:
@@ -289,6 +296,7 @@ class SyntheticEngine:
                 self._end(seq, FinishReason.ERROR, error=f"generation failed: {exc}", code=424)
                 continue
             self._active[seq.request.request_id] = seq
+            seq.queue_time_s = asyncio.get_running_loop().time() - seq.queued_at
 
     async def _run(self) -> None:
         """Steps on the engine's own clock, like a GPU: ``tokens_per_second`` steps a second, each

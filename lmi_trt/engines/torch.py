@@ -62,6 +62,7 @@ from .guided import Grammars, allowed_tokens
 
 # Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
 _HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
+from .registry import ENGINES
 
 try:
     from transformers.generation import ContinuousBatchingConfig
@@ -226,10 +227,27 @@ class _Slot:
     closed: bool = False
     started: bool = False
     matcher: Any = None  # xgrammar GrammarMatcher of a constrained request (engine thread only)
+    # Queue time: from the slot's creation (enqueued at once) to its first batch, set by the
+    # engine thread and sent with the first output (EngineOutput.queue_time_s).
+    created_at: float = field(default_factory=time.monotonic)
+    queue_time_s: float | None = None
+    _queue_time_sent: bool = False
 
     @property
     def sampling(self) -> SamplingParams:
         return self.request.sampling
+
+    def scheduled(self) -> None:
+        """It entered a batch (engine thread); only the first call counts."""
+        if self.queue_time_s is None:
+            self.queue_time_s = time.monotonic() - self.created_at
+
+    def take_queue_time(self) -> float | None:
+        """The queue time for the output being built: on the first one only (engine thread)."""
+        if self._queue_time_sent or self.queue_time_s is None:
+            return None
+        self._queue_time_sent = True
+        return self.queue_time_s
 
 
 @dataclass(frozen=True)
@@ -376,13 +394,18 @@ if _CB_IMPORT_ERROR is None:
         requests in row order; ``__call__`` then receives those rows' logits in the same step.
         """
 
-        def __init__(self, sample: Callable[[list[str], torch.Tensor], torch.Tensor]) -> None:
+        def __init__(self, sample: Callable[[list[str], torch.Tensor], torch.Tensor],
+                     scheduled: Callable[[list[str]], None]) -> None:
             super().__init__(LogitsProcessorList())
             self.do_processing = True  # an empty processor list would otherwise be skipped
             self._sample = sample
+            self._scheduled = scheduled
             self._row_keys: list[str] = []
 
         def prepare_tensor_args(self, requests_in_batch, arg_storage: torch.Tensor) -> torch.Tensor:
+            # Every request of the batch, prefilling ones too: the first batch a request is in
+            # ends its queue time.
+            self._scheduled([r.state.request_id for r in requests_in_batch])
             self._row_keys = [r.state.request_id for r in requests_in_batch if r.has_new_token]
             return arg_storage
 
@@ -408,7 +431,7 @@ class _ContinuousBackend:
         )
         # Replaces the processors the manager derived from the generation config; the batch
         # processor picks this attribute up when the generation thread starts.
-        self._manager.logit_processor = _SamplerHook(self._sample)
+        self._manager.logit_processor = _SamplerHook(self._sample, self._scheduled)
         self._manager.start()
         self._stopping = threading.Event()
         self._pump = threading.Thread(target=self._watch, name="torch-engine-cb-pump", daemon=True)
@@ -433,6 +456,12 @@ class _ContinuousBackend:
         self._manager.stop(block=True, timeout=_CLOSE_TIMEOUT_S, hard_stop=True)
         self._manager.destroy()
         self._pump.join(timeout=_CLOSE_TIMEOUT_S)
+
+    def _scheduled(self, keys: list[str]) -> None:
+        for key in keys:
+            slot = self._engine.slot_by_key(key)
+            if slot is not None:
+                slot.scheduled()
 
     def _sample(self, keys: list[str], scores: torch.Tensor) -> torch.Tensor:
         slots = [self._engine.slot_by_key(k) for k in keys]
@@ -513,27 +542,30 @@ class _StaticBackend(QueuedBackend):
         self._keep_last_logits = bool(getattr(model, "_supports_logits_to_keep", lambda: False)())
         self._start("torch-engine-static")
 
-    def _next_batch(self) -> list[_Slot]:
+    def _next_batch(self) -> list[_Slot] | None:
+        """The next batch (never empty), or None once stopping."""
         with self._wake:
-            while not self._pending and not self._stopping:
-                self._wake.wait()
-            # Requests of a burst arrive one event-loop turn apart: let them join this batch.
-            deadline = time.monotonic() + _GATHER_S
-            while len(self._pending) < self._engine.max_batch_size and not self._stopping:
-                if not self._wake.wait(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-            if self._stopping:
-                return []
-            batch = []
-            while self._pending and len(batch) < self._engine.max_batch_size:
-                batch.append(self._pending.popleft())
-            return batch
+            while not self._stopping:
+                while not self._pending and not self._stopping:
+                    self._wake.wait()
+                # Requests of a burst arrive one event-loop turn apart: let them join this batch.
+                deadline = time.monotonic() + _GATHER_S
+                while len(self._pending) < self._engine.max_batch_size and not self._stopping:
+                    if not self._wake.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        break
+                batch = []
+                while self._pending and len(batch) < self._engine.max_batch_size and not self._stopping:
+                    batch.append(self._pending.popleft())
+                    batch[-1].scheduled()
+                if batch:  # empty when every gathered request was cancelled meanwhile: wait again
+                    return batch
+            return None
 
     def _run(self) -> None:
         try:
             if self._device.type == "cuda" and self._device.index is not None:
                 torch.cuda.set_device(self._device)
-            while batch := self._next_batch():
+            while (batch := self._next_batch()) is not None:
                 try:
                     with torch.inference_mode():
                         self._decode(batch)
@@ -597,7 +629,7 @@ class TorchEngine:
         *,
         dtype: str = "auto",
         device: str = "auto",
-        max_batch_size: int = 32,
+        max_batch_size: int = ENGINES["torch"].default_batch,  # the registry's, for direct construction
         max_input_len: int = 1024,
         max_new_tokens: int = 512,
         trust_remote_code: bool = False,
@@ -849,6 +881,7 @@ class TorchEngine:
             tokens: list[int] = []
             logprobs: list[float] = []
             tops: list[list[tuple[int, float]]] = []
+            queue_time: float | None = None
             while True:
                 out = await slot.queue.get()
                 if request.streaming:
@@ -857,9 +890,11 @@ class TorchEngine:
                     tokens += out.token_ids
                     logprobs += out.logprobs or []
                     tops += out.top_logprobs or []
+                    queue_time = queue_time if queue_time is not None else out.queue_time_s
                     if out.finished:
                         out.token_ids, out.logprobs = tokens, (logprobs if request.sampling.logprobs else None)
                         out.top_logprobs = tops if request.sampling.top_logprobs else None
+                        out.queue_time_s = queue_time
                         yield out
                 if out.finished:
                     return
@@ -931,7 +966,8 @@ class TorchEngine:
             logprobs = [pick.logprob] if pick.logprob is not None else None
             items.append((slot, EngineOutput(slot.request.request_id, [pick.token], logprobs,
                                              [pick.top] if pick.top is not None else None,
-                                             finished=slot.finished, finish_reason=reason)))
+                                             finished=slot.finished, finish_reason=reason,
+                                             queue_time_s=slot.take_queue_time())))
             if reason is not None:
                 on_finished(slot, reason)
         self._deliver(items)

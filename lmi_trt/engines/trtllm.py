@@ -153,7 +153,7 @@ BatchSchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
 
 
 class TrtllmSettings(BaseModel):
-    """Runtime settings of the Executor (the lead maps LmiConfig → these; see ``from_config``).
+    """Runtime settings of the Executor, built from the configuration by ``lmi_trt.engines.registry``.
 
     ``None`` means "the engine's or TensorRT-LLM's own default".
     """
@@ -180,39 +180,6 @@ class TrtllmSettings(BaseModel):
     # the documented way to run several Executors in one process (workers spawned over MPI).
     device_ids: tuple[int, ...] | None = None
     orchestrator: bool = False
-
-    @classmethod
-    def from_config(cls, config: Any, *, max_batch_size: int | None = None) -> TrtllmSettings:
-        """From an ``LmiConfig``; ``max_batch_size`` is the default used when neither
-        ``option.max_num_sequences`` nor ``option.max_rolling_batch_size`` is set."""
-        key, batch = None, max_batch_size
-        for name in ("max_num_sequences", "max_rolling_batch_size"):  # DJL: max_num_sequences wins
-            if getattr(config, name, None) is not None:
-                key, batch = f"option.{name}", getattr(config, name)
-                break
-        tp = getattr(config, "tensor_parallel_degree", 1)
-        values = {
-            name: getattr(config, name)
-            for name in (
-                "max_num_tokens",
-                "kv_cache_free_gpu_mem_fraction",
-                "max_tokens_in_paged_kv_cache",
-                "enable_kv_cache_reuse",
-                "batch_scheduler_policy",
-                "enable_chunked_context",
-                "multi_block_mode",
-                "enable_trt_overlap",
-                "max_beam_width",
-                "pipeline_parallel_degree",
-            )
-            if getattr(config, name, None) is not None
-        }
-        return cls(
-            max_batch_size=batch,
-            max_batch_size_key=key,
-            tensor_parallel_degree=None if tp == "max" else tp,
-            **values,
-        )
 
 
 # =============================================================================== engine facts

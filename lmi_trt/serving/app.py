@@ -241,7 +241,9 @@ class JsonWorker:
         return value
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # Joined (a body being parsed finishes; nobody waits for it): the CLI's exit skips the
+        # interpreter's atexit joins (lmi_trt.cli._exit_stopped), so no worker is left behind.
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _parse_bounded(raw: bytes, max_values: int) -> tuple[bool, Any]:

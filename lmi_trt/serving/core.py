@@ -368,6 +368,8 @@ class GenerationStream:
     def _process(self, out: EngineOutput) -> Delta:
         """One engine delta → one Delta: one detokenizer pass, the stop check, the token records.
         Sets ``_cancel_pending`` where the engine request must be cancelled (the caller awaits it)."""
+        if out.queue_time_s is not None:  # engines send it once, with the request's first output
+            self._service.observe_queue_time(out.queue_time_s)
         if out.error is not None or out.finish_reason is FinishReason.ERROR:
             return self._failed(error_from_code(out.error or "engine error", out.error_code))
         tokens: list[TokenOut] = []
@@ -739,6 +741,10 @@ class GenerationService:
     def observe_ttft(self, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.ttft.observe(seconds)
+
+    def observe_queue_time(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_time.observe(seconds)
 
     def _reject(self, status: int) -> None:
         if self.metrics is not None:

@@ -89,6 +89,10 @@ class Metrics:
             [MODEL], buckets=_TPOT_BUCKETS, registry=r).labels(model_name)
         self.e2e_latency = Histogram("lmi_e2e_request_latency_seconds", "Admission to the end of generation",
                                      [MODEL], buckets=_REQUEST_BUCKETS, registry=r).labels(model_name)
+        # vLLM's request_queue_time_seconds (request-latency buckets there too): observed for the
+        # engines that report when a request left their queue (EngineOutput.queue_time_s).
+        self.queue_time = Histogram("lmi_request_queue_time_seconds", "Time a request waited in the engine's queue",
+                                    [MODEL], buckets=_REQUEST_BUCKETS, registry=r).labels(model_name)
         self.generation_tokens = Counter("lmi_generation_tokens", "Tokens generated", [MODEL], registry=r).labels(model_name)
         self.prompt_tokens = Counter("lmi_prompt_tokens", "Prompt tokens admitted", [MODEL], registry=r).labels(model_name)
         self._success = Counter("lmi_request_success", "Finished generations by finish reason",

@@ -23,6 +23,13 @@ H100x2 = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=2)
 SMALL = dict(max_input_len=128, max_output_len=64, max_batch_size=4)
 
 
+def job(config):
+    """The compile stage's input as serving builds it: settled for trtllm, viewed by the registry."""
+    from lmi_trt.engines.registry import compile_job, settle
+
+    return compile_job(settle(config, "trtllm"))
+
+
 @pytest.fixture(autouse=True)
 def fake_trtllm(monkeypatch):
     monkeypatch.syspath_prepend(str(FAKES))  # spawned build workers inherit sys.path
@@ -205,16 +212,16 @@ def test_ensure_engine_builds_once_and_returns_an_engine_artifact(tiny, tmp_path
     config = LmiConfig(model_id=str(tiny), max_input_len=128, max_output_len=64, max_rolling_batch_size=4,
                        download_dir=tmp_path / "dl")
     artifact = resolve_model(config)
-    first = ensure_engine(config, artifact, gpu=H100x2, trtllm_version=installed())
+    first = ensure_engine(job(config), artifact, gpu=H100x2, trtllm_version=installed())
     assert first.kind == "trtllm_engine" and first.tokenizer_dir is not None
     assert first.path.parent == tmp_path / "dl" / "trtllm-engines" / "entries"
     assert verify_entry(first.path, first.path.name) is None
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
-        second = ensure_engine(config, artifact, gpu=H100x2, trtllm_version=installed())
+        second = ensure_engine(job(config), artifact, gpu=H100x2, trtllm_version=installed())
     assert second.path == first.path and "engine cache hit" in caplog.text
     changed = config.model_copy(update={"max_input_len": 256})
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
-        third = ensure_engine(changed, artifact, gpu=H100x2, trtllm_version=installed())
+        third = ensure_engine(job(changed), artifact, gpu=H100x2, trtllm_version=installed())
     assert third.path != first.path and "plan.max_input_len: 128 → 256" in caplog.text
 
 
@@ -226,7 +233,7 @@ def test_ensure_engine_plan_errors_come_before_any_build(tiny, tmp_path):
 
     config = LmiConfig(model_id=str(tiny), max_input_len=500, max_output_len=64, download_dir=tmp_path / "dl")
     with pytest.raises(PlanError, match="512 positions"):
-        ensure_engine(config, resolve_model(config), gpu=H100x2, trtllm_version=installed())
+        ensure_engine(job(config), resolve_model(config), gpu=H100x2, trtllm_version=installed())
     assert not (tmp_path / "dl" / "trtllm-engines").exists()
 
 
@@ -333,7 +340,7 @@ def test_a_trtllm_checkpoint_is_built_without_conversion(tiny, tmp_path):
     assert artifact.kind == "trtllm_checkpoint"
     config = LmiConfig(model_id=str(ckpt), max_input_len=128, max_output_len=64, max_rolling_batch_size=4,
                        tensor_parallel_degree=2, download_dir=tmp_path / "dl")
-    engine = ensure_engine(config, artifact, gpu=H100x2, trtllm_version=installed())
+    engine = ensure_engine(job(config), artifact, gpu=H100x2, trtllm_version=installed())
     assert engine.kind == "trtllm_engine"
     assert sorted(p.name for p in engine.path.glob("rank*.engine")) == ["rank0.engine", "rank1.engine"]
     plan = json.loads((engine.path / "build_plan.json").read_text())

@@ -137,7 +137,7 @@ def test_metrics_on_the_stems_vllm_and_trtllm_share(synthetic):
     assert samples("lmi_generation_tokens", "_total")[0].value >= 8
     assert samples("lmi_prompt_tokens", "_total")[0].value >= 2
     for hist in ("lmi_time_to_first_token_seconds", "lmi_time_per_output_token_seconds",
-                 "lmi_e2e_request_latency_seconds"):
+                 "lmi_e2e_request_latency_seconds", "lmi_request_queue_time_seconds"):
         assert families[hist].type == "histogram"
         assert samples(hist, "_count")[0].value >= 2, hist
     for gauge in ("lmi_num_requests_running", "lmi_num_requests_waiting"):

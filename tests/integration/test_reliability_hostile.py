@@ -420,9 +420,17 @@ def test_chat_template_kwargs_are_limited_to_documented_keys(server):
 
 # --- 9. the drain timeout is a real bound ---------------------------------------------------------------------
 
+# After the drain timeout: aiohttp's cancellation grace (1 s), the engine's close, the exit; 2.5 s
+# on this 2-core machine at load 9-10 (the old exit came 6-9 s after the server stopped).
+EXIT_MARGIN_S = 5.0
+
+
 def test_sigterm_with_a_hundred_long_streams_exits_within_the_drain_timeout(tmp_path):
     """On 4dccd9d aiohttp waited the timeout for handlers, then again as long after cancelling them
-    (51.6 s for a 30 s timeout with 100 streams)."""
+    (51.6 s for a 30 s timeout with 100 streams); on 6ddadd6 the server's shutdown kept to the
+    timeout but the process exited 6-9 s later on a loaded machine (interpreter teardown's garbage
+    collection). What counts is the process exit: the timeout plus a margin for cancelling the
+    streams, closing the engine and leaving."""
     import signal
 
     from test_reliability_lifecycle import _stream_in_thread, launched
@@ -439,14 +447,13 @@ def test_sigterm_with_a_hundred_long_streams_exits_within_the_drain_timeout(tmp_
         while not all("first_at" in o for o in outs):
             assert time.monotonic() < deadline, sum("first_at" in o for o in outs)
             time.sleep(0.05)
+        signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        exited_after = time.monotonic() - signalled
         for t in threads:
             t.join(60)
-        assert proc.wait(timeout=60) == 0
-        # Every stream was cut (no final record), and the server's own account of the shutdown —
-        # SIGTERM to engine closed — is the timeout plus aiohttp's cancellation grace.
+        # Every stream was cut (no final record), at the timeout, and the process is gone soon after.
         assert all(0 < len(o["lines"]) < 4000 and "generated_text" not in o["lines"][-1] for o in outs)
-        text = log.read_text()
-        assert "cancelling 100 requests still in flight" in text
-        took = float(text.split("stopped after ")[1].split(" s")[0])
-        assert timeout_s - 0.5 < took < timeout_s + 3, took
+        assert "cancelling 100 requests still in flight" in log.read_text()
+        assert timeout_s - 0.5 < exited_after < timeout_s + EXIT_MARGIN_S, exited_after

@@ -167,6 +167,10 @@ async def test_greedy_matches_generate_concurrently(bundle):
     stats = bundle.engine.stats()
     assert stats.active_requests == stats.queued_requests == 0
     assert stats.total_generated_tokens >= sum(len(tokens_of(o)) for o in results)
+    # Each request's queue time comes once, with its first output (the metric counts it once).
+    for outs in results:
+        assert outs[0].queue_time_s is not None and outs[0].queue_time_s >= 0, outs[0]
+        assert all(o.queue_time_s is None for o in outs[1:])
 
 
 async def test_eos_versus_length(bundle):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from lmi_trt.compile.archs import (
     ARCHS,
@@ -17,7 +18,8 @@ from lmi_trt.compile.archs import (
     supported_architectures,
 )
 from lmi_trt.compile.errors import PlanError
-from lmi_trt.compile.options import CompileOptions, Quantize, normalize_quantize
+from lmi_trt.compile.options import CompileOptions, normalize_quantize
+from lmi_trt.vocabulary import Quantization
 
 # The MODEL_MAP subset of reference/trtllm_api_surface.py, which the registry must agree with.
 SURFACE_MODEL_MAP = {
@@ -130,10 +132,8 @@ def test_rotary_scaling_type_and_factor_together(opts):
 
 
 def test_rotary_scaling_factor_must_stretch_and_family_must_support_it():
-    spec = lookup_arch(llama())
-    with pytest.raises(PlanError, match="greater than 1"):
-        check_arch_options(spec, CompileOptions(rotary_scaling_type="linear", rotary_scaling_factor=1.0),
-                           llama(), read_dims(spec, llama()))
+    with pytest.raises(ValidationError, match="greater than 1"):  # the configuration's bound, > 1
+        CompileOptions(rotary_scaling_type="linear", rotary_scaling_factor=1.0)
     gptj = {"architectures": ["GPTJForCausalLM"], "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 512,
             "rotary_dim": 8, "n_positions": 512}
     spec = lookup_arch(gptj)
@@ -210,19 +210,19 @@ def test_version_key_for_other_family_is_noted_not_silent():
 
 def test_quantizations_per_family_follow_djl():
     by = {s.family: s.quantizations for s in ARCHS}
-    assert {Quantize.SMOOTHQUANT, Quantize.AWQ, Quantize.FP8} <= by["llama"]
-    assert {Quantize.SMOOTHQUANT, Quantize.AWQ, Quantize.FP8} <= by["mistral"]
-    assert Quantize.FP8 in by["mixtral"] and Quantize.AWQ not in by["mixtral"]
-    assert Quantize.SMOOTHQUANT in by["internlm"] and Quantize.SMOOTHQUANT in by["baichuan"]
-    assert Quantize.FP8 in by["gemma"] and Quantize.FP8 in by["gpt"] and Quantize.FP8 in by["baichuan"]
-    assert by["chatglm"] == {Quantize.NONE, Quantize.WEIGHTS_INT8, Quantize.WEIGHTS_INT4}
+    assert {Quantization.SMOOTHQUANT, Quantization.AWQ, Quantization.FP8} <= by["llama"]
+    assert {Quantization.SMOOTHQUANT, Quantization.AWQ, Quantization.FP8} <= by["mistral"]
+    assert Quantization.FP8 in by["mixtral"] and Quantization.AWQ not in by["mixtral"]
+    assert Quantization.SMOOTHQUANT in by["internlm"] and Quantization.SMOOTHQUANT in by["baichuan"]
+    assert Quantization.FP8 in by["gemma"] and Quantization.FP8 in by["gpt"] and Quantization.FP8 in by["baichuan"]
+    assert by["chatglm"] == {None, Quantization.WEIGHTS_INT8, Quantization.WEIGHTS_INT4}
 
 
 @pytest.mark.parametrize("spelling,expected", [
-    ("smoothquant", Quantize.SMOOTHQUANT), ("smooth_quant", Quantize.SMOOTHQUANT), ("AWQ", Quantize.AWQ),
-    ("no_quant", Quantize.NONE), (None, Quantize.NONE), ("weights_kv_int4", Quantize.WEIGHTS_KV_INT4),
-    ("weights_int4_kv_int8", Quantize.WEIGHTS_KV_INT4), ("fp8_kv", Quantize.FP8_KV),
-    ("weights_int8_kv_int8", Quantize.WEIGHTS_KV_INT8),
+    ("smoothquant", Quantization.SMOOTHQUANT), ("smooth_quant", Quantization.SMOOTHQUANT), ("AWQ", Quantization.AWQ),
+    ("no_quant", None), (None, None), ("weights_kv_int4", Quantization.WEIGHTS_INT4_KV_INT8),
+    ("weights_int4_kv_int8", Quantization.WEIGHTS_INT4_KV_INT8), ("fp8_kv", Quantization.FP8_KV),
+    ("weights_int8_kv_int8", Quantization.WEIGHTS_INT8_KV_INT8), ("weights_kv_int8", Quantization.WEIGHTS_INT8_KV_INT8),
 ])
 def test_quantize_spellings(spelling, expected):
     assert normalize_quantize(spelling) is expected
@@ -234,38 +234,21 @@ def test_unknown_quantize_spelling():
     assert e.value.key == "option.quantize" and "smoothquant" in str(e.value)
 
 
-def test_from_config_reads_djl_names_and_enum_values():
-    from enum import Enum
-
-    class Q(Enum):
-        FP8 = "fp8"
-
-    class Cfg:
-        max_input_len = 2048
-        max_output_len = 256
-        max_rolling_batch_size = 64
-        quantize = Q.FP8
-        tensor_parallel_degree = "max"
-        max_num_tokens = None      # unset keys keep the planner's default
-        unrelated = "ignored"
-
-    opts = CompileOptions.from_config(Cfg())
-    assert (opts.max_input_len, opts.max_output_len, opts.max_batch_size) == (2048, 256, 64)
-    assert opts.quantize is Quantize.FP8 and opts.tensor_parallel_degree == "max" and opts.max_num_tokens is None
-
-
 def test_supported_architectures_sorted_and_complete():
     names = supported_architectures()
     assert names == sorted(names) and set(SURFACE_MODEL_MAP) <= set(names)
 
 
-def test_from_config_with_the_real_lmi_config(tmp_path):
-    from lmi_trt.config import LmiConfig, Quantization
+def test_compile_options_view_of_the_real_lmi_config(tmp_path):
+    # The registry builds CompileOptions from the configuration (max_batch_size ← max_rolling_batch_size).
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.engines.registry import compile_options, settle
 
     data = tmp_path / "calib.jsonl"
     config = LmiConfig(max_input_len=512, quantize=Quantization.WEIGHTS_INT4_KV_INT8, calib_dataset=data,
-                       max_rolling_batch_size=8, awq_block_size=64, use_fused_mlp=True)
-    opts = CompileOptions.from_config(config)
-    assert opts.quantize is Quantize.WEIGHTS_KV_INT4 and opts.calib_dataset == str(data)
+                       max_rolling_batch_size=8, awq_block_size=64, use_fused_mlp=True, tensor_parallel_degree="max")
+    opts = compile_options(config)
+    assert opts.quantize is Quantization.WEIGHTS_INT4_KV_INT8 and opts.calib_dataset == str(data)
     assert (opts.max_input_len, opts.max_batch_size, opts.awq_block_size, opts.use_fused_mlp) == (512, 8, 64, True)
-    assert CompileOptions.from_config(LmiConfig()).quantize is Quantize.NONE
+    assert opts.tensor_parallel_degree == "max" and opts.max_num_tokens is None
+    assert compile_options(settle(LmiConfig(), "trtllm")).quantize is None

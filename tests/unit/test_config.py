@@ -8,9 +8,6 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from lmi_trt.config import (
-    MASK,
-    README_END,
-    README_START,
     REGISTRY,
     ConfigError,
     LmiConfig,
@@ -20,9 +17,9 @@ from lmi_trt.config import (
     load_config_from_environment,
     log_effective_config,
     nearest_key,
-    render_options_table,
-    replace_options_table,
 )
+from lmi_trt.log_redaction import MASK
+from lmi_trt.options_table import README_END, README_START, render_options_table, replace_options_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -592,7 +589,7 @@ def test_readme_table_matches_the_registry():
     readme = README.read_text()
     assert readme.count(README_START) == 1 and readme.count(README_END) == 1
     table = readme[readme.index(README_START) + len(README_START):readme.index(README_END)].strip()
-    assert table == render_options_table(), "README is stale: run `python -m lmi_trt.config` to regenerate it"
+    assert table == render_options_table(), "README is stale: run `python -m lmi_trt.options_table` to regenerate it"
     assert replace_options_table(readme) == readme
 
 

@@ -1,7 +1,7 @@
 """The decode loop's Triton kernels against the torch operations they replace, in Triton's CPU interpreter.
 
-Triton is not part of the CPU install; where it is importable the kernel runs interpreted in a
-subprocess (TRITON_INTERPRET is read when kernels are defined), otherwise the test is skipped.
+Triton comes with the test extra (PyPI's wheel installs beside the CPU torch); the kernels run
+interpreted in a subprocess (TRITON_INTERPRET is read when kernels are defined).
 """
 
 from __future__ import annotations
@@ -10,10 +10,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-pytest.importorskip("triton")
 
 CHECK = """
 import torch

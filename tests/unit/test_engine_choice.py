@@ -1,6 +1,8 @@
 import pytest
 
-from lmi_trt.engines import HostFacts, choose_engine, default_batch_size
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines import HostFacts, choose_engine
+from lmi_trt.engines.registry import settle
 from lmi_trt.engines.base import EngineError
 
 
@@ -28,6 +30,6 @@ def test_disable_is_a_clear_error():
 
 
 def test_batch_defaults_follow_djl_for_trtllm():
-    assert default_batch_size("trtllm", None) == 256
-    assert default_batch_size("torch", None) == 32
-    assert default_batch_size("torch", 7) == 7
+    assert settle(LmiConfig(), "trtllm").max_rolling_batch_size == 256
+    assert settle(LmiConfig(), "torch").max_rolling_batch_size == 32
+    assert settle(LmiConfig(max_rolling_batch_size=7), "torch").max_rolling_batch_size == 7

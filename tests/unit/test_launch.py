@@ -18,7 +18,6 @@ from lmi_trt.launch import (
     plan_launch,
     probe_mpi,
     rank_argv,
-    supported_plan,
     visible_device_ids,
 )
 
@@ -220,37 +219,12 @@ def test_plan_is_a_value():
     assert isinstance(plan_launch(1, 1, 0, "torch"), LaunchPlan)
 
 
-def test_several_trtllm_copies_need_orchestrator_settings():
-    plan = plan_launch(2, 1, 8, "trtllm")
-
-    class WithPlacement:
-        model_fields = {"device_ids": None, "orchestrator": None}
-
-    class Without:
-        model_fields = {"max_batch_size": None}
-
-    assert supported_plan(plan, WithPlacement) is plan
-    single = supported_plan(plan, Without)
-    assert single.copies == ((0, 1),) and single.trtllm_mode == "leader" and single.mpi_ranks == 2
-    warning = single.notes[-1]
-    assert "GPU(s) 2,3,4,5,6,7 stay idle" in warning and "option.tensor_parallel_degree=max" in warning
-    one_gpu_copies = supported_plan(plan_launch(1, 1, 2, "trtllm"), Without)
-    assert one_gpu_copies.copies == ((0,),) and not one_gpu_copies.needs_mpi
-    torch_plan = plan_launch(1, 1, 2, "torch")
-    assert supported_plan(torch_plan, Without) is torch_plan  # torch copies need nothing from TensorRT-LLM
-    supported_plan(plan)  # the installed TrtllmSettings, either way
-
-
 def test_trtllm_copy_settings():
     from lmi_trt.engines.trtllm import TrtllmSettings
     from lmi_trt.launch import Placement, trtllm_copy_settings
 
-    if "device_ids" in TrtllmSettings.model_fields:
-        s = trtllm_copy_settings(TrtllmSettings(), Placement(1, (2, 3), orchestrator=True))
-        assert s.device_ids == (2, 3) and s.orchestrator is True
-    else:
-        with pytest.raises(LaunchError, match="device_ids"):
-            trtllm_copy_settings(TrtllmSettings(), Placement(1, (2, 3), orchestrator=True))
+    s = trtllm_copy_settings(TrtllmSettings(), Placement(1, (2, 3), orchestrator=True))
+    assert s.device_ids == (2, 3) and s.orchestrator is True
 
 
 # ------------------------------------------------------------------ ranks (MPI replaced by a stub)

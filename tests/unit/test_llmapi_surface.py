@@ -28,6 +28,7 @@ from trtllm_testing import FAKES, fake_tensorrt_llm
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
 from lmi_trt.engines.llmapi import Codec, LlmApiSettings, llm_plan, plan_request, reason_name, token_logprobs
+from lmi_trt.engines.registry import llmapi_settings, settle
 from lmi_trt.engines.trtllm import TrtllmSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,7 +216,7 @@ CODEC = Codec(decode=lambda ids: "|".join(map(str, ids)), encode=lambda text: [i
 
 
 def test_planned_keywords_are_listed_fields():
-    plan = llm_plan(LlmApiSettings.from_config(
+    plan = llm_plan(llmapi_settings(
         LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192)))
     assert set(plan.keywords) <= LLM_KEYWORDS
     assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
@@ -235,7 +236,7 @@ def test_options_map_onto_llm_keywords():
         enable_kv_cache_reuse=True, batch_scheduler_policy="guaranteed_no_evict", enable_chunked_context=True,
         trust_remote_code=True, max_beam_width=2,
     )
-    plan = llm_plan(LlmApiSettings.from_config(config))
+    plan = llm_plan(llmapi_settings(settle(config, "trtllm")))
     assert plan.keywords == {
         "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "dtype": "bfloat16", "trust_remote_code": True,
         "max_batch_size": 64, "max_beam_width": 2, "enable_chunked_prefill": True, "enable_iter_perf_stats": True,
@@ -245,7 +246,7 @@ def test_options_map_onto_llm_keywords():
     assert plan.scheduler_config == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
     assert plan.cuda_graph_config == {"max_batch_size": 64, "enable_padding": True}
     # DJL's defaults: max_utilization, no block reuse
-    default = llm_plan(LlmApiSettings.from_config(LmiConfig(), max_batch_size=256))
+    default = llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")))
     assert default.scheduler_config == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
     assert default.kv_cache_config["enable_block_reuse"] is False and default.keywords["max_batch_size"] == 256
     with pytest.raises(EngineError, match="option.tensor_parallel_degree=max"):

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from lmi_trt import config as config_module
-from lmi_trt.config import install_log_redaction, secret_values
+from lmi_trt import log_redaction
+from lmi_trt.log_redaction import install_log_redaction, secret_values
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def root_log(monkeypatch):
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     monkeypatch.setattr(root, "handlers", [handler])
-    monkeypatch.setattr(config_module, "_REDACTED", set())
+    monkeypatch.setattr(log_redaction, "_REDACTED", set())
     botocore = logging.getLogger("botocore")
     level = botocore.level
     old_root_level = root.level

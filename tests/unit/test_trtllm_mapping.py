@@ -297,14 +297,17 @@ def test_settings_validate_values():
 
 
 def test_settings_from_config_follow_djl_precedence():
-    config = SimpleNamespace(max_rolling_batch_size=64, max_num_sequences=None, tensor_parallel_degree="max",
-                             kv_cache_free_gpu_mem_fraction=0.8, enable_kv_cache_reuse=True)
-    s = TrtllmSettings.from_config(config, max_batch_size=256)
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.engines.registry import settle, trtllm_settings
+
+    config = LmiConfig(max_rolling_batch_size=64, tensor_parallel_degree="max", kv_cache_free_gpu_mem_fraction=0.8,
+                       enable_kv_cache_reuse=True)
+    s = trtllm_settings(settle(config, "trtllm"))
     assert (s.max_batch_size, s.max_batch_size_key, s.tensor_parallel_degree) == (64, "option.max_rolling_batch_size", None)
     assert (s.kv_cache_free_gpu_mem_fraction, s.enable_kv_cache_reuse) == (0.8, True)
-    s = TrtllmSettings.from_config(SimpleNamespace(max_rolling_batch_size=64, max_num_sequences=32), max_batch_size=256)
+    s = trtllm_settings(settle(LmiConfig(max_rolling_batch_size=64, max_num_sequences=32), "trtllm"))
     assert (s.max_batch_size, s.max_batch_size_key) == (32, "option.max_num_sequences")
-    s = TrtllmSettings.from_config(SimpleNamespace(max_rolling_batch_size=None), max_batch_size=256)
+    s = trtllm_settings(settle(LmiConfig(), "trtllm"))
     assert (s.max_batch_size, s.max_batch_size_key) == (256, None)
 
 

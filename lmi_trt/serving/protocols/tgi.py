@@ -246,7 +246,7 @@ def _info(ctx: ServingContext) -> dict[str, Any]:
     return {
         "model_id": cfg.model_id or ctx.model_name,
         "model_sha": None,
-        "model_dtype": str(getattr(cfg, "dtype", None) or "auto"),
+        "model_dtype": cfg.dtype,
         "model_device_type": ctx.service.engine.name if ctx.service is not None else "loading",
         "model_pipeline_tag": "text-generation",
         "max_concurrent_requests": cfg.job_queue_size,

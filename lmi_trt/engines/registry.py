@@ -1,0 +1,255 @@
+"""The engine registry, and the one place the configuration becomes stage settings.
+
+Each engine is one ``EngineEntry``: its name (``option.rolling_batch``), the batch size it takes
+when ``option.max_rolling_batch_size`` is unset, its launch rule, whether a checkpoint is compiled
+for it, its typed settings view and its factory. ``config`` (the key's choices), ``cli``
+(``--engine``), ``launch`` (the placement rule) and ``loader`` (settings, factory, compile) read
+this table; adding an engine is one entry here plus its module.
+
+The settings views (``compile_options``, ``trtllm_settings``, ``torch_settings``,
+``synthetic_settings``, ``llmapi_settings``) are built here and only here, from a settled
+``LmiConfig`` (``settle``): every stage reads typed fields, never the raw configuration, so a
+misspelt name is an ``AttributeError`` rather than a silent default.
+
+This module imports neither the configuration nor an engine implementation at import time
+(``config`` imports ``ENGINE_NAMES`` from here); views and factories import what they build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.vocabulary import TRTLLM_DEFAULT_BATCH
+
+if TYPE_CHECKING:  # the configuration imports this module; at run time views get an LmiConfig
+    from lmi_trt.compile.jit import CompileJob
+    from lmi_trt.compile.options import CompileOptions
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.engines.llmapi import LlmApiSettings
+    from lmi_trt.engines.trtllm import TrtllmSettings
+    from lmi_trt.launch import Placement
+    from lmi_trt.sources import ModelArtifact
+
+# How an engine is placed on a host's GPUs (lmi_trt.launch.plan_launch):
+#   none: one copy, no GPU; per_gpu: one whole model copy per visible GPU (no TP/PP);
+#   mpi_ranks: TP×PP ranks per copy under MPI, several copies as orchestrator-mode Executors.
+LaunchRule = Literal["none", "per_gpu", "mpi_ranks"]
+
+
+class TorchSettings(BaseModel):
+    """The torch engine's settings: ``TorchEngine``'s keywords (tests/unit/test_arch_registry.py
+    checks that they match), less the tokenizer facts and the placement the loader adds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: Literal["auto", "fp16", "bf16", "fp32"]
+    device: Literal["auto", "cpu", "cuda"]
+    max_batch_size: int = Field(ge=1)
+    max_input_len: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1)
+    trust_remote_code: bool
+    max_num_tokens: int | None = Field(ge=1)
+    batching: Literal["auto", "continuous", "static"]
+    decode_loop: Literal["auto", "builtin", "transformers"]
+
+
+class SyntheticSettings(BaseModel):
+    """The synthetic benchmark engine's settings (``SyntheticEngine``'s keywords, less the tokenizer's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_per_second: float | None = Field(gt=0)
+    max_batch_size: int = Field(ge=1)
+    max_input_len: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1)
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    name: str
+    default_batch: int      # option.max_rolling_batch_size when unset
+    launch: LaunchRule
+    compiles: bool          # a Hugging Face checkpoint is compiled (lmi_trt.compile) before it is served
+    needs_trtllm_gpu: bool  # runs only where tensorrt_llm imports and a GPU is visible (auto picks it there)
+    uses_model: bool        # serves the model's weights (the synthetic engine only needs its tokenizer)
+    settings: Callable[[LmiConfig], BaseModel]
+    factory: Callable[..., Engine]  # (settings, artifact, tokenizer, eos ids, placement) → Engine, not started
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings views: LmiConfig (settled) → each stage's typed settings.
+
+
+def _batch(config: LmiConfig) -> int:
+    if config.max_rolling_batch_size is None:
+        raise EngineError("internal: option.max_rolling_batch_size was not settled for the engine (registry.settle)")
+    return config.max_rolling_batch_size
+
+
+def compile_options(config: LmiConfig) -> CompileOptions:
+    """Every ``CompileOptions`` field from the configuration field of the same name
+    (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
+    from lmi_trt.compile.options import CompileOptions
+
+    values: dict[str, Any] = {}
+    for name in CompileOptions.model_fields:
+        value = _batch(config) if name == "max_batch_size" else getattr(config, name)
+        values[name] = str(value) if isinstance(value, PurePath) else value
+    return CompileOptions(**values)
+
+
+def compile_job(config: LmiConfig) -> CompileJob:
+    """The compile stage's input: the planner's options and how the build runs and is cached."""
+    from lmi_trt.compile.jit import CompileJob
+
+    return CompileJob(
+        options=compile_options(config),
+        kv_cache_fraction=config.kv_cache_free_gpu_mem_fraction,
+        timeout_s=config.compile_timeout,
+        workers=config.num_engine_workers,
+        load_by_shard=config.load_by_shard,
+        checkpoint_dir=config.trtllm_checkpoint_path,
+        cache_uri=config.engine_cache_uri,
+        download_dir=config.download_dir,
+        properties=config.compile_time_values(),
+    )
+
+
+def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
+    from lmi_trt.engines.trtllm import TrtllmSettings
+
+    # DJL: option.max_num_sequences, when set, caps the Executor's batch below the built one.
+    if config.max_num_sequences is not None:
+        key, batch = "option.max_num_sequences", config.max_num_sequences
+    else:
+        key, batch = "option.max_rolling_batch_size", _batch(config)
+    given = config.is_given("max_num_sequences") or config.is_given("max_rolling_batch_size")
+    tp = config.tensor_parallel_degree
+    return TrtllmSettings(
+        max_batch_size=batch,
+        # None: the engine's default, lowered to the engine's build-time batch with a warning.
+        max_batch_size_key=key if given else None,
+        max_num_tokens=config.max_num_tokens,
+        kv_cache_free_gpu_mem_fraction=config.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
+        enable_kv_cache_reuse=config.enable_kv_cache_reuse,
+        batch_scheduler_policy=config.batch_scheduler_policy,
+        enable_chunked_context=config.enable_chunked_context,
+        multi_block_mode=config.multi_block_mode,
+        enable_trt_overlap=config.enable_trt_overlap,
+        max_beam_width=config.max_beam_width,
+        tensor_parallel_degree=None if tp == "max" else tp,
+        pipeline_parallel_degree=config.pipeline_parallel_degree,
+    )
+
+
+def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
+    from lmi_trt.engines.llmapi import LlmApiSettings
+
+    return LlmApiSettings(
+        runtime=trtllm_settings(config),
+        dtype=config.dtype,
+        max_input_len=config.max_input_len,
+        max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
+        trust_remote_code=config.trust_remote_code,
+    )
+
+
+def torch_settings(config: LmiConfig) -> TorchSettings:
+    return TorchSettings(
+        dtype=config.dtype,
+        device=config.device,
+        max_batch_size=_batch(config),
+        max_input_len=config.max_input_len,
+        max_new_tokens=config.max_output_len,
+        trust_remote_code=config.trust_remote_code,
+        max_num_tokens=config.max_num_tokens,
+        batching=config.torch_batching,
+        decode_loop=config.torch_decode_loop,
+    )
+
+
+def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
+    return SyntheticSettings(
+        tokens_per_second=config.synthetic_tokens_per_second or None,  # 0 = as fast as possible
+        max_batch_size=_batch(config),
+        max_input_len=config.max_input_len,
+        max_new_tokens=config.max_output_len,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Factories: settings + the loaded artifact and tokenizer → an engine (not started).
+
+
+def _build_synthetic(settings: SyntheticSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
+                     placement: Placement | None) -> Engine:
+    from lmi_trt.engines.synthetic import SyntheticEngine
+
+    return SyntheticEngine(len(tokenizer), **settings.model_dump(), special_token_ids=tuple(tokenizer.all_special_ids))
+
+
+def _build_torch(settings: TorchSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
+                 placement: Placement | None) -> Engine:
+    if artifact.kind != "hf_checkpoint":
+        raise EngineError(
+            f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}, which only the "
+            "trtllm engine can serve; the torch engine needs a Hugging Face checkpoint "
+            "(install TensorRT-LLM on a GPU host, or point option.model_id at the HF model)",
+            code=400,
+        )
+    from lmi_trt.engines.torch import TorchEngine
+
+    if placement is not None and placement.torch_device:
+        settings = settings.model_copy(update={"device": placement.torch_device})
+    return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+
+
+def _build_trtllm(settings: TrtllmSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
+                  placement: Placement | None) -> Engine:
+    from lmi_trt.engines.trtllm import TrtllmEngine
+    from lmi_trt.launch import trtllm_copy_settings
+
+    if artifact.kind != "trtllm_engine":
+        raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
+    if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
+        settings = trtllm_copy_settings(settings, placement)
+    return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+
+
+# Default batches are DJL's (LmiConfigRecommender.setRollingBatchSize: 256 for trtllm, 32 for the
+# others); the torch engine's cache is sized from it up front.
+ENGINES: dict[str, EngineEntry] = {
+    entry.name: entry for entry in (
+        EngineEntry("trtllm", TRTLLM_DEFAULT_BATCH, "mpi_ranks", compiles=True, needs_trtllm_gpu=True, uses_model=True,
+                    settings=trtllm_settings, factory=_build_trtllm),
+        EngineEntry("torch", 32, "per_gpu", compiles=False, needs_trtllm_gpu=False, uses_model=True,
+                    settings=torch_settings, factory=_build_torch),
+        EngineEntry("synthetic", TRTLLM_DEFAULT_BATCH, "none", compiles=False, needs_trtllm_gpu=False, uses_model=False,
+                    settings=synthetic_settings, factory=_build_synthetic),
+    )
+}
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+# The engine `lmi-trt plan` and `lmi-trt compile` build for.
+COMPILING_ENGINE = next(name for name, entry in ENGINES.items() if entry.compiles)
+
+
+def settle(config: LmiConfig, kind: str) -> LmiConfig:
+    """The configuration as the chosen engine runs it: where ``option.max_rolling_batch_size`` is
+    unset, the engine's default is filled in, here and only here; every later stage reads it."""
+    if config.max_rolling_batch_size is not None:
+        return config
+    return config.derived(f"{kind} engine default", max_rolling_batch_size=ENGINES[kind].default_batch)
+
+
+def build_engine(kind: str, config: LmiConfig, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
+                 placement: Placement | None = None) -> Engine:
+    """Construct (not start) the engine ``kind`` for a settled configuration."""
+    entry = ENGINES[kind]
+    return entry.factory(entry.settings(config), artifact, tokenizer, eos, placement)
