@@ -223,3 +223,24 @@ def test_openai_logit_bias_moves_the_choice(srv):
     assert away.choices[0].logprobs.tokens[0] != plain.choices[0].logprobs.tokens[0]
     with pytest.raises(BadRequestError, match="logit_bias"):
         client.completions.create(model="tiny-llama", prompt=PROMPT, logit_bias={"x": 1})
+
+
+# --- n (part 5) ---
+def test_openai_n_gives_several_choices(srv):
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    chat = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=8, n=3, temperature=0.9, seed=5)
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    assert len({c.message.content for c in chat.choices}) > 1  # seeds 5, 6, 7: sampled choices differ
+    assert chat.usage.completion_tokens == sum(
+        client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}], max_tokens=8,
+                                       temperature=0.9, seed=5 + i).usage.completion_tokens for i in range(3))
+    again = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
+                                           max_tokens=8, n=3, temperature=0.9, seed=5)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in chat.choices]
+    done = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, n=2, temperature=0)
+    assert len(done.choices) == 2 and done.choices[0].text == done.choices[1].text  # greedy: the same twice
+    with pytest.raises(BadRequestError, match="n=2"):
+        client.completions.create(model="tiny-llama", prompt=PROMPT, n=2, stream=True)

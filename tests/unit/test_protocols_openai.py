@@ -119,7 +119,7 @@ async def test_chat_stream_sse_usage_and_logprobs():
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"n": 2}, "n", "n=2"),
+    ({"n": 2, "stream": True}, "n", "n=2"),
     ({"top_logprobs": 3, "logprobs": True}, "top_logprobs", "top_logprobs=3"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias", "logit_bias"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
@@ -235,7 +235,7 @@ async def test_messages_at_invocations_json_and_jsonlines():
         assert ctype == "application/jsonlines" and all(x["object"] == "chat.completion.chunk" for x in lines)
         assert lines[-1]["choices"][0]["finish_reason"] == "length"
         # errors at /invocations keep the LMI shape
-        status, _, raw = await post(s, "/invocations", {"messages": USER, "n": 3})
+        status, _, raw = await post(s, "/invocations", {"messages": USER, "n": 3, "stream": True})
         assert status == 400 and orjson.loads(raw)["code"] == 400 and "n=3" in orjson.loads(raw)["error"]
 
 

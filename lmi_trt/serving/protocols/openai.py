@@ -8,12 +8,13 @@ OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; at ``/invoca
 shape, as every other ``/invocations`` error.
 
 Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presence/frequency
-penalties, stop (str | list), n=1, stream + stream_options.include_usage, logprobs (chat
+penalties, stop (str | list), n (several choices, not streamed), stream +
+stream_options.include_usage, logprobs (chat
 ``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
 echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
 skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
-json_object / json_schema (constrained decoding). Refused with a 400 naming the field: n/best_of
-> 1, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars, biases).
+json_object / json_schema (constrained decoding). Refused with a 400 naming the field: best_of
+> 1, n > 1 with stream or with several prompts, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars, biases).
 """
 
 from __future__ import annotations
@@ -119,12 +120,11 @@ class _Base(BaseModel):
     bad_words: list[str] | None = None
 
     def _check_common(self) -> None:
-        for name in ("n", "best_of"):
-            value = getattr(self, name, None)
-            if value is None:
-                value = (self.model_extra or {}).get(name)
-            if value not in (None, 1):
-                raise FieldError(name, f"{name}={value!r} is not supported: this server returns one choice; use 1 or leave it out")
+        best_of = getattr(self, "best_of", None) or (self.model_extra or {}).get("best_of")
+        if best_of not in (None, 1):
+            raise FieldError("best_of", f"best_of={best_of!r} is not supported: leave it out and use n for several choices")
+        if (self.n or 1) > 1 and self.stream:
+            raise FieldError("n", f"n={self.n} is not supported with stream=true; stream one choice per request")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
         for name in self.model_extra or {}:
@@ -288,6 +288,22 @@ def _check_logprobs(ctx: ServingContext, wanted: bool, param: str) -> None:
         raise FieldError(param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs")
 
 
+async def _collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, **start_kw: Any) -> list[Completion]:
+    """``n`` sequences of one request: ``n`` engine requests of the prompt, admitted together; a
+    given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay reproducible."""
+    if n > 1:
+        service.admit_batch(n, "n")
+    streams: list[GenerationStream] = []
+    try:
+        for i in range(n):
+            p = params if params.seed is None or i == 0 else params.model_copy(update={"seed": (params.seed + i) % 2**64})
+            streams.append(await service.start(prompt, p, admitted=n > 1, **start_kw))
+        return list(await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams)))
+    finally:
+        for s in streams:
+            await s.aclose()
+
+
 # --- chat ---
 ChatFormat = Literal["json", "sse", "jsonlines"]
 
@@ -320,23 +336,25 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    async with await service.start(prompt, params, add_special_tokens=False, field_name="messages",
-                                   max_tokens_field=max_field, user_text=False, names=CHAT_NAMES) as stream:
-        if fmt == "json":
-            c = await stream.collect(keep_tokens=params.logprobs)
-            if c.error is not None:
-                return render_error(c.error)
-            return json_response({
-                "id": cid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-                "system_fingerprint": None,
-                "choices": [{
-                    "index": 0,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None,
-                    "finish_reason": FINISH.get(c.finish_reason, c.finish_reason.value),
-                }],
-                "usage": _usage(c.prompt_tokens, c.generated_tokens),
-            })
+    start_kw = {"add_special_tokens": False, "field_name": "messages", "max_tokens_field": max_field,
+                "user_text": False, "names": CHAT_NAMES}
+    if fmt == "json":
+        cs = await _collect_n(service, prompt, params, req.n or 1, **start_kw)
+        err = next((c.error for c in cs if c.error is not None), None)
+        if err is not None:
+            return render_error(err)
+        return json_response({
+            "id": cid, "object": "chat.completion", "created": created, "model": ctx.model_name,
+            "system_fingerprint": None,
+            "choices": [{
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None,
+                "finish_reason": FINISH.get(c.finish_reason, c.finish_reason.value),
+            } for i, c in enumerate(cs)],
+            "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
+        })
+    async with await service.start(prompt, params, **start_kw) as stream:
         headers = SSE_HEADERS if fmt == "sse" else {"Content-Type": "application/jsonlines", "Cache-Control": "no-cache"}
         response, first = await open_stream(request, stream, headers, render_error)
         if response is None:
@@ -400,20 +418,25 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         return p if isinstance(p, str) else service.tokenizer.decode(p, skip_special_tokens=params.skip_special_tokens)
 
     if len(prompts) > 1:
+        if (req.n or 1) > 1:
+            raise FieldError("n", f"n={req.n} with a list of {len(prompts)} prompts is not supported; send one prompt")
         if req.stream:
             raise FieldError("prompt", f"prompt is a list of {len(prompts)} prompts, which cannot be streamed; "
                                        "send one prompt per streamed request")
         return await _completions_batch(ctx, prompts, params, base, echo_text)
     prompt = prompts[0]
+    if not req.stream:
+        cs = await _collect_n(service, prompt, params, req.n or 1, field_name="prompt", max_tokens_field="max_tokens",
+                              names=COMPLETION_NAMES)
+        err = next((c.error for c in cs if c.error is not None), None)
+        if err is not None:
+            return openai_error(err)
+        return json_response({**base, "choices": [_completion_choice(i, c, echo_text(prompt), params.logprobs)
+                                                  for i, c in enumerate(cs)],
+                              "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs))})
     async with await service.start(prompt, params, field_name="prompt", max_tokens_field="max_tokens",
                                    names=COMPLETION_NAMES) as stream:
         prefix = echo_text(prompt)
-        if not req.stream:
-            c = await stream.collect(keep_tokens=params.logprobs)
-            if c.error is not None:
-                return openai_error(c.error)
-            return json_response({**base, "choices": [_completion_choice(0, c, prefix, params.logprobs)],
-                                  "usage": _usage(c.prompt_tokens, c.generated_tokens)})
         response, first = await open_stream(request, stream, SSE_HEADERS, openai_error)
         if response is None:
             return first  # type: ignore[return-value]
