@@ -313,8 +313,12 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
                 errors[i] = f"logits processing failed: {exc}"
     guided = [i for i in range(n) if slots[i] is not None and slots[i].matcher is not None and errors[i] is None]
     if guided:  # constrained decoding: what the grammar cannot take next is banned
-        allowed = allowed_tokens([slots[i].matcher for i in guided], logits.size(-1)).to(logits.device)
-        logits[guided] = logits[guided].masked_fill(~allowed, float("-inf"))
+        try:
+            allowed = allowed_tokens([slots[i].matcher for i in guided], logits.size(-1)).to(logits.device)
+            logits[guided] = logits[guided].masked_fill(~allowed, float("-inf"))
+        except Exception as exc:  # noqa: BLE001 - those rows fail, the batch goes on
+            for i in guided:
+                errors[i] = f"constrained decoding failed: {exc}"
     # NaN or +inf would poison the softmax of a whole batched draw: fail those rows instead.
     broken = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
     broken, all_masked = torch.stack((broken, ~torch.isfinite(logits).any(-1))).tolist()
@@ -714,6 +718,9 @@ class TorchEngine:
         check_sampling(request.sampling, self.max_new_tokens)
         check_token_ids(request, self._vocab_size, self.max_input_len)
         guided = request.sampling.guided
+        if guided is not None and request.sampling.ignore_eos:
+            raise EngineError("ignore_eos cannot be combined with constrained decoding: the grammar ends the output "
+                              "with EOS; leave ignore_eos out", code=400)
         return self._stream(request, self._grammars.matcher(guided) if guided is not None else None)
 
     async def cancel(self, request_id: str) -> None:

@@ -205,6 +205,9 @@ def test_tgi_grammar_and_lmi_guided_parameters(srv, hf_online):
     assert re.fullmatch("a[bc]+d", r.json()["generated_text"]) or len(r.json()["generated_text"]) == 12, r.text
     r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"guided_regex": "(unclosed"}})
     assert r.status_code == 400 and "regex" in r.text
+    r = srv.post("/generate", {"inputs": PROMPT, "parameters": {"grammar": {"type": "regex", "value": "a+"},
+                                                                "ignore_eos": True}})
+    assert r.status_code == 400 and "ignore_eos" in r.text
 
 
 # --- logit_bias (part 5) ---
