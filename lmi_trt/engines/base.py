@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from lmi_trt.errors import LmiError
+
 
 class FinishReason(str, enum.Enum):
     """Why a sequence ended. Values are the LMI/TGI wire names."""
@@ -96,7 +98,7 @@ class EngineStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class EngineError(RuntimeError):
+class EngineError(LmiError, RuntimeError):
     """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with."""
 
     def __init__(self, message: str, code: int = 424) -> None:

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from lmi_trt.errors import LmiError
+
+
 ArtifactKind = Literal["hf_checkpoint", "trtllm_engine", "trtllm_checkpoint"]
 ArtifactSource = Literal["local", "hf", "s3"]
 EngineLayout = Literal["llmapi", "triton", "legacy"]
@@ -39,7 +42,7 @@ _LEGACY_ENGINE = re.compile(r"^.+_tp\d+(_pp\d+)?_rank\d+\.engine$")
 _CHECKPOINT_SHARD = re.compile(r"^rank\d+\.safetensors$")
 
 
-class SourceError(RuntimeError):
+class SourceError(LmiError, RuntimeError):
     """A model or tokenizer could not be found, fetched or recognised; the message says what to do."""
 
 
