@@ -1,6 +1,7 @@
 """What a model folder holds: ``ModelArtifact`` and ``detect_artifact``.
 
-Recognised layouts (``reference/trtllm_api.md`` §4, ``reference/djl_lmi.md`` §2):
+Recognised layouts (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py ``Engine.save``; deepjavalibrary/djl-serving
+serving/docs/lmi/deployment_guide/model-artifacts.md):
 
 * ``hf_checkpoint``: ``config.json`` with ``model_type``/``architectures`` + ``*.safetensors`` or
   ``pytorch_model*.bin`` weights.

@@ -271,7 +271,7 @@ def test_requests_map_onto_sampling_params():
         eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
     )
     assert {k: sampled.sampling[k] for k in ("top_k", "top_p", "temperature", "seed", "repetition_penalty")} == {
-        "top_k": 5, "top_p": 0.85, "temperature": 0.5, "seed": 11, "repetition_penalty": 1.2,
+        "top_k": 0, "top_p": 1.0, "temperature": 0.5, "seed": 11, "repetition_penalty": 1.2,  # as given: the core fills DJL's
     }
     assert sampled.sampling["ignore_eos"] and sampled.sampling["stop_token_ids"] is None and sampled.end_id == -1
     beam = plan_request(
