@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from lmi_trt import __version__
 from lmi_trt.engines.registry import ENGINE_NAMES
+from lmi_trt.errors import LmiError
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 
@@ -62,12 +63,11 @@ def load_compile_job(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from lmi_trt.config import ConfigError, log_effective_config, process_environment
-    from lmi_trt.log_redaction import install_log_redaction
+    from lmi_trt.config import log_effective_config, process_environment
     from lmi_trt.engines import choose_engine, probe_host
-    from lmi_trt.engines.base import EngineError
     from lmi_trt.launch import plan_for, run_serve
     from lmi_trt.loader import load_model, preflight
+    from lmi_trt.log_redaction import install_log_redaction
     from lmi_trt.serving.app import build_app, run_app
     from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
@@ -79,7 +79,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             _check_port(args.host, args.port)
         config = preflight(config, kind)
         plan = plan_for(config, kind, host.gpu_count)
-    except (ConfigError, ValueError, EngineError) as e:
+    except LmiError as e:  # a startup error: one line naming the key, exit 2
+        log.error("%s", e)
+        return e.exit_code
+    except ValueError as e:  # a value a library refused before loading (e.g. a malformed model id)
         log.error("%s", e)
         return 2
     if config.hf_token is not None:  # option.hf_token may come from serving.properties, not the environment
@@ -100,9 +103,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # TP×PP ranks / several TensorRT-LLM copies: re-executes this command under mpirun (lmi_trt.launch).
         rc = run_serve(plan, argv=getattr(args, "argv", sys.argv[1:]), under_mpi=args.under_mpi,
                        serve_http=serve_http, load_follower=lambda: load_model(config, kind, plan))
-    except ConfigError as e:  # LaunchError: no MPI launcher, mpi4py/launcher mismatch
+    except LmiError as e:  # LaunchError: no MPI launcher, mpi4py/launcher mismatch
         log.error("%s", e)
-        return 2
+        return e.exit_code
     if plan.needs_mpi:  # the ranks and mpirun: MPI_Finalize runs at interpreter exit (mpi4py's atexit)
         return rc
     _exit_stopped(rc)
@@ -183,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     from lmi_trt.log_redaction import install_log_redaction
 
     install_log_redaction(env=process_environment())  # HF_TOKEN, AWS_SECRET_ACCESS_KEY, ... never reach the log
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except LmiError as e:  # every command: a message naming the key and the exit code, never a traceback
+        log.error("%s", e)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
 
 from lmi_trt.engines.registry import ENGINE_NAMES, ENGINES
+from lmi_trt.errors import LmiError
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
 from lmi_trt.vocabulary import (
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 PROPERTIES_FILE_NAME = "serving.properties"
 
 
-class ConfigError(ValueError):
+class ConfigError(LmiError, ValueError):
     """An invalid configuration; the message names the key as written, the value and what is allowed."""
 
 
@@ -197,6 +198,10 @@ _OTHER_BACKENDS = {
     for name in ("vllm", "lmi-dist", "lmi_dist", "deepspeed", "scheduler", "neuronx", "tnx",
                  "hf-accelerate", "lmi-dist-v2")
 }
+# DJL's request-at-a-time mode (LmiConfigRecommender sets it for dynamic batching): refused at
+# startup rather than accepted and not honoured.
+_NO_DISABLE = ("is DJL's request-at-a-time mode, which no engine here has: every engine batches in flight "
+               "(size it with option.max_rolling_batch_size)")
 _DJL_ENGINES = {
     **{name: "is another DJL engine; this container runs engine=Python (or MPI) and picks the model "
              "backend with option.rolling_batch"
@@ -331,11 +336,11 @@ class LmiConfig(BaseModel):
         "DJL's MPI worker flag, accepted for compatibility",
         note="lmi-trt launches MPI ranks from tensor_parallel_degree × pipeline_parallel_degree, "
                  "so option.mpi_mode changes nothing")] = False
-    rolling_batch: Annotated[Literal[("auto", *ENGINE_NAMES, "disable")], KeySpec(
+    rolling_batch: Annotated[Literal[("auto", *ENGINE_NAMES)], KeySpec(
         "option.rolling_batch",
-        _choice(_same("auto", *ENGINE_NAMES, "disable"), rejected=_OTHER_BACKENDS),
+        _choice(_same("auto", *ENGINE_NAMES), rejected={**_OTHER_BACKENDS, "disable": _NO_DISABLE}),
         "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
-            "synthetic: benchmark engine; disable: DJL's request-at-a-time mode")] = "auto"
+            "synthetic: benchmark engine")] = "auto"
     dtype: Annotated[Literal["auto", "fp16", "bf16", "fp32"], KeySpec(
         "option.dtype",
         _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",

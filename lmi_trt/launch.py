@@ -4,7 +4,8 @@
 copy (TP×PP), how many copies the host holds (GPUs ÷ (TP×PP), DJL's worker count; at least one,
 also on a CPU host), the GPUs of each copy, and whether ``serve`` must run under ``mpirun``.
 
-How each engine uses the plan (TensorRT-LLM's two MPI modes, trtllm_api.md §1.2):
+How each engine uses the plan (TensorRT-LLM's two MPI modes, ``CommunicationMode.LEADER``/``ORCHESTRATOR`` of
+tensorrt_llm.bindings.executor, NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/types.h):
 
 * trtllm, one copy, TP×PP = 1: one process, no MPI launcher (the Executor initialises MPI itself).
 * trtllm, one copy, TP×PP > 1: **leader mode**. ``serve`` re-executes itself under

@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from lmi_trt.errors import LmiError
+
+
 # Java's notion of whitespace in properties files: space, tab and form feed (not \v).
 _WHITESPACE = " \t\f"
 # Java ends natural lines at \n, \r or \r\n only; str.splitlines() would also split on \v, \x1c, \u2028...
@@ -18,7 +21,7 @@ _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
-class PropertiesSyntaxError(ValueError):
+class PropertiesSyntaxError(LmiError, ValueError):
     """The text is not valid Java properties syntax (the only case: a malformed ``\\uXXXX``)."""
 
 

@@ -2,13 +2,13 @@
 
 One ``ArchSpec`` per model family: the ``tensorrt_llm.models.MODEL_MAP`` class, the oldest
 TensorRT-LLM release whose unified ``from_hugging_face`` converter handles it, the quantizations
-LMI supports for it (DJL-Serving's LMI TensorRT-LLM user guide, plus weight-only where the converter does it),
+LMI supports for it (deepjavalibrary/djl-serving serving/docs/lmi/user_guides/trt_llm_user_guide.md, plus weight-only where the converter does it),
 and the per-family DJL keys (``option.chatglm_model_version``, ``rotary_dim``, ...). Everything here
 is pure: it reads a config dict and options and returns values or raises ``PlanError``.
 
 ``read_dims`` reads the shapes the planner needs from config.json, tolerating the spellings of
 each family and transformers 5 (``dtype`` not ``torch_dtype``; ``rope_parameters`` instead of
-``rope_theta``/``rope_scaling``, ``reference/environment.md`` §1).
+``rope_theta``/``rope_scaling``).
 """
 
 from __future__ import annotations

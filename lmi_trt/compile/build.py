@@ -1,6 +1,6 @@
 """Execute a ``BuildPlan`` through TensorRT-LLM's Python API, every rank in its own process.
 
-Per rank (``reference/trtllm_api.md`` §2.3): ``MODEL_MAP[arch].from_hugging_face(hf_dir, dtype,
+Per rank (NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py, ``build_and_save``): ``MODEL_MAP[arch].from_hugging_face(hf_dir, dtype,
 mapping=Mapping(world_size, rank, tp_size, pp_size), quant_config, **converter kwargs)`` — or
 ``from_checkpoint(ckpt, rank)`` after calibration — then ``tensorrt_llm.builder.build(model,
 BuildConfig(..., plugin_config=plugins))`` (``plugins = PluginConfig()`` set attribute by attribute)

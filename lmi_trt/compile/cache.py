@@ -1,9 +1,10 @@
 """A content-addressed engine cache: local folder + optional S3 prefix, one build per key.
 
 Key: sha256 over the model fingerprint, the whole ``BuildPlan`` (minus its explanatory notes),
-the TensorRT-LLM version, the GPU's SM and name, TP and PP (``reference/trtllm_api.md`` §4: engines
-are tied to the TensorRT version and the GPU architecture). DJL keyed on model id + TP only, so a
-changed dtype or length silently reused stale engines (``djl_lmi.md`` §2); here any change is a
+the TensorRT-LLM version, the GPU's SM and name, TP and PP (engines are tied to the TensorRT-LLM
+version and the GPU: NVIDIA/TensorRT-LLM tensorrt_llm/builder.py, ``Engine.save`` records the version
+next to the build config). A key of model id + TP only would reuse stale engines after a changed
+dtype or length; here any change is a
 different key, and a miss next to an entry for the same model logs which input changed.
 
 Local layout under ``root``::

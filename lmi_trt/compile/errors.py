@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmi_trt.errors import LmiError
 
-class PlanError(ValueError):
+
+class PlanError(LmiError, ValueError):
     """A configuration that cannot become an engine, found before any download or GPU work."""
 
     def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
@@ -13,8 +15,10 @@ class PlanError(ValueError):
         super().__init__(f"{key}={value!r}: {problem}. {fix}")
 
 
-class BuildError(RuntimeError):
+class BuildError(LmiError, RuntimeError):
     """A compile step failed (or timed out); ``stage`` is quantize | convert | build | save | upload."""
+
+    exit_code = 1  # the input was fine; the build itself failed
 
     def __init__(self, stage: str, message: str, rank: int | None = None) -> None:
         self.stage, self.rank, self.detail = stage, rank, message
@@ -22,5 +26,5 @@ class BuildError(RuntimeError):
         super().__init__(f"compile failed at {where}: {message}")
 
 
-class CacheError(RuntimeError):
+class CacheError(LmiError, RuntimeError):
     """The engine cache could not be read, verified, locked or written."""

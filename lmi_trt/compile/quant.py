@@ -1,7 +1,7 @@
 """Quantization: the ``quantize`` choice + knobs → a TensorRT-LLM ``QuantConfig``, and calibration.
 
 Planning (pure): ``plan_quant`` maps a ``Quantization`` value to ``QuantAlgo`` names
-(``reference/trtllm_api.md`` §3) and decides how the weights get there:
+(NVIDIA/TensorRT-LLM tensorrt_llm/quantization/mode.py, ``QuantAlgo``) and decides how the weights get there:
 
 * ``none`` / ``convert``: ``from_hugging_face(..., quant_config=...)`` quantizes weight-only
   formats itself (W8A16, W4A16); nothing to calibrate.
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 # checkpoint: already quantized in the TensorRT-LLM checkpoint being built.
 QuantMethod = Literal["none", "convert", "modelopt", "trtllm_native", "checkpoint"]
 
-# Smallest compute capability each choice runs on (trtllm_api.md §3 table; §7.8 for FP8).
+# Smallest compute capability each choice runs on (NVIDIA/TensorRT-LLM
+# docs/source/legacy/reference/support-matrix.md, quantization by GPU architecture).
 _MIN_SM: dict[Quantization | None, int] = {
     None: 0,
     Quantization.WEIGHTS_INT8: 75,
@@ -115,7 +116,7 @@ class QuantPlan(BaseModel):
 
 
 def _smoothquant_algo(opts: CompileOptions) -> tuple[str, QuantMethod]:
-    """DJL's per_token/per_channel flags → the SmoothQuant variant (trtllm_api.md §3)."""
+    """DJL's per_token/per_channel flags → the SmoothQuant variant (``QuantAlgo.W8A8_SQ_*`` in tensorrt_llm/quantization/mode.py)."""
     token, channel = opts.smoothquant_per_token, opts.smoothquant_per_channel
     if channel and not token:
         return "W8A8_SQ_PER_CHANNEL", "modelopt"  # modelopt int8_sq: per-channel weights, per-tensor activations
@@ -358,7 +359,7 @@ def _norm_epsilon(hf: dict[str, Any]) -> float | None:
 
 
 def fix_exported_config(ckpt_dir: Path, hf: dict[str, Any], quant: QuantPlan) -> dict[str, Any]:
-    """Correct what modelopt's exporter gets wrong with transformers 5 (environment.md §10).
+    """Correct what modelopt's exporter gets wrong with transformers 5.
 
     It writes ``norm_epsilon`` 1e-6 whatever the model uses and no ``rotary_base``/``rotary_scaling``
     (transformers 5 moved them into ``rope_parameters``); weight-only formats come out with

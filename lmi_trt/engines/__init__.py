@@ -6,7 +6,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 
-from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.engines.base import Engine
 from lmi_trt.engines.registry import ENGINES
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,6 @@ def choose_engine(rolling_batch: str, host: HostFacts) -> tuple[EngineKind, str]
     """Pure: the engine to run and a sentence saying why (logged at startup)."""
     if rolling_batch in ENGINES:
         return rolling_batch, f"option.rolling_batch={rolling_batch}"
-    if rolling_batch == "disable":
-        raise EngineError(
-            "option.rolling_batch=disable is not supported: every engine here batches in flight; "
-            "remove the key or set auto, trtllm or torch",
-            code=400,
-        )
     if host.trtllm_importable and host.gpu_count > 0:
         return "trtllm", f"auto: tensorrt_llm is importable and {host.gpu_count} GPU(s) are visible"
     missing = []

@@ -15,6 +15,8 @@ from typing import Literal, Protocol, runtime_checkable
 # Alternatives per generated token a request may ask for (OpenAI chat top_logprobs' bound).
 MAX_TOP_LOGPROBS = 20
 
+from lmi_trt.errors import LmiError
+
 
 class FinishReason(str, enum.Enum):
     """Why a sequence ended. Values are the LMI/TGI wire names."""
@@ -124,7 +126,7 @@ class EngineStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class EngineError(RuntimeError):
+class EngineError(LmiError, RuntimeError):
     """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with."""
 
     def __init__(self, message: str, code: int = 424) -> None:

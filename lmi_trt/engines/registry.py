@@ -92,6 +92,12 @@ def _batch(config: LmiConfig) -> int:
     return config.max_rolling_batch_size
 
 
+def _sequences(config: LmiConfig) -> int:
+    """Sequences in flight at run time: DJL's option.max_num_sequences when set (config checks that it is
+    ≤ option.max_rolling_batch_size), else the batch size; every engine honours it."""
+    return config.max_num_sequences if config.max_num_sequences is not None else _batch(config)
+
+
 def compile_options(config: LmiConfig) -> CompileOptions:
     """Every ``CompileOptions`` field from the configuration field of the same name
     (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
@@ -125,10 +131,8 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     from lmi_trt.engines.trtllm import TrtllmSettings
 
     # DJL: option.max_num_sequences, when set, caps the Executor's batch below the built one.
-    if config.max_num_sequences is not None:
-        key, batch = "option.max_num_sequences", config.max_num_sequences
-    else:
-        key, batch = "option.max_rolling_batch_size", _batch(config)
+    key = "option.max_num_sequences" if config.max_num_sequences is not None else "option.max_rolling_batch_size"
+    batch = _sequences(config)
     given = config.is_given("max_num_sequences") or config.is_given("max_rolling_batch_size")
     tp = config.tensor_parallel_degree
     return TrtllmSettings(
@@ -165,7 +169,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
     return TorchSettings(
         dtype=config.dtype,
         device=config.device,
-        max_batch_size=_batch(config),
+        max_batch_size=_sequences(config),
         max_input_len=config.max_input_len,
         max_new_tokens=config.max_output_len,
         trust_remote_code=config.trust_remote_code,
@@ -178,7 +182,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
 def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
     return SyntheticSettings(
         tokens_per_second=config.synthetic_tokens_per_second or None,  # 0 = as fast as possible
-        max_batch_size=_batch(config),
+        max_batch_size=_sequences(config),
         max_input_len=config.max_input_len,
         max_new_tokens=config.max_output_len,
     )

@@ -6,7 +6,7 @@ Data path: ``engine_dir`` (``config.json`` + one plan per rank) → ``EngineFact
 that calls ``await_responses`` and hands each batch of results to the event loop in one call,
 where they go to per-request streams (a consumer that fell behind reads what queued up as one delta).
 
-Supported TensorRT-LLM releases: 0.12 and 1.0–1.2 (trtllm_api.md §0, §1.4–1.7). Where they differ:
+Supported TensorRT-LLM releases: 0.12 and 1.0–1.2 (README "Supported TensorRT-LLM releases"). Where they differ:
 * 0.12's ``Request`` is keyword-only after the prompt; 1.x takes ``max_tokens`` positionally. We
   always pass keywords. ``max_tokens``/``seed``/``min_tokens`` are the current names in both (0.12
   still accepts the deprecated ``max_new_tokens``/``random_seed``/``min_length`` aliases, and logs a
@@ -62,8 +62,6 @@ SUPPORTED_SERIES = ((0, 12), (1, 0), (1, 1), (1, 2))
 SUPPORTED_TEXT = "0.12.x, 1.0.x, 1.1.x or 1.2.x (≤ 1.2.0rcN)"
 # How long one await_responses call may block: bounds how fast close() stops the pump.
 PUMP_POLL = timedelta(milliseconds=50)
-# DJL's do_sample=true fills only what the request left unset (djl_lmi.md §4.2).
-DJL_SAMPLING_DEFAULTS = {"top_k": 5, "top_p": 0.85, "temperature": 0.8}
 
 
 class TrtllmUnavailable(EngineError):
@@ -187,7 +185,7 @@ class TrtllmSettings(BaseModel):
 
 @dataclass(frozen=True)
 class EngineFacts:
-    """What an engine folder's config.json says about the engine (trtllm_api.md §4)."""
+    """What an engine folder's config.json says about the engine (as NVIDIA/TensorRT-LLM tensorrt_llm/builder.py ``Engine.save`` writes it)."""
 
     layout: Literal["builder", "legacy"]  # builder: version + pretrained_config + build_config
     version: str | None  # TensorRT-LLM release that built it; None for the legacy layout
@@ -521,16 +519,14 @@ def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
     """Pure: ``SamplingConfig`` keywords with DJL semantics.
 
     ``do_sample=False`` is greedy (``top_k=1``) whatever temperature/top_k/top_p say. ``do_sample=True``
-    fills only unset values with top_k=5, top_p=0.85, temperature=0.8; ``SamplingParams`` cannot tell
-    unset from its neutral defaults (top_k 0, top_p 1.0, temperature 1.0), so those count as unset.
+    applies the request's values as they are: DJL's defaults for unset ones were filled in by the core
+    (``lmi_trt.serving.core.sampling_params``), identically for every engine (top_k 0: no top-k limit).
     ``seed`` is used when sampling without a request seed (DJL draws one per request).
     """
     kw: dict[str, Any] = {"beam_width": p.beam_width}
     if p.beam_width == 1:
         if p.do_sample:
-            kw["top_k"] = p.top_k or DJL_SAMPLING_DEFAULTS["top_k"]
-            kw["top_p"] = p.top_p if p.top_p != 1.0 else DJL_SAMPLING_DEFAULTS["top_p"]
-            kw["temperature"] = p.temperature if p.temperature != 1.0 else DJL_SAMPLING_DEFAULTS["temperature"]
+            kw["top_k"], kw["top_p"], kw["temperature"] = p.top_k, p.top_p, p.temperature
             kw["seed"] = (p.seed if p.seed is not None else seed) % 2**64  # RandomSeedType is uint64
         else:
             kw["top_k"] = 1

@@ -172,6 +172,13 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
+# DJL LMI's TensorRT-LLM rule: do_sample=true fills what the request left unset with top_k=5, top_p=0.85,
+# temperature=0.8 (the values the trtllm engine applied, guessing "unset" back, before issue 14).
+DJL_SAMPLING_DEFAULTS: dict[str, Any] = {"top_k": 5, "top_p": 0.85, "temperature": 0.8}
+# A greedy request: values that change nothing (top_k 0 = no top-k limit).
+NEUTRAL_SAMPLING: dict[str, Any] = {"top_k": 0, "top_p": 1.0, "temperature": 1.0}
+
+
 def _implies_sampling(p: GenerateParams) -> bool:
     """LMI ≥ 0.32 / TGI: sampling fields that change the distribution switch sampling on."""
     return (
@@ -182,15 +189,18 @@ def _implies_sampling(p: GenerateParams) -> bool:
 
 
 def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -> SamplingParams:
+    """One meaning for every engine: here, where "unset" is still known, a sampled request gets DJL's
+    defaults for what it left unset; a greedy one the neutral values. Engines apply what they get."""
     do_sample = p.do_sample if p.do_sample is not None else _implies_sampling(p)
     if p.temperature == 0:
         do_sample = False  # temperature 0 is greedy (OpenAI semantics), not a division by zero
+    unset = DJL_SAMPLING_DEFAULTS if do_sample else NEUTRAL_SAMPLING
     return SamplingParams(
         max_new_tokens=max_new_tokens,
         do_sample=do_sample,
-        temperature=1.0 if p.temperature is None else p.temperature,
-        top_k=p.top_k or 0,
-        top_p=1.0 if p.top_p is None else p.top_p,
+        temperature=unset["temperature"] if p.temperature is None else p.temperature,
+        top_k=unset["top_k"] if p.top_k is None else p.top_k,
+        top_p=unset["top_p"] if p.top_p is None else p.top_p,
         seed=p.seed,
         repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
         presence_penalty=p.presence_penalty,

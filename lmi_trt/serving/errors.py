@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from lmi_trt.errors import LmiError
 
-class LmiHttpError(Exception):
+
+class LmiHttpError(LmiError):
     status: int = 500
     type: str = "InternalServerError"
 

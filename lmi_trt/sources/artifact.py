@@ -1,6 +1,7 @@
 """What a model folder holds: ``ModelArtifact`` and ``detect_artifact``.
 
-Recognised layouts (``reference/trtllm_api.md`` §4, ``reference/djl_lmi.md`` §2):
+Recognised layouts (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py ``Engine.save``; deepjavalibrary/djl-serving
+serving/docs/lmi/deployment_guide/model-artifacts.md):
 
 * ``hf_checkpoint``: ``config.json`` with ``model_type``/``architectures`` + ``*.safetensors`` or
   ``pytorch_model*.bin`` weights.
@@ -26,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from lmi_trt.errors import LmiError
+
+
 ArtifactKind = Literal["hf_checkpoint", "trtllm_engine", "trtllm_checkpoint"]
 ArtifactSource = Literal["local", "hf", "s3"]
 EngineLayout = Literal["llmapi", "triton", "legacy"]
@@ -39,7 +43,7 @@ _LEGACY_ENGINE = re.compile(r"^.+_tp\d+(_pp\d+)?_rank\d+\.engine$")
 _CHECKPOINT_SHARD = re.compile(r"^rank\d+\.safetensors$")
 
 
-class SourceError(RuntimeError):
+class SourceError(LmiError, RuntimeError):
     """A model or tokenizer could not be found, fetched or recognised; the message says what to do."""
 
 

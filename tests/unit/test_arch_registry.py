@@ -148,7 +148,7 @@ def test_settings_views_are_the_engines_keywords():
 def test_engine_names_come_from_the_registry():
     from lmi_trt.cli import build_parser
 
-    assert typing.get_args(LmiConfig.model_fields["rolling_batch"].annotation) == ("auto", *ENGINES, "disable")
+    assert typing.get_args(LmiConfig.model_fields["rolling_batch"].annotation) == ("auto", *ENGINES)
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     engine_flag = next(a for a in serve._actions if a.dest == "engine")
     assert tuple(engine_flag.choices) == ("auto", *ENGINES)
@@ -180,3 +180,10 @@ def test_no_configuration_is_read_by_string_with_a_default():
                     and node.args[1].value in LmiConfig.model_fields):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.args[1].value}")
     assert not found
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_max_num_sequences_is_honoured_by_every_engine(name):
+    # It capped the trtllm Executor and was silently ignored by the torch engine (issue 14, item 2).
+    view = ENGINES[name].settings(settle(LmiConfig(max_rolling_batch_size=16, max_num_sequences=4), name))
+    assert (view.runtime if hasattr(view, "runtime") else view).max_batch_size == 4

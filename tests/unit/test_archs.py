@@ -21,7 +21,7 @@ from lmi_trt.compile.errors import PlanError
 from lmi_trt.compile.options import CompileOptions, normalize_quantize
 from lmi_trt.vocabulary import Quantization
 
-# The MODEL_MAP subset of reference/trtllm_api_surface.py, which the registry must agree with.
+# The MODEL_MAP subset (NVIDIA/TensorRT-LLM tensorrt_llm/models/__init__.py) the registry must agree with.
 SURFACE_MODEL_MAP = {
     "LlamaForCausalLM": "LLaMAForCausalLM", "MistralForCausalLM": "LLaMAForCausalLM",
     "MixtralForCausalLM": "LLaMAForCausalLM", "InternLMForCausalLM": "LLaMAForCausalLM",

@@ -322,7 +322,7 @@ def test_truss_groups_from_the_environment(tmp_path, caplog):
     ("file", "option.dtype", "int8", "is not one of: auto, fp16, bf16, fp32"),
     ("file", "option.quantize", "int3", "is not one of: none, no_quant, smoothquant"),
     ("file", "option.rolling_batch", "vllm", "served by other LMI containers; this container serves TensorRT-LLM"),
-    ("file", "option.rolling_batch", "lmi-dist", "use one of: auto, trtllm, torch, synthetic, disable"),
+    ("file", "option.rolling_batch", "lmi-dist", "use one of: auto, trtllm, torch, synthetic"),
     ("file", "engine", "DeepSpeed", "is another DJL engine"),
     ("file", "engine", "trtllm", "set option.rolling_batch=trtllm instead"),
     ("file", "option.tensor_parallel_degree", "two", "is not a positive integer or 'max'"),

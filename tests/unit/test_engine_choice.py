@@ -1,9 +1,8 @@
 import pytest
 
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import ConfigError, LmiConfig, load_config
 from lmi_trt.engines import HostFacts, choose_engine
 from lmi_trt.engines.registry import settle
-from lmi_trt.engines.base import EngineError
 
 
 @pytest.mark.parametrize(
@@ -25,8 +24,10 @@ def test_choose_engine_says_why(rolling_batch, host, kind, why):
 
 
 def test_disable_is_a_clear_error():
-    with pytest.raises(EngineError, match="option.rolling_batch=disable"):
-        choose_engine("disable", HostFacts(True, 1))
+    # Refused by the configuration itself (issue 14): accepted, then failing in the engine choice, it ended
+    # in a traceback and exit 1.
+    with pytest.raises(ConfigError, match=r"option.rolling_batch='disable' is DJL's request-at-a-time mode"):
+        load_config(overrides={"option.rolling_batch": "disable"}, env={"HF_MODEL_ID": "m"})
 
 
 def test_batch_defaults_follow_djl_for_trtllm():

@@ -21,7 +21,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from test_fake_surface import listed_params, load_surface, signature_mismatch, sig_names
+from test_fake_surface import listed_params, load_assignments, signature_mismatch, sig_names
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm
 
@@ -33,12 +33,9 @@ from lmi_trt.engines.trtllm import TrtllmSettings
 
 REPO = Path(__file__).resolve().parents[2]
 LISTING = FAKES / "llmapi_surface.py"
-SURFACE = load_surface(LISTING)
+_ASSIGNED = load_assignments(LISTING)
+SURFACE, RELEASES = _ASSIGNED["SURFACE"], _ASSIGNED["RELEASES"]
 API = SURFACE["tensorrt_llm.llmapi"]
-RELEASES = ast.literal_eval(
-    next(n.value for n in ast.parse(LISTING.read_text()).body
-         if isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["RELEASES"])
-)
 FAKE_MODULES = [m for m in SURFACE["modules"] if m not in ("tensorrt_llm", "tensorrt_llm.bindings.executor",
                                                               "tensorrt_llm._tensorrt_engine")]
 
@@ -271,7 +268,7 @@ def test_requests_map_onto_sampling_params():
         eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
     )
     assert {k: sampled.sampling[k] for k in ("top_k", "top_p", "temperature", "seed", "repetition_penalty")} == {
-        "top_k": 5, "top_p": 0.85, "temperature": 0.5, "seed": 11, "repetition_penalty": 1.2,
+        "top_k": 0, "top_p": 1.0, "temperature": 0.5, "seed": 11, "repetition_penalty": 1.2,  # as given: the core fills DJL's
     }
     assert sampled.sampling["ignore_eos"] and sampled.sampling["stop_token_ids"] is None and sampled.end_id == -1
     beam = plan_request(

@@ -371,9 +371,15 @@ def test_greedy_is_top_k_1_whatever_the_sampling_values():
 
 
 def test_do_sample_fills_only_unset_values_djl_style():
-    assert sampling_kwargs(SamplingParams(do_sample=True), seed=7) == {
+    # The core fills DJL's defaults where the request left them unset; the engine applies them as given.
+    from lmi_trt.serving.core import GenerateParams, sampling_params
+
+    unset = sampling_params(GenerateParams(do_sample=True), max_new_tokens=4, logprobs=False)
+    assert sampling_kwargs(unset, seed=7) == {
         "beam_width": 1, "top_k": 5, "top_p": 0.85, "temperature": 0.8, "seed": 7,
     }
+    explicit = sampling_params(GenerateParams(do_sample=True, top_p=1.0), max_new_tokens=4, logprobs=False)
+    assert sampling_kwargs(explicit, seed=7)["top_p"] == 1.0  # an explicit 1.0 was turned into 0.85
     kw = sampling_kwargs(SamplingParams(do_sample=True, top_k=50, top_p=0.9, temperature=0.5, seed=-1), seed=7)
     assert (kw["top_k"], kw["top_p"], kw["temperature"], kw["seed"]) == (50, 0.9, 0.5, 2**64 - 1)
 
