@@ -40,7 +40,7 @@ def _lmi(body: dict) -> LmiRequest:
         ({"inputs": "x", "parameters": {"temperature": float("inf")}}, "parameters.temperature"),
         ({"inputs": "x", "parameters": {"top_p": 0}}, "parameters.top_p"),
         ({"inputs": "x", "parameters": {"top_p": 1.5}}, "parameters.top_p"),
-        ({"inputs": "x", "parameters": {"top_k": -1}}, "parameters.top_k"),
+        ({"inputs": "x", "parameters": {"top_k": -2}}, "parameters.top_k"),
         ({"inputs": "x", "parameters": {"repetition_penalty": 0}}, "parameters.repetition_penalty"),
         ({"inputs": "x", "parameters": {"max_new_tokens": 0}}, "parameters.max_new_tokens"),
         ({"inputs": "x", "parameters": {"max_new_tokens": "30"}}, "parameters.max_new_tokens"),
