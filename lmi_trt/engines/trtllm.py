@@ -90,7 +90,8 @@ class ApiSpec:
 
     @property
     def final_result_on_cancel(self) -> bool:
-        # Cancelled requests return a final (empty) result since 0.16 (trtllm_api.md §1.1).
+        # Cancelled requests return a final (empty) result since 0.16 (Executor.cancelRequest,
+        # NVIDIA/TensorRT-LLM docs/source/executor.md).
         return self.series >= (0, 16)
 
 
