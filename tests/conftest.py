@@ -17,6 +17,12 @@ ALLOWED_SKIPS: dict[str, tuple[str, ...]] = {
     # Parameter combinations a protocol has no field for.
     "tests/unit/test_protocols_consistency.py": ("Truss payloads have no temperature/top_p",
                                                  "Triton/Truss word lists skip empty words"),
+    # Release-dependent: each runs in the .ci/run legs whose packages have what it checks
+    # (ci/release-tests.txt); the default run has the newest packages, the legs the images' pins.
+    "tests/unit/test_release_pins.py": ("not a release leg of .ci/run",),
+    "tests/unit/test_compat.py": ("this transformers has continuous batching",),
+    "tests/integration/test_torch_engine.py": ("this transformers has no continuous batching API",),
+    "tests/integration/test_sources.py": ("this huggingface_hub keeps no cached repo listing",),
 }
 _unexpected_skips: list[str] = []
 

@@ -23,7 +23,9 @@ async def test_fp32_load_and_greedy_generation_match_transformers(caplog):
     TypeError below transformers 4.56: the 0.12 and 1.0 images), and batching=auto starts whichever path this
     transformers supports, saying which and why."""
     path = tiny_model("llama")
-    engine = TorchEngine(path, dtype="fp32", max_batch_size=2, max_input_len=16, max_new_tokens=6, eos_token_ids=[2])
+    # The transformers path (llama would otherwise take the built-in decode loop, which needs no transformers API).
+    engine = TorchEngine(path, dtype="fp32", max_batch_size=2, max_input_len=16, max_new_tokens=6, eos_token_ids=[2],
+                         decode_loop="transformers")
     with caplog.at_level(logging.INFO, logger="lmi_trt.engines.torch"):
         await engine.start()
     try:

@@ -99,7 +99,8 @@ async def test_eos_stop_ids_and_min_new_tokens_end_where_the_echo_says():
 def _stream_with(outs: list[EngineOutput]):
     from lmi_trt.engines.trtllm import _Stream
 
-    stream = _Stream(request_id="r", exec_id=1, max_new_tokens=100, end_id=2, extra_eos=frozenset(), logprobs=True)
+    stream = _Stream(request_id="r", exec_id=1, max_new_tokens=100, end_id=2, extra_eos=frozenset(), logprobs=True,
+                     beam_width=1)
     stream.pending = list(outs)
     return stream
 
