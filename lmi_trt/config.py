@@ -104,6 +104,7 @@ class LmiConfig(BaseModel):
     engine: Literal["Python", "MPI"] = "Python"
     mpi_mode: bool = False
     rolling_batch: Literal["auto", "trtllm", "torch", "synthetic", "disable"] = "auto"
+    backend: Literal["auto", "pytorch", "tensorrt"] = "auto"  # TensorRT-LLM's backend (engines.choose_backend)
     dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     tensor_parallel_degree: int | Literal["max"] = 1   # 'max' is resolved by the launcher
@@ -413,6 +414,10 @@ REGISTRY: tuple[KeySpec, ...] = (
             _choice(_same("auto", "trtllm", "torch", "synthetic", "disable"), rejected=_OTHER_BACKENDS),
             "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
             "synthetic: benchmark engine; disable: DJL's request-at-a-time mode", "rolling_batch"),
+    # DJL's spelling (djl_python/properties_manager/trt_properties.py ``backend``; trtllm-serve's --backend).
+    KeySpec("option.backend", _choice(_same("auto", "pytorch", "tensorrt")),
+            "TensorRT-LLM backend; auto: tensorrt for engine folders and 0.x, pytorch for Hugging Face checkpoints "
+            "on 1.0+ and wherever the Executor binding is gone", "backend"),
     KeySpec("option.device", _choice(_same("auto", "cpu", "cuda")), "device of the torch engine", "device"),
     KeySpec("option.dtype",
             _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_trt.config import LmiConfig, StartupError
-from lmi_trt.engines import EngineKind, default_batch_size
+from lmi_trt.engines import ArtifactKind, EngineKind, choose_backend, default_batch_size, probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.launch import LaunchPlan, Placement, build_copies, trtllm_copy_settings
 from lmi_trt.serving.app import LoadedModel
@@ -71,6 +71,11 @@ def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, t
         )
     from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 
+    if config.backend == "pytorch":
+        from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
+
+        return LlmApiEngine(artifact.path, LlmApiSettings.from_config(config, max_batch_size=batch),
+                            eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     settings = TrtllmSettings.from_config(config, max_batch_size=batch)
@@ -91,8 +96,9 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
 
 
 def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
-    """The JIT stage: a checkpoint served by trtllm becomes an engine (from the cache, or built once)."""
-    if kind != "trtllm" or artifact.kind == "trtllm_engine":
+    """The JIT stage: a checkpoint served by trtllm's tensorrt backend becomes an engine (from the cache, or
+    built once); the pytorch backend loads the checkpoint itself, as DJL's LMI does (no trtllm-build)."""
+    if kind != "trtllm" or artifact.kind == "trtllm_engine" or config.backend == "pytorch":
         return artifact
     from lmi_trt.compile.jit import ensure_engine
 
@@ -105,6 +111,8 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
     if artifact.kind == "hf_checkpoint":  # a hub model preflight could not read before its download
         config = fit_lengths(config, artifact.hf_config, kind)
+    if kind == "trtllm":  # preflight chose with what it could read; the resolved folder decides
+        config = with_backend(config, artifact.kind)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
@@ -229,6 +237,14 @@ def _check_engine_available(kind: EngineKind) -> None:
                            "option.rolling_batch=torch (or auto)")
 
 
+def with_backend(config: LmiConfig, artifact_kind: ArtifactKind) -> LmiConfig:
+    """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
+    a combination this release cannot serve is a StartupError naming option.backend."""
+    backend, why = choose_backend(config.backend, probe_trtllm(), artifact_kind)
+    log.info("TensorRT-LLM backend: %s (%s)", backend, why)
+    return config if backend == config.backend else config.derived(why, backend=backend)
+
+
 def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     """Everything checkable before loading, in seconds: the engine can run here, the model and
     tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
@@ -247,6 +263,9 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         folder = _local_folder(config.model_id, "option.model_id")
         hf_config = (_read_json(folder / "config.json") if folder is not None
                      else _hub_config(config.model_id, "option.model_id", config.revision))
+    if kind == "trtllm":  # a model not readable yet (hub, S3) is taken for a checkpoint until it is resolved
+        config = with_backend(config, "trtllm_engine" if hf_config and "build_config" in hf_config
+                              else "hf_checkpoint")
     if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, hf_config, kind)

@@ -59,11 +59,11 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
 )
+from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
-    _cuda_available,
     _error_output,
     final_tokens_and_reason,
     map_request,
@@ -114,7 +114,7 @@ def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
     version = getattr(trtllm, "__version__", "")
     llm_api_series(version)
     llmapi = importlib.import_module("tensorrt_llm.llmapi")
-    if not (gpu_available or _cuda_available)():
+    if not (gpu_available or trtllm_engine._cuda_available)():  # looked up on call: one GPU probe for both backends
         raise TrtllmUnavailable(
             "no CUDA GPU is visible, and TensorRT-LLM's PyTorch backend runs on one; check the container's GPU "
             "access (--gpus all, CUDA_VISIBLE_DEVICES) or set option.rolling_batch=torch"
