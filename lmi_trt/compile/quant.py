@@ -398,6 +398,8 @@ def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..compat import dtype_kwargs
+
     say = progress or (lambda msg: log.info("%s", msg))
     calib = quant.calibration
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -405,7 +407,7 @@ def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict
     say(f"quantize: loading {hf_dir} on {device} for {quant.quant_algo} calibration")
     # On GPUs, accelerate spreads a model too big for one of them over all visible ones.
     model = AutoModelForCausalLM.from_pretrained(
-        hf_dir, dtype=torch_dtype if device == "cuda" else torch.float32, trust_remote_code=trust_remote_code,
+        hf_dir, **dtype_kwargs(torch_dtype if device == "cuda" else torch.float32), trust_remote_code=trust_remote_code,
         device_map="auto" if device == "cuda" else None,
     ).eval()
     tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)

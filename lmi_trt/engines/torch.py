@@ -45,6 +45,8 @@ from typing import Protocol
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
+from ..compat import dtype_kwargs, reorder_cache, text_config
+
 from .base import (
     EngineError,
     EngineLimits,
@@ -548,7 +550,7 @@ class _StaticBackend(QueuedBackend):
                 return
             if len(keep) < len(slots):
                 index = torch.tensor(keep, device=self._device)
-                cache.reorder_cache(index)
+                cache = reorder_cache(cache, index)
                 mask, positions = mask[index], positions[index]
                 slots, tokens = [slots[i] for i in keep], [tokens[i] for i in keep]
             ids = torch.tensor(tokens, device=self._device).unsqueeze(-1)
@@ -693,7 +695,7 @@ class TorchEngine:
         try:
             with _LOAD_LOCK:
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(self.model_path), dtype=dtype, trust_remote_code=self.trust_remote_code, **kwargs
+                    str(self.model_path), **dtype_kwargs(dtype), trust_remote_code=self.trust_remote_code, **kwargs
                 ).eval()
         except ValueError as exc:
             if self.trust_remote_code or "trust_remote_code" not in str(exc):
@@ -744,7 +746,7 @@ class TorchEngine:
             log.warning("no EOS token id in the model config: requests end on max_new_tokens or stop tokens only")
 
     def _check_positions(self, model: PreTrainedModel) -> None:
-        config = model.config.get_text_config()
+        config = text_config(model.config)
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         if limit and self.max_input_len + self.max_new_tokens > limit:
             out = max(1, min(self.max_new_tokens, limit // 4))

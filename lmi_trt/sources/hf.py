@@ -13,18 +13,28 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from huggingface_hub import HfApi, get_cached_repo_tree, snapshot_download
-from huggingface_hub.errors import (
-    CachedRepoTreeNotFoundError,
+from huggingface_hub import HfApi, snapshot_download
+
+# huggingface_hub.utils re-exports these errors in every release from 0.23 (the TensorRT-LLM 0.12 image's
+# floor: transformers 4.42.4 requires huggingface-hub>=0.23.2,<1.0) to today's; huggingface_hub.errors
+# lacks most of them in 0.23 and 0.24.
+from huggingface_hub.utils import (
     GatedRepoError,
     HfHubHTTPError,
     HFValidationError,
-    IncompleteSnapshotError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+
+try:  # The cached repo listing and its incomplete-snapshot check: newer huggingface_hub only, no 0.x release
+    # (every TensorRT-LLM image pins transformers, which requires huggingface-hub<1.0).
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError, IncompleteSnapshotError
+except ImportError:  # offline, the snapshot is then taken as the cache holds it
+    get_cached_repo_tree = None
+    CachedRepoTreeNotFoundError = IncompleteSnapshotError = None  # type: ignore[assignment,misc]
 
 from .artifact import TOKENIZER_FILES, SourceError
 
@@ -103,6 +113,8 @@ def _repo_files(repo_id: str, revision: str | None, token: str | None) -> list[s
         raise
     except Exception as e:  # noqa: BLE001 - hub down, no network, 401: snapshot_download decides below
         log.debug("listing %s failed (%s); falling back to the cached listing", repo_id, e)
+    if get_cached_repo_tree is None:
+        return None
     try:
         return [f.path for f in get_cached_repo_tree(repo_id, revision=revision)]
     except (CachedRepoTreeNotFoundError, OSError, ValueError):
@@ -133,7 +145,7 @@ def _explain(repo_id: str, revision: str | None, error: Exception, key: str) -> 
             f"{key} {repo_id!r}{rev}: the hub refused access ({error.response.status_code}); set HF_TOKEN to a "
             "token that can read the repo"
         )
-    if isinstance(error, IncompleteSnapshotError):
+    if IncompleteSnapshotError is not None and isinstance(error, IncompleteSnapshotError):
         return SourceError(
             f"{key} {repo_id!r}{rev}: the local hub cache holds only part of the files and the hub cannot be "
             "reached; re-run with network access (unset HF_HUB_OFFLINE) to complete it"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any
 
 import aiohttp
@@ -12,6 +13,9 @@ from aiohttp.test_utils import TestServer
 from huggingface_hub import TextGenerationOutput
 from huggingface_hub.errors import GenerationError, OverloadedError, ValidationError
 from huggingface_hub.inference._common import _format_text_generation_stream_output
+
+# huggingface_hub < 1.0 (every TensorRT-LLM image's) parses bytes lines, later releases str lines.
+_HUB_PARSES_BYTES = "byte_payload" in inspect.signature(_format_text_generation_stream_output).parameters
 from serverproc import SyntheticApp, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
@@ -48,7 +52,7 @@ def hf_stream(raw: bytes, details: bool) -> list[Any]:
     """Parse SSE lines exactly as huggingface_hub's InferenceClient.text_generation(stream=True) does."""
     out = []
     for line in raw.decode().split("\n"):
-        item = _format_text_generation_stream_output(line, details)
+        item = _format_text_generation_stream_output(line.encode() if _HUB_PARSES_BYTES else line, details)
         if item is not None:
             out.append(item)
     return out
