@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+# Alternatives per generated token a request may ask for (OpenAI chat top_logprobs' bound).
+MAX_TOP_LOGPROBS = 20
+
 
 class FinishReason(str, enum.Enum):
     """Why a sequence ended. Values are the LMI/TGI wire names."""
@@ -42,6 +45,11 @@ class SamplingParams:
     min_new_tokens: int = 0
     beam_width: int = 1
     logprobs: bool = False
+    # The ``top_logprobs`` most likely tokens of each step with their log-probs (0: none). Like
+    # ``logprobs`` they are of the model's raw distribution (before penalties and warping).
+    top_logprobs: int = 0
+    # The log-prob of each prompt token given the ones before it (TGI decoder_input_details).
+    prompt_logprobs: bool = False
     ignore_eos: bool = False
 
 
@@ -64,6 +72,10 @@ class EngineOutput:
     request_id: str
     token_ids: list[int]
     logprobs: list[float] | None = None
+    # Per token of ``token_ids``: (token id, log-prob) of the most likely tokens, best first.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # On the first output of a request that asked for them: one per prompt token, None for the first.
+    prompt_logprobs: list[float | None] | None = None
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -81,6 +93,8 @@ class EngineLimits:
     max_new_tokens: int | None = None
     max_beam_width: int = 1
     supports_logprobs: bool = False
+    max_top_logprobs: int = 0  # the most alternatives per token it reports (0: none)
+    supports_prompt_logprobs: bool = False
 
 
 @dataclass

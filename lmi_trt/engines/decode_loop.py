@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import EngineError, EngineOutput
-from .gpu_sampler import Mode, SamplerState, row_mode, sample
+from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput
+from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .llama_decoder import LlamaDecoder, unsupported_reason
 from .torch import QueuedBackend, TorchEngine, _Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 
@@ -119,7 +119,9 @@ class _Launch:
     """A step on its way: which row each output column belongs to, and the tokens' host copy."""
 
     rows: list[_Row | None]
-    host: torch.Tensor  # [3, n] f32: token, raw log-probability, status
+    # [3, n] f32: token, raw log-probability, status; with top log-probs 2 * MAX_TOP_LOGPROBS more
+    # rows (gpu_sampler.top_logprobs).
+    host: torch.Tensor
     event: torch.cuda.Event | None = None
 
 
@@ -161,7 +163,7 @@ class DecodeLoopBackend(QueuedBackend):
         self._next = torch.zeros(self.slots, dtype=torch.long, device=self._device)  # next input token per slot
         self._step = torch.zeros(2, self.slots, dtype=torch.long, device=self._device)  # positions, generated
         self._step[0] = self._decoder.scratch
-        self._out = torch.zeros(3, self.slots, dtype=torch.float32, device=self._device)
+        self._out = torch.zeros(3 + 2 * MAX_TOP_LOGPROBS, self.slots, dtype=torch.float32, device=self._device)
         self._sizes = graph_batch_sizes(self.slots) if self._cuda else []
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
         if self._cuda:
@@ -180,14 +182,17 @@ class DecodeLoopBackend(QueuedBackend):
 
     # -- the device steps ------------------------------------------------------------------------
 
-    def _decode_step(self, size: int, mode: Mode) -> None:
-        """Everything a decode step does on the device, for slots ``0..size-1`` (graph-capturable)."""
+    def _decode_step(self, size: int, mode: Mode, top: bool = False) -> None:
+        """Everything a decode step does on the device, for slots ``0..size-1`` (graph-capturable).
+        ``top``: also the top log-probs (eager steps only: few requests ask, the graphs stay lean)."""
         positions, generated = self._step[0, :size], self._step[1, :size]
         valid = positions < self._decoder.scratch
         logits = self._decoder.decode(self._next[:size], positions)
         tokens, logprobs, status = sample(logits, self._state.rows(slice(0, size)), generated, self._state.eos, mode)
         self._record(torch.arange(size, device=self._device), tokens, valid)
-        self._out[:, :size] = torch.stack((tokens.float(), logprobs, status.float()))
+        self._out[:3, :size] = torch.stack((tokens.float(), logprobs, status.float()))
+        if top:
+            self._out[3:, :size] = top_logprobs(logits, MAX_TOP_LOGPROBS)
 
     def _record(self, slots: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """The sampled token becomes the slot's next input and joins its history (valid rows only)."""
@@ -258,7 +263,10 @@ class DecodeLoopBackend(QueuedBackend):
         self._ban_multi_word_prefixes(ending, False)
         for row in ending:
             row.launched = 1
-        return self._to_host(torch.stack((tokens_out.float(), logprobs, status.float())), list(ending))
+        out = torch.stack((tokens_out.float(), logprobs, status.float()))
+        if any(row.slot.sampling.top_logprobs for row in ending):
+            out = torch.cat((out, top_logprobs(logits, MAX_TOP_LOGPROBS)))
+        return self._to_host(out, list(ending))
 
     def _launch_decode(self, rows: list[_Row]) -> _Launch:
         top = max(r.index for r in rows) + 1
@@ -272,17 +280,18 @@ class DecodeLoopBackend(QueuedBackend):
         self._step[:, :size].copy_(self._put(step), non_blocking=True)
         mode = max(r.mode() for r in rows)
         self._ban_multi_word_prefixes(rows, True)
-        graph = self._graphs.get((size, mode))
+        top = any(r.slot.sampling.top_logprobs for r in rows)
+        graph = None if top else self._graphs.get((size, mode))
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(size, mode)
+            self._decode_step(size, mode, top)
         self._ban_multi_word_prefixes(rows, False)
         for r in rows:
             r.launched += 1
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(rows)
-        return self._to_host(self._out[:, :size], columns)
+        return self._to_host(self._out[:, :size] if top else self._out[:3, :size], columns)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -389,7 +398,7 @@ class DecodeLoopBackend(QueuedBackend):
             self._emit(launch)
 
     def _emit(self, launch: _Launch) -> None:
-        tokens, logprobs, status = launch.host.tolist()
+        tokens, logprobs, status, *top = launch.host.tolist()
         items: list[tuple[_Slot, EngineOutput]] = []
         for column, row in enumerate(launch.rows):
             if row is None or row.done:
@@ -403,8 +412,11 @@ class DecodeLoopBackend(QueuedBackend):
             slot.generated.append(token)
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
+            k = slot.sampling.top_logprobs
+            alternatives = ([[(int(top[j][column]), top[MAX_TOP_LOGPROBS + j][column]) for j in range(k)]]
+                            if k else None)
             items.append((slot, EngineOutput(slot.request.request_id, [token],
-                                             [logprobs[column]] if slot.sampling.logprobs else None,
+                                             [logprobs[column]] if slot.sampling.logprobs else None, alternatives,
                                              finished=slot.finished, finish_reason=reason)))
         self._engine._sampled_rows += len(items)  # only this thread writes it
         self._engine._deliver(items)

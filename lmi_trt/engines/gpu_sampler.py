@@ -175,6 +175,13 @@ def uniforms(seed: torch.Tensor, counter: torch.Tensor, vocab: int) -> torch.Ten
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
+def top_logprobs(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """[2k, n] f32 for fp32 ``logits`` [n, vocab]: each row's k most likely token ids (exact in
+    f32 below 2**24), then their raw log-probabilities, best first."""
+    values, ids = logits.topk(k, dim=-1)
+    return torch.cat((ids.float(), values - logits.logsumexp(-1, keepdim=True)), dim=1).T
+
+
 def sample(logits: torch.Tensor, rows: Rows, generated: torch.Tensor, eos: torch.Tensor,
            mode: Mode) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row of fp32 ``logits``: (tokens i64, raw log-probabilities f32, status i64).

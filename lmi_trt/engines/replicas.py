@@ -45,6 +45,8 @@ class ReplicaSet:
             max_new_tokens=first.max_new_tokens,
             max_beam_width=min(e.limits.max_beam_width for e in self._engines),
             supports_logprobs=all(e.limits.supports_logprobs for e in self._engines),
+            max_top_logprobs=min(e.limits.max_top_logprobs for e in self._engines),
+            supports_prompt_logprobs=all(e.limits.supports_prompt_logprobs for e in self._engines),
         )
 
     @property

@@ -48,6 +48,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from ..compat import dtype_kwargs, reorder_cache, text_config
 
 from .base import (
+    MAX_TOP_LOGPROBS,
     EngineError,
     EngineLimits,
     EngineOutput,
@@ -230,6 +231,7 @@ class _Pick:
     token: int
     logprob: float | None = None
     error: str | None = None
+    top: list[tuple[int, float]] | None = None  # with top_logprobs: the most likely tokens, best first
 
 
 def _apply_history_processors(row: torch.Tensor, slot: _Slot) -> None:
@@ -320,12 +322,19 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
             tokens[i] = token if valid[j] else 0
 
     logprobs: list[float | None] = [None] * n
+    tops: list[list[tuple[int, float]] | None] = [None] * n
     if raw_logprobs is not None:
         chosen = raw_logprobs[torch.arange(n, device=logits.device), torch.tensor(tokens, device=logits.device)]
         for i, value in enumerate(chosen.tolist()):
             if slots[i] is not None and slots[i].sampling.logprobs and errors[i] is None:
                 logprobs[i] = value
-    return [_Pick(tokens[i], logprobs[i], errors[i]) for i in range(n)]
+        want = [i for i in range(n) if slots[i] is not None and slots[i].sampling.top_logprobs and errors[i] is None]
+        if want:
+            values, ids = raw_logprobs[want].topk(max(slots[i].sampling.top_logprobs for i in want), dim=-1)
+            for i, row_ids, row_values in zip(want, ids.tolist(), values.tolist()):
+                k = slots[i].sampling.top_logprobs
+                tops[i] = list(zip(row_ids[:k], row_values[:k]))
+    return [_Pick(tokens[i], logprobs[i], errors[i], tops[i]) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -632,6 +641,7 @@ class TorchEngine:
             max_new_tokens=self.max_new_tokens,
             max_beam_width=1,
             supports_logprobs=True,
+            max_top_logprobs=MAX_TOP_LOGPROBS,
         )
 
     @property
@@ -819,6 +829,7 @@ class TorchEngine:
             self._backend.enqueue(slot)
             tokens: list[int] = []
             logprobs: list[float] = []
+            tops: list[list[tuple[int, float]]] = []
             while True:
                 out = await slot.queue.get()
                 if request.streaming:
@@ -826,8 +837,10 @@ class TorchEngine:
                 else:  # one aggregated output at the end
                     tokens += out.token_ids
                     logprobs += out.logprobs or []
+                    tops += out.top_logprobs or []
                     if out.finished:
                         out.token_ids, out.logprobs = tokens, (logprobs if request.sampling.logprobs else None)
+                        out.top_logprobs = tops if request.sampling.top_logprobs else None
                         yield out
                 if out.finished:
                     return
@@ -896,6 +909,7 @@ class TorchEngine:
             slot.finished = reason is not None
             logprobs = [pick.logprob] if pick.logprob is not None else None
             items.append((slot, EngineOutput(slot.request.request_id, [pick.token], logprobs,
+                                             [pick.top] if pick.top is not None else None,
                                              finished=slot.finished, finish_reason=reason)))
             if reason is not None:
                 on_finished(slot, reason)

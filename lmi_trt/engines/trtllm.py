@@ -750,6 +750,10 @@ class TrtllmEngine:
             max_input_len=self.facts.max_input_len,
             max_seq_len=self.facts.max_seq_len,
             max_beam_width=effective_beam_width(self.settings, self.facts),
+            # The Executor's OutputConfig returns the chosen token's log-prob only (returnLogProbs);
+            # alternatives and prompt log-probs would need logits gathered at build time
+            # (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2):
+            # max_top_logprobs and supports_prompt_logprobs stay off, and the core refuses them.
             supports_logprobs=True,
         )
         self._tle: ModuleType | None = None

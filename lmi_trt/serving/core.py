@@ -15,7 +15,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import (
+    MAX_TOP_LOGPROBS,
     Engine,
     EngineError,
     EngineOutput,
@@ -81,6 +82,14 @@ def bounded_words(v: list[str], what: str) -> list[str]:
     return v
 
 
+class FeatureRefused(BadRequest):
+    """A 400 for a request field the engine cannot honour; ``param`` is the adapter's field name."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class GenerateParams(BaseModel):
     """Schema-neutral generation settings. Adapters map their own field names onto these.
 
@@ -108,6 +117,8 @@ class GenerateParams(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token; implies logprobs
+    prompt_logprobs: bool = False
     truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
 
     @field_validator("stop", mode="before")
@@ -183,6 +194,8 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -
         frequency_penalty=p.frequency_penalty,
         min_new_tokens=p.min_new_tokens,
         logprobs=logprobs,
+        top_logprobs=p.top_logprobs if logprobs else 0,
+        prompt_logprobs=p.prompt_logprobs,
         ignore_eos=p.ignore_eos,
     )
 
@@ -191,6 +204,18 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -
 class TokenOut:
     id: int
     text: str  # this token's share of the visible text (see Delta.text)
+    logprob: float | None
+    special: bool
+    # The most likely tokens of this step, best first, when top_logprobs was asked for.
+    top: list[Alternative] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Alternative:
+    """A token considered at one step (a top log-prob entry, or a prompt token): its own text."""
+
+    id: int
+    text: str
     logprob: float | None
     special: bool
 
@@ -207,6 +232,8 @@ class Delta:
     prompt_tokens: int
     finish_reason: FinishReason | None = None
     error: LmiHttpError | None = None  # set iff finish_reason is ERROR
+    # On the first delta of a request with prompt_logprobs: each prompt token (the first's logprob None).
+    prompt: list[Alternative] | None = None
 
     @property
     def finished(self) -> bool:
@@ -221,6 +248,7 @@ class Completion:
     prompt_tokens: int
     tokens: list[TokenOut] = field(default_factory=list)  # filled when collect(keep_tokens=True)
     error: LmiHttpError | None = None
+    prompt: list[Alternative] | None = None  # with prompt_logprobs
 
 
 class GenerationStream:
@@ -301,7 +329,10 @@ class GenerationStream:
         texts: list[str] = []
         tokens: list[TokenOut] = []
         last: Delta | None = None
+        prompt: list[Alternative] | None = None
         async for last in self:
+            if last.prompt is not None:
+                prompt = last.prompt
             if last.text:
                 texts.append(last.text)
             if keep_tokens:
@@ -314,6 +345,7 @@ class GenerationStream:
             prompt_tokens=self.prompt_tokens,
             tokens=tokens,
             error=last.error,
+            prompt=prompt,
         )
 
     async def aclose(self) -> None:
@@ -343,15 +375,18 @@ class GenerationStream:
             step = self._detok.step
             lps = out.logprobs
             specials = self._specials
+            tops = self._alternatives(out.top_logprobs) if out.top_logprobs else None
             if stops is None:
                 for i, tid in enumerate(token_ids):
                     piece = step(tid)
-                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials))
+                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials,
+                                           tops[i] if tops else None))
                     texts.append(piece)
             else:
                 for i, tid in enumerate(token_ids):
                     piece = stops.feed(step(tid))
-                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials))
+                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials,
+                                           tops[i] if tops else None))
                     if piece:
                         texts.append(piece)
                     if stops.matched is not None:
@@ -379,11 +414,25 @@ class GenerationStream:
             self._first_token_at = time.perf_counter()
             self._service.observe_ttft(self._first_token_at - self._t0)
         delta = Delta("".join(texts), tokens, self.generated_tokens, self.prompt_tokens, reason)
+        if out.prompt_logprobs is not None:
+            delta.prompt = self._prompt_details(out.prompt_logprobs)
         if reason is not None:
             self._finish(reason)
             if not out.finished:  # a stop string ended it while the engine is still generating
                 self._cancel_pending = True
         return delta
+
+    def _token_text(self, token_id: int) -> str:
+        return self._service.token_cache(self.params.skip_special_tokens).decode([token_id])
+
+    def _alternatives(self, steps: list[list[tuple[int, float]]]) -> list[list[Alternative]]:
+        text, specials = self._token_text, self._specials
+        return [[Alternative(tid, text(tid), lp, tid in specials) for tid, lp in step] for step in steps]
+
+    def _prompt_details(self, logprobs: list[float | None]) -> list[Alternative]:
+        text, specials = self._token_text, self._specials
+        return [Alternative(tid, text(tid), lp, tid in specials)
+                for tid, lp in zip(self.prompt_token_ids, logprobs, strict=True)]
 
     def _failed(self, err: LmiHttpError) -> Delta:
         self._finish(FinishReason.ERROR)
@@ -523,6 +572,7 @@ class GenerationService:
         max_tokens_field: str = "max_new_tokens",
         admitted: bool = False,
         user_text: bool = True,
+        names: Mapping[str, str] | None = None,
     ) -> GenerationStream:
         """Admit, tokenize, validate and submit. Raises ``LmiHttpError`` (nothing sent yet).
 
@@ -530,7 +580,10 @@ class GenerationService:
         ``max_new_tokens``, used in error messages. ``admitted``: the caller already checked
         admission for a batch (``admit_batch``) and starts its prompts one by one. ``user_text``
         False: a text prompt made by the server (a rendered chat template), whose special tokens count.
+        ``names`` maps neutral feature fields (``top_logprobs``, ``prompt_logprobs``)
+        to the adapter's, for the 400 that refuses what the engine cannot do.
         """
+        self.check_features(params, names or {})
         if not admitted:
             self.check_admission()
         self._in_system += 1
@@ -564,6 +617,20 @@ class GenerationService:
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(ids))
         return GenerationStream(self, request_id, ids, params, max_new, it)
+
+    def check_features(self, params: GenerateParams, names: Mapping[str, str]) -> None:
+        """A 400 naming the field and the engine for what the engine cannot honour: never ignored."""
+        limits, engine = self.engine.limits, self.engine.name
+        if params.top_logprobs > limits.max_top_logprobs:
+            field_name = names.get("top_logprobs", "top_logprobs")
+            can = (f"at most {limits.max_top_logprobs}" if limits.max_top_logprobs
+                   else "none; ask only for the chosen token's log-prob")
+            raise FeatureRefused(field_name, f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} "
+                                             "alternatives per token")
+        if params.prompt_logprobs and not limits.supports_prompt_logprobs:
+            field_name = names.get("prompt_logprobs", "prompt_logprobs")
+            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; "
+                                             "leave it out")
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token-id sequences for bad words: each word as written and, for a word that does
@@ -674,6 +741,7 @@ class GenerationService:
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "Alternative",
     "Completion",
     "Delta",
     "GenerateParams",

@@ -5,6 +5,12 @@ body). Output formats follow DJL's ``output_formatter``: ``json`` (non-streaming
 ``jsonlines`` (streaming default, application/jsonlines), ``sse`` (text/event-stream, the
 streaming default with ``option.tgi_compat``). An explicit ``option.output_formatter``
 applies to every request, as in DJL; ``stream`` only picks the default.
+
+Streamed tokens always carry their ``log_prob``, as DJL's ``jsonlines`` and ``sse`` formatters
+write the backend's per-token log-prob whatever ``details`` says (deepjavalibrary/djl-serving,
+engines/python/setup/djl_python/output_formatter.py). ``top_n_tokens`` adds each token's most
+likely alternatives to the details as ``top_tokens``; ``decoder_input_details`` the prompt tokens
+as ``prefill`` (DJL's key); an engine that cannot report them answers a 400 naming it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,18 @@ from lmi_trt.serving.app import (
     read_body,
     validate,
 )
-from lmi_trt.serving.core import MAX_STOP_STRINGS, Completion, bounded_words, Delta, GenerateParams, GenerationStream, TokenOut
+from lmi_trt.engines.base import MAX_TOP_LOGPROBS
+from lmi_trt.serving.core import (
+    MAX_STOP_STRINGS,
+    MAX_TOP_K,
+    Alternative,
+    Completion,
+    Delta,
+    GenerateParams,
+    GenerationStream,
+    TokenOut,
+    bounded_words,
+)
 from lmi_trt.serving.errors import BadRequest, check_model
 
 log = logging.getLogger(__name__)
@@ -41,7 +58,7 @@ CONTENT_TYPES: dict[str, str] = {
 # Accepted for compatibility and deliberately without effect here (DJL passes them to
 # backends that may ignore them too); anything else unknown gets a warning.
 _IGNORED_PARAMETERS = frozenset(
-    {"watermark", "typical_p", "top_n_tokens", "decoder_input_details", "adapter_id", "length_penalty", "early_stopping"}
+    {"watermark", "typical_p", "adapter_id", "length_penalty", "early_stopping"}
 )
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
@@ -57,6 +74,10 @@ class LmiParameters(GenerateParams):
     return_full_text: bool = False
     stop_sequences: list[str] = Field(default_factory=list)
     ignore_eos_token: bool = False  # DJL's name for ignore_eos
+    # -1 is "no top-k" in DJL's vLLM parameters (lmi_input_output_schema.md: top_k default -1), as in vLLM.
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)
+    top_n_tokens: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    decoder_input_details: bool = False
 
     @field_validator("stop_sequences", mode="before")
     @classmethod
@@ -90,7 +111,11 @@ class LmiParameters(GenerateParams):
             raise BadRequest(f"parameters.stop_sequences: {len(stops)} stop strings (stop and stop_sequences together); "
                              f"send at most {MAX_STOP_STRINGS} items")
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
-        fields.update(stop=stops, ignore_eos=self.ignore_eos or self.ignore_eos_token, logprobs=self.logprobs or self.details)
+        fields.update(stop=stops, ignore_eos=self.ignore_eos or self.ignore_eos_token,
+                      top_k=None if self.top_k == -1 else self.top_k,
+                      logprobs=self.logprobs or self.details or bool(self.top_n_tokens or self.top_logprobs),
+                      top_logprobs=self.top_n_tokens or self.top_logprobs,
+                      prompt_logprobs=self.decoder_input_details or self.prompt_logprobs)
         return GenerateParams.model_construct(**fields)
 
 
@@ -129,7 +154,10 @@ def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) 
 
 
 # --- encoding ---
-def token_dict(t: TokenOut, tgi: bool) -> dict[str, Any]:
+NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details"}
+
+
+def token_dict(t: TokenOut | Alternative, tgi: bool) -> dict[str, Any]:
     if tgi:
         d: dict[str, Any] = {"id": t.id, "text": t.text, "logprob": t.logprob}
         if t.special:
@@ -181,9 +209,13 @@ class _Shape:
                 "inputs": self.inputs,
                 "tokens": [token_dict(t, self.tgi) for t in c.tokens],
             }
+            if c.tokens and c.tokens[0].top is not None:
+                out["details"]["top_tokens"] = [[token_dict(a, self.tgi) for a in t.top or ()] for t in c.tokens]
+            if c.prompt is not None:
+                out["details"]["prefill"] = [token_dict(a, self.tgi) for a in c.prompt]
         return out
 
-    def stream_chunk(self, delta: Delta, texts: list[str]) -> bytes:
+    def stream_chunk(self, delta: Delta, texts: list[str], prompt: list[Alternative] | None = None) -> bytes:
         """Lines for one delta: one per token; the final one adds generated_text (and details)."""
         tokens = delta.tokens
         if not delta.finished:
@@ -202,6 +234,8 @@ class _Shape:
                 "generated_tokens": delta.generated_tokens,
                 "inputs": self.inputs,
             }
+            if prompt is not None:
+                last["details"]["prefill"] = [token_dict(a, self.tgi) for a in prompt]
         if delta.error is not None:
             last["error"] = delta.error.message
             last["code"] = delta.error.status
@@ -247,7 +281,9 @@ async def invocations(request: web.Request) -> web.StreamResponse:
             )
         return await _batch(ctx, req, params)
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
-    async with await service.start(req.inputs, params) as stream:
+    if fmt != "json" and service.engine.limits.supports_logprobs:
+        params = params.model_copy(update={"logprobs": True})  # DJL's streams carry every token's log_prob
+    async with await service.start(req.inputs, params, names=NAMES) as stream:
         if fmt == "json":
             completion = await stream.collect(keep_tokens=shape.details)
             if completion.error is not None:
@@ -267,6 +303,7 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
     await response.prepare(request)
     texts: list[str] = []
     delta = first
+    prompt = first.prompt
     write, records, next_delta = response.write, shape.token_records, stream.__anext__
     try:
         # One write per engine delta (all its records, as stream_chunk makes them); the last
@@ -279,7 +316,7 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
             delta = await next_delta()
         if delta.text:
             texts.append(delta.text)
-        await response.write_eof(shape.stream_chunk(delta, texts))
+        await response.write_eof(shape.stream_chunk(delta, texts, prompt))
     except ConnectionResetError:
         # The client went away (seen here when handlers are not cancelled on disconnect);
         # leaving the caller's `async with` cancels the generation. aiohttp finishes quietly.
@@ -293,7 +330,8 @@ async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -
     streams: list[GenerationStream] = []
     try:
         for text in req.inputs:
-            streams.append(await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True))
+            streams.append(await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True,
+                                               names=NAMES))
         shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
         collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))
         completions = await asyncio.gather(*collecting)

@@ -8,11 +8,12 @@ OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; at ``/invoca
 shape, as every other ``/invocations`` error.
 
 Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presence/frequency
-penalties, stop (str | list), n=1, stream + stream_options.include_usage, logprobs of the chosen
-token (chat ``logprobs``; completions ``logprobs=0``), echo (completions), and the common
-extensions top_k, min_tokens, repetition_penalty, ignore_eos, skip_special_tokens,
-stop_token_ids, bad_words. Refused with a 400 naming the field: n/best_of > 1, top_logprobs /
-completions logprobs > 0, logit_bias, suffix, tools, non-text response_format, non-text content.
+penalties, stop (str | list), n=1, stream + stream_options.include_usage, logprobs (chat
+``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
+echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
+skip_special_tokens, stop_token_ids, bad_words. Refused with a 400 naming the field: n/best_of > 1,
+logit_bias, suffix, tools, non-text response_format, non-text content, and alternatives an engine
+cannot report.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class _Base(BaseModel):
                 close = difflib.get_close_matches(name, sorted(type(self).model_fields), n=1)
                 log.warning("ignoring unknown OpenAI field %r%s", name, f" (did you mean {close[0]!r}?)" if close else "")
 
-    def _params(self, max_new_tokens: int | None, logprobs: bool) -> GenerateParams:
+    def _params(self, max_new_tokens: int | None, logprobs: bool, top_logprobs: int = 0) -> GenerateParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
             raise FieldError("stop", "stop strings must be non-empty")
@@ -157,6 +158,7 @@ class _Base(BaseModel):
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
+            top_logprobs=top_logprobs,
         )
 
     @property
@@ -177,9 +179,8 @@ class ChatRequest(_Base):
 
     def generate_params(self) -> GenerateParams:
         self._check_common()
-        if self.top_logprobs:
-            raise FieldError("top_logprobs", f"top_logprobs={self.top_logprobs} is not supported: the engine reports only "
-                                             "the chosen token's logprob; use logprobs=true with top_logprobs=0")
+        if self.top_logprobs and not self.logprobs:  # as OpenAI
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs=true")
         if self.tools and self.tool_choice != "none":
             raise FieldError("tools", "tools (function calling) are not supported by this server; leave tools out "
                                       "or set tool_choice='none'")
@@ -187,7 +188,7 @@ class ChatRequest(_Base):
         if fmt != "text":
             raise FieldError("response_format", f"response_format type {fmt!r} is not supported; only 'text'")
         max_new = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._params(max_new, bool(self.logprobs))
+        return self._params(max_new, bool(self.logprobs), self.top_logprobs or 0)
 
 
 class CompletionRequest(_Base):
@@ -217,12 +218,9 @@ class CompletionRequest(_Base):
 
     def generate_params(self) -> GenerateParams:
         self._check_common()
-        if self.logprobs:
-            raise FieldError("logprobs", f"logprobs={self.logprobs} is not supported: the engine reports only the chosen "
-                                         "token's logprob; use logprobs=0")
         if self.suffix:
             raise FieldError("suffix", "suffix (insertion) is not supported by this server; leave it out")
-        return self._params(self.max_tokens, self.logprobs is not None)
+        return self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
 
 
 # --- response pieces ---
@@ -231,8 +229,14 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+CHAT_NAMES = {"top_logprobs": "top_logprobs"}
+COMPLETION_NAMES = {"top_logprobs": "logprobs"}
+
+
 def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:
-    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode()), "top_logprobs": []}
+    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode()),
+                         "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": list(a.text.encode())}
+                                          for a in t.top or ()]}
                         for t in tokens]}
 
 
@@ -250,7 +254,9 @@ class _CompletionLogprobs:
         return {
             "tokens": [t.text for t in tokens],
             "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{t.text: t.logprob} for t in tokens],
+            # The chosen token alone with logprobs=0; else the alternatives (tokens of the same text merge).
+            "top_logprobs": [{a.text: a.logprob for a in t.top} if t.top is not None else {t.text: t.logprob}
+                             for t in tokens],
             "text_offset": offsets,
         }
 
@@ -293,7 +299,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     async with await service.start(prompt, params, add_special_tokens=False, field_name="messages",
-                                   max_tokens_field=max_field, user_text=False) as stream:
+                                   max_tokens_field=max_field, user_text=False, names=CHAT_NAMES) as stream:
         if fmt == "json":
             c = await stream.collect(keep_tokens=params.logprobs)
             if c.error is not None:
@@ -377,7 +383,8 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
                                        "send one prompt per streamed request")
         return await _completions_batch(ctx, prompts, params, base, echo_text)
     prompt = prompts[0]
-    async with await service.start(prompt, params, field_name="prompt", max_tokens_field="max_tokens") as stream:
+    async with await service.start(prompt, params, field_name="prompt", max_tokens_field="max_tokens",
+                                   names=COMPLETION_NAMES) as stream:
         prefix = echo_text(prompt)
         if not req.stream:
             c = await stream.collect(keep_tokens=params.logprobs)
@@ -428,7 +435,7 @@ async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParam
     try:
         for i, p in enumerate(prompts):
             streams.append(await service.start(p, params, field_name=f"prompt[{i}]", max_tokens_field="max_tokens",
-                                               admitted=True))
+                                               admitted=True, names=COMPLETION_NAMES))
         completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
     finally:
         for s in streams:

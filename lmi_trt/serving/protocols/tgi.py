@@ -11,8 +11,12 @@ length|eos_token|stop_sequence, generated_tokens, seed, input_length)}``. Errors
 codes as every other schema here (TGI itself answers 422 for validation). Stop sequences end the
 text and are not part of it (TGI keeps them), as in every schema of this server.
 
-Refused with a 400: best_of > 1, top_n_tokens > 0, decoder_input_details, typical_p, watermark,
-grammar, adapter_id — the engine cannot honour them and a silent no-op would mislead.
+``top_n_tokens`` (at most 20) gives each token's most likely alternatives as ``top_tokens``;
+``decoder_input_details`` the prompt tokens with their log-probs as ``prefill``; an engine that
+cannot report them refuses with a 400 naming the field and the engine.
+
+Refused with a 400: best_of > 1, typical_p, watermark, grammar, adapter_id — the engine cannot
+honour them and a silent no-op would mislead.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.serving.app import CONTEXT, ModelStatus, ServingContext, json_response
+from lmi_trt.engines.base import MAX_TOP_LOGPROBS
 from lmi_trt.serving.core import (
+    Alternative,
     Completion,
     Delta,
     GenerateParams,
@@ -45,8 +51,6 @@ from lmi_trt.serving.protocols._common import (
 _ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 503: "overloaded", 429: "overloaded"}
 _UNSUPPORTED = {
     "best_of": lambda v: v not in (None, 1),
-    "top_n_tokens": lambda v: bool(v),
-    "decoder_input_details": lambda v: bool(v),
     "typical_p": lambda v: v is not None,
     "watermark": lambda v: bool(v),
     "grammar": lambda v: v is not None,
@@ -54,8 +58,6 @@ _UNSUPPORTED = {
 }
 _WHY = {
     "best_of": "this server returns one sequence",
-    "top_n_tokens": "the engine reports only the chosen token's logprob",
-    "decoder_input_details": "prompt logprobs are not computed",
     "typical_p": "typical sampling is not available in the engine",
     "watermark": "watermarking is not available",
     "grammar": "constrained decoding is not available",
@@ -77,7 +79,7 @@ class TgiParameters(GenerateParams):
     details: bool = False
     return_full_text: bool = False
     best_of: int | None = Field(None, ge=1)
-    top_n_tokens: int | None = Field(None, ge=0)
+    top_n_tokens: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     decoder_input_details: bool = False
     typical_p: float | None = None
     watermark: bool = False
@@ -90,7 +92,9 @@ class TgiParameters(GenerateParams):
             if refused(value):
                 raise FieldError(f"parameters.{name}", f"parameters.{name}={value!r} is not supported: {_WHY[name]}; leave it out")
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
-        fields["logprobs"] = self.logprobs or self.details
+        fields["top_logprobs"] = self.top_n_tokens or self.top_logprobs
+        fields["prompt_logprobs"] = self.decoder_input_details or self.prompt_logprobs
+        fields["logprobs"] = self.logprobs or self.details or bool(fields["top_logprobs"])
         return GenerateParams.model_construct(**fields)
 
 
@@ -109,8 +113,15 @@ class TgiRequest(BaseModel):
         return {k: x for k, x in v.items() if x is not None} if isinstance(v, dict) else v
 
 
-def _token(t: TokenOut) -> dict[str, Any]:
+NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details"}
+
+
+def _token(t: TokenOut | Alternative) -> dict[str, Any]:
     return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
+
+
+def _top(t: TokenOut) -> list[dict[str, Any]] | None:
+    return [_token(a) for a in t.top] if t.top is not None else None
 
 
 def _seed(p: GenerateParams) -> int | None:
@@ -126,7 +137,7 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
     ctx = request.app[CONTEXT]
     params = req.parameters.to_generate()
     service = ctx.require_service()
-    async with await service.start(req.inputs, params) as stream:
+    async with await service.start(req.inputs, params, names=NAMES) as stream:
         c: Completion = await stream.collect(keep_tokens=req.parameters.details)
     if c.error is not None:
         return tgi_error(c.error)
@@ -136,9 +147,9 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
             "finish_reason": c.finish_reason.value,
             "generated_tokens": c.generated_tokens,
             "seed": _seed(params),
-            "prefill": [],
+            "prefill": [_token(a) for a in c.prompt] if c.prompt is not None else [],
             "tokens": [_token(t) for t in c.tokens],
-            "top_tokens": None,
+            "top_tokens": [_top(t) for t in c.tokens] if params.top_logprobs else None,
             "best_of_sequences": None,
         }
     return json_response([out] if as_list else out)
@@ -147,20 +158,27 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
 async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     params = req.parameters.to_generate()
+    if params.prompt_logprobs:  # as TGI: its stream events have no place for them
+        raise FieldError("parameters.decoder_input_details",
+                         "parameters.decoder_input_details=true is not supported when streaming tokens; leave it out "
+                         "or use /generate")
     service = ctx.require_service()
     prefix = req.inputs if req.parameters.return_full_text else ""
     seed = _seed(params)
-    async with await service.start(req.inputs, params) as stream:
+    async with await service.start(req.inputs, params, names=NAMES) as stream:
         response, first = await open_stream(request, stream, SSE_HEADERS, tgi_error)
         if response is None:
             return first  # type: ignore[return-value]
         texts: list[str] = []
         index = 0
 
-        def event(token: dict[str, Any], last: Delta | None = None) -> bytes:
+        def event(t: TokenOut | None, last: Delta | None = None) -> bytes:
             nonlocal index
             index += 1
-            obj: dict[str, Any] = {"index": index, "token": token, "top_tokens": None, "generated_text": None, "details": None}
+            # No token on the last output: the flushed text still needs an event.
+            token = _token(t) if t is not None else {"id": -1, "text": last.text, "logprob": None, "special": True}  # type: ignore[union-attr]
+            obj: dict[str, Any] = {"index": index, "token": token, "top_tokens": _top(t) if t is not None else None,
+                                   "generated_text": None, "details": None}
             if last is not None:
                 obj["generated_text"] = prefix + "".join(texts)
                 obj["details"] = {"finish_reason": last.finish_reason.value,  # type: ignore[union-attr]
@@ -172,14 +190,11 @@ async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamR
             if d.text:
                 texts.append(d.text)
             if not d.finished:
-                return [event(_token(t)) for t in d.tokens]
+                return [event(t) for t in d.tokens]
             if d.error is not None:
-                return [*(event(_token(t)) for t in d.tokens), sse(tgi_error_body(d.error))]
-            out = [event(_token(t)) for t in d.tokens[:-1]]
-            if d.tokens:
-                out.append(event(_token(d.tokens[-1]), d))
-            else:  # the engine's last output carried no token; the flushed text still needs an event
-                out.append(event({"id": -1, "text": d.text, "logprob": None, "special": True}, d))
+                return [*(event(t) for t in d.tokens), sse(tgi_error_body(d.error))]
+            out = [event(t) for t in d.tokens[:-1]]
+            out.append(event(d.tokens[-1] if d.tokens else None, d))
             return out
 
         return await pump(response, stream, first, encode)

@@ -1,0 +1,67 @@
+"""Issue 16 features on the trtllm engine (fake TensorRT-LLM, in process as the GPU seam needs):
+what the Executor cannot report is refused with a 400 naming the field and the engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import ClientSession, ClientTimeout
+from aiohttp.test_utils import TestServer
+from tinymodels import tiny_model
+from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.config import LmiConfig
+from lmi_trt.loader import load_model
+from lmi_trt.serving.app import build_app
+from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def server(monkeypatch, tmp_path):
+    with fake_tensorrt_llm():
+        import lmi_trt.engines.trtllm as trt
+
+        monkeypatch.setattr(trt, "_cuda_available", lambda: True)  # the fake Executor needs no GPU
+        hf_dir = tiny_model("llama")
+        engine_dir = make_engine_dir(hf_dir, tmp_path / "engine", max_batch_size=2, max_input_len=64, max_seq_len=96)
+        config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
+                           max_input_len=64, max_output_len=32, max_rolling_batch_size=2, download_dir=tmp_path / "dl")
+        srv = TestServer(build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny",
+                                   adapters=DEFAULT_ADAPTERS), host="127.0.0.1")
+        await srv.start_server()
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+                for _ in range(6000):  # readiness, bounded generously
+                    async with s.get(srv.make_url("/ping")) as r:
+                        if r.status == 200:
+                            break
+                    await asyncio.sleep(0.05)
+                yield srv, s
+        finally:
+            await srv.close()
+
+
+async def test_top_and_prompt_logprobs_refused_by_the_executor_engine(server):
+    srv, s = server
+    cases = [
+        ("/generate", {"inputs": "Hi", "parameters": {"top_n_tokens": 2, "details": True}}, "parameters.top_n_tokens"),
+        ("/generate", {"inputs": "Hi", "parameters": {"decoder_input_details": True}}, "parameters.decoder_input_details"),
+        ("/v1/completions", {"prompt": "Hi", "logprobs": 2}, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
+         "top_logprobs"),
+        ("/invocations", {"inputs": "Hi", "parameters": {"top_n_tokens": 2}}, "parameters.top_n_tokens"),
+    ]
+    for path, body, field in cases:
+        async with s.post(srv.make_url(path), json=body) as r:
+            text = await r.text()
+            assert r.status == 400 and field in text and "trtllm engine" in text, (path, text)
+    # The chosen token's log-prob is what the Executor gives (OutputConfig.return_log_probs); streams carry it.
+    async with s.post(srv.make_url("/invocations"), json={"inputs": "Hi", "parameters": {"max_new_tokens": 3},
+                                                          "stream": True}) as r:
+        import json
+
+        lines = [json.loads(line) async for line in r.content if line.strip()]
+    assert lines and all(isinstance(x["token"]["log_prob"], float) for x in lines)
