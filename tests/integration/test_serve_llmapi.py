@@ -53,15 +53,16 @@ def reference(hf_dir):
     tok = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 
-    def generate(prompt: str, n: int) -> tuple[list[int], list[float]]:
+    def generate(prompt: str, n: int, k: int = 1) -> tuple[list[int], list[float], list[list[float]]]:
+        """Greedy tokens, their log probs and the k best log probs per step."""
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
                                  return_dict_in_generate=True)
         tokens = out.sequences[0, ids.shape[1]:].tolist()
         # the raw logits: min_new_tokens masks EOS in the processed scores, which shifts their log_softmax
-        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, tokens)]
-        return tokens, logprobs
+        steps = [torch.log_softmax(s[0].float(), -1) for s in out.logits]
+        return tokens, [lp[t].item() for lp, t in zip(steps, tokens)], [lp.topk(k).values.tolist() for lp in steps]
 
     return generate
 
@@ -114,13 +115,28 @@ def test_greedy_tokens_equal_generate_streams_reassemble_and_errors_stay_per_req
         assert bad.result().status_code == 400 and "option.max_input_len" in bad.result().text
 
 
-def test_openai_logprobs_are_the_models(pytorch_server, reference):
-    body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "logprobs": 0,
+def test_openai_logprobs_and_top_logprobs_are_the_models(pytorch_server, reference):
+    body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 3,
             "ignore_eos": True}
     r = pytorch_server.post("/v1/completions", body)
     assert r.status_code == 200, r.text
-    got = r.json()["choices"][0]["logprobs"]["token_logprobs"]
-    assert got == pytest.approx(reference("Once upon a time", 6)[1], abs=1e-3)
+    logprobs = r.json()["choices"][0]["logprobs"]
+    _, chosen, expected = reference("Once upon a time", 4, 3)
+    assert logprobs["token_logprobs"] == pytest.approx(chosen, abs=1e-3)
+    tops = logprobs["top_logprobs"]
+    assert len(tops) == 4
+    for got, want in zip(tops, expected):
+        # keyed by text: alternatives that decode alike (the tiny model's byte pieces) share one key
+        assert got and all(any(abs(v - w) < 1e-3 for w in want) for v in got.values()), (got, want)
+    chat = {"model": "llama", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 4,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    r = pytorch_server.post("/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert content and all(len(t["top_logprobs"]) == 3 for t in content)
+    for t in content:
+        values = [a["logprob"] for a in t["top_logprobs"]]
+        assert values == sorted(values, reverse=True) and values[0] == pytest.approx(t["logprob"], abs=1e-5)
 
 
 def test_disconnect_frees_the_slot(pytorch_server):
@@ -189,3 +205,12 @@ def test_a_combination_the_release_cannot_serve_is_a_startup_error(version, args
         assert server.proc.wait(timeout=120) == 2
         log = server.log()
         assert "option.backend=" in log and problem in log, log[-3000:]
+
+
+def test_top_logprobs_on_10_are_refused_naming_the_field(hf_dir, site_dir, tmp_path):
+    """1.0's PyTorch backend returns the sampled token's log prob only (PR 7756 added top k in 1.1)."""
+    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, "1.0.0")) as server:
+        body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "logprobs": 2}
+        r = server.post("/v1/completions", body)
+        assert r.status_code == 400 and "logprobs=2" in r.text, r.text
+        assert server.post("/v1/completions", {**body, "logprobs": 0}).status_code == 200
