@@ -114,7 +114,7 @@ def _model_name(config) -> str:
 def cmd_selftest(args: argparse.Namespace) -> int:
     from lmi_trt.selftest import run_selftest
 
-    return run_selftest()
+    return 0 if run_selftest() else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,11 @@
-"""``lmi-trt selftest``: does TensorRT-LLM work on this host, end to end?
+"""``lmi-trt selftest``: does TensorRT-LLM work on this host, along the path ``serve`` takes?
 
-Builds a tiny random Llama engine through TensorRT-LLM's own build API, serves it through
-``TrtllmEngine``, and sends one request and one stream. Prints PASS/FAIL per step; needs a GPU
-and a supported TensorRT-LLM (no download: the model is made up on the spot).
+Writes a tiny random Llama checkpoint, then goes through ``lmi_trt.compile`` exactly as ``serve``
+does for ``option.rolling_batch=trtllm`` (``loader.compile_if_needed``: plan → build in worker
+processes → engine cache), asks again to check the cache answers, serves the engine through
+``TrtllmEngine`` and sends one request and one stream. Prints PASS/FAIL per step; needs a GPU and a
+supported TensorRT-LLM (no download: the model is made up on the spot). ``run_selftest`` returns
+whether every step passed; ``lmi-trt selftest`` exits 0 then, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings, probe_runtime
+from lmi_trt.sources import ModelArtifact
 
 EOS, PAD = 2, 0
 PROMPT = [1, 17, 42, 99, 7]
 NEW_TOKENS = 8
+MAX_BATCH = 4
 
 
 class _StepFailed(Exception):
@@ -36,15 +42,22 @@ def _write_tiny_llama(hf_dir: Path) -> None:
     LlamaForCausalLM(config).save_pretrained(str(hf_dir))
 
 
-def _build_engine(hf_dir: Path, engine_dir: Path) -> None:
-    from tensorrt_llm import BuildConfig, Mapping
-    from tensorrt_llm.builder import build
-    from tensorrt_llm.models import MODEL_MAP
+def _config(root: Path) -> LmiConfig:
+    """What a user would put in serving.properties for this model, with the cache under ``root``."""
+    return LmiConfig(model_id=str(root / "hf"), rolling_batch="trtllm", dtype="fp16", max_input_len=32, max_output_len=32,
+                     max_rolling_batch_size=MAX_BATCH, download_dir=root / "download",
+                     engine_cache_uri=str(root / "engine-cache"), kv_cache_free_gpu_mem_fraction=0.2)
 
-    mapping = Mapping(world_size=1, rank=0, tp_size=1, pp_size=1)
-    model = MODEL_MAP["LlamaForCausalLM"].from_hugging_face(str(hf_dir), dtype="float16", mapping=mapping)
-    config = BuildConfig(max_batch_size=4, max_input_len=32, max_seq_len=64, max_num_tokens=256)
-    build(model, config).save(str(engine_dir))
+
+def _compile(config: LmiConfig) -> ModelArtifact:
+    """The serve path's JIT stage: resolve the checkpoint, then plan → build → cache."""
+    from lmi_trt.loader import compile_if_needed
+    from lmi_trt.sources import resolve_model
+
+    artifact = compile_if_needed("trtllm", config, resolve_model(config))
+    if artifact.kind != "trtllm_engine":
+        raise _StepFailed(f"the compile stage gave a {artifact.kind}, not an engine")
+    return artifact
 
 
 async def _generate(engine: TrtllmEngine, streaming: bool) -> tuple[list[int], list, FinishReason | None]:
@@ -64,9 +77,9 @@ async def _generate(engine: TrtllmEngine, streaming: bool) -> tuple[list[int], l
     return tokens, deltas, reason
 
 
-async def _serve(engine_dir: Path, gpu_available: Callable[[], bool] | None, step) -> None:
-    engine = TrtllmEngine(engine_dir, TrtllmSettings(kv_cache_free_gpu_mem_fraction=0.2),
-                          eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
+async def _serve(config: LmiConfig, engine_dir: Path, gpu_available: Callable[[], bool] | None, step) -> None:
+    settings = TrtllmSettings.from_config(config, max_batch_size=MAX_BATCH)  # as the loader builds them
+    engine = TrtllmEngine(engine_dir, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
     await step("start the Executor", engine.start)
     try:
         async def one_request():
@@ -97,6 +110,7 @@ def run_selftest(
     """Run every step, print ``PASS``/``FAIL`` lines, and return whether all passed."""
     with tempfile.TemporaryDirectory(prefix="lmi-trt-selftest-") as tmp:
         root = Path(work_dir or tmp)
+        config = _config(root)
         passed = True
 
         def report(name: str, ok: bool, detail: object) -> None:
@@ -125,8 +139,17 @@ def run_selftest(
         try:
             sync_step("TensorRT-LLM and a GPU", lambda: f"TensorRT-LLM {probe_runtime(gpu_available)[1].version}")
             sync_step("write a tiny random Llama", lambda: _write_tiny_llama(root / "hf"))
-            sync_step("build its engine", lambda: _build_engine(root / "hf", root / "engine"))
-            asyncio.run(_serve(root / "engine", gpu_available, async_step))
+            engine = sync_step("plan, build and cache its engine (lmi_trt.compile, as serve does)",
+                               lambda: _compile(config))
+
+            def cached() -> str:
+                again = _compile(config)
+                if again.engine_dir != engine.engine_dir:
+                    raise _StepFailed(f"the engine cache answered {again.engine_dir}, not {engine.engine_dir}")
+                return f"{engine.engine_dir}"
+
+            sync_step("the engine cache answers a second time", cached)
+            asyncio.run(_serve(config, engine.engine_dir, gpu_available, async_step))
         except _StepFailed:
             passed = False
         out("selftest " + ("PASSED" if passed else "FAILED"))

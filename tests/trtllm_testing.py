@@ -15,7 +15,8 @@ FAKES = Path(__file__).parent / "fakes"
 @contextmanager
 def fake_tensorrt_llm(version: str | None = None) -> Iterator:
     """``import tensorrt_llm`` resolves to the fake inside the block; outside it nothing is left
-    behind (other tests must still see TensorRT-LLM as absent)."""
+    behind (other tests must still see TensorRT-LLM as absent). Without ``version`` the fake
+    impersonates ``LMI_TRT_FAKE_RELEASE`` (default 1.0.0)."""
     added = str(FAKES) not in sys.path
     if added:
         sys.path.insert(0, str(FAKES))
@@ -56,6 +57,9 @@ def make_engine_dir(
     for rank in range(world):
         mapping = Mapping(world_size=world, rank=rank, tp_size=tp_size, pp_size=pp_size)
         model = MODEL_MAP[arch].from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping)
-        config = BuildConfig(**build_config, plugin_config=PluginConfig(**(plugin_config or {})))
+        plugins = PluginConfig()  # keywords are a TypeError in 0.12–1.1 (a slots dataclass, init=False fields)
+        for name, value in (plugin_config or {}).items():
+            setattr(plugins, name, value)
+        config = BuildConfig(**build_config, plugin_config=plugins)
         build(model, config).save(str(out_dir))
     return Path(out_dir)

@@ -63,6 +63,11 @@ class ArchSpec:
     rotary_dim: bool = False           # option.rotary_dim applies (GPT-J)
     passes_trust_remote_code: bool = False  # its from_hugging_face pops trust_remote_code
     version_key: VersionKey | None = None
+    # modelopt decoder_type per HF architecture where it differs from modelopt_decoder
+    modelopt_decoder_by_arch: tuple[tuple[str, str], ...] = ()
+
+    def modelopt_decoder_for(self, hf_architecture: str) -> str | None:
+        return dict(self.modelopt_decoder_by_arch).get(hf_architecture, self.modelopt_decoder)
 
 
 _CHATGLM_VERSIONS = VersionKey(
@@ -124,8 +129,11 @@ ARCHS: tuple[ArchSpec, ...] = (
              gated_mlp=True, trust_remote_code=True),
     ArchSpec("deepseek_v2", ("DeepseekV2ForCausalLM",), "DeepseekV2ForCausalLM", "0.14.0", _WEIGHT_ONLY, None,
              gated_mlp=True, trust_remote_code=True),
+    # modelopt names Gemma 2/3 "gemma2"/"gemma3" (MODEL_NAME_TO_TYPE in modelopt/torch/export/model_utils.py,
+    # nvidia-modelopt 0.47.0; its export special-cases both, e.g. layer_utils.py's gemma2/gemma3 norms).
     ArchSpec("gemma", ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"), "GemmaForCausalLM", "0.11.0",
-             _WEIGHT_ONLY | _FP8, "gemma", gated_mlp=True),
+             _WEIGHT_ONLY | _FP8, "gemma", gated_mlp=True,
+             modelopt_decoder_by_arch=(("Gemma2ForCausalLM", "gemma2"), ("Gemma3ForCausalLM", "gemma3"))),
     ArchSpec("phi", ("PhiForCausalLM",), "PhiForCausalLM", "0.11.0", _WEIGHT_ONLY, "phi", gated_mlp=False),
     ArchSpec("phi3", ("Phi3ForCausalLM",), "Phi3ForCausalLM", "0.11.0", _WEIGHT_ONLY, "phi3", gated_mlp=True),
 )

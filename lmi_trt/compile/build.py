@@ -3,7 +3,8 @@
 Per rank (``reference/trtllm_api.md`` §2.3): ``MODEL_MAP[arch].from_hugging_face(hf_dir, dtype,
 mapping=Mapping(world_size, rank, tp_size, pp_size), quant_config, **converter kwargs)`` — or
 ``from_checkpoint(ckpt, rank)`` after calibration — then ``tensorrt_llm.builder.build(model,
-BuildConfig(..., plugin_config=PluginConfig(...)))`` and ``engine.save(out_dir)``.
+BuildConfig(..., plugin_config=plugins))`` (``plugins = PluginConfig()`` set attribute by attribute)
+and ``engine.save(out_dir)``.
 
 Ranks run in spawned worker processes (TensorRT-LLM initialises CUDA and MPI on import, and a
 model per live rank costs host memory, so ``workers`` bounds the parallelism), under one compile
@@ -109,7 +110,13 @@ def _build_config(plan: BuildPlan) -> Any:
     from tensorrt_llm.builder import BuildConfig
     from tensorrt_llm.plugin import PluginConfig
 
-    return BuildConfig(**plan.build_config_kwargs(), plugin_config=PluginConfig(**plan.plugins.plugin_config_kwargs()))
+    # Attribute by attribute: in 0.12, 1.0 and 1.1 PluginConfig is a @dataclass(slots=True) whose
+    # fields are all init=False, so keywords raise TypeError; only 1.2 made it a pydantic model
+    # (tensorrt_llm/plugin/plugin.py; NVIDIA/TensorRT-LLM PR 8277). Assignment works on all four.
+    plugins = PluginConfig()
+    for name, value in plan.plugin_settings().items():
+        setattr(plugins, name, value)
+    return BuildConfig(**plan.build_config_kwargs(), plugin_config=plugins)
 
 
 def _quantize(task: dict[str, Any], plan: BuildPlan, say: Progress) -> None:

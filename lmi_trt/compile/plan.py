@@ -40,9 +40,10 @@ from .quant import QuantPlan, plan_quant
 PLAN_SCHEMA_VERSION = 1
 DEFAULT_MAX_BATCH_SIZE = 256       # DJL sets max_rolling_batch_size=256 for trtllm
 DEFAULT_MAX_NUM_TOKENS = 8192      # TensorRT-LLM's BuildConfig default
-# TensorRT-LLM multiplies max_position_embeddings by the factor for these RoPE types only; the
-# others (llama3, yarn, longrope, su) already state the extended length in config.json.
-_STRETCHING_ROPE = ("linear", "dynamic")
+# TensorRT-LLM's builder (``_init_max_seq_len`` in tensorrt_llm/builder.py, 0.12–1.2) multiplies
+# max_position_embeddings by the rope factor (rounding up) for every scaling type but these, whose
+# config.json already states the extended length.
+_NON_STRETCHING_ROPE = ("su", "longrope", "llama3")
 GiB = 1024**3
 
 TrtDtype = Literal["float16", "bfloat16", "float32"]
@@ -126,9 +127,15 @@ class BuildPlan(BaseModel):
         """The plan as cache-key input: every field except the explanatory ``notes``."""
         return self.model_dump(mode="json", exclude={"notes"})
 
+    @property
+    def _fused_mlp_on_build_config(self) -> bool:
+        # 0.12: use_fused_mlp is a BuildConfig field; 1.x moved it into PluginConfig
+        # (tensorrt_llm/builder.py and tensorrt_llm/plugin/plugin.py at v0.12.0 and v1.0.0).
+        return Version(self.trtllm_version) < Version("1.0.0")
+
     def build_config_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``tensorrt_llm.builder.BuildConfig`` (plugin_config added by the build)."""
-        return {
+        kwargs: dict[str, Any] = {
             "max_input_len": self.max_input_len,
             "max_seq_len": self.max_seq_len,
             "max_batch_size": self.max_batch_size,
@@ -136,6 +143,16 @@ class BuildPlan(BaseModel):
             "max_num_tokens": self.max_num_tokens,
             "max_draft_len": self.max_draft_len,
         }
+        if self._fused_mlp_on_build_config:
+            kwargs["use_fused_mlp"] = self.plugins.use_fused_mlp
+        return kwargs
+
+    def plugin_settings(self) -> dict[str, Any]:
+        """``PluginConfig`` attributes to set, for this plan's release."""
+        settings = self.plugins.plugin_config_kwargs()
+        if self._fused_mlp_on_build_config:
+            del settings["use_fused_mlp"]
+        return settings
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,9 +253,7 @@ def resolve_lengths(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any],
         notes.append("config.json states no maximum position; max_seq_len is not checked against the model")
         return max_seq_len, notes
     scaling = effective_rope_scaling(opts, hf)
-    allowed = limit
-    if scaling and scaling.get("rope_type") in _STRETCHING_ROPE and scaling.get("factor"):
-        allowed = int(limit * float(scaling["factor"]))
+    allowed = rope_scaled_positions(limit, scaling)
     if max_seq_len > allowed:
         how = (f"max_position_embeddings={limit} × rope factor {scaling['factor']}" if allowed != limit
                else f"max_position_embeddings={limit}")
@@ -248,6 +263,16 @@ def resolve_lengths(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any],
             fix += " (or stretch RoPE with option.rotary_scaling_type and option.rotary_scaling_factor)"
         raise PlanError(key, value, f"the model supports {allowed} positions ({how})", fix)
     return max_seq_len, notes
+
+
+def rope_scaled_positions(max_position_embeddings: int, scaling: dict[str, Any] | None) -> int:
+    """The positions TensorRT-LLM's builder allows: ``ceil(max_position_embeddings × factor)`` unless the
+    type is su/longrope/llama3 (``_init_max_seq_len``, tensorrt_llm/builder.py)."""
+    if not scaling:
+        return max_position_embeddings
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling.get("factor") or 1.0) if rope_type not in _NON_STRETCHING_ROPE else 1.0
+    return math.ceil(max_position_embeddings * factor) if factor != 1.0 else max_position_embeddings
 
 
 def resolve_max_num_tokens(opts: CompileOptions, max_batch_size: int, max_seq_len: int,

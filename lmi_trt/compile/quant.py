@@ -171,7 +171,8 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
         kv = q is Quantize.FP8_KV
         fields = dict(method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8" if kv else None,
                       modelopt_qformat="fp8", modelopt_kv_cache_dtype="fp8" if kv else None)
-    if fields["method"] == "modelopt" and spec.modelopt_decoder is None:
+    decoder = spec.modelopt_decoder_for(arch)
+    if fields["method"] == "modelopt" and decoder is None:
         raise PlanError("option.quantize", q.value, f"no calibration path (modelopt export) exists for {arch}",
                         _supported_message(spec, arch))
     calibration = CalibrationPlan(
@@ -185,7 +186,7 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
     if opts.calib_dataset is None:
         notes.append(f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` "
                      "package); set option.calib_dataset to a local .txt/.jsonl file to calibrate offline")
-    return QuantPlan(quantize=q, modelopt_decoder=spec.modelopt_decoder if fields["method"] == "modelopt" else None,
+    return QuantPlan(quantize=q, modelopt_decoder=decoder if fields["method"] == "modelopt" else None,
                      calibration=calibration, **fields), notes
 
 

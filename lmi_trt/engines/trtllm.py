@@ -482,6 +482,13 @@ def _orchestrator_config(tle: ModuleType) -> Any:
     return tle.OrchestratorConfig(is_orchestrator=True, worker_executable_path=str(root / "bin" / "executorWorker"))
 
 
+def effective_multi_block_mode(tle: ModuleType, settings: TrtllmSettings) -> tuple[bool, str]:
+    """The multi-block attention setting the Executor gets, and where it comes from."""
+    if settings.multi_block_mode is not None:
+        return settings.multi_block_mode, "option.multi_block_mode"
+    return bool(tle.ExtendedRuntimePerfKnobConfig().multi_block_mode), "this TensorRT-LLM's default"
+
+
 def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> tuple[Any, list[str]]:
     """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks."""
     warnings = []
@@ -492,12 +499,14 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
     )
     policy = getattr(tle.CapacitySchedulerPolicy, settings.batch_scheduler_policy.upper())
     extra = {}
-    if settings.multi_block_mode is not None:
-        if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
-            extra["extended_runtime_perf_knob_config"] = tle.ExtendedRuntimePerfKnobConfig(
-                multi_block_mode=settings.multi_block_mode
-            )
-        elif facts.multi_block_mode is not None and facts.multi_block_mode != settings.multi_block_mode:
+    if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
+        # Always passed: its default differs by release (off in 0.12, on in 1.x; executor.h's
+        # ExtendedRuntimePerfKnobConfig), so unset means this release's default, stated at start-up.
+        extra["extended_runtime_perf_knob_config"] = tle.ExtendedRuntimePerfKnobConfig(
+            multi_block_mode=effective_multi_block_mode(tle, settings)[0]
+        )
+    elif settings.multi_block_mode is not None:
+        if facts.multi_block_mode is not None and facts.multi_block_mode != settings.multi_block_mode:
             warnings.append(
                 f"option.multi_block_mode={str(settings.multi_block_mode).lower()} is ignored: in this TensorRT-LLM "
                 f"it is a build option and the engine was built with multi_block_mode="
@@ -661,11 +670,13 @@ def final_tokens_and_reason(
 @dataclass(eq=False)
 class _Stream:
     request_id: str
-    exec_id: int
     max_new_tokens: int
     end_id: int
     extra_eos: frozenset[int]
     logprobs: bool
+    beam_width: int
+    exec_id: int | None = None              # None while held back (see TrtllmEngine._must_wait)
+    held: RequestSpec | None = None         # the request to enqueue when its beam width's turn comes
     # Outputs not read yet, and the consumer's future while it waits for one (event loop only).
     pending: list[EngineOutput] = field(default_factory=list)
     waiter: asyncio.Future | None = None
@@ -768,6 +779,11 @@ class TrtllmEngine:
         self._owned_scratch: Path | None = None
         self._streams: dict[int, _Stream] = {}  # by executor request id
         self._by_request_id: dict[str, _Stream] = {}
+        # Requests held back because their beam width differs from the running ones' (see _must_wait),
+        # and how many running-width requests went ahead of them since the last switch.
+        self._held: list[_Stream] = []
+        self._passed_held = 0
+        self._releasing = False
         self._total_requests = 0
         self._total_tokens = 0
         self._last_iteration: Any = None
@@ -807,6 +823,9 @@ class TrtllmEngine:
             self.facts.tp_size, self.facts.pp_size, self._limits.max_batch_size, self.facts.max_input_len,
             self.facts.max_seq_len,
         )
+        if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
+            multi_block, source = effective_multi_block_mode(tle, self.settings)
+            log.info("multi_block_mode=%s (%s)", "on" if multi_block else "off", source)
         try:
             executor = await asyncio.to_thread(tle.Executor, str(engine_dir), tle.ModelType.DECODER_ONLY, config)
         except RuntimeError as exc:
@@ -844,7 +863,8 @@ class TrtllmEngine:
         self._closed = True
         self._healthy = False
         self._stopping.set()
-        for stream in list(self._streams.values()):
+        held, self._held = self._held, []
+        for stream in [*self._streams.values(), *held]:
             self._finish(stream, _error_output(stream.request_id, "the engine is shutting down", 503))
         if self._pump is not None:
             await asyncio.to_thread(self._pump.join)
@@ -894,23 +914,72 @@ class TrtllmEngine:
                 max_beam_width=self._limits.max_beam_width,
                 seed=random.getrandbits(63),
             )
-            exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec))
         except EngineError as exc:
             return _error_output(rid, str(exc), exc.code)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            return _error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 424)
         stream = _Stream(
             request_id=rid,
-            exec_id=exec_id,
             max_new_tokens=request.sampling.max_new_tokens,
             end_id=spec.request["end_id"],
             extra_eos=frozenset(self._eos[1:]) if not request.sampling.ignore_eos else frozenset(),
             logprobs=request.sampling.logprobs,
+            beam_width=request.sampling.beam_width,
         )
-        self._streams[exec_id] = stream
+        if self._must_wait(stream.beam_width):
+            stream.held = spec
+            self._held.append(stream)
+        else:
+            error = self._submit(stream, spec)
+            if error is not None:
+                return error
         self._by_request_id[rid] = stream
         self._total_requests += 1
         return stream
+
+    def _must_wait(self, beam_width: int) -> bool:
+        """Whether a request of this beam width is held back here instead of enqueued.
+
+        TensorRT-LLM's executor does not dequeue a request whose beam width differs from the running
+        requests' (``Executor::Impl::getLeaderNewReqWithIds``, cpp/tensorrt_llm/executor/executorImpl.cpp),
+        and nothing queued behind it either: one such request would stall every later one until the
+        running batch drained. So it waits here while the others keep flowing; once it waits, at most
+        ``max_batch_size`` more running-width requests go ahead of it, then the running batch drains
+        and the held width's group runs together (``_release_held``).
+        """
+        if not self._streams:
+            return False
+        running = next(iter(self._streams.values())).beam_width
+        if beam_width != running:
+            return True
+        return bool(self._held) and self._passed_held >= self._limits.max_batch_size
+
+    def _submit(self, stream: _Stream, spec: RequestSpec) -> EngineOutput | None:
+        try:
+            exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec))
+        except (RuntimeError, TypeError, ValueError) as exc:
+            return _error_output(stream.request_id, f"TensorRT-LLM rejected the request: {exc}", 424)
+        stream.exec_id, stream.held = exec_id, None
+        self._streams[exec_id] = stream
+        if self._held:
+            self._passed_held += 1
+        return None
+
+    def _release_held(self) -> None:
+        """Nothing runs any more: enqueue the oldest held request's beam-width group, in arrival order."""
+        if self._releasing or self._streams or not self._held or not self._healthy:
+            return
+        self._releasing = True
+        try:
+            width = self._held[0].beam_width
+            group = [s for s in self._held if s.beam_width == width]
+            self._held = [s for s in self._held if s.beam_width != width]
+            self._passed_held = 0
+            for stream in group:
+                error = self._submit(stream, stream.held)
+                if error is not None:
+                    self._finish(stream, error)
+        finally:
+            self._releasing = False
+        self._release_held()  # every request of the group failed to enqueue: the next group's turn
 
     async def cancel(self, request_id: str) -> None:
         stream = self._by_request_id.get(request_id)
@@ -921,6 +990,10 @@ class TrtllmEngine:
         if stream.cancelled or stream.done:
             return
         stream.cancelled = True
+        if stream.exec_id is None:  # held back here: the executor never saw it
+            self._held.remove(stream)
+            self._finish(stream, EngineOutput(stream.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED))
+            return
         try:
             self._executor.cancel_request(stream.exec_id)
         except RuntimeError as exc:
@@ -931,9 +1004,11 @@ class TrtllmEngine:
 
     def _finish(self, stream: _Stream, out: EngineOutput) -> None:
         stream.done = True
-        self._streams.pop(stream.exec_id, None)
+        if stream.exec_id is not None:
+            self._streams.pop(stream.exec_id, None)
         self._by_request_id.pop(stream.request_id, None)
         _push(stream, out)
+        self._release_held()
 
     # ------------------------------------------------------------------ response pump
 
@@ -955,7 +1030,8 @@ class TrtllmEngine:
 
     def _pump_died(self, reason: str) -> None:
         self._healthy = False
-        for stream in list(self._streams.values()):
+        held, self._held = self._held, []
+        for stream in [*self._streams.values(), *held]:
             self._finish(stream, _error_output(stream.request_id, f"the TensorRT-LLM response loop stopped: {reason}", 424))
 
     def _dispatch(self, responses: list) -> None:
@@ -975,8 +1051,15 @@ class TrtllmEngine:
 
     def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
         tokens = list(result.output_token_ids[0]) if result.output_token_ids else []
-        logprobs = list(result.log_probs[0]) if stream.logprobs and result.log_probs else None
+        start = stream.generated
         stream.generated += len(tokens)
+        logprobs = None
+        if stream.logprobs and result.log_probs:
+            # output_token_ids is the delta, log_probs everything generated so far (LlmRequest::createResult
+            # in cpp/tensorrt_llm/batch_manager/llmRequest.cpp; tensorrt_llm/executor/result.py replaces
+            # its log-probs with each result's): take the delta's positions. A non-streaming result is
+            # one delta from position 0.
+            logprobs = list(result.log_probs[0][start : start + len(tokens)])
         if not result.is_final:
             return EngineOutput(stream.request_id, tokens, logprobs)
         reason_name = result.finish_reasons[0].name if result.finish_reasons else "NOT_FINISHED"
@@ -1012,7 +1095,7 @@ class TrtllmEngine:
                 extra["kv_cache_max_blocks"] = float(kv.max_num_blocks)
         return EngineStats(
             active_requests=len(self._streams),
-            queued_requests=it.num_queued_requests if it is not None else 0,
+            queued_requests=(it.num_queued_requests if it is not None else 0) + len(self._held),
             max_batch_size=self._limits.max_batch_size,
             total_requests=self._total_requests,
             total_generated_tokens=self._total_tokens,

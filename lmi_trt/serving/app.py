@@ -14,6 +14,7 @@ import enum
 import json
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,6 +36,7 @@ from lmi_trt.serving.errors import (
     ServiceUnavailable,
     error_body,
 )
+from lmi_trt.serving.health_responder import HealthResponder
 from lmi_trt.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from lmi_trt.serving.metrics import Metrics
 
@@ -616,10 +618,22 @@ async def serve(
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
     """
     ctx = app[CONTEXT]
+    # Forked first, while the process has no other thread and no listening socket to inherit.
     ctx.json_worker = JsonWorker()
+    # The socket, and the responder answering on it, come before runner.setup() starts the load: a load
+    # that holds the GIL from its first steps would keep this coroutine from starting them later.
+    sock = _listen(host, port)
+    responder = HealthResponder(sock, ctx.model_name) if ctx.status is ModelStatus.PENDING else None
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=_CANCEL_GRACE_S, access_log=None,
                            keepalive_timeout=KEEPALIVE_TIMEOUT_S)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException:
+        if responder is not None:
+            responder.stop()
+        sock.close()
+        ctx.json_worker.close()
+        raise
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -627,6 +641,8 @@ async def serve(
     watcher: asyncio.Task[bool] | None = None
     listener: asyncio.base_events.Server | None = None
     try:
+        if responder is not None and not await _responder_answers_until_loaded(app, responder, stop):
+            return 0
         guard = ConnectionGuard(connection_limit(ctx.config.max_connections), ctx.config.header_read_timeout)
         server = runner.server
         assert server is not None
@@ -635,9 +651,14 @@ async def serve(
         listener = await loop.create_server(
             lambda: GuardedRequestHandler(server, guard, loop=loop, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                                           access_log=None),
-            host, port, backlog=1024, reuse_address=True,
+            sock=sock, backlog=1024,
         )
         log.info("listening on http://%s:%d (at most %d connections)", host, port, guard.max_connections)
+        if responder is not None:
+            # Stopped only once this server accepts too: a connection queued meanwhile is taken by one
+            # of the two, both of which answer it.
+            await asyncio.to_thread(responder.stop)
+            log.info("health responder stopped: the server answers alone (model %s)", ctx.status.value)
         if exit_on_failure_after is not None:
             watcher = loop.create_task(_exit_when_failed(ctx, stop, exit_on_failure_after))
         await stop.wait()
@@ -649,7 +670,9 @@ async def serve(
         failed = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.result()
         if watcher is not None and not watcher.done():
             watcher.cancel()
-        if listener is not None:
+        if responder is not None:
+            responder.stop()
+        if listener is not None:  # once serving, the server owns (and closes) the socket
             listener.close()
             if runner.server is not None:
                 runner.server.pre_shutdown()  # idle connections close; busy ones after their request
@@ -660,10 +683,33 @@ async def serve(
             if ctx.service is not None and ctx.service.in_system:
                 log.warning("drain timeout (%.0f s): cancelling %d requests still in flight", shutdown_timeout,
                             ctx.service.in_system)
+        else:
+            sock.close()
         await runner.cleanup()
         ctx.json_worker.close()
         log.info("stopped after %.1f s", time.monotonic() - t0)
     return 1 if failed else 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, ours rather than aiohttp's, so the health responder can share it."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+async def _responder_answers_until_loaded(app: web.Application, responder: HealthResponder, stop: asyncio.Event) -> bool:
+    """While the model loads, only the health responder accepts on the listening socket; this process
+    does not even watch it. An engine load that holds the GIL (TensorRT-LLM's Executor constructor
+    does) freezes every Python thread here, yet an event loop can still accept: uvloop's libuv accepts
+    in C with the GIL released, then waits for the GIL to run the callback, leaving the connection
+    unanswered until the load ends. True once the load ended (ready or failed), False if stopped first."""
+    log.info("health responder (pid %d) answers /ping while the model loads", responder.pid)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({app[_LOAD_TASK], stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    return app[_LOAD_TASK].done()
 
 
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]

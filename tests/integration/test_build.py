@@ -38,9 +38,16 @@ def tiny():
     return tinymodels.tiny_model("llama")
 
 
-def plan_for(model: Path, version: str = "1.2.0rc2", gpu: GpuFacts = H100x2, **opts):
+def installed() -> str:
+    """The release the fake impersonates (LMI_TRT_FAKE_RELEASE; spawned build workers inherit it)."""
+    import tensorrt_llm
+
+    return tensorrt_llm.__version__
+
+
+def plan_for(model: Path, version: str | None = None, gpu: GpuFacts = H100x2, **opts):
     hf = json.loads((model / "config.json").read_text())
-    return make_plan(CompileOptions(**{**SMALL, **opts}), hf, gpu, version)
+    return make_plan(CompileOptions(**{**SMALL, **opts}), hf, gpu, version or installed())
 
 
 def test_build_writes_the_precompiled_layout(tiny, tmp_path):
@@ -51,13 +58,15 @@ def test_build_writes_the_precompiled_layout(tiny, tmp_path):
                  properties={"option.max_input_len": 128, "option.model_id": "should-not-be-written",
                              "option.quantize": None})
     config = json.loads((out / "config.json").read_text())
-    assert config["version"] == "1.2.0rc2"
+    assert config["version"] == installed()
     assert config["pretrained_config"]["architecture"] == "LlamaForCausalLM"
     assert config["pretrained_config"]["dtype"] == "float16"
     built = config["build_config"]
     assert (built["max_input_len"], built["max_seq_len"], built["max_batch_size"], built["max_num_tokens"]) == \
         (128, 192, 4, 4 * 192)
-    assert built["plugin_config"]["tokens_per_block"] == 32 and built["plugin_config"]["use_paged_context_fmha"]
+    # The plan's plugin settings (the release's own defaults differ: 64 blocks, no paged context FMHA in 0.12)
+    assert built["plugin_config"]["tokens_per_block"] == plan.plugins.tokens_per_block
+    assert built["plugin_config"]["use_paged_context_fmha"] is plan.plugins.use_paged_context_fmha
     assert (out / "rank0.engine").is_file()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "hf_config.json",
                  "build_plan.json", "serving.properties"):
@@ -140,7 +149,9 @@ def test_convert_failure_names_stage_and_rank(tiny, tmp_path):
 
 def test_build_failure_names_stage_and_rank(tiny, tmp_path):
     plan = plan_for(tiny, tensor_parallel_degree=2)
-    broken = plan.model_copy(update={"plugins": plan.plugins.model_copy(update={"context_fmha": False})})
+    # Paged context FMHA without context FMHA: set both, as 0.12's plan leaves paged context FMHA off.
+    broken_plugins = plan.plugins.model_copy(update={"context_fmha": False, "use_paged_context_fmha": True})
+    broken = plan.model_copy(update={"plugins": broken_plugins})
     with pytest.raises(BuildError) as e:
         build_engine(broken, tiny, tmp_path / "engine", settings=BuildSettings(workers=1))
     assert (e.value.stage, e.value.rank) == ("build", 0) and "use_paged_context_fmha" in str(e.value)
@@ -175,7 +186,9 @@ def test_failed_build_in_the_cache_leaves_nothing(tiny, tmp_path):
     from lmi_trt.compile.cache import CacheKeyInputs
 
     inputs = CacheKeyInputs.from_plan("fp", plan, H100x2)
-    broken = plan.model_copy(update={"plugins": plan.plugins.model_copy(update={"context_fmha": False})})
+    # Paged context FMHA without context FMHA: set both, as 0.12's plan leaves paged context FMHA off.
+    broken_plugins = plan.plugins.model_copy(update={"context_fmha": False, "use_paged_context_fmha": True})
+    broken = plan.model_copy(update={"plugins": broken_plugins})
     with pytest.raises(BuildError):
         cache.get_or_build(inputs, lambda out: build_engine(broken, tiny, out), model_id="m")
     assert list((tmp_path / "cache" / "entries").iterdir()) == []
@@ -192,16 +205,16 @@ def test_ensure_engine_builds_once_and_returns_an_engine_artifact(tiny, tmp_path
     config = LmiConfig(model_id=str(tiny), max_input_len=128, max_output_len=64, max_rolling_batch_size=4,
                        download_dir=tmp_path / "dl")
     artifact = resolve_model(config)
-    first = ensure_engine(config, artifact, gpu=H100x2, trtllm_version="1.2.0rc2")
+    first = ensure_engine(config, artifact, gpu=H100x2, trtllm_version=installed())
     assert first.kind == "trtllm_engine" and first.tokenizer_dir is not None
     assert first.path.parent == tmp_path / "dl" / "trtllm-engines" / "entries"
     assert verify_entry(first.path, first.path.name) is None
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
-        second = ensure_engine(config, artifact, gpu=H100x2, trtllm_version="1.2.0rc2")
+        second = ensure_engine(config, artifact, gpu=H100x2, trtllm_version=installed())
     assert second.path == first.path and "engine cache hit" in caplog.text
     changed = config.model_copy(update={"max_input_len": 256})
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
-        third = ensure_engine(changed, artifact, gpu=H100x2, trtllm_version="1.2.0rc2")
+        third = ensure_engine(changed, artifact, gpu=H100x2, trtllm_version=installed())
     assert third.path != first.path and "plan.max_input_len: 128 → 256" in caplog.text
 
 
@@ -213,7 +226,7 @@ def test_ensure_engine_plan_errors_come_before_any_build(tiny, tmp_path):
 
     config = LmiConfig(model_id=str(tiny), max_input_len=500, max_output_len=64, download_dir=tmp_path / "dl")
     with pytest.raises(PlanError, match="512 positions"):
-        ensure_engine(config, resolve_model(config), gpu=H100x2, trtllm_version="1.2.0rc2")
+        ensure_engine(config, resolve_model(config), gpu=H100x2, trtllm_version=installed())
     assert not (tmp_path / "dl" / "trtllm-engines").exists()
 
 
@@ -232,7 +245,7 @@ def test_plan_command_json_and_text(tiny, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["plan"]["max_input_len"] == 256 and report["plan"]["max_seq_len"] == 256 + 128
     assert report["gpu"]["sm"] == 89 and report["memory"]["kv_bytes_per_token"] == 256
-    assert report["plan"]["trtllm_version"] == "1.2.0rc2"  # the (fake) installed one
+    assert report["plan"]["trtllm_version"] == installed()  # the (fake) installed one
     assert _cli("plan", "--model-id", str(tiny), "--gpu", "h100", "--gpu-count", "2",
                 "-o", "option.max_input_len=300", "-o", "option.max_output_len=100") == 0
     text = capsys.readouterr().out
@@ -320,7 +333,7 @@ def test_a_trtllm_checkpoint_is_built_without_conversion(tiny, tmp_path):
     assert artifact.kind == "trtllm_checkpoint"
     config = LmiConfig(model_id=str(ckpt), max_input_len=128, max_output_len=64, max_rolling_batch_size=4,
                        tensor_parallel_degree=2, download_dir=tmp_path / "dl")
-    engine = ensure_engine(config, artifact, gpu=H100x2, trtllm_version="1.2.0rc2")
+    engine = ensure_engine(config, artifact, gpu=H100x2, trtllm_version=installed())
     assert engine.kind == "trtllm_engine"
     assert sorted(p.name for p in engine.path.glob("rank*.engine")) == ["rank0.engine", "rank1.engine"]
     plan = json.loads((engine.path / "build_plan.json").read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 
 import pytest
@@ -157,7 +158,9 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
     from lmi_trt.compile.plan import GpuFacts
 
     monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
-    monkeypatch.setattr(jit, "_host_trtllm", lambda: "1.2.0rc2")
+    import tensorrt_llm  # the fake, impersonating LMI_TRT_FAKE_RELEASE
+
+    monkeypatch.setattr(jit, "_host_trtllm", lambda: tensorrt_llm.__version__)
     shared_cache = tmp_path / "shared-engine-cache"
     config = LmiConfig(model_id=str(hf_dir), rolling_batch="trtllm", backend="tensorrt", max_input_len=64,
                        max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "replica1",
@@ -178,3 +181,55 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
             await server.close()
         built = "(built," in caplog.text
         assert built is (replica == 0), caplog.text[-3000:]
+
+
+SITECUSTOMIZE = """\
+import lmi_trt.engines.trtllm as _trt
+_trt._cuda_available = lambda: True
+"""
+GIL_HOLD_S = 20.0  # the fake Executor's constructor blocks in C this long without releasing the GIL
+
+
+def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf_dir, tmp_path):
+    """TensorRT-LLM's Executor constructor holds the GIL for the whole load, freezing every thread of the
+    server; /ping must still answer 503 PENDING (a liveness probe would otherwise kill the container),
+    then 200 once the engine is up, and requests are served by the server itself after the handover."""
+    import time
+
+    import requests
+    from cliserver import serve, wait_ready
+    from trtllm_testing import FAKES
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)  # the one hardware seam: no GPU here
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(FAKES), os.environ.get("PYTHONPATH", "")]),
+           "LMI_TRT_FAKE_ENGINE_LOAD_S": str(GIL_HOLD_S)}
+    args = ["--model-id", str(engine_dir), "--engine", "trtllm", "-o", f"option.tokenizer_id={hf_dir}",
+            "-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
+    with serve(args, tmp_path, env=env, ready=False) as server:
+        deadline = time.monotonic() + 120
+        while "holds the GIL" not in server.log():
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.log()[-4000:]
+            time.sleep(0.05)
+        answers = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            r = server.get("/ping", timeout=5)
+            answers.append((r.status_code, r.json(), time.monotonic() - t0))
+            other = server.post("/invocations", json={"inputs": "hi"}, timeout=5)
+            assert other.status_code == 503 and other.headers["Retry-After"] and "loading" in other.json()["error"]
+        assert "released the GIL" not in server.log(), "the answers must have come while the GIL was held"
+        assert all(code == 503 and list(body.values()) == [{"status": "PENDING"}] for code, body, _ in answers), answers
+        print(f"/ping during the GIL-holding load: {max(a[2] for a in answers) * 1000:.0f} ms at most")
+        wait_ready(server, timeout=120)
+        body = {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 4, "ignore_eos": True}}
+        r = server.post("/invocations", json=body)
+        assert r.status_code == 200, r.text
+        responder_pid = int(server.log().split("health responder (pid ")[1].split(")")[0])
+        deadline = time.monotonic() + 60  # the server answers before it stops the responder: no connection unanswered
+        while "health responder stopped" not in server.log():
+            assert time.monotonic() < deadline, server.log()[-4000:]
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{responder_pid}")  # exited and reaped at the handover
+        assert requests.get(server.url + "/ping", timeout=30).status_code == 200

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
 from tinymodels import tiny_model
-from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
 from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
@@ -182,6 +185,84 @@ async def test_beam_search_and_logprobs(engine_dir, reference):
         await engine.close()
 
 
+async def test_streamed_logprobs_are_the_deltas_positions(engine_dir):
+    """TensorRT-LLM streams token deltas with cumulative log-probs (LlmRequest::createResult): each
+    delta's log-probs are the ones at its positions, equal to the non-streaming request's; a consumer
+    that fell behind gets merged deltas whose log-probs still line up one per token."""
+    engine = await started(engine_dir)
+    try:
+        whole = await collect(engine, req("lp-whole", PROMPTS[1], streaming=False, max_new_tokens=12, logprobs=True,
+                                          ignore_eos=True))
+        want = whole[0].logprobs
+        assert len(want) == 12
+        streamed = await collect(engine, req("lp-stream", PROMPTS[1], max_new_tokens=12, logprobs=True,
+                                             ignore_eos=True))
+        assert [len(o.logprobs) for o in streamed] == [len(o.token_ids) for o in streamed]
+        assert [lp for o in streamed for lp in o.logprobs] == pytest.approx(want)
+
+        slow, agen = [], engine.submit(req("lp-slow", PROMPTS[1], max_new_tokens=12, logprobs=True, ignore_eos=True))
+        slow.append(await asyncio.wait_for(agen.__anext__(), 60))
+        while engine.stats().active_requests:  # let the rest queue up unread: it is read as merged deltas
+            await asyncio.sleep(0.01)
+        slow += [out async for out in agen]
+        assert len(slow) < 12 and [len(o.logprobs) for o in slow] == [len(o.token_ids) for o in slow]
+        assert [lp for o in slow for lp in o.logprobs] == pytest.approx(want)
+    finally:
+        await engine.close()
+
+
+async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
+    """TensorRT-LLM's executor does not dequeue a request whose beam width differs from the running ones
+    (getLeaderNewReqWithIds), nor anything behind it: the engine holds such a request back itself, so a
+    later request of the running width runs at once, and the held one runs when the running batch drains."""
+    engine = await started(engine_dir)
+    try:
+        long = asyncio.create_task(collect(engine, req("long", PROMPTS[0], max_new_tokens=120, ignore_eos=True)))
+        while engine.stats().total_generated_tokens == 0:  # "long" is running
+            await asyncio.sleep(0.01)
+        beam = asyncio.create_task(collect(engine, req("beam", PROMPTS[1], streaming=False, beam_width=2,
+                                                       max_new_tokens=4, ignore_eos=True)))
+        while engine.stats().total_requests < 2:  # "beam" is submitted before "short"
+            await asyncio.sleep(0.01)
+        short = await collect(engine, req("short", PROMPTS[2], max_new_tokens=4, ignore_eos=True))
+        assert short[-1].finish_reason is FinishReason.LENGTH and len(tokens_of(short)) == 4
+        assert not long.done() and not beam.done()  # ran alongside "long", ahead of the held beam request
+        beams = await beam
+        assert beams[-1].error is None and len(beams[-1].token_ids) == 4
+        assert long.done() and (await long)[-1].finish_reason is FinishReason.LENGTH
+    finally:
+        await engine.close()
+
+
+async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(engine_dir):
+    """No starvation: once a request of another width waits, at most max_batch_size (4) later requests of
+    the running width go ahead of it; the rest wait for its group to finish."""
+    engine = await started(engine_dir)
+    try:
+        done: list[str] = []
+
+        async def run(rid: str, **kw):
+            outs = await collect(engine, req(rid, PROMPTS[0], ignore_eos=True, **kw))
+            assert outs[-1].error is None, outs[-1]
+            done.append(rid)
+
+        long = asyncio.create_task(run("long", max_new_tokens=40))
+        while engine.stats().total_generated_tokens == 0:
+            await asyncio.sleep(0.01)
+        tasks = [asyncio.create_task(run("beam", streaming=False, beam_width=2, max_new_tokens=4))]
+        while engine.stats().total_requests < 2:
+            await asyncio.sleep(0.01)
+        for i in range(6):
+            tasks.append(asyncio.create_task(run(f"later{i}", max_new_tokens=4)))
+            while engine.stats().total_requests < 3 + i:
+                await asyncio.sleep(0.01)
+        await asyncio.gather(long, *tasks)
+        assert done.index("beam") < done.index("later4") and done.index("beam") < done.index("later5"), done
+        assert max(done.index(f"later{i}") for i in range(3)) < done.index("beam"), done  # these went ahead
+    finally:
+        await engine.close()
+
+
 async def test_extra_eos_ids_stop_like_eos(engine_dir, reference):
     want = reference(PROMPTS[0], 20, eos=None)
     extra = want[3]  # a token the model will produce: declared a second EOS id
@@ -258,7 +339,7 @@ async def test_plans_with_legacy_names_are_linked(engine_dir, tmp_path, referenc
 
 
 async def test_engine_from_another_release_fails_to_load(engine_dir, trt, monkeypatch):
-    monkeypatch.setattr(trt, "__version__", "1.0.0")
+    monkeypatch.setattr(trt, "__version__", "1.1.0" if trt.__version__ != "1.1.0" else "1.0.0")
     engine = TrtllmEngine(engine_dir, eos_token_ids=[2], gpu_available=lambda: True)
     with pytest.raises(EngineError, match="Version tag does not match") as err:
         await engine.start()
@@ -297,12 +378,36 @@ async def test_leader_mode_followers_wait_for_the_leader(trt, monkeypatch, tmp_p
         leader.wait_for_shutdown()
 
 
-def test_selftest_passes_against_the_fake(trt, tmp_path):
-    from lmi_trt.selftest import run_selftest
+def test_selftest_goes_through_lmi_trt_compile_and_exits_by_its_result(trt, tmp_path, monkeypatch):
+    """``lmi-trt selftest`` builds through lmi_trt.compile (plan → build → cache) as serve does, then serves:
+    exit 0 when every step passes, 1 when one fails (it printed FAILED and exited 0 before)."""
+    import lmi_trt.compile.jit as jit
+    import lmi_trt.engines.trtllm as engine_module
+    import lmi_trt.selftest as selftest
+    from lmi_trt.cli import main
+    from lmi_trt.compile.plan import GpuFacts
 
-    lines = []
-    assert run_selftest(tmp_path, gpu_available=lambda: True, out=lines.append), lines
-    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 6 and lines[-1] == "selftest PASSED"
-    lines.clear()
-    assert not run_selftest(tmp_path / "again", gpu_available=lambda: False, out=lines.append)
-    assert lines[0].startswith("FAIL  TensorRT-LLM and a GPU")
+    # The hardware seams: this machine has no GPU; the fake builds and runs without one.
+    monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
+    monkeypatch.setattr(engine_module, "_cuda_available", lambda: True)
+    monkeypatch.syspath_prepend(str(FAKES))  # the spawned build workers import the fake too
+    lines: list[str] = []
+    assert selftest.run_selftest(tmp_path / "ok", out=lines.append), lines
+    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 7 and lines[-1] == "selftest PASSED"
+    assert any("lmi_trt.compile" in line for line in lines)
+    built = json.loads(next((tmp_path / "ok" / "engine-cache").rglob("build_plan.json")).read_text())
+    assert built["trtllm_version"] == trt.__version__ and built["max_batch_size"] == 4
+
+    monkeypatch.setattr(selftest, "run_selftest", lambda: True)
+    assert main(["selftest"]) == 0
+    monkeypatch.setattr(selftest, "run_selftest", lambda: False)
+    assert main(["selftest"]) == 1
+
+
+def test_selftest_exits_non_zero_when_it_fails(tmp_path):
+    """Through the command as a process: the fake TensorRT-LLM, no GPU here → FAIL, exit status 1."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "lmi_trt", "selftest"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  TensorRT-LLM and a GPU" in done.stdout and done.stdout.rstrip().endswith("selftest FAILED")

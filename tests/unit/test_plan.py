@@ -220,6 +220,20 @@ def test_linear_rope_scaling_extends_the_limit():
         make_plan(opts.model_copy(update={"max_output_len": 1193}), LLAMA2_7B, H100, "1.0.0")
 
 
+def test_yarn_extends_the_limit_as_the_builder_computes_it():
+    """TensorRT-LLM's builder (_init_max_seq_len) scales max_position_embeddings by the factor for every
+    RoPE type but su/longrope/llama3, rounding up: Qwen2.5's YaRN ×4 over 32768 builds 131072 positions."""
+    qwen25_yarn = {**QWEN2_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    plan = make_plan(CompileOptions(max_input_len=130000, max_output_len=1072, max_batch_size=1), qwen25_yarn, H100,
+                     "1.0.0")
+    assert plan.max_seq_len == 131072
+    with pytest.raises(PlanError, match="131072 positions"):
+        make_plan(CompileOptions(max_input_len=130000, max_output_len=1073, max_batch_size=1), qwen25_yarn, H100,
+                  "1.0.0")
+    odd = {**LLAMA2_7B, "rope_scaling": {"rope_type": "yarn", "factor": 1.5001}}  # ceil(4096 × 1.5001) = 6145
+    make_plan(CompileOptions(max_input_len=6000, max_output_len=145, max_batch_size=1), odd, H100, "1.0.0")
+
+
 def test_llama31_already_states_its_extended_length():
     make_plan(CompileOptions(max_input_len=131000, max_output_len=72, max_batch_size=1), LLAMA31_8B, H100, "1.0.0")
     with pytest.raises(PlanError, match="131072 positions"):

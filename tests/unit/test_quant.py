@@ -231,3 +231,19 @@ def test_modelopt_calibration_writes_a_trtllm_checkpoint(case, tiny_llama, calib
             assert name in names, sorted(n for n in names if "layers.0." in n)
             assert f.get_slice(name).get_dtype() == dtype, name
         assert f.get_slice("lm_head.weight").get_dtype() == "F16"  # lm_head stays unquantized
+
+
+@pytest.mark.parametrize("arch,decoder", [
+    ("GemmaForCausalLM", "gemma"), ("Gemma2ForCausalLM", "gemma2"), ("Gemma3ForCausalLM", "gemma3"),
+])
+def test_gemma_modelopt_decoder_types_are_modelopts(arch, decoder):
+    """modelopt maps Gemma 2/3 to "gemma2"/"gemma3" (its MODEL_NAME_TO_TYPE); "gemma" for them exports wrong."""
+    from modelopt.torch.export.model_utils import MODEL_NAME_TO_TYPE
+
+    gemma = {"architectures": [arch], "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+             "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000, "intermediate_size": 9216,
+             "max_position_embeddings": 8192}
+    spec = lookup_arch(gemma)
+    plan, _ = plan_quant(CompileOptions(quantize="fp8"), spec, gemma, read_dims(spec, gemma), gpu_sm=90, tp=1)
+    assert plan.modelopt_decoder == decoder
+    assert MODEL_NAME_TO_TYPE[arch.removesuffix("ForCausalLM")] == decoder

@@ -19,6 +19,7 @@ from lmi_trt.engines.trtllm import (
     TrtllmUnavailable,
     api_spec,
     build_executor_config,
+    effective_multi_block_mode,
     check_settings,
     expected_engine_file,
     final_tokens_and_reason,
@@ -310,8 +311,11 @@ def test_settings_from_config_follow_djl_precedence():
 # ------------------------------------------------------------------------------ executor config
 
 
-def test_executor_config_1x(trt):
+def test_executor_config_1x(trt, monkeypatch):
     from tensorrt_llm.bindings import executor as tle
+
+    if trt.__version__.startswith("0."):  # under LMI_TRT_FAKE_RELEASE=0.12.0: this test is about 1.x
+        monkeypatch.setattr(trt, "__version__", "1.0.0")
 
     settings = TrtllmSettings(max_batch_size=8, kv_cache_free_gpu_mem_fraction=0.5, max_tokens_in_paged_kv_cache=4096,
                               batch_scheduler_policy="guaranteed_no_evict", multi_block_mode=False, enable_trt_overlap=True)
@@ -338,6 +342,21 @@ def test_executor_config_012_warns_for_missing_knobs(trt, monkeypatch):
     monkeypatch.delattr(tle, "ExtendedRuntimePerfKnobConfig")  # a release where it is a build flag
     _, warnings = build_executor_config(tle, TrtllmSettings(multi_block_mode=True), facts_1x(multi_block_mode=False))
     assert any("built with multi_block_mode=false" in w for w in warnings)
+
+
+@pytest.mark.parametrize("release,unset", [("0.12.0", False), ("1.0.0", True), ("1.2.1", True)])
+def test_multi_block_mode_is_what_was_set_or_the_releases_default(trt, monkeypatch, release, unset):
+    """ExtendedRuntimePerfKnobConfig.multi_block_mode defaults off in 0.12 and on in 1.x: the Executor
+    gets the option's value on every release, and an unset option is this release's default, stated."""
+    from tensorrt_llm.bindings import executor as tle
+
+    monkeypatch.setattr(trt, "__version__", release)
+    for chosen in (True, False):
+        config, _ = build_executor_config(tle, TrtllmSettings(multi_block_mode=chosen), facts_1x())
+        assert config.extended_runtime_perf_knob_config.multi_block_mode is chosen
+    config, _ = build_executor_config(tle, TrtllmSettings(), facts_1x())
+    assert config.extended_runtime_perf_knob_config.multi_block_mode is unset
+    assert effective_multi_block_mode(tle, TrtllmSettings()) == (unset, "this TensorRT-LLM's default")
 
 
 # ------------------------------------------------------------------------------ requests

@@ -5,8 +5,10 @@ subset of the real API as listed in ``trtllm_api_surface.py`` (checked by
 ``tests/unit/test_fake_surface.py``). The build side writes the real engine layout; the executor
 really generates, through the Hugging Face checkpoint an engine was built from.
 
-``tensorrt_llm.__version__`` can be assigned to impersonate another release: 0.x gets the
-0.12 executor bindings, 1.x the 1.x ones. Engines only load in the release that built them.
+The release it impersonates is ``LMI_TRT_FAKE_RELEASE`` (0.12.0, 1.0.0, 1.1.0 or 1.2.1; unset:
+1.0.0, the Dockerfile's base image). ``tensorrt_llm.__version__`` can be assigned to switch in-process:
+0.x gets the 0.12 shapes, 1.x the 1.x ones, 1.2 the pydantic ``PluginConfig``. Engines only load in
+the release that built them.
 """
 
 import sys

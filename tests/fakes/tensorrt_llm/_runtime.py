@@ -5,14 +5,26 @@ Semantics kept from TensorRT-LLM (trtllm_api.md §1, §4, §7):
 * requests join and leave the running batch at any step; at most ``max_batch_size`` run, the
   rest wait in arrival order;
 * streaming results carry only the tokens new since the previous result (all generated tokens
-  with ``return_all_generated_tokens``); non-streaming results carry prompt + output unless
-  ``exclude_input_from_output``; the end id itself is not part of the output;
+  with ``return_all_generated_tokens``), but ``log_probs`` holds every log-prob generated so far:
+  ``LlmRequest::createResult`` (cpp/tensorrt_llm/batch_manager/llmRequest.cpp) slices the tokens
+  from the last sent position and copies the log-probs whole, and TensorRT-LLM's own
+  ``tensorrt_llm/executor/result.py`` replaces (does not extend) its log-probs with each result's;
+  non-streaming results carry prompt + output unless ``exclude_input_from_output``; the end id
+  itself is not part of the output;
+* a queued request is not dequeued while its beam width differs from the running requests' (the
+  operating beam width): ``Executor::Impl::getLeaderNewReqWithIds``
+  (cpp/tensorrt_llm/executor/executorImpl.cpp) stops at it, so it also holds back everything queued
+  behind it until the running ones finish;
+* the ``Executor`` constructor holds the GIL for the whole engine load (the binding releases it for
+  none of it): the fake ends its load with a C call made through ``ctypes.PyDLL``, which keeps the
+  GIL, for ``LMI_TRT_FAKE_ENGINE_LOAD_S`` seconds (default 0.2);
 * sampling follows ``SamplingConfig``: greedy when ``top_k`` is 1, or when neither ``top_k`` nor
   ``top_p`` is set; otherwise temperature, top-k, top-p with a per-request generator (seed 0
   unless given); repetition/presence/frequency penalties, ``min_tokens``, bad and stop words;
 * run-time rejections (a prompt over ``max_input_len``) come back as error Responses for that
   request only; prompt + max_tokens over ``max_seq_len`` is clamped (TRT-LLM logs a warning);
-* ``cancel_request``: 1.x sends a final result with ``FinishReason.CANCELLED``; 0.12 sends none;
+* ``cancel_request``: 1.x sends a final result with ``FinishReason.CANCELLED`` that carries the
+  tokens generated but not yet sent (streaming; all of them otherwise); 0.12 sends none;
 * leader mode: rank 0 generates; other ranks' ``shutdown()`` blocks until the leader's.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
 ``transformers``' beam search and answered with one final result, without log probs.
@@ -219,6 +231,8 @@ class ExecutorImpl:
         self._thread = None
         if self.is_leader:
             self._model = _load_model(blob["hf_model_dir"])
+        _hold_gil(float(os.environ.get("LMI_TRT_FAKE_ENGINE_LOAD_S", "0.2")))
+        if self.is_leader:
             self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
             self._thread.start()
 
@@ -349,7 +363,14 @@ class ExecutorImpl:
 
     def _admit(self, out: list) -> set[int]:
         admitted = set()
+        if not self._waiting:
+            return admitted
+        # getLeaderNewReqWithIds: the operating beam width is the running requests' (the first
+        # queued request's when none runs); the queue is not dequeued past a request of another width.
+        operating = self._active[0].beam_width if self._active else self._waiting[0].beam_width
         while self._waiting and len(self._active) < self.max_batch_size:
+            if self._waiting[0].beam_width != operating:
+                break
             seq = self._waiting.popleft()
             if len(seq.prompt) > self.limits.max_input_len:
                 out.append(
@@ -419,8 +440,9 @@ class ExecutorImpl:
         res = self._api.Result()
         res.is_final = res.is_sequence_final = reason is not None
         if seq.streaming:
+            # Tokens are the delta, log-probs cumulative (LlmRequest::createResult).
             start = 0 if seq.return_all else seq.sent
-            tokens, lps = seq.generated[start:], seq.log_probs[start:]
+            tokens, lps = seq.generated[start:], seq.log_probs
         else:
             tokens, lps = seq.generated, seq.log_probs
             if not seq.exclude_input:
@@ -485,13 +507,32 @@ class ExecutorImpl:
         self._stats.append(st)
 
 
+def _hold_gil(seconds: float) -> None:
+    """Block in C without releasing the GIL, as the Executor constructor binding does for its load:
+    ``ctypes.PyDLL`` keeps the GIL across the call (``ctypes.CDLL`` would release it)."""
+    if seconds <= 0:
+        return
+    import ctypes
+
+    class _Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    libc = ctypes.PyDLL(None)
+    whole = int(seconds)
+    log.info("fake Executor: the engine load holds the GIL for %.1f s", seconds)
+    libc.nanosleep(ctypes.byref(_Timespec(whole, int((seconds - whole) * 1e9))), None)
+    log.info("fake Executor: the engine load released the GIL")
+
+
 def _load_model(hf_dir: str | None):
     if hf_dir is None:
         raise _tllm_error("this engine was built from a model without weights (from_config); nothing to run")
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    from lmi_trt.compat import dtype_kwargs  # transformers < 4.56 (the 0.12 and 1.0 images) spells it torch_dtype
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
 
 
 def _select(seq: _Seq) -> tuple[int, float]:

@@ -1,16 +1,33 @@
 """Which TensorRT-LLM release the fake impersonates (private to the fake).
 
-Tests switch it with ``tensorrt_llm.__version__ = "0.12.0"``; the executor bindings then
-rebind the names whose shape differs between 0.12 and 1.x (trtllm_api.md §1.4–1.7).
+The release comes from the environment variable ``LMI_TRT_FAKE_RELEASE`` (one of ``RELEASES``),
+read once at import, so server processes started by tests impersonate the same release as the test.
+Unset, the fake is 1.0.0: the release ``docker/Dockerfile``'s base image ships, so the default run
+exercises the shipped image's API. Tests may switch it in-process with
+``tensorrt_llm.__version__ = "0.12.0"``; listeners (the executor bindings, ``PluginConfig``,
+``BuildConfig``, ``ExtendedRuntimePerfKnobConfig``) then rebind the names whose shape differs.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
-DEFAULT_VERSION = "1.2.0rc2"
+RELEASES = ("0.12.0", "1.0.0", "1.1.0", "1.2.1")
+ENV = "LMI_TRT_FAKE_RELEASE"
+DEFAULT_VERSION = "1.0.0"
 
-_version = DEFAULT_VERSION
+
+def _from_environment() -> str:
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return DEFAULT_VERSION
+    if value not in RELEASES:
+        raise ValueError(f"fake tensorrt_llm: {ENV}={value!r} is not one of {', '.join(RELEASES)}")
+    return value
+
+
+_version = _from_environment()
 _listeners: list = []
 
 
@@ -30,8 +47,8 @@ def is_0x() -> bool:
 
 
 def set_version(v: str) -> None:
-    """Any parseable version is accepted: 0.x gets the 0.12 binding shapes, 1.x and later the 1.x ones,
-    so callers can also be tested against releases they must refuse."""
+    """Any parseable version is accepted: 0.x gets the 0.12 shapes, 1.x and later the 1.x ones (1.2 and
+    later the pydantic ``PluginConfig``), so callers can also be tested against releases they must refuse."""
     global _version
     series(v)
     _version = v

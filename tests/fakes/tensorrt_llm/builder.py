@@ -11,49 +11,64 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from tensorrt_llm import _state
 from tensorrt_llm._runtime import ENGINE_FORMAT as _ENGINE_FORMAT
 from tensorrt_llm.models.modeling_utils import PretrainedConfig
-from tensorrt_llm.plugin import PluginConfig
+from tensorrt_llm.plugin import plugin as _plugin
 
 _KV_CACHE_TYPES = ("PAGED", "CONTINUOUS", "DISABLED")
 
 
-@dataclasses.dataclass
-class BuildConfig:
-    max_input_len: int = 1024
-    max_seq_len: int | None = None
-    opt_batch_size: int = 8
-    max_batch_size: int = 2048
-    max_beam_width: int = 1
-    max_num_tokens: int = 8192
-    opt_num_tokens: int | None = None
-    max_prompt_embedding_table_size: int = 0
-    kv_cache_type: str | None = None
-    gather_context_logits: bool = False
-    gather_generation_logits: bool = False
-    strongly_typed: bool = True
-    force_num_profiles: int | None = None
-    profiling_verbosity: str = "layer_names_only"
-    enable_debug_output: bool = False
-    max_draft_len: int = 0
-    speculative_decoding_mode: int = 1  # SpeculativeDecodingMode.NONE, as config.json stores it
-    use_refit: bool = False
-    input_timing_cache: str | None = None
-    output_timing_cache: str = "model.cache"
-    lora_config: dict = dataclasses.field(default_factory=dict)
-    weight_sparsity: bool = False
-    weight_streaming: bool = False
-    plugin_config: PluginConfig = dataclasses.field(default_factory=PluginConfig)
-    use_strip_plan: bool = False
-    max_encoder_input_len: int = 1024
-    dry_run: bool = False
-    visualize_network: str | None = None
-    monitor_memory: bool = False
-    use_mrope: bool = False
+@dataclasses.dataclass(frozen=True)
+class _Factory:
+    make: object
 
+
+# (name, annotation, default or _Factory), in declaration order: ``BuildConfig`` in
+# tensorrt_llm/builder.py (1.x: read at commit 008b2b8 of NVIDIA/TensorRT-LLM, a 1.x release branch
+# state, which has ``auto_parallel_config``).
+_BUILD_FIELDS_1X: tuple[tuple[str, object, object], ...] = (
+    ("max_input_len", int, 1024),
+    ("max_seq_len", int | None, None),
+    ("opt_batch_size", int, 8),
+    ("max_batch_size", int, 2048),
+    ("max_beam_width", int, 1),
+    ("max_num_tokens", int, 8192),
+    ("opt_num_tokens", int | None, None),
+    ("max_prompt_embedding_table_size", int, 0),
+    ("kv_cache_type", str | None, None),
+    ("gather_context_logits", bool, False),
+    ("gather_generation_logits", bool, False),
+    ("strongly_typed", bool, True),
+    ("force_num_profiles", int | None, None),
+    ("profiling_verbosity", str, "layer_names_only"),
+    ("enable_debug_output", bool, False),
+    ("max_draft_len", int, 0),
+    ("speculative_decoding_mode", int, 1),  # SpeculativeDecodingMode.NONE, as config.json stores it
+    ("use_refit", bool, False),
+    ("input_timing_cache", str | None, None),
+    ("output_timing_cache", str, "model.cache"),
+    ("lora_config", dict, _Factory(dict)),
+    ("auto_parallel_config", dict, _Factory(dict)),
+    ("weight_sparsity", bool, False),
+    ("weight_streaming", bool, False),
+    ("plugin_config", object, _Factory(lambda: _plugin.PluginConfig())),  # the current release's
+    ("use_strip_plan", bool, False),
+    ("max_encoder_input_len", int, 1024),
+    ("dry_run", bool, False),
+    ("visualize_network", str | None, None),
+    ("monitor_memory", bool, False),
+    ("use_mrope", bool, False),
+)
+# 0.12: ``use_fused_mlp`` is a BuildConfig field (tensorrt_llm/builder.py at v0.12.0), not a plugin
+# field. Its default is not relied on: lmi_trt always passes it.
+_BUILD_FIELDS_012 = _BUILD_FIELDS_1X[:27] + (("use_fused_mlp", bool, False),) + _BUILD_FIELDS_1X[27:]
+
+
+class _BuildConfigMethods:
     def __post_init__(self):
         if self.kv_cache_type is not None:
             name = getattr(self.kv_cache_type, "name", str(self.kv_cache_type)).upper()
@@ -68,7 +83,7 @@ class BuildConfig:
         config = copy.deepcopy(config)
         plugins = config.pop("plugin_config", None)
         if plugin_config is None:
-            plugin_config = PluginConfig(**plugins) if isinstance(plugins, dict) else (plugins or PluginConfig())
+            plugin_config = _plugin_config_from_dict(plugins or {})
         return cls(**config, plugin_config=plugin_config)
 
     @classmethod
@@ -77,7 +92,7 @@ class BuildConfig:
 
     def to_dict(self):
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        out["plugin_config"] = self.plugin_config.model_dump()
+        out["plugin_config"] = _plugin_config_to_dict(self.plugin_config)
         # dry_run and visualize_network never reach config.json (trtllm_api.md §4).
         del out["dry_run"], out["visualize_network"]
         return out
@@ -94,6 +109,47 @@ class BuildConfig:
     def update_kv_cache_type(self, model_architecture):
         if self.kv_cache_type is None:
             self.kv_cache_type = "PAGED"
+
+
+def _plugin_config_from_dict(values: dict):
+    """≤ 1.1: ``PluginConfig()`` then ``update_from_dict`` (the real ``BuildConfig.from_dict``); 1.2: keywords."""
+    cls = _plugin.PluginConfig
+    if hasattr(cls, "update_from_dict"):
+        plugins = cls()
+        plugins.update_from_dict(values)
+        return plugins
+    return cls(**values)
+
+
+def _plugin_config_to_dict(plugins) -> dict:
+    return plugins.to_dict() if hasattr(plugins, "to_dict") else plugins.model_dump()
+
+
+def _build_config_class(fields):
+    cls = dataclasses.make_dataclass(
+        "BuildConfig",
+        [(name, annotation, dataclasses.field(default_factory=default.make) if isinstance(default, _Factory)
+          else dataclasses.field(default=default)) for name, annotation, default in fields],
+        bases=(_BuildConfigMethods,),
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+_BuildConfig012 = _build_config_class(_BUILD_FIELDS_012)
+_BuildConfig1x = _build_config_class(_BUILD_FIELDS_1X)
+BuildConfig = _BuildConfig1x
+
+
+def _select(version: str) -> None:
+    cls = _BuildConfig012 if _state.series(version)[0] == 0 else _BuildConfig1x
+    sys.modules[__name__].BuildConfig = cls
+    package = sys.modules.get("tensorrt_llm")
+    if package is not None and hasattr(package, "BuildConfig"):
+        package.BuildConfig = cls
+
+
+_state.on_change(_select)
 
 
 class EngineConfig:

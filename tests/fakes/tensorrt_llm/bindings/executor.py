@@ -259,12 +259,29 @@ class PeftCacheConfig:
         del self._values["self"]
 
 
-class ExtendedRuntimePerfKnobConfig:
+class _ExtendedRuntimePerfKnobConfig1x:
+    """1.x: ``multi_block_mode`` defaults on (cpp/tensorrt_llm/pybind/executor/executorConfig.cpp and
+    cpp/include/tensorrt_llm/executor/executor.h, ``ExtendedRuntimePerfKnobConfig(bool multiBlockMode = true, ...)``)."""
+
     def __init__(self, multi_block_mode=True, enable_context_fmha_fp32_acc=False):
         self.multi_block_mode = multi_block_mode
         self.enable_context_fmha_fp32_acc = enable_context_fmha_fp32_acc
         self.cuda_graph_mode = False
         self.cuda_graph_cache_size = 0
+
+
+class _ExtendedRuntimePerfKnobConfig012:
+    """0.12: the same knob, but ``multi_block_mode`` defaults off (executor.h at v0.12.0)."""
+
+    def __init__(self, multi_block_mode=False, enable_context_fmha_fp32_acc=False):
+        self.multi_block_mode = multi_block_mode
+        self.enable_context_fmha_fp32_acc = enable_context_fmha_fp32_acc
+        self.cuda_graph_mode = False
+        self.cuda_graph_cache_size = 0
+
+
+for _cls in (_ExtendedRuntimePerfKnobConfig1x, _ExtendedRuntimePerfKnobConfig012):
+    _cls.__name__ = _cls.__qualname__ = "ExtendedRuntimePerfKnobConfig"
 
 
 class _ExecutorConfig1x:
@@ -287,7 +304,7 @@ class _ExecutorConfig1x:
         use_gpu_direct_storage=False,
         gpu_weights_percent=1.0,
         max_queue_size=None,
-        extended_runtime_perf_knob_config=ExtendedRuntimePerfKnobConfig(),
+        extended_runtime_perf_knob_config=_ExtendedRuntimePerfKnobConfig1x(),
         debug_config=None,
         recv_poll_period_ms=0,
         max_seq_idle_microseconds=180000000,
@@ -328,7 +345,7 @@ class _ExecutorConfig012:
         decoding_config=None,
         gpu_weights_percent=1.0,
         max_queue_size=None,
-        extended_runtime_perf_knob_config=ExtendedRuntimePerfKnobConfig(),
+        extended_runtime_perf_knob_config=_ExtendedRuntimePerfKnobConfig012(),
     ):
         kv_cache_config = KvCacheConfig() if kv_cache_config is None else kv_cache_config
         for name, value in list(locals().items()):
@@ -796,6 +813,7 @@ _VARIANTS = {
     "ParallelConfig": (_ParallelConfig012, _ParallelConfig1x),
     "FinishReason": (_FinishReason012, _FinishReason1x),
     "CapacitySchedulerPolicy": (_CapacitySchedulerPolicy012, _CapacitySchedulerPolicy1x),
+    "ExtendedRuntimePerfKnobConfig": (_ExtendedRuntimePerfKnobConfig012, _ExtendedRuntimePerfKnobConfig1x),
 }
 
 Request = _Request1x
@@ -805,6 +823,7 @@ ExecutorConfig = _ExecutorConfig1x
 ParallelConfig = _ParallelConfig1x
 FinishReason = _FinishReason1x
 CapacitySchedulerPolicy = _CapacitySchedulerPolicy1x
+ExtendedRuntimePerfKnobConfig = _ExtendedRuntimePerfKnobConfig1x
 
 
 _EXECUTOR = Executor
