@@ -16,13 +16,10 @@ from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
 pytestmark = pytest.mark.slow
 
-# The hardware seam and the release the fake impersonates, in the server process: no GPU here, the fake needs none.
+# The one hardware seam, in the server process: no GPU here, the fake needs none.
 SITECUSTOMIZE = """\
-import os
 import lmi_trt.engines.trtllm as _trt
 _trt._cuda_available = lambda: True
-import tensorrt_llm
-tensorrt_llm.__version__ = os.environ["LMI_TEST_FAKE_VERSION"]
 """
 LIMITS = ["-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
 PROMPTS = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]
@@ -42,7 +39,7 @@ def site_dir(tmp_path_factory) -> Path:
 
 def _env(site_dir: Path, version: str) -> dict[str, str]:
     path = os.pathsep.join([str(site_dir), str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {"PYTHONPATH": path, "LMI_TEST_FAKE_VERSION": version}
+    return {"PYTHONPATH": path, "LMI_TRT_FAKE_RELEASE": version}  # the release the fake impersonates
 
 
 @pytest.fixture(scope="module")
