@@ -240,7 +240,8 @@ def _check_engine_available(kind: EngineKind) -> None:
 def with_backend(config: LmiConfig, artifact_kind: ArtifactKind) -> LmiConfig:
     """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
     a combination this release cannot serve is a StartupError naming option.backend."""
-    backend, why = choose_backend(config.backend, probe_trtllm(), artifact_kind)
+    quantize = config.quantize.value if config.quantize is not None else None
+    backend, why = choose_backend(config.backend, probe_trtllm(), artifact_kind, quantize)
     log.info("TensorRT-LLM backend: %s (%s)", backend, why)
     return config if backend == config.backend else config.derived(why, backend=backend)
 

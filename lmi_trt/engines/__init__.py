@@ -87,12 +87,19 @@ def probe_trtllm() -> TrtllmFacts:
     return TrtllmFacts(str(getattr(tensorrt_llm, "__version__", "")), hasattr(executor, "Executor"))
 
 
-def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind) -> tuple[Backend, str]:
+def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
+                   quantize: str | None = None) -> tuple[Backend, str]:
     """Pure: which TensorRT-LLM backend serves ``artifact`` and a sentence saying why; a combination the release
     cannot serve is a ``StartupError`` naming option.backend. Since 1.0 the LLM API's default backend is
     PyTorch (NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm.py, 1.0.0); after 1.2 the TensorRT-engine Executor is
-    gone (PRs 15918, 16369)."""
+    gone (PRs 15918, 16369). ``quantize`` (option.quantize) is calibrated for TensorRT engines only, so far."""
     v = facts.version
+    if quantize is not None and (backend == "pytorch" or not facts.has_executor):
+        raise StartupError("option.quantize", quantize, "lmi-trt calibrates for TensorRT engines only, and "
+                           + ("option.backend=pytorch" if backend == "pytorch" else f"TensorRT-LLM {v} has none"),
+                           "serve a checkpoint quantized beforehand (hf_quant_config.json or quantization_config, "
+                           "e.g. from nvidia-modelopt's Hugging Face export) without option.quantize, or set "
+                           "option.backend=tensorrt on a 0.12-1.2 image")
     pytorch_ok = facts.series >= (1, 0)
     engine = artifact == "trtllm_engine"
     if backend == "pytorch":
@@ -105,7 +112,7 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind) -> 
                                "set option.backend=tensorrt (or auto), or point option.model_id at the Hugging Face "
                                "checkpoint")
         return "pytorch", "option.backend=pytorch"
-    if backend == "tensorrt" or engine or not pytorch_ok:
+    if backend == "tensorrt" or engine or not pytorch_ok or quantize is not None:
         if not facts.has_executor:
             what = "option.backend=tensorrt" if backend == "tensorrt" else "auto: a precompiled TensorRT engine folder"
             raise StartupError("option.backend", backend, f"{what} needs the TensorRT-engine Executor, and TensorRT-LLM "
@@ -114,8 +121,11 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind) -> 
                                "TensorRT-LLM 0.12-1.2 image")
         if backend == "tensorrt":
             return "tensorrt", "option.backend=tensorrt"
-        return "tensorrt", (f"auto: a precompiled TensorRT engine folder (TensorRT-LLM {v})" if engine
-                            else f"auto: TensorRT-LLM {v} has no PyTorch LLM API (1.0+)")
+        if engine:
+            return "tensorrt", f"auto: a precompiled TensorRT engine folder (TensorRT-LLM {v})"
+        if not pytorch_ok:
+            return "tensorrt", f"auto: TensorRT-LLM {v} has no PyTorch LLM API (1.0+)"
+        return "tensorrt", f"auto: option.quantize={quantize} is calibrated into a TensorRT engine"
     if not facts.has_executor:
         return "pytorch", f"auto: TensorRT-LLM {v} has no TensorRT-engine Executor; the PyTorch LLM API is its only path"
     return "pytorch", f"auto: a Hugging Face checkpoint on TensorRT-LLM {v}, whose default backend is PyTorch"

@@ -40,6 +40,15 @@ def test_what_a_release_cannot_serve_names_the_key(backend, facts, artifact, pro
     assert info.value.key == "option.backend" and info.value.value == backend
 
 
+def test_quantize_is_calibrated_for_tensorrt_engines():
+    assert choose_backend("auto", R12, "hf_checkpoint", "fp8") == (
+        "tensorrt", "auto: option.quantize=fp8 is calibrated into a TensorRT engine")
+    for backend, facts in (("pytorch", R12), ("auto", R13)):
+        with pytest.raises(StartupError, match="calibrates for TensorRT engines only") as info:
+            choose_backend(backend, facts, "hf_checkpoint", "fp8")
+        assert info.value.key == "option.quantize"
+
+
 def test_key_spelling_and_refusal():
     assert load_config(env={}, overrides={"option.model_id": "x", "option.backend": "pytorch"}).backend == "pytorch"
     with pytest.raises(ValueError, match="option.backend"):

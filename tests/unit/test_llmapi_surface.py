@@ -21,7 +21,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from test_fake_surface import listed_params, load_surface, signature_mismatch, sig_names
+from test_fake_surface import listed_params, load_assignments, signature_mismatch, sig_names
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm
 
@@ -32,12 +32,9 @@ from lmi_trt.engines.trtllm import TrtllmSettings
 
 REPO = Path(__file__).resolve().parents[2]
 LISTING = FAKES / "llmapi_surface.py"
-SURFACE = load_surface(LISTING)
+_ASSIGNED = load_assignments(LISTING)
+SURFACE, RELEASES = _ASSIGNED["SURFACE"], _ASSIGNED["RELEASES"]
 API = SURFACE["tensorrt_llm.llmapi"]
-RELEASES = ast.literal_eval(
-    next(n.value for n in ast.parse(LISTING.read_text()).body
-         if isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["RELEASES"])
-)
 FAKE_MODULES = [m for m in SURFACE["modules"] if m not in ("tensorrt_llm", "tensorrt_llm.bindings.executor",
                                                               "tensorrt_llm._tensorrt_engine")]
 
