@@ -63,3 +63,26 @@ def test_pytorch_backend_runs_tp_in_one_process():
     assert "stay idle" in " ".join(plan_launch(2, 1, 4, "trtllm", "pytorch").notes)
     with pytest.raises(LaunchError, match="needs 4 GPUs"):
         plan_launch(4, 1, 2, "trtllm", "pytorch")
+
+
+@pytest.mark.parametrize("version,backend", [("0.12.0", "tensorrt"), ("1.2.1", "pytorch"), ("1.3.0", "pytorch")])
+def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
+    import json
+
+    from tinymodels import tiny_model
+
+    from lmi_trt.cli import main
+
+    argv = ["plan", "--model-id", str(tiny_model("llama")), "--gpu", "h100", "--trtllm-version", version,
+            "-o", "option.max_input_len=256", "-o", "option.max_output_len=128"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"]["name"] == backend and report["memory"]["kv_bytes_per_token"] > 0
+    keywords = report["backend"]["llm_keywords"]
+    assert (keywords is None) is (backend == "tensorrt")
+    if keywords:
+        assert keywords["max_input_len"] == 256 and keywords["max_seq_len"] == 384
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"backend        {backend} (auto:" in text and ("LLM keywords" in text) is (backend == "pytorch")
+    assert ("converter" in text) is (backend == "tensorrt")
