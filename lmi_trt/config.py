@@ -341,6 +341,12 @@ class LmiConfig(BaseModel):
         _choice(_same("auto", *ENGINE_NAMES), rejected={**_OTHER_BACKENDS, "disable": _NO_DISABLE}),
         "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
             "synthetic: benchmark engine")] = "auto"
+    # DJL's spelling (djl_python/properties_manager/trt_properties.py ``backend``; trtllm-serve's --backend).
+    backend: Annotated[Literal["auto", "pytorch", "tensorrt"], KeySpec(
+        "option.backend",
+        _choice(_same("auto", "pytorch", "tensorrt")),
+        "TensorRT-LLM backend; auto: tensorrt for engine folders and 0.x, pytorch for Hugging Face checkpoints "
+            "on 1.0+ and wherever the Executor binding is gone")] = "auto"  # lmi_trt.engines.choose_backend
     dtype: Annotated[Literal["auto", "fp16", "bf16", "fp32"], KeySpec(
         "option.dtype",
         _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",

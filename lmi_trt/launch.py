@@ -150,12 +150,13 @@ def _degree(value: int | str, key: str) -> int | str:
     return value
 
 
-def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str) -> LaunchPlan:
+def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "tensorrt") -> LaunchPlan:
     """Pure: how to run ``engine`` with TP×PP on a host with ``gpu_count`` visible GPUs.
 
     ``tp='max'`` is all visible GPUs ÷ PP (1 without GPUs). TP×PP above the visible GPUs is an
     error; on a host without GPUs the plan keeps TP×PP ranks (the engine reports the missing GPU).
-    Only the trtllm engine runs TP×PP > 1, under MPI.
+    Only the trtllm engine runs TP×PP > 1: under MPI for TensorRT engines; on its ``pytorch`` backend in one
+    process, whose LLM starts its own TP×PP workers.
     """
     if engine not in ENGINES:
         raise LaunchError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
@@ -202,6 +203,8 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str) 
             )
         notes.append(f"option.tensor_parallel_degree=max → {tp} ({gpu_count} visible GPU(s) ÷ PP {pp})")
     world = tp * pp
+    if backend == "pytorch" and (gpu_count == 0 or world <= gpu_count):
+        return _pytorch_plan(engine, tp, pp, gpu_count, notes)
     if gpu_count == 0:
         # Nothing to place; the engine itself says that TensorRT-LLM needs a GPU.
         return LaunchPlan(engine, tp, pp, 0, ((),), world if world > 1 else 0, "leader", tuple(notes))
@@ -224,11 +227,27 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str) 
     return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
 
 
+def _pytorch_plan(engine: str, tp: int, pp: int, gpu_count: int, notes: list[str]) -> LaunchPlan:
+    """TensorRT-LLM's PyTorch backend: one process and one copy. Its LLM spawns the TP×PP workers itself
+    (NVIDIA/TensorRT-LLM, tensorrt_llm/executor/proxy.py: ``MpiPoolSession(n_workers=model_world_size)``
+    unless already inside an mpirun of that size) and ``LLM.shutdown`` ends them, so lmi-trt starts no ranks."""
+    world = tp * pp
+    if world > 1:
+        notes.append(f"TensorRT-LLM's LLM API starts the {world} TP×PP workers itself (MPI pool) and stops them "
+                     "with the server")
+    copy = tuple(range(world)) if gpu_count else ()
+    if gpu_count > world:
+        notes.append(f"the pytorch backend serves one model copy; GPU(s) {', '.join(map(str, range(world, gpu_count)))} "
+                     "stay idle (use them with option.tensor_parallel_degree=max)")
+    return LaunchPlan(engine, tp, pp, gpu_count, (copy,), 0, None, tuple(notes))
+
+
 def plan_for(config: LmiConfig, kind: str, gpu_count: int) -> LaunchPlan:
     """``plan_launch`` for an ``LmiConfig``; a per-GPU engine (torch) on ``option.device=cpu`` uses no GPU."""
     if ENGINES[kind].launch == "per_gpu" and config.device == "cpu":
         gpu_count = 0
-    return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind)
+    return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind,
+                       config.backend)
 
 
 # =============================================================================== MPI launcher

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_trt.config import LmiConfig, StartupError
-from lmi_trt.engines import EngineKind, registry
+from lmi_trt.engines import ArtifactKind, EngineKind, choose_backend, probe_trtllm, registry
 from lmi_trt.engines.base import Engine
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
 from lmi_trt.serving.app import LoadedModel
@@ -44,8 +44,9 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
 
 
 def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
-    """The JIT stage: a checkpoint served by trtllm becomes an engine (from the cache, or built once)."""
-    if not registry.ENGINES[kind].compiles or artifact.kind == "trtllm_engine":
+    """The JIT stage: a checkpoint served by trtllm's tensorrt backend becomes an engine (from the cache, or
+    built once); the pytorch backend loads the checkpoint itself (``registry.compiles``)."""
+    if not registry.compiles(kind, config) or artifact.kind == "trtllm_engine":
         return artifact
     from lmi_trt.compile.jit import ensure_engine
 
@@ -59,6 +60,9 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
     if artifact.kind == "hf_checkpoint":  # a hub model preflight could not read before its download
         config = fit_lengths(config, artifact.hf_config, kind)
+    if registry.ENGINES[kind].needs_trtllm_gpu:  # on TensorRT-LLM: preflight chose by what it could read;
+        # the resolved folder decides
+        config = with_backend(config, artifact.kind)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
@@ -183,6 +187,15 @@ def _check_engine_available(kind: EngineKind) -> None:
                            "option.rolling_batch=torch (or auto)")
 
 
+def with_backend(config: LmiConfig, artifact_kind: ArtifactKind) -> LmiConfig:
+    """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
+    a combination this release cannot serve is a StartupError naming option.backend."""
+    quantize = config.quantize.value if config.quantize is not None else None
+    backend, why = choose_backend(config.backend, probe_trtllm(), artifact_kind, quantize)
+    log.info("TensorRT-LLM backend: %s (%s)", backend, why)
+    return config if backend == config.backend else config.derived(why, backend=backend)
+
+
 def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     """Everything checkable before loading, in seconds: the engine can run here, the model and
     tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
@@ -202,6 +215,10 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         folder = _local_folder(config.model_id, "option.model_id")
         hf_config = (_read_json(folder / "config.json") if folder is not None
                      else _hub_config(config.model_id, "option.model_id", config.revision))
+    if registry.ENGINES[kind].needs_trtllm_gpu:  # on TensorRT-LLM; a model not readable yet (hub, S3) is
+        # taken for a checkpoint until it is resolved
+        config = with_backend(config, "trtllm_engine" if hf_config and "build_config" in hf_config
+                              else "hf_checkpoint")
     if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, hf_config, kind)

@@ -114,8 +114,30 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
-def render_plan(prepared: Any, assumption: str | None) -> str:
+def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | None]:
+    """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and on the
+    pytorch backend the ``LLM`` keywords (no engine build). The Executor binding is taken to exist up to 1.2
+    (NVIDIA/TensorRT-LLM PRs 15918, 16369 removed it after)."""
+    from lmi_trt.engines import TrtllmFacts, choose_backend, registry
+
+    facts = TrtllmFacts(version, has_executor=TrtllmFacts(version, True).series <= (1, 2))
+    backend, why = choose_backend(config.backend, facts, "hf_checkpoint",
+                                  config.quantize.value if config.quantize is not None else None)
+    if backend != "pytorch":
+        return backend, why, None
+    from lmi_trt.engines.llmapi import llm_plan
+
+    # ``config`` is settled for the compiling engine (lmi_trt.cli.load_compile_job); 'max' is the launcher's
+    tp = config.tensor_parallel_degree
+    settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
+    planned = llm_plan(settings)
+    return backend, why, {**planned.keywords, "kv_cache_config": planned.kv_cache_config,
+                          "scheduler_config": planned.scheduler_config, "cuda_graph_config": planned.cuda_graph_config}
+
+
+def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, dict[str, Any] | None]) -> str:
     plan, mem, gpu = prepared.plan, prepared.memory, prepared.gpu
+    name, why, llm_keywords = backend
     q = plan.quant
     quant = "none" if q.quant_algo is None and q.kv_cache_quant_algo is None else \
         f"{quantization_name(q.quantize)}: quant_algo={q.quant_algo}, kv_cache_quant_algo={q.kv_cache_quant_algo} ({q.method})"
@@ -129,11 +151,19 @@ def render_plan(prepared: Any, assumption: str | None) -> str:
         f"  batch          max_batch_size {plan.max_batch_size}, max_num_tokens {plan.max_num_tokens}, "
         f"max_beam_width {plan.max_beam_width}",
         f"  parallelism    TP {plan.tp_size} × PP {plan.pp_size}",
-        f"  quantization   {quant}",
-        f"  plugins        {plugins}",
-        f"  converter      {json.dumps(plan.converter.kwargs)}"
-        + (f", config.json overrides {json.dumps(plan.converter.hf_config_overrides)}"
-           if plan.converter.hf_config_overrides else ""),
+        f"  backend        {name} ({why})",
+    ]
+    if llm_keywords is None:
+        lines += [
+            f"  quantization   {quant}",
+            f"  plugins        {plugins}",
+            f"  converter      {json.dumps(plan.converter.kwargs)}"
+            + (f", config.json overrides {json.dumps(plan.converter.hf_config_overrides)}"
+               if plan.converter.hf_config_overrides else ""),
+        ]
+    else:  # no TensorRT engine: the LLM loads the checkpoint with these keywords
+        lines.append(f"  LLM keywords   {json.dumps(llm_keywords)}")
+    lines += [
         "Memory per GPU (estimate):",
         f"  weights        {_gib(mem.weight_bytes_per_gpu)} (all ranks: {_gib(mem.weight_bytes_total)})",
         f"  activations    {_gib(mem.activation_reserve_bytes)} reserved",
@@ -149,6 +179,7 @@ def render_plan(prepared: Any, assumption: str | None) -> str:
 
 
 def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
+    from lmi_trt.engines.base import EngineError
     from lmi_trt.sources import SourceError
 
     from .jit import prepare_plan
@@ -166,15 +197,18 @@ def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
             version = DEFAULT_PLAN_TRTLLM_VERSION
             assumption = "; ".join(filter(None, [assumption, f"TensorRT-LLM not installed; planning for {version}"]))
         prepared = prepare_plan(job, model_config, gpu, version, checkpoint=checkpoint, require_fit=False)
-    except (PlanError, SourceError, ValueError) as e:
+        backend = plan_backend(config, version)
+    except (PlanError, SourceError, ValueError, EngineError) as e:  # EngineError: a key the LLM cannot take
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
+        name, why, llm_keywords = backend
         print(json.dumps({"plan": prepared.plan.model_dump(mode="json"),
                           "memory": prepared.memory.model_dump(mode="json"),
-                          "gpu": gpu.model_dump(mode="json"), "assumption": assumption}, indent=2))
+                          "gpu": gpu.model_dump(mode="json"), "assumption": assumption,
+                          "backend": {"name": name, "why": why, "llm_keywords": llm_keywords}}, indent=2))
     else:
-        print(render_plan(prepared, assumption))
+        print(render_plan(prepared, assumption, backend))
     try:
         check_fits(prepared.plan, prepared.memory)
     except PlanError as e:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -52,6 +53,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmi_trt.engines.base import (
+    MAX_TOP_LOGPROBS,
     EngineError,
     EngineLimits,
     EngineOutput,
@@ -59,11 +61,11 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
 )
+from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
-    _cuda_available,
     _error_output,
     final_tokens_and_reason,
     map_request,
@@ -72,6 +74,7 @@ from lmi_trt.engines.trtllm import (
 log = logging.getLogger(__name__)
 
 FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
+TOP_LOGPROBS_SERIES = (1, 1)  # top-k log probs on the PyTorch backend: PR 7756 (1.0 returns the top 1 only)
 # TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
 LLM_DEFAULT_BATCH = 2048
 LLM_DEFAULT_INPUT_LEN = 1024
@@ -114,7 +117,7 @@ def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
     version = getattr(trtllm, "__version__", "")
     llm_api_series(version)
     llmapi = importlib.import_module("tensorrt_llm.llmapi")
-    if not (gpu_available or _cuda_available)():
+    if not (gpu_available or trtllm_engine._cuda_available)():  # looked up on call: one GPU probe for both backends
         raise TrtllmUnavailable(
             "no CUDA GPU is visible, and TensorRT-LLM's PyTorch backend runs on one; check the container's GPU "
             "access (--gpus all, CUDA_VISIBLE_DEVICES) or set option.rolling_batch=torch"
@@ -285,7 +288,8 @@ def plan_request(
         bad_token_ids=bad_ids or None,
         bad=bad_texts or None,
         include_stop_str_in_output=True,
-        logprobs=1 if p.logprobs else None,
+        # logprobs=k: the k most likely tokens per step (the sampled one's log prob is read from them)
+        logprobs=max(p.top_logprobs, 1) if p.logprobs or p.top_logprobs else None,
         detokenize=False,  # the serving layer detokenizes incrementally
     )
     return RequestPlan(sampling, spec.request["end_id"], frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]))
@@ -301,6 +305,15 @@ def token_logprobs(tokens: Sequence[int], entries: Sequence[Any]) -> list[float]
         else:
             out.append(max(float(entry), LOGPROB_FLOOR))
     return out
+
+
+def top_entries(entry: Any, k: int) -> list[tuple[int, float]]:
+    """Pure: the ``k`` most likely (token id, log prob) of one step's entry, best first; a float entry (the
+    sampled token's log prob only) has no alternatives."""
+    if not isinstance(entry, dict):
+        return []
+    ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)
+    return [(token, max(lp.logprob, LOGPROB_FLOOR)) for token, lp in ranked[:k]]
 
 
 def reason_name(finish_reason: str | None, stop_reason: int | str | None) -> str:
@@ -320,6 +333,7 @@ class _Request:
     plan: RequestPlan
     max_new_tokens: int
     logprobs: bool
+    top_logprobs: int
     generated: int = 0
     cancelled: bool = False
     done: bool = False
@@ -403,6 +417,8 @@ class LlmApiEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
+        if llm_api_series(version) >= TOP_LOGPROBS_SERIES:
+            self._limits = dataclasses.replace(self._limits, max_top_logprobs=MAX_TOP_LOGPROBS)
         tokenizer = self._llm.tokenizer
         self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
         self._closing = asyncio.get_running_loop().create_future()
@@ -494,7 +510,8 @@ class LlmApiEngine:
             return _error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
         except RuntimeError as exc:
             return _error_output(rid, f"TensorRT-LLM could not take the request: {exc}", 503)
-        entry = _Request(rid, result, plan, request.sampling.max_new_tokens, request.sampling.logprobs)
+        entry = _Request(rid, result, plan, request.sampling.max_new_tokens, request.sampling.logprobs,
+                         request.sampling.top_logprobs)
         self._requests[rid] = entry
         self._total_requests += 1
         return entry
@@ -502,10 +519,12 @@ class LlmApiEngine:
     def _to_output(self, entry: _Request, completion: Any, *, finished: bool) -> EngineOutput:
         tokens = list(completion.token_ids_diff)
         logprobs = token_logprobs(tokens, completion.logprobs_diff) if entry.logprobs else None
+        top = ([top_entries(e, entry.top_logprobs) for e in completion.logprobs_diff[: len(tokens)]]
+               if entry.top_logprobs else None)
         entry.generated += len(tokens)
         self._total_tokens += len(tokens)
         if not finished:
-            return EngineOutput(entry.request_id, tokens, logprobs)
+            return EngineOutput(entry.request_id, tokens, logprobs, top)
         tokens, reason = final_tokens_and_reason(
             tokens,
             reason_name(completion.finish_reason, completion.stop_reason),
@@ -518,7 +537,9 @@ class LlmApiEngine:
             reason = FinishReason.CANCELLED
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]
-        return EngineOutput(entry.request_id, tokens, logprobs, finished=True, finish_reason=reason)
+        if top is not None:
+            top = top[: len(tokens)]
+        return EngineOutput(entry.request_id, tokens, logprobs, top, finished=True, finish_reason=reason)
 
     async def cancel(self, request_id: str) -> None:
         entry = self._requests.get(request_id)

@@ -7,7 +7,8 @@ for it, its typed settings view and its factory. ``config`` (the key's choices),
 this table; adding an engine is one entry here plus its module.
 
 The settings views (``compile_options``, ``trtllm_settings``, ``torch_settings``,
-``synthetic_settings``, ``llmapi_settings``) are built here and only here, from a settled
+``synthetic_settings``, ``llmapi_settings``; the trtllm engine's ``trtllm_backend_settings`` picks
+between the last and ``trtllm_settings`` by ``option.backend``) are built here and only here, from a settled
 ``LmiConfig`` (``settle``): every stage reads typed fields, never the raw configuration, so a
 misspelt name is an ``AttributeError`` rather than a silent default.
 
@@ -165,6 +166,13 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     )
 
 
+def trtllm_backend_settings(config: LmiConfig) -> TrtllmSettings | LlmApiSettings:
+    """The trtllm engine's view for its TensorRT-LLM backend (``option.backend``, resolved by
+    ``lmi_trt.engines.choose_backend`` before the engine is built): the LLM API's settings on pytorch,
+    the Executor's on tensorrt."""
+    return llmapi_settings(config) if config.backend == "pytorch" else trtllm_settings(config)
+
+
 def torch_settings(config: LmiConfig) -> TorchSettings:
     return TorchSettings(
         dtype=config.dtype,
@@ -215,11 +223,14 @@ def _build_torch(settings: TorchSettings, artifact: ModelArtifact, tokenizer: An
     return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
 
-def _build_trtllm(settings: TrtllmSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
-                  placement: Placement | None) -> Engine:
+def _build_trtllm(settings: TrtllmSettings | LlmApiSettings, artifact: ModelArtifact, tokenizer: Any,
+                  eos: list[int], placement: Placement | None) -> Engine:
+    from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
     from lmi_trt.engines.trtllm import TrtllmEngine
     from lmi_trt.launch import trtllm_copy_settings
 
+    if isinstance(settings, LlmApiSettings):  # the pytorch backend: the LLM loads the checkpoint, starts its workers
+        return LlmApiEngine(artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
@@ -232,7 +243,7 @@ def _build_trtllm(settings: TrtllmSettings, artifact: ModelArtifact, tokenizer: 
 ENGINES: dict[str, EngineEntry] = {
     entry.name: entry for entry in (
         EngineEntry("trtllm", TRTLLM_DEFAULT_BATCH, "mpi_ranks", compiles=True, needs_trtllm_gpu=True, uses_model=True,
-                    settings=trtllm_settings, factory=_build_trtllm),
+                    settings=trtllm_backend_settings, factory=_build_trtllm),
         EngineEntry("torch", 32, "per_gpu", compiles=False, needs_trtllm_gpu=False, uses_model=True,
                     settings=torch_settings, factory=_build_torch),
         EngineEntry("synthetic", TRTLLM_DEFAULT_BATCH, "none", compiles=False, needs_trtllm_gpu=False, uses_model=False,
@@ -250,6 +261,12 @@ def settle(config: LmiConfig, kind: str) -> LmiConfig:
     if config.max_rolling_batch_size is not None:
         return config
     return config.derived(f"{kind} engine default", max_rolling_batch_size=ENGINES[kind].default_batch)
+
+
+def compiles(kind: str, config: LmiConfig) -> bool:
+    """Whether a Hugging Face checkpoint is compiled before ``kind`` serves it: the engine's rule, except on
+    TensorRT-LLM's pytorch backend, whose LLM loads the checkpoint itself (as DJL's LMI does, no trtllm-build)."""
+    return ENGINES[kind].compiles and config.backend != "pytorch"
 
 
 def build_engine(kind: str, config: LmiConfig, artifact: ModelArtifact, tokenizer: Any, eos: list[int],

@@ -162,8 +162,9 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
 
     monkeypatch.setattr(jit, "_host_trtllm", lambda: tensorrt_llm.__version__)
     shared_cache = tmp_path / "shared-engine-cache"
-    config = LmiConfig(model_id=str(hf_dir), rolling_batch="trtllm", max_input_len=64, max_output_len=32,
-                       max_rolling_batch_size=4, download_dir=tmp_path / "replica1", engine_cache_uri=str(shared_cache))
+    config = LmiConfig(model_id=str(hf_dir), rolling_batch="trtllm", backend="tensorrt", max_input_len=64,
+                       max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "replica1",
+                       engine_cache_uri=str(shared_cache))
     expected = _reference(hf_dir, "The quick brown fox", 8)
     for replica, download_dir in enumerate((tmp_path / "replica1", tmp_path / "replica2")):
         caplog.clear()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import re
 
-RELEASES = ("0.12.0", "1.0.0", "1.1.0", "1.2.1")
+# 1.3.0: the release after 1.2, without the TensorRT-engine Executor (NVIDIA/TensorRT-LLM PRs 15918 and 16369):
+# the LLM API's PyTorch backend only.
+RELEASES = ("0.12.0", "1.0.0", "1.1.0", "1.2.1", "1.3.0")
 ENV = "LMI_TRT_FAKE_RELEASE"
 DEFAULT_VERSION = "1.0.0"
 

@@ -826,12 +826,21 @@ CapacitySchedulerPolicy = _CapacitySchedulerPolicy1x
 ExtendedRuntimePerfKnobConfig = _ExtendedRuntimePerfKnobConfig1x
 
 
+_EXECUTOR = Executor
+
+
 def _select(version: str) -> None:
     old = _state.series(version)[0] == 0
     g = globals()
     g["__version__"] = version
     for name, (v012, v1x) in _VARIANTS.items():
         g[name] = v012 if old else v1x
+    # NVIDIA/TensorRT-LLM PR 16369 (on main after 1.2, the fake's "1.3.0"): "The nanobind Executor class no
+    # longer exists".
+    if _state.series(version) >= (1, 3):
+        g.pop("Executor", None)
+    else:
+        g["Executor"] = _EXECUTOR
 
 
 def _api():

@@ -1,0 +1,213 @@
+"""`lmi-trt serve` as a process on TensorRT-LLM's PyTorch backend (the fake LLM API, which really generates
+with the tiny Llama): the Executor path's HTTP checks, and option.backend=auto per release."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from cliserver import serve
+from tinymodels import tiny_model
+from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
+
+pytestmark = pytest.mark.slow
+
+# The one hardware seam, in the server process: no GPU here, the fake needs none.
+SITECUSTOMIZE = """\
+import lmi_trt.engines.trtllm as _trt
+_trt._cuda_available = lambda: True
+"""
+LIMITS = ["-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
+PROMPTS = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def hf_dir() -> Path:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("site")
+    (d / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return d
+
+
+def _env(site_dir: Path, version: str) -> dict[str, str]:
+    path = os.pathsep.join([str(site_dir), str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {"PYTHONPATH": path, "LMI_TRT_FAKE_RELEASE": version}  # the release the fake impersonates
+
+
+@pytest.fixture(scope="module")
+def reference(hf_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+    def generate(prompt: str, n: int, k: int = 1) -> tuple[list[int], list[float], list[list[float]]]:
+        """Greedy tokens, their log probs and the k best log probs per step."""
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+        tokens = out.sequences[0, ids.shape[1]:].tolist()
+        # the raw logits: min_new_tokens masks EOS in the processed scores, which shifts their log_softmax
+        steps = [torch.log_softmax(s[0].float(), -1) for s in out.logits]
+        return tokens, [lp[t].item() for lp, t in zip(steps, tokens)], [lp.topk(k).values.tolist() for lp in steps]
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def pytorch_server(hf_dir, site_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    # fp32 as the reference runs, so log probs compare closely
+    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.dtype=fp32",
+                "-o", f"download_dir={tmp / 'dl'}"], tmp, env=_env(site_dir, "1.2.1")) as server:
+        yield server
+
+
+def _details(server, prompt: str, n: int, **extra) -> requests.Response:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": n, "details": True, "ignore_eos": True, **extra}}
+    return server.post("/invocations", body)
+
+
+def test_auto_serves_a_checkpoint_on_12_through_the_pytorch_backend(pytorch_server):
+    log = pytorch_server.log()
+    assert "TensorRT-LLM backend: pytorch (auto: a Hugging Face checkpoint on TensorRT-LLM 1.2.1" in log, log[-3000:]
+    assert "pytorch backend" in log and "compile:" not in log  # no trtllm-build on this path
+
+
+def test_greedy_tokens_equal_generate_streams_reassemble_and_errors_stay_per_request(pytorch_server, reference):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(prompt: str) -> list[int]:
+        r = _details(pytorch_server, prompt, 10)
+        assert r.status_code == 200, r.text
+        return [t["id"] for t in r.json()["details"]["tokens"]]
+
+    def stream(prompt: str) -> list[int]:
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 10, "ignore_eos": True}, "stream": True}
+        with requests.post(pytorch_server.url + "/invocations", json=body, stream=True, timeout=60) as r:
+            assert r.status_code == 200, r.text
+            return [json.loads(line)["token"]["id"] for line in r.iter_lines() if line.strip()]
+
+    def too_long() -> requests.Response:
+        return pytorch_server.post("/invocations", {"inputs": "word " * 200, "parameters": {"max_new_tokens": 4}})
+
+    with ThreadPoolExecutor(9) as pool:
+        singles = [pool.submit(one, p) for p in PROMPTS]
+        streams = [pool.submit(stream, p) for p in PROMPTS]
+        bad = pool.submit(too_long)
+        for prompt, single, streamed in zip(PROMPTS, singles, streams):
+            expected = reference(prompt, 10)[0]
+            assert single.result() == expected, prompt
+            assert streamed.result() == expected, prompt
+        assert bad.result().status_code == 400 and "option.max_input_len" in bad.result().text
+
+
+def test_openai_logprobs_and_top_logprobs_are_the_models(pytorch_server, reference):
+    body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 3,
+            "ignore_eos": True}
+    r = pytorch_server.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    logprobs = r.json()["choices"][0]["logprobs"]
+    _, chosen, expected = reference("Once upon a time", 4, 3)
+    assert logprobs["token_logprobs"] == pytest.approx(chosen, abs=1e-3)
+    tops = logprobs["top_logprobs"]
+    assert len(tops) == 4
+    for got, want in zip(tops, expected):
+        # keyed by text: alternatives that decode alike (the tiny model's byte pieces) share one key
+        assert got and all(any(abs(v - w) < 1e-3 for w in want) for v in got.values()), (got, want)
+    chat = {"model": "llama", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 4,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    r = pytorch_server.post("/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert content and all(len(t["top_logprobs"]) == 3 for t in content)
+    for t in content:
+        values = [a["logprob"] for a in t["top_logprobs"]]
+        assert values == sorted(values, reverse=True) and values[0] == pytest.approx(t["logprob"], abs=1e-5)
+
+
+def test_disconnect_frees_the_slot(pytorch_server):
+    body = {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 32, "ignore_eos": True}, "stream": True}
+    with requests.post(pytorch_server.url + "/invocations", json=body, stream=True, timeout=60) as r:
+        next(r.iter_lines())  # one token, then hang up
+    deadline = time.monotonic() + 60  # a bound on a condition, not a speed
+    while True:
+        metrics = pytorch_server.get("/metrics").text
+        active = [line for line in metrics.splitlines() if line.startswith("lmi_engine_active_requests ")]
+        if active and float(active[0].split()[-1]) == 0:
+            break
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.1)
+    assert _details(pytorch_server, "The quick brown fox", 4).status_code == 200
+
+
+def test_iteration_stats_reach_metrics(pytorch_server):
+    assert _details(pytorch_server, "The quick brown fox", 4).status_code == 200
+    deadline = time.monotonic() + 60  # the stats poll reads them in the background
+    while "lmi_kv_cache_usage_perc{" not in (metrics := pytorch_server.get("/metrics").text):
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.2)
+    assert 'lmi_kv_cache_usage_perc{model_name="' in metrics and "lmi_engine_executor_active_requests " in metrics
+
+
+# ------------------------------------------------------------------ option.backend=auto per release
+
+
+@pytest.fixture(scope="module")
+def engine_dir(hf_dir, tmp_path_factory):
+    with fake_tensorrt_llm():
+        return make_engine_dir(hf_dir, tmp_path_factory.mktemp("engine") / "engine", max_batch_size=4,
+                               max_input_len=64, max_seq_len=96)
+
+
+@pytest.mark.parametrize("version,artifact,expected", [
+    ("0.12.0", "engine", "TensorRT-LLM backend: tensorrt (auto: a precompiled TensorRT engine folder"),
+    ("1.2.1", "engine", "TensorRT-LLM backend: tensorrt (auto: a precompiled TensorRT engine folder"),
+    ("1.3.0", "checkpoint", "TensorRT-LLM backend: pytorch (auto: TensorRT-LLM 1.3.0 has no TensorRT-engine Executor"),
+])
+def test_auto_picks_per_release(version, artifact, expected, hf_dir, site_dir, tmp_path):
+    if artifact == "engine":
+        with fake_tensorrt_llm(version):  # engines load only in the release that built them
+            built = make_engine_dir(hf_dir, tmp_path / "engine", max_batch_size=4, max_input_len=64, max_seq_len=96)
+        args = ["--model-id", str(built), "-o", f"option.tokenizer_id={hf_dir}"]
+    else:
+        args = ["--model-id", str(hf_dir)]
+    with serve([*args, "--engine", "trtllm", *LIMITS, "-o", f"download_dir={tmp_path / 'dl'}"], tmp_path,
+               env=_env(site_dir, version)) as server:
+        assert expected in server.log(), server.log()[-3000:]
+        assert _details(server, "The quick brown fox", 4).status_code == 200
+
+
+@pytest.mark.parametrize("version,args_of,problem", [
+    ("1.3.0", "engine", "needs the TensorRT-engine Executor, and TensorRT-LLM 1.3.0 has none"),
+    ("1.3.0", "tensorrt", "needs the TensorRT-engine Executor, and TensorRT-LLM 1.3.0 has none"),
+    ("0.12.0", "pytorch", "TensorRT-LLM 0.12.0 has no PyTorch LLM API"),
+])
+def test_a_combination_the_release_cannot_serve_is_a_startup_error(version, args_of, problem, hf_dir, engine_dir,
+                                                                    site_dir, tmp_path):
+    args = {"engine": ["--model-id", str(engine_dir), "-o", f"option.tokenizer_id={hf_dir}"],
+            "tensorrt": ["--model-id", str(hf_dir), "-o", "option.backend=tensorrt"],
+            "pytorch": ["--model-id", str(hf_dir), "-o", "option.backend=pytorch"]}[args_of]
+    with serve([*args, "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, version), ready=False) as server:
+        assert server.proc.wait(timeout=120) == 2
+        log = server.log()
+        assert "option.backend=" in log and problem in log, log[-3000:]
+
+
+def test_top_logprobs_on_10_are_refused_naming_the_field(hf_dir, site_dir, tmp_path):
+    """1.0's PyTorch backend returns the sampled token's log prob only (PR 7756 added top k in 1.1)."""
+    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, "1.0.0")) as server:
+        body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "logprobs": 2}
+        r = server.post("/v1/completions", body)
+        assert r.status_code == 400 and "logprobs=2" in r.text, r.text
+        assert server.post("/v1/completions", {**body, "logprobs": 0}).status_code == 200

@@ -1,0 +1,88 @@
+"""option.backend: the pure choice per release and artifact, and the launch plan of the pytorch backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmi_trt.config import StartupError, load_config
+from lmi_trt.engines import TrtllmFacts, choose_backend
+from lmi_trt.launch import LaunchError, plan_launch
+
+R012 = TrtllmFacts("0.12.0", has_executor=True)
+R12 = TrtllmFacts("1.2.1", has_executor=True)
+R13 = TrtllmFacts("1.3.0", has_executor=False)
+
+
+@pytest.mark.parametrize("backend,facts,artifact,expected", [
+    ("auto", R012, "hf_checkpoint", "tensorrt"),
+    ("auto", R012, "trtllm_engine", "tensorrt"),
+    ("auto", R12, "trtllm_engine", "tensorrt"),
+    ("auto", R12, "hf_checkpoint", "pytorch"),
+    ("auto", R13, "hf_checkpoint", "pytorch"),
+    ("tensorrt", R12, "hf_checkpoint", "tensorrt"),
+    ("pytorch", R12, "hf_checkpoint", "pytorch"),
+    ("pytorch", R13, "hf_checkpoint", "pytorch"),
+])
+def test_choice(backend, facts, artifact, expected):
+    chosen, why = choose_backend(backend, facts, artifact)
+    assert chosen == expected and why
+
+
+@pytest.mark.parametrize("backend,facts,artifact,problem", [
+    ("pytorch", R012, "hf_checkpoint", "no PyTorch LLM API"),
+    ("pytorch", R12, "trtllm_engine", "precompiled TensorRT engine"),
+    ("tensorrt", R13, "hf_checkpoint", "has none"),
+    ("auto", R13, "trtllm_engine", "has none"),
+])
+def test_what_a_release_cannot_serve_names_the_key(backend, facts, artifact, problem):
+    with pytest.raises(StartupError, match=problem) as info:
+        choose_backend(backend, facts, artifact)
+    assert info.value.key == "option.backend" and info.value.value == backend
+
+
+def test_quantize_is_calibrated_for_tensorrt_engines():
+    assert choose_backend("auto", R12, "hf_checkpoint", "fp8") == (
+        "tensorrt", "auto: option.quantize=fp8 is calibrated into a TensorRT engine")
+    for backend, facts in (("pytorch", R12), ("auto", R13)):
+        with pytest.raises(StartupError, match="calibrates for TensorRT engines only") as info:
+            choose_backend(backend, facts, "hf_checkpoint", "fp8")
+        assert info.value.key == "option.quantize"
+
+
+def test_key_spelling_and_refusal():
+    assert load_config(env={}, overrides={"option.model_id": "x", "option.backend": "pytorch"}).backend == "pytorch"
+    with pytest.raises(ValueError, match="option.backend"):
+        load_config(env={}, overrides={"option.model_id": "x", "option.backend": "_autodeploy"})
+
+
+def test_pytorch_backend_runs_tp_in_one_process():
+    plan = plan_launch(4, 1, 4, "trtllm", "pytorch")
+    assert (plan.mpi_ranks, plan.trtllm_mode, plan.copies) == (0, None, ((0, 1, 2, 3),))
+    assert any("starts the 4 TP×PP workers itself" in n for n in plan.notes)
+    assert plan_launch(4, 1, 4, "trtllm").mpi_ranks == 4  # TensorRT engines: one MPI rank each
+    assert "stay idle" in " ".join(plan_launch(2, 1, 4, "trtllm", "pytorch").notes)
+    with pytest.raises(LaunchError, match="needs 4 GPUs"):
+        plan_launch(4, 1, 2, "trtllm", "pytorch")
+
+
+@pytest.mark.parametrize("version,backend", [("0.12.0", "tensorrt"), ("1.2.1", "pytorch"), ("1.3.0", "pytorch")])
+def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
+    import json
+
+    from tinymodels import tiny_model
+
+    from lmi_trt.cli import main
+
+    argv = ["plan", "--model-id", str(tiny_model("llama")), "--gpu", "h100", "--trtllm-version", version,
+            "-o", "option.max_input_len=256", "-o", "option.max_output_len=128"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"]["name"] == backend and report["memory"]["kv_bytes_per_token"] > 0
+    keywords = report["backend"]["llm_keywords"]
+    assert (keywords is None) is (backend == "tensorrt")
+    if keywords:
+        assert keywords["max_input_len"] == 256 and keywords["max_seq_len"] == 384
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"backend        {backend} (auto:" in text and ("LLM keywords" in text) is (backend == "pytorch")
+    assert ("converter" in text) is (backend == "tensorrt")
