@@ -74,8 +74,8 @@ def test_credentials_never_appear_in_logs_bodies_or_info(s3_server: S3Server, tm
            "HF_HOME": str(tmp_path / "hf-home")}
     bodies: list[str] = []
 
-    # B: the model comes from S3, the tokenizer from a (private, uncached) hub repo: the load fails
-    # where HF_TOKEN is handed to huggingface_hub.
+    # B: the model comes from S3, the tokenizer from a (private, uncached) hub repo: offline, the start-up
+    # check refuses it before loading (exit 2, issue 12), naming the repo, with HF_TOKEN in the environment.
     failing = ["--model-id", f"s3://{bucket}/llama", "--engine", "synthetic", "-o", "option.tokenizer_id=acme/private-tok",
                "--model-name", "broken"]
     with server(failing, tmp_path, env, ready=False) as broken, \
@@ -105,18 +105,8 @@ def test_credentials_never_appear_in_logs_bodies_or_info(s3_server: S3Server, tm
             r = requests.request(method, srv.url + path, json=body, timeout=30)
             assert want is None or r.status_code == want, (path, r.status_code, r.text[:300])
             bodies.append(f"{path} {r.status_code} {dict(r.headers)} {r.text}")
-        deadline = time.monotonic() + 60
-        while requests.get(broken.url + "/ping", timeout=5).status_code != 503 or "FAILED" not in \
-                requests.get(broken.url + "/ping", timeout=5).text:
-            assert time.monotonic() < deadline, broken.log()[-3000:]
-            time.sleep(0.2)
-        for method, path, body in [("GET", "/ping", None), ("GET", "/health", None), ("GET", "/info", None),
-                                   ("POST", "/invocations", {"inputs": "x"}), ("POST", "/generate", {"inputs": "x"}),
-                                   ("GET", "/v1/models", None)]:
-            r = requests.request(method, broken.url + path, json=body, timeout=30)
-            bodies.append(f"{path} {r.status_code} {dict(r.headers)} {r.text}")
-        assert "acme/private-tok" in bodies[-3]  # the load error is reported ...
-        assert not _listening_on_loopback_only(broken.proc.pid)
+        assert broken.proc.wait(timeout=120) == 2, broken.log()[-3000:]
+        assert "acme/private-tok" in broken.log()  # the refusal names the repository ...
     logs = srv.log() + broken.log()
     assert "DEBUG" in logs and "s3://" in logs  # the logs are the verbose ones, from the S3 load
     everything = logs + "\n".join(bodies)
