@@ -13,6 +13,7 @@ import contextlib
 import enum
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -225,7 +226,8 @@ class JsonWorker:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"),
+                                         initializer=_die_with_parent, initargs=(os.getpid(),))
         self._pool.submit(int).result()  # fork now, while the process has no other thread
 
     async def parse(self, raw: bytes, max_values: int) -> Any:
@@ -244,6 +246,19 @@ class JsonWorker:
         # Joined (a body being parsed finishes; nobody waits for it): the CLI's exit skips the
         # interpreter's atexit joins (lmi_trt.cli._exit_stopped), so no worker is left behind.
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the worker: end with the server, however it ends. A forked worker holds copies of the server's
+    stdout/stderr and of its own queue's pipes, so it would outlive a server killed by SIGKILL (or an
+    MPI abort), and an MPI launcher waiting for the rank's output to close would wait for ever
+    (PR_SET_PDEATHSIG, prctl(2); Linux only, elsewhere the worker ends with its queue)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent:  # the server died before the line above took effect
+        os._exit(0)
 
 
 def _parse_bounded(raw: bytes, max_values: int) -> tuple[bool, Any]:
