@@ -13,6 +13,7 @@ import pytest
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
+from lmi_trt.compat import dtype_kwargs
 from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 
@@ -38,7 +39,7 @@ def reference():
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model("llama")), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model("llama")), **dtype_kwargs(torch.float32)).eval()
 
     def generate(prompt: list[int], max_new_tokens: int, eos: int | None = 2) -> list[int]:
         with torch.no_grad():
