@@ -671,13 +671,13 @@ async def serve(
             sock=sock, backlog=1024,
         )
         log.info("listening on http://%s:%d (at most %d connections)", host, port, guard.max_connections)
+        if exit_on_failure_after is not None:  # from the moment this server answers
+            watcher = loop.create_task(_exit_when_failed(ctx, stop, exit_on_failure_after))
         if responder is not None:
             # Stopped only once this server accepts too: a connection queued meanwhile is taken by one
             # of the two, both of which answer it.
             await asyncio.to_thread(responder.stop)
             log.info("health responder stopped: the server answers alone (model %s)", ctx.status.value)
-        if exit_on_failure_after is not None:
-            watcher = loop.create_task(_exit_when_failed(ctx, stop, exit_on_failure_after))
         await stop.wait()
         log.info("shutting down: draining in-flight requests for up to %.0f s", shutdown_timeout)
     finally:
