@@ -215,10 +215,10 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         folder = _local_folder(config.model_id, "option.model_id")
         hf_config = (_read_json(folder / "config.json") if folder is not None
                      else _hub_config(config.model_id, "option.model_id", config.revision))
-    if registry.ENGINES[kind].needs_trtllm_gpu:  # on TensorRT-LLM; a model not readable yet (hub, S3) is
-        # taken for a checkpoint until it is resolved
-        config = with_backend(config, "trtllm_engine" if hf_config and "build_config" in hf_config
-                              else "hf_checkpoint")
+    if registry.ENGINES[kind].needs_trtllm_gpu and hf_config is not None:  # on TensorRT-LLM, a model read
+        # here decides the backend now; one not readable yet (S3, an uncached hub id) is decided by
+        # load_model once resolved (pinning a guess here made an S3 engine folder a "checkpoint")
+        config = with_backend(config, "trtllm_engine" if "build_config" in hf_config else "hf_checkpoint")
     if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, hf_config, kind)
