@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from lmi_trt.errors import LmiError
+
 # Alternatives per generated token a request may ask for (OpenAI chat top_logprobs' bound).
 MAX_TOP_LOGPROBS = 20
-
-from lmi_trt.errors import LmiError
 
 
 class FinishReason(str, enum.Enum):
@@ -127,11 +127,25 @@ class EngineStats:
 
 
 class EngineError(LmiError, RuntimeError):
-    """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with."""
+    """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with.
+
+    Raised by construction and ``start()`` (the server does not start); never out of ``submit()``
+    or a request's iterator, where it becomes the request's final output (``error_output``)."""
 
     def __init__(self, message: str, code: int = 424) -> None:
         super().__init__(message)
         self.code = code
+
+
+def error_output(request_id: str, message: str, code: int) -> EngineOutput:
+    """A request's final output for a failure: ``code`` 400 (the request cannot be served as asked),
+    424 (the model failed it), 503 (the engine is not running or is shutting down)."""
+    return EngineOutput(request_id, [], finished=True, finish_reason=FinishReason.ERROR, error=message, error_code=code)
+
+
+async def refused(request_id: str, error: EngineError) -> AsyncIterator[EngineOutput]:
+    """The iterator ``submit()`` returns for a request it refuses up front: one final error output."""
+    yield error_output(request_id, str(error), error.code)
 
 
 @runtime_checkable
@@ -153,8 +167,12 @@ class Engine(Protocol):
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         """Enqueue and stream deltas. The last output has ``finished=True``.
 
-        Per-request failures arrive as a final output with ``error`` set; they never raise
-        out of other requests' iterators. Closing the iterator early (client gone) cancels.
+        The error contract, the same for every engine: ``submit`` never raises and no iterator
+        raises. Whatever ends a request badly — refused up front (400), failed by the model (424),
+        the engine not running or closing (503) — arrives as that request's final output with
+        ``finish_reason=ERROR``, ``error`` and ``error_code`` (``error_output``), and never ends
+        another request. Closing the iterator early (client gone) cancels.
+        tests/integration/test_engine_contract.py holds every engine to it.
         """
         ...
 

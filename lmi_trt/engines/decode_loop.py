@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput
+from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .guided import allowed_tokens
 from .llama_decoder import LlamaDecoder, unsupported_reason
@@ -432,7 +432,7 @@ class DecodeLoopBackend(QueuedBackend):
             slot = row.slot
             if status[column]:
                 slot.finished = True
-                items.append((slot, self._engine._error_output(slot, _ERRORS[int(status[column])], 424)))
+                items.append((slot, error_output(slot.request.request_id, _ERRORS[int(status[column])], 424)))
                 continue
             token = int(tokens[column])
             slot.generated.append(token)

@@ -60,13 +60,13 @@ from lmi_trt.engines.base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    error_output,
 )
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
-    _error_output,
     final_tokens_and_reason,
     map_request,
 )
@@ -470,25 +470,25 @@ class LlmApiEngine:
         await asyncio.wait({step, self._closing}, return_when=asyncio.FIRST_COMPLETED)
         if not step.done():
             step.cancel()
-            return _error_output(entry.request_id, "the engine is shutting down", 503)
+            return error_output(entry.request_id, "the engine is shutting down", 503)
         try:
             result = step.result()
         except self._llmapi.RequestError as exc:
-            return _error_output(entry.request_id, f"TensorRT-LLM failed the request: {exc}", 424)
+            return error_output(entry.request_id, f"TensorRT-LLM failed the request: {exc}", 424)
         except StopAsyncIteration:  # no final step seen: the result ended without one
-            return _error_output(entry.request_id, "TensorRT-LLM ended the request without a result", 424)
+            return error_output(entry.request_id, "TensorRT-LLM ended the request without a result", 424)
         except Exception as exc:  # noqa: BLE001 — an executor failure: trtllm-serve stops the server on one
             log.exception("TensorRT-LLM failed outside one request")
             self._healthy = False
-            return _error_output(entry.request_id, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}", 424)
+            return error_output(entry.request_id, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}", 424)
         return self._to_output(entry, result.outputs[0], finished=result.finished)
 
     def _enqueue(self, request: GenerationRequest) -> _Request | EngineOutput:
         rid = request.request_id
         if not self._healthy or self._llm is None:
-            return _error_output(rid, "the TensorRT-LLM engine is not running", 503)
+            return error_output(rid, "the TensorRT-LLM engine is not running", 503)
         if rid in self._requests:
-            return _error_output(rid, f"request id {rid!r} is already in flight", 400)
+            return error_output(rid, f"request id {rid!r} is already in flight", 400)
         llmapi = self._llmapi
         try:
             plan = plan_request(
@@ -505,11 +505,11 @@ class LlmApiEngine:
                 streaming=request.streaming,
             )
         except EngineError as exc:
-            return _error_output(rid, str(exc), exc.code)
+            return error_output(rid, str(exc), exc.code)
         except (llmapi.RequestError, ValueError, TypeError) as exc:
-            return _error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
+            return error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
         except RuntimeError as exc:
-            return _error_output(rid, f"TensorRT-LLM could not take the request: {exc}", 503)
+            return error_output(rid, f"TensorRT-LLM could not take the request: {exc}", 503)
         entry = _Request(rid, result, plan, request.sampling.max_new_tokens, request.sampling.logprobs,
                          request.sampling.top_logprobs)
         self._requests[rid] = entry

@@ -66,9 +66,7 @@ class ReplicaSet:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         engine = self._engines[least_loaded([e.stats() for e in self._engines])]
-        # Called now, not on first iteration, so a copy's up-front EngineError reaches the caller
-        # at submit time exactly as it would from a single engine.
-        outputs = engine.submit(request)
+        outputs = engine.submit(request)  # a copy's refusal is the request's final output (engines/base.py)
         self._owner[request.request_id] = engine
         return self._relay(request.request_id, outputs)
 

@@ -24,6 +24,7 @@ from lmi_trt.engines.base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    refused,
 )
 from lmi_trt.engines.registry import ENGINES
 
@@ -177,9 +178,11 @@ class SyntheticEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         if self._loop_task is None or self._closed:
-            raise EngineError("the synthetic engine is not running (call start() first)", code=503)
+            return refused(request.request_id, EngineError("the synthetic engine is not running (call start() first)",
+                                                           code=503))
         if request.request_id in self._by_id:
-            raise EngineError(f"request id {request.request_id!r} is already in use", code=400)
+            return refused(request.request_id, EngineError(f"request id {request.request_id!r} is already in use",
+                                                           code=400))
         seq = _Sequence(request, [i for i in request.prompt_token_ids if 0 <= i < self.vocab_size] or self._fallback_cycle)
         self._by_id[request.request_id] = seq
         self._total_requests += 1

@@ -57,6 +57,8 @@ from .base import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    error_output,
+    refused,
 )
 from .guided import Grammars, allowed_tokens
 
@@ -709,19 +711,24 @@ class TorchEngine:
         self._healthy = True
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
-        """Validate now (``EngineError`` 400/503 raised here), stream deltas once iterated.
+        """Validate now (a refusal is the request's one, final output: base.py's contract), stream
+        deltas once iterated.
 
         Nothing is enqueued until the iterator is first awaited, so an iterator that is never
         consumed never occupies a slot. Closing it early cancels the request.
         """
-        self._check_ready()
-        check_sampling(request.sampling, self.max_new_tokens)
-        check_token_ids(request, self._vocab_size, self.max_input_len)
-        guided = request.sampling.guided
-        if guided is not None and request.sampling.ignore_eos:
-            raise EngineError("ignore_eos cannot be combined with constrained decoding: the grammar ends the output "
-                              "with EOS; leave ignore_eos out", code=400)
-        return self._stream(request, self._grammars.matcher(guided) if guided is not None else None)
+        try:
+            self._check_ready()
+            check_sampling(request.sampling, self.max_new_tokens)
+            check_token_ids(request, self._vocab_size, self.max_input_len)
+            guided = request.sampling.guided
+            if guided is not None and request.sampling.ignore_eos:
+                raise EngineError("ignore_eos cannot be combined with constrained decoding: the grammar ends the "
+                                  "output with EOS; leave ignore_eos out", code=400)
+            matcher = self._grammars.matcher(guided) if guided is not None else None
+        except EngineError as exc:
+            return refused(request.request_id, exc)
+        return self._stream(request, matcher)
 
     async def cancel(self, request_id: str) -> None:
         slot = self._slots.get(request_id)
@@ -882,7 +889,11 @@ class TorchEngine:
         self._by_key.pop(slot.key, None)
 
     async def _stream(self, request: GenerationRequest, matcher: Any) -> AsyncIterator[EngineOutput]:
-        slot = self._open(request, matcher)
+        try:  # checked again when first awaited: the engine may have closed, the id may be taken by now
+            slot = self._open(request, matcher)
+        except EngineError as exc:
+            yield error_output(request.request_id, str(exc), exc.code)
+            return
         try:
             self._backend.enqueue(slot)
             tokens: list[int] = []
@@ -927,12 +938,7 @@ class TorchEngine:
 
     def _fail_open(self, message: str, code: int) -> None:
         for slot in list(self._slots.values()):
-            self._push(slot, self._error_output(slot, message, code))
-
-    @staticmethod
-    def _error_output(slot: _Slot, message: str, code: int) -> EngineOutput:
-        return EngineOutput(slot.request.request_id, [], finished=True, finish_reason=FinishReason.ERROR,
-                            error=message, error_code=code)
+            self._push(slot, error_output(slot.request.request_id, message, code))
 
     # -- called from engine threads ------------------------------------------------------------
 
@@ -962,7 +968,7 @@ class TorchEngine:
                 continue
             if pick.error is not None:
                 slot.finished = True
-                items.append((slot, self._error_output(slot, pick.error, 424)))
+                items.append((slot, error_output(slot.request.request_id, pick.error, 424)))
                 on_finished(slot, FinishReason.ERROR)
                 continue
             slot.generated.append(pick.token)
@@ -982,7 +988,7 @@ class TorchEngine:
 
     def fail(self, slot: _Slot, message: str, code: int) -> None:
         slot.finished = True
-        self._deliver([(slot, self._error_output(slot, message, code))])
+        self._deliver([(slot, error_output(slot.request.request_id, message, code))])
 
     def die(self, message: str) -> None:
         log.error("torch engine is unhealthy: %s", message)

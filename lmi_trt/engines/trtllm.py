@@ -54,6 +54,7 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    error_output,
 )
 
 log = logging.getLogger(__name__)
@@ -687,10 +688,6 @@ def _take(stream: _Stream) -> EngineOutput:
     )
 
 
-def _error_output(request_id: str, message: str, code: int) -> EngineOutput:
-    return EngineOutput(request_id, [], finished=True, finish_reason=FinishReason.ERROR, error=message, error_code=code)
-
-
 class TrtllmEngine:
     """The ``Engine`` protocol over ``tensorrt_llm.bindings.executor.Executor``."""
 
@@ -829,7 +826,7 @@ class TrtllmEngine:
         self._stopping.set()
         held, self._held = self._held, []
         for stream in [*self._streams.values(), *held]:
-            self._finish(stream, _error_output(stream.request_id, "the engine is shutting down", 503))
+            self._finish(stream, error_output(stream.request_id, "the engine is shutting down", 503))
         if self._pump is not None:
             await asyncio.to_thread(self._pump.join)
         if self._executor is not None:
@@ -865,11 +862,11 @@ class TrtllmEngine:
     def _enqueue(self, request: GenerationRequest) -> _Stream | EngineOutput:
         rid = request.request_id
         if not self._healthy or self._executor is None:
-            return _error_output(rid, "the TensorRT-LLM engine is not running", 503)
+            return error_output(rid, "the TensorRT-LLM engine is not running", 503)
         if not self._leader:
-            return _error_output(rid, "this MPI rank does not take requests (leader mode: rank 0 does)", 503)
+            return error_output(rid, "this MPI rank does not take requests (leader mode: rank 0 does)", 503)
         if rid in self._by_request_id:
-            return _error_output(rid, f"request id {rid!r} is already in flight", 400)
+            return error_output(rid, f"request id {rid!r} is already in flight", 400)
         try:
             spec = map_request(
                 request,
@@ -879,7 +876,7 @@ class TrtllmEngine:
                 seed=random.getrandbits(63),
             )
         except EngineError as exc:
-            return _error_output(rid, str(exc), exc.code)
+            return error_output(rid, str(exc), exc.code)
         stream = _Stream(
             request_id=rid,
             max_new_tokens=request.sampling.max_new_tokens,
@@ -920,7 +917,7 @@ class TrtllmEngine:
         try:
             exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec))
         except (RuntimeError, TypeError, ValueError) as exc:
-            return _error_output(stream.request_id, f"TensorRT-LLM rejected the request: {exc}", 424)
+            return error_output(stream.request_id, f"TensorRT-LLM rejected the request: {exc}", 424)
         stream.exec_id, stream.held = exec_id, None
         self._streams[exec_id] = stream
         if self._held:
@@ -996,7 +993,7 @@ class TrtllmEngine:
         self._healthy = False
         held, self._held = self._held, []
         for stream in [*self._streams.values(), *held]:
-            self._finish(stream, _error_output(stream.request_id, f"the TensorRT-LLM response loop stopped: {reason}", 424))
+            self._finish(stream, error_output(stream.request_id, f"the TensorRT-LLM response loop stopped: {reason}", 424))
 
     def _dispatch(self, responses: list) -> None:
         for response in responses:
@@ -1004,7 +1001,7 @@ class TrtllmEngine:
             if stream is None:  # already ended here (0.12 cancel, shutdown, pump failure)
                 continue
             if response.has_error():
-                self._finish(stream, _error_output(stream.request_id, response.error_msg, 424))
+                self._finish(stream, error_output(stream.request_id, response.error_msg, 424))
                 continue
             out = self._to_output(stream, response.result)
             self._total_tokens += len(out.token_ids)

@@ -27,7 +27,6 @@ from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     Engine,
     GuidedDecoding,
-    EngineError,
     EngineOutput,
     FinishReason,
     GenerationRequest,
@@ -326,10 +325,8 @@ class GenerationStream:
             out = await self._it.__anext__()
         except StopAsyncIteration:
             return await self._fail(ModelError("the engine ended the request without a final output"))
-        except EngineError as e:
-            return await self._fail(error_from_code(str(e), e.code))
-        except Exception as e:
-            log.exception("engine stream for %s failed", self.request_id)
+        except Exception as e:  # an engine bug: the contract (engines/base.py) ends requests with an output
+            log.exception("engine stream for %s broke the engine contract", self.request_id)
             return await self._fail(ModelError(f"engine failure: {e}"))
         finally:
             self._waiting_since = None
@@ -620,10 +617,7 @@ class GenerationService:
                 bad_words_ids=await self._bad_words_ids(params.bad_words),
                 streaming=True,
             )
-            try:
-                it = self.engine.submit(request).__aiter__()
-            except EngineError as e:
-                raise error_from_code(str(e), e.code) from e
+            it = self.engine.submit(request).__aiter__()  # never raises: refusals are final outputs (engines/base.py)
         except LmiHttpError as e:
             self._in_system -= 1
             self._reject(e.status)

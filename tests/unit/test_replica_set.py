@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from lmi_trt.engines.base import EngineError, EngineStats, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import EngineStats, GenerationRequest, SamplingParams
 from lmi_trt.engines.replicas import ReplicaSet, least_loaded
 from lmi_trt.engines.synthetic import SyntheticEngine
 
@@ -45,18 +45,18 @@ async def test_requests_spread_over_copies_and_early_close_cancels_inside_the_co
         await replicas.close()
 
 
-async def test_a_copys_up_front_error_is_raised_at_submit():
+async def test_a_copys_refusal_is_the_requests_final_output():
     replicas = ReplicaSet([_engine(), _engine()])
     await replicas.start()
     try:
         replicas.submit(_req(1))
-        # A duplicate id is refused by the copy's submit() itself: the caller must see it now,
-        # not on its first iteration (GenerationService catches EngineError around submit()).
+        # A duplicate id is refused by the copy itself: as from a single engine, the refusal is the
+        # request's one, final output (engines/base.py's contract), never a raise.
         target = replicas.engines[0] if replicas.engines[0].stats().total_requests else replicas.engines[1]
         other = replicas.engines[1] if target is replicas.engines[0] else replicas.engines[0]
         other.submit(_req(2))  # make the copy that holds r1 the least loaded one
-        with pytest.raises(EngineError, match="already in use"):
-            replicas.submit(_req(1))
+        refusal = [out async for out in replicas.submit(_req(1))]
+        assert len(refusal) == 1 and refusal[0].error_code == 400 and "already in use" in refusal[0].error
     finally:
         await replicas.close()
 
@@ -70,5 +70,5 @@ async def test_failed_start_closes_the_copies_that_started():
     replicas = ReplicaSet([good, Broken(512)])
     with pytest.raises(RuntimeError, match="no GPU 1"):
         await replicas.start()
-    with pytest.raises(EngineError, match="not running"):
-        good.submit(_req(1))
+    refusal = [out async for out in good.submit(_req(1))]
+    assert refusal[0].error_code == 503 and "not running" in refusal[0].error
