@@ -258,6 +258,9 @@ IGNORED_KEYS: tuple[KeySpec, ...] = (
             ignored="the torch engine's transformers paths run eager (their per-request sampler runs between "
                     "steps), its built-in decode loop always captures CUDA graphs on CUDA, and TensorRT-LLM "
                     "engines keep the executor's default"),
+    KeySpec("option.num_checkpoint_workers", _integer(1, 4), "DJL's parallel checkpoint conversions",
+            ignored="each rank is converted and built in one worker process; option.num_engine_workers sets "
+                    "how many run at once"),
     KeySpec("option.paged_kv_cache", _TRUE_ONLY, "Truss plugin flag; the KV cache is always paged",
             aliases=("plugin_configuration.paged_kv_cache",),
             ignored="in-flight batching always uses a paged KV cache"),
@@ -548,10 +551,6 @@ class LmiConfig(BaseModel):
         "option.trtllm_checkpoint_path",
         _PATH,
         "where the converted TensorRT-LLM checkpoint is written")] = None
-    num_checkpoint_workers: Annotated[int | None, KeySpec(
-        "option.num_checkpoint_workers",
-        _integer(1, 4),
-        "parallel checkpoint conversions")] = None
     num_engine_workers: Annotated[int | None, KeySpec(
         "option.num_engine_workers",
         _integer(1, 4),
@@ -1031,7 +1030,7 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
         return values.get(attr, LmiConfig.model_fields[attr].default)
 
     def name(attr: str) -> str:
-        return _label(_attr_key(attr), chosen)
+        return _label(key_of(attr), chosen)
 
     engine = ENGINES.get(get("rolling_batch"))
     if get("model_id") is None and model_dir is None and (engine is None or engine.uses_model):
@@ -1041,7 +1040,7 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
     if (scaling_type is None) != (scaling_factor is None):
         given = "rotary_scaling_type" if scaling_type is not None else "rotary_scaling_factor"
         missing = "rotary_scaling_factor" if scaling_type is not None else "rotary_scaling_type"
-        raise ConfigError(f"{name(given)}={chosen[_attr_key(given)].value.strip()!r} needs {_attr_key(missing)} "
+        raise ConfigError(f"{name(given)}={chosen[key_of(given)].value.strip()!r} needs {key_of(missing)} "
                           "as well; set both (e.g. linear and 2.0) or neither")
     max_input, max_seq = get("max_input_len"), get("max_seq_len")
     if max_seq is not None and max_seq <= max_input:
@@ -1083,10 +1082,11 @@ def _warn_inapplicable(values: Mapping[str, Any], chosen: Mapping[str, _Setting]
         for attr in attrs:
             if attr in values:
                 log.warning("%s is set but has no effect without %s (option.quantize is %s)",
-                            _label(_attr_key(attr), chosen), needs, quantize.value if quantize else "unset")
+                            _label(key_of(attr), chosen), needs, quantize.value if quantize else "unset")
 
 
-def _attr_key(attr: str) -> str:
+def key_of(attr: str) -> str:
+    """The key an LmiConfig field is written as (``max_num_tokens`` → ``option.max_num_tokens``)."""
     return _BY_ATTR[attr].key
 
 

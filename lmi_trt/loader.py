@@ -63,6 +63,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     if registry.ENGINES[kind].needs_trtllm_gpu:  # on TensorRT-LLM: preflight chose by what it could read;
         # the resolved folder decides
         config = with_backend(config, artifact.kind)
+    registry.refuse_ignored(kind, config)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
@@ -202,6 +203,8 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     Returns ``config`` settled for the engine (``registry.settle``), unset limits following the model."""
     _check_engine_available(kind)
     config = registry.settle(config, kind)
+    if not registry.ENGINES[kind].needs_trtllm_gpu or config.backend != "auto":  # else: once the backend is known
+        registry.refuse_ignored(kind, config)
     if config.tokenizer_id is not None:
         tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
         if tokenizer is None:
@@ -219,6 +222,7 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         # here decides the backend now; one not readable yet (S3, an uncached hub id) is decided by
         # load_model once resolved (pinning a guess here made an S3 engine folder a "checkpoint")
         config = with_backend(config, "trtllm_engine" if "build_config" in hf_config else "hf_checkpoint")
+        registry.refuse_ignored(kind, config)
     if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, hf_config, kind)

@@ -196,6 +196,8 @@ def llm_plan(settings: LlmApiSettings) -> LlmPlan:
         kv["free_gpu_memory_fraction"] = rt.kv_cache_free_gpu_mem_fraction
     if rt.max_tokens_in_paged_kv_cache is not None:
         kv["max_tokens"] = rt.max_tokens_in_paged_kv_cache
+    if rt.kv_cache_host_memory_bytes is not None:  # tensorrt_llm/llmapi/llm_args.py KvCacheConfig.host_cache_size
+        kv["host_cache_size"] = rt.kv_cache_host_memory_bytes
     # CUDA graphs up to the served batch size (the LLM's default stops at 128), padded so that every
     # batch size runs a captured graph.
     graphs = {"max_batch_size": batch, "enable_padding": True}

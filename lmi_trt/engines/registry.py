@@ -143,6 +143,7 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
         max_num_tokens=config.max_num_tokens,
         kv_cache_free_gpu_mem_fraction=config.kv_cache_free_gpu_mem_fraction,
         max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
+        kv_cache_host_memory_bytes=config.kv_cache_host_memory_bytes,
         enable_kv_cache_reuse=config.enable_kv_cache_reuse,
         batch_scheduler_policy=config.batch_scheduler_policy,
         enable_chunked_context=config.enable_chunked_context,
@@ -267,6 +268,65 @@ def compiles(kind: str, config: LmiConfig) -> bool:
     """Whether a Hugging Face checkpoint is compiled before ``kind`` serves it: the engine's rule, except on
     TensorRT-LLM's pytorch backend, whose LLM loads the checkpoint itself (as DJL's LMI does, no trtllm-build)."""
     return ENGINES[kind].compiles and config.backend != "pytorch"
+
+
+class _Reads:
+    """A configuration that records which of its fields are read (``honoured``)."""
+
+    def __init__(self, config: LmiConfig) -> None:
+        self._config = config
+        self.names: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.names.add(name)
+        return getattr(self._config, name)
+
+
+def honoured(kind: str, config: LmiConfig) -> frozenset[str]:
+    """The fields engine ``kind`` reads for a settled ``config`` (its backend resolved): its settings view's,
+    and its compile job's where it compiles. Derived from the views themselves, so it cannot drift from them."""
+    probe = _Reads(config)
+    ENGINES[kind].settings(probe)  # type: ignore[arg-type]
+    if compiles(kind, config):
+        compile_job(probe)  # type: ignore[arg-type]
+    return frozenset(probe.names)
+
+
+# Fields a settings view reads that other stages honour for every engine, or place and refuse per engine.
+HONOURED_ELSEWHERE: dict[str, str] = {
+    "trust_remote_code": "the tokenizer is loaded with it for every engine",
+    "tensor_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
+    "pipeline_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
+    "download_dir": "sources download s3:// models there for every engine",
+}
+
+
+def refuse_ignored(kind: str, config: LmiConfig) -> None:
+    """A StartupError for the first option the user set that engine ``kind`` would ignore: one that some
+    engine's (or backend's) settings read and this one's do not. Every accepted option is honoured or refused."""
+    from lmi_trt.config import StartupError, key_of
+
+    used = honoured(kind, config)
+    for name in type(config).model_fields:
+        if name in used or name in HONOURED_ELSEWHERE or not config.is_given(name):
+            continue
+        users = [f"{other} ({backend})" if backend else other for other, backend in _engine_backends()
+                 if name in honoured(other, _as(config, other, backend))]
+        if users:
+            where = f"the {kind} engine" + (f" on the {config.backend} backend" if kind == "trtllm" else "")
+            raise StartupError(key_of(name), getattr(config, name), f"{where} does not use it",
+                               f"leave it out, or serve with an engine that does: {', '.join(users)}")
+
+
+def _engine_backends() -> list[tuple[str, str | None]]:
+    return [(kind, backend) for kind in ENGINES
+            for backend in (("pytorch", "tensorrt") if ENGINES[kind].needs_trtllm_gpu else (None,))]
+
+
+def _as(config: LmiConfig, kind: str, backend: str | None) -> LmiConfig:
+    """``config`` as engine ``kind`` (and TensorRT-LLM ``backend``) would run it."""
+    settled = config if config.max_rolling_batch_size is not None else settle(config, kind)
+    return settled.model_copy(update={"backend": backend}) if backend else settled
 
 
 def build_engine(kind: str, config: LmiConfig, artifact: ModelArtifact, tokenizer: Any, eos: list[int],

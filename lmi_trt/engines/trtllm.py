@@ -168,6 +168,7 @@ class TrtllmSettings(BaseModel):
     max_num_tokens: int | None = Field(None, ge=1)  # option.max_num_tokens
     kv_cache_free_gpu_mem_fraction: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1)
+    kv_cache_host_memory_bytes: int | None = Field(None, ge=1)  # host tier for offloaded KV blocks
     enable_kv_cache_reuse: bool = False
     batch_scheduler_policy: BatchSchedulerPolicy = "max_utilization"  # DJL's default
     enable_chunked_context: bool = False
@@ -463,6 +464,8 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
         enable_block_reuse=settings.enable_kv_cache_reuse,
         max_tokens=settings.max_tokens_in_paged_kv_cache,
         free_gpu_memory_fraction=settings.kv_cache_free_gpu_mem_fraction,
+        # Bytes of host memory for KV blocks evicted from the GPU (executor.h KvCacheConfig hostCacheSize).
+        host_cache_size=settings.kv_cache_host_memory_bytes,
     )
     policy = getattr(tle.CapacitySchedulerPolicy, settings.batch_scheduler_policy.upper())
     extra = {}

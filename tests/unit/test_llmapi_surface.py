@@ -231,7 +231,7 @@ def test_options_map_onto_llm_keywords():
         tensor_parallel_degree=2, pipeline_parallel_degree=2, dtype="bf16", max_num_sequences=64, max_num_tokens=2048,
         max_input_len=512, max_output_len=256, kv_cache_free_gpu_mem_fraction=0.8, max_tokens_in_paged_kv_cache=10000,
         enable_kv_cache_reuse=True, batch_scheduler_policy="guaranteed_no_evict", enable_chunked_context=True,
-        trust_remote_code=True, max_beam_width=2,
+        trust_remote_code=True, max_beam_width=2, kv_cache_host_memory_bytes=2 ** 30,
     )
     plan = llm_plan(llmapi_settings(settle(config, "trtllm")))
     assert plan.keywords == {
@@ -239,7 +239,8 @@ def test_options_map_onto_llm_keywords():
         "max_batch_size": 64, "max_beam_width": 2, "enable_chunked_prefill": True, "enable_iter_perf_stats": True,
         "max_num_tokens": 2048, "max_input_len": 512, "max_seq_len": 768,
     }
-    assert plan.kv_cache_config == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.8, "max_tokens": 10000}
+    assert plan.kv_cache_config == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.8, "max_tokens": 10000,
+                                    "host_cache_size": 2 ** 30}
     assert plan.scheduler_config == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
     assert plan.cuda_graph_config == {"max_batch_size": 64, "enable_padding": True}
     # DJL's defaults: max_utilization, no block reuse

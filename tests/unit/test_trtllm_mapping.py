@@ -321,13 +321,15 @@ def test_executor_config_1x(trt, monkeypatch):
         monkeypatch.setattr(trt, "__version__", "1.0.0")
 
     settings = TrtllmSettings(max_batch_size=8, kv_cache_free_gpu_mem_fraction=0.5, max_tokens_in_paged_kv_cache=4096,
-                              batch_scheduler_policy="guaranteed_no_evict", multi_block_mode=False, enable_trt_overlap=True)
+                              kv_cache_host_memory_bytes=2 ** 30, batch_scheduler_policy="guaranteed_no_evict",
+                              multi_block_mode=False, enable_trt_overlap=True)
     config, warnings = build_executor_config(tle, settings, facts_1x())
     assert warnings == []
     assert (config.max_batch_size, config.max_beam_width, config.batching_type) == (8, 2, tle.BatchingType.INFLIGHT)
     kv = config.kv_cache_config
     # 1.x defaults block reuse on: it must be passed off explicitly.
     assert (kv.enable_block_reuse, kv.free_gpu_memory_fraction, kv.max_tokens) == (False, 0.5, 4096)
+    assert kv.host_cache_size == 2 ** 30  # option.kv_cache_host_memory_bytes: the host tier for offloaded blocks
     assert config.scheduler_config.capacity_scheduler_policy == tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
     assert config.extended_runtime_perf_knob_config.multi_block_mode is False
     assert config.enable_trt_overlap is True and config.enable_chunked_context is False
