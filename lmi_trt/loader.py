@@ -17,7 +17,7 @@ from lmi_trt.config import LmiConfig, StartupError
 from lmi_trt.engines import ArtifactKind, EngineKind, choose_backend, probe_trtllm, registry
 from lmi_trt.engines.base import Engine
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
-from lmi_trt.serving.app import LoadedModel
+from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
 from lmi_trt.sources.artifact import is_hf_config

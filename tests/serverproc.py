@@ -13,7 +13,9 @@ from tinymodels import build_tokenizer, cache_root
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.synthetic import SyntheticEngine
-from lmi_trt.serving.app import LoadedModel, ProtocolAdapter, build_app
+from lmi_trt.serving.app import build_app
+from lmi_trt.serving.core import LoadedModel
+from lmi_trt.serving.http import ProtocolAdapter
 from lmi_trt.serving.tokenizer import load_tokenizer
 
 

@@ -82,6 +82,14 @@ def bounded_words(v: list[str], what: str) -> list[str]:
     return v
 
 
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What the loader hands the server: a started engine (``submit()`` works) and its tokenizer."""
+
+    engine: Engine
+    tokenizer: Any  # a transformers tokenizer (see serving.tokenizer.load_tokenizer)
+
 class FeatureRefused(BadRequest):
     """A 400 for a request field the engine cannot honour; ``param`` is the adapter's field name."""
 

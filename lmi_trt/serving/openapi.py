@@ -1,9 +1,9 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of every route this server answers.
 
 Request bodies come from the protocol adapters' own pydantic models (the ones that validate
-the requests), so the description cannot drift from what is enforced. Routes are read from the
-application's router when the document is first asked for, so a route added by any adapter
-is described (an unknown ``POST`` route gets a generic JSON-object body and a warning).
+the requests), registered with each route as it is added (``lmi_trt.serving.http.add_post``), so the
+description cannot drift from what is enforced and a new route needs no edit here. Routes are read
+from the application's router when the document is first asked for.
 
 Install it as the last protocol adapter: ``build_app(..., adapters=(*DEFAULT_ADAPTERS, openapi.install))``.
 The fuzz tests (``tests/integration/test_reliability_fuzz.py``) drive the real server from it.
@@ -11,7 +11,6 @@ The fuzz tests (``tests/integration/test_reliability_fuzz.py``) drive the real s
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
@@ -23,41 +22,12 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from lmi_trt import __version__
-from lmi_trt.serving.app import CONTEXT, ServingContext
+from lmi_trt.serving.http import CONTEXT, ROUTE_BODIES, Body, ServingContext
 
 log = logging.getLogger(__name__)
 
 OPENAPI_PATH = "/openapi.json"
 _SPEC: web.AppKey[dict[str, Any]] = web.AppKey("lmi_openapi_spec", dict)
-
-# Request models by component name: (module, attribute). Imported when the document is built.
-MODELS: dict[str, tuple[str, str]] = {
-    "LmiRequest": ("lmi_trt.serving.protocols.lmi", "LmiRequest"),
-    "ChatRequest": ("lmi_trt.serving.protocols.openai", "ChatRequest"),
-    "CompletionRequest": ("lmi_trt.serving.protocols.openai", "CompletionRequest"),
-    "TgiRequest": ("lmi_trt.serving.protocols.tgi", "TgiRequest"),
-    "TritonRequest": ("lmi_trt.serving.protocols.triton", "TritonRequest"),
-    "TrussRequest": ("lmi_trt.serving.protocols.truss", "TrussRequest"),
-}
-# /invocations takes an LMI body, or (dispatched on its keys) OpenAI chat/completions or Truss.
-_INVOCATIONS = ("LmiRequest", "ChatRequest", "CompletionRequest", "TrussRequest")
-# Which models a POST route's JSON body is one of; "text" adds a text/plain body (LMI's raw prompt).
-BODIES: dict[str, tuple[tuple[str, ...], bool]] = {
-    "/invocations": (_INVOCATIONS, True),
-    "/predictions/{model}": (_INVOCATIONS, True),
-    "/predictions/{model}/{version}": (_INVOCATIONS, True),
-    "/endpoints/{endpoint}/invocations": (_INVOCATIONS, True),
-    "/endpoints/{endpoint}/invocations-response-stream": (_INVOCATIONS, True),
-    "/v1/chat/completions": (("ChatRequest",), False),
-    "/v1/completions": (("CompletionRequest",), False),
-    "/generate": (("TgiRequest",), False),
-    "/generate_stream": (("TgiRequest",), False),
-    "/": (("TgiRequest",), False),
-    "/v2/models/{model}/generate": (("TritonRequest",), False),
-    "/v2/models/{model}/generate_stream": (("TritonRequest",), False),
-    "/v2/models/{model}/versions/{version}/generate": (("TritonRequest",), False),
-    "/v2/models/{model}/versions/{version}/generate_stream": (("TritonRequest",), False),
-}
 
 _WORDS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -107,34 +77,24 @@ _ERROR = {
 _PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
 
 
-def _load_models(names: set[str]) -> dict[str, type[BaseModel]]:
-    out: dict[str, type[BaseModel]] = {}
-    for name in sorted(names):
-        module, attr = MODELS[name]
-        try:
-            model = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            log.warning("openapi: request model %s.%s is not available (%s); its routes get a generic body",
-                        module, attr, e)
-            continue
-        out[name] = model
-    return out
-
-
-def component_schemas(names: set[str]) -> tuple[dict[str, Any], set[str]]:
-    """The models' JSON schemas (validation mode) as ``components.schemas``; and the names found."""
-    models = _load_models(names)
+def component_schemas(models: set[type[BaseModel]]) -> dict[str, Any]:
+    """The models' JSON schemas (validation mode) as ``components.schemas``, by class name."""
     if not models:
-        return {}, set()
+        return {}
     _, defs = models_json_schema(
-        [(m, "validation") for m in models.values()], ref_template="#/components/schemas/{model}"
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template="#/components/schemas/{model}"
     )
     schemas = defs.get("$defs", {})
     for (model, field_name), shape in FIELD_SHAPES.items():
         props = schemas.get(model, {}).get("properties", {})
         if field_name in props:
             props[field_name] = {**shape, "title": props[field_name].get("title", field_name)}
-    return schemas, set(models)
+    return schemas
+
+
+def body_models(body: Body, ctx: ServingContext) -> tuple[type[BaseModel], ...]:
+    """The request models a route's body is one of, the invocation handlers' included where it takes them."""
+    return body.models + (tuple(ctx.invocation_models) if body.invocations else ())
 
 
 def _summary(handler: Any) -> str:
@@ -155,8 +115,8 @@ def build_spec(app: web.Application) -> dict[str, Any]:
         if resource is None or route.method in ("HEAD", "OPTIONS", "*"):
             continue
         routes.append((resource.canonical, route.method, route.handler))
-    wanted = {m for path, method, _ in routes if method == "POST" for m in BODIES.get(path, ((), False))[0]}
-    schemas, available = component_schemas(wanted)
+    bodies = app.get(ROUTE_BODIES, {})
+    schemas = component_schemas({m for body in bodies.values() for m in body_models(body, ctx)})
     paths: dict[str, dict[str, Any]] = {}
     for path, method, handler in routes:
         op: dict[str, Any] = {
@@ -169,14 +129,14 @@ def build_spec(app: web.Application) -> dict[str, Any]:
             op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
                                 for p in params]
         if method in ("POST", "PUT", "PATCH"):
-            names, text = BODIES.get(path, ((), False))
-            refs = [{"$ref": f"#/components/schemas/{n}"} for n in names if n in available]
-            if not names:
-                log.warning("openapi: no request model is registered for %s %s; documented as a JSON object",
-                            method, path)
-            json_schema: dict[str, Any] = (refs[0] if len(refs) == 1 else {"anyOf": refs}) if refs else {"type": "object"}
+            body = bodies.get(path)
+            if body is None:  # every adapter registers its POST routes with their bodies (http.add_post)
+                raise RuntimeError(f"{method} {path} was added without its request body; register it with "
+                                   "lmi_trt.serving.http.add_post")
+            refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in body_models(body, ctx)]
+            json_schema: dict[str, Any] = refs[0] if len(refs) == 1 else {"anyOf": refs}
             content: dict[str, Any] = {"application/json": {"schema": json_schema}}
-            if text:
+            if body.text:
                 content["text/plain"] = {"schema": {"type": "string", "minLength": 1}}
             op["requestBody"] = {"required": True, "content": content}
         paths.setdefault(path, {})[method.lower()] = op
@@ -207,4 +167,4 @@ def install(app: web.Application, ctx: ServingContext) -> None:
     app.router.add_get(OPENAPI_PATH, openapi_json)
 
 
-__all__ = ["BODIES", "FIELD_SHAPES", "MODELS", "OPENAPI_PATH", "build_spec", "install"]
+__all__ = ["FIELD_SHAPES", "OPENAPI_PATH", "build_spec", "install"]

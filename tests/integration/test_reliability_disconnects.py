@@ -24,7 +24,7 @@ import pytest
 from serverproc import SyntheticApp, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.serving.app import CONTEXT
+from lmi_trt.serving.http import CONTEXT
 from lmi_trt.serving.app import serve as serve_app
 from lmi_trt.serving.core import GenerationStream
 from lmi_trt.serving.protocols import DEFAULT_ADAPTERS

@@ -133,7 +133,10 @@ def test_openapi_document_describes_every_route(server):
     for path, item in spec["paths"].items():
         if "post" in item:
             schema = item["post"]["requestBody"]["content"]["application/json"]["schema"]
-            assert schema != {"type": "object"}, f"POST {path} has no request model in lmi_trt.serving.openapi.BODIES"
+            assert schema != {"type": "object"}, f"POST {path} has no request model (lmi_trt.serving.http.add_post)"
+    invocations = spec["paths"]["/invocations"]["post"]["requestBody"]["content"]
+    refs = {ref["$ref"].rsplit("/", 1)[1] for ref in invocations["application/json"]["schema"]["anyOf"]}
+    assert refs == {"LmiRequest", "ChatRequest", "CompletionRequest", "TrussRequest"} and "text/plain" in invocations
     lmi = spec["components"]["schemas"]["LmiParameters"]["properties"]
     assert lmi["temperature"]["anyOf"][0]["minimum"] == 0 and lmi["max_new_tokens"]["anyOf"][0]["minimum"] == 1
 

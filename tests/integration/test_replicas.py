@@ -17,7 +17,8 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.engines.replicas import ReplicaSet
 from lmi_trt.launch import LaunchPlan, plan_launch
 from lmi_trt.loader import load_model
-from lmi_trt.serving.app import CONTEXT, build_app
+from lmi_trt.serving.app import build_app
+from lmi_trt.serving.http import CONTEXT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

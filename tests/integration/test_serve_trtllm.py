@@ -20,7 +20,8 @@ from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.loader import load_model
-from lmi_trt.serving.app import CONTEXT, build_app
+from lmi_trt.serving.app import build_app
+from lmi_trt.serving.http import CONTEXT
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from serverproc import SyntheticApp, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.serving.app import CONTEXT
+from lmi_trt.serving.http import CONTEXT
 
 MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 
@@ -352,7 +352,7 @@ async def test_adapter_api_adds_routes_and_takes_other_bodies_at_invocations():
     """What a TGI/OpenAI adapter does: its own routes on the shared core, plus /invocations dispatch."""
     from aiohttp import web
 
-    from lmi_trt.serving.app import ServingContext, json_response, parse_json, read_body, request_properties
+    from lmi_trt.serving.http import ServingContext, json_response, parse_json, read_body, request_properties
     from lmi_trt.serving.core import GenerateParams
     from lmi_trt.serving.protocols import lmi
 

@@ -117,9 +117,10 @@ def test_trtllm_queued_outputs_merge_into_one_delta():
 
 
 def test_trtllm_an_error_is_never_merged_and_tokens_before_it_come_first():
-    from lmi_trt.engines.trtllm import _error_output, _take
+    from lmi_trt.engines.base import error_output
+    from lmi_trt.engines.trtllm import _take
 
-    error = _error_output("r", "boom", 424)
+    error = error_output("r", "boom", 424)
     stream = _stream_with([EngineOutput("r", [1], [-0.1]), EngineOutput("r", [2], [-0.2]), error])
     first = _take(stream)
     assert first.token_ids == [1, 2] and not first.finished

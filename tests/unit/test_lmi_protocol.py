@@ -10,7 +10,7 @@ from serverproc import synthetic_engine, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import FinishReason
-from lmi_trt.serving.app import parse_custom_attributes, parse_json, validate
+from lmi_trt.serving.http import parse_custom_attributes, parse_json, validate
 from lmi_trt.serving.core import (
     Completion,
     Delta,

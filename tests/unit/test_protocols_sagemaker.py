@@ -18,7 +18,7 @@ from botocore.exceptions import EventStreamError
 from serverproc import SyntheticApp, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.serving.app import parse_custom_attributes
+from lmi_trt.serving.http import parse_custom_attributes
 from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 from lmi_trt.serving.protocols.sagemaker import (
     encode_event,

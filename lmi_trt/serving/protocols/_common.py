@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from lmi_trt.serving.app import CONTEXT, json_response, load_json, read_body
+from lmi_trt.serving.http import CONTEXT, json_response, load_json, read_body
 from lmi_trt.serving.core import (
     Delta,
     GenerateParams,

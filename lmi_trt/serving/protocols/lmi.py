@@ -24,8 +24,10 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lmi_trt.serving.app import (
+from lmi_trt.serving.http import (
     CONTEXT,
+    Body,
+    add_post,
     ServingContext,
     error_response,
     json_response,
@@ -367,6 +369,10 @@ async def predictions(request: web.Request) -> web.StreamResponse:
     return await invocations(request)
 
 
+# An LMI body, a raw text prompt, or (dispatched on its top-level key) another adapter's body.
+INVOCATIONS_BODY = Body((LmiRequest,), text=True, invocations=True)
+
+
 def install(app: web.Application, ctx: ServingContext) -> None:
     fmt = ctx.config.output_formatter
     if fmt is not None and fmt not in CONTENT_TYPES:
@@ -374,6 +380,6 @@ def install(app: web.Application, ctx: ServingContext) -> None:
             "option.output_formatter=%r does not apply to LMI requests (they use %s); the chat formats belong to chat requests",
             fmt, "/".join(CONTENT_TYPES),
         )
-    app.router.add_post("/invocations", invocations)
-    app.router.add_post("/predictions/{model}", predictions)
-    app.router.add_post("/predictions/{model}/{version}", predictions)
+    add_post(app, "/invocations", invocations, INVOCATIONS_BODY)
+    add_post(app, "/predictions/{model}", predictions, INVOCATIONS_BODY)
+    add_post(app, "/predictions/{model}/{version}", predictions, INVOCATIONS_BODY)

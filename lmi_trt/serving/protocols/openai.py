@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import FinishReason, GuidedDecoding
 from lmi_trt.serving import chat
-from lmi_trt.serving.app import CONTEXT, ServingContext, error_response, json_response
+from lmi_trt.serving.http import CONTEXT, Body, ServingContext, add_post, error_response, json_response, register_invocation
 from lmi_trt.serving.core import (
     Completion,
     Delta,
@@ -547,8 +547,8 @@ def _check_model(ctx: ServingContext, name: object, also: Iterable[str] = ()) ->
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    add_post(app, "/v1/chat/completions", chat_completions, Body((ChatRequest,)))
+    add_post(app, "/v1/completions", completions, Body((CompletionRequest,)))
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
-    ctx.invocation_handlers.setdefault("messages", chat_at_invocations)
+    register_invocation(ctx, "messages", chat_at_invocations, ChatRequest)

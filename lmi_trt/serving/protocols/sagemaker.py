@@ -34,11 +34,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from lmi_trt.serving.app import (
+from lmi_trt.serving.http import (
     CUSTOM_ATTRIBUTES_HEADER,
     ServingContext,
+    add_post,
     read_body,
 )
+from lmi_trt.serving.protocols.lmi import INVOCATIONS_BODY
 from lmi_trt.serving.errors import PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -211,8 +213,10 @@ async def invoke_endpoint_with_response_stream(request: web.Request) -> web.Stre
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:
-    app.router.add_post("/endpoints/{endpoint}/invocations", invoke_endpoint)
-    app.router.add_post("/endpoints/{endpoint}/invocations-response-stream", invoke_endpoint_with_response_stream)
+    # The runtime's routes forward the body to /invocations: they take what it takes.
+    add_post(app, "/endpoints/{endpoint}/invocations", invoke_endpoint, INVOCATIONS_BODY)
+    add_post(app, "/endpoints/{endpoint}/invocations-response-stream", invoke_endpoint_with_response_stream,
+             INVOCATIONS_BODY)
 
     async def open_session(app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)

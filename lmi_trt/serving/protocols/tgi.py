@@ -31,7 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import MAX_TOP_LOGPROBS, GuidedDecoding
-from lmi_trt.serving.app import CONTEXT, ModelStatus, ServingContext, json_response
+from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
@@ -279,8 +279,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:
-    app.router.add_post("/generate", generate)
-    app.router.add_post("/generate_stream", generate_stream)
-    app.router.add_post("/", compat_generate)
+    add_post(app, "/generate", generate, Body((TgiRequest,)))
+    add_post(app, "/generate_stream", generate_stream, Body((TgiRequest,)))
+    add_post(app, "/", compat_generate, Body((TgiRequest,)))
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from lmi_trt.serving.app import CONTEXT, ModelStatus, ServingContext, json_response
+from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.core import Delta, GenerateParams
 from lmi_trt.serving.errors import BadRequest, LmiHttpError, NotFound
 from lmi_trt.serving.protocols._common import (
@@ -212,8 +212,8 @@ async def model_ready(request: web.Request) -> web.Response:
 
 def install(app: web.Application, ctx: ServingContext) -> None:
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        app.router.add_post(base + "/generate", generate)
-        app.router.add_post(base + "/generate_stream", generate_stream)
+        add_post(app, base + "/generate", generate, Body((TritonRequest,)))
+        add_post(app, base + "/generate_stream", generate_stream, Body((TritonRequest,)))
         app.router.add_get(base + "/ready", model_ready)
     app.router.add_get("/v2/health/live", server_live)
     app.router.add_get("/v2/health/ready", server_ready)

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from lmi_trt.serving.app import CONTEXT, ServingContext, error_response, json_response
+from lmi_trt.serving.http import CONTEXT, ServingContext, error_response, json_response, register_invocation
 from lmi_trt.serving.core import Delta, GenerateParams
 from lmi_trt.serving.errors import BadRequest
 from lmi_trt.serving.protocols import openai
@@ -116,4 +116,5 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:
-    ctx.invocation_handlers.setdefault("prompt", prompt_at_invocations)
+    # a "prompt" body is Truss's, or an OpenAI completion where it has OpenAI-only fields
+    register_invocation(ctx, "prompt", prompt_at_invocations, TrussRequest, openai.CompletionRequest)
