@@ -180,7 +180,8 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
 
 
 # DJL LMI's TensorRT-LLM rule: do_sample=true fills what the request left unset with top_k=5, top_p=0.85,
-# temperature=0.8 (the values the trtllm engine applied, guessing "unset" back, before issue 14).
+# temperature=0.8 (deepjavalibrary/djl-serving, engines/python/setup/djl_python/rolling_batch/
+# trtllm_rolling_batch.py, TRTLLMRollingBatch.translate_triton_params); applied here for every engine.
 DJL_SAMPLING_DEFAULTS: dict[str, Any] = {"top_k": 5, "top_p": 0.85, "temperature": 0.8}
 # A greedy request: values that change nothing (top_k 0 = no top-k limit).
 NEUTRAL_SAMPLING: dict[str, Any] = {"top_k": 0, "top_p": 1.0, "temperature": 1.0}
