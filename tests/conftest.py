@@ -12,8 +12,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 # A test the documented install skips is not a test: any skip fails the session, except these,
 # which say "does not apply" rather than "could not run" (test file → text in the skip reason).
 ALLOWED_SKIPS: dict[str, tuple[str, ...]] = {
-    # The cross-check against the reference transcription only runs where that folder exists.
-    "tests/unit/test_fake_surface.py": ("shared/reference is not on this machine",),
     # Parameter combinations a protocol has no field for.
     "tests/unit/test_protocols_consistency.py": ("Truss payloads have no temperature/top_p",
                                                  "Triton/Truss word lists skip empty words"),

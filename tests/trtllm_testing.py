@@ -1,5 +1,5 @@
 """Test helpers for the TensorRT-LLM fake: install it for a while, and build engine folders with
-its build API exactly as real code would (trtllm_api.md §2.3)."""
+its build API exactly as real code would (as NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py drives it)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The fake Executor's inside (private): engine loading and an in-flight-batching step loop that
 really generates through the Hugging Face checkpoint an engine file points at.
 
-Semantics kept from TensorRT-LLM (trtllm_api.md §1, §4, §7):
+Semantics kept from TensorRT-LLM (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, tensorrt_llm/builder.py):
 * requests join and leave the running batch at any step; at most ``max_batch_size`` run, the
   rest wait in arrival order;
 * streaming results carry only the tokens new since the previous result (all generated tokens
@@ -160,7 +160,7 @@ def deserialize(path: Path) -> dict:
     except (ValueError, AssertionError):
         raise _tllm_error(f"Failed to deserialize cuda engine {path}") from None
     if blob["tensorrt_llm_version"] != _state.version():
-        # A TensorRT plan only loads in the TensorRT it was built with (trtllm_api.md §4).
+        # A TensorRT plan only loads in the TensorRT it was built with (tensorrt_llm/builder.py checks the TensorRT version tag).
         raise _tllm_error(
             "Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed.Version tag does not match. "
             f"Note: Current Version: {_state.version()}, Serialized Engine Version: {blob['tensorrt_llm_version']}"
@@ -310,7 +310,7 @@ class ExecutorImpl:
         if self._closed:
             return
         if not self.is_leader:
-            # Follower ranks run until the leader shuts down (LEADER mode, trtllm_api.md §1.2).
+            # Follower ranks run until the leader shuts down (CommunicationMode::kLEADER, executor.h).
             if self._world.comm is not None:
                 self._world.comm.bcast(None, root=0)
             else:
@@ -356,7 +356,7 @@ class ExecutorImpl:
                 self._active.remove(seq)
             else:
                 self._waiting.remove(seq)
-            if not _state.is_0x():  # final CANCELLED results exist since 0.16 (trtllm_api.md §1.1)
+            if not _state.is_0x():  # final CANCELLED results exist since 0.16 (executor.h, Response/Result finish reasons)
                 out.append(self._result(seq, self._api.FinishReason.CANCELLED))
         self._cancel.clear()
         return out

@@ -1,6 +1,6 @@
 """Fake ``tensorrt_llm.builder``: ``BuildConfig``, ``EngineConfig``, ``Engine``, ``build``, ``get_engine_version``.
 
-``build`` does what TensorRT-LLM's does to the settings (trtllm_api.md §2.3) and produces an
+``build`` does what TensorRT-LLM's does to the settings (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py, build) and produces an
 ``Engine`` whose per-rank "plan" is a small JSON naming the Hugging Face folder the model came
 from and the release that built it; ``Engine.save`` writes the real layout (§4): ``config.json``
 with ``version``/``pretrained_config``/``build_config`` plus ``rank{r}.engine``.
@@ -93,7 +93,7 @@ class _BuildConfigMethods:
     def to_dict(self):
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["plugin_config"] = _plugin_config_to_dict(self.plugin_config)
-        # dry_run and visualize_network never reach config.json (trtllm_api.md §4).
+        # dry_run and visualize_network never reach config.json (tensorrt_llm/builder.py, Engine.save).
         del out["dry_run"], out["visualize_network"]
         return out
 

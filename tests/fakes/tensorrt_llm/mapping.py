@@ -1,4 +1,4 @@
-"""Fake ``tensorrt_llm.mapping.Mapping`` (1.x keywords; trtllm_api.md §2.2)."""
+"""Fake ``tensorrt_llm.mapping.Mapping`` (1.x keywords; NVIDIA/TensorRT-LLM tensorrt_llm/mapping.py)."""
 
 from __future__ import annotations
 

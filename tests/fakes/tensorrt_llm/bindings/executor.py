@@ -1,7 +1,7 @@
 """Fake ``tensorrt_llm.bindings.executor``: the C++ Executor bindings, in Python.
 
 Names, constructor keywords (and their order), properties and enum members follow
-``trtllm_api_surface.py`` (1.x) and trtllm_api.md §1.4–1.7 for 0.12. The Executor really
+``trtllm_api_surface.py`` (1.x) and, for 0.12, the v0.12.0 tag's cpp/tensorrt_llm/pybind/executor/bindings.cpp. The Executor really
 generates through the Hugging Face checkpoint the engine file points at (see ``_runtime``).
 
 Version-dependent names (``Request``, ``SamplingConfig``, ``KvCacheConfig``, ``ExecutorConfig``,
@@ -324,7 +324,7 @@ class _ExecutorConfig1x:
 
 
 class _ExecutorConfig012:
-    """0.12: the same first names, fewer knobs. trtllm_api.md only pins "the same first eight names";
+    """0.12: the same first names, fewer knobs. our 0.12 reading only pins "the same first eight names";
     the rest follows the later 0.x binding read for that section, cut at the knobs 0.12 had."""
 
     def __init__(

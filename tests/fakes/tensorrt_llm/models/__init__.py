@@ -1,4 +1,4 @@
-"""Fake ``tensorrt_llm.models``: ``MODEL_MAP`` (the project's subset, trtllm_api.md §2.1) and its classes."""
+"""Fake ``tensorrt_llm.models``: ``MODEL_MAP`` (the project's subset of NVIDIA/TensorRT-LLM tensorrt_llm/models/__init__.py) and its classes."""
 
 from tensorrt_llm.models.modeling_utils import PretrainedConfig, PretrainedModel, QuantConfig
 

@@ -20,7 +20,7 @@ from tensorrt_llm.quantization.mode import QuantAlgo, QuantMode
 
 _CHECKPOINT_FORMAT = "fake-tensorrt-llm-checkpoint"
 
-# Algorithms that need calibration data / the modelopt flow (trtllm_api.md §3).
+# Algorithms that need calibration data / the modelopt flow (NVIDIA/TensorRT-LLM tensorrt_llm/quantization/mode.py, quantize_by_modelopt.py).
 _NO_CALIBRATION = {QuantAlgo.W8A16, QuantAlgo.W4A16, QuantAlgo.FP8_PER_CHANNEL_PER_TOKEN}
 _MODELOPT = {
     QuantAlgo.NVFP4, QuantAlgo.FP8, QuantAlgo.W4A16_AWQ, QuantAlgo.W4A8_AWQ,
@@ -160,7 +160,7 @@ class PretrainedConfig:
 
     def to_dict(self):
         out = {k: copy.deepcopy(v) for k, v in self.__dict__.items()}
-        # config.json carries the world, not this rank's place in it (trtllm_api.md §4).
+        # config.json carries the world, not this rank's place in it (NVIDIA/TensorRT-LLM tensorrt_llm/models/modeling_utils.py, PretrainedConfig.to_dict).
         mapping = self.mapping.to_dict()
         del mapping["rank"]
         out["mapping"] = mapping
