@@ -143,7 +143,7 @@ def _model_name(config) -> str:
 def cmd_selftest(args: argparse.Namespace) -> int:
     from lmi_trt.selftest import run_selftest
 
-    return 0 if run_selftest() else 1
+    return 0 if run_selftest(backend=args.backend) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench(sub)
 
     selftest = sub.add_parser("selftest", help="on a GPU host with TensorRT-LLM: build a tiny engine, serve it, check it")
+    selftest.add_argument("--backend", choices=("auto", "pytorch", "tensorrt"), default="auto",
+                          help="TensorRT-LLM backend (option.backend); auto: the one serve picks for a checkpoint")
     selftest.set_defaults(func=cmd_selftest)
     return parser
 

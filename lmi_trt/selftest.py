@@ -1,11 +1,14 @@
 """``lmi-trt selftest``: does TensorRT-LLM work on this host, along the path ``serve`` takes?
 
-Writes a tiny random Llama checkpoint, then goes through ``lmi_trt.compile`` exactly as ``serve``
-does for ``option.rolling_batch=trtllm`` (``loader.compile_if_needed``: plan → build in worker
-processes → engine cache), asks again to check the cache answers, serves the engine through
-``TrtllmEngine`` and sends one request and one stream. Prints PASS/FAIL per step; needs a GPU and a
-supported TensorRT-LLM (no download: the model is made up on the spot). ``run_selftest`` returns
-whether every step passed; ``lmi-trt selftest`` exits 0 then, 1 otherwise.
+Writes a tiny random Llama checkpoint and serves it with ``option.rolling_batch=trtllm`` on the
+TensorRT-LLM backend ``serve`` would choose for a Hugging Face checkpoint (``option.backend``, by
+``engines.choose_backend``; ``--backend`` picks one). On ``tensorrt`` it goes through
+``lmi_trt.compile`` exactly as ``serve`` does (``loader.compile_if_needed``: plan → build in worker
+processes → engine cache), asks again to check the cache answers and serves the engine through
+``TrtllmEngine``; on ``pytorch`` (1.0 and later, the only one after 1.2) the LLM API's
+``LlmApiEngine`` loads the checkpoint. Then one request and one stream. Prints PASS/FAIL per step;
+needs a GPU and a supported TensorRT-LLM (no download: the model is made up on the spot).
+``run_selftest`` returns whether every step passed; ``lmi-trt selftest`` exits 0 then, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.engines.base import FinishReason, GenerationRequest, SamplingParams
-from lmi_trt.engines.registry import settle, trtllm_settings
+from lmi_trt.engines import choose_backend, probe_trtllm
+from lmi_trt.engines.base import Engine, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.registry import llmapi_settings, settle, trtllm_settings
 from lmi_trt.engines.trtllm import TrtllmEngine, probe_runtime
 from lmi_trt.sources import ModelArtifact
 
@@ -41,13 +45,35 @@ def _write_tiny_llama(hf_dir: Path) -> None:
                          bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(str(hf_dir))
+    _write_byte_tokenizer(hf_dir)
 
 
-def _config(root: Path) -> LmiConfig:
+def _write_byte_tokenizer(hf_dir: Path) -> None:
+    """A byte-level tokenizer beside the checkpoint (the LLM API loads one from the model folder, as serve's
+    checkpoints have): the three special tokens at PAD, BOS and EOS, then one token per byte, no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {"<pad>": PAD, "<s>": 1, "</s>": EOS}
+    vocab = {**specials, **{ch: len(specials) + i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+                            ).save_pretrained(str(hf_dir))
+
+
+def _config(root: Path, backend: str) -> LmiConfig:
     """What a user would put in serving.properties for this model, with the cache under ``root``."""
-    return LmiConfig(model_id=str(root / "hf"), rolling_batch="trtllm", dtype="fp16", max_input_len=32, max_output_len=32,
-                     max_rolling_batch_size=MAX_BATCH, download_dir=root / "download",
+    return LmiConfig(model_id=str(root / "hf"), rolling_batch="trtllm", backend=backend, dtype="fp16", max_input_len=32,
+                     max_output_len=32, max_rolling_batch_size=MAX_BATCH, download_dir=root / "download",
                      engine_cache_uri=str(root / "engine-cache"), kv_cache_free_gpu_mem_fraction=0.2)
+
+
+def _backend(requested: str) -> str:
+    """The backend ``serve`` would use for a Hugging Face checkpoint here, and why."""
+    backend, why = choose_backend(requested, probe_trtllm(), "hf_checkpoint")
+    return f"{backend} ({why})"
 
 
 def _compile(config: LmiConfig) -> ModelArtifact:
@@ -61,7 +87,7 @@ def _compile(config: LmiConfig) -> ModelArtifact:
     return artifact
 
 
-async def _generate(engine: TrtllmEngine, streaming: bool) -> tuple[list[int], list, FinishReason | None]:
+async def _generate(engine: Engine, streaming: bool) -> tuple[list[int], list, FinishReason | None]:
     request = GenerationRequest(
         f"selftest-{'stream' if streaming else 'request'}",
         PROMPT,
@@ -78,10 +104,20 @@ async def _generate(engine: TrtllmEngine, streaming: bool) -> tuple[list[int], l
     return tokens, deltas, reason
 
 
-async def _serve(config: LmiConfig, engine_dir: Path, gpu_available: Callable[[], bool] | None, step) -> None:
+def _executor(config: LmiConfig, engine_dir: Path, gpu_available: Callable[[], bool] | None) -> Engine:
     settings = trtllm_settings(settle(config, "trtllm"))  # as the loader builds them
-    engine = TrtllmEngine(engine_dir, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
-    await step("start the Executor", engine.start)
+    return TrtllmEngine(engine_dir, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
+
+
+def _llm(config: LmiConfig, gpu_available: Callable[[], bool] | None) -> Engine:
+    from lmi_trt.engines.llmapi import LlmApiEngine
+
+    settings = llmapi_settings(settle(config, "trtllm"))  # as the loader builds them
+    return LlmApiEngine(config.model_id, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
+
+
+async def _serve(engine: Engine, what: str, step) -> None:
+    await step(f"start {what}", engine.start)
     try:
         async def one_request():
             tokens, _, reason = await _generate(engine, streaming=False)
@@ -107,11 +143,11 @@ def run_selftest(
     *,
     gpu_available: Callable[[], bool] | None = None,
     out: Callable[[str], None] = print,
+    backend: str = "auto",
 ) -> bool:
     """Run every step, print ``PASS``/``FAIL`` lines, and return whether all passed."""
     with tempfile.TemporaryDirectory(prefix="lmi-trt-selftest-") as tmp:
         root = Path(work_dir or tmp)
-        config = _config(root)
         passed = True
 
         def report(name: str, ok: bool, detail: object) -> None:
@@ -138,19 +174,30 @@ def run_selftest(
             return result
 
         try:
-            sync_step("TensorRT-LLM and a GPU", lambda: f"TensorRT-LLM {probe_runtime(gpu_available)[1].version}")
-            sync_step("write a tiny random Llama", lambda: _write_tiny_llama(root / "hf"))
-            engine = sync_step("plan, build and cache its engine (lmi_trt.compile, as serve does)",
-                               lambda: _compile(config))
+            chosen = sync_step("TensorRT-LLM backend for a Hugging Face checkpoint", lambda: _backend(backend))
+            config = _config(root, chosen.split()[0])
+            if config.backend == "pytorch":
+                from lmi_trt.engines.llmapi import probe_llm_api
 
-            def cached() -> str:
-                again = _compile(config)
-                if again.engine_dir != engine.engine_dir:
-                    raise _StepFailed(f"the engine cache answered {again.engine_dir}, not {engine.engine_dir}")
-                return f"{engine.engine_dir}"
+                sync_step("TensorRT-LLM and a GPU", lambda: f"TensorRT-LLM {probe_llm_api(gpu_available)[1]}")
+                sync_step("write a tiny random Llama", lambda: _write_tiny_llama(root / "hf"))
+                engine: Engine = _llm(config, gpu_available)
+                what = "the LLM API (PyTorch backend)"
+            else:
+                sync_step("TensorRT-LLM and a GPU", lambda: f"TensorRT-LLM {probe_runtime(gpu_available)[1].version}")
+                sync_step("write a tiny random Llama", lambda: _write_tiny_llama(root / "hf"))
+                built = sync_step("plan, build and cache its engine (lmi_trt.compile, as serve does)",
+                                  lambda: _compile(config))
 
-            sync_step("the engine cache answers a second time", cached)
-            asyncio.run(_serve(config, engine.engine_dir, gpu_available, async_step))
+                def cached() -> str:
+                    again = _compile(config)
+                    if again.engine_dir != built.engine_dir:
+                        raise _StepFailed(f"the engine cache answered {again.engine_dir}, not {built.engine_dir}")
+                    return f"{built.engine_dir}"
+
+                sync_step("the engine cache answers a second time", cached)
+                engine, what = _executor(config, built.engine_dir, gpu_available), "the Executor"
+            asyncio.run(_serve(engine, what, async_step))
         except _StepFailed:
             passed = False
         out("selftest " + ("PASSED" if passed else "FAILED"))

@@ -393,16 +393,17 @@ def test_selftest_goes_through_lmi_trt_compile_and_exits_by_its_result(trt, tmp_
     monkeypatch.setattr(engine_module, "_cuda_available", lambda: True)
     monkeypatch.syspath_prepend(str(FAKES))  # the spawned build workers import the fake too
     lines: list[str] = []
-    assert selftest.run_selftest(tmp_path / "ok", out=lines.append), lines
-    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 7 and lines[-1] == "selftest PASSED"
+    assert selftest.run_selftest(tmp_path / "ok", out=lines.append, backend="tensorrt"), lines
+    assert [line.split()[0] for line in lines[:-1]] == ["PASS"] * 8 and lines[-1] == "selftest PASSED"
     assert any("lmi_trt.compile" in line for line in lines)
     built = json.loads(next((tmp_path / "ok" / "engine-cache").rglob("build_plan.json")).read_text())
     assert built["trtllm_version"] == trt.__version__ and built["max_batch_size"] == 4
 
-    monkeypatch.setattr(selftest, "run_selftest", lambda: True)
+    monkeypatch.setattr(selftest, "run_selftest", lambda backend: True)
     assert main(["selftest"]) == 0
-    monkeypatch.setattr(selftest, "run_selftest", lambda: False)
-    assert main(["selftest"]) == 1
+    monkeypatch.setattr(selftest, "run_selftest", lambda backend: False)
+    assert main(["selftest", "--backend", "tensorrt"]) == 1
+
 
 
 def test_selftest_exits_non_zero_when_it_fails(tmp_path):
