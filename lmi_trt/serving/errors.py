@@ -88,7 +88,14 @@ def check_model(requested: object, served: str, *, also: Collection[str] = ()) -
     of ``also`` (the route's aliases, ``option.model_id``, a body's ``UNNAMED_MODEL``) is this
     server's model; any other name is a 404, as vLLM answers
     (vllm/entrypoints/openai/serving_engine.py, ``_check_model``)."""
-    if requested is None or requested == served or requested in also:
+    if requested is None:
+        return
+    if not isinstance(requested, str):  # a raw body value: checked before the request model validates it
+        bad = BadRequest(f"model must be a string naming the model (this server serves {served!r}), "
+                         f"got {type(requested).__name__}")
+        bad.param = "model"  # type: ignore[attr-defined]
+        raise bad
+    if requested == served or requested in also:
         return
     err = NotFound(f"the model {requested!r} does not exist; this server serves {served!r}")
     err.param = "model"  # type: ignore[attr-defined]  (OpenAI's error names the field)

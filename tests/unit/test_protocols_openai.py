@@ -215,6 +215,10 @@ async def test_limits_in_openai_shape_and_models_route():
             assert r.status == 200
         async with s.get("/v1/models/other") as r:
             assert r.status == 404 and (await r.json())["error"]["param"] == "model"
+        # A model that is not a string is a 400 naming the field (the fuzzer's {"model": []} was a 500).
+        for path, extra in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER})]:
+            status, _, raw = await post(s, path, {"model": [], **extra})
+            assert status == 400 and orjson.loads(raw)["error"]["param"] == "model", raw
 
 
 async def test_503_while_loading():
