@@ -182,7 +182,7 @@ def _check_engine_available(kind: EngineKind) -> None:
                            "(or auto) for the embedded torch engine")
     from lmi_trt.engines import trtllm
 
-    if not trtllm._cuda_available():  # the engine's own GPU probe (a test seam as well)
+    if not trtllm.cuda_available():  # the engine's own GPU probe (a test seam as well)
         raise StartupError("option.rolling_batch", kind, "no CUDA GPU is visible, and TensorRT engines only run on one",
                            "give the container GPUs (--gpus all, CUDA_VISIBLE_DEVICES), or set "
                            "option.rolling_batch=torch (or auto)")

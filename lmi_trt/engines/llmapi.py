@@ -69,6 +69,7 @@ from lmi_trt.engines.trtllm import (
     TrtllmUnavailable,
     final_tokens_and_reason,
     map_request,
+    require_eos,
 )
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
     version = getattr(trtllm, "__version__", "")
     llm_api_series(version)
     llmapi = importlib.import_module("tensorrt_llm.llmapi")
-    if not (gpu_available or trtllm_engine._cuda_available)():  # looked up on call: one GPU probe for both backends
+    if not (gpu_available or trtllm_engine.cuda_available)():  # looked up on call: one GPU probe for both backends
         raise TrtllmUnavailable(
             "no CUDA GPU is visible, and TensorRT-LLM's PyTorch backend runs on one; check the container's GPU "
             "access (--gpus all, CUDA_VISIBLE_DEVICES) or set option.rolling_batch=torch"
@@ -355,11 +356,7 @@ class LlmApiEngine:
         pad_token_id: int | None = None,
         gpu_available: Callable[[], bool] | None = None,
     ) -> None:
-        if not eos_token_ids:
-            raise TrtllmConfigError(
-                "no EOS token id: TensorRT-LLM would generate until max_new_tokens; the tokenizer or "
-                "generation_config.json must name eos_token_id"
-            )
+        require_eos(eos_token_ids)
         self._model_dir = Path(model_dir)
         if not (self._model_dir / "config.json").is_file():
             raise TrtllmConfigError(f"{self._model_dir} is not a Hugging Face checkpoint folder (no config.json)")

@@ -111,7 +111,17 @@ def api_spec(version: str) -> ApiSpec:
     return ApiSpec(version, series)
 
 
-def _cuda_available() -> bool:
+def require_eos(eos_token_ids: Sequence[int]) -> list[int]:
+    """Both TensorRT-LLM engines stop on an EOS id: without one a request runs to max_new_tokens."""
+    if not eos_token_ids:
+        raise TrtllmConfigError(
+            "no EOS token id: TensorRT-LLM would generate until max_new_tokens; the tokenizer or "
+            "generation_config.json must name eos_token_id"
+        )
+    return list(eos_token_ids)
+
+
+def cuda_available() -> bool:
     try:
         import torch
     except ImportError:
@@ -138,7 +148,7 @@ def probe_runtime(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
             "(tensorrt_llm.bindings.executor.Executor is missing); install a release that ships it: "
             f"{SUPPORTED_TEXT}"
         )
-    if not (gpu_available or _cuda_available)():
+    if not (gpu_available or cuda_available)():
         raise TrtllmUnavailable(
             "no CUDA GPU is visible, and TensorRT engines only run on one; check the container's GPU "
             "access (--gpus all, CUDA_VISIBLE_DEVICES) or set option.rolling_batch=torch"
@@ -706,11 +716,7 @@ class TrtllmEngine:
         scratch_dir: str | os.PathLike | None = None,
         gpu_available: Callable[[], bool] | None = None,
     ) -> None:
-        if not eos_token_ids:
-            raise TrtllmConfigError(
-                "no EOS token id: TensorRT-LLM would generate until max_new_tokens; the tokenizer or "
-                "generation_config.json must name eos_token_id"
-            )
+        require_eos(eos_token_ids)
         self._engine_dir = resolve_engine_dir(Path(engine_dir))
         self.facts = read_engine_facts(self._engine_dir)
         self.settings = settings or TrtllmSettings()

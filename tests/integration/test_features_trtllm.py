@@ -24,7 +24,7 @@ async def server(monkeypatch, tmp_path):
     with fake_tensorrt_llm():
         import lmi_trt.engines.trtllm as trt
 
-        monkeypatch.setattr(trt, "_cuda_available", lambda: True)  # the fake Executor needs no GPU
+        monkeypatch.setattr(trt, "cuda_available", lambda: True)  # the fake Executor needs no GPU
         hf_dir = tiny_model("llama")
         engine_dir = make_engine_dir(hf_dir, tmp_path / "engine", max_batch_size=2, max_input_len=64, max_seq_len=96)
         config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",

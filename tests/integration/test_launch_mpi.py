@@ -34,7 +34,7 @@ END_S = 180.0  # the job must be gone this long after a stop or a failure (a bou
 # The one hardware seam, in every process of the job: this machine has no GPU, the fake Executor needs none.
 SITECUSTOMIZE = """\
 import lmi_trt.engines.trtllm as _trt
-_trt._cuda_available = lambda: True
+_trt.cuda_available = lambda: True
 """
 
 

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT_S = 120
 # The one hardware seam for the served fake TensorRT-LLM engine: this machine has no GPU.
-SITECUSTOMIZE = "import lmi_trt.engines.trtllm as _trt\n_trt._cuda_available = lambda: True\n"
+SITECUSTOMIZE = "import lmi_trt.engines.trtllm as _trt\n_trt.cuda_available = lambda: True\n"
 
 
 def _processes_under(folder: Path) -> list[int]:

@@ -54,7 +54,7 @@ if kind == "synthetic":
 elif kind == "trtllm":
     sys.path.insert(0, os.path.join(os.environ["LMI_TEST_DIR"], "fakes"))
     import lmi_trt.engines.trtllm as trt
-    trt._cuda_available = lambda: True  # the fake Executor needs no GPU
+    trt.cuda_available = lambda: True  # the fake Executor needs no GPU
     from tensorrt_llm.bindings import executor as ex
     broken = threading.Event()
     await_responses = ex.Executor.await_responses

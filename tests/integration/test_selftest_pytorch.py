@@ -15,7 +15,7 @@ def test_selftest_serves_through_the_llm_api_where_serve_would(release, tmp_path
     import lmi_trt.selftest as selftest
 
     monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", release)
-    monkeypatch.setattr(engine_module, "_cuda_available", lambda: True)  # the GPU probe both backends share
+    monkeypatch.setattr(engine_module, "cuda_available", lambda: True)  # the GPU probe both backends share
     with fake_tensorrt_llm():  # imported afresh: it impersonates LMI_TRT_FAKE_RELEASE
         lines: list[str] = []
         assert selftest.run_selftest(tmp_path, out=lines.append), lines

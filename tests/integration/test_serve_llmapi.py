@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 # The one hardware seam, in the server process: no GPU here, the fake needs none.
 SITECUSTOMIZE = """\
 import lmi_trt.engines.trtllm as _trt
-_trt._cuda_available = lambda: True
+_trt.cuda_available = lambda: True
 """
 LIMITS = ["-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
 PROMPTS = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]

@@ -37,7 +37,7 @@ def trtllm(monkeypatch):
         import lmi_trt.engines.trtllm as trt
 
         # The one hardware seam: this machine has no GPU, the fake Executor needs none.
-        monkeypatch.setattr(trt, "_cuda_available", lambda: True)
+        monkeypatch.setattr(trt, "cuda_available", lambda: True)
         yield
 
 
@@ -186,7 +186,7 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
 
 SITECUSTOMIZE = """\
 import lmi_trt.engines.trtllm as _trt
-_trt._cuda_available = lambda: True
+_trt.cuda_available = lambda: True
 """
 GIL_HOLD_S = 20.0  # the fake Executor's constructor blocks in C this long without releasing the GIL
 

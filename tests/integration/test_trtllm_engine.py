@@ -390,7 +390,7 @@ def test_selftest_goes_through_lmi_trt_compile_and_exits_by_its_result(trt, tmp_
 
     # The hardware seams: this machine has no GPU; the fake builds and runs without one.
     monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
-    monkeypatch.setattr(engine_module, "_cuda_available", lambda: True)
+    monkeypatch.setattr(engine_module, "cuda_available", lambda: True)
     monkeypatch.syspath_prepend(str(FAKES))  # the spawned build workers import the fake too
     lines: list[str] = []
     assert selftest.run_selftest(tmp_path / "ok", out=lines.append, backend="tensorrt"), lines
