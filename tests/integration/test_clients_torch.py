@@ -47,6 +47,24 @@ def test_openai_chat_round_trip_on_the_torch_engine(srv, llama):
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == chat.choices[0].message.content
 
 
+def test_openai_n_streamed_with_the_real_client(srv):
+    """n=3 streamed through openai's client: its chunks name their choice, each choice reassembles to the
+    non-streamed choice of the same index (greedy: every choice is the prompt's one continuation)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    ask = {"model": "tiny-llama", "prompt": "The quick brown fox", "max_tokens": 10, "temperature": 0, "n": 3}
+    plain = client.completions.create(**ask)
+    texts = {0: "", 1: "", 2: ""}
+    usage = None
+    for chunk in client.completions.create(**ask, stream=True, stream_options={"include_usage": True}):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+        usage = chunk.usage or usage
+    assert texts == {c.index: c.text for c in plain.choices} and len(set(texts.values())) == 1
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+
 def _word_to_ban(srv) -> tuple[str, str]:
     prompt = "Once upon a time there was a"
     r = srv.post("/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "details": True}})

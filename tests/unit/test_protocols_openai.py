@@ -119,7 +119,6 @@ async def test_chat_stream_sse_usage_and_logprobs():
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"n": 2, "stream": True}, "n", "n=2"),
     ({"top_logprobs": 3, "logprobs": True}, "top_logprobs", "top_logprobs=3"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias", "logit_bias"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
@@ -229,6 +228,32 @@ async def test_503_while_loading():
         sa.gate.set()
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_n_streamed_chunks_name_their_choice_and_reassemble_to_the_plain_answer(path):
+    """n > 1 streamed (refused before): every chunk names its choice's index, each choice ends once with its
+    finish_reason, one usage record for the request after all of them, one [DONE]; each choice's text is the
+    non-streamed answer's choice of the same index."""
+    chat = path.endswith("chat/completions")
+    prompt = {"messages": [{"role": "user", "content": MULTI}]} if chat else {"prompt": MULTI}
+    body = {"model": "tiny", **prompt, "max_tokens": 12, "n": 3, "stream": True, "stream_options": {"include_usage": True}}
+    async with serve() as (s, _):
+        status, ctype, raw = await post(s, path, body)
+        assert (status, ctype) == (200, "text/event-stream"), raw
+        assert raw.count(b"data: [DONE]") == 1
+        events = sse_events(raw)
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 36
+        texts, finishes = {0: "", 1: "", 2: ""}, {0: [], 1: [], 2: []}
+        for event in events[:-1]:
+            (choice,) = event["choices"]
+            texts[choice["index"]] += choice["delta"].get("content", "") if chat else choice["text"]
+            if choice["finish_reason"]:
+                finishes[choice["index"]].append(choice["finish_reason"])
+        assert finishes == {0: ["length"], 1: ["length"], 2: ["length"]}
+        plain = orjson.loads((await post(s, path, {**body, "stream": False, "stream_options": None}))[2])
+        assert texts == {c["index"]: c["message"]["content"] if chat else c["text"] for c in plain["choices"]}
+        assert plain["usage"] == events[-1]["usage"]
+
+
 # --- chat at /invocations (DJL) ---
 async def test_messages_at_invocations_json_and_jsonlines():
     async with serve() as (s, _):
@@ -239,8 +264,8 @@ async def test_messages_at_invocations_json_and_jsonlines():
         assert ctype == "application/jsonlines" and all(x["object"] == "chat.completion.chunk" for x in lines)
         assert lines[-1]["choices"][0]["finish_reason"] == "length"
         # errors at /invocations keep the LMI shape
-        status, _, raw = await post(s, "/invocations", {"messages": USER, "n": 3, "stream": True})
-        assert status == 400 and orjson.loads(raw)["code"] == 400 and "n=3" in orjson.loads(raw)["error"]
+        status, _, raw = await post(s, "/invocations", {"messages": USER, "temperature": 3})
+        assert status == 400 and orjson.loads(raw)["code"] == 400 and "temperature" in orjson.loads(raw)["error"]
 
 
 async def test_messages_at_invocations_with_sse_formatter():

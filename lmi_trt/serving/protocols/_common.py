@@ -4,6 +4,8 @@ written and ended. Generation semantics stay in ``serving.core``; this is wire p
 
 from __future__ import annotations
 
+import asyncio
+
 import csv
 import logging
 from collections.abc import Callable, Iterable
@@ -139,6 +141,69 @@ async def pump(
     return response
 
 
+async def open_streams(
+    request: web.Request,
+    streams: list[GenerationStream],
+    headers: dict[str, str],
+    render_error: Callable[[LmiHttpError], web.StreamResponse],
+) -> tuple[web.StreamResponse | None, list[Delta] | web.StreamResponse]:
+    """``open_stream`` for the several sequences of one request (OpenAI ``n``): the headers go out once every
+    sequence has its first delta, so an error before any token still gets its status."""
+    firsts = [await stream.__anext__() for stream in streams]  # they run together in the engine meanwhile
+    error = next((first.error for first in firsts if first.error is not None), None)
+    if error is not None:
+        return None, render_error(error)
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    return response, firsts
+
+
+async def pump_all(
+    response: web.StreamResponse,
+    streams: list[GenerationStream],
+    firsts: list[Delta],
+    encoders: list[Callable[[Delta], Iterable[bytes]]],
+    *,
+    closing: Callable[[list[Delta]], Iterable[bytes]] = lambda finals: (),
+    trailer: bytes = b"",
+) -> web.StreamResponse:
+    """``pump`` for several sequences of one request: each delta is written as it arrives, by its sequence's
+    encoder; when all have ended, ``closing(final deltas)`` (e.g. one usage record for the request), then
+    ``trailer``. An error in one sequence is written and ends the response (the caller closes the others)."""
+    arrivals: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
+
+    async def forward(i: int) -> None:
+        delta = firsts[i]
+        while True:
+            arrivals.put_nowait((i, delta))
+            if delta.finished:
+                return
+            delta = await streams[i].__anext__()
+
+    tasks = [asyncio.get_running_loop().create_task(forward(i)) for i in range(len(streams))]
+    finals: list[Delta] = []
+    try:
+        while len(finals) < len(streams):
+            i, delta = await arrivals.get()
+            chunk = b"".join(encoders[i](delta))
+            if chunk:
+                await response.write(chunk)
+            if delta.finished:
+                finals.append(delta)
+                if delta.error is not None:
+                    break
+        else:
+            await response.write(b"".join(closing(finals)) + trailer)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return response
+
+
 def sse(obj: Any) -> bytes:
     import orjson
 
@@ -155,8 +220,10 @@ __all__ = [
     "json_object",
     "json_response",
     "open_stream",
+    "open_streams",
     "param_of",
     "pump",
+    "pump_all",
     "sse",
     "validate_body",
     "word_list",

@@ -8,13 +8,13 @@ OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; at ``/invoca
 shape, as every other ``/invocations`` error.
 
 Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presence/frequency
-penalties, stop (str | list), n (several choices, not streamed), stream +
+penalties, stop (str | list), n (several choices, streamed too: each chunk names its choice's index), stream +
 stream_options.include_usage, logprobs (chat
 ``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
 echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
 skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
 json_object / json_schema (constrained decoding). Refused with a 400 naming the field: best_of
-> 1, n > 1 with stream or with several prompts, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars, biases).
+> 1, n > 1 with several prompts, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars, biases).
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ from lmi_trt.serving.protocols._common import (
     json_object,
     neutral_params,
     open_stream,
+    open_streams,
     param_of,
     pump,
+    pump_all,
     sse,
     validate_body,
 )
@@ -123,8 +125,6 @@ class _Base(BaseModel):
         best_of = getattr(self, "best_of", None) or (self.model_extra or {}).get("best_of")
         if best_of not in (None, 1):
             raise FieldError("best_of", f"best_of={best_of!r} is not supported: leave it out and use n for several choices")
-        if (self.n or 1) > 1 and self.stream:
-            raise FieldError("n", f"n={self.n} is not supported with stream=true; stream one choice per request")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
         for name in self.model_extra or {}:
@@ -288,16 +288,23 @@ def _check_logprobs(ctx: ServingContext, wanted: bool, param: str) -> None:
         raise FieldError(param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs")
 
 
-async def _collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, **start_kw: Any) -> list[Completion]:
-    """``n`` sequences of one request: ``n`` engine requests of the prompt, admitted together; a
-    given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay reproducible."""
+async def _start_n(service: Any, prompt: Any, params: GenerateParams, n: int, streams: list[GenerationStream],
+                   **start_kw: Any) -> list[GenerationStream]:
+    """``n`` sequences of one request into ``streams`` (the caller closes them): ``n`` engine requests of the
+    prompt, admitted together; a given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay
+    reproducible, streamed or not."""
     if n > 1:
         service.admit_batch(n, "n")
+    for i in range(n):
+        p = params if params.seed is None or i == 0 else params.model_copy(update={"seed": (params.seed + i) % 2**64})
+        streams.append(await service.start(prompt, p, admitted=n > 1, **start_kw))
+    return streams
+
+
+async def _collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, **start_kw: Any) -> list[Completion]:
     streams: list[GenerationStream] = []
     try:
-        for i in range(n):
-            p = params if params.seed is None or i == 0 else params.model_copy(update={"seed": (params.seed + i) % 2**64})
-            streams.append(await service.start(prompt, p, admitted=n > 1, **start_kw))
+        await _start_n(service, prompt, params, n, streams, **start_kw)
         return list(await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams)))
     finally:
         for s in streams:
@@ -354,28 +361,55 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
             } for i, c in enumerate(cs)],
             "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
         })
+    headers = SSE_HEADERS if fmt == "sse" else {"Content-Type": "application/jsonlines", "Cache-Control": "no-cache"}
+    record = sse if fmt == "sse" else (lambda obj: orjson.dumps(obj) + b"\n")
+    trailer = DONE if fmt == "sse" else b""
+    if (req.n or 1) > 1:
+        streams: list[GenerationStream] = []
+        try:
+            await _start_n(service, prompt, params, req.n or 1, streams, **start_kw)
+            response, firsts = await open_streams(request, streams, headers, render_error)
+            if response is None:
+                return firsts  # type: ignore[return-value]
+            encoders = [_ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage,
+                                    at_invocations, index=i, own_usage=False) for i in range(len(streams))]
+            return await pump_all(response, streams, firsts, [e.encode for e in encoders],  # type: ignore[arg-type]
+                                  closing=encoders[0].usage_of, trailer=trailer)
+        finally:
+            for s in streams:
+                await s.aclose()
     async with await service.start(prompt, params, **start_kw) as stream:
-        headers = SSE_HEADERS if fmt == "sse" else {"Content-Type": "application/jsonlines", "Cache-Control": "no-cache"}
         response, first = await open_stream(request, stream, headers, render_error)
         if response is None:
             return first  # type: ignore[return-value]
-        record = sse if fmt == "sse" else (lambda obj: orjson.dumps(obj) + b"\n")
         enc = _ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations)
-        return await pump(response, stream, first, enc.encode, trailer=DONE if fmt == "sse" else b"")  # type: ignore[arg-type]
+        return await pump(response, stream, first, enc.encode, trailer=trailer)  # type: ignore[arg-type]
 
 
 class _ChatChunks:
-    def __init__(self, cid: str, created: int, model: str, record, logprobs: bool, usage: bool, lmi_errors: bool) -> None:
+    """One choice's chunks. ``own_usage``: its last chunk is followed by the request's usage record (one
+    choice); with several, ``usage_of`` writes one record for all of them once every choice has ended."""
+
+    def __init__(self, cid: str, created: int, model: str, record, logprobs: bool, usage: bool, lmi_errors: bool,
+                 *, index: int = 0, own_usage: bool = True) -> None:
         self.base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                      "system_fingerprint": None}
         self.record = record
         self.logprobs = logprobs
         self.usage = usage
         self.lmi_errors = lmi_errors
+        self.index = index
+        self.own_usage = own_usage
         self.started = False
 
+    def usage_of(self, finals: list[Delta]) -> list[bytes]:
+        if not self.usage:
+            return []
+        used = _usage(finals[0].prompt_tokens, sum(d.generated_tokens for d in finals))
+        return [self.record({**self.base, "choices": [], "usage": used})]
+
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
-        obj = {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        obj = {**self.base, "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if self.usage:
             obj["usage"] = None
         return self.record(obj)
@@ -394,8 +428,8 @@ class _ChatChunks:
                 out.append(self.record(body))
                 return out
             out.append(self._chunk({}, FINISH.get(d.finish_reason, d.finish_reason.value)))  # type: ignore[arg-type]
-            if self.usage:
-                out.append(self.record({**self.base, "choices": [], "usage": _usage(d.prompt_tokens, d.generated_tokens)}))
+            if self.own_usage:
+                out += self.usage_of([d])
         return out
 
 
@@ -434,34 +468,58 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         return json_response({**base, "choices": [_completion_choice(i, c, echo_text(prompt), params.logprobs)
                                                   for i, c in enumerate(cs)],
                               "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs))})
-    async with await service.start(prompt, params, field_name="prompt", max_tokens_field="max_tokens",
-                                   names=COMPLETION_NAMES) as stream:
-        prefix = echo_text(prompt)
-        response, first = await open_stream(request, stream, SSE_HEADERS, openai_error)
+    start_kw = {"field_name": "prompt", "max_tokens_field": "max_tokens", "names": COMPLETION_NAMES}
+    n = req.n or 1
+    streams: list[GenerationStream] = []
+    try:
+        await _start_n(service, prompt, params, n, streams, **start_kw)
+        response, firsts = await open_streams(request, streams, SSE_HEADERS, openai_error)
         if response is None:
-            return first  # type: ignore[return-value]
-        lps = _CompletionLogprobs(len(prefix)) if params.logprobs else None
-        state = {"prefix": prefix}
+            return firsts  # type: ignore[return-value]
+        encoders = [_CompletionChunks(base, i, echo_text(prompt), params.logprobs, req.include_usage, own_usage=n == 1)
+                    for i in range(n)]
+        if n == 1:
+            return await pump(response, streams[0], firsts[0], encoders[0].encode, trailer=DONE)
+        return await pump_all(response, streams, firsts, [e.encode for e in encoders], closing=encoders[0].usage_of,
+                              trailer=DONE)
+    finally:
+        for s in streams:
+            await s.aclose()
 
-        def encode(d: Delta) -> list[bytes]:
-            out = []
-            text = state["prefix"] + d.text
-            state["prefix"] = ""
-            if text or (lps and d.tokens):
-                out.append(sse({**base, "choices": [{"index": 0, "text": text, "logprobs": lps.render(d.tokens) if lps else None,
-                                                     "finish_reason": None}], **({"usage": None} if req.include_usage else {})}))
-            if d.finished:
-                if d.error is not None:
-                    out.append(sse(openai_error_body(d.error)))
-                    return out
-                out.append(sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                                     "finish_reason": FINISH.get(d.finish_reason, d.finish_reason.value)}],  # type: ignore[arg-type]
-                                **({"usage": None} if req.include_usage else {})}))
-                if req.include_usage:
-                    out.append(sse({**base, "choices": [], "usage": _usage(d.prompt_tokens, d.generated_tokens)}))
-            return out
 
-        return await pump(response, stream, first, encode, trailer=DONE)
+class _CompletionChunks:
+    """One choice's ``text_completion`` chunks (``_ChatChunks``' counterpart: ``own_usage`` and ``usage_of``)."""
+
+    def __init__(self, base: dict[str, Any], index: int, prefix: str, logprobs: bool, usage: bool, *,
+                 own_usage: bool) -> None:
+        self.base, self.index, self.prefix, self.usage, self.own_usage = base, index, prefix, usage, own_usage
+        self.lps = _CompletionLogprobs(len(prefix)) if logprobs else None
+        self.extra = {"usage": None} if usage else {}
+
+    def usage_of(self, finals: list[Delta]) -> list[bytes]:
+        if not self.usage:
+            return []
+        return [sse({**self.base, "choices": [], "usage": _usage(finals[0].prompt_tokens,
+                                                                 sum(d.generated_tokens for d in finals))})]
+
+    def _choice(self, text: str, logprobs: Any, finish: str | None) -> bytes:
+        return sse({**self.base, "choices": [{"index": self.index, "text": text, "logprobs": logprobs,
+                                              "finish_reason": finish}], **self.extra})
+
+    def encode(self, d: Delta) -> list[bytes]:
+        out = []
+        text, self.prefix = self.prefix + d.text, ""
+        lps = self.lps
+        if text or (lps and d.tokens):
+            out.append(self._choice(text, lps.render(d.tokens) if lps else None, None))
+        if d.finished:
+            if d.error is not None:
+                out.append(sse(openai_error_body(d.error)))
+                return out
+            out.append(self._choice("", None, FINISH.get(d.finish_reason, d.finish_reason.value)))  # type: ignore[arg-type]
+            if self.own_usage:
+                out += self.usage_of([d])
+        return out
 
 
 def _completion_choice(index: int, c: Completion, prefix: str, logprobs: bool) -> dict[str, Any]:
