@@ -254,6 +254,36 @@ async def test_n_streamed_chunks_name_their_choice_and_reassemble_to_the_plain_a
         assert plain["usage"] == events[-1]["usage"]
 
 
+def test_best_n_ranks_by_log_prob_per_token():
+    from lmi_trt.engines.base import FinishReason
+    from lmi_trt.serving.core import Completion, TokenOut
+    from lmi_trt.serving.protocols.openai import best_n
+
+    def seq(name: str, lps: list[float]) -> Completion:
+        return Completion(name, FinishReason.LENGTH, len(lps), 3, [TokenOut(1, "x", lp, False) for lp in lps])
+
+    # by log-prob per token: b (-0.5) beats c (-0.75) though its sum (-2.0) is lower; a (-1.0) is last
+    a, b, c = seq("a", [-1.0, -1.0]), seq("b", [-0.5, -0.5, -0.5, -0.5]), seq("c", [-0.75, -0.75])
+    assert [x.text for x in best_n([a, b, c], 2)] == ["b", "c"]
+    assert [x.text for x in best_n([a, b, c], 1)] == ["b"]
+
+
+async def test_completions_best_of_returns_n_and_counts_every_sequence():
+    async with serve() as (s, _):
+        body = {"model": "tiny", "prompt": MULTI, "max_tokens": 6, "n": 2, "best_of": 4, "seed": 7, "temperature": 0.9}
+        status, _, raw = await post(s, "/v1/completions", body)
+        out = orjson.loads(raw)
+        assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1], raw
+        assert out["usage"]["completion_tokens"] == 4 * 6  # the two left out were generated too
+        assert all(c["logprobs"] is None for c in out["choices"])  # ranked by log-probs, not asked for
+        for bad, words in [({"best_of": 1, "n": 2}, "at least n=2"), ({"best_of": 2, "stream": True}, "cannot be streamed")]:
+            status, _, raw = await post(s, "/v1/completions", {**body, **bad})
+            err = orjson.loads(raw)["error"]
+            assert status == 400 and err["param"] == "best_of" and words in err["message"], raw
+        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER, "best_of": 2})
+        assert status == 400 and orjson.loads(raw)["error"]["param"] == "best_of"
+
+
 # --- chat at /invocations (DJL) ---
 async def test_messages_at_invocations_json_and_jsonlines():
     async with serve() as (s, _):

@@ -108,6 +108,28 @@ async def test_stop_sequence_and_eos_finish_reasons():
         assert orjson.loads(raw)["details"]["finish_reason"] == "eos_token"
 
 
+async def test_best_of_returns_the_best_and_the_others_in_details():
+    """TGI's best_of: the sequence with the best log-prob per token is generated_text, the others are
+    details.best_of_sequences; TGI's own refusals (router/src/validation.rs) otherwise."""
+    async with serve() as (s, _):
+        params = {"max_new_tokens": 5, "do_sample": True, "best_of": 3, "details": True}
+        status, _, raw = await post(s, "/generate", {"inputs": "one two three", "parameters": params})
+        out = orjson.loads(raw)
+        assert status == 200, raw
+        others = out["details"]["best_of_sequences"]
+        assert len(others) == 2 and all(o["generated_tokens"] == 5 and len(o["tokens"]) == 5 for o in others)
+
+        def per_token(d):
+            return sum(t["logprob"] for t in d["tokens"]) / len(d["tokens"])
+
+        assert all(per_token(out["details"]) >= per_token(o) for o in others)
+        for bad, field, words in [({"seed": 1}, "seed", "must not be set"), ({"do_sample": False}, "best_of", "sampling")]:
+            status, _, raw = await post(s, "/generate", {"inputs": "x", "parameters": {**params, **bad}})
+            assert status == 400 and field in orjson.loads(raw)["error"] and words in orjson.loads(raw)["error"], raw
+        status, _, raw = await post(s, "/generate_stream", {"inputs": "x", "parameters": params})
+        assert status == 400 and "streaming" in orjson.loads(raw)["error"]
+
+
 @pytest.mark.parametrize("params, field", [
     ({"best_of": 2}, "best_of"),
     ({"top_n_tokens": 5}, "top_n_tokens"),
@@ -168,7 +190,8 @@ async def test_info_health_and_overloaded():
         async with s.get("/info") as r:
             info = await r.json()
         assert info["max_input_tokens"] == 128 and info["max_total_tokens"] == 128 + 256
-        assert info["model_pipeline_tag"] == "text-generation" and info["max_best_of"] == 1
+        assert info["model_pipeline_tag"] == "text-generation"
+        assert info["max_best_of"] == LmiConfig().max_prompts_per_request
 
 
 async def test_lmi_tgi_compat_output_parses_with_huggingface_hub():

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from lmi_trt.serving.http import CONTEXT, json_response, load_json, read_body
 from lmi_trt.serving.core import (
+    Completion,
     Delta,
     GenerateParams,
     GenerationStream,
@@ -204,6 +205,41 @@ async def pump_all(
     return response
 
 
+async def start_n(service: Any, prompt: Any, params: GenerateParams, n: int, streams: list[GenerationStream],
+                  what: str = "n", **start_kw: Any) -> list[GenerationStream]:
+    """``n`` sequences of one request into ``streams`` (the caller closes them): ``n`` engine requests of the
+    prompt, admitted together; a given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay
+    reproducible, streamed or not."""
+    if n > 1:
+        service.admit_batch(n, what)
+    for i in range(n):
+        p = params if params.seed is None or i == 0 else params.model_copy(update={"seed": (params.seed + i) % 2**64})
+        streams.append(await service.start(prompt, p, admitted=n > 1, **start_kw))
+    return streams
+
+
+async def collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, what: str = "n",
+                    **start_kw: Any) -> list[Completion]:
+    """``start_n``, each sequence collected (with its tokens where log-probs are asked for), all closed after."""
+    streams: list[GenerationStream] = []
+    try:
+        await start_n(service, prompt, params, n, streams, what, **start_kw)
+        return list(await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams)))
+    finally:
+        for s in streams:
+            await s.aclose()
+
+
+def best_n(completions: list[Completion], n: int) -> list[Completion]:
+    """The ``n`` of ``best_of`` sequences with the highest log-prob per token, best first: OpenAI's rule for
+    completions ``best_of`` ("the one with the highest log probability per token") and TGI's for its own."""
+    def per_token(c: Completion) -> float:
+        lps = [t.logprob for t in c.tokens if t.logprob is not None]
+        return sum(lps) / len(lps) if lps else float("-inf")
+
+    return sorted(completions, key=per_token, reverse=True)[:n]
+
+
 def sse(obj: Any) -> bytes:
     import orjson
 
@@ -217,6 +253,8 @@ def model_name(request: web.Request) -> str:
 __all__ = [
     "SSE_HEADERS",
     "FieldError",
+    "best_n",
+    "collect_n",
     "json_object",
     "json_response",
     "open_stream",
@@ -225,6 +263,7 @@ __all__ = [
     "pump",
     "pump_all",
     "sse",
+    "start_n",
     "validate_body",
     "word_list",
 ]

@@ -48,12 +48,15 @@ from lmi_trt.serving.protocols._common import (
     errors_as,
     json_object,
     neutral_params,
+    best_n,
+    collect_n,
     open_stream,
     open_streams,
     param_of,
     pump,
     pump_all,
     sse,
+    start_n,
     validate_body,
 )
 
@@ -122,9 +125,9 @@ class _Base(BaseModel):
     bad_words: list[str] | None = None
 
     def _check_common(self) -> None:
-        best_of = getattr(self, "best_of", None) or (self.model_extra or {}).get("best_of")
+        best_of = (self.model_extra or {}).get("best_of")  # a completions field; chat has none
         if best_of not in (None, 1):
-            raise FieldError("best_of", f"best_of={best_of!r} is not supported: leave it out and use n for several choices")
+            raise FieldError("best_of", f"best_of={best_of!r} is a completions field; use n for several chat choices")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
         for name in self.model_extra or {}:
@@ -242,6 +245,12 @@ class CompletionRequest(_Base):
         self._check_common()
         if self.suffix:
             raise FieldError("suffix", "suffix (insertion) is not supported by this server; leave it out")
+        if self.best_of is not None and self.best_of < (self.n or 1):
+            raise FieldError("best_of", f"best_of={self.best_of} must be at least n={self.n}: it is how many are "
+                                        "generated, n how many are returned")
+        if (self.best_of or 1) > 1 and self.stream:
+            raise FieldError("best_of", f"best_of={self.best_of} cannot be streamed (as OpenAI's API says): the best "
+                                        "are known only at the end; leave stream out or best_of at n")
         return self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
 
 
@@ -288,29 +297,6 @@ def _check_logprobs(ctx: ServingContext, wanted: bool, param: str) -> None:
         raise FieldError(param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs")
 
 
-async def _start_n(service: Any, prompt: Any, params: GenerateParams, n: int, streams: list[GenerationStream],
-                   **start_kw: Any) -> list[GenerationStream]:
-    """``n`` sequences of one request into ``streams`` (the caller closes them): ``n`` engine requests of the
-    prompt, admitted together; a given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay
-    reproducible, streamed or not."""
-    if n > 1:
-        service.admit_batch(n, "n")
-    for i in range(n):
-        p = params if params.seed is None or i == 0 else params.model_copy(update={"seed": (params.seed + i) % 2**64})
-        streams.append(await service.start(prompt, p, admitted=n > 1, **start_kw))
-    return streams
-
-
-async def _collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, **start_kw: Any) -> list[Completion]:
-    streams: list[GenerationStream] = []
-    try:
-        await _start_n(service, prompt, params, n, streams, **start_kw)
-        return list(await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams)))
-    finally:
-        for s in streams:
-            await s.aclose()
-
-
 # --- chat ---
 ChatFormat = Literal["json", "sse", "jsonlines"]
 
@@ -346,7 +332,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     start_kw = {"add_special_tokens": False, "field_name": "messages", "max_tokens_field": max_field,
                 "user_text": False, "names": CHAT_NAMES}
     if fmt == "json":
-        cs = await _collect_n(service, prompt, params, req.n or 1, **start_kw)
+        cs = await collect_n(service, prompt, params, req.n or 1, **start_kw)
         err = next((c.error for c in cs if c.error is not None), None)
         if err is not None:
             return render_error(err)
@@ -367,7 +353,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     if (req.n or 1) > 1:
         streams: list[GenerationStream] = []
         try:
-            await _start_n(service, prompt, params, req.n or 1, streams, **start_kw)
+            await start_n(service, prompt, params, req.n or 1, streams, **start_kw)
             response, firsts = await open_streams(request, streams, headers, render_error)
             if response is None:
                 return firsts  # type: ignore[return-value]
@@ -460,19 +446,25 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         return await _completions_batch(ctx, prompts, params, base, echo_text)
     prompt = prompts[0]
     if not req.stream:
-        cs = await _collect_n(service, prompt, params, req.n or 1, field_name="prompt", max_tokens_field="max_tokens",
+        best_of = max(req.best_of or 1, req.n or 1)
+        if best_of > (req.n or 1):  # ranked by the sequences' log-probs: the engine must report them
+            _check_logprobs(ctx, True, "best_of")
+        ranked = params if best_of == (req.n or 1) else params.model_copy(update={"logprobs": True})
+        cs = await collect_n(service, prompt, ranked, best_of, field_name="prompt", max_tokens_field="max_tokens",
                               names=COMPLETION_NAMES)
         err = next((c.error for c in cs if c.error is not None), None)
         if err is not None:
             return openai_error(err)
+        kept = best_n(cs, req.n or 1) if best_of > (req.n or 1) else cs
         return json_response({**base, "choices": [_completion_choice(i, c, echo_text(prompt), params.logprobs)
-                                                  for i, c in enumerate(cs)],
+                                                  for i, c in enumerate(kept)],
+                              # every sequence generated counts, the ones best_of left out too (OpenAI's rule)
                               "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs))})
     start_kw = {"field_name": "prompt", "max_tokens_field": "max_tokens", "names": COMPLETION_NAMES}
     n = req.n or 1
     streams: list[GenerationStream] = []
     try:
-        await _start_n(service, prompt, params, n, streams, **start_kw)
+        await start_n(service, prompt, params, n, streams, **start_kw)
         response, firsts = await open_streams(request, streams, SSE_HEADERS, openai_error)
         if response is None:
             return firsts  # type: ignore[return-value]

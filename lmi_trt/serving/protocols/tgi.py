@@ -18,7 +18,7 @@ cannot report them refuses with a 400 naming the field and the engine.
 ``grammar`` ``{"type": "json", "value": schema}`` or ``{"type": "regex", "value": pattern}``
 constrains the output (on engines with constrained decoding; elsewhere a 400 naming the engine).
 
-Refused with a 400: best_of > 1, typical_p, watermark, adapter_id — the engine cannot honour them
+Refused with a 400: typical_p, watermark, adapter_id — the engine cannot honour them
 and a silent no-op would mislead.
 """
 
@@ -42,6 +42,8 @@ from lmi_trt.serving.core import (
 )
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.protocols._common import (
+    best_n,
+    collect_n,
     SSE_HEADERS,
     FieldError,
     errors_as,
@@ -54,13 +56,11 @@ from lmi_trt.serving.protocols._common import (
 
 _ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 503: "overloaded", 429: "overloaded"}
 _UNSUPPORTED = {
-    "best_of": lambda v: v not in (None, 1),
     "typical_p": lambda v: v is not None,
     "watermark": lambda v: bool(v),
     "adapter_id": lambda v: v is not None,
 }
 _WHY = {
-    "best_of": "this server returns one sequence",
     "typical_p": "typical sampling is not available in the engine",
     "watermark": "watermarking is not available",
     "adapter_id": "LoRA adapters are not served",
@@ -93,6 +93,13 @@ class TgiParameters(GenerateParams):
             value = getattr(self, name)
             if refused(value):
                 raise FieldError(f"parameters.{name}", f"parameters.{name}={value!r} is not supported: {_WHY[name]}; leave it out")
+        if (self.best_of or 1) > 1:  # TGI's rules and words (router/src/validation.rs, ValidationError)
+            sampling = self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+            if not sampling:
+                raise FieldError("parameters.best_of", "you must use sampling when `best_of` is > 1 (set do_sample, "
+                                                       "temperature, top_k or top_p)")
+            if self.seed is not None:
+                raise FieldError("parameters.seed", "`seed` must not be set when `best_of` > 1")
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
         fields["top_logprobs"] = self.top_n_tokens or self.top_logprobs
         fields["prompt_logprobs"] = self.decoder_input_details or self.prompt_logprobs
@@ -154,22 +161,34 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
     ctx = request.app[CONTEXT]
     params = req.parameters.to_generate()
     service = ctx.require_service()
-    async with await service.start(req.inputs, params, names=NAMES) as stream:
-        c: Completion = await stream.collect(keep_tokens=req.parameters.details)
-    if c.error is not None:
-        return tgi_error(c.error)
-    out: dict[str, Any] = {"generated_text": (req.inputs if req.parameters.return_full_text else "") + c.text}
+    best_of = req.parameters.best_of or 1
+    if best_of > 1:  # the best by log-prob per token, as TGI picks it; the engine must report log-probs
+        if not service.engine.limits.supports_logprobs:
+            raise FieldError("parameters.best_of", f"parameters.best_of={best_of}: the {service.engine.name} engine "
+                                                   "does not report the log-probs the best is chosen by; leave it out")
+        params = params.model_copy(update={"logprobs": True})
+    cs = await collect_n(service, req.inputs, params, best_of, "parameters.best_of", names=NAMES)
+    err = next((c.error for c in cs if c.error is not None), None)
+    if err is not None:
+        return tgi_error(err)
+    best, *others = best_n(cs, best_of) if best_of > 1 else cs
+    prefix = req.inputs if req.parameters.return_full_text else ""
+    out: dict[str, Any] = {"generated_text": prefix + best.text}
     if req.parameters.details:
-        out["details"] = {
-            "finish_reason": c.finish_reason.value,
-            "generated_tokens": c.generated_tokens,
-            "seed": _seed(params),
-            "prefill": [_token(a) for a in c.prompt] if c.prompt is not None else [],
-            "tokens": [_token(t) for t in c.tokens],
-            "top_tokens": [_top(t) for t in c.tokens] if params.top_logprobs else None,
-            "best_of_sequences": None,
-        }
+        out["details"] = {**_details(best, params), "best_of_sequences": [
+            {"generated_text": prefix + c.text, **_details(c, params)} for c in others] if best_of > 1 else None}
     return json_response([out] if as_list else out)
+
+
+def _details(c: Completion, params: GenerateParams) -> dict[str, Any]:
+    return {
+        "finish_reason": c.finish_reason.value,
+        "generated_tokens": c.generated_tokens,
+        "seed": _seed(params),
+        "prefill": [_token(a) for a in c.prompt] if c.prompt is not None else [],
+        "tokens": [_token(t) for t in c.tokens],
+        "top_tokens": [_top(t) for t in c.tokens] if params.top_logprobs else None,
+    }
 
 
 async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamResponse:
@@ -179,6 +198,8 @@ async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamR
         raise FieldError("parameters.decoder_input_details",
                          "parameters.decoder_input_details=true is not supported when streaming tokens; leave it out "
                          "or use /generate")
+    if (req.parameters.best_of or 1) > 1:  # as TGI (ValidationError::BestOfStream)
+        raise FieldError("parameters.best_of", "`best_of` != 1 is not supported when streaming tokens; use /generate")
     service = ctx.require_service()
     prefix = req.inputs if req.parameters.return_full_text else ""
     seed = _seed(params)
@@ -250,7 +271,7 @@ def _info(ctx: ServingContext) -> dict[str, Any]:
         "model_device_type": ctx.service.engine.name if ctx.service is not None else "loading",
         "model_pipeline_tag": "text-generation",
         "max_concurrent_requests": cfg.job_queue_size,
-        "max_best_of": 1,
+        "max_best_of": cfg.max_prompts_per_request,  # best_of sequences count as prompts of one request
         "max_stop_sequences": 64,
         "max_input_tokens": max_input,
         "max_input_length": max_input,
