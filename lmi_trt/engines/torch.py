@@ -673,6 +673,7 @@ class TorchEngine:
         self._vocab_size = 0
         self._grammars: Grammars | None = None  # once loaded
         self._model_device = torch.device("cpu")
+        self._score_lock = threading.Lock()
         self._healthy = False
         self._closed = False
         self._slots: dict[str, _Slot] = {}  # open requests by request_id (event loop only)
@@ -694,6 +695,7 @@ class TorchEngine:
             max_beam_width=1,
             supports_logprobs=True,
             max_top_logprobs=MAX_TOP_LOGPROBS,
+            supports_prompt_logprobs=True,
             supports_guided_decoding=_HAS_XGRAMMAR,
             supports_logit_bias=True,
         )
@@ -783,6 +785,7 @@ class TorchEngine:
         self._vocab_size = model.get_input_embeddings().num_embeddings
         self._grammars = Grammars(self.model_path, self._vocab_size, self.eos_token_ids)
         self._model_device = model.device
+        self._model = model  # prompt log-probs score the prompt with it (_score_prompt)
         from .decode_loop import DecodeLoopBackend, choose_decode_loop  # it imports this module
 
         builtin, why = choose_decode_loop(self.decode_loop, self.requested_batching, model,
@@ -894,14 +897,24 @@ class TorchEngine:
         except EngineError as exc:
             yield error_output(request.request_id, str(exc), exc.code)
             return
+        prompt_lps: list[float | None] | None = None
         try:
-            self._backend.enqueue(slot)
+            if request.sampling.prompt_logprobs:
+                try:
+                    prompt_lps = await asyncio.to_thread(self._score_prompt, request.prompt_token_ids)
+                except Exception as exc:  # noqa: BLE001 — this request's failure, not the engine's
+                    yield error_output(request.request_id, f"scoring the prompt failed: {exc}", 424)
+                    return
+            if not slot.closed:  # cancelled or failed while its prompt was scored: its end is queued already
+                self._backend.enqueue(slot)
             tokens: list[int] = []
             logprobs: list[float] = []
             tops: list[list[tuple[int, float]]] = []
             queue_time: float | None = None
             while True:
                 out = await slot.queue.get()
+                if prompt_lps is not None and (request.streaming or out.finished):
+                    out.prompt_logprobs, prompt_lps = prompt_lps, None  # on the request's first output
                 if request.streaming:
                     yield out
                 else:  # one aggregated output at the end
@@ -918,6 +931,16 @@ class TorchEngine:
                     return
         finally:
             self._release(slot)
+
+    def _score_prompt(self, ids: list[int]) -> list[float | None]:
+        """Each prompt token's log-prob given the ones before it (None for the first), from the model's raw
+        logits: one forward pass over the prompt beside the batch (read-only use of the weights), one at a
+        time so that long prompts do not stack their activations."""
+        with self._score_lock, torch.inference_mode():
+            x = torch.tensor([ids], device=self._model_device)
+            logits = self._model(x).logits[0, :-1].float()
+            scores = logits.log_softmax(-1).gather(1, x[0, 1:, None])[:, 0]
+        return [None, *scores.tolist()]
 
     def _push(self, slot: _Slot, out: EngineOutput) -> None:
         """The only place outputs reach a client; runs on the loop, so ordering is total."""

@@ -127,12 +127,24 @@ def test_openai_top_logprobs_chat_and_completions(srv, reference):
                                        logprobs=True, top_logprobs=21)
 
 
-def test_prompt_logprobs_refused_naming_the_field_and_engine(srv):
-    r = srv.post("/generate", {"inputs": PROMPT, "parameters": {"decoder_input_details": True, "details": True}})
-    assert r.status_code == 400
-    assert "decoder_input_details" in r.json()["error"] and "torch engine" in r.json()["error"]
-    r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"decoder_input_details": True}})
-    assert r.status_code == 400 and "torch engine" in r.json()["error"]
+def test_tgi_prompt_log_probs_equal_log_softmax_of_the_logits(srv, llama, hf_online):
+    """decoder_input_details: each prompt token's log-prob given the ones before it, from the model's own
+    logits (the first has none), on both torch paths; through huggingface_hub's client."""
+    import torch
+    from huggingface_hub import InferenceClient
+    from transformers import AutoModelForCausalLM
+
+    out = InferenceClient(model=srv.url).text_generation(PROMPT, max_new_tokens=4, details=True,
+                                                         decoder_input_details=True)
+    prefill = out.details.prefill
+    ids = _prompt_ids(srv)
+    assert [t.id for t in prefill] == ids and prefill[0].logprob is None
+    model = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])
+    assert [t.logprob for t in prefill[1:]] == pytest.approx(want[:, 0].tolist(), abs=1e-3)
+    r = srv.post("/generate_stream", {"inputs": PROMPT, "parameters": {"decoder_input_details": True}})
+    assert r.status_code == 400 and "decoder_input_details" in r.json()["error"]  # as TGI: not when streaming
 
 
 def test_lmi_streams_carry_every_tokens_log_prob_and_top_n_tokens(srv):
