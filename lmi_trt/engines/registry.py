@@ -18,6 +18,7 @@ This module imports neither the configuration nor an engine implementation at im
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -310,23 +311,30 @@ def refuse_ignored(kind: str, config: LmiConfig) -> None:
     for name in type(config).model_fields:
         if name in used or name in HONOURED_ELSEWHERE or not config.is_given(name):
             continue
-        users = [f"{other} ({backend})" if backend else other for other, backend in _engine_backends()
-                 if name in honoured(other, _as(config, other, backend))]
+        users = [f"{other} ({backend})" if backend else other for (other, backend), read in _reads_by_engine().items()
+                 if name in read]
         if users:
             where = f"the {kind} engine" + (f" on the {config.backend} backend" if kind == "trtllm" else "")
             raise StartupError(key_of(name), getattr(config, name), f"{where} does not use it",
                                f"leave it out, or serve with an engine that does: {', '.join(users)}")
 
 
-def _engine_backends() -> list[tuple[str, str | None]]:
+def engine_backends() -> list[tuple[str, str | None]]:
+    """Every engine, the TensorRT-LLM one once per backend."""
     return [(kind, backend) for kind in ENGINES
             for backend in (("pytorch", "tensorrt") if ENGINES[kind].needs_trtllm_gpu else (None,))]
 
 
-def _as(config: LmiConfig, kind: str, backend: str | None) -> LmiConfig:
-    """``config`` as engine ``kind`` (and TensorRT-LLM ``backend``) would run it."""
-    settled = config if config.max_rolling_batch_size is not None else settle(config, kind)
-    return settled.model_copy(update={"backend": backend}) if backend else settled
+@functools.cache
+def _reads_by_engine() -> dict[tuple[str, str | None], frozenset[str]]:
+    """What each engine (and backend) reads, on the default configuration: which engines an option is for."""
+    from lmi_trt.config import LmiConfig
+
+    out = {}
+    for kind, backend in engine_backends():
+        config = settle(LmiConfig(), kind)
+        out[(kind, backend)] = honoured(kind, config.model_copy(update={"backend": backend}) if backend else config)
+    return out
 
 
 def build_engine(kind: str, config: LmiConfig, artifact: ModelArtifact, tokenizer: Any, eos: list[int],

@@ -22,11 +22,11 @@ def _runs(kind: str, trt_backend: str | None, **given) -> LmiConfig:
 
 def _scoped() -> set[str]:
     """Fields some engine's settings (or compile job) read: each is honoured or refused per engine."""
-    return {name for kind, backend in registry._engine_backends()
+    return {name for kind, backend in registry.engine_backends()
             for name in registry.honoured(kind, _runs(kind, backend))} & set(LmiConfig.model_fields)
 
 
-@pytest.mark.parametrize(("kind", "backend"), registry._engine_backends())
+@pytest.mark.parametrize(("kind", "backend"), registry.engine_backends())
 def test_each_engine_scoped_option_is_honoured_or_refused_naming_the_key(kind, backend):
     """Options × engines: an engine-scoped option the user sets is either read by this engine's settings,
     or a StartupError naming its key — never accepted and dropped."""
@@ -43,7 +43,7 @@ def test_each_engine_scoped_option_is_honoured_or_refused_naming_the_key(kind, b
 
 def test_the_issues_examples():
     # max_num_sequences: honoured by every engine (it caps the batch in flight).
-    for kind, backend in registry._engine_backends():
+    for kind, backend in registry.engine_backends():
         assert "max_num_sequences" in registry.honoured(kind, _runs(kind, backend))
     # A TensorRT-LLM knob on the torch engine, a torch knob on TensorRT-LLM, a build knob on the pytorch backend.
     for kind, backend, given, key in [("torch", None, {"enable_kv_cache_reuse": True}, "option.enable_kv_cache_reuse"),
@@ -52,7 +52,7 @@ def test_the_issues_examples():
         with pytest.raises(StartupError, match=re.escape(key)):
             registry.refuse_ignored(kind, _runs(kind, backend, **given))
     # Defaults the user did not set are never refused.
-    for kind, backend in registry._engine_backends():
+    for kind, backend in registry.engine_backends():
         registry.refuse_ignored(kind, _runs(kind, backend))
 
 
