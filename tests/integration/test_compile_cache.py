@@ -181,7 +181,8 @@ _WORKER = textwrap.dedent("""
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\\n")
         (out / "rank0.engine").write_bytes(b"x" * 4096)
-        (log.parent / "started").write_text(str(out))
+        (log.parent / "started.tmp").write_text(str(out))  # renamed whole: the test never reads it half-written
+        (log.parent / "started.tmp").rename(log.parent / "started")
         time.sleep(sleep)
         (out / "config.json").write_text("{}")
     result = EngineCache(root).get_or_build(inputs, build, model_id="m")

@@ -98,7 +98,9 @@ async def test_concurrent_streams_carry_only_new_tokens(engine_dir, reference):
         results = await asyncio.gather(*(collect(engine, r) for r in requests))
         for r, outs in zip(requests, results):
             assert tokens_of(outs) == reference(r.prompt_token_ids, r.sampling.max_new_tokens, eos=None)
-            assert all(len(o.token_ids) == 1 for o in outs[:-1])  # one step, one new token
+            # Only new tokens: the deltas reassemble to the reference above; each carries at least one (a slow
+            # consumer gets the steps it missed merged into one delta, by design: test_engine_delivery.py).
+            assert all(o.token_ids for o in outs[:-1])
             assert outs[-1].finish_reason is FinishReason.LENGTH
         stats = engine.stats()
         assert stats.total_requests == len(PROMPTS) and stats.active_requests == 0
