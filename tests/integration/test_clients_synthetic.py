@@ -88,8 +88,8 @@ def test_openai_completions_plain_streamed_and_errors(oai, tok):
     r = oai.completions.create(model="tiny-llama", prompt="ab", max_tokens=2, logprobs=0)
     assert len(r.choices[0].logprobs.token_logprobs) == 2
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=2, stream=True)
-    assert e.value.param == "n" and "n=2 is not supported with stream=true" in e.value.message
+        oai.completions.create(model="tiny-llama", prompt=["x", "y"], n=2)
+    assert e.value.param == "n" and "n=2 with a list of 2 prompts is not supported" in e.value.message
     with pytest.raises(openai.BadRequestError, match="max_output_len=256"):
         oai.completions.create(model="tiny-llama", prompt="x", max_tokens=1000)
     assert [m.id for m in oai.models.list()] == ["tiny-llama"]
