@@ -40,6 +40,7 @@ from lmi_trt.vocabulary import (
     KV_CACHE_FREE_GPU_MEM_FRACTION,
     QUANTIZE_NAMES,
     TOKENS_PER_BLOCK,
+    TOOL_CALL_PARSERS,
     Quantization,
 )
 
@@ -627,6 +628,15 @@ class LmiConfig(BaseModel):
         "option.chat_template",
         _TEXT,
         "Jinja chat template overriding the tokenizer's")] = None
+    enable_auto_tool_choice: Annotated[bool, KeySpec(
+        "option.enable_auto_tool_choice",
+        _BOOL,
+        "OpenAI chat tool_choice 'auto' (the default with tools): the model's own tool calls are parsed from "
+            "its output (DJL LMI's and vLLM's key); 'required' and named functions work without it")] = False
+    tool_call_parser: Annotated[str | None, KeySpec(
+        "option.tool_call_parser",
+        _choice(_same(*TOOL_CALL_PARSERS)),
+        "the tool-call format the model writes (vLLM's parser names); unset: recognised from the chat template")] = None
     model_loading_timeout: Annotated[int, KeySpec(
         "option.model_loading_timeout",
         _integer(1, 1800),

@@ -20,7 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmi_trt.serving.errors import BadRequest
+from lmi_trt.serving.errors import FieldError
+from lmi_trt.serving.tool_calls import template_messages
 
 if TYPE_CHECKING:
     from lmi_trt.serving.core import GenerationService
@@ -42,10 +43,9 @@ _THREAD_CHARS = 16_384
 _THREAD_MESSAGES = 256
 
 
-class ChatError(BadRequest):
+class ChatError(FieldError):
     def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(param, message)
 
 
 @lru_cache(maxsize=8)
@@ -111,8 +111,10 @@ def render(
     template_option: str | None = None,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The prompt text; a template that fails on these messages is the request's 400."""
+    """The prompt text; a template that fails on these messages, or that leaves out the tools it is
+    given, is the request's 400."""
     try:
         template = resolve_template(template_option)
     except ValueError as e:
@@ -125,13 +127,29 @@ def render(
             chat_template=template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            tools=tools,
             **(template_kwargs or {}),
         )
     except Exception as e:  # jinja2 TemplateError / raise_exception("roles must alternate") / TypeError
         raise ChatError(f"the chat template could not render these messages: {type(e).__name__}: {e}", "messages") from None
     if not isinstance(out, str):  # some transformers versions return a list for batched input
         out = out[0]
+    if tools and not any(t["function"]["name"] in out for t in tools):
+        raise ChatError("tools: this model's chat template does not render tools (no tool's name is in the prompt "
+                        "it wrote); set option.chat_template to a template that does, or leave tools out", "tools")
     return out
+
+
+def template_text(tokenizer: Any, option: str | None) -> str | None:
+    """The chat template in use: ``option.chat_template`` (its text) or the tokenizer's own."""
+    try:
+        own = resolve_template(option)
+    except ValueError:
+        own = None
+    template = own or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates (transformers): the tool-use one where there is one
+        template = template.get("tool_use") or template.get("default")
+    return template if isinstance(template, str) else None
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -155,6 +173,7 @@ async def prompt_for(
     template_option: str | None,
     add_generation_prompt: bool,
     template_kwargs: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str | list[int]:
     """The chat's prompt: the rendered text (its special tokens are the template's), or token ids
     where a client's content holds special-token text that must stay text. Bounded before any
@@ -164,31 +183,32 @@ async def prompt_for(
     if isinstance(raw_messages, list) and len(raw_messages) > max_len:
         raise ChatError(f"messages has {len(raw_messages)} messages, more than option.max_input_len={max_len} tokens "
                         "could hold; shorten the chat", "messages")
-    messages = normalize_messages(raw_messages)
+    messages = template_messages(normalize_messages(raw_messages))
     chars = sum(len(m["content"] or "") for m in messages)
     if chars > service.max_prompt_chars:
         raise ChatError(f"messages has {chars} characters of content, more than any prompt of option.max_input_len="
                         f"{max_len} tokens can have ({service.max_prompt_chars}); shorten the chat", "messages")
     protect = None if service.config.parse_special_tokens else service.special_text
     job = functools.partial(_prompt, service.tokenizer, messages, template_option, add_generation_prompt, kwargs,
-                            protect)
+                            protect, tools)
     if chars > _THREAD_CHARS or len(messages) > _THREAD_MESSAGES:
         return await service.off_loop(job)
     return job()
 
 
 def _prompt(tokenizer: Any, messages: list[dict[str, Any]], template_option: str | None,
-            add_generation_prompt: bool, kwargs: dict[str, Any], protect: Any) -> str | list[int]:
+            add_generation_prompt: bool, kwargs: dict[str, Any], protect: Any,
+            tools: list[dict[str, Any]] | None) -> str | list[int]:
     if protect is None or not any(protect.search(m["content"] or "") for m in messages):
         return render(tokenizer, messages, template_option=template_option,
-                      add_generation_prompt=add_generation_prompt, template_kwargs=kwargs)
+                      add_generation_prompt=add_generation_prompt, template_kwargs=kwargs, tools=tools)
     # Mark each content with markers the client cannot guess, render, then tokenize the template's
     # text with its special tokens and the clients' text with special-token text split into plain tokens.
     tag = uuid.uuid4().hex
     start, end = f"\ue000{tag}", f"{tag}\ue001"
     marked = [{**m, "content": start + m["content"] + end} if m["content"] else m for m in messages]
     text = render(tokenizer, marked, template_option=template_option, add_generation_prompt=add_generation_prompt,
-                  template_kwargs=kwargs)
+                  template_kwargs=kwargs, tools=tools)
     ids: list[int] = []
     rest = text
     while rest:

@@ -39,6 +39,14 @@ class BadRequest(LmiHttpError):
     type = "BadRequestError"
 
 
+class FieldError(BadRequest):
+    """A 400 that knows which request field is wrong (OpenAI's ``param``)."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class NotFound(LmiHttpError):
     status = 404
     type = "NotFoundError"

@@ -22,19 +22,11 @@ from lmi_trt.serving.core import (
     GenerationStream,
     format_validation_error,
 )
-from lmi_trt.serving.errors import BadRequest, LmiHttpError
+from lmi_trt.serving.errors import BadRequest, FieldError, LmiHttpError
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class FieldError(BadRequest):
-    """A 400 that knows which request field is wrong (OpenAI's ``param``)."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def param_of(err: LmiHttpError) -> str | None:

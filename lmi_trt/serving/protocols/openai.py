@@ -13,8 +13,9 @@ stream_options.include_usage, logprobs (chat
 ``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
 echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
 skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
-json_object / json_schema (constrained decoding). Refused with a 400 naming the field: best_of
-> 1, n > 1 with several prompts, suffix, tools, non-text content, and what an engine cannot do (alternatives, grammars, biases).
+json_object / json_schema (constrained decoding), and tools / tool_choice / parallel_tool_calls (``tool_calls``).
+Refused with a 400 naming the field: chat best_of > 1, n > 1 with several prompts, suffix, the deprecated
+functions / function_call, non-text content, and what an engine cannot do (alternatives, grammars, biases).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import FinishReason, GuidedDecoding
-from lmi_trt.serving import chat
+from lmi_trt.serving import chat, tool_calls
+from lmi_trt.serving.tool_calls import ToolCall, ToolPlan, ToolStream
 from lmi_trt.serving.http import CONTEXT, Body, ServingContext, add_post, error_response, json_response, register_invocation
 from lmi_trt.serving.core import (
     Completion,
@@ -70,8 +72,8 @@ FINISH = {
 }
 DONE = b"data: [DONE]\n\n"
 # Accepted and without effect on the output.
-_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
-                      "modalities", "prediction", "audio", "web_search_options", "functions", "function_call",
+_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "reasoning_effort",
+                      "modalities", "prediction", "audio", "web_search_options",
                       "min_p", "length_penalty", "use_beam_search", "include_stop_str_in_output", "spaces_between_special_tokens"})
 _warned: set[str] = set()
 _MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
@@ -185,21 +187,32 @@ class ChatRequest(_Base):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked by tool_calls.plan_tools, which names the field
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None  # OpenAI's deprecated function calling
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
-    def generate_params(self) -> GenerateParams:
+    def generate_params(self, tools: ToolPlan | None = None) -> GenerateParams:
         self._check_common()
         if self.top_logprobs and not self.logprobs:  # as OpenAI
             raise FieldError("top_logprobs", "top_logprobs needs logprobs=true")
-        if self.tools and self.tool_choice != "none":
-            raise FieldError("tools", "tools (function calling) are not supported by this server; leave tools out "
-                                      "or set tool_choice='none'")
+        for old in ("functions", "function_call"):
+            if getattr(self, old) is not None:
+                raise FieldError(old, f"{old} is OpenAI's deprecated function calling; send tools and tool_choice")
+        guided = tools.guided() if tools is not None else None
+        if guided is not None and self._guided() is not None:
+            raise FieldError("response_format", f"response_format cannot be combined with tool_choice="
+                                                f"{self.tool_choice!r}, which constrains the output to the tool's "
+                                                "arguments; leave one out")
         max_new = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._params(max_new, bool(self.logprobs), self.top_logprobs or 0, self._guided())
+        params = self._params(max_new, bool(self.logprobs), self.top_logprobs or 0, guided or self._guided())
+        if tools is not None and tools.mode == "auto" and tools.parser.special_marker:  # type: ignore[union-attr]
+            params = params.model_copy(update={"skip_special_tokens": False})  # the call's marker is a special token
+        return params
 
     def _guided(self) -> GuidedDecoding | None:
         fmt = self.response_format or {}
@@ -317,20 +330,26 @@ def _chat_format(ctx: ServingContext, stream: bool, at_invocations: bool) -> Cha
 async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: bool) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     req: ChatRequest = validate_body(ChatRequest, body)
-    params = req.generate_params()
     service = ctx.require_service()
+    tools = tool_calls.plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                  auto_enabled=ctx.config.enable_auto_tool_choice,
+                                  parser_option=ctx.config.tool_call_parser,
+                                  template=chat.template_text(service.tokenizer, ctx.config.chat_template))
+    params = req.generate_params(tools)
     _check_logprobs(ctx, params.logprobs, "logprobs")
     prompt = await chat.prompt_for(
         service, req.messages, template_option=ctx.config.chat_template,
         add_generation_prompt=req.add_generation_prompt, template_kwargs=req.chat_template_kwargs,
+        tools=tools.template_tools() if tools is not None else None,
     )
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
     render_error = error_response if at_invocations else openai_error
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    names = CHAT_NAMES if tools is None or tools.guided() is None else {**CHAT_NAMES, "guided": "tool_choice"}
     start_kw = {"add_special_tokens": False, "field_name": "messages", "max_tokens_field": max_field,
-                "user_text": False, "names": CHAT_NAMES}
+                "user_text": False, "names": names}
     if fmt == "json":
         cs = await collect_n(service, prompt, params, req.n or 1, **start_kw)
         err = next((c.error for c in cs if c.error is not None), None)
@@ -339,12 +358,9 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
         return json_response({
             "id": cid, "object": "chat.completion", "created": created, "model": ctx.model_name,
             "system_fingerprint": None,
-            "choices": [{
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None,
-                "finish_reason": FINISH.get(c.finish_reason, c.finish_reason.value),
-            } for i, c in enumerate(cs)],
+            "choices": [{"index": i, **_chat_choice(tools, c.text, c.finish_reason),
+                         "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None}
+                        for i, c in enumerate(cs)],
             "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
         })
     headers = SSE_HEADERS if fmt == "sse" else {"Content-Type": "application/jsonlines", "Cache-Control": "no-cache"}
@@ -358,7 +374,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
             if response is None:
                 return firsts  # type: ignore[return-value]
             encoders = [_ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage,
-                                    at_invocations, index=i, own_usage=False) for i in range(len(streams))]
+                                    at_invocations, index=i, own_usage=False, tools=tools) for i in range(len(streams))]
             return await pump_all(response, streams, firsts, [e.encode for e in encoders],  # type: ignore[arg-type]
                                   closing=encoders[0].usage_of, trailer=trailer)
         finally:
@@ -368,16 +384,36 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
         response, first = await open_stream(request, stream, headers, render_error)
         if response is None:
             return first  # type: ignore[return-value]
-        enc = _ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations)
+        enc = _ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations,
+                          tools=tools)
         return await pump(response, stream, first, enc.encode, trailer=trailer)  # type: ignore[arg-type]
+
+
+def _finish_reason(reason: FinishReason, called: bool) -> str:
+    if called and reason in (FinishReason.EOS, FinishReason.STOP_SEQUENCE):
+        return "tool_calls"
+    return FINISH.get(reason, reason.value)
+
+
+def _chat_choice(tools: ToolPlan | None, text: str, reason: FinishReason) -> dict[str, Any]:
+    """A non-streamed choice's message and finish reason, the model's tool calls parsed out of its text."""
+    content, calls = tools.parse(text) if tools is not None else (text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [c.as_openai() for c in calls]
+    return {"message": message, "finish_reason": _finish_reason(reason, bool(calls))}
 
 
 class _ChatChunks:
     """One choice's chunks. ``own_usage``: its last chunk is followed by the request's usage record (one
-    choice); with several, ``usage_of`` writes one record for all of them once every choice has ended."""
+    choice); with several, ``usage_of`` writes one record for all of them once every choice has ended.
+    With tools, content and tool-call deltas as ``tool_calls`` says (its module doc)."""
 
     def __init__(self, cid: str, created: int, model: str, record, logprobs: bool, usage: bool, lmi_errors: bool,
-                 *, index: int = 0, own_usage: bool = True) -> None:
+                 *, index: int = 0, own_usage: bool = True, tools: ToolPlan | None = None) -> None:
+        self.tools = tools
+        self.split: ToolStream | None = tools.stream() if tools is not None and tools.mode != "named" else None
+        self.named: ToolCall | None = None  # the named call, once its first delta is out
         self.base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                      "system_fingerprint": None}
         self.record = record
@@ -387,6 +423,21 @@ class _ChatChunks:
         self.index = index
         self.own_usage = own_usage
         self.started = False
+
+    def _delta(self, text: str) -> dict[str, Any]:
+        """The chunk's delta for this piece of output: content, or a fragment of the named call's arguments."""
+        if self.tools is not None and self.tools.mode == "named":
+            return {"tool_calls": [self._named_fragment(text)]} if text else {}
+        content = self.split.feed(text) if self.split is not None else text
+        return {"content": content} if content else {}
+
+    def _named_fragment(self, arguments: str) -> dict[str, Any]:
+        """OpenAI's streamed call: id, type and name on its first delta, then ``arguments`` fragments."""
+        if self.named is not None:
+            return {"index": 0, "function": {"arguments": arguments}}
+        self.named = ToolCall(self.tools.name, "")  # type: ignore[union-attr, arg-type]
+        return {"index": 0, "id": self.named.id, "type": "function",
+                "function": {"name": self.named.name, "arguments": arguments}}
 
     def usage_of(self, finals: list[Delta]) -> list[bytes]:
         if not self.usage:
@@ -405,15 +456,27 @@ class _ChatChunks:
         if not self.started:
             self.started = True
             out.append(self._chunk({"role": "assistant", "content": ""}))
-        if d.text or (self.logprobs and d.tokens):
-            out.append(self._chunk({"content": d.text}, logprobs=_chat_logprobs(d.tokens) if self.logprobs else None))
+        delta = self._delta(d.text)
+        if delta or (self.logprobs and d.tokens):
+            out.append(self._chunk(delta or {"content": ""},
+                                   logprobs=_chat_logprobs(d.tokens) if self.logprobs else None))
         if d.finished:
             if d.error is not None:
                 body = ({"error": d.error.message, "code": d.error.status, "type": d.error.type} if self.lmi_errors
                         else openai_error_body(d.error))
                 out.append(self.record(body))
                 return out
-            out.append(self._chunk({}, FINISH.get(d.finish_reason, d.finish_reason.value)))  # type: ignore[arg-type]
+            called = self.tools is not None and self.tools.mode == "named"
+            if called and self.named is None:  # a named call with empty output still is the call
+                out.append(self._chunk({"tool_calls": [self._named_fragment("")]}))
+            if self.split is not None:
+                rest, calls = self.split.finish()
+                if rest:
+                    out.append(self._chunk({"content": rest}))
+                if calls:
+                    called = True
+                    out.append(self._chunk({"tool_calls": [{"index": i, **c.as_openai()} for i, c in enumerate(calls)]}))
+            out.append(self._chunk({}, _finish_reason(d.finish_reason, called)))  # type: ignore[arg-type]
             if self.own_usage:
                 out += self.usage_of([d])
         return out
