@@ -16,9 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
 
 from .base import EngineError, GuidedDecoding
+
+if TYPE_CHECKING:
+    import torch
 
 _CACHED_GRAMMARS = 256
 
@@ -67,8 +70,27 @@ class Grammars:
                               code=400) from exc
 
 
+@functools.lru_cache(maxsize=_CACHED_GRAMMARS)
+def compact_json_grammar(schema: str) -> str:
+    """A JSON schema as xgrammar EBNF text without free whitespace, for engines that take a grammar: the same
+    compact JSON the torch engine writes, where a backend's own JSON-schema guide would allow whitespace
+    anywhere (xgrammar's default), which a model can pad with until max_tokens. ``EngineError`` 400 for a
+    schema that is not JSON or that xgrammar refuses."""
+    try:
+        import xgrammar as xgr
+    except ImportError as exc:
+        raise EngineError("constrained decoding needs xgrammar (TensorRT-LLM's own dependency), which this Python "
+                          "lacks", code=400) from exc
+    try:
+        json.loads(schema)
+        return str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    except (RuntimeError, ValueError) as exc:
+        raise EngineError(f"the json schema cannot be compiled for constrained decoding: {exc}", code=400) from exc
+
+
 def allowed_tokens(matchers: Sequence[Any], vocab: int) -> torch.Tensor:
     """[n, vocab] bool on the CPU: the tokens each matcher accepts next."""
+    import torch
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -211,3 +212,31 @@ def test_top_logprobs_on_10_are_refused_naming_the_field(hf_dir, site_dir, tmp_p
         r = server.post("/v1/completions", body)
         assert r.status_code == 400 and "logprobs=2" in r.text, r.text
         assert server.post("/v1/completions", {**body, "logprobs": 0}).status_code == 200
+
+
+# --- constrained decoding on the PyTorch backend (guided_decoding_backend="xgrammar") ---
+SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+          "required": ["color", "ok"], "additionalProperties": False}
+
+
+def test_openai_json_schema_and_tgi_regex_are_guided(pytorch_server):
+    """The tiny model is random: only the backend's grammar makes these outputs what was asked for."""
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
+    for sampling in ({}, {"seed": 1, "temperature": 1.0}, {"seed": 2, "temperature": 1.0}):
+        r = pytorch_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Pick."}],
+                                                         "max_tokens": 32, "response_format": fmt, **sampling})
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", r.text
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+    r = pytorch_server.post("/generate", {"inputs": "Answer", "parameters": {
+        "max_new_tokens": 8, "grammar": {"type": "regex", "value": "(yes|no)[0-9]{2}"}}})
+    assert re.fullmatch("(yes|no)[0-9]{2}", r.json()["generated_text"]), r.text
+
+
+def test_a_guide_the_backend_cannot_compile_fails_that_request_only(pytorch_server):
+    bad = pytorch_server.post("/invocations", {"inputs": "Hi", "parameters": {"guided_regex": "(unclosed"}})
+    assert 400 <= bad.status_code < 500, bad.text
+    good = _details(pytorch_server, PROMPTS[0], 4)
+    assert good.status_code == 200 and len(good.json()["details"]["tokens"]) == 4

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import enum
+import functools
 import importlib
 import inspect
 from pathlib import Path
@@ -26,7 +27,7 @@ from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import EngineError, GenerationRequest, GuidedDecoding, SamplingParams
 from lmi_trt.engines.llmapi import Codec, LlmApiSettings, llm_plan, plan_request, reason_name, token_logprobs
 from lmi_trt.engines.registry import llmapi_settings, settle
 from lmi_trt.engines.trtllm import TrtllmSettings
@@ -226,6 +227,30 @@ def test_planned_keywords_are_listed_fields():
     assert set(sampling.sampling) <= ctor_names("SamplingParams")
 
 
+def test_guides_map_onto_guided_decoding_params():
+    """Regex and EBNF go as they are; JSON as xgrammar's compact grammar of the schema (json_object: an object)."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    fields = set(API["GuidedDecodingParams"]["props_rw"])
+    for guided, key in [(GuidedDecoding("regex", "(a|b)+"), "regex"), (GuidedDecoding("grammar", 'root ::= "x"'), "grammar"),
+                        (GuidedDecoding("json_schema", '{"type": "integer"}'), "grammar"),
+                        (GuidedDecoding("json_object"), "grammar")]:
+        request = GenerationRequest("g", [1], SamplingParams(guided=guided))
+        guide = plan_request(request, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC).guide
+        assert list(guide) == [key] and key in fields
+        if guided.kind == "json_object":  # an object, written one way: no free whitespace
+            accepts = functools.partial(_is_grammar_accept_string, guide["grammar"])
+            assert accepts('{"a": [1, 2]}') and not accepts('{ "a": [1, 2]}') and not accepts("[1]")
+        elif guided.kind == "json_schema":
+            assert _is_grammar_accept_string(guide["grammar"], "12") and not _is_grammar_accept_string(guide["grammar"], '"a"')
+        else:
+            assert guide[key] == guided.value
+    bad = GenerationRequest("b", [1], SamplingParams(guided=GuidedDecoding("json_schema", "{not json")))
+    with pytest.raises(EngineError, match="json schema") as err:
+        plan_request(bad, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC)
+    assert err.value.code == 400
+
+
 def test_options_map_onto_llm_keywords():
     config = LmiConfig(
         tensor_parallel_degree=2, pipeline_parallel_degree=2, dtype="bf16", max_num_sequences=64, max_num_tokens=2048,
@@ -237,7 +262,7 @@ def test_options_map_onto_llm_keywords():
     assert plan.keywords == {
         "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "dtype": "bfloat16", "trust_remote_code": True,
         "max_batch_size": 64, "max_beam_width": 2, "enable_chunked_prefill": True, "enable_iter_perf_stats": True,
-        "max_num_tokens": 2048, "max_input_len": 512, "max_seq_len": 768,
+        "max_num_tokens": 2048, "max_input_len": 512, "max_seq_len": 768, "guided_decoding_backend": "xgrammar",
     }
     assert plan.kv_cache_config == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.8, "max_tokens": 10000,
                                     "host_cache_size": 2 ** 30}

@@ -6,7 +6,8 @@ batch at any step; at most ``max_batch_size`` run and, under GUARANTEED_NO_EVICT
 (``KvCacheConfig.max_tokens``, in ``tokens_per_block`` blocks) can hold every admitted request's prompt +
 max_tokens (MAX_UTILIZATION admits on the prompt alone); the rest wait in arrival order. A sequence ends
 at ``max_seq_len``; ``abort_request`` ends it with CANCELLED; a failure of one request becomes an error
-response for that request only. Log probs come from the raw logits' log-softmax (PR 7756): 1.0.0 gives
+response for that request only. Guided decoding (``guided_decoding_backend="xgrammar"``) masks the logits
+with the request's grammar before the token is chosen (``_grammar``). Log probs come from the raw logits' log-softmax (PR 7756): 1.0.0 gives
 the sampled token's only (PR 6097: top-1 on PyTorch), later releases the requested top k.
 Simplification: beam search is decoded in one go by transformers' beam search (one final response).
 """
@@ -20,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tensorrt_llm import _state
+from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
 from tensorrt_llm._runtime import _load_model, _select
 from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
 
@@ -64,6 +66,8 @@ class _Seq:
     top_logprobs: int
     streaming: bool
     beam_width: int
+    guide: tuple[str, str | None] | None = None  # (guide type, guide): see _grammar
+    matcher: object = None
     generated: list[int] = field(default_factory=list)
     cum_logprob: float = 0.0
     sent: int = 0
@@ -78,9 +82,12 @@ class _Seq:
 
 
 class LlmRuntime:
-    def __init__(self, hf_dir: str, args) -> None:
+    def __init__(self, hf_dir: str, args, tokenizer=None) -> None:
         self.args = args
         self._model = _load_model(hf_dir)
+        self._grammars = None
+        if args.guided_decoding_backend == "xgrammar":
+            self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
         positions = getattr(self._model.config, "max_position_embeddings", None)
         self.max_seq_len = args.max_seq_len or positions
         self.tokens_per_block = args.kv_cache_config.tokens_per_block
@@ -187,6 +194,8 @@ class LlmRuntime:
                     seq.result._enqueue(self._beam_search(seq))
                     return True
                 if new:
+                    if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
+                        seq.matcher = self._grammars.create(*seq.guide)
                     self._forward(seq, seq.prompt)
                 token, _ = _select(seq)
                 reason = self._advance(seq, token)
@@ -210,6 +219,8 @@ class LlmRuntime:
 
         if token == seq.end_id:
             return "END_ID"
+        if seq.matcher is not None:
+            seq.matcher.accept_token(token)
         logprobs = torch.log_softmax(seq.logits, -1)
         seq.cum_logprob += float(logprobs[token])
         seq.generated.append(token)

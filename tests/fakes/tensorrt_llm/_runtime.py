@@ -541,6 +541,9 @@ def _select(seq: _Seq) -> tuple[int, float]:
 
     sc, logits = seq.sampling, seq.logits.clone()
     history = seq.prompt + seq.generated
+    matcher = getattr(seq, "matcher", None)
+    if matcher is not None:
+        _mask_by_grammar(matcher, logits)
     for word in seq.bad_words:
         if word and (len(word) == 1 or history[-(len(word) - 1):] == word[:-1]):
             logits[word[-1]] = float("-inf")
@@ -571,3 +574,13 @@ def _select(seq: _Seq) -> tuple[int, float]:
         seq.generator = torch.Generator().manual_seed(sc.seed if sc.seed is not None else 0)
     token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=seq.generator))
     return token, float(logprobs[token])
+
+
+def _mask_by_grammar(matcher, logits) -> None:
+    """Guided decoding: the tokens the request's grammar does not allow next get -inf, before any sampling
+    (tensorrt_llm/_torch/pyexecutor/guided_decoder.py applies xgrammar's token bitmask to the logits)."""
+    import xgrammar
+
+    bitmask = xgrammar.allocate_token_bitmask(1, logits.numel())
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    xgrammar.apply_token_bitmask_inplace(logits.unsqueeze(0), bitmask)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tensorrt_llm import _state
+from tensorrt_llm._grammar import guide_of
 from tensorrt_llm._llm_runtime import LlmRuntime, _Seq, _Strategy
 from tensorrt_llm.executor.result import GenerationResult, IterationResult
 from tensorrt_llm.llmapi.llm_args import _TRT_ONLY_KEYS, TorchLlmArgs
@@ -90,7 +91,12 @@ class LLM:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer or str(folder))
-        self._executor = LlmRuntime(str(folder), self.args)
+        if self.args.guided_decoding_backend is not None:
+            if self._tokenizer is None:
+                raise ValueError("guided decoding needs the tokenizer (skip_tokenizer_init=True)")
+            if self.args.guided_decoding_backend != "xgrammar":
+                raise NotImplementedError("fake tensorrt_llm: guided decoding through xgrammar only")
+        self._executor = LlmRuntime(str(folder), self.args, self._tokenizer)
         self._next_id = 1
 
     @property
@@ -142,6 +148,7 @@ class LLM:
             top_logprobs=sp.logprobs or 0,
             streaming=streaming,
             beam_width=sp.best_of if sp.use_beam_search else 1,
+            guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
         ))
         return result
 
@@ -160,6 +167,9 @@ class LLM:
         args = self.args
         if sp.logprobs and sp.logprobs > 1 and _state.series() < (1, 1):
             raise ValueError(f"PyTorch backend currently supports only top-1 logprobs, got logprobs={sp.logprobs}")
+        if sp.guided_decoding is not None and args.guided_decoding_backend is None:
+            # What the real LLM does here was not read; the fake refuses rather than silently not guiding.
+            raise ValueError("guided_decoding needs the LLM built with guided_decoding_backend")
         if sp.use_beam_search and sp.best_of > args.max_beam_width:
             raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({args.max_beam_width})")
         if not args.enable_chunked_prefill and args.max_num_tokens and len(prompt) > args.max_num_tokens:
