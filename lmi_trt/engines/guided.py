@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from .base import EngineError, GuidedDecoding
 
@@ -86,6 +87,36 @@ def compact_json_grammar(schema: str) -> str:
         return str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
     except (RuntimeError, ValueError) as exc:
         raise EngineError(f"the json schema cannot be compiled for constrained decoding: {exc}", code=400) from exc
+
+
+def backend_guide(guided: GuidedDecoding) -> tuple[Literal["regex", "grammar"], str]:
+    """A request's constraint as TensorRT-LLM's xgrammar backends take it: a regex, or xgrammar EBNF, which they
+    compile as given (tensorrt_llm/_torch/pyexecutor/grammar_matcher.py; the Executor's GuideType REGEX and
+    EBNF_GRAMMAR). JSON goes as ``compact_json_grammar``; OpenAI's ``json_object`` means an object, so it is that
+    schema (the backends' own JSON guide is xgrammar's built-in grammar, which allows arrays too)."""
+    if guided.kind == "regex":
+        return "regex", guided.value
+    if guided.kind == "grammar":
+        return "grammar", guided.value
+    return "grammar", compact_json_grammar(guided.value if guided.kind == "json_schema" else '{"type": "object"}')
+
+
+@dataclass(frozen=True)
+class GuideVocab:
+    """What TensorRT-LLM's xgrammar backend needs of the tokenizer, as ``_xgrammar_tokenizer_info``
+    (tensorrt_llm/llmapi/tokenizer.py) gives it to the Executor's ``GuidedDecodingConfig``: the vocabulary in
+    id order, the fast tokenizer's JSON (for xgrammar's vocabulary type), and the ids that end the output."""
+
+    encoded_vocab: list[str]
+    tokenizer_str: str | None
+    stop_token_ids: list[int]
+
+    @classmethod
+    def of(cls, tokenizer: Any, stop_token_ids: Sequence[int]) -> GuideVocab:
+        vocab = tokenizer.get_vocab()
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        return cls([token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],
+                   backend.to_str() if backend is not None else None, list(stop_token_ids))
 
 
 def allowed_tokens(matchers: Sequence[Any], vocab: int) -> torch.Tensor:

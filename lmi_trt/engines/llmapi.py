@@ -60,11 +60,9 @@ from lmi_trt.engines.base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
-    GuidedDecoding,
     error_output,
 )
 from lmi_trt.engines import trtllm as trtllm_engine
-from lmi_trt.engines.guided import compact_json_grammar
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -186,9 +184,9 @@ def llm_plan(settings: LlmApiSettings) -> LlmPlan:
         "enable_chunked_prefill": rt.enable_chunked_context,
         # /metrics reads the backend's iteration stats; they are only collected when asked for.
         "enable_iter_perf_stats": True,
-        # Constrained decoding (response_format, TGI grammar, tool_choice) through the image's xgrammar
-        # (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since NVIDIA/TensorRT-LLM
-        # PR 6000 (in 1.0), and only requests that carry a guide are masked.
+        # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the
+        # image's xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
+        # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
         "guided_decoding_backend": "xgrammar",
     }
     for key, value in (
@@ -234,16 +232,7 @@ class RequestPlan:
     sampling: dict[str, Any]
     end_id: int            # -1: never (ignore_eos)
     extra_eos: frozenset[int]
-    guide: dict[str, Any] | None = None  # GuidedDecodingParams keywords
-
-
-def guide_keywords(guided: GuidedDecoding) -> dict[str, Any]:
-    """A request's constraint as ``GuidedDecodingParams`` keywords (tensorrt_llm/sampling_params.py: the backend
-    compiles ``regex`` and ``grammar``, xgrammar EBNF, as they are). JSON goes as a compact grammar (see
-    ``compact_json_grammar``); OpenAI's ``json_object`` means an object, so it is that schema."""
-    if guided.kind in ("json_schema", "json_object"):
-        return {"grammar": compact_json_grammar(guided.value if guided.kind == "json_schema" else '{"type": "object"}')}
-    return {"regex": guided.value} if guided.kind == "regex" else {"grammar": guided.value}
+    guide: dict[str, Any] | None = None  # GuidedDecodingParams keywords (tensorrt_llm/sampling_params.py)
 
 
 @dataclass(frozen=True)
@@ -312,7 +301,7 @@ def plan_request(
         detokenize=False,  # the serving layer detokenizes incrementally
     )
     return RequestPlan(sampling, spec.request["end_id"], frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]),
-                       guide_keywords(p.guided) if p.guided is not None else None)
+                       dict([spec.guide]) if spec.guide is not None else None)
 
 
 def token_logprobs(tokens: Sequence[int], entries: Sequence[Any]) -> list[float]:

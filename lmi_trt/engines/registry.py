@@ -227,6 +227,7 @@ def _build_torch(settings: TorchSettings, artifact: ModelArtifact, tokenizer: An
 
 def _build_trtllm(settings: TrtllmSettings | LlmApiSettings, artifact: ModelArtifact, tokenizer: Any,
                   eos: list[int], placement: Placement | None) -> Engine:
+    from lmi_trt.engines.guided import GuideVocab
     from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
     from lmi_trt.engines.trtllm import TrtllmEngine
     from lmi_trt.launch import trtllm_copy_settings
@@ -237,7 +238,8 @@ def _build_trtllm(settings: TrtllmSettings | LlmApiSettings, artifact: ModelArti
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
         settings = trtllm_copy_settings(settings, placement)
-    return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
+                        guide_vocab=GuideVocab.of(tokenizer, eos))
 
 
 # Default batches are DJL's (LmiConfigRecommender.setRollingBatchSize: 256 for trtllm, 32 for the

@@ -28,6 +28,7 @@ AST scan can check every name and keyword this file uses against the real API li
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -56,6 +57,7 @@ from lmi_trt.engines.base import (
     SamplingParams,
     error_output,
 )
+from lmi_trt.engines.guided import GuideVocab, backend_guide
 
 log = logging.getLogger(__name__)
 
@@ -467,8 +469,10 @@ def effective_multi_block_mode(tle: ModuleType, settings: TrtllmSettings) -> tup
     return bool(tle.ExtendedRuntimePerfKnobConfig().multi_block_mode), "this TensorRT-LLM's default"
 
 
-def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> tuple[Any, list[str]]:
-    """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks."""
+def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts,
+                          guide_vocab: GuideVocab | None = None) -> tuple[Any, list[str]]:
+    """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks. With
+    ``guide_vocab``, on a release whose Executor has guided decoding (1.x; not 0.12), through xgrammar."""
     warnings = []
     kv_cache = tle.KvCacheConfig(
         enable_block_reuse=settings.enable_kv_cache_reuse,
@@ -492,6 +496,10 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
                 f"it is a build option and the engine was built with multi_block_mode="
                 f"{str(facts.multi_block_mode).lower()}; rebuild to change it"
             )
+    if guide_vocab is not None and hasattr(tle, "GuidedDecodingConfig"):
+        extra["guided_decoding_config"] = tle.GuidedDecodingConfig(
+            tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR, encoded_vocab=guide_vocab.encoded_vocab,
+            tokenizer_str=guide_vocab.tokenizer_str, stop_token_ids=guide_vocab.stop_token_ids)
     if settings.enable_trt_overlap:
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
@@ -528,6 +536,7 @@ class RequestSpec:
     request: dict[str, Any]
     sampling: dict[str, Any]
     output: dict[str, Any]
+    guide: tuple[str, str] | None = None  # guided.backend_guide: ("regex" | "grammar", text)
 
 
 def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
@@ -597,14 +606,25 @@ def map_request(
         "bad_words": [list(b) for b in req.bad_words_ids if b] or None,
     }
     output = {"exclude_input_from_output": True, "return_log_probs": p.logprobs}
-    return RequestSpec(request, sampling_kwargs(p, seed), output)
+    return RequestSpec(request, sampling_kwargs(p, seed), output,
+                       backend_guide(p.guided) if p.guided is not None else None)
+
+
+# executor.h GuidedDecodingParams::GuideType for the two forms backend_guide gives.
+GUIDE_TYPES = {"regex": "REGEX", "grammar": "EBNF_GRAMMAR"}
 
 
 def to_executor_request(tle: ModuleType, spec: RequestSpec) -> Any:
+    extra = {}
+    if spec.guide is not None:
+        kind, text = spec.guide
+        extra["guided_decoding_params"] = tle.GuidedDecodingParams(
+            getattr(tle.GuidedDecodingParams.GuideType, GUIDE_TYPES[kind]), text)
     return tle.Request(
         **spec.request,
         sampling_config=tle.SamplingConfig(**spec.sampling),
         output_config=tle.OutputConfig(**spec.output),
+        **extra,
     )
 
 
@@ -715,8 +735,10 @@ class TrtllmEngine:
         pad_token_id: int | None = None,
         scratch_dir: str | os.PathLike | None = None,
         gpu_available: Callable[[], bool] | None = None,
+        guide_vocab: GuideVocab | None = None,
     ) -> None:
         require_eos(eos_token_ids)
+        self._guide_vocab = guide_vocab  # constrained decoding, where the release's Executor has it
         self._engine_dir = resolve_engine_dir(Path(engine_dir))
         self.facts = read_engine_facts(self._engine_dir)
         self.settings = settings or TrtllmSettings()
@@ -784,7 +806,8 @@ class TrtllmEngine:
         if self._scratch is None:
             self._owned_scratch = self._scratch = Path(tempfile.mkdtemp(prefix="lmi-trt-engine-"))
         engine_dir = prepare_engine_dir(self._engine_dir, self.facts, self._scratch)
-        config, warnings = build_executor_config(tle, self.settings, self.facts)
+        config, warnings = build_executor_config(tle, self.settings, self.facts, self._guide_vocab)
+        guided = getattr(config, "guided_decoding_config", None) is not None
         for warning in warnings:
             log.warning("%s", warning)
         log.info(
@@ -808,6 +831,7 @@ class TrtllmEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._tle, self._spec, self._executor = tle, spec, executor
+        self._limits = dataclasses.replace(self._limits, supports_guided_decoding=guided)
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
         if self._leader:

@@ -1,9 +1,11 @@
-"""Issue 16 features on the trtllm engine (fake TensorRT-LLM, in process as the GPU seam needs):
-what the Executor cannot report is refused with a 400 naming the field and the engine."""
+"""Issue 16 features on the trtllm engine (fake TensorRT-LLM, in process as the GPU seam needs): what the
+Executor cannot report is refused with a 400 naming the field and the engine; constrained decoding runs
+through the Executor's GuidedDecodingConfig where the release has it (1.x), and is refused on 0.12."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from aiohttp import ClientSession, ClientTimeout
@@ -19,9 +21,13 @@ from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-async def server(monkeypatch, tmp_path):
-    with fake_tensorrt_llm():
+# A release leg of CI checks its own release; the default run one without guided decoding and one with.
+RELEASES = [os.environ["LMI_TRT_FAKE_RELEASE"]] if os.environ.get("LMI_TRT_FAKE_RELEASE") else ["0.12.0", "1.0.0"]
+
+
+@pytest.fixture(params=RELEASES)
+async def server(request, monkeypatch, tmp_path):
+    with fake_tensorrt_llm(request.param):
         import lmi_trt.engines.trtllm as trt
 
         monkeypatch.setattr(trt, "cuda_available", lambda: True)  # the fake Executor needs no GPU
@@ -53,10 +59,6 @@ async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_en
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
          "top_logprobs"),
         ("/invocations", {"inputs": "Hi", "parameters": {"top_n_tokens": 2}}, "parameters.top_n_tokens"),
-        # Constrained decoding is not wired to the Executor's GuidedDecodingConfig yet: refused, never ignored.
-        ("/generate", {"inputs": "Hi", "parameters": {"grammar": {"type": "regex", "value": "a+"}}}, "parameters.grammar"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                                  "response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
     ]
     for path, body, field in cases:
@@ -70,3 +72,42 @@ async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_en
 
         lines = [json.loads(line) async for line in r.content if line.strip()]
     assert lines and all(isinstance(x["token"]["log_prob"], float) for x in lines)
+
+
+SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+          "required": ["color", "ok"], "additionalProperties": False}
+GUIDED = [
+    ("/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 8,
+                                                  "grammar": {"type": "regex", "value": "(yes|no)[0-9]{2}"}}},
+     "parameters.grammar"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 30,
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
+     "response_format"),
+]
+
+
+async def test_constrained_decoding_through_the_executor_where_the_release_has_it(server):
+    """The tiny model is random: only the Executor's grammar makes its output match (1.x); 0.12's Executor has
+    no guided decoding, so the same requests are refused naming the field and the engine."""
+    import json
+    import re
+
+    import jsonschema
+    import tensorrt_llm
+
+    srv, s = server
+    has_guides = hasattr(tensorrt_llm.bindings.executor, "GuidedDecodingConfig")
+    outputs = []
+    for path, body, field in GUIDED:
+        async with s.post(srv.make_url(path), json=body) as r:
+            text = await r.text()
+        if not has_guides:
+            assert r.status == 400 and field in text and "trtllm engine" in text, (path, text)
+            continue
+        assert r.status == 200, text
+        outputs.append(json.loads(text))
+    if has_guides:
+        assert re.fullmatch("(yes|no)[0-9]{2}", outputs[0]["generated_text"]), outputs[0]
+        choice = outputs[1]["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)

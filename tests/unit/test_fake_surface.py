@@ -45,6 +45,8 @@ FACTORY_ARGS = {
         enable_batch_size_tuning=True, enable_max_num_tokens_tuning=False, dynamic_batch_moving_average_window=8
     ),
     "Response": dict(request_id=1, result="boom"),
+    "GuidedDecodingConfig": dict(backend=0),
+    "GuidedDecodingParams": dict(guide_type=0, guide="a+"),
     "PretrainedConfig": dict(
         architecture="LlamaForCausalLM", dtype="float16", hidden_size=8, num_hidden_layers=1, num_attention_heads=2
     ),

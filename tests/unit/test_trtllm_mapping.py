@@ -12,7 +12,7 @@ import pytest
 from tinymodels import tiny_model
 from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
-from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, GuidedDecoding, SamplingParams
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -443,6 +443,31 @@ def test_mapped_requests_construct_in_both_releases(trt, monkeypatch, version):
     assert made.output_config.exclude_input_from_output is True
     if version.startswith("0."):
         assert made.sampling_config.random_seed == 3  # the 0.12 alias reads the same value
+
+
+def test_guided_requests_and_config_where_the_release_has_guided_decoding(trt):
+    """1.x: ExecutorConfig.guided_decoding_config (xgrammar, the tokenizer's vocabulary) and each guided request's
+    GuidedDecodingParams (a regex as REGEX; grammars and JSON as EBNF_GRAMMAR); 0.12's Executor has neither."""
+    from tensorrt_llm.bindings import executor as tle
+
+    from lmi_trt.engines.guided import GuideVocab
+
+    vocab = GuideVocab(["<s>", "a", "b"], None, [0])
+    config, _ = build_executor_config(tle, TrtllmSettings(), facts_1x(), vocab)
+    regex = GenerationRequest("r", [1, 2], SamplingParams(guided=GuidedDecoding("regex", "a+")))
+    spec = map_request(regex, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=0)
+    assert spec.guide == ("regex", "a+")
+    if not hasattr(tle, "GuidedDecodingConfig"):
+        assert getattr(config, "guided_decoding_config", None) is None
+        return
+    assert config.guided_decoding_config._backend == tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
+    assert config.guided_decoding_config._encoded_vocab == ["<s>", "a", "b"]
+    made = to_executor_request(tle, spec)
+    assert (made.guided_decoding_params.guide_type, made.guided_decoding_params.guide) == \
+        (tle.GuidedDecodingParams.GuideType.REGEX, "a+")
+    grammar = GenerationRequest("g", [1, 2], SamplingParams(guided=GuidedDecoding("grammar", 'root ::= "a"')))
+    made = to_executor_request(tle, map_request(grammar, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=0))
+    assert made.guided_decoding_params.guide_type == tle.GuidedDecodingParams.GuideType.EBNF_GRAMMAR
 
 
 # ------------------------------------------------------------------------------ results

@@ -21,6 +21,8 @@ Semantics kept from TensorRT-LLM (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/e
 * sampling follows ``SamplingConfig``: greedy when ``top_k`` is 1, or when neither ``top_k`` nor
   ``top_p`` is set; otherwise temperature, top-k, top-p with a per-request generator (seed 0
   unless given); repetition/presence/frequency penalties, ``min_tokens``, bad and stop words;
+* guided decoding (``ExecutorConfig.guided_decoding_config``, 1.x): the request's grammar masks the logits
+  before the token is chosen, through xgrammar (``_grammar``);
 * run-time rejections (a prompt over ``max_input_len``) come back as error Responses for that
   request only; prompt + max_tokens over ``max_seq_len`` is clamped (TRT-LLM logs a warning);
 * ``cancel_request``: 1.x sends a final result with ``FinishReason.CANCELLED`` that carries the
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorrt_llm import _state
+from tensorrt_llm._grammar import MatcherFactory
 
 log = logging.getLogger("tensorrt_llm")
 
@@ -186,6 +189,8 @@ class _Seq:
     bad_words: list[list[int]]
     stop_words: list[list[int]]
     client_id: int | None
+    guide: tuple[str, str | None] | None = None  # (guide type name, guide): see _grammar
+    matcher: object = None
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     sent: int = 0
@@ -229,8 +234,16 @@ class ExecutorImpl:
         self._stop = False
         self._closed = False
         self._thread = None
+        self._grammars = None
         if self.is_leader:
             self._model = _load_model(blob["hf_model_dir"])
+            guided = getattr(config, "guided_decoding_config", None)
+            if guided is not None:
+                if guided._backend.name != "XGRAMMAR":
+                    raise NotImplementedError("fake tensorrt_llm: guided decoding through xgrammar only")
+                info = {"encoded_vocab": guided._encoded_vocab, "tokenizer_str": guided._tokenizer_str,
+                        "stop_token_ids": guided._stop_token_ids}
+                self._grammars = MatcherFactory(info, self._model.config.vocab_size)
         _hold_gil(float(os.environ.get("LMI_TRT_FAKE_ENGINE_LOAD_S", "0.2")))
         if self.is_leader:
             self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
@@ -268,10 +281,19 @@ class ExecutorImpl:
                     bad_words=[list(w) for w in request.bad_words or []],
                     stop_words=[list(w) for w in request.stop_words or []],
                     client_id=request.client_id,
+                    guide=self._guide(request),
                 )
             )
             self._cv.notify_all()
         return rid
+
+    def _guide(self, request) -> tuple[str, str | None] | None:
+        params = getattr(request, "guided_decoding_params", None)
+        if params is None:
+            return None
+        if self._grammars is None:  # what the real Executor does here was not read; the fake refuses
+            raise _tllm_error("guided_decoding_params needs an Executor built with a guided_decoding_config")
+        return params.guide_type.name, params.guide
 
     def cancel(self, rid: int) -> None:
         with self._cv:
@@ -407,6 +429,8 @@ class ExecutorImpl:
                     out.append(self._beam_search(seq))
                     return
                 if seq.id in admitted:
+                    if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
+                        seq.matcher = self._grammars.create(*seq.guide)
                     self._forward(seq, seq.prompt)
                 token, logprob = _select(seq)
                 reason = self._advance(seq, token, logprob)
@@ -428,6 +452,8 @@ class ExecutorImpl:
         fr = self._api.FinishReason
         if token == seq.end_id:
             return fr.END_ID
+        if seq.matcher is not None:
+            seq.matcher.accept_token(token)
         seq.generated.append(token)
         seq.log_probs.append(logprob)
         if any(w and seq.generated[-len(w):] == w for w in seq.stop_words):

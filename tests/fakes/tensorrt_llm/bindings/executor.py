@@ -455,6 +455,37 @@ class OutputConfig:
                 setattr(self, name, value)
 
 
+class GuidedDecodingConfig:
+    """executor.h ``GuidedDecodingConfig`` (1.x; 0.12's ExecutorConfig has no guided_decoding_config). The fake
+    guides with xgrammar only."""
+
+    class GuidedDecodingBackend(enum.Enum):
+        XGRAMMAR = 0
+        LLGUIDANCE = 1
+
+    def __init__(self, backend, encoded_vocab=None, tokenizer_str=None, stop_token_ids=None):
+        # Kept private: the listing names no properties (the runtime reads them).
+        self._backend, self._encoded_vocab = backend, encoded_vocab
+        self._tokenizer_str, self._stop_token_ids = tokenizer_str, stop_token_ids
+
+
+class GuidedDecodingParams:
+    """executor.h ``GuidedDecodingParams`` (1.x): read-only guide type and guide."""
+
+    class GuideType(enum.Enum):
+        JSON = 0
+        JSON_SCHEMA = 1
+        REGEX = 2
+        EBNF_GRAMMAR = 3
+        STRUCTURAL_TAG = 4
+
+    def __init__(self, guide_type, guide=None):
+        self._guide_type, self._guide = guide_type, guide
+
+    guide_type = property(lambda self: self._guide_type)
+    guide = property(lambda self: self._guide)
+
+
 class _RequestBase:
     """Shared storage: ``input_token_ids``/``max_tokens`` are read-only, ``type`` is stored as
     ``request_type`` (as in the bindings), everything else is a read/write attribute."""
@@ -827,6 +858,7 @@ ExtendedRuntimePerfKnobConfig = _ExtendedRuntimePerfKnobConfig1x
 
 
 _EXECUTOR = Executor
+_SINCE_1X = {"GuidedDecodingConfig": GuidedDecodingConfig, "GuidedDecodingParams": GuidedDecodingParams}
 
 
 def _select(version: str) -> None:
@@ -841,6 +873,11 @@ def _select(version: str) -> None:
         g.pop("Executor", None)
     else:
         g["Executor"] = _EXECUTOR
+    for name, cls in _SINCE_1X.items():  # guided decoding came to the Executor after 0.12
+        if old:
+            g.pop(name, None)
+        else:
+            g[name] = cls
 
 
 def _api():
