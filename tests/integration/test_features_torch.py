@@ -147,6 +147,33 @@ def test_tgi_prompt_log_probs_equal_log_softmax_of_the_logits(srv, llama, hf_onl
     assert r.status_code == 400 and "decoder_input_details" in r.json()["error"]  # as TGI: not when streaming
 
 
+def test_openai_echo_with_logprobs_carries_the_prompt_tokens_log_probs(srv, llama):
+    """OpenAI completions echo + logprobs: the prompt's tokens come first in logprobs, each with its log-prob
+    given the ones before it (the first null), from the model's own logits; streamed the same."""
+    import torch
+    from openai import OpenAI
+    from transformers import AutoModelForCausalLM
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    ids = _prompt_ids(srv)
+    out = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
+                                    logprobs=2)
+    lp = out.choices[0].logprobs
+    assert out.choices[0].text.startswith(PROMPT) and len(lp.tokens) == len(ids) + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    model = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(want[:, 0].tolist(), abs=1e-3)
+    assert all(len(top) == 2 for top in lp.top_logprobs[len(ids):])  # generated tokens: the alternatives asked for
+    chunks = list(client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
+                                            logprobs=2, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
+    assert len(streamed) == len(lp.token_logprobs) and streamed[0] is None
+    assert streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == out.choices[0].text
+
+
 def test_lmi_streams_carry_every_tokens_log_prob_and_top_n_tokens(srv):
     """DJL's jsonlines and sse formatters write each token's log_prob whether or not details is set."""
     r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 5}, "stream": True}, stream=True)

@@ -11,7 +11,8 @@ Supported: max_tokens / max_completion_tokens, temperature, top_p, seed, presenc
 penalties, stop (str | list), n (several choices, streamed too: each chunk names its choice's index), stream +
 stream_options.include_usage, logprobs (chat
 ``logprobs`` with ``top_logprobs`` alternatives up to 20; completions ``logprobs=k``, up to 5),
-echo (completions), and the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
+echo (completions; with logprobs the prompt's tokens and their log-probs come first, as OpenAI answers), and
+the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
 skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
 json_object / json_schema (constrained decoding), and tools / tool_choice / parallel_tool_calls (``tool_calls``).
 Refused with a 400 naming the field: chat best_of > 1, n > 1 with several prompts, suffix, the deprecated
@@ -37,6 +38,7 @@ from lmi_trt.serving import chat, tool_calls
 from lmi_trt.serving.tool_calls import ToolCall, ToolPlan, ToolStream
 from lmi_trt.serving.http import CONTEXT, Body, ServingContext, add_post, error_response, json_response, register_invocation
 from lmi_trt.serving.core import (
+    Alternative,
     Completion,
     Delta,
     GenerateParams,
@@ -264,7 +266,9 @@ class CompletionRequest(_Base):
         if (self.best_of or 1) > 1 and self.stream:
             raise FieldError("best_of", f"best_of={self.best_of} cannot be streamed (as OpenAI's API says): the best "
                                         "are known only at the end; leave stream out or best_of at n")
-        return self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
+        params = self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
+        # echo with logprobs: OpenAI's answer carries the prompt tokens' log-probs too (the first one null)
+        return params.model_copy(update={"prompt_logprobs": True}) if self.echo and self.logprobs is not None else params
 
 
 # --- response pieces ---
@@ -274,7 +278,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 CHAT_NAMES = {"top_logprobs": "top_logprobs", "guided": "response_format", "logit_bias": "logit_bias"}
-COMPLETION_NAMES = {"top_logprobs": "logprobs", "logit_bias": "logit_bias"}
+COMPLETION_NAMES = {"top_logprobs": "logprobs", "logit_bias": "logit_bias", "prompt_logprobs": "echo"}
 
 
 def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:
@@ -285,22 +289,26 @@ def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:
 
 
 class _CompletionLogprobs:
-    """Completions-style logprobs, accumulated over deltas (text_offset counts from the choice text start)."""
+    """Completions-style logprobs, accumulated over deltas (text_offset counts from the choice text start, which
+    is the prompt's first token with echo: echo with logprobs renders the prompt's tokens too)."""
 
-    def __init__(self, offset: int) -> None:
-        self.offset = offset
+    def __init__(self) -> None:
+        self.offset = 0
 
-    def render(self, tokens: list[TokenOut]) -> dict[str, Any]:
+    def render(self, tokens: list[TokenOut], prompt: list[Alternative] | None = None) -> dict[str, Any]:
+        """``prompt`` (echo): the prompt's tokens first, each with its own log-prob only (the first's null)."""
+        steps: list[TokenOut | Alternative] = [*(prompt or []), *tokens]
         offsets = []
-        for t in tokens:
+        for t in steps:
             offsets.append(self.offset)
             self.offset += len(t.text)
         return {
-            "tokens": [t.text for t in tokens],
-            "token_logprobs": [t.logprob for t in tokens],
-            # The chosen token alone with logprobs=0; else the alternatives (tokens of the same text merge).
-            "top_logprobs": [{a.text: a.logprob for a in t.top} if t.top is not None else {t.text: t.logprob}
-                             for t in tokens],
+            "tokens": [t.text for t in steps],
+            "token_logprobs": [t.logprob for t in steps],
+            # The chosen token alone with logprobs=0 (and for prompt tokens); else the alternatives (tokens of the
+            # same text merge).
+            "top_logprobs": [{a.text: a.logprob for a in t.top} if getattr(t, "top", None) is not None
+                             else ({t.text: t.logprob} if t.logprob is not None else None) for t in steps],
             "text_offset": offsets,
         }
 
@@ -548,7 +556,7 @@ class _CompletionChunks:
     def __init__(self, base: dict[str, Any], index: int, prefix: str, logprobs: bool, usage: bool, *,
                  own_usage: bool) -> None:
         self.base, self.index, self.prefix, self.usage, self.own_usage = base, index, prefix, usage, own_usage
-        self.lps = _CompletionLogprobs(len(prefix)) if logprobs else None
+        self.lps = _CompletionLogprobs() if logprobs else None
         self.extra = {"usage": None} if usage else {}
 
     def usage_of(self, finals: list[Delta]) -> list[bytes]:
@@ -565,8 +573,8 @@ class _CompletionChunks:
         out = []
         text, self.prefix = self.prefix + d.text, ""
         lps = self.lps
-        if text or (lps and d.tokens):
-            out.append(self._choice(text, lps.render(d.tokens) if lps else None, None))
+        if text or (lps and (d.tokens or d.prompt)):
+            out.append(self._choice(text, lps.render(d.tokens, d.prompt) if lps else None, None))
         if d.finished:
             if d.error is not None:
                 out.append(sse(openai_error_body(d.error)))
@@ -581,7 +589,7 @@ def _completion_choice(index: int, c: Completion, prefix: str, logprobs: bool) -
     return {
         "index": index,
         "text": prefix + c.text,
-        "logprobs": _CompletionLogprobs(len(prefix)).render(c.tokens) if logprobs else None,
+        "logprobs": _CompletionLogprobs().render(c.tokens, c.prompt) if logprobs else None,
         "finish_reason": FINISH.get(c.finish_reason, c.finish_reason.value),
     }
 
