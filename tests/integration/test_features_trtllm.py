@@ -25,6 +25,11 @@ pytestmark = pytest.mark.slow
 RELEASES = [os.environ["LMI_TRT_FAKE_RELEASE"]] if os.environ.get("LMI_TRT_FAKE_RELEASE") else ["0.12.0", "1.0.0"]
 
 
+# Renders the tool names, so that tools can be sent; a tool's call comes back as its arguments.
+TOOLS_TEMPLATE = ("{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"
+                  "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: ")
+
+
 @pytest.fixture(params=RELEASES)
 async def server(request, monkeypatch, tmp_path):
     with fake_tensorrt_llm(request.param):
@@ -34,7 +39,8 @@ async def server(request, monkeypatch, tmp_path):
         hf_dir = tiny_model("llama")
         engine_dir = make_engine_dir(hf_dir, tmp_path / "engine", max_batch_size=2, max_input_len=64, max_seq_len=96)
         config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
-                           max_input_len=64, max_output_len=32, max_rolling_batch_size=2, download_dir=tmp_path / "dl")
+                           max_input_len=64, max_output_len=32, max_rolling_batch_size=2, download_dir=tmp_path / "dl",
+                           chat_template=TOOLS_TEMPLATE)
         srv = TestServer(build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny",
                                    adapters=DEFAULT_ADAPTERS), host="127.0.0.1")
         await srv.start_server()
@@ -83,6 +89,10 @@ GUIDED = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 30,
                               "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
      "response_format"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Paint."}], "max_tokens": 30,
+                              "tools": [{"type": "function", "function": {"name": "paint", "parameters": SCHEMA}}],
+                              "tool_choice": {"type": "function", "function": {"name": "paint"}}},
+     "tool_choice"),
 ]
 
 
@@ -111,3 +121,6 @@ async def test_constrained_decoding_through_the_executor_where_the_release_has_i
         choice = outputs[1]["choices"][0]
         assert choice["finish_reason"] == "stop", choice
         jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+        (call,) = outputs[2]["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "paint" and outputs[2]["choices"][0]["finish_reason"] == "tool_calls"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
