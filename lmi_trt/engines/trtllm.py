@@ -221,6 +221,7 @@ class EngineFacts:
     gather_generation_logits: bool = False
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
+    vocab_size: int | None = None  # the length of a request's embedding bias
 
     @property
     def world_size(self) -> int:
@@ -277,6 +278,7 @@ def parse_engine_config(config: dict) -> EngineFacts:
             gather_generation_logits=bool(build.get("gather_generation_logits", False)),
             quant_algo=quant.get("quant_algo"),
             kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+            vocab_size=pretrained.get("vocab_size"),
         )
     if "builder_config" in config:
         builder, plugins = config["builder_config"], config.get("plugin_config") or {}
@@ -537,6 +539,7 @@ class RequestSpec:
     sampling: dict[str, Any]
     output: dict[str, Any]
     guide: tuple[str, str] | None = None  # guided.backend_guide: ("regex" | "grammar", text)
+    bias: dict[int, float] = field(default_factory=dict)  # logit_bias: token id → added to its logit
 
 
 def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
@@ -607,15 +610,23 @@ def map_request(
     }
     output = {"exclude_input_from_output": True, "return_log_probs": p.logprobs}
     return RequestSpec(request, sampling_kwargs(p, seed), output,
-                       backend_guide(p.guided) if p.guided is not None else None)
+                       backend_guide(p.guided) if p.guided is not None else None, dict(p.logit_bias))
 
 
 # executor.h GuidedDecodingParams::GuideType for the two forms backend_guide gives.
 GUIDE_TYPES = {"regex": "REGEX", "grammar": "EBNF_GRAMMAR"}
 
 
-def to_executor_request(tle: ModuleType, spec: RequestSpec) -> Any:
+def to_executor_request(tle: ModuleType, spec: RequestSpec, vocab_size: int | None = None) -> Any:
     extra = {}
+    if spec.bias:
+        # executor.h Request embeddingBias: "Expected type is kFP32 and shape is [vocab_size]", added to the
+        # logits the token is chosen from (OpenAI's logit_bias); the binding takes a torch tensor.
+        import torch
+
+        bias = torch.zeros(vocab_size, dtype=torch.float32)
+        bias[list(spec.bias)] = torch.tensor(list(spec.bias.values()), dtype=torch.float32)
+        extra["embedding_bias"] = bias
     if spec.guide is not None:
         kind, text = spec.guide
         extra["guided_decoding_params"] = tle.GuidedDecodingParams(
@@ -758,6 +769,8 @@ class TrtllmEngine:
             # (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2):
             # max_top_logprobs and supports_prompt_logprobs stay off, and the core refuses them.
             supports_logprobs=True,
+            # logit_bias as the request's embedding bias, [vocab_size] (every release's Request has it).
+            supports_logit_bias=self.facts.vocab_size is not None,
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -948,7 +961,7 @@ class TrtllmEngine:
 
     def _submit(self, stream: _Stream, spec: RequestSpec) -> EngineOutput | None:
         try:
-            exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec))
+            exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec, self.facts.vocab_size))
         except (RuntimeError, TypeError, ValueError) as exc:
             return error_output(stream.request_id, f"TensorRT-LLM rejected the request: {exc}", 424)
         stream.exec_id, stream.held = exec_id, None

@@ -65,7 +65,6 @@ async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_en
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
          "top_logprobs"),
         ("/invocations", {"inputs": "Hi", "parameters": {"top_n_tokens": 2}}, "parameters.top_n_tokens"),
-        ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
     ]
     for path, body, field in cases:
         async with s.post(srv.make_url(path), json=body) as r:
@@ -124,3 +123,22 @@ async def test_constrained_decoding_through_the_executor_where_the_release_has_i
         (call,) = outputs[2]["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "paint" and outputs[2]["choices"][0]["finish_reason"] == "tool_calls"
         jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+
+
+async def test_logit_bias_is_the_requests_embedding_bias(server):
+    """OpenAI logit_bias reaches the Executor as the request's embedding bias ([vocab_size] float32, every
+    release): +100 on one token makes greedy decoding pick it at every step."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    srv, s = server
+    token = AutoTokenizer.from_pretrained(tiny_model("llama")).decode([42])
+    body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 0}
+    async with s.post(srv.make_url("/v1/completions"), json=body) as r:
+        plain = json.loads(await r.text())["choices"][0]
+    async with s.post(srv.make_url("/v1/completions"), json={**body, "logit_bias": {"42": 100}}) as r:
+        text = await r.text()
+    assert r.status == 200, text
+    biased = json.loads(text)["choices"][0]
+    assert biased["logprobs"]["tokens"] == [token] * 5 != plain["logprobs"]["tokens"]

@@ -21,6 +21,7 @@ Semantics kept from TensorRT-LLM (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/e
 * sampling follows ``SamplingConfig``: greedy when ``top_k`` is 1, or when neither ``top_k`` nor
   ``top_p`` is set; otherwise temperature, top-k, top-p with a per-request generator (seed 0
   unless given); repetition/presence/frequency penalties, ``min_tokens``, bad and stop words;
+* a request's ``embedding_bias`` ([vocab_size] float32) is added to the logits before sampling;
 * guided decoding (``ExecutorConfig.guided_decoding_config``, 1.x): the request's grammar masks the logits
   before the token is chosen, through xgrammar (``_grammar``);
 * run-time rejections (a prompt over ``max_input_len``) come back as error Responses for that
@@ -191,6 +192,7 @@ class _Seq:
     client_id: int | None
     guide: tuple[str, str | None] | None = None  # (guide type name, guide): see _grammar
     matcher: object = None
+    embedding_bias: object = None  # [vocab] float32, added to the logits
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     sent: int = 0
@@ -282,10 +284,23 @@ class ExecutorImpl:
                     stop_words=[list(w) for w in request.stop_words or []],
                     client_id=request.client_id,
                     guide=self._guide(request),
+                    embedding_bias=self._embedding_bias(request),
                 )
             )
             self._cv.notify_all()
         return rid
+
+    def _embedding_bias(self, request):
+        """executor.h: "Expected type is kFP32 and shape is [vocab_size]" (the fake checks both)."""
+        import torch
+
+        bias = request.embedding_bias
+        if bias is None:
+            return None
+        vocab = self._model.config.vocab_size
+        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (vocab,):
+            raise _tllm_error(f"embedding_bias must be a float32 tensor of shape [{vocab}]")
+        return bias
 
     def _guide(self, request) -> tuple[str, str | None] | None:
         params = getattr(request, "guided_decoding_params", None)
@@ -567,6 +582,9 @@ def _select(seq: _Seq) -> tuple[int, float]:
 
     sc, logits = seq.sampling, seq.logits.clone()
     history = seq.prompt + seq.generated
+    bias = getattr(seq, "embedding_bias", None)
+    if bias is not None:  # added to the logits before anything else chooses (TensorRT-LLM's embedding bias)
+        logits += bias
     matcher = getattr(seq, "matcher", None)
     if matcher is not None:
         _mask_by_grammar(matcher, logits)
