@@ -1,23 +1,27 @@
-"""Constrained decoding for the torch engine through xgrammar token bitmasks.
+"""Constrained decoding: the torch engine's xgrammar token bitmasks, and guides as TensorRT-LLM takes them.
 
 A request's ``GuidedDecoding`` is compiled once per (kind, value) into an xgrammar
 ``CompiledGrammar`` (an LRU here, on top of the compiler's own cache); each request gets a
 ``GrammarMatcher`` that, before every step, says which tokens may come next. The engine turns that
 into a ban on the step's logits and feeds the chosen token back. The tokenizer's EOS ids are the
 grammar's stop tokens, so a complete JSON value or match ends with EOS.
+
+The TensorRT-LLM engines hand the guide to TensorRT-LLM's own xgrammar (``backend_guide``): a regex or EBNF as
+given, JSON as the same whitespace-free grammar the torch engine compiles (``compact_json_grammar``), with the
+tokenizer's side as ``GuideVocab``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import threading
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from .base import EngineError, GuidedDecoding
 
@@ -99,6 +103,15 @@ def backend_guide(guided: GuidedDecoding) -> tuple[Literal["regex", "grammar"], 
     if guided.kind == "grammar":
         return "grammar", guided.value
     return "grammar", compact_json_grammar(guided.value if guided.kind == "json_schema" else '{"type": "object"}')
+
+
+async def warm_guide(guided: GuidedDecoding | None) -> None:
+    """Compile a JSON schema's grammar off the event loop (``compact_json_grammar`` caches it), so that the
+    request built after this does not stall every other request while a large schema compiles; an error is
+    left for that build to report as the request's 400."""
+    if guided is not None and guided.kind in ("json_schema", "json_object"):
+        with contextlib.suppress(EngineError):
+            await asyncio.to_thread(backend_guide, guided)
 
 
 @dataclass(frozen=True)

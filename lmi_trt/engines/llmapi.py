@@ -63,6 +63,7 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines import trtllm as trtllm_engine
+from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -453,6 +454,7 @@ class LlmApiEngine:
         return self._generate(request)
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        await warm_guide(request.sampling.guided)
         entry = self._enqueue(request)
         if isinstance(entry, EngineOutput):
             yield entry

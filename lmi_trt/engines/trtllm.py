@@ -57,7 +57,7 @@ from lmi_trt.engines.base import (
     SamplingParams,
     error_output,
 )
-from lmi_trt.engines.guided import GuideVocab, backend_guide
+from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
 
 log = logging.getLogger(__name__)
 
@@ -886,6 +886,7 @@ class TrtllmEngine:
         return self._generate(request)
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        await warm_guide(request.sampling.guided)
         stream = self._enqueue(request)
         if isinstance(stream, EngineOutput):
             yield stream
