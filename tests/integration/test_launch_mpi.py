@@ -187,7 +187,9 @@ def test_a_failing_follower_ends_the_job_with_an_error(engine_dir, hf_dir, site_
         log = job.log()
         assert rc != 0, log[-4000:]
         assert "rank 1 failed" in log and "Failed to deserialize" in log
-        assert "aborting the MPI job" in log
+        # The job ended and no rank outlives it: that is the abort. Its own log line ("aborting the MPI job") is
+        # not asserted: MPI_Abort can tear the job down before mpirun forwards the rank's last stderr bytes
+        # (seen once in CI under load).
         assert job.leftovers() == []
     finally:
         job.cleanup()
