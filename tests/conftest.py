@@ -57,3 +57,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
         terminalreporter.section("skipped tests that should have run (tests/conftest.py ALLOWED_SKIPS)", red=True)
         for line in _unexpected_skips:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def hf_online(monkeypatch):
+    """HF_HUB_OFFLINE=1 (above) makes huggingface_hub refuse every request, even to 127.0.0.1; a test's
+    InferenceClient talks to a local server only (a URL model never touches the hub)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)

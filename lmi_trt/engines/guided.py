@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 _CACHED_GRAMMARS = 256
+JSON_KINDS = ("json_schema", "json_object")
 
 
 class Grammars:
@@ -62,17 +63,22 @@ class Grammars:
         try:
             # JSON without free whitespace: a model cannot pad its answer with spaces until
             # max_tokens and leave the value unfinished.
-            if kind == "json_object":
-                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
-            if kind == "json_schema":
-                json.loads(value)  # a clear message for text that is not JSON at all
-                return self._compiler.compile_json_schema(value, any_whitespace=False)
+            if kind in JSON_KINDS:
+                schema = json_schema_of(kind, value)
+                json.loads(schema)  # a clear message for text that is not JSON at all
+                return self._compiler.compile_json_schema(schema, any_whitespace=False)
             if kind == "regex":
                 return self._compiler.compile_regex(value)
             return self._compiler.compile_grammar(value)
         except (RuntimeError, ValueError) as exc:
             raise EngineError(f"the {kind.replace('_', ' ')} cannot be compiled for constrained decoding: {exc}",
                               code=400) from exc
+
+
+def json_schema_of(kind: str, value: str) -> str:
+    """Pure: the JSON schema a JSON guide means; OpenAI's ``json_object`` is any object (the backends' own JSON
+    guide, xgrammar's built-in JSON grammar, would allow arrays and scalars too)."""
+    return value if kind == "json_schema" else '{"type": "object"}'
 
 
 @functools.lru_cache(maxsize=_CACHED_GRAMMARS)
@@ -96,20 +102,19 @@ def compact_json_grammar(schema: str) -> str:
 def backend_guide(guided: GuidedDecoding) -> tuple[Literal["regex", "grammar"], str]:
     """A request's constraint as TensorRT-LLM's xgrammar backends take it: a regex, or xgrammar EBNF, which they
     compile as given (tensorrt_llm/_torch/pyexecutor/grammar_matcher.py; the Executor's GuideType REGEX and
-    EBNF_GRAMMAR). JSON goes as ``compact_json_grammar``; OpenAI's ``json_object`` means an object, so it is that
-    schema (the backends' own JSON guide is xgrammar's built-in grammar, which allows arrays too)."""
+    EBNF_GRAMMAR). JSON goes as ``compact_json_grammar`` of ``json_schema_of``."""
     if guided.kind == "regex":
         return "regex", guided.value
     if guided.kind == "grammar":
         return "grammar", guided.value
-    return "grammar", compact_json_grammar(guided.value if guided.kind == "json_schema" else '{"type": "object"}')
+    return "grammar", compact_json_grammar(json_schema_of(guided.kind, guided.value))
 
 
 async def warm_guide(guided: GuidedDecoding | None) -> None:
     """Compile a JSON schema's grammar off the event loop (``compact_json_grammar`` caches it), so that the
     request built after this does not stall every other request while a large schema compiles; an error is
     left for that build to report as the request's 400."""
-    if guided is not None and guided.kind in ("json_schema", "json_object"):
+    if guided is not None and guided.kind in JSON_KINDS:
         with contextlib.suppress(EngineError):
             await asyncio.to_thread(backend_guide, guided)
 

@@ -25,6 +25,15 @@ executor/result.py; 1.0–1.2 and main):
 * Log probs: ``logprobs=k`` gives per token a ``dict[token id, Logprob]`` (top-1 of the sampled token in
   1.0, PR 6097; the top k from 1.1, PR 7756); trtllm-serve's postprocess_handlers.py also accepts plain
   floats. A sampled token missing from its top-k dict gets trtllm-serve's floor, -9999.0.
+* Prompt log probs: ``prompt_logprobs=k`` fills ``CompletionOutput.prompt_logprobs`` from the context
+  logits (tensorrt_llm/executor/base_worker.py ``_compute_pytorch_prompt_logprobs``): one dict per prompt
+  position, of the distribution that position predicts. The PyTorch backend has them from 1.1 (PR 7580), but
+  only as the top k, which can leave the prompt token out; from 1.3 (PR 11235, merged after main became
+  1.3.0rc4) each entry also holds the following token (the next prompt token, or the first generated one),
+  so this engine serves prompt log probs from 1.3.
+* ``SamplingParams.embedding_bias`` ([vocab_size] float32) is added to the logits by the PyTorch sampler
+  from 1.1 (PR 6464, merged 2025-08-05 before main's 1.1.0rc0; before it, trtllm-serve's ``logit_bias``
+  went through a logits processor), so this engine serves ``logit_bias`` from 1.1.
 * Iteration stats come from ``get_stats_async`` (an async iterable of JSON stats that stops after its
   timeout without a new one), only with ``enable_iter_perf_stats=True``.
 
@@ -77,6 +86,8 @@ log = logging.getLogger(__name__)
 
 FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
 TOP_LOGPROBS_SERIES = (1, 1)  # top-k log probs on the PyTorch backend: PR 7756 (1.0 returns the top 1 only)
+LOGIT_BIAS_SERIES = (1, 1)  # the PyTorch sampler adds SamplingParams.embedding_bias: PR 6464
+PROMPT_LOGPROBS_SERIES = (1, 3)  # prompt log probs that always hold the prompt token's: PR 11235
 # TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
 LLM_DEFAULT_BATCH = 2048
 LLM_DEFAULT_INPUT_LEN = 1024
@@ -223,6 +234,27 @@ def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan) -> Any:
     )
 
 
+def checkpoint_vocab_size(model_dir: Path) -> int | None:
+    """The logits' width from the checkpoint's config.json (a multimodal one keeps it in text_config), or
+    None when it does not say (``logit_bias`` is then refused)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def release_limits(limits: EngineLimits, series: tuple[int, int], vocab_size: int | None) -> EngineLimits:
+    """Pure: what this release's PyTorch backend adds to the engine's limits (module docstring)."""
+    return dataclasses.replace(
+        limits,
+        max_top_logprobs=MAX_TOP_LOGPROBS if series >= TOP_LOGPROBS_SERIES else 0,
+        supports_prompt_logprobs=series >= PROMPT_LOGPROBS_SERIES,
+        supports_logit_bias=series >= LOGIT_BIAS_SERIES and vocab_size is not None,
+    )
+
+
 # =============================================================================== requests
 
 
@@ -234,6 +266,7 @@ class RequestPlan:
     end_id: int            # -1: never (ignore_eos)
     extra_eos: frozenset[int]
     guide: dict[str, Any] | None = None  # GuidedDecodingParams keywords (tensorrt_llm/sampling_params.py)
+    bias: dict[int, float] = dataclasses.field(default_factory=dict)  # logit_bias → SamplingParams.embedding_bias
 
 
 @dataclass(frozen=True)
@@ -299,10 +332,12 @@ def plan_request(
         include_stop_str_in_output=True,
         # logprobs=k: the k most likely tokens per step (the sampled one's log prob is read from them)
         logprobs=max(p.top_logprobs, 1) if p.logprobs or p.top_logprobs else None,
+        # the top 1 of each prompt position; from 1.3 each entry also holds the prompt token's (PR 11235)
+        prompt_logprobs=1 if p.prompt_logprobs else None,
         detokenize=False,  # the serving layer detokenizes incrementally
     )
     return RequestPlan(sampling, spec.request["end_id"], frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]),
-                       dict([spec.guide]) if spec.guide is not None else None)
+                       dict([spec.guide]) if spec.guide is not None else None, spec.bias)
 
 
 def token_logprobs(tokens: Sequence[int], entries: Sequence[Any]) -> list[float]:
@@ -315,6 +350,12 @@ def token_logprobs(tokens: Sequence[int], entries: Sequence[Any]) -> list[float]
         else:
             out.append(max(float(entry), LOGPROB_FLOOR))
     return out
+
+
+def prompt_token_logprobs(prompt: Sequence[int], entries: Sequence[Any]) -> list[float | None]:
+    """Pure: each prompt token's log prob (None for the first, which nothing predicts) from the LLM API's
+    prompt entries, where entry t is the distribution after ``prompt[:t + 1]`` (so it scores ``prompt[t + 1]``)."""
+    return [None, *token_logprobs(prompt[1:], entries)]
 
 
 def top_entries(entry: Any, k: int) -> list[tuple[int, float]]:
@@ -344,6 +385,7 @@ class _Request:
     max_new_tokens: int
     logprobs: bool
     top_logprobs: int
+    prompt: Sequence[int] | None = None  # the prompt ids while its log probs are still to be reported
     generated: int = 0
     cancelled: bool = False
     done: bool = False
@@ -380,6 +422,7 @@ class LlmApiEngine:
         )
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
+        self._vocab_size = checkpoint_vocab_size(self._model_dir)
         self._gpu_available = gpu_available
         self._llm: Any = None
         self._llmapi: ModuleType | None = None
@@ -424,8 +467,12 @@ class LlmApiEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
-        if llm_api_series(version) >= TOP_LOGPROBS_SERIES:
-            self._limits = dataclasses.replace(self._limits, max_top_logprobs=MAX_TOP_LOGPROBS)
+        self._limits = release_limits(self._limits, llm_api_series(version), self._vocab_size)
+        log.info("TensorRT-LLM %s (pytorch backend) reports %s alternatives per token; prompt log-probs %s; "
+                 "logit_bias %s", version, self._limits.max_top_logprobs or "no",
+                 "on" if self._limits.supports_prompt_logprobs else "off (TensorRT-LLM 1.3+)",
+                 "on" if self._limits.supports_logit_bias else
+                 ("off (TensorRT-LLM 1.1+)" if self._vocab_size else "off (config.json has no vocab_size)"))
         tokenizer = self._llm.tokenizer
         self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
         self._closing = asyncio.get_running_loop().create_future()
@@ -508,9 +555,10 @@ class LlmApiEngine:
                 codec=self._codec,
             )
             guide = llmapi.GuidedDecodingParams(**plan.guide) if plan.guide is not None else None
+            bias = trtllm_engine.embedding_bias(plan.bias, self._vocab_size) if plan.bias else None
             result = self._llm.generate_async(
                 inputs=list(request.prompt_token_ids),
-                sampling_params=llmapi.SamplingParams(**plan.sampling, guided_decoding=guide),
+                sampling_params=llmapi.SamplingParams(**plan.sampling, guided_decoding=guide, embedding_bias=bias),
                 streaming=request.streaming,
             )
         except EngineError as exc:
@@ -520,7 +568,8 @@ class LlmApiEngine:
         except RuntimeError as exc:
             return error_output(rid, f"TensorRT-LLM could not take the request: {exc}", 503)
         entry = _Request(rid, result, plan, request.sampling.max_new_tokens, request.sampling.logprobs,
-                         request.sampling.top_logprobs)
+                         request.sampling.top_logprobs,
+                         request.prompt_token_ids if request.sampling.prompt_logprobs else None)
         self._requests[rid] = entry
         self._total_requests += 1
         return entry
@@ -530,10 +579,13 @@ class LlmApiEngine:
         logprobs = token_logprobs(tokens, completion.logprobs_diff) if entry.logprobs else None
         top = ([top_entries(e, entry.top_logprobs) for e in completion.logprobs_diff[: len(tokens)]]
                if entry.top_logprobs else None)
+        prompt = None
+        if entry.prompt is not None and completion.prompt_logprobs:  # on the first step, kept on the later ones
+            prompt, entry.prompt = prompt_token_logprobs(entry.prompt, completion.prompt_logprobs), None
         entry.generated += len(tokens)
         self._total_tokens += len(tokens)
         if not finished:
-            return EngineOutput(entry.request_id, tokens, logprobs, top)
+            return EngineOutput(entry.request_id, tokens, logprobs, top, prompt_logprobs=prompt)
         tokens, reason = final_tokens_and_reason(
             tokens,
             reason_name(completion.finish_reason, completion.stop_reason),
@@ -548,7 +600,8 @@ class LlmApiEngine:
             logprobs = logprobs[: len(tokens)]
         if top is not None:
             top = top[: len(tokens)]
-        return EngineOutput(entry.request_id, tokens, logprobs, top, finished=True, finish_reason=reason)
+        return EngineOutput(entry.request_id, tokens, logprobs, top, prompt_logprobs=prompt, finished=True,
+                            finish_reason=reason)
 
     async def cancel(self, request_id: str) -> None:
         entry = self._requests.get(request_id)

@@ -239,7 +239,7 @@ def _build_trtllm(settings: TrtllmSettings | LlmApiSettings, artifact: ModelArti
     if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
         settings = trtllm_copy_settings(settings, placement)
     return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
-                        guide_vocab=GuideVocab.of(tokenizer, eos))
+                        guide_vocab=functools.partial(GuideVocab.of, tokenizer, eos))
 
 
 # Default batches are DJL's (LmiConfigRecommender.setRollingBatchSize: 256 for trtllm, 32 for the

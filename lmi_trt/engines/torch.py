@@ -12,8 +12,9 @@ Two batching paths share one sampler and one delivery mechanism:
   field is therefore honoured per request inside CB; nothing is routed elsewhere.
   CUDA graphs, torch.compile and async double-buffering are turned off because the hook is
   Python running between prepare and update of the same step.
-* **static** — for models whose ``_supports_attention_backend`` is False (Falcon and GPT-J error
-  or silently produce wrong tokens under CB), when the installed transformers lacks the CB API or
+* **static** — for models whose ``_supports_attention_backend`` is False (they error or silently
+  produce wrong tokens under CB: Falcon, and GPT-J before transformers gave it the attention
+  interface), when the installed transformers lacks the CB API or
   its manager cannot be set up (logged), or when ``batching="static"`` is asked for:
   a left-padded batch decoded step by step with ``past_key_values``. Requests that arrive while
   a batch runs wait for the next one; finished or cancelled rows are dropped from the batch (and

@@ -472,9 +472,10 @@ def effective_multi_block_mode(tle: ModuleType, settings: TrtllmSettings) -> tup
 
 
 def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts,
-                          guide_vocab: GuideVocab | None = None) -> tuple[Any, list[str]]:
+                          guide_vocab: Callable[[], GuideVocab] | None = None) -> tuple[Any, list[str]]:
     """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks. With
-    ``guide_vocab``, on a release whose Executor has guided decoding (1.x; not 0.12), through xgrammar."""
+    ``guide_vocab``, on a release whose Executor has guided decoding (1.x; not 0.12), through xgrammar (the
+    vocabulary is read from the tokenizer only then: a large one takes a while)."""
     warnings = []
     kv_cache = tle.KvCacheConfig(
         enable_block_reuse=settings.enable_kv_cache_reuse,
@@ -499,9 +500,10 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
                 f"{str(facts.multi_block_mode).lower()}; rebuild to change it"
             )
     if guide_vocab is not None and hasattr(tle, "GuidedDecodingConfig"):
+        vocab = guide_vocab()
         extra["guided_decoding_config"] = tle.GuidedDecodingConfig(
-            tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR, encoded_vocab=guide_vocab.encoded_vocab,
-            tokenizer_str=guide_vocab.tokenizer_str, stop_token_ids=guide_vocab.stop_token_ids)
+            tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR, encoded_vocab=vocab.encoded_vocab,
+            tokenizer_str=vocab.tokenizer_str, stop_token_ids=vocab.stop_token_ids)
     if settings.enable_trt_overlap:
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
@@ -617,16 +619,22 @@ def map_request(
 GUIDE_TYPES = {"regex": "REGEX", "grammar": "EBNF_GRAMMAR"}
 
 
+def embedding_bias(bias: dict[int, float], vocab_size: int) -> Any:
+    """OpenAI's logit_bias as TensorRT-LLM's embedding bias: added to the logits the token is chosen from.
+    executor.h Request embeddingBias: "Expected type is kFP32 and shape is [vocab_size]"; the LLM API's
+    SamplingParams.embedding_bias takes the same tensor (trtllm-serve's openai_protocol.py
+    ``_logit_bias_to_embedding_bias``)."""
+    import torch
+
+    tensor = torch.zeros(vocab_size, dtype=torch.float32)
+    tensor[list(bias)] = torch.tensor(list(bias.values()), dtype=torch.float32)
+    return tensor
+
+
 def to_executor_request(tle: ModuleType, spec: RequestSpec, vocab_size: int | None = None) -> Any:
     extra = {}
     if spec.bias:
-        # executor.h Request embeddingBias: "Expected type is kFP32 and shape is [vocab_size]", added to the
-        # logits the token is chosen from (OpenAI's logit_bias); the binding takes a torch tensor.
-        import torch
-
-        bias = torch.zeros(vocab_size, dtype=torch.float32)
-        bias[list(spec.bias)] = torch.tensor(list(spec.bias.values()), dtype=torch.float32)
-        extra["embedding_bias"] = bias
+        extra["embedding_bias"] = embedding_bias(spec.bias, vocab_size)
     if spec.guide is not None:
         kind, text = spec.guide
         extra["guided_decoding_params"] = tle.GuidedDecodingParams(
@@ -746,7 +754,7 @@ class TrtllmEngine:
         pad_token_id: int | None = None,
         scratch_dir: str | os.PathLike | None = None,
         gpu_available: Callable[[], bool] | None = None,
-        guide_vocab: GuideVocab | None = None,
+        guide_vocab: Callable[[], GuideVocab] | None = None,
     ) -> None:
         require_eos(eos_token_ids)
         self._guide_vocab = guide_vocab  # constrained decoding, where the release's Executor has it

@@ -96,15 +96,6 @@ def test_openai_completions_plain_streamed_and_errors(oai, tok):
 
 
 # --- huggingface_hub (TGI) ---
-@pytest.fixture
-def hf_online(monkeypatch):
-    """HF_HUB_OFFLINE=1 (conftest) makes huggingface_hub refuse every request, even to 127.0.0.1;
-    the InferenceClient here talks to the local server only (a URL model never touches the hub)."""
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-
-
 def test_huggingface_hub_text_generation_stream_with_details(srv, tok, hf_online):
     from huggingface_hub import InferenceClient
 

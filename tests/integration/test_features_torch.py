@@ -52,14 +52,6 @@ def reference(llama):
     return top
 
 
-@pytest.fixture
-def hf_online(monkeypatch):
-    """HF_HUB_OFFLINE=1 (conftest) makes huggingface_hub refuse every request, even to loopback."""
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-
-
 def _assert_close(got: list[list[tuple[int, float]]], want: list[list[tuple[int, float]]]) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want):

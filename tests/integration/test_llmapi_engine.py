@@ -321,3 +321,54 @@ async def test_options_the_backend_cannot_honour_name_the_key(trt, model_dir):
     engine = LlmApiEngine(model_dir, settings(), eos_token_ids=[2], gpu_available=lambda: False)
     with pytest.raises(EngineError, match="no CUDA GPU is visible"):
         await engine.start()
+
+
+@pytest.mark.parametrize("release, top, prompt_lps, bias", [
+    ("1.0.0", 0, False, False),   # top-1 only (PR 6097); no prompt log probs; no embedding bias on PyTorch
+    ("1.1.0", 20, False, True),   # top k (PR 7756); prompt entries are top k only (PR 7580); bias (PR 6464)
+    ("1.2.1", 20, False, True),
+    ("1.3.0", 20, True, True),    # prompt entries hold the prompt token (PR 11235)
+])
+async def test_what_each_release_serves_is_in_the_limits(trt, monkeypatch, model_dir, release, top, prompt_lps, bias):
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        limits = engine.limits
+        assert (limits.max_top_logprobs, limits.supports_prompt_logprobs, limits.supports_logit_bias) == (
+            top, prompt_lps, bias)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+async def test_prompt_logprobs_on_13_are_the_models(trt, monkeypatch, model_dir, hf_model, streaming):
+    """Each prompt token's log prob given the ones before it (None for the first), on the first output only."""
+    import torch
+
+    monkeypatch.setattr(trt, "__version__", "1.3.0")
+    engine = await started(model_dir)
+    try:
+        prompt = PROMPTS[2]
+        outs = await collect(engine, req("p", prompt, streaming=streaming, max_new_tokens=3, prompt_logprobs=True))
+        assert outs[0].prompt_logprobs is not None and all(o.prompt_logprobs is None for o in outs[1:])
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt])).logits[0].float()
+        want = [float(torch.log_softmax(logits[i - 1], -1)[t]) for i, t in enumerate(prompt) if i]
+        assert outs[0].prompt_logprobs[0] is None
+        assert outs[0].prompt_logprobs[1:] == pytest.approx(want, abs=1e-4)
+    finally:
+        await engine.close()
+
+
+async def test_logit_bias_is_the_samplers_embedding_bias(trt, monkeypatch, model_dir, reference):
+    monkeypatch.setattr(trt, "__version__", "1.2.1")
+    engine = await started(model_dir)
+    try:
+        pushed = await collect(engine, req("b", PROMPTS[0], max_new_tokens=5, ignore_eos=True,
+                                           logit_bias=((42, 100.0),)))
+        assert tokens_of(pushed) == [42] * 5
+        first = reference(PROMPTS[0], 1)[0]
+        away = await collect(engine, req("a", PROMPTS[0], max_new_tokens=1, logit_bias=((first, -100.0),)))
+        assert tokens_of(away) != [first]
+    finally:
+        await engine.close()

@@ -205,13 +205,61 @@ def test_a_combination_the_release_cannot_serve_is_a_startup_error(version, args
         assert "option.backend=" in log and problem in log, log[-3000:]
 
 
-def test_top_logprobs_on_10_are_refused_naming_the_field(hf_dir, site_dir, tmp_path):
-    """1.0's PyTorch backend returns the sampled token's log prob only (PR 7756 added top k in 1.1)."""
+def test_what_10_lacks_is_refused_naming_the_field(hf_dir, site_dir, tmp_path):
+    """1.0's PyTorch backend returns the sampled token's log prob only (PR 7756 added top k in 1.1), and its
+    sampler adds no embedding bias (PR 6464, in 1.1)."""
     with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, "1.0.0")) as server:
         body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "logprobs": 2}
         r = server.post("/v1/completions", body)
         assert r.status_code == 400 and "logprobs=2" in r.text, r.text
         assert server.post("/v1/completions", {**body, "logprobs": 0}).status_code == 200
+        r = server.post("/v1/completions", {**body, "logprobs": 0, "logit_bias": {"42": 100}})
+        assert r.status_code == 400 and "logit_bias" in r.text and "trtllm-pytorch engine" in r.text, r.text
+
+
+def test_logit_bias_moves_the_choice_and_prompt_log_probs_before_13_are_refused(pytorch_server, reference):
+    """1.2: logit_bias through SamplingParams.embedding_bias; prompt log probs are refused, since 1.1–1.2 report
+    only the top k of each prompt position, which can leave the prompt token out (PR 11235 fixed it in 1.3)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=pytorch_server.url + "/v1", api_key="unused", max_retries=0)
+    first = reference("Once upon a time", 1)[0][0]
+    pushed = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=4, temperature=0,
+                                       logprobs=0, logit_bias={"42": 100})
+    away = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=1, temperature=0,
+                                     logprobs=0, logit_bias={str(first): -100})
+    plain = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=1, temperature=0,
+                                      logprobs=0)
+    assert len(set(pushed.choices[0].logprobs.tokens)) == 1 and away.choices[0].text != plain.choices[0].text
+    r = pytorch_server.post("/generate", {"inputs": "Hi", "parameters": {"decoder_input_details": True}})
+    assert r.status_code == 400 and "parameters.decoder_input_details" in r.text and "trtllm-pytorch" in r.text
+    r = pytorch_server.post("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 0, "max_tokens": 1})
+    assert r.status_code == 400 and "echo" in r.text, r.text
+
+
+def test_prompt_log_probs_on_13_equal_log_softmax_of_the_logits(hf_dir, site_dir, tmp_path, hf_online):
+    """TGI decoder_input_details (huggingface_hub's client) and OpenAI echo + logprobs on the release after 1.2."""
+    import torch
+    from huggingface_hub import InferenceClient
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompt = "Once upon a time"
+    ids = AutoTokenizer.from_pretrained(hf_dir)(prompt).input_ids
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    want = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.dtype=fp32"], tmp_path,
+               env=_env(site_dir, "1.3.0")) as server:
+        out = InferenceClient(model=server.url).text_generation(prompt, max_new_tokens=2, details=True,
+                                                                decoder_input_details=True)
+        prefill = out.details.prefill
+        assert [t.id for t in prefill] == ids and prefill[0].logprob is None
+        assert [t.logprob for t in prefill[1:]] == pytest.approx(want, abs=1e-3)
+        r = server.post("/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        token_logprobs = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+        assert token_logprobs[0] is None and token_logprobs[1:len(ids)] == pytest.approx(want, abs=1e-3)
 
 
 # --- constrained decoding on the PyTorch backend (guided_decoding_backend="xgrammar") ---

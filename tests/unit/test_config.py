@@ -602,3 +602,16 @@ def test_options_table_shape():
     assert "| `option.max_input_len` | `OPTION_MAX_INPUT_LEN` | `1024` | yes |" in joined
     assert "| `job_queue_size` | `SERVING_JOB_QUEUE_SIZE`, `MAX_CONCURRENT_REQUESTS` | `1000` | no |" in joined
     assert "`option.quantization_type`" in joined and "Ignored: " in joined
+
+
+def test_every_key_in_the_example_properties_is_served(tmp_path):
+    """serving.properties.example's keys, set or commented out, are declared keys (not ignored ones), and the
+    file with every commented key switched on still loads."""
+    example = Path(__file__).resolve().parents[2] / "serving.properties.example"
+    lines = re.findall(r"^#? ?(option\.\w+=.*)$", example.read_text(), flags=re.M)
+    served = {spec.key for spec in REGISTRY if spec.attr is not None}
+    assert {line.split("=", 1)[0] for line in lines} <= served
+    switched_on = [line for line in lines if not line.startswith("option.engine_cache_uri")]  # s3: no network
+    (tmp_path / "serving.properties").write_text("\n".join(switched_on) + "\n")
+    config = load_config(properties_file=tmp_path / "serving.properties", env={})
+    assert config.enable_auto_tool_choice and config.tool_call_parser == "hermes"

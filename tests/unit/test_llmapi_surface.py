@@ -28,7 +28,15 @@ from trtllm_testing import FAKES, fake_tensorrt_llm
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import EngineError, GenerationRequest, GuidedDecoding, SamplingParams
-from lmi_trt.engines.llmapi import Codec, LlmApiSettings, llm_plan, plan_request, reason_name, token_logprobs
+from lmi_trt.engines.llmapi import (
+    Codec,
+    LlmApiSettings,
+    llm_plan,
+    plan_request,
+    prompt_token_logprobs,
+    reason_name,
+    token_logprobs,
+)
 from lmi_trt.engines.registry import llmapi_settings, settle
 from lmi_trt.engines.trtllm import TrtllmSettings
 
@@ -285,9 +293,15 @@ def test_requests_map_onto_sampling_params():
     assert greedy.sampling == {
         "top_k": 1, "min_tokens": 2, "max_tokens": 9, "end_id": 2, "pad_id": 0, "ignore_eos": False,
         "stop_token_ids": [5, 3], "stop": ["6|7"], "bad_token_ids": [8], "bad": ["9|10"],
-        "include_stop_str_in_output": True, "logprobs": 1, "detokenize": False,
+        "include_stop_str_in_output": True, "logprobs": 1, "prompt_logprobs": None, "detokenize": False,
     }
-    assert greedy.end_id == 2 and greedy.extra_eos == frozenset({3})
+    assert greedy.end_id == 2 and greedy.extra_eos == frozenset({3}) and greedy.bias == {}
+    scored = plan_request(
+        GenerationRequest("p", [1, 2], SamplingParams(prompt_logprobs=True, logit_bias=((42, 100.0), (7, -5.0)))),
+        eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
+    )
+    # the top 1 per prompt position, which from 1.3 also holds the prompt token's (PR 11235)
+    assert scored.sampling["prompt_logprobs"] == 1 and scored.bias == {42: 100.0, 7: -5.0}
     sampled = plan_request(
         GenerationRequest("s", [1], SamplingParams(do_sample=True, temperature=0.5, seed=11, repetition_penalty=1.2,
                                                    ignore_eos=True)),
@@ -318,6 +332,9 @@ def test_results_map_back():
         rank: int | None = None
 
     assert token_logprobs([5, 6, 7], [{5: Logprob(-0.5, 1)}, {1: Logprob(-0.1, 1)}, -0.25]) == [-0.5, -9999.0, -0.25]
+    # entry t scores the token after position t; the last one (the first generated token) is not the prompt's
+    entries = [{6: Logprob(-1.0, 2), 3: Logprob(-0.2, 1)}, {7: Logprob(-0.3, 1)}, {9: Logprob(-0.1, 1)}]
+    assert prompt_token_logprobs([5, 6, 7], entries) == [None, -1.0, -0.3]
     assert reason_name("stop", None) == "END_ID" and reason_name("stop", 7) == "STOP_WORDS"
     assert reason_name("stop", "</s>") == "STOP_WORDS" and reason_name("length", None) == "LENGTH"
     assert reason_name("cancelled", None) == "CANCELLED" and reason_name("timeout", None) == "TIMED_OUT"

@@ -452,13 +452,19 @@ def test_guided_requests_and_config_where_the_release_has_guided_decoding(trt):
 
     from lmi_trt.engines.guided import GuideVocab
 
-    vocab = GuideVocab(["<s>", "a", "b"], None, [0])
+    reads = []
+
+    def vocab() -> GuideVocab:
+        reads.append(1)
+        return GuideVocab(["<s>", "a", "b"], None, [0])
+
     config, _ = build_executor_config(tle, TrtllmSettings(), facts_1x(), vocab)
     regex = GenerationRequest("r", [1, 2], SamplingParams(guided=GuidedDecoding("regex", "a+")))
     spec = map_request(regex, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=0)
     assert spec.guide == ("regex", "a+")
     if not hasattr(tle, "GuidedDecodingConfig"):
         assert getattr(config, "guided_decoding_config", None) is None
+        assert reads == []  # the tokenizer's vocabulary is not read where nothing takes it
         return
     assert config.guided_decoding_config._backend == tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
     assert config.guided_decoding_config._encoded_vocab == ["<s>", "a", "b"]

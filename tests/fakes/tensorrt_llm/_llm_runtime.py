@@ -7,8 +7,13 @@ batch at any step; at most ``max_batch_size`` run and, under GUARANTEED_NO_EVICT
 max_tokens (MAX_UTILIZATION admits on the prompt alone); the rest wait in arrival order. A sequence ends
 at ``max_seq_len``; ``abort_request`` ends it with CANCELLED; a failure of one request becomes an error
 response for that request only. Guided decoding (``guided_decoding_backend="xgrammar"``) masks the logits
-with the request's grammar before the token is chosen (``_grammar``). Log probs come from the raw logits' log-softmax (PR 7756): 1.0.0 gives
-the sampled token's only (PR 6097: top-1 on PyTorch), later releases the requested top k.
+with the request's grammar before the token is chosen (``_grammar``), after the request's embedding bias
+([vocab_size] float32, added to the logits; from 1.1, PR 6464). Log probs come from the raw logits'
+log-softmax (PR 7756): 1.0.0 gives the sampled token's only (PR 6097: top-1 on PyTorch), later releases the
+requested top k. Prompt log probs (from 1.1, PR 7580) are computed from the context logits once the first
+token is chosen (tensorrt_llm/executor/base_worker.py ``_compute_pytorch_prompt_logprobs``): one entry per
+prompt position, the top ``prompt_logprobs`` of the distribution that position predicts; from 1.3 (PR 11235)
+each entry also holds the token that follows (the next prompt token, or the first generated one).
 Simplification: beam search is decoded in one go by transformers' beam search (one final response).
 """
 
@@ -67,6 +72,10 @@ class _Seq:
     streaming: bool
     beam_width: int
     guide: tuple[str, str | None] | None = None  # (guide type, guide): see _grammar
+    prompt_logprobs: int = 0  # SamplingParams.prompt_logprobs (0: none)
+    embedding_bias: object = None  # SamplingParams.embedding_bias, added to the logits by _select
+    context_logprobs: object = None  # [prompt len, vocab] log-softmax of the context logits
+    prompt_entries: list | None = None  # the prompt log probs, until a response carries them
     matcher: object = None
     generated: list[int] = field(default_factory=list)
     cum_logprob: float = 0.0
@@ -196,8 +205,11 @@ class LlmRuntime:
                 if new:
                     if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
                         seq.matcher = self._grammars.create(*seq.guide)
+                    self._check_bias(seq)
                     self._forward(seq, seq.prompt)
                 token, _ = _select(seq)
+                if new:
+                    seq.prompt_entries = self._prompt_logprobs(seq, token)
                 reason = self._advance(seq, token)
                 if reason is None:
                     self._forward(seq, [token])
@@ -213,6 +225,29 @@ class LlmRuntime:
 
         res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+        if seq.prompt_logprobs and seq.context_logprobs is None:
+            seq.context_logprobs = torch.log_softmax(res.logits[0].float(), -1)
+
+    def _check_bias(self, seq: _Seq) -> None:
+        import torch
+
+        bias = seq.embedding_bias
+        if bias is None:
+            return
+        vocab = self._model.config.vocab_size
+        bias = torch.as_tensor(bias, dtype=torch.float32).reshape(-1)  # SamplingParams keeps an fp32 copy
+        if tuple(bias.shape) != (vocab,):
+            raise ValueError(f"embedding_bias must have shape [{vocab}], got {list(bias.shape)}")
+        seq.embedding_bias = bias
+
+    def _prompt_logprobs(self, seq: _Seq, first_token: int) -> list[dict[int, Logprob]] | None:
+        if seq.context_logprobs is None:
+            return None
+        following = seq.prompt[1:] + [first_token] if _state.series() >= (1, 3) else None
+        entries = [_top_entry(row, seq.prompt_logprobs, following[t] if following else None)
+                   for t, row in enumerate(seq.context_logprobs)]
+        seq.context_logprobs = None
+        return entries
 
     def _advance(self, seq: _Seq, token: int) -> str | None:
         import torch
@@ -239,7 +274,8 @@ class LlmRuntime:
         if seq.top_logprobs:
             logprobs, seq.pending_logprobs = seq.pending_logprobs, []
         final = reason is not None
-        return _Response([seq.generated[start:]], logprobs, seq.cum_logprob, reason, final)
+        prompt, seq.prompt_entries = seq.prompt_entries, None
+        return _Response([seq.generated[start:]], logprobs, seq.cum_logprob, reason, final, prompt_logprobs=prompt)
 
     def _beam_search(self, seq: _Seq) -> _Response:
         import torch
@@ -279,9 +315,19 @@ class LlmRuntime:
 
 
 def _logprob_entry(logprobs, token: int, k: int) -> dict[int, Logprob]:
+    """A generated token's entry: 1.0.0 gives the sampled token's log prob only (PR 6097), later the top k."""
+    if _state.series() < (1, 1):
+        return {token: Logprob(float(logprobs[token]), None)}
+    return _top_entry(logprobs, k)
+
+
+def _top_entry(logprobs, k: int, token: int | None = None) -> dict[int, Logprob]:
+    """The top ``k`` of one position, best first, plus ``token`` with its rank when it is not among them
+    (tensorrt_llm/executor/result.py ``compute_logprobs``)."""
     import torch
 
-    if _state.series() < (1, 1):  # 1.0.0: the sampled token's log prob only (PR 6097)
-        return {token: Logprob(float(logprobs[token]), None)}
     values, indices = torch.topk(logprobs, min(k, logprobs.numel()))
-    return {int(i): Logprob(float(v), rank) for rank, (v, i) in enumerate(zip(values, indices), start=1)}
+    entry = {int(i): Logprob(float(v), rank) for rank, (v, i) in enumerate(zip(values, indices), start=1)}
+    if token is not None and token not in entry:
+        entry[token] = Logprob(float(logprobs[token]), int((logprobs > logprobs[token]).sum()) + 1)
+    return entry

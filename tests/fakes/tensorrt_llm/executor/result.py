@@ -74,6 +74,7 @@ class _Response:
     finish_reason: str | None         # "END_ID", "STOP_WORDS", "LENGTH", "CANCELLED" or None
     is_final: bool
     error: str | None = None
+    prompt_logprobs: list[dict] | None = None  # on the first response of a request that asked for them
 
 
 class GenerationResult:
@@ -134,6 +135,8 @@ class GenerationResult:
                 out.token_ids.extend(tokens)
             if response.cum_logprob is not None:
                 out.cumulative_logprob = response.cum_logprob
+            if response.prompt_logprobs is not None and index == 0:
+                out.prompt_logprobs = response.prompt_logprobs  # and kept on every later step, as the real one
             if response.logprobs is not None and index == 0:
                 out._last_logprobs_len = len(out.logprobs)
                 out.logprobs = out.logprobs + response.logprobs

@@ -146,6 +146,10 @@ class LLM:
             bad_words=sp._get_bad_words(),
             stop_words=sp._get_stop_words(),
             top_logprobs=sp.logprobs or 0,
+            # Prompt log probs on the PyTorch backend from 1.1 (PR 7580); the sampler adds the embedding bias
+            # from 1.1 (PR 6464: before it, trtllm-serve's logit_bias went through a logits processor).
+            prompt_logprobs=(sp.prompt_logprobs or 0) if _state.series() >= (1, 1) else 0,
+            embedding_bias=sp.embedding_bias if _state.series() >= (1, 1) else None,
             streaming=streaming,
             beam_width=sp.best_of if sp.use_beam_search else 1,
             guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
