@@ -45,7 +45,14 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
 
 def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
     """The JIT stage: a checkpoint served by trtllm's tensorrt backend becomes an engine (from the cache, or
-    built once); the pytorch backend loads the checkpoint itself (``registry.compiles``)."""
+    built once); the pytorch backend loads the checkpoint itself (``registry.compiles``), calibrated first
+    with ``option.quantize`` (``registry.quantizes``: from the cache, or calibrated once)."""
+    if registry.quantizes(kind, config) and artifact.kind == "hf_checkpoint":
+        from lmi_trt.compile.hf_quant import ensure_quantized
+        from lmi_trt.compile.probe import detect_trtllm_version
+
+        return ensure_quantized(registry.quantize_job(config), artifact, trtllm_version=detect_trtllm_version() or "",
+                                progress=lambda msg: log.info("compile: %s", msg))
     if not registry.compiles(kind, config) or artifact.kind == "trtllm_engine":
         return artifact
     from lmi_trt.compile.jit import ensure_engine

@@ -51,6 +51,10 @@ class Quantization(str, enum.Enum):
         return self not in (Quantization.WEIGHTS_INT8, Quantization.WEIGHTS_INT4)
 
 
+# What TensorRT-LLM's PyTorch backend loads of these, as modelopt checkpoints: FP8 per tensor, FP8 KV cache,
+# W4A16/W4A8 AWQ (NVIDIA/TensorRT-LLM docs/source/features/quantization.md); the rest are TensorRT-engine formats.
+PYTORCH_QUANTIZATIONS = frozenset({Quantization.FP8, Quantization.FP8_KV, Quantization.AWQ})
+
 # Input spellings → Quantization (None = no quantization): DJL's, Truss's legacy names included.
 QUANTIZE_NAMES: dict[str, Quantization | None] = {
     "none": None,

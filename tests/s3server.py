@@ -18,18 +18,22 @@ import itertools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 
+# One count for the process: each test module that imports the fixtures gets its own server, but moto keeps
+# every server's buckets in one in-process backend, so names must not repeat across servers.
+_BUCKETS = itertools.count()
+
+
 @dataclass
 class S3Server:
     endpoint: str
     env: dict[str, str]
-    _counter: Any = field(default_factory=itertools.count, repr=False)
 
     def client(self) -> Any:
         import boto3
@@ -44,7 +48,7 @@ class S3Server:
 
     def new_bucket(self, stem: str = "models") -> str:
         """Create and return a bucket name unused in this session."""
-        name = f"{stem}-{next(self._counter)}"
+        name = f"{stem}-{next(_BUCKETS)}"
         self.client().create_bucket(Bucket=name)
         return name
 

@@ -114,15 +114,28 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
+def checkpoint_backend(config: Any, version: str) -> tuple[str, str]:
+    """Pure: the TensorRT-LLM backend ``serve`` would pick for a Hugging Face checkpoint on ``version``, and why."""
+    from lmi_trt.engines import choose_backend
+
+    return choose_backend(config.backend, release_facts(version), "hf_checkpoint",
+                          config.quantize.value if config.quantize is not None else None)
+
+
+def release_facts(version: str) -> Any:
+    """A release's ``TrtllmFacts`` as planned for: the Executor binding up to 1.2 (NVIDIA/TensorRT-LLM PRs 15918
+    and 16369 removed it after)."""
+    from lmi_trt.engines import TrtllmFacts
+
+    return TrtllmFacts(version, has_executor=TrtllmFacts(version, True).series <= (1, 2))
+
+
 def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | None]:
     """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and on the
-    pytorch backend the ``LLM`` keywords (no engine build). The Executor binding is taken to exist up to 1.2
-    (NVIDIA/TensorRT-LLM PRs 15918, 16369 removed it after)."""
-    from lmi_trt.engines import TrtllmFacts, choose_backend, registry
+    pytorch backend the ``LLM`` keywords (no engine build)."""
+    from lmi_trt.engines import registry
 
-    facts = TrtllmFacts(version, has_executor=TrtllmFacts(version, True).series <= (1, 2))
-    backend, why = choose_backend(config.backend, facts, "hf_checkpoint",
-                                  config.quantize.value if config.quantize is not None else None)
+    backend, why = checkpoint_backend(config, version)
     if backend != "pytorch":
         return backend, why, None
     from lmi_trt.engines.llmapi import llm_plan
@@ -223,9 +236,7 @@ def _wanted_gpus(opts: CompileOptions) -> int:
 
 
 def cmd_compile(args: argparse.Namespace, load_job: LoadJob) -> int:
-    from lmi_trt.sources import SourceError, resolve_model
-
-    from .jit import check_output, compile_to
+    from lmi_trt.sources import SourceError
 
     try:
         config, job = load_job(args)
@@ -233,30 +244,34 @@ def cmd_compile(args: argparse.Namespace, load_job: LoadJob) -> int:
         if version is None:
             raise PlanError("tensorrt_llm", None, "TensorRT-LLM is not installed on this host",
                             "Run `lmi-trt compile` in the lmi-trt TensorRT-LLM image on a GPU of the target type")
-        detected = detect_gpu()
-        flags = any(v is not None for v in (args.gpu, args.gpu_sm, args.gpu_memory_gib, args.gpu_count))
-        if detected is not None and flags:
-            raise PlanError("--gpu", args.gpu or args.gpu_sm, f"this host has {detected.count}× {detected.name}; "
-                            "engines are built for the GPU they are built on", "Remove the --gpu* flags")
-        if detected is None and not flags:
-            raise PlanError("--gpu", None, "no GPU detected", "Run on the target GPU type")
-        gpu, _ = target_gpu(args, detected)
-        check_output(args.output)
-        artifact = resolve_model(config)
-        prepared = compile_to(job, artifact, args.output, gpu=gpu, trtllm_version=version,
-                              progress=lambda msg: log.info("compile: %s", msg))
-    except (PlanError, SourceError, ValueError) as e:
+        made = (_calibrate if _calibrates_only(config, version) else _build)(args, config, job, version)
+    except (PlanError, SourceError, ValueError, CacheError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except CacheError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except BuildError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"compiled {artifact.model_id} → {args.output} (TP {prepared.plan.tp_size} × PP {prepared.plan.pp_size}, "
-          f"{prepared.plan.dtype}); serve it with option.model_id={args.output}")
+        return e.exit_code if isinstance(e, BuildError) else 2  # 1: the build itself failed; 2: its input
+    print(made)
     return 0
+
+
+def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
+    """The TensorRT engine, for the GPU of this host (or the one the --gpu* flags name when there is none)."""
+    from lmi_trt.sources import resolve_model
+
+    from .jit import check_output, compile_to
+
+    detected = detect_gpu()
+    flags = any(v is not None for v in (args.gpu, args.gpu_sm, args.gpu_memory_gib, args.gpu_count))
+    if detected is not None and flags:
+        raise PlanError("--gpu", args.gpu or args.gpu_sm, f"this host has {detected.count}× {detected.name}; "
+                        "engines are built for the GPU they are built on", "Remove the --gpu* flags")
+    if detected is None and not flags:
+        raise PlanError("--gpu", None, "no GPU detected", "Run on the target GPU type")
+    gpu, _ = target_gpu(args, detected)
+    check_output(args.output)
+    artifact = resolve_model(config)
+    prepared = compile_to(job, artifact, args.output, gpu=gpu, trtllm_version=version,
+                          progress=lambda msg: log.info("compile: %s", msg))
+    return (f"compiled {artifact.model_id} → {args.output} (TP {prepared.plan.tp_size} × PP {prepared.plan.pp_size}, "
+            f"{prepared.plan.dtype}); serve it with option.model_id={args.output}")
 
 
 def add_subcommands(subparsers: Any, *, add_config_flags: Callable[[argparse.ArgumentParser], None],
@@ -273,3 +288,29 @@ def add_subcommands(subparsers: Any, *, add_config_flags: Callable[[argparse.Arg
                       help="a new folder, or an s3:// prefix to upload the artifact to")
     _add_target_flags(comp, for_compile=True)
     comp.set_defaults(func=lambda args: cmd_compile(args, load_job))
+
+
+def _calibrates_only(config: Any, version: str) -> bool:
+    """``lmi-trt compile`` builds a TensorRT engine, except where serving would take the pytorch backend without
+    one: chosen (option.backend=pytorch), or the only one left (a release without the Executor). There the
+    artifact made ahead of time is the calibrated checkpoint of option.quantize."""
+    return config.backend == "pytorch" or not release_facts(version).has_executor
+
+
+def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
+    """The pytorch backend's artifact: option.quantize's calibrated checkpoint (there is no engine to build)."""
+    from lmi_trt.engines import registry
+    from lmi_trt.sources import resolve_model
+
+    from .hf_quant import quantize_to
+
+    if config.quantize is None:
+        raise PlanError("option.quantize", None, "the pytorch backend loads the Hugging Face checkpoint itself: "
+                        "there is no engine to compile",
+                        "Set option.quantize (fp8, fp8_kv or awq) to calibrate a checkpoint ahead of time, or "
+                        "option.backend=tensorrt to build an engine on a 0.12-1.2 image")
+    artifact = resolve_model(config)
+    quant = quantize_to(registry.quantize_job(config), artifact, args.output, trtllm_version=version,
+                        progress=lambda msg: log.info("compile: %s", msg))
+    return (f"calibrated {artifact.model_id} → {args.output} ({quant.quant_algo}, a modelopt Hugging Face checkpoint "
+            f"for the pytorch backend); serve it with option.model_id={args.output}, without option.quantize")

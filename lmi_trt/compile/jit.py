@@ -15,8 +15,9 @@ import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +30,9 @@ from .errors import BuildError, CacheError, PlanError
 from .options import CompileOptions
 from .plan import BuildPlan, GpuFacts, MemoryEstimate, check_fits, estimate_memory, make_checkpoint_plan, make_plan
 from .probe import detect_gpu, detect_trtllm_version
+
+if TYPE_CHECKING:
+    from .hf_quant import QuantizeJob
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +108,7 @@ def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
     return artifact.hf_config, False
 
 
-def engine_cache(job: CompileJob, client: Any = None) -> EngineCache:
+def engine_cache(job: CompileJob | QuantizeJob, client: Any = None) -> EngineCache:
     """The cache ``option.engine_cache_uri`` names: an s3:// prefix (with a local copy) or a local folder."""
     uri, timeout = job.cache_uri, job.timeout_s
     local = job.download_dir / ENGINE_CACHE_DIRNAME
@@ -156,15 +160,28 @@ def compile_to(job: CompileJob, artifact: ModelArtifact, output: str, *, gpu: Gp
     model_config, checkpoint = model_config_of(artifact)
     prepared = prepare_plan(job, model_config, gpu, trtllm_version, checkpoint=checkpoint)
     plan = prepared.plan
+
+    def build(out: Path) -> None:
+        build_engine(plan, artifact.path, out, settings=_settings(job, gpu), tokenizer_dir=artifact.tokenizer_dir,
+                     properties=job.properties, progress=progress)
+
+    publish_to(output, build, CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu), artifact.model_id, client)
+    return prepared
+
+
+def publish_to(output: str, build: Callable[[Path], None], inputs: CacheKeyInputs, model_id: str,
+               client: Any = None) -> None:
+    """Write what ``build`` makes, with its manifest, to ``output`` (a new folder, or an ``s3://`` prefix): built
+    beside the target and renamed into place, or uploaded (manifest last), so a half-written output never exists."""
+    check_output(output)
     remote = S3EngineCache(output, client) if output.startswith("s3://") else None
     target = None if remote else Path(output)
     parent = target.parent if target is not None else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{target.name if target else 'lmi-trt-compile'}.partial-{uuid.uuid4().hex[:8]}"
     try:
-        build_engine(plan, artifact.path, tmp, settings=_settings(job, gpu), tokenizer_dir=artifact.tokenizer_dir,
-                     properties=job.properties, progress=progress)
-        manifest = make_manifest(tmp, CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu), artifact.model_id)
+        build(tmp)
+        manifest = make_manifest(tmp, inputs, model_id)
         write_manifest(tmp, manifest)
         if remote is not None:
             try:
@@ -177,4 +194,3 @@ def compile_to(job: CompileJob, artifact: ModelArtifact, output: str, *, gpu: Gp
             tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return prepared

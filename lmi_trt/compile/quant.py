@@ -177,17 +177,32 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
                          f"({dims.num_kv_heads} of {dims.num_heads})")
     elif q is Quantization.AWQ:
         _check_awq_blocks(opts.awq_block_size, dims, tp)
-        fields = dict(method="modelopt", quant_algo="W4A16_AWQ" if opts.q_format == "int4_awq" else "W4A8_AWQ",
-                      group_size=opts.awq_block_size, modelopt_qformat=opts.q_format)
+        fields = modelopt_fields(opts)
     elif q in (Quantization.FP8, Quantization.FP8_KV):
-        kv = q is Quantization.FP8_KV
-        fields = dict(method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8" if kv else None,
-                      modelopt_qformat="fp8", modelopt_kv_cache_dtype="fp8" if kv else None)
+        fields = modelopt_fields(opts)
     decoder = spec.modelopt_decoder_for(arch)
     if fields["method"] == "modelopt" and decoder is None:
         raise PlanError("option.quantize", quantization_name(q), f"no calibration path (modelopt export) exists for {arch}",
                         _supported_message(spec, arch))
-    calibration = CalibrationPlan(
+    notes += calibration_notes(opts)
+    return QuantPlan(quantize=q, modelopt_decoder=decoder if fields["method"] == "modelopt" else None,
+                     calibration=calibration_plan(opts), **fields), notes
+
+
+def modelopt_fields(opts: CompileOptions) -> dict[str, Any]:
+    """Pure: the ``QuantPlan`` fields of the modelopt formats both backends load (FP8, FP8 + FP8 KV cache, AWQ)."""
+    q = opts.quantize
+    if q is Quantization.AWQ:
+        return dict(method="modelopt", quant_algo="W4A16_AWQ" if opts.q_format == "int4_awq" else "W4A8_AWQ",
+                    group_size=opts.awq_block_size, modelopt_qformat=opts.q_format)
+    kv = q is Quantization.FP8_KV
+    return dict(method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8" if kv else None,
+                modelopt_qformat="fp8", modelopt_kv_cache_dtype="fp8" if kv else None)
+
+
+def calibration_plan(opts: CompileOptions) -> CalibrationPlan:
+    q = opts.quantize
+    return CalibrationPlan(
         dataset=opts.calib_dataset or DEFAULT_CALIB_DATASET,
         size=opts.calib_size,
         batch_size=opts.calib_batch_size,
@@ -195,11 +210,13 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
         awq_block_size=opts.awq_block_size if q is Quantization.AWQ else None,
         smoothquant_alpha=opts.smoothquant_alpha if q is Quantization.SMOOTHQUANT else None,
     )
-    if opts.calib_dataset is None:
-        notes.append(f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` "
-                     "package); set option.calib_dataset to a local .txt/.jsonl file to calibrate offline")
-    return QuantPlan(quantize=q, modelopt_decoder=decoder if fields["method"] == "modelopt" else None,
-                     calibration=calibration, **fields), notes
+
+
+def calibration_notes(opts: CompileOptions) -> list[str]:
+    if opts.calib_dataset is not None:
+        return []
+    return [f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` package); "
+            "set option.calib_dataset to a local .txt/.jsonl file to calibrate offline"]
 
 
 def _check_awq_blocks(block: int, dims: ModelDims, tp: int) -> None:
@@ -396,27 +413,21 @@ def _batches(texts: list[str], batch_size: int) -> Iterator[list[str]]:
         yield texts[i:i + batch_size]
 
 
-def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict[str, Any], *, dtype: str,
-                         tp: int, pp: int, trust_remote_code: bool,
-                         progress: Callable[[str], None] | None = None) -> Path:
-    """Calibrate the HF model with modelopt and write a TensorRT-LLM checkpoint for ``tp``×``pp`` ranks.
-
-    ``hf`` is the config the build converts with (overrides applied), used to fix the export.
-    Runs on CUDA when available, else on CPU (slow for real models; fine for tests).
-    """
+def calibrated_model(hf_dir: Path, quant: QuantPlan, *, dtype: str, trust_remote_code: bool,
+                     say: Callable[[str], None]) -> Any:
+    """The HF model, calibrated and quantized in place by modelopt for a modelopt ``quant`` plan.
+    Runs on CUDA when available, else on CPU (slow for real models; fine for tests)."""
     if quant.method != "modelopt" or quant.calibration is None:
-        raise ValueError(f"calibrate_and_export needs a modelopt plan, got method={quant.method}")
+        raise ValueError(f"calibration needs a modelopt plan, got method={quant.method}")
     import torch
     import modelopt.torch.quantization as mtq
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..compat import dtype_kwargs
 
-    say = progress or (lambda msg: log.info("%s", msg))
     calib = quant.calibration
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    torch_dtype = getattr(torch, dtype)
     say(f"quantize: loading {hf_dir} on {device} for {quant.quant_algo} calibration")
     # On GPUs, accelerate spreads a model too big for one of them over all visible ones.
     model = AutoModelForCausalLM.from_pretrained(
@@ -439,6 +450,22 @@ def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict
 
     torch.manual_seed(calib.seed)
     mtq.quantize(model, modelopt_config(quant), forward_loop=forward_loop)
+    return model
+
+
+def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict[str, Any], *, dtype: str,
+                         tp: int, pp: int, trust_remote_code: bool,
+                         progress: Callable[[str], None] | None = None) -> Path:
+    """Calibrate the HF model with modelopt and write a TensorRT-LLM checkpoint for ``tp``×``pp`` ranks.
+
+    ``hf`` is the config the build converts with (overrides applied), used to fix the export.
+    """
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    say = progress or (lambda msg: log.info("%s", msg))
+    model = calibrated_model(hf_dir, quant, dtype=dtype, trust_remote_code=trust_remote_code, say=say)
+    torch_dtype = getattr(torch, dtype)
     say(f"quantize: exporting TensorRT-LLM checkpoint (tp={tp}, pp={pp}) to {out_dir}")
     export_tensorrt_llm_checkpoint(model, decoder_type=quant.modelopt_decoder, dtype=torch_dtype,
                                    export_dir=out_dir, inference_tensor_parallel=tp, inference_pipeline_parallel=pp)

@@ -10,6 +10,7 @@ from typing import Literal
 
 from lmi_trt.engines.base import Engine
 from lmi_trt.engines.registry import ENGINES
+from lmi_trt.vocabulary import PYTORCH_QUANTIZATIONS, QUANTIZE_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +83,19 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
     """Pure: which TensorRT-LLM backend serves ``artifact`` and a sentence saying why; a combination the release
     cannot serve is a ``StartupError`` naming option.backend. Since 1.0 the LLM API's default backend is
     PyTorch (NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm.py, 1.0.0); after 1.2 the TensorRT-engine Executor is
-    gone (PRs 15918, 16369). ``quantize`` (option.quantize) is calibrated for TensorRT engines only, so far."""
+    gone (PRs 15918, 16369). ``quantize`` (option.quantize): the PyTorch backend loads modelopt's FP8, FP8 KV and
+    AWQ checkpoints (``lmi_trt.compile.hf_quant``); the other formats need a TensorRT engine."""
     from lmi_trt.config import StartupError  # here: the configuration imports this package (its registry)
 
     v = facts.version
-    if quantize is not None and (backend == "pytorch" or not facts.has_executor):
-        raise StartupError("option.quantize", quantize, "lmi-trt calibrates for TensorRT engines only, and "
-                           + ("option.backend=pytorch" if backend == "pytorch" else f"TensorRT-LLM {v} has none"),
-                           "serve a checkpoint quantized beforehand (hf_quant_config.json or quantization_config, "
-                           "e.g. from nvidia-modelopt's Hugging Face export) without option.quantize, or set "
-                           "option.backend=tensorrt on a 0.12-1.2 image")
     pytorch_ok = facts.series >= (1, 0)
+    engine_only = quantize is not None and QUANTIZE_NAMES.get(quantize) not in PYTORCH_QUANTIZATIONS
+    if engine_only and (backend == "pytorch" or not facts.has_executor):
+        raise StartupError("option.quantize", quantize, "a TensorRT-engine format, and "
+                           + ("option.backend=pytorch" if backend == "pytorch" else f"TensorRT-LLM {v} has no "
+                              "TensorRT-engine Executor") + " loads modelopt's FP8, FP8 KV-cache and AWQ checkpoints only",
+                           "use fp8, fp8_kv or awq, serve a checkpoint quantized beforehand without option.quantize, "
+                           "or set option.backend=tensorrt on a 0.12-1.2 image")
     engine = artifact == "trtllm_engine"
     if backend == "pytorch":
         if not pytorch_ok:
@@ -104,7 +107,7 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
                                "set option.backend=tensorrt (or auto), or point option.model_id at the Hugging Face "
                                "checkpoint")
         return "pytorch", "option.backend=pytorch"
-    if backend == "tensorrt" or engine or not pytorch_ok or quantize is not None:
+    if backend == "tensorrt" or engine or not pytorch_ok or engine_only:
         if not facts.has_executor:
             what = "option.backend=tensorrt" if backend == "tensorrt" else "auto: a precompiled TensorRT engine folder"
             raise StartupError("option.backend", backend, f"{what} needs the TensorRT-engine Executor, and TensorRT-LLM "
@@ -117,7 +120,7 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
             return "tensorrt", f"auto: a precompiled TensorRT engine folder (TensorRT-LLM {v})"
         if not pytorch_ok:
             return "tensorrt", f"auto: TensorRT-LLM {v} has no PyTorch LLM API (1.0+)"
-        return "tensorrt", f"auto: option.quantize={quantize} is calibrated into a TensorRT engine"
+        return "tensorrt", f"auto: option.quantize={quantize} is a TensorRT-engine format"
     if not facts.has_executor:
         return "pytorch", f"auto: TensorRT-LLM {v} has no TensorRT-engine Executor; the PyTorch LLM API is its only path"
     return "pytorch", f"auto: a Hugging Face checkpoint on TensorRT-LLM {v}, whose default backend is PyTorch"

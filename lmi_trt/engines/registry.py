@@ -19,7 +19,7 @@ This module imports neither the configuration nor an engine implementation at im
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +30,7 @@ from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.vocabulary import TRTLLM_DEFAULT_BATCH
 
 if TYPE_CHECKING:  # the configuration imports this module; at run time views get an LmiConfig
+    from lmi_trt.compile.hf_quant import QuantizeJob
     from lmi_trt.compile.jit import CompileJob
     from lmi_trt.compile.options import CompileOptions
     from lmi_trt.config import LmiConfig
@@ -105,15 +106,46 @@ def compile_options(config: LmiConfig) -> CompileOptions:
     (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
     from lmi_trt.compile.options import CompileOptions
 
+    return _compile_options(config, CompileOptions.model_fields)
+
+
+def _compile_options(config: LmiConfig, names: Iterable[str]) -> CompileOptions:
+    """``CompileOptions`` with the named fields from the configuration (the others keep their defaults)."""
+    from lmi_trt.compile.options import CompileOptions
+
     values: dict[str, Any] = {}
-    for name in CompileOptions.model_fields:
+    for name in names:
         value = _batch(config) if name == "max_batch_size" else getattr(config, name)
         values[name] = str(value) if isinstance(value, PurePath) else value
     return CompileOptions(**values)
 
 
+# The options the PyTorch backend's quantization stage reads (lmi_trt.compile.hf_quant).
+QUANTIZE_OPTIONS = ("quantize", "q_format", "awq_block_size", "calib_dataset", "calib_size", "calib_batch_size",
+                    "calib_max_seq_length", "trust_remote_code")
+
+
+def quantizes(kind: str, config: LmiConfig) -> bool:
+    """Whether a Hugging Face checkpoint is calibrated before ``kind`` serves it: ``option.quantize`` on
+    TensorRT-LLM's pytorch backend, which loads modelopt's quantized checkpoints rather than building engines."""
+    return ENGINES[kind].compiles and config.backend == "pytorch" and config.quantize is not None
+
+
+def quantize_job(config: LmiConfig) -> QuantizeJob:
+    """The pytorch backend's quantization stage input: the calibration options and the engine cache."""
+    from lmi_trt.compile.hf_quant import QuantizeJob
+
+    return QuantizeJob(
+        options=_compile_options(config, QUANTIZE_OPTIONS),
+        timeout_s=config.compile_timeout,
+        cache_uri=config.engine_cache_uri,
+        download_dir=config.download_dir,
+    )
+
+
 def compile_job(config: LmiConfig) -> CompileJob:
     """The compile stage's input: the planner's options and how the build runs and is cached."""
+    from lmi_trt.compile.hf_quant import QuantizeJob
     from lmi_trt.compile.jit import CompileJob
 
     return CompileJob(
@@ -292,6 +324,8 @@ def honoured(kind: str, config: LmiConfig) -> frozenset[str]:
     ENGINES[kind].settings(probe)  # type: ignore[arg-type]
     if compiles(kind, config):
         compile_job(probe)  # type: ignore[arg-type]
+    if quantizes(kind, config):
+        quantize_job(probe)  # type: ignore[arg-type]
     return frozenset(probe.names)
 
 

@@ -318,6 +318,24 @@ def test_compile_command_to_s3_then_serve_resolves_it(tiny, tmp_path, s3_env, ca
     assert artifact.kind == "trtllm_engine" and artifact.engine_layout == "llmapi"
 
 
+def test_compile_on_the_pytorch_backend_writes_the_calibrated_checkpoint(tiny, tmp_path, capsys):
+    """No engine on the pytorch backend: the AOT artifact is option.quantize's modelopt HF checkpoint."""
+    calib = tmp_path / "calib.txt"
+    calib.write_text("The quick brown fox\nServing engines batch\n")
+    out = tmp_path / "fp8"
+    rc = _cli("compile", "--model-id", str(tiny), "--output", str(out), "-o", "option.backend=pytorch",
+              "-o", "option.quantize=fp8_kv", "-o", f"option.calib_dataset={calib}", "-o", "option.calib_size=2")
+    assert rc == 0, capsys.readouterr().err
+    assert "without option.quantize" in capsys.readouterr().out
+    quant = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert (quant["quant_algo"], quant["kv_cache_quant_algo"]) == ("FP8", "FP8")
+    assert verify_entry(out) is None and read_manifest(out).inputs.gpu_name == "any"
+    artifact = detect_artifact(out, model_id=str(out))
+    assert artifact.kind == "hf_checkpoint" and artifact.tokenizer_dir == out
+    rc = _cli("compile", "--model-id", str(tiny), "--output", str(tmp_path / "plain"), "-o", "option.backend=pytorch")
+    assert rc == 2 and "no engine to compile" in capsys.readouterr().err
+
+
 def test_compile_command_refuses_an_engine_as_input(tiny, tmp_path, capsys):
     engine = tmp_path / "engine"
     build_engine(plan_for(tiny), tiny, engine, tokenizer_dir=tiny)

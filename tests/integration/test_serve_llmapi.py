@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 from cliserver import serve
+from s3server import s3_server  # noqa: F401 — a pytest fixture
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
@@ -288,3 +289,47 @@ def test_a_guide_the_backend_cannot_compile_fails_that_request_only(pytorch_serv
     assert 400 <= bad.status_code < 500, bad.text
     good = _details(pytorch_server, PROMPTS[0], 4)
     assert good.status_code == 200 and len(good.json()["details"]["tokens"]) == 4
+
+
+# --- option.quantize on the PyTorch backend: modelopt calibration into a unified HF checkpoint, cached ---
+def test_quantize_calibrates_once_and_a_second_replica_downloads_it(hf_dir, site_dir, tmp_path, s3_server):  # noqa: F811
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(PROMPTS * 4))
+    cache = f"s3://{s3_server.new_bucket('engines')}/cache"
+    args = ["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=fp8",
+            "-o", f"option.calib_dataset={calib}", "-o", "option.calib_size=8", "-o", f"option.engine_cache_uri={cache}"]
+    env = {**_env(site_dir, "1.2.1"), **s3_server.env}
+    tokens, logs, served = [], [], []
+    for n in (1, 2):  # two replicas: their own download_dir, one engine cache
+        replica = tmp_path / f"replica{n}"
+        replica.mkdir()
+        with serve([*args, "-o", f"download_dir={replica / 'dl'}"], replica, env=env) as server:
+            r = _details(server, PROMPTS[0], 6)
+            assert r.status_code == 200, r.text
+            tokens.append([t["id"] for t in r.json()["details"]["tokens"]])
+            logs.append(server.log())
+        served += list((replica / "dl").rglob("hf_quant_config.json"))
+    assert "calibration batch" in logs[0] and "uploading" in logs[0], logs[0][-3000:]
+    assert "downloading" in logs[1] and "calibration" not in logs[1], logs[1][-3000:]
+    assert tokens[0] == tokens[1]
+    assert [json.loads(f.read_text())["quantization"]["quant_algo"] for f in served] == ["FP8", "FP8"]
+    # The calibrated checkpoint is a pre-quantized model: served as it is, and refused a second quantization.
+    with serve(["--model-id", str(served[0].parent), "--engine", "trtllm", *LIMITS], tmp_path,
+               env=_env(site_dir, "1.2.1")) as server:
+        r = _details(server, PROMPTS[0], 6)
+        assert r.status_code == 200 and [t["id"] for t in r.json()["details"]["tokens"]] == tokens[0], r.text
+    with serve(["--model-id", str(served[0].parent), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=fp8"],
+               tmp_path, env=_env(site_dir, "1.2.1"), ready=False) as server:
+        assert server.proc.wait(timeout=120) != 0
+        assert "option.quantize" in server.log() and "already quantized" in server.log(), server.log()[-3000:]
+
+
+@pytest.mark.parametrize("version, backend", [("1.2.1", "pytorch"), ("1.3.0", "auto")])
+def test_a_quantization_the_pytorch_backend_cannot_load_is_refused_naming_the_key(hf_dir, site_dir, tmp_path,
+                                                                                  version, backend):
+    """SmoothQuant is a TensorRT-engine format: refused on the pytorch backend, and where no Executor is left."""
+    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=smoothquant",
+                "-o", f"option.backend={backend}"], tmp_path, env=_env(site_dir, version), ready=False) as server:
+        assert server.proc.wait(timeout=120) == 2
+        log = server.log()
+        assert "option.quantize" in log and "use fp8, fp8_kv or awq" in log and "option.backend=tensorrt" in log, log[-3000:]

@@ -40,12 +40,19 @@ def test_what_a_release_cannot_serve_names_the_key(backend, facts, artifact, pro
     assert info.value.key == "option.backend" and info.value.value == backend
 
 
-def test_quantize_is_calibrated_for_tensorrt_engines():
-    assert choose_backend("auto", R12, "hf_checkpoint", "fp8") == (
-        "tensorrt", "auto: option.quantize=fp8 is calibrated into a TensorRT engine")
+def test_quantize_picks_the_backend_that_loads_its_format():
+    """FP8, FP8 KV and AWQ are modelopt checkpoints the PyTorch backend loads (auto keeps it); the other formats
+    are TensorRT-engine ones (auto picks tensorrt where the release has it, else a StartupError naming the key)."""
+    for q in ("fp8", "fp8_kv", "awq"):
+        assert choose_backend("auto", R12, "hf_checkpoint", q)[0] == "pytorch"
+        assert choose_backend("auto", R13, "hf_checkpoint", q)[0] == "pytorch"
+        assert choose_backend("pytorch", R12, "hf_checkpoint", q)[0] == "pytorch"
+    assert choose_backend("auto", R12, "hf_checkpoint", "smoothquant") == (
+        "tensorrt", "auto: option.quantize=smoothquant is a TensorRT-engine format")
+    assert choose_backend("tensorrt", R12, "hf_checkpoint", "fp8")[0] == "tensorrt"
     for backend, facts in (("pytorch", R12), ("auto", R13)):
-        with pytest.raises(StartupError, match="calibrates for TensorRT engines only") as info:
-            choose_backend(backend, facts, "hf_checkpoint", "fp8")
+        with pytest.raises(StartupError, match="use fp8, fp8_kv or awq") as info:
+            choose_backend(backend, facts, "hf_checkpoint", "weights_int8")
         assert info.value.key == "option.quantize"
 
 

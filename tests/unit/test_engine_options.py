@@ -64,3 +64,17 @@ def test_every_option_is_read_by_some_stage():
     unread = [name for name in LmiConfig.model_fields if name not in explained
               and not any(re.search(rf"\.{name}\b|[\"']{name}[\"']", text) for text in sources)]
     assert unread == []
+
+
+def test_quantization_on_the_pytorch_backend_reads_the_calibration_options_only():
+    """option.quantize on the pytorch backend is a calibration stage (lmi_trt.compile.hf_quant): it honours the
+    quantization and calibration keys and nothing of the engine build; without option.quantize they are refused."""
+    quantized = _runs("trtllm", "pytorch", quantize="fp8", calib_size=8, calib_dataset="calib.txt")
+    registry.refuse_ignored("trtllm", quantized)
+    assert set(registry.QUANTIZE_OPTIONS) <= registry.honoured("trtllm", quantized)
+    with pytest.raises(StartupError, match="option.use_fused_mlp"):
+        registry.refuse_ignored("trtllm", _runs("trtllm", "pytorch", quantize="fp8", use_fused_mlp=True))
+    with pytest.raises(StartupError, match="option.calib_size"):
+        registry.refuse_ignored("trtllm", _runs("trtllm", "pytorch", calib_size=8))
+    job = registry.quantize_job(quantized)
+    assert (job.options.quantize.value, job.options.calib_size, job.options.calib_dataset) == ("fp8", 8, "calib.txt")

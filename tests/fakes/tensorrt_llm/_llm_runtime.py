@@ -14,7 +14,11 @@ requested top k. Prompt log probs (from 1.1, PR 7580) are computed from the cont
 token is chosen (tensorrt_llm/executor/base_worker.py ``_compute_pytorch_prompt_logprobs``): one entry per
 prompt position, the top ``prompt_logprobs`` of the distribution that position predicts; from 1.3 (PR 11235)
 each entry also holds the token that follows (the next prompt token, or the first generated one).
-Simplification: beam search is decoded in one go by transformers' beam search (one final response).
+A checkpoint in nvidia-modelopt's unified HF format (``hf_quant_config.json``), which the real backend loads
+as pre-quantized (docs/source/features/quantization.md), is loaded for FP8 by dequantizing its weights
+(weight × weight_scale, as the FP8 GEMM scales them); other formats are refused.
+Simplifications: beam search is decoded in one go by transformers' beam search (one final response); FP8
+activations and KV cache stay in fp32.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ class _Seq:
 class LlmRuntime:
     def __init__(self, hf_dir: str, args, tokenizer=None) -> None:
         self.args = args
-        self._model = _load_model(hf_dir)
+        self._model = _load_checkpoint(hf_dir)
         self._grammars = None
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
@@ -331,3 +335,39 @@ def _top_entry(logprobs, k: int, token: int | None = None) -> dict[int, Logprob]
     if token is not None and token not in entry:
         entry[token] = Logprob(float(logprobs[token]), int((logprobs > logprobs[token]).sum()) + 1)
     return entry
+
+
+def _load_checkpoint(hf_dir: str):
+    """The model the LLM serves: a plain HF checkpoint as the Executor fake loads it, or a modelopt FP8 one."""
+    from pathlib import Path
+
+    quant_file = Path(hf_dir) / "hf_quant_config.json"
+    if not quant_file.is_file():
+        return _load_model(hf_dir)
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lmi_trt.compat import dtype_kwargs
+
+    algo = json.loads(quant_file.read_text())["quantization"].get("quant_algo")
+    if algo != "FP8":
+        raise NotImplementedError(f"fake tensorrt_llm loads modelopt FP8 checkpoints only, not quant_algo={algo}")
+    config = AutoConfig.from_pretrained(hf_dir)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, **dtype_kwargs(torch.float32))
+    state = {}
+    for shard in sorted(Path(hf_dir).glob("*.safetensors")):
+        state.update(load_file(shard))
+    for name in [n for n in state if n.endswith(".weight_scale")]:
+        weight = name[: -len("_scale")]
+        state[weight] = state[weight].float() * state.pop(name).float()
+    state = {n: t.float() for n, t in state.items() if not n.endswith(("_scale", ".k_scale", ".v_scale"))}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"{hf_dir}: weights missing {sorted(set(missing) - tied)[:5]}, unexpected {unexpected[:5]}")
+    if tied:
+        model.tie_weights()
+    return model.eval()
