@@ -102,7 +102,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         # TP×PP ranks / several TensorRT-LLM copies: re-executes this command under mpirun (lmi_trt.launch).
         rc = run_serve(plan, argv=getattr(args, "argv", sys.argv[1:]), under_mpi=args.under_mpi,
-                       serve_http=serve_http, load_follower=lambda: load_model(config, kind, plan))
+                       reports=args.rank_reports, serve_http=serve_http,
+                       load_follower=lambda: load_model(config, kind, plan))
     except LmiError as e:  # LaunchError: no MPI launcher, mpi4py/launcher mismatch
         log.error("%s", e)
         return e.exit_code
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", help="name reported by /ping and /v1/models (default: last part of model_id)")
     # Added by the MPI relaunch (lmi_trt.launch): this process is one of the ranks lmi-trt started.
     serve.add_argument("--under-mpi", action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument("--rank-reports", type=Path, default=None, help=argparse.SUPPRESS)  # launch.RANK_REPORTS_FLAG
     serve.set_defaults(func=cmd_serve)
 
     from lmi_trt.compile.commands import add_subcommands

@@ -46,10 +46,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lmi_trt.config import ConfigError, LmiConfig
@@ -65,6 +67,9 @@ TrtllmMode = Literal["leader", "orchestrator"]
 
 # The hidden `serve` flag the relaunch adds: "this process is a rank that lmi-trt started".
 UNDER_MPI_FLAG = "--under-mpi"
+# Where a rank that aborts the job writes why, for the launching process to print: mpirun forwards a rank's
+# output asynchronously, and MPI_Abort can end the job before the rank's last lines get through (seen under load).
+RANK_REPORTS_FLAG = "--rank-reports"
 # How long ranks wait for each other at a clean exit before aborting the job.
 GOODBYE_TIMEOUT_S = 15.0
 # How long a follower keeps waiting for the leader's shutdown after it got SIGTERM itself,
@@ -352,11 +357,14 @@ def mpi_command(plan: LaunchPlan, flavour: MpiFlavour, argv: Sequence[str], *, l
     return cmd + list(argv)
 
 
-def rank_argv(cli_argv: Sequence[str]) -> list[str]:
-    """The command every rank runs: this same ``lmi-trt`` invocation, marked as started by us."""
+def rank_argv(cli_argv: Sequence[str], reports: Path | None = None) -> list[str]:
+    """The command every rank runs: this same ``lmi-trt`` invocation, marked as started by us (and told where
+    to report a failure that aborts the job)."""
     args = list(cli_argv)
     if UNDER_MPI_FLAG not in args:
         args.append(UNDER_MPI_FLAG)
+    if reports is not None:
+        args += [RANK_REPORTS_FLAG, str(reports)]
     return [sys.executable, "-m", "lmi_trt", *args]
 
 
@@ -418,10 +426,16 @@ class MpiWorld:
     size: int
     mpi: Any  # the mpi4py.MPI module
     comm: Any = None  # a duplicate of COMM_WORLD for our own coordination (not TensorRT-LLM's)
+    reports: Path | None = None  # RANK_REPORTS_FLAG's folder, when lmi-trt started the job
 
-    def abort(self, code: int) -> None:
-        """End every rank of the job now (MPI_Abort); does not return."""
+    def abort(self, code: int, reason: str) -> None:
+        """End every rank of the job now (MPI_Abort), ``reason`` reported first; does not return."""
         log.error("rank %d: aborting the MPI job with exit status %d", self.rank, code)
+        if self.reports is not None:
+            try:
+                (self.reports / f"rank-{self.rank}.txt").write_text(reason)
+            except OSError as exc:
+                log.error("rank %d: cannot write the failure report: %s", self.rank, exc)
         for handler in logging.getLogger().handlers:
             handler.flush()
         self.mpi.COMM_WORLD.Abort(code)
@@ -523,9 +537,9 @@ def run_rank(world: MpiWorld, plan: LaunchPlan, *, serve_http: Callable[[], int]
     world.comm = world.mpi.COMM_WORLD.Dup()  # collective: every rank runs it first
     _label_logs(world.rank)
     if world.size != plan.mpi_ranks:
-        log.error("mpirun started %d rank(s), but this launch needs %d (%s)", world.size, plan.mpi_ranks,
-                  plan.describe())
-        world.abort(2)
+        problem = f"mpirun started {world.size} rank(s), but this launch needs {plan.mpi_ranks} ({plan.describe()})"
+        log.error("%s", problem)
+        world.abort(2, problem)
     try:
         if world.rank == 0:
             # The launcher's stop signal is a SIGTERM for the server (graceful drain, then engine shutdown).
@@ -539,11 +553,13 @@ def run_rank(world: MpiWorld, plan: LaunchPlan, *, serve_http: Callable[[], int]
         else:
             log.exception("rank %d failed", world.rank)
             rc = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+            world.abort(rc, f"rank {world.rank} failed: {type(exc).__name__}: {exc}")
     if rc != 0:
-        world.abort(rc)
+        world.abort(rc, f"rank {world.rank} ended with exit status {rc}")
     if not goodbye(world, goodbye_timeout):
-        log.error("rank %d: the other ranks did not finish within %.0f s", world.rank, goodbye_timeout)
-        world.abort(1)
+        problem = f"rank {world.rank}: the other ranks did not finish within {goodbye_timeout:.0f} s"
+        log.error("%s", problem)
+        world.abort(1, problem)
     return 0
 
 
@@ -552,11 +568,11 @@ def run_rank(world: MpiWorld, plan: LaunchPlan, *, serve_http: Callable[[], int]
 
 def run_serve(plan: LaunchPlan, *, argv: Sequence[str], under_mpi: bool, serve_http: Callable[[], int],
               load_follower: Callable[[], Awaitable[Any]], env: Mapping[str, str] | None = None,
-              drain_s: float = DEFAULT_DRAIN_S) -> int:
+              drain_s: float = DEFAULT_DRAIN_S, reports: Path | None = None) -> int:
     """``lmi-trt serve`` for a plan: serve directly, re-execute under MPI, or run as one of its ranks.
 
-    ``argv`` is the command line after the program name (re-used for the ranks); ``under_mpi`` is
-    the hidden flag the relaunch adds. Returns the process exit status.
+    ``argv`` is the command line after the program name (re-used for the ranks); ``under_mpi`` and
+    ``reports`` are the hidden flags the relaunch adds. Returns the process exit status.
     """
     if not plan.needs_mpi:
         return serve_http()
@@ -572,13 +588,21 @@ def run_serve(plan: LaunchPlan, *, argv: Sequence[str], under_mpi: bool, serve_h
                 f"{'Open MPI' if library == 'openmpi' else 'MPICH'}; every rank would see a world of 1. Put the "
                 "launcher of mpi4py's MPI first on PATH (or reinstall mpi4py against this one)"
             )
-        cmd = mpi_command(plan, runtime.flavour, rank_argv(argv), launcher=runtime.launcher, env=env)
-        log.info("%s; starting the ranks with %s: %s", plan.describe(), runtime.describe(), shlex.join(cmd))
-        return supervise(cmd, env, grace=drain_s + SHUTDOWN_MARGIN_S)
+        job_reports = Path(tempfile.mkdtemp(prefix="lmi-trt-ranks-"))
+        try:
+            cmd = mpi_command(plan, runtime.flavour, rank_argv(argv, job_reports), launcher=runtime.launcher, env=env)
+            log.info("%s; starting the ranks with %s: %s", plan.describe(), runtime.describe(), shlex.join(cmd))
+            rc = supervise(cmd, env, grace=drain_s + SHUTDOWN_MARGIN_S)
+            for report in sorted(job_reports.glob("rank-*.txt")):  # said here, where no line is lost
+                log.error("the MPI job was aborted: %s", report.read_text().strip())
+            return rc
+        finally:
+            shutil.rmtree(job_reports, ignore_errors=True)
     if under_mpi and world.size != plan.mpi_ranks:
         log.error("this rank sees an MPI world of %d, but %d rank(s) were started: is mpi4py linked to a different "
                   "MPI than the launcher?", world.size, plan.mpi_ranks)
         return 2
+    world.reports = reports
     return run_rank(world, plan, serve_http=serve_http, load_follower=load_follower, drain_s=drain_s)
 
 
@@ -609,6 +633,7 @@ __all__ = [
     "MpiRuntime",
     "MpiWorld",
     "Placement",
+    "RANK_REPORTS_FLAG",
     "UNDER_MPI_FLAG",
     "build_copies",
     "forwarded_env_names",

@@ -6,6 +6,7 @@ follows; the ranks end together on SIGTERM and when one of them fails, within bo
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -186,11 +187,10 @@ def test_a_failing_follower_ends_the_job_with_an_error(engine_dir, hf_dir, site_
         rc = job.wait_end()
         log = job.log()
         assert rc != 0, log[-4000:]
-        assert "rank 1 failed" in log and "Failed to deserialize" in log
-        # The job ended and no rank outlives it: that is the abort. Its own log line ("aborting the MPI job") is
-        # not asserted: MPI_Abort can tear the job down before mpirun forwards the rank's last stderr bytes
-        # (seen once in CI under load).
-        assert job.leftovers() == []
+        # Why, said by the launching process from the rank's report: the rank's own lines can be lost, since
+        # MPI_Abort can tear the job down before mpirun forwards its last stderr bytes (seen in CI under load).
+        assert re.search(r"the MPI job was aborted: rank 1 failed: .*Failed to deserialize", log), log[-4000:]
+        assert job.leftovers() == []  # the job ended and no rank outlives it: that is the abort
     finally:
         job.cleanup()
 
