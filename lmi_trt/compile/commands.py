@@ -294,7 +294,8 @@ def _calibrates_only(config: Any, version: str) -> bool:
     """``lmi-trt compile`` builds a TensorRT engine, except where serving would take the pytorch backend without
     one: chosen (option.backend=pytorch), or the only one left (a release without the Executor). There the
     artifact made ahead of time is the calibrated checkpoint of option.quantize."""
-    return config.backend == "pytorch" or not release_facts(version).has_executor
+    backend, _ = checkpoint_backend(config, version)  # a combination the release cannot serve: StartupError
+    return backend == "pytorch" and (config.backend == "pytorch" or not release_facts(version).has_executor)
 
 
 def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:

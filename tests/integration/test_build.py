@@ -363,3 +363,16 @@ def test_a_trtllm_checkpoint_is_built_without_conversion(tiny, tmp_path):
     assert sorted(p.name for p in engine.path.glob("rank*.engine")) == ["rank0.engine", "rank1.engine"]
     plan = json.loads((engine.path / "build_plan.json").read_text())
     assert plan["converter"]["source"] == "trtllm_checkpoint" and not (engine.path / "hf_config.json").exists()
+
+
+def test_compile_on_a_release_without_the_executor(tiny, tmp_path, capsys, monkeypatch):
+    """After 1.2 there is no TensorRT engine to build: auto calibrates (with option.quantize), tensorrt is refused."""
+    import tensorrt_llm
+
+    monkeypatch.setattr(tensorrt_llm, "__version__", "1.3.0")
+    monkeypatch.setattr("lmi_trt.compile.commands.detect_trtllm_version", lambda: "1.3.0")
+    rc = _cli("compile", "--model-id", str(tiny), "--output", str(tmp_path / "x"), "-o", "option.backend=tensorrt",
+              "-o", "option.quantize=fp8")
+    assert rc == 2 and "option.backend" in capsys.readouterr().err
+    rc = _cli("compile", "--model-id", str(tiny), "--output", str(tmp_path / "y"))
+    assert rc == 2 and "no engine to compile" in capsys.readouterr().err
