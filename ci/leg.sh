@@ -51,8 +51,10 @@ python3 -m venv "$venv"
 pip install -q "$ci_torch" mpich -c "$constraints"
 # The images' mpi4py 3.1.5 has no wheel: it builds from source (as install_mpi4py.sh does), here against
 # PyPI mpich's mpicc, with a setuptools of its day (today's dropped the distutils API its setup.py uses).
+# Not from pip's wheel cache: a wheel built in another venv links that venv's libmpi, and fails to load once it
+# is gone (a PIP_CACHE_DIR kept between runs).
 pip install -q "setuptools<70" wheel
-MPICC="$VIRTUAL_ENV/bin/mpicc" pip install -q --no-build-isolation -c "$constraints" mpi4py
+MPICC="$VIRTUAL_ENV/bin/mpicc" pip install -q --no-cache-dir --no-build-isolation -c "$constraints" mpi4py
 pip install -q -c "$constraints" -e ".[test-core]"
 # The image's xgrammar, where the release depends on one (1.0 on): the pytorch backend's guided decoding, which
 # the fake runs through it.
