@@ -117,16 +117,8 @@ def ensure_quantized(job: QuantizeJob, artifact: ModelArtifact, *, trtllm_versio
     """The calibrated checkpoint for ``artifact`` from the cache, calibrated (once across replicas) when missing."""
     from .jit import engine_cache
 
-    hf_config = artifact.hf_config or {}
-    quant, notes = plan_hf_quant(job.options, already_quantized(hf_config, artifact.path))
-    for note in notes:
-        log.info("plan: %s", note)
+    quant, build = _planned_calibration(job, artifact, progress)
     cache = cache or engine_cache(job)
-
-    def build(out: Path) -> None:
-        calibrate_and_export_hf(artifact.path, out, quant, hf_config, tokenizer_dir=artifact.tokenizer_dir,
-                                trust_remote_code=job.options.trust_remote_code, progress=progress)
-
     result = cache.get_or_build(cache_inputs(artifact.fingerprint, quant, trtllm_version), build,
                                 model_id=artifact.model_id)
     log.info("%s checkpoint for %s: %s (%s, key %s)", quant.quant_algo, artifact.model_id, result.path,
@@ -141,6 +133,14 @@ def quantize_to(job: QuantizeJob, artifact: ModelArtifact, output: str, *, trtll
     from .jit import check_output, publish_to
 
     check_output(output)
+    quant, build = _planned_calibration(job, artifact, progress)
+    publish_to(output, build, cache_inputs(artifact.fingerprint, quant, trtllm_version), artifact.model_id, client)
+    return quant
+
+
+def _planned_calibration(job: QuantizeJob, artifact: ModelArtifact, progress: Callable[[str], None] | None
+                         ) -> tuple[QuantPlan, Callable[[Path], None]]:
+    """The plan (its notes logged) and the build that writes the calibrated checkpoint into a folder."""
     hf_config = artifact.hf_config or {}
     quant, notes = plan_hf_quant(job.options, already_quantized(hf_config, artifact.path))
     for note in notes:
@@ -150,5 +150,4 @@ def quantize_to(job: QuantizeJob, artifact: ModelArtifact, output: str, *, trtll
         calibrate_and_export_hf(artifact.path, out, quant, hf_config, tokenizer_dir=artifact.tokenizer_dir,
                                 trust_remote_code=job.options.trust_remote_code, progress=progress)
 
-    publish_to(output, build, cache_inputs(artifact.fingerprint, quant, trtllm_version), artifact.model_id, client)
-    return quant
+    return quant, build
