@@ -53,16 +53,22 @@ class Events:
 
     # LMI: {"token":{...}} per line, the last adds generated_text (and details when asked).
     def _lmi(self, n: int, details: bool) -> list[bytes]:
-        last: dict = {"token": {"id": TOKEN_ID, "text": TOKEN_TEXT, "log_prob": LOG_PROB},
-                      "generated_text": TOKEN_TEXT * n}
+        last: dict = {
+            "token": {"id": TOKEN_ID, "text": TOKEN_TEXT, "log_prob": LOG_PROB},
+            "generated_text": TOKEN_TEXT * n,
+        }
         if details:
             last["details"] = {"finish_reason": "length", "generated_tokens": n, "inputs": None}
         return [self.lmi_line] * (n - 1) + [orjson.dumps(last) + b"\n"]
 
     # TGI: data:{"index":i,"token":{...},"generated_text":null,"details":null}
     def _tgi_event(self, i: int, final: dict | None = None) -> bytes:
-        ev = {"index": i, "token": {"id": TOKEN_ID, "text": TOKEN_TEXT, "logprob": LOG_PROB, "special": False},
-              "generated_text": None, "details": None}
+        ev = {
+            "index": i,
+            "token": {"id": TOKEN_ID, "text": TOKEN_TEXT, "logprob": LOG_PROB, "special": False},
+            "generated_text": None,
+            "details": None,
+        }
         if final:
             ev.update(final)
         return b"data:" + orjson.dumps(ev) + b"\n\n"
@@ -95,8 +101,9 @@ class Events:
         out = [sse(chunk("", role=True))] if chat else []
         out += [sse(chunk(TOKEN_TEXT))] * (n - 1) + [sse(chunk(TOKEN_TEXT, "length"))]
         if usage:
-            out.append(sse({**base, "choices": [],
-                            "usage": {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n}}))
+            out.append(
+                sse({**base, "choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n}})
+            )
         out.append(b"data: [DONE]\n\n")
         return out
 
@@ -188,18 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8081)
     ap.add_argument("--tokens", type=int, default=128, help="tokens per request when the request names none")
-    ap.add_argument("--yield-every", type=int, default=1,
-                    help="yield to the event loop after every K tokens (default 1; 0 = never)")
-    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
-                    help="event loop (use the one the server under test uses)")
+    ap.add_argument(
+        "--yield-every", type=int, default=1, help="yield to the event loop after every K tokens (default 1; 0 = never)"
+    )
+    ap.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop (use the one the server under test uses)",
+    )
     args = ap.parse_args(argv)
     if args.loop == "uvloop":
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     app = build_app(args.tokens, args.yield_every)
-    print(f"bare server on http://{args.host}:{args.port} (yield every {args.yield_every}, {args.loop})",
-          file=sys.stderr, flush=True)
+    print(
+        f"bare server on http://{args.host}:{args.port} (yield every {args.yield_every}, {args.loop})",
+        file=sys.stderr,
+        flush=True,
+    )
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None, handle_signals=True)
     return 0
 

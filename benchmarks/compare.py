@@ -59,21 +59,41 @@ def per_cpu(level: dict) -> float | None:
 
 def ratio_rows(bare: list[dict], ours: list[dict]) -> list[list[str]]:
     f = bench._fmt
-    rows = [["conc", "bare tok/s", "lmi-trt tok/s", "ratio", "tok/cpu-s b/o", "cpu ratio", "bare TTFT p50",
-             "lmi-trt TTFT p50/p99 ms", "lmi-trt ITL p50/p99 ms", "err b/o", "cli cpu b/o", "srv cpu b/o"]]
+    rows = [
+        [
+            "conc",
+            "bare tok/s",
+            "lmi-trt tok/s",
+            "ratio",
+            "tok/cpu-s b/o",
+            "cpu ratio",
+            "bare TTFT p50",
+            "lmi-trt TTFT p50/p99 ms",
+            "lmi-trt ITL p50/p99 ms",
+            "err b/o",
+            "cli cpu b/o",
+            "srv cpu b/o",
+        ]
+    ]
     for b, o in zip(bare, ours):
         ratio = (o["output_tokens_per_s"] / b["output_tokens_per_s"]) if b["output_tokens_per_s"] else None
         pb, po = per_cpu(b), per_cpu(o)
-        rows.append([
-            str(o["concurrency"]), f(b["output_tokens_per_s"]), f(o["output_tokens_per_s"]),
-            f(ratio, 3) if ratio is not None else "-", f"{f(pb)}/{f(po)}",
-            f(po / pb, 3) if pb and po else "-", f(b["ttft_ms"]["p50"]),
-            f"{f(o['ttft_ms']['p50'])}/{f(o['ttft_ms']['p99'])}",
-            f"{f(o['itl_ms']['p50'], 2)}/{f(o['itl_ms']['p99'], 2)}",
-            f"{b['errors']}/{o['errors']}",
-            f"{f(b['client_cpu_cores'], 2)}/{f(o['client_cpu_cores'], 2)}",
-            f"{f(b['server_cpu_cores'], 2)}/{f(o['server_cpu_cores'], 2)}",
-        ])
+        rows.append(
+            [
+                str(o["concurrency"]),
+                f(b["output_tokens_per_s"]),
+                f(o["output_tokens_per_s"]),
+                f(ratio, 3) if ratio is not None else "-",
+                f"{f(pb)}/{f(po)}",
+                f(po / pb, 3) if pb and po else "-",
+                f(b["ttft_ms"]["p50"]),
+                f"{f(o['ttft_ms']['p50'])}/{f(o['ttft_ms']['p99'])}",
+                f"{f(o['itl_ms']['p50'], 2)}/{f(o['itl_ms']['p99'], 2)}",
+                f"{b['errors']}/{o['errors']}",
+                f"{f(b['client_cpu_cores'], 2)}/{f(o['client_cpu_cores'], 2)}",
+                f"{f(b['server_cpu_cores'], 2)}/{f(o['server_cpu_cores'], 2)}",
+            ]
+        )
     return rows
 
 
@@ -84,8 +104,10 @@ def target_verdict(bare: list[dict], ours: list[dict]) -> str | None:
         tps = o["output_tokens_per_s"]
         ratio = tps / b["output_tokens_per_s"] if b["output_tokens_per_s"] else 0.0
         ok = tps >= TARGET_TOKENS_PER_S and ratio >= TARGET_RATIO and o["errors"] == 0
-        return (f"target at {TARGET_CONCURRENCY} streams: {tps:,.0f} tok/s (want >= {TARGET_TOKENS_PER_S:,}), "
-                f"{ratio:.3f} x bare (want >= {TARGET_RATIO}), {o['errors']} errors: {'MET' if ok else 'NOT MET'}")
+        return (
+            f"target at {TARGET_CONCURRENCY} streams: {tps:,.0f} tok/s (want >= {TARGET_TOKENS_PER_S:,}), "
+            f"{ratio:.3f} x bare (want >= {TARGET_RATIO}), {o['errors']} errors: {'MET' if ok else 'NOT MET'}"
+        )
     return None
 
 
@@ -138,31 +160,53 @@ def server_loop() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--model-dir", type=Path, help="tokenizer folder for our server (default: the tests' tiny llama)")
-    ap.add_argument("--serve-args", default="",
-                    help="extra `lmi-trt serve` arguments, e.g. \"-o option.synthetic_tokens_per_second=50\"")
-    ap.add_argument("--serve-cmd", help="command instead of `python -m lmi_trt serve` (e.g. \"lmi-trt serve\")")
-    ap.add_argument("--bare-args", default="",
-                    help="extra bare_server.py arguments; without a --loop here the bare server runs on the loop "
-                         "lmi-trt serve picks (uvloop when installed), so the two are like for like")
+    ap.add_argument(
+        "--serve-args",
+        default="",
+        help='extra `lmi-trt serve` arguments, e.g. "-o option.synthetic_tokens_per_second=50"',
+    )
+    ap.add_argument("--serve-cmd", help='command instead of `python -m lmi_trt serve` (e.g. "lmi-trt serve")')
+    ap.add_argument(
+        "--bare-args",
+        default="",
+        help="extra bare_server.py arguments; without a --loop here the bare server runs on the loop "
+        "lmi-trt serve picks (uvloop when installed), so the two are like for like",
+    )
     ap.add_argument("--server-cpus", help="CPUs for each server (default: the first allowed CPU)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers or client")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="alternate bare/ours this many times; --summary picks the reported round per level")
-    ap.add_argument("--summary", choices=("best", "median"), default="best",
-                    help="per level: the best round, or the median round (and the median of the per-round ratios)")
-    ap.add_argument("--variant", action="append", type=parse_variant, default=[], metavar="LABEL=COMMAND",
-                    help="another lmi-trt server measured in the same rounds, COMMAND instead of `python -m lmi_trt "
-                         "serve` (same serve args), e.g. \"before=env PYTHONPATH=/tmp/old python -m lmi_trt serve\"")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate bare/ours this many times; --summary picks the reported round per level",
+    )
+    ap.add_argument(
+        "--summary",
+        choices=("best", "median"),
+        default="best",
+        help="per level: the best round, or the median round (and the median of the per-round ratios)",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=[],
+        metavar="LABEL=COMMAND",
+        help="another lmi-trt server measured in the same rounds, COMMAND instead of `python -m lmi_trt "
+        'serve` (same serve args), e.g. "before=env PYTHONPATH=/tmp/old python -m lmi_trt serve"',
+    )
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--out-dir", type=Path, help="server logs go here (default: a temporary folder)")
     ap.add_argument("--json", metavar="FILE", help="write both series, the ratios and the setup")
     ap.add_argument("--plot", metavar="FILE.png", help="tokens/s of both vs concurrency, with the ratio")
     bench.add_load_arguments(ap)
-    ap.set_defaults(concurrency=bench.parse_concurrency(bench.DEFAULT_CONCURRENCY),
-                    output_tokens=bench.LengthDist(256, 256))
+    ap.set_defaults(
+        concurrency=bench.parse_concurrency(bench.DEFAULT_CONCURRENCY), output_tokens=bench.LengthDist(256, 256)
+    )
     args = ap.parse_args(argv)
     cfg = bench.config_from_args(args)
 
@@ -185,20 +229,35 @@ def main(argv: list[str] | None = None) -> int:
     bare_args = shlex.split(args.bare_args)
     if not any(a == "--loop" or a.startswith("--loop=") for a in bare_args):
         bare_args += ["--loop", server_loop()]
-    bare = bench.ServerProcess([sys.executable, str(HERE / "bare_server.py"), "--port", str(bare_port),
-                                *bare_args], bare_port, cpus=server_cpus, name="bare server",
-                               log_path=out_dir / "bare_server.log")
+    bare = bench.ServerProcess(
+        [sys.executable, str(HERE / "bare_server.py"), "--port", str(bare_port), *bare_args],
+        bare_port,
+        cpus=server_cpus,
+        name="bare server",
+        log_path=out_dir / "bare_server.log",
+    )
     serve_args = f"--engine synthetic --model-dir {shlex.quote(str(model_dir))} {args.serve_args}"
     if "synthetic_tokens_per_second" not in serve_args:
         serve_args += f" -o option.synthetic_tokens_per_second={AS_FAST_AS_POSSIBLE}"
     ours_argv = bench.serve_argv(serve_args, ours_port, args.serve_cmd)
-    ours = bench.ServerProcess(ours_argv, ours_port, cpus=server_cpus, name="lmi-trt serve",
-                               log_path=out_dir / "lmi_trt_serve.log")
+    ours = bench.ServerProcess(
+        ours_argv, ours_port, cpus=server_cpus, name="lmi-trt serve", log_path=out_dir / "lmi_trt_serve.log"
+    )
     servers = [("lmi-trt", ours)]
     for label, cmd in args.variant:
         port = bench.free_port()
-        servers.append((label, bench.ServerProcess(bench.serve_argv(serve_args, port, cmd), port, cpus=server_cpus,
-                                                   name=label, log_path=out_dir / f"{label}_serve.log")))
+        servers.append(
+            (
+                label,
+                bench.ServerProcess(
+                    bench.serve_argv(serve_args, port, cmd),
+                    port,
+                    cpus=server_cpus,
+                    name=label,
+                    log_path=out_dir / f"{label}_serve.log",
+                ),
+            )
+        )
     print(f"bare:    {shlex.join(bare.argv)}", file=sys.stderr)
     for label, server in servers:
         print(f"{label}: {shlex.join(server.argv)}", file=sys.stderr)
@@ -248,8 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.summary == "median" and args.rounds > 1:
             for what, value in (("ratios", _tps), ("cpu ratios", per_cpu)):
                 ratios = median_ratio(rounds_bare, rounds_by[label], value)
-                print(f"median of per-round {what}: " + ", ".join(
-                    f"{o['concurrency']}: {'-' if r is None else f'{r:.3f}'}" for o, r in zip(levels, ratios)))
+                print(
+                    f"median of per-round {what}: "
+                    + ", ".join(
+                        f"{o['concurrency']}: {'-' if r is None else f'{r:.3f}'}" for o, r in zip(levels, ratios)
+                    )
+                )
         verdict = target_verdict(bare_levels, levels)
         if verdict:
             print(verdict)
@@ -260,37 +323,60 @@ def main(argv: list[str] | None = None) -> int:
     verdict = target_verdict(bare_levels, ours_levels)
     if args.json:
         doc = {
-            "kind": "lmi-trt-compare", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "kind": "lmi-trt-compare",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
             "servers": {"bare": shlex.join(bare.argv), **{label: shlex.join(sv.argv) for label, sv in servers}},
-            "client_cpus": client_cpus, "server_cpus": server_cpus, "config": bench._config_doc(cfg, wl),
-            "machine": bench.machine_facts(), "rounds": args.rounds, "summary": args.summary,
-            "ratio": {str(o["concurrency"]): (o["output_tokens_per_s"] / b["output_tokens_per_s"]
-                                              if b["output_tokens_per_s"] else None)
-                      for b, o in zip(bare_levels, ours_levels)},
-            "median_ratio": {str(o["concurrency"]): r
-                             for o, r in zip(ours_levels, median_ratio(rounds_bare, rounds_ours))},
-            "median_cpu_ratio": {str(o["concurrency"]): r
-                                 for o, r in zip(ours_levels, median_ratio(rounds_bare, rounds_ours, per_cpu))},
-            "target": verdict, "bare": bare_levels, "lmi-trt": ours_levels,
+            "client_cpus": client_cpus,
+            "server_cpus": server_cpus,
+            "config": bench._config_doc(cfg, wl),
+            "machine": bench.machine_facts(),
+            "rounds": args.rounds,
+            "summary": args.summary,
+            "ratio": {
+                str(o["concurrency"]): (
+                    o["output_tokens_per_s"] / b["output_tokens_per_s"] if b["output_tokens_per_s"] else None
+                )
+                for b, o in zip(bare_levels, ours_levels)
+            },
+            "median_ratio": {
+                str(o["concurrency"]): r for o, r in zip(ours_levels, median_ratio(rounds_bare, rounds_ours))
+            },
+            "median_cpu_ratio": {
+                str(o["concurrency"]): r for o, r in zip(ours_levels, median_ratio(rounds_bare, rounds_ours, per_cpu))
+            },
+            "target": verdict,
+            "bare": bare_levels,
+            "lmi-trt": ours_levels,
             "all_rounds": {"bare": rounds_bare, **rounds_by},
         }
         if len(servers) > 1:
             doc["variants"] = {
-                label: {"levels": levels_by[label],
-                        "median_ratio": {str(o["concurrency"]): r for o, r in
-                                         zip(levels_by[label], median_ratio(rounds_bare, rounds_by[label]))},
-                        "median_cpu_ratio": {str(o["concurrency"]): r for o, r in
-                                             zip(levels_by[label],
-                                                 median_ratio(rounds_bare, rounds_by[label], per_cpu))}}
+                label: {
+                    "levels": levels_by[label],
+                    "median_ratio": {
+                        str(o["concurrency"]): r
+                        for o, r in zip(levels_by[label], median_ratio(rounds_bare, rounds_by[label]))
+                    },
+                    "median_cpu_ratio": {
+                        str(o["concurrency"]): r
+                        for o, r in zip(levels_by[label], median_ratio(rounds_bare, rounds_by[label], per_cpu))
+                    },
+                }
                 for label, _ in servers[1:]
             }
         bench.write_json(args.json, doc)
     if args.plot:
-        bench.plot_throughput(args.plot, {"bare aiohttp": bare_levels, "lmi-trt synthetic": ours_levels,
-                                          **{label: levels_by[label] for label, _ in servers[1:]}},
-                              title=f"{cfg.api} stream, output {wl.output_dist} tokens, one server core",
-                              ratio_of=("lmi-trt synthetic", "bare aiohttp"))
+        bench.plot_throughput(
+            args.plot,
+            {
+                "bare aiohttp": bare_levels,
+                "lmi-trt synthetic": ours_levels,
+                **{label: levels_by[label] for label, _ in servers[1:]},
+            },
+            title=f"{cfg.api} stream, output {wl.output_dist} tokens, one server core",
+            ratio_of=("lmi-trt synthetic", "bare aiohttp"),
+        )
     return 1 if any(r["ok"] == 0 for r in bare_levels + [lv for v in levels_by.values() for lv in v]) else 0
 
 

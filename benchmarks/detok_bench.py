@@ -54,7 +54,7 @@ def token_stream(tok, n: int) -> tuple[list[int], list[int]]:
     while len(ids) < n + 16:
         ids += tok.encode(f"{TEXT} {i} ", add_special_tokens=False)
         i += 1
-    return ids[:16], ids[16: 16 + n]
+    return ids[:16], ids[16 : 16 + n]
 
 
 def naive_pieces(decode, ids: list[int], times: list[float]) -> list[str]:
@@ -69,13 +69,13 @@ def naive_pieces(decode, ids: list[int], times: list[float]) -> list[str]:
         if text.endswith("\ufffd"):
             piece = ""
         else:
-            piece = text[len(prev):]
+            piece = text[len(prev) :]
             prev = text
         times.append(perf() - t0)
         pieces.append(piece)
     final = decode(ids)
     if len(final) > len(prev):
-        pieces.append(final[len(prev):])
+        pieces.append(final[len(prev) :])
     return pieces
 
 
@@ -102,11 +102,16 @@ def measure(fn, ids: list[int], window: int, repeats: int) -> dict:
     for _ in range(repeats):
         times: list[float] = []
         pieces = fn(ids, times)
-        at_end.append(sum(times[n - w:]) / w)
+        at_end.append(sum(times[n - w :]) / w)
         mean_all.append(sum(times) / n)
         text = "".join(pieces)
-    return {"us_per_token_at_end": min(at_end) * 1e6, "us_per_token_mean": min(mean_all) * 1e6,
-            "us_per_token_at_end_median": statistics.median(at_end) * 1e6, "window": w, "text": text}
+    return {
+        "us_per_token_at_end": min(at_end) * 1e6,
+        "us_per_token_mean": min(mean_all) * 1e6,
+        "us_per_token_at_end_median": statistics.median(at_end) * 1e6,
+        "window": w,
+        "text": text,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: lmi_trt.serving.detok is not importable ({e}); measuring the naive decoder only")
 
         def make_decode(tokenizer, skip_special_tokens):  # noqa: ANN001
-            return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
-                                                clean_up_tokenization_spaces=False)
+            return lambda ids: tokenizer.decode(
+                ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+            )
 
     decode = make_decode(tok, True)
     prompt_ids, all_ids = token_stream(tok, max(lengths))
@@ -139,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         expected = decode(ids)
         row: dict = {"tokens": n}
         if IncrementalDetokenizer is not None:
-            m = measure(lambda ids_, times: incremental_pieces(
-                lambda: IncrementalDetokenizer(tok, prompt_ids, skip_special_tokens=True), ids_, times),
-                ids, args.window, args.repeats)
+            m = measure(
+                lambda ids_, times: incremental_pieces(
+                    lambda: IncrementalDetokenizer(tok, prompt_ids, skip_special_tokens=True), ids_, times
+                ),
+                ids,
+                args.window,
+                args.repeats,
+            )
             # the prompt context only affects the first piece's leading space; compare stripped
             row["incremental"] = {k: v for k, v in m.items() if k != "text"}
             row["incremental"]["matches_decode"] = m["text"].strip() == expected.strip()
@@ -151,19 +162,31 @@ def main(argv: list[str] | None = None) -> int:
             row["naive"]["matches_decode"] = m["text"] == expected
         rows.append(row)
 
-    head = ["tokens", "incremental us/tok at L", "incremental us/tok mean", "naive us/tok at L", "naive us/tok mean",
-            "naive/incr at L", "exact text"]
+    head = [
+        "tokens",
+        "incremental us/tok at L",
+        "incremental us/tok mean",
+        "naive us/tok at L",
+        "naive us/tok mean",
+        "naive/incr at L",
+        "exact text",
+    ]
     lines = [head]
     for r in rows:
         inc, nai = r.get("incremental"), r.get("naive")
         ratio = (nai["us_per_token_at_end"] / inc["us_per_token_at_end"]) if inc and nai else None
         ok = all(x["matches_decode"] for x in (inc, nai) if x)
-        lines.append([f"{r['tokens']:,}",
-                      f"{inc['us_per_token_at_end']:.1f}" if inc else "-",
-                      f"{inc['us_per_token_mean']:.1f}" if inc else "-",
-                      f"{nai['us_per_token_at_end']:.1f}" if nai else "-",
-                      f"{nai['us_per_token_mean']:.1f}" if nai else "-",
-                      f"{ratio:.1f}x" if ratio else "-", "yes" if ok else "NO"])
+        lines.append(
+            [
+                f"{r['tokens']:,}",
+                f"{inc['us_per_token_at_end']:.1f}" if inc else "-",
+                f"{inc['us_per_token_mean']:.1f}" if inc else "-",
+                f"{nai['us_per_token_at_end']:.1f}" if nai else "-",
+                f"{nai['us_per_token_mean']:.1f}" if nai else "-",
+                f"{ratio:.1f}x" if ratio else "-",
+                "yes" if ok else "NO",
+            ]
+        )
     widths = [max(len(line[c]) for line in lines) for c in range(len(head))]
     out = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
@@ -172,9 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         import platform
 
-        Path(args.json).write_text(json.dumps({"kind": "lmi-trt-detok-bench", "tokenizer": tok_path,
-                                               "python": platform.python_version(), "window": args.window,
-                                               "repeats": args.repeats, "rows": rows}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "kind": "lmi-trt-detok-bench",
+                    "tokenizer": tok_path,
+                    "python": platform.python_version(),
+                    "window": args.window,
+                    "repeats": args.repeats,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(x["matches_decode"] for r in rows for x in (r.get("incremental"), r.get("naive")) if x) else 1
 
 

@@ -49,9 +49,15 @@ def summary(tokens: int, seconds: float, ttfts: list[float], itls: list[float]) 
         value = pct(values, q)
         return None if value is None else 1e3 * value
 
-    return {"tok_s": tokens / seconds, "seconds": seconds, "tokens": tokens,
-            "ttft_p50_ms": ms(ttfts, 50), "ttft_p99_ms": ms(ttfts, 99),
-            "itl_p50_ms": ms(itls, 50), "itl_p99_ms": ms(itls, 99)}
+    return {
+        "tok_s": tokens / seconds,
+        "seconds": seconds,
+        "tokens": tokens,
+        "ttft_p50_ms": ms(ttfts, 50),
+        "ttft_p99_ms": ms(ttfts, 99),
+        "itl_p50_ms": ms(itls, 50),
+        "itl_p99_ms": ms(itls, 99),
+    }
 
 
 def kv_bytes_per_position(layers: int, kv_heads: int = 8, head_dim: int = 64, itemsize: int = 2) -> int:
@@ -94,9 +100,10 @@ def hf_static_batch(model, ids: torch.Tensor, out_tokens: int, **extra) -> dict:
         torch.cuda.synchronize()
     steps = stamps.times[1:]  # the first put is the prompt
     n = ids.shape[0]
-    result = summary(n * (out.shape[1] - ids.shape[1]), seconds, [steps[0] - s0] * n,
-                     [b - a for a, b in zip(steps, steps[1:])])
-    result["generated"] = out[:, ids.shape[1]:].tolist()
+    result = summary(
+        n * (out.shape[1] - ids.shape[1]), seconds, [steps[0] - s0] * n, [b - a for a, b in zip(steps, steps[1:])]
+    )
+    result["generated"] = out[:, ids.shape[1] :].tolist()
     return result
 
 
@@ -110,11 +117,17 @@ def hf_continuous(model, batch: list[list[int]], out_tokens: int) -> dict:
     page = "page_size" if "page_size" in names else "block_size"
     # A cache sized for the batch (2 pages of 256 a request), not from free memory: sized from
     # free memory it took 75 GB next to the other models here and ran out of memory.
-    config = ContinuousBatchingConfig(**{page: 256}, num_blocks=2 * len(batch) + 8, max_batch_tokens=8192,
-                                      max_requests_per_batch=len(batch), use_cuda_graph=True,
-                                      use_async_batching=True)
-    gen = GenerationConfig(max_new_tokens=out_tokens, min_new_tokens=out_tokens, do_sample=False, eos_token_id=-1,
-                           pad_token_id=0)
+    config = ContinuousBatchingConfig(
+        **{page: 256},
+        num_blocks=2 * len(batch) + 8,
+        max_batch_tokens=8192,
+        max_requests_per_batch=len(batch),
+        use_cuda_graph=True,
+        use_async_batching=True,
+    )
+    gen = GenerationConfig(
+        max_new_tokens=out_tokens, min_new_tokens=out_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
     accepted = inspect.signature(model.generate_batch).parameters
     kw = {"record_timestamps": True} if "record_timestamps" in accepted else {}
     model.generate_batch(batch, generation_config=gen, continuous_batching_config=config, **kw)  # warm-up
@@ -134,16 +147,25 @@ def hf_continuous(model, batch: list[list[int]], out_tokens: int) -> dict:
     return result
 
 
-async def lmi_run(model_dir: Path, batch: list[list[int]], out_tokens: int, max_num_tokens: int,
-                  profile_dir: Path | None) -> dict:
+async def lmi_run(
+    model_dir: Path, batch: list[list[int]], out_tokens: int, max_num_tokens: int, profile_dir: Path | None
+) -> dict:
     from lmi_trt.engines.base import GenerationRequest, SamplingParams
     from lmi_trt.engines.gpu_sampler import Mode
     from lmi_trt.engines.torch import TorchEngine
 
     n, plen = len(batch), len(batch[0])
     started = time.perf_counter()
-    engine = TorchEngine(model_dir, dtype="bf16", device="cuda", max_batch_size=n, max_input_len=plen,
-                         max_new_tokens=out_tokens, max_num_tokens=max_num_tokens, decode_loop="builtin")
+    engine = TorchEngine(
+        model_dir,
+        dtype="bf16",
+        device="cuda",
+        max_batch_size=n,
+        max_input_len=plen,
+        max_new_tokens=out_tokens,
+        max_num_tokens=max_num_tokens,
+        decode_loop="builtin",
+    )
     await engine.start()
     result: dict = {"startup_s": time.perf_counter() - started}
 
@@ -198,7 +220,7 @@ async def lmi_run(model_dir: Path, batch: list[list[int]], out_tokens: int, max_
         result["checks"] = await sampling_checks(engine, batch[0])
     finally:
         await engine.close()
-    del engine, backend
+    engine = backend = None  # drop the last references before emptying the CUDA cache
     torch.cuda.empty_cache()
     return result
 
@@ -236,8 +258,10 @@ def profile_step(backend, size: int, out: Path) -> list[dict]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)
     events = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))
-    return [{"op": e.key, "count": e.count // 3, "device_ms_per_step": e.self_device_time_total / 3 / 1e3}
-            for e in events[:15]]
+    return [
+        {"op": e.key, "count": e.count // 3, "device_ms_per_step": e.self_device_time_total / 3 / 1e3}
+        for e in events[:15]
+    ]
 
 
 async def sampling_checks(engine, prompt: list[int]) -> dict:
@@ -246,8 +270,9 @@ async def sampling_checks(engine, prompt: list[int]) -> dict:
 
     async def run(rid: str, **kw) -> list[int]:
         bad = kw.pop("bad_words_ids", [])
-        request = GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=16, ignore_eos=True, **kw),
-                                    bad_words_ids=bad)
+        request = GenerationRequest(
+            rid, prompt, SamplingParams(max_new_tokens=16, ignore_eos=True, **kw), bad_words_ids=bad
+        )
         out = []
         async for delta in engine.submit(request):
             if delta.error:
@@ -256,14 +281,20 @@ async def sampling_checks(engine, prompt: list[int]) -> dict:
         return out
 
     greedy, s1, s2, s3, pen, bad = await asyncio.gather(
-        run("g"), run("s1", do_sample=True, temperature=0.8, top_k=40, top_p=0.9, seed=5),
+        run("g"),
+        run("s1", do_sample=True, temperature=0.8, top_k=40, top_p=0.9, seed=5),
         run("s2", do_sample=True, temperature=0.8, top_k=40, top_p=0.9, seed=5),
         run("s3", do_sample=True, temperature=1.3, seed=6, logprobs=True),
         run("pen", repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5, min_new_tokens=4),
-        run("bad", bad_words_ids=[[t] for t in range(100, 200)]))
-    return {"seeded_repeat": s1 == s2, "seeded_differs_from_greedy": s1 != greedy,
-            "bans_hold": not any(100 <= t < 200 for t in bad), "penalty_changed_output": pen != greedy,
-            "lengths": [len(x) for x in (greedy, s1, s2, s3, pen, bad)]}
+        run("bad", bad_words_ids=[[t] for t in range(100, 200)]),
+    )
+    return {
+        "seeded_repeat": s1 == s2,
+        "seeded_differs_from_greedy": s1 != greedy,
+        "bans_hold": not any(100 <= t < 200 for t in bad),
+        "penalty_changed_output": pen != greedy,
+        "lengths": [len(x) for x in (greedy, s1, s2, s3, pen, bad)],
+    }
 
 
 def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
@@ -274,8 +305,11 @@ def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
         return k
 
     lengths = [common(x, y) for x, y in zip(a, b)]
-    return {"rows_identical": sum(x == y for x, y in zip(a, b)), "rows": len(lengths),
-            "mean_common_prefix": statistics.mean(lengths)}
+    return {
+        "rows_identical": sum(x == y for x, y in zip(a, b)),
+        "rows": len(lengths),
+        "mean_common_prefix": statistics.mean(lengths),
+    }
 
 
 def main() -> None:
@@ -294,9 +328,15 @@ def main() -> None:
     modes = a.modes.split(",")
     import transformers
 
-    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "transformers": transformers.__version__, "prompt_tokens": a.prompt_tokens,
-                    "output_tokens": a.output_tokens, "lmi_max_num_tokens": a.max_num_tokens, "rows": []}
+    report: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "prompt_tokens": a.prompt_tokens,
+        "output_tokens": a.output_tokens,
+        "lmi_max_num_tokens": a.max_num_tokens,
+        "rows": [],
+    }
 
     def save() -> None:
         if a.json:
@@ -331,24 +371,39 @@ def main() -> None:
             report["rows"].append(row)
             print(f"N={n}: decode bound {row['bound_tok_s']:,.0f} tok/s", flush=True)
             if "lmi" in modes:
-                attempt(row, "lmi", lambda: asyncio.run(lmi_run(model_dir, batch, a.output_tokens, a.max_num_tokens,
-                                                                a.profile_dir)))
+                attempt(
+                    row,
+                    "lmi",
+                    lambda batch=batch: asyncio.run(
+                        lmi_run(model_dir, batch, a.output_tokens, a.max_num_tokens, a.profile_dir)
+                    ),
+                )
             if "hf_generate" in modes:
                 attempt(row, "hf_generate", hf_static_batch, hf, ids, a.output_tokens)
-            if "lmi" in modes and "hf_generate" in modes and "generated" in row["lmi"] \
-                    and "generated" in row["hf_generate"]:
-                row["lmi_vs_generate_greedy"] = prefix_agreement(row["lmi"]["generated"], row["hf_generate"]["generated"])
+            if (
+                "lmi" in modes
+                and "hf_generate" in modes
+                and "generated" in row["lmi"]
+                and "generated" in row["hf_generate"]
+            ):
+                row["lmi_vs_generate_greedy"] = prefix_agreement(
+                    row["lmi"]["generated"], row["hf_generate"]["generated"]
+                )
                 print(f"  greedy agreement with generate (bf16): {row['lmi_vs_generate_greedy']}", flush=True)
             if "hf_static_compile" in modes:
-                attempt(row, "hf_static_compile",
-                        lambda: hf_static_batch(hf, ids, a.output_tokens, cache_implementation="static"))
+                attempt(
+                    row,
+                    "hf_static_compile",
+                    lambda ids=ids: hf_static_batch(hf, ids, a.output_tokens, cache_implementation="static"),
+                )
             for mode in ("lmi", "hf_generate"):
                 row.get(mode, {}).pop("generated", None)
             save()
         # Last: in the first run its memory sizing took the process down.
         for row in report["rows"] if "hf_continuous" in modes else []:
-            attempt(row, "hf_continuous", hf_continuous, hf, prompts(row["concurrency"], a.prompt_tokens),
-                    a.output_tokens)
+            attempt(
+                row, "hf_continuous", hf_continuous, hf, prompts(row["concurrency"], a.prompt_tokens), a.output_tokens
+            )
     report["wall_s"] = time.perf_counter() - clock
     save()
     print(json.dumps(report, indent=2))

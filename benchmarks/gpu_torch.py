@@ -26,9 +26,19 @@ import torch
 def build_model(out: Path, *, layers: int, dtype: torch.dtype) -> int:
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=2048, num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=8192, vocab_size=32000, max_position_embeddings=4096,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, dtype="bfloat16")
+    cfg = LlamaConfig(
+        hidden_size=2048,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        dtype="bfloat16",
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -88,8 +98,15 @@ async def engine_run(model_dir: Path, batch: list[list[int]], out_tokens: int, b
     from lmi_trt.engines.torch import TorchEngine
 
     n, plen = len(batch), len(batch[0])
-    engine = TorchEngine(model_dir, dtype="bf16", device="cuda", max_batch_size=n, max_input_len=plen,
-                         max_new_tokens=out_tokens, batching=batching)
+    engine = TorchEngine(
+        model_dir,
+        dtype="bf16",
+        device="cuda",
+        max_batch_size=n,
+        max_input_len=plen,
+        max_new_tokens=out_tokens,
+        batching=batching,
+    )
     await engine.start()
     sampling = SamplingParams(max_new_tokens=out_tokens, ignore_eos=True)
 
@@ -108,11 +125,15 @@ async def engine_run(model_dir: Path, batch: list[list[int]], out_tokens: int, b
         seconds = time.perf_counter() - t0
     finally:
         await engine.close()
-    del engine
+    engine = None  # drop the last reference before emptying the CUDA cache
     torch.cuda.empty_cache()
     ttfts = sorted(r[1] for r in results)
-    return {"tok_s": sum(r[0] for r in results) / seconds, "seconds": seconds,
-            "ttft_p50_s": ttfts[len(ttfts) // 2], "tokens": sum(r[0] for r in results)}
+    return {
+        "tok_s": sum(r[0] for r in results) / seconds,
+        "seconds": seconds,
+        "ttft_p50_s": ttfts[len(ttfts) // 2],
+        "tokens": sum(r[0] for r in results),
+    }
 
 
 def main() -> None:
@@ -133,8 +154,10 @@ def main() -> None:
         model_dir = Path(tmp) / "llama-1b"
         report["weight_bytes"] = build_model(model_dir, layers=a.layers, dtype=torch.bfloat16)
         report["copy_bandwidth_Bps"] = bw = copy_bandwidth()
-        print(f"{report['device']}: weights {report['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {bw / 1e12:.2f} TB/s",
-              flush=True)
+        print(
+            f"{report['device']}: weights {report['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {bw / 1e12:.2f} TB/s",
+            flush=True,
+        )
         rows = []
         for n in (int(x) for x in a.concurrency.split(",")):
             batch = prompts(n, a.prompt_tokens)
@@ -147,8 +170,9 @@ def main() -> None:
                     r = asyncio.run(engine_run(model_dir, batch, a.output_tokens, mode))
                     row[f"engine_{mode}_tok_s"] = r["tok_s"]
                     row[f"engine_{mode}_ttft_p50_s"] = r["ttft_p50_s"]
-                    print(f"  N={n} engine {mode}: {r['tok_s']:,.0f} tok/s, TTFT p50 {r['ttft_p50_s']:.3f} s",
-                          flush=True)
+                    print(
+                        f"  N={n} engine {mode}: {r['tok_s']:,.0f} tok/s, TTFT p50 {r['ttft_p50_s']:.3f} s", flush=True
+                    )
             rows.append(row)
         report["rows"] = rows
     print(json.dumps(report, indent=2))

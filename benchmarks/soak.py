@@ -46,8 +46,14 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_INPUT = 64
 MAX_OUTPUT = 48
 MAX_REQUEST = 256 * 1024
-PROMPTS = ["The quick brown fox", "Large language models generate text", "Grüße aus München! Ça va?",
-           "日本語のテキスト", "def hello(name):", "Once upon a time there was"]
+PROMPTS = [
+    "The quick brown fox",
+    "Large language models generate text",
+    "Grüße aus München! Ça va?",
+    "日本語のテキスト",
+    "def hello(name):",
+    "Once upon a time there was",
+]
 MIX = {"json": 0.35, "jsonl": 0.3, "cancel": 0.15, "bad": 0.2}
 
 
@@ -95,8 +101,9 @@ def _default_model() -> str:
     return str(tiny_model("llama"))
 
 
-async def _one(session: Any, kind: str, rng: random.Random, counts: Counter, failures: defaultdict,
-               examples: list[str]) -> None:
+async def _one(
+    session: Any, kind: str, rng: random.Random, counts: Counter, failures: defaultdict, examples: list[str]
+) -> None:
     import aiohttp
 
     prompt = rng.choice(PROMPTS)
@@ -115,8 +122,11 @@ async def _one(session: Any, kind: str, rng: random.Random, counts: Counter, fai
                 if r.status != 200 or not isinstance(json.loads(body).get("generated_text"), str):
                     fail(f"{r.status} {body[:200]!r}")
         elif kind in ("jsonl", "cancel"):
-            body = {"inputs": prompt, "parameters": {**params, "max_new_tokens": max(params["max_new_tokens"], 8)},
-                    "stream": True}
+            body = {
+                "inputs": prompt,
+                "parameters": {**params, "max_new_tokens": max(params["max_new_tokens"], 8)},
+                "stream": True,
+            }
             async with session.post("/invocations", json=body) as r:
                 status = r.status
                 if r.status != 200:
@@ -138,7 +148,10 @@ async def _one(session: Any, kind: str, rng: random.Random, counts: Counter, fai
             elif case == 1:
                 data, names = json.dumps({"inputs": "word " * (MAX_INPUT * 2)}).encode(), ("max_input_len",)
             elif case == 2:
-                data, names = json.dumps({"inputs": prompt, "parameters": {"temperature": -1}}).encode(), ("temperature",)
+                data, names = (
+                    json.dumps({"inputs": prompt, "parameters": {"temperature": -1}}).encode(),
+                    ("temperature",),
+                )
             elif case == 3:
                 path, data, want, names = "/no/such/route", b"{}", 404, ("no route",)
             else:
@@ -167,8 +180,14 @@ async def _traffic(url: str, args: argparse.Namespace, report: Report, proc: Any
     async def sampler() -> None:
         while not stop.is_set():
             with proc.oneshot():
-                report.samples.append(Sample(round(time.monotonic() - t0, 1), proc.memory_info().rss / 2**20,
-                                             proc.num_fds(), proc.num_threads()))
+                report.samples.append(
+                    Sample(
+                        round(time.monotonic() - t0, 1),
+                        proc.memory_info().rss / 2**20,
+                        proc.num_fds(),
+                        proc.num_threads(),
+                    )
+                )
             try:
                 await asyncio.wait_for(stop.wait(), args.sample_every)
             except asyncio.TimeoutError:
@@ -224,7 +243,9 @@ def _metric(text: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--max-requests", type=int, default=50_000, help="hard bound on requests sent (default 50000)")
     p.add_argument("--concurrency", type=int, default=4)
@@ -247,9 +268,25 @@ def main(argv: list[str] | None = None) -> int:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"lmi-trt-soak-{port}.log"
-    cmd = [sys.executable, "-m", "lmi_trt", "serve", "--model-id", model, "--engine", args.engine, "--port", str(port),
-           "-o", f"option.max_input_len={MAX_INPUT}", "-o", f"option.max_output_len={MAX_OUTPUT}",
-           "-o", f"max_request_size={MAX_REQUEST}", *shlex.split(args.serve_args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmi_trt",
+        "serve",
+        "--model-id",
+        model,
+        "--engine",
+        args.engine,
+        "--port",
+        str(port),
+        "-o",
+        f"option.max_input_len={MAX_INPUT}",
+        "-o",
+        f"option.max_output_len={MAX_OUTPUT}",
+        "-o",
+        f"max_request_size={MAX_REQUEST}",
+        *shlex.split(args.serve_args),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     report = Report(minutes=args.minutes, engine=args.engine)
     with open(log_path, "wb") as log:
@@ -269,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("the server did not become ready in 300 s", file=sys.stderr)
                 return 2
             time.sleep(0.2)
-        print(f"soak: {args.minutes:g} min of mixed traffic on the {args.engine} engine ({model}), "
-              f"{args.concurrency} workers, at most {args.max_requests} requests; server log {log_path}")
+        print(
+            f"soak: {args.minutes:g} min of mixed traffic on the {args.engine} engine ({model}), "
+            f"{args.concurrency} workers, at most {args.max_requests} requests; server log {log_path}"
+        )
         asyncio.run(_traffic(url, args, report, psutil.Process(server.pid)))
         for _ in range(50):  # idle: nothing in the system, no engine slot held
             metrics = requests.get(url + "/metrics", timeout=10).text
@@ -302,10 +341,15 @@ def _print(r: Report) -> None:
     for example in r.failure_examples[:5]:
         print(f"  {example}")
     if first and last:
-        print(f"RSS: {first.rss_mib:.0f} → {last.rss_mib:.0f} MiB; after warm-up {r.rss_growth_mib:+.1f} MiB, "
-              f"trend {r.rss_slope_mib_per_min:+.2f} MiB/min: {'flat' if r.rss_flat else 'NOT FLAT'}")
-        print(f"open fds: {first.fds} → {last.fds}; after warm-up {r.fd_growth:+d}: {'flat' if r.fds_flat else 'NOT FLAT'}"
-              f"; threads {first.threads} → {last.threads}")
+        print(
+            f"RSS: {first.rss_mib:.0f} → {last.rss_mib:.0f} MiB; after warm-up {r.rss_growth_mib:+.1f} MiB, "
+            f"trend {r.rss_slope_mib_per_min:+.2f} MiB/min: {'flat' if r.rss_flat else 'NOT FLAT'}"
+        )
+        print(
+            f"open fds: {first.fds} → {last.fds}; "
+            f"after warm-up {r.fd_growth:+d}: {'flat' if r.fds_flat else 'NOT FLAT'}"
+            f"; threads {first.threads} → {last.threads}"
+        )
     print(f"idle at the end: {r.idle_at_end}; exit code after SIGTERM: {r.exit_code}")
     print("SOAK OK" if r.ok else "SOAK FAILED")
 

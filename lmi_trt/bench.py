@@ -94,7 +94,7 @@ class LengthDist:
     hi: int
 
     @classmethod
-    def parse(cls, text: str) -> "LengthDist":
+    def parse(cls, text: str) -> LengthDist:
         text = str(text).strip()
         lo_s, sep, hi_s = text.partition(":")
         try:
@@ -170,8 +170,16 @@ def route_for(api: str, openai_endpoint: str = "completions") -> str:
     raise ValueError(f"unknown api {api!r}; expected one of {', '.join(APIS)}")
 
 
-def build_body(api: str, prompt: str, max_new_tokens: int, *, openai_endpoint: str = "completions",
-               model: str = "model", ignore_eos: bool = False, details: bool = False) -> bytes:
+def build_body(
+    api: str,
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    openai_endpoint: str = "completions",
+    model: str = "model",
+    ignore_eos: bool = False,
+    details: bool = False,
+) -> bytes:
     """The JSON body of one streaming request (greedy, so servers take their fastest path)."""
     if api in ("lmi", "tgi"):
         params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -184,8 +192,13 @@ def build_body(api: str, prompt: str, max_new_tokens: int, *, openai_endpoint: s
             body["stream"] = True
         return _dumps(body)
     if api == "openai":
-        body = {"model": model, "max_tokens": max_new_tokens, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "max_tokens": max_new_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if openai_endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -210,21 +223,35 @@ class Workload:
     prompt_tokens_exact: bool
 
 
-def build_workload(api: str, prompt_dist: LengthDist, output_dist: LengthDist, *, n: int = 256, seed: int = 0,
-                   tokenizer_dir: str | os.PathLike | None = None, openai_endpoint: str = "completions",
-                   model: str = "model", ignore_eos: bool = False, details: bool = False) -> Workload:
+def build_workload(
+    api: str,
+    prompt_dist: LengthDist,
+    output_dist: LengthDist,
+    *,
+    n: int = 256,
+    seed: int = 0,
+    tokenizer_dir: str | os.PathLike | None = None,
+    openai_endpoint: str = "completions",
+    model: str = "model",
+    ignore_eos: bool = False,
+    details: bool = False,
+) -> Workload:
     rng = random.Random(seed)
     factory = PromptFactory(tokenizer_dir)
     bodies, p_tok, o_tok = [], [], []
     for _ in range(max(1, n)):
         prompt, np_ = factory.make(prompt_dist.sample(rng), rng)
         no = output_dist.sample(rng)
-        bodies.append(build_body(api, prompt, no, openai_endpoint=openai_endpoint, model=model,
-                                 ignore_eos=ignore_eos, details=details))
+        bodies.append(
+            build_body(
+                api, prompt, no, openai_endpoint=openai_endpoint, model=model, ignore_eos=ignore_eos, details=details
+            )
+        )
         p_tok.append(np_)
         o_tok.append(no)
-    return Workload(api, route_for(api, openai_endpoint), bodies, p_tok, o_tok, str(prompt_dist),
-                    str(output_dist), factory.exact)
+    return Workload(
+        api, route_for(api, openai_endpoint), bodies, p_tok, o_tok, str(prompt_dist), str(output_dist), factory.exact
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,10 +262,10 @@ def build_workload(api: str, prompt_dist: LengthDist, output_dist: LengthDist, *
 class StreamEnd:
     """What the end of a stream said."""
 
-    extra_tokens: int = 0          # token records in a final line that had no trailing newline
-    complete: bool = False         # the protocol's final record / terminator was seen
+    extra_tokens: int = 0  # token records in a final line that had no trailing newline
+    complete: bool = False  # the protocol's final record / terminator was seen
     reported_tokens: int | None = None  # details.generated_tokens or usage.completion_tokens
-    error: str | None = None       # an error record ended the stream
+    error: str | None = None  # an error record ended the stream
 
 
 class StreamParser:
@@ -399,8 +426,9 @@ class OpenAIParser(StreamParser):
             return False
         delta = ch.get("delta")
         if isinstance(delta, dict):  # chat: skip the role-only opening chunk
-            return bool(delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")) \
-                or ("role" not in delta and "finish_reason" in ch)
+            return bool(delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")) or (
+                "role" not in delta and "finish_reason" in ch
+            )
         return "text" in ch or "finish_reason" in ch
 
     def _final(self, records: list[bytes], end: StreamEnd) -> None:
@@ -528,11 +556,18 @@ class RawLevel:
         if msg in self.error_samples or len(self.error_samples) < 8:
             self.error_samples[msg] = self.error_samples.get(msg, 0) + 1
 
-    def merge(self, other: "RawLevel") -> None:
+    def merge(self, other: RawLevel) -> None:
         self.t_start = min(self.t_start, other.t_start)
         self.t_end = max(self.t_end, other.t_end)
-        for name in ("ok", "errors", "output_tokens", "streamed_records", "prompt_tokens", "mismatches",
-                     "client_cpu_s"):
+        for name in (
+            "ok",
+            "errors",
+            "output_tokens",
+            "streamed_records",
+            "prompt_tokens",
+            "mismatches",
+            "client_cpu_s",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for msg, k in other.error_samples.items():
             if msg in self.error_samples or len(self.error_samples) < 8:
@@ -540,9 +575,13 @@ class RawLevel:
         for name in ("ttft", "e2e", "tpot", "itl", "itl_w"):
             getattr(self, name).extend(getattr(other, name))
         if other.server_cpu0 is not None:
-            self.server_cpu0 = other.server_cpu0 if self.server_cpu0 is None else min(self.server_cpu0, other.server_cpu0)
+            self.server_cpu0 = (
+                other.server_cpu0 if self.server_cpu0 is None else min(self.server_cpu0, other.server_cpu0)
+            )
         if other.server_cpu1 is not None:
-            self.server_cpu1 = other.server_cpu1 if self.server_cpu1 is None else max(self.server_cpu1, other.server_cpu1)
+            self.server_cpu1 = (
+                other.server_cpu1 if self.server_cpu1 is None else max(self.server_cpu1, other.server_cpu1)
+            )
 
     @property
     def server_cpu_s(self) -> float | None:
@@ -553,11 +592,11 @@ class RawLevel:
 
 @dataclass
 class LevelSpec:
-    url: str                   # base URL, e.g. http://127.0.0.1:8080
+    url: str  # base URL, e.g. http://127.0.0.1:8080
     concurrency: int
-    requests: int | None       # total for the level (None: until duration)
-    duration: float | None     # seconds (None: until requests)
-    warmup: int = 0            # requests sent (and not measured) before the level starts
+    requests: int | None  # total for the level (None: until duration)
+    duration: float | None  # seconds (None: until requests)
+    warmup: int = 0  # requests sent (and not measured) before the level starts
     timeout: float = 600.0
     loop: str = "auto"
     server_pid: int | None = None  # sample this process's CPU over the measured window
@@ -588,8 +627,7 @@ async def _run_level_async(spec: LevelSpec, wl: Workload, offset: int = 0, barri
     headers = {"Content-Type": "application/json", "Accept": "*/*"}
     perf = time.perf_counter
     conc = max(1, spec.concurrency)
-    connector = aiohttp.TCPConnector(limit=conc, limit_per_host=conc, ttl_dns_cache=None,
-                                     enable_cleanup_closed=False)
+    connector = aiohttp.TCPConnector(limit=conc, limit_per_host=conc, ttl_dns_cache=None, enable_cleanup_closed=False)
     timeout = aiohttp.ClientTimeout(total=spec.timeout, sock_connect=30)
     ttft_a, e2e_a, tpot_a = raw.ttft.append, raw.e2e.append, raw.tpot.append
     itl_a, itlw_a = raw.itl.append, raw.itl_w.append
@@ -674,9 +712,14 @@ async def _run_level_async(spec: LevelSpec, wl: Workload, offset: int = 0, barri
             state["next"] = i + 1
             await one(session, i, True)
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                     cookie_jar=aiohttp.DummyCookieJar(), read_bufsize=1 << 18,
-                                     skip_auto_headers=("User-Agent",)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        read_bufsize=1 << 18,
+        skip_auto_headers=("User-Agent",),
+    ) as session:
         if spec.warmup:
             warm = list(range(spec.warmup))
             sem = asyncio.Semaphore(conc)
@@ -738,8 +781,7 @@ def run_level(spec: LevelSpec, wl: Workload, client_procs: int = 1, client_cpus:
     children = []
     offset = 0
     for k in range(procs):
-        sub = LevelSpec(spec.url, concs[k], reqs[k], spec.duration, warms[k], spec.timeout, spec.loop,
-                        spec.server_pid)
+        sub = LevelSpec(spec.url, concs[k], reqs[k], spec.duration, warms[k], spec.timeout, spec.loop, spec.server_pid)
         p = ctx.Process(target=_child_level, args=(sub, wl, offset, barrier, queue), daemon=True)
         p.start()
         if client_cpus:
@@ -857,7 +899,7 @@ def proc_cpu_seconds(pid: int) -> float | None:
                 stat = f.read()
         except OSError:
             return 0.0
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         total = (int(fields[11]) + int(fields[12])) / tick
         try:
             for task in os.listdir(f"/proc/{p}/task"):
@@ -877,9 +919,17 @@ class ServerProcess:
     """A server subprocess: started (optionally pinned with taskset), ready when GET /ping
     answers 200, stopped with SIGINT then SIGTERM then SIGKILL."""
 
-    def __init__(self, argv: list[str], port: int, *, cpus: list[int] | None = None, name: str = "server",
-                 log_path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-                 ready_path: str = "/ping"):
+    def __init__(
+        self,
+        argv: list[str],
+        port: int,
+        *,
+        cpus: list[int] | None = None,
+        name: str = "server",
+        log_path: str | os.PathLike | None = None,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/ping",
+    ):
         self.argv = list(argv)
         if cpus:
             self.argv = ["taskset", "-c", ",".join(map(str, cpus))] + self.argv
@@ -892,7 +942,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self._log = None
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         if self.log_path:
             self._log = open(self.log_path, "wb")
             out = self._log
@@ -901,8 +951,7 @@ class ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return self
 
     @property
@@ -917,8 +966,9 @@ class ServerProcess:
         last = "no answer"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before it was ready"
-                                   + self._log_hint())
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.proc.returncode} before it was ready" + self._log_hint()
+                )
             try:
                 with urllib.request.urlopen(self.url + self.ready_path, timeout=5) as r:
                     if r.status == 200:
@@ -929,8 +979,9 @@ class ServerProcess:
             except (urllib.error.URLError, OSError) as e:
                 last = str(e)
             time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready at {self.url}{self.ready_path} after {timeout:.0f}s ({last})"
-                           + self._log_hint())
+        raise TimeoutError(
+            f"{self.name} not ready at {self.url}{self.ready_path} after {timeout:.0f}s ({last})" + self._log_hint()
+        )
 
     def _log_hint(self) -> str:
         if not self.log_path:
@@ -961,7 +1012,7 @@ class ServerProcess:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -1033,17 +1084,28 @@ class BenchConfig:
 
     def workload(self, model: str) -> Workload:
         most = max(self.requests_for(c) or 512 for c in self.concurrency)
-        return build_workload(self.api, self.prompt, self.output, n=min(most, 512), seed=self.seed,
-                              tokenizer_dir=self.tokenizer, openai_endpoint=self.openai_endpoint,
-                              model=model, ignore_eos=self.ignore_eos, details=self.details)
+        return build_workload(
+            self.api,
+            self.prompt,
+            self.output,
+            n=min(most, 512),
+            seed=self.seed,
+            tokenizer_dir=self.tokenizer,
+            openai_endpoint=self.openai_endpoint,
+            model=model,
+            ignore_eos=self.ignore_eos,
+            details=self.details,
+        )
 
 
-def run_series(url: str, cfg: BenchConfig, wl: Workload, concurrency: int, server_pid: int | None = None
-               ) -> dict[str, Any]:
+def run_series(
+    url: str, cfg: BenchConfig, wl: Workload, concurrency: int, server_pid: int | None = None
+) -> dict[str, Any]:
     """One level against one server: the result dict (see level_result)."""
     warmup = concurrency if cfg.warmup is None else cfg.warmup
-    spec = LevelSpec(url, concurrency, cfg.requests_for(concurrency), cfg.duration, warmup, cfg.timeout, cfg.loop,
-                     server_pid)
+    spec = LevelSpec(
+        url, concurrency, cfg.requests_for(concurrency), cfg.duration, warmup, cfg.timeout, cfg.loop, server_pid
+    )
     return level_result(spec, run_level(spec, wl, cfg.client_procs, cfg.client_cpus))
 
 
@@ -1056,18 +1118,35 @@ def _fmt(v, nd=1) -> str:
 
 
 def format_table(levels: list[dict[str, Any]]) -> str:
-    head = ["conc", "reqs", "err", "req/s", "out tok/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms",
-            "TPOT p50 ms", "cli cpu", "srv cpu"]
+    head = [
+        "conc",
+        "reqs",
+        "err",
+        "req/s",
+        "out tok/s",
+        "TTFT p50/p90/p99 ms",
+        "ITL p50/p90/p99 ms",
+        "TPOT p50 ms",
+        "cli cpu",
+        "srv cpu",
+    ]
     rows = [head]
     for r in levels:
         t, i = r["ttft_ms"], r["itl_ms"]
-        rows.append([
-            str(r["concurrency"]), _fmt(r["requests"]), _fmt(r["errors"]), _fmt(r["requests_per_s"]),
-            _fmt(r["output_tokens_per_s"]),
-            "/".join(_fmt(t[f"p{q}"]) for q in PERCENTILES),
-            "/".join(_fmt(i[f"p{q}"], 2) for q in PERCENTILES),
-            _fmt(r["tpot_ms"]["p50"], 2), _fmt(r["client_cpu_cores"], 2), _fmt(r["server_cpu_cores"], 2),
-        ])
+        rows.append(
+            [
+                str(r["concurrency"]),
+                _fmt(r["requests"]),
+                _fmt(r["errors"]),
+                _fmt(r["requests_per_s"]),
+                _fmt(r["output_tokens_per_s"]),
+                "/".join(_fmt(t[f"p{q}"]) for q in PERCENTILES),
+                "/".join(_fmt(i[f"p{q}"], 2) for q in PERCENTILES),
+                _fmt(r["tpot_ms"]["p50"], 2),
+                _fmt(r["client_cpu_cores"], 2),
+                _fmt(r["server_cpu_cores"], 2),
+            ]
+        )
     return _render(rows)
 
 
@@ -1084,16 +1163,22 @@ def client_warnings(levels: list[dict[str, Any]]) -> list[str]:
         cores = r.get("client_cpu_cores")
         procs = r.get("client_procs") or 1
         if cores is not None and cores / procs > 0.85:
-            out.append(f"concurrency {r['concurrency']}: the client used {cores:.2f} CPU core(s) over {procs} "
-                       f"process(es); it may be what limits this level (try --client-procs {procs * 2})")
+            out.append(
+                f"concurrency {r['concurrency']}: the client used {cores:.2f} CPU core(s) over {procs} "
+                f"process(es); it may be what limits this level (try --client-procs {procs * 2})"
+            )
         if r["errors"]:
             samples = "; ".join(f"{k} (x{v})" for k, v in list(r["error_samples"].items())[:3])
             out.append(f"concurrency {r['concurrency']}: {r['errors']} failed request(s): {samples}")
     return out
 
 
-def plot_throughput(path: str | os.PathLike, series: dict[str, list[dict[str, Any]]], title: str = "",
-                    ratio_of: tuple[str, str] | None = None) -> None:
+def plot_throughput(
+    path: str | os.PathLike,
+    series: dict[str, list[dict[str, Any]]],
+    title: str = "",
+    ratio_of: tuple[str, str] | None = None,
+) -> None:
     """Output tokens/s vs concurrency, one line per series (matplotlib, Agg backend).
     ``ratio_of=(num, den)`` adds num/den on a second axis."""
     import matplotlib
@@ -1120,8 +1205,14 @@ def plot_throughput(path: str | os.PathLike, series: dict[str, list[dict[str, An
         den = {r["concurrency"]: r["output_tokens_per_s"] for r in series[ratio_of[1]]}
         xs = sorted(c for c in num if c in den and den[c])
         ax2 = ax.twinx()
-        ax2.plot(xs, [num[c] / den[c] for c in xs], color="gray", linestyle="--", marker="x",
-                 label=f"{ratio_of[0]} / {ratio_of[1]}")
+        ax2.plot(
+            xs,
+            [num[c] / den[c] for c in xs],
+            color="gray",
+            linestyle="--",
+            marker="x",
+            label=f"{ratio_of[0]} / {ratio_of[1]}",
+        )
         ax2.set_ylabel("ratio")
         ax2.set_ylim(0, max(1.05, max((num[c] / den[c] for c in xs), default=1) * 1.1))
         h2, l2 = ax2.get_legend_handles_labels()
@@ -1156,9 +1247,15 @@ def machine_facts() -> dict[str, Any]:
         aiohttp_version = aiohttp.__version__
     except ImportError:  # pragma: no cover
         aiohttp_version = None
-    return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "client_affinity": affinity,
-            "python": platform.python_version(), "aiohttp": aiohttp_version,
-            "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "client_affinity": affinity,
+        "python": platform.python_version(),
+        "aiohttp": aiohttp_version,
+        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
 
 
 def write_json(path: str | os.PathLike, doc: dict[str, Any]) -> None:
@@ -1189,52 +1286,105 @@ def _dist(text: str) -> LengthDist:
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     """Load-shape flags shared by `lmi-trt bench` and benchmarks/compare.py."""
     g = p.add_argument_group("load")
-    g.add_argument("--api", choices=APIS, default="lmi",
-                   help="lmi: POST /invocations jsonlines; openai: /v1/completions SSE; tgi: /generate_stream SSE")
-    g.add_argument("--openai-endpoint", choices=OPENAI_ENDPOINTS, default="completions",
-                   help="with --api openai: /v1/completions or /v1/chat/completions")
+    g.add_argument(
+        "--api",
+        choices=APIS,
+        default="lmi",
+        help="lmi: POST /invocations jsonlines; openai: /v1/completions SSE; tgi: /generate_stream SSE",
+    )
+    g.add_argument(
+        "--openai-endpoint",
+        choices=OPENAI_ENDPOINTS,
+        default="completions",
+        help="with --api openai: /v1/completions or /v1/chat/completions",
+    )
     g.add_argument("--model", help="OpenAI 'model' field (default: the first of GET /v1/models, else 'model')")
-    g.add_argument("-c", "--concurrency", type=parse_concurrency, default=parse_concurrency(DEFAULT_CONCURRENCY),
-                   help=f"concurrent streams: one value or a list (default {DEFAULT_CONCURRENCY})")
-    g.add_argument("-n", "--requests", type=int,
-                   help="requests per level (default: max(32, 8 x concurrency) unless --duration)")
+    g.add_argument(
+        "-c",
+        "--concurrency",
+        type=parse_concurrency,
+        default=parse_concurrency(DEFAULT_CONCURRENCY),
+        help=f"concurrent streams: one value or a list (default {DEFAULT_CONCURRENCY})",
+    )
+    g.add_argument(
+        "-n", "--requests", type=int, help="requests per level (default: max(32, 8 x concurrency) unless --duration)"
+    )
     g.add_argument("-d", "--duration", type=float, help="seconds per level: no new requests after it")
-    g.add_argument("--warmup", type=int,
-                   help="unmeasured requests per level before it (default: the concurrency, which also opens "
-                        "the connections; 0: none)")
-    g.add_argument("--prompt-tokens", type=_dist, default=LengthDist(128, 128),
-                   help="prompt length: N or LO:HI uniform (default 128; approximate without --tokenizer)")
-    g.add_argument("--output-tokens", type=_dist, default=LengthDist(128, 128),
-                   help="max_new_tokens: N or LO:HI uniform (default 128)")
+    g.add_argument(
+        "--warmup",
+        type=int,
+        help="unmeasured requests per level before it (default: the concurrency, which also opens "
+        "the connections; 0: none)",
+    )
+    g.add_argument(
+        "--prompt-tokens",
+        type=_dist,
+        default=LengthDist(128, 128),
+        help="prompt length: N or LO:HI uniform (default 128; approximate without --tokenizer)",
+    )
+    g.add_argument(
+        "--output-tokens",
+        type=_dist,
+        default=LengthDist(128, 128),
+        help="max_new_tokens: N or LO:HI uniform (default 128)",
+    )
     g.add_argument("--tokenizer", help="a tokenizer folder: prompts of exactly --prompt-tokens tokens")
     g.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true so outputs run to max_new_tokens")
-    g.add_argument("--details", action="store_true",
-                   help="LMI/TGI: ask for details, so details.generated_tokens confirms the count")
+    g.add_argument(
+        "--details",
+        action="store_true",
+        help="LMI/TGI: ask for details, so details.generated_tokens confirms the count",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--timeout", type=float, default=600.0, help="per-request limit, seconds (default 600)")
     c = p.add_argument_group("client")
-    c.add_argument("--client-procs", type=int, default=1,
-                   help="client processes sharing the load (default 1); raise it when the client's CPU use nears 1.0")
+    c.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes sharing the load (default 1); raise it when the client's CPU use nears 1.0",
+    )
     c.add_argument("--client-cpus", help="CPUs to pin the client process(es) to, e.g. 1 or 1-3")
-    c.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                   help="client event loop (auto: uvloop when installed)")
+    c.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="client event loop (auto: uvloop when installed)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    return BenchConfig(api=args.api, concurrency=args.concurrency, requests=args.requests, duration=args.duration,
-                       warmup=args.warmup, prompt=args.prompt_tokens, output=args.output_tokens,
-                       tokenizer=args.tokenizer, openai_endpoint=args.openai_endpoint, model=args.model,
-                       ignore_eos=args.ignore_eos, details=args.details, seed=args.seed, timeout=args.timeout,
-                       client_procs=args.client_procs, client_cpus=parse_cpus(args.client_cpus), loop=args.loop)
+    return BenchConfig(
+        api=args.api,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        duration=args.duration,
+        warmup=args.warmup,
+        prompt=args.prompt_tokens,
+        output=args.output_tokens,
+        tokenizer=args.tokenizer,
+        openai_endpoint=args.openai_endpoint,
+        model=args.model,
+        ignore_eos=args.ignore_eos,
+        details=args.details,
+        seed=args.seed,
+        timeout=args.timeout,
+        client_procs=args.client_procs,
+        client_cpus=parse_cpus(args.client_cpus),
+        loop=args.loop,
+    )
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t = p.add_argument_group("target (one of)")
     x = t.add_mutually_exclusive_group(required=True)
     x.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8080")
-    x.add_argument("--serve-args", metavar="ARGS",
-                   help="start `python -m lmi_trt serve ARGS` (on a free port unless ARGS has --port), "
-                        "wait for /ping 200, stop it at the end")
+    x.add_argument(
+        "--serve-args",
+        metavar="ARGS",
+        help="start `python -m lmi_trt serve ARGS` (on a free port unless ARGS has --port), "
+        "wait for /ping 200, stop it at the end",
+    )
     t.add_argument("--serve-cmd", help="with --serve-args: the command instead of `python -m lmi_trt serve`")
     t.add_argument("--server-cpus", help="with --serve-args: pin the server with taskset, e.g. 0")
     t.add_argument("--server-pid", type=int, help="with --url: sample this process's CPU use per level")
@@ -1252,8 +1402,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
     """Register `bench` on the `lmi-trt` sub-parsers (cli.py calls this)."""
     p = subparsers.add_parser(
-        "bench", help="streaming load generator: tokens/s, TTFT, ITL vs concurrency (LMI, OpenAI or TGI routes)",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "bench",
+        help="streaming load generator: tokens/s, TTFT, ITL vs concurrency (LMI, OpenAI or TGI routes)",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     return configure_parser(p)
 
 
@@ -1269,8 +1422,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         if args.serve_args:
             argv = serve_argv(args.serve_args, free_port(), args.serve_cmd)
-            server = ServerProcess(argv, port_of(argv, 8080), cpus=parse_cpus(args.server_cpus), name="lmi-trt serve",
-                                   log_path=args.server_log)
+            server = ServerProcess(
+                argv,
+                port_of(argv, 8080),
+                cpus=parse_cpus(args.server_cpus),
+                name="lmi-trt serve",
+                log_path=args.server_log,
+            )
             print(f"starting: {shlex.join(server.argv)}", file=sys.stderr)
             server.start()
             server.wait_ready(args.start_timeout)
@@ -1284,8 +1442,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for conc in cfg.concurrency:
             res = run_series(url, cfg, wl, conc, server_pid)
             levels.append(res)
-            print(f"  concurrency {conc}: {res['output_tokens_per_s']:,.0f} tok/s, {res['requests_per_s']:.1f} req/s, "
-                  f"{res['errors']} errors", file=sys.stderr, flush=True)
+            print(
+                f"  concurrency {conc}: {res['output_tokens_per_s']:,.0f} tok/s, {res['requests_per_s']:.1f} req/s, "
+                f"{res['errors']} errors",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         if server is not None:
             server.stop()
@@ -1293,27 +1455,54 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for w in client_warnings(levels):
         print("note: " + w)
     if args.json:
-        write_json(args.json, {"kind": "lmi-trt-bench", "label": args.label, "url": url,
-                               "server": shlex.join(server.argv) if server else None,
-                               "config": _config_doc(cfg, wl), "machine": machine_facts(),
-                               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels})
+        write_json(
+            args.json,
+            {
+                "kind": "lmi-trt-bench",
+                "label": args.label,
+                "url": url,
+                "server": shlex.join(server.argv) if server else None,
+                "config": _config_doc(cfg, wl),
+                "machine": machine_facts(),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "levels": levels,
+            },
+        )
     if args.plot:
-        plot_throughput(args.plot, {args.label: levels},
-                        title=f"{cfg.api} stream, prompt {wl.prompt_dist} / output {wl.output_dist} tokens")
+        plot_throughput(
+            args.plot,
+            {args.label: levels},
+            title=f"{cfg.api} stream, prompt {wl.prompt_dist} / output {wl.output_dist} tokens",
+        )
     return 1 if any(r["ok"] == 0 for r in levels) else 0
 
 
 def _config_doc(cfg: BenchConfig, wl: Workload) -> dict[str, Any]:
-    return {"api": cfg.api, "path": wl.path, "concurrency": cfg.concurrency,
-            "requests_per_level": {c: cfg.requests_for(c) for c in cfg.concurrency}, "duration_s": cfg.duration,
-            "warmup": "concurrency" if cfg.warmup is None else cfg.warmup, "prompt_tokens": wl.prompt_dist, "prompt_tokens_exact": wl.prompt_tokens_exact,
-            "output_tokens": wl.output_dist, "ignore_eos": cfg.ignore_eos, "details": cfg.details,
-            "client_procs": cfg.client_procs, "client_cpus": cfg.client_cpus, "loop": cfg.loop, "seed": cfg.seed}
+    return {
+        "api": cfg.api,
+        "path": wl.path,
+        "concurrency": cfg.concurrency,
+        "requests_per_level": {c: cfg.requests_for(c) for c in cfg.concurrency},
+        "duration_s": cfg.duration,
+        "warmup": "concurrency" if cfg.warmup is None else cfg.warmup,
+        "prompt_tokens": wl.prompt_dist,
+        "prompt_tokens_exact": wl.prompt_tokens_exact,
+        "output_tokens": wl.output_dist,
+        "ignore_eos": cfg.ignore_eos,
+        "details": cfg.details,
+        "client_procs": cfg.client_procs,
+        "client_cpus": cfg.client_cpus,
+        "loop": cfg.loop,
+        "seed": cfg.seed,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="lmi-trt bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="lmi-trt bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     configure_parser(p)
     args = p.parse_args(argv)
     return int(args.func(args) or 0)

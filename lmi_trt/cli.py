@@ -21,13 +21,25 @@ log = logging.getLogger("lmi_trt")
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("model and configuration (flags win over serving.properties and the environment)")
-    src.add_argument("--model-dir", type=Path, help="folder holding serving.properties; with no model_id it is the model "
-                     f"(default: {DEFAULT_MODEL_DIR} when it exists)")
-    src.add_argument("--properties", type=Path, help="a serving.properties file (default: MODEL_DIR/serving.properties)")
+    src.add_argument(
+        "--model-dir",
+        type=Path,
+        help="folder holding serving.properties; with no model_id it is the model "
+        f"(default: {DEFAULT_MODEL_DIR} when it exists)",
+    )
+    src.add_argument(
+        "--properties", type=Path, help="a serving.properties file (default: MODEL_DIR/serving.properties)"
+    )
     src.add_argument("--model-id", help="same as option.model_id: HF id, s3:// URI or local folder")
     src.add_argument("--engine", choices=["auto", *ENGINE_NAMES], help="same as option.rolling_batch")
-    src.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                     help="any serving.properties key, e.g. -o option.max_input_len=2048 (repeatable)")
+    src.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any serving.properties key, e.g. -o option.max_input_len=2048 (repeatable)",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -51,7 +63,9 @@ def load_cli_config(args: argparse.Namespace):
     model_dir = args.model_dir
     if model_dir is None and args.properties is None and DEFAULT_MODEL_DIR.is_dir():
         model_dir = DEFAULT_MODEL_DIR
-    return load_config_from_environment(properties_file=args.properties, model_dir=model_dir, overrides=_overrides(args))
+    return load_config_from_environment(
+        properties_file=args.properties, model_dir=model_dir, overrides=_overrides(args)
+    )
 
 
 def load_compile_job(args: argparse.Namespace):
@@ -95,15 +109,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model_name = args.model_name or _model_name(config)
 
     def serve_http() -> int:
-        app = build_app(lambda: load_model(config, kind, plan), config, model_name=model_name,
-                        adapters=DEFAULT_ADAPTERS)
+        app = build_app(
+            lambda: load_model(config, kind, plan), config, model_name=model_name, adapters=DEFAULT_ADAPTERS
+        )
         return run_app(app, host=args.host, port=args.port)
 
     try:
         # TP×PP ranks / several TensorRT-LLM copies: re-executes this command under mpirun (lmi_trt.launch).
-        rc = run_serve(plan, argv=getattr(args, "argv", sys.argv[1:]), under_mpi=args.under_mpi,
-                       reports=args.rank_reports, serve_http=serve_http,
-                       load_follower=lambda: load_model(config, kind, plan))
+        rc = run_serve(
+            plan,
+            argv=getattr(args, "argv", sys.argv[1:]),
+            under_mpi=args.under_mpi,
+            reports=args.rank_reports,
+            serve_http=serve_http,
+            load_follower=lambda: load_model(config, kind, plan),
+        )
     except LmiError as e:  # LaunchError: no MPI launcher, mpi4py/launcher mismatch
         log.error("%s", e)
         return e.exit_code
@@ -132,8 +152,12 @@ def _check_port(host: str, port: int) -> None:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         socket.create_server((host, port), family=family).close()
     except OSError as e:
-        raise StartupError("--port", port, f"cannot listen on {host}:{port} ({e.strerror or e})",
-                           "stop what holds it or pass another --port (and --host for another address)") from None
+        raise StartupError(
+            "--port",
+            port,
+            f"cannot listen on {host}:{port} ({e.strerror or e})",
+            "stop what holds it or pass another --port (and --host for another address)",
+        ) from None
 
 
 def _model_name(config) -> str:
@@ -150,7 +174,9 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmi-trt",
-        description="serving.properties-driven LLM inference: TensorRT-LLM on GPUs, an embedded torch engine elsewhere.",
+        description=(
+            "serving.properties-driven LLM inference: TensorRT-LLM on GPUs, an embedded torch engine elsewhere."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"lmi-trt {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -158,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a model over HTTP (DJL/SageMaker, TGI, OpenAI and Triton routes)")
     _add_config_flags(serve)
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="bind address (default 127.0.0.1; the container entrypoint passes 0.0.0.0)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default 127.0.0.1; the container entrypoint passes 0.0.0.0)"
+    )
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--model-name", help="name reported by /ping and /v1/models (default: last part of model_id)")
     # Added by the MPI relaunch (lmi_trt.launch): this process is one of the ranks lmi-trt started.
@@ -175,9 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench(sub)
 
-    selftest = sub.add_parser("selftest", help="on a GPU host with TensorRT-LLM: build a tiny engine, serve it, check it")
-    selftest.add_argument("--backend", choices=("auto", "pytorch", "tensorrt"), default="auto",
-                          help="TensorRT-LLM backend (option.backend); auto: the one serve picks for a checkpoint")
+    selftest = sub.add_parser(
+        "selftest", help="on a GPU host with TensorRT-LLM: build a tiny engine, serve it, check it"
+    )
+    selftest.add_argument(
+        "--backend",
+        choices=("auto", "pytorch", "tensorrt"),
+        default="auto",
+        help="TensorRT-LLM backend (option.backend); auto: the one serve picks for a checkpoint",
+    )
     selftest.set_defaults(func=cmd_selftest)
     return parser
 

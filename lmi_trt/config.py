@@ -63,9 +63,6 @@ class StartupError(ConfigError):
         super().__init__(f"{key}={value!r}: {problem}; {fix}")
 
 
-
-
-
 # --------------------------------------------------------------------------------------------
 # Value types: each parses a stripped, non-empty string or raises _BadValue with the hint.
 
@@ -76,7 +73,7 @@ class _BadValue(Exception):
 
 @dataclass(frozen=True)
 class ValueType:
-    summary: str                              # for the options table, e.g. "integer ≥ 1"
+    summary: str  # for the options table, e.g. "integer ≥ 1"
     parse: Callable[[str], Any]
 
 
@@ -94,8 +91,9 @@ def _integer(minimum: int = 1, example: int = 2048) -> ValueType:
     return ValueType(f"integer ≥ {minimum}", parse)
 
 
-def _number(*, above: float | None = None, at_least: float | None = None, at_most: float | None = None,
-            example: float) -> ValueType:
+def _number(
+    *, above: float | None = None, at_least: float | None = None, at_most: float | None = None, example: float
+) -> ValueType:
     low = f"> {above:g}" if above is not None else f"≥ {at_least:g}"
     what = f"a number {low}" + (f" and ≤ {at_most:g}" if at_most is not None else "")
 
@@ -129,8 +127,9 @@ def parse_bool(raw: str) -> bool:
 _BOOL = ValueType("boolean", parse_bool)
 
 
-def _choice(names: Mapping[str, Any], *, shown: Iterable[str] | None = None,
-            rejected: Mapping[str, str] | None = None) -> ValueType:
+def _choice(
+    names: Mapping[str, Any], *, shown: Iterable[str] | None = None, rejected: Mapping[str, str] | None = None
+) -> ValueType:
     """Case-insensitive choice; ``names`` maps each accepted spelling to its value."""
     lookup = {k.lower(): v for k, v in names.items()}
     listed = tuple(shown if shown is not None else names)
@@ -196,19 +195,34 @@ _TRUE_ONLY = ValueType("`true`", _only_true)
 # DJL's other LMI backends: a clear refusal instead of "not one of".
 _OTHER_BACKENDS = {
     name: "is served by other LMI containers; this container serves TensorRT-LLM (trtllm) or torch"
-    for name in ("vllm", "lmi-dist", "lmi_dist", "deepspeed", "scheduler", "neuronx", "tnx",
-                 "hf-accelerate", "lmi-dist-v2")
+    for name in (
+        "vllm",
+        "lmi-dist",
+        "lmi_dist",
+        "deepspeed",
+        "scheduler",
+        "neuronx",
+        "tnx",
+        "hf-accelerate",
+        "lmi-dist-v2",
+    )
 }
 # DJL's request-at-a-time mode (LmiConfigRecommender sets it for dynamic batching): refused at
 # startup rather than accepted and not honoured.
-_NO_DISABLE = ("is DJL's request-at-a-time mode, which no engine here has: every engine batches in flight "
-               "(size it with option.max_rolling_batch_size)")
+_NO_DISABLE = (
+    "is DJL's request-at-a-time mode, which no engine here has: every engine batches in flight "
+    "(size it with option.max_rolling_batch_size)"
+)
 _DJL_ENGINES = {
-    **{name: "is another DJL engine; this container runs engine=Python (or MPI) and picks the model "
-             "backend with option.rolling_batch"
-       for name in ("deepspeed", "pytorch", "onnxruntime", "tensorflow", "mxnet", "fastertransformer", "onnx")},
-    **{name: f"is a model backend, not a DJL engine; set option.rolling_batch={name} instead"
-       for name in ("auto", *ENGINE_NAMES)},
+    **{
+        name: "is another DJL engine; this container runs engine=Python (or MPI) and picks the model "
+        "backend with option.rolling_batch"
+        for name in ("deepspeed", "pytorch", "onnxruntime", "tensorflow", "mxnet", "fastertransformer", "onnx")
+    },
+    **{
+        name: f"is a model backend, not a DJL engine; set option.rolling_batch={name} instead"
+        for name in ("auto", *ENGINE_NAMES)
+    },
 }
 
 
@@ -223,11 +237,11 @@ class KeySpec:
     key: str
     type: ValueType
     description: str
-    attr: str | None = None         # LmiConfig field; set by REGISTRY from the field it annotates, None = ignored
-    compile_time: bool = False      # changing it changes the TensorRT-LLM engine (engine-cache key)
-    aliases: tuple[str, ...] = ()   # other names as written (Truss keys, older DJL names)
-    ignored: str | None = None      # why a DJL key has no effect here; logged whenever it is set
-    note: str | None = None         # logged (info) whenever it is set
+    attr: str | None = None  # LmiConfig field; set by REGISTRY from the field it annotates, None = ignored
+    compile_time: bool = False  # changing it changes the TensorRT-LLM engine (engine-cache key)
+    aliases: tuple[str, ...] = ()  # other names as written (Truss keys, older DJL names)
+    ignored: str | None = None  # why a DJL key has no effect here; logged whenever it is set
+    note: str | None = None  # logged (info) whenever it is set
     secret: bool = False
 
     def env_names(self) -> tuple[str, ...]:
@@ -249,38 +263,69 @@ def _both(name: str) -> tuple[str, str]:
 
 
 _IGNORED_WORKERS = "lmi-trt runs one model copy per GPUs ÷ (TP×PP) and sizes its own workers"
-_IGNORED_BATCHING = ("lmi-trt always batches in flight (size it with option.max_rolling_batch_size); "
-                     "DJL's dynamic batching does not apply")
+_IGNORED_BATCHING = (
+    "lmi-trt always batches in flight (size it with option.max_rolling_batch_size); "
+    "DJL's dynamic batching does not apply"
+)
 _IGNORED_METRICS = "lmi-trt always exports Prometheus metrics on /metrics"
 
 # DJL keys accepted and ignored: no field, so they live here.
 IGNORED_KEYS: tuple[KeySpec, ...] = (
-    KeySpec("option.enforce_eager", _BOOL, "disable CUDA graphs (vLLM/lmi-dist knob; ENABLE_CUDA_GRAPHS)",
-            ignored="the torch engine's transformers paths run eager (their per-request sampler runs between "
-                    "steps), its built-in decode loop always captures CUDA graphs on CUDA, and TensorRT-LLM "
-                    "engines keep the executor's default"),
-    KeySpec("option.num_checkpoint_workers", _integer(1, 4), "DJL's parallel checkpoint conversions",
-            ignored="each rank is converted and built in one worker process; option.num_engine_workers sets "
-                    "how many run at once"),
-    KeySpec("option.paged_kv_cache", _TRUE_ONLY, "Truss plugin flag; the KV cache is always paged",
-            aliases=("plugin_configuration.paged_kv_cache",),
-            ignored="in-flight batching always uses a paged KV cache"),
-    KeySpec("option.entryPoint", _TEXT, "DJL handler module", aliases=("option.entrypoint",),
-            ignored="lmi-trt's handler is built in; a custom entry point or model.py is not loaded"),
+    KeySpec(
+        "option.enforce_eager",
+        _BOOL,
+        "disable CUDA graphs (vLLM/lmi-dist knob; ENABLE_CUDA_GRAPHS)",
+        ignored="the torch engine's transformers paths run eager (their per-request sampler runs between "
+        "steps), its built-in decode loop always captures CUDA graphs on CUDA, and TensorRT-LLM "
+        "engines keep the executor's default",
+    ),
+    KeySpec(
+        "option.num_checkpoint_workers",
+        _integer(1, 4),
+        "DJL's parallel checkpoint conversions",
+        ignored="each rank is converted and built in one worker process; option.num_engine_workers sets "
+        "how many run at once",
+    ),
+    KeySpec(
+        "option.paged_kv_cache",
+        _TRUE_ONLY,
+        "Truss plugin flag; the KV cache is always paged",
+        aliases=("plugin_configuration.paged_kv_cache",),
+        ignored="in-flight batching always uses a paged KV cache",
+    ),
+    KeySpec(
+        "option.entryPoint",
+        _TEXT,
+        "DJL handler module",
+        aliases=("option.entrypoint",),
+        ignored="lmi-trt's handler is built in; a custom entry point or model.py is not loaded",
+    ),
     KeySpec("batch_size", _integer(1, 1), "DJL dynamic batch size", ignored=_IGNORED_BATCHING),
     KeySpec("max_batch_delay", _integer(0, 100), "DJL dynamic batching delay (ms)", ignored=_IGNORED_BATCHING),
     KeySpec("minWorkers", _integer(0, 1), "DJL worker count", aliases=("minworkers",), ignored=_IGNORED_WORKERS),
     KeySpec("maxWorkers", _integer(0, 1), "DJL worker count", aliases=("maxworkers",), ignored=_IGNORED_WORKERS),
     KeySpec("gpu.minWorkers", _integer(0, 1), "DJL worker count", ignored=_IGNORED_WORKERS),
     KeySpec("gpu.maxWorkers", _integer(0, 1), "DJL worker count", ignored=_IGNORED_WORKERS),
-    KeySpec("option.bedrock_compat", _BOOL, "DJL Bedrock '3p' schema",
-            ignored="the Bedrock '3p' schema is not served; use /v1/chat/completions or option.tgi_compat"),
+    KeySpec(
+        "option.bedrock_compat",
+        _BOOL,
+        "DJL Bedrock '3p' schema",
+        ignored="the Bedrock '3p' schema is not served; use /v1/chat/completions or option.tgi_compat",
+    ),
     KeySpec("log_request_metric", _BOOL, "DJL per-request metrics", ignored=_IGNORED_METRICS),
     KeySpec("metrics_aggregation", _integer(1, 1000), "DJL metrics aggregation", ignored=_IGNORED_METRICS),
-    KeySpec("chunked_read_timeout", _integer(1, 120), "DJL front-end stream chunk timeout",
-            ignored="tokens stream straight from the engine; option.predict_timeout bounds a request"),
-    KeySpec("features", _TEXT, "DJL container feature list (SERVING_FEATURES)",
-            ignored="lmi-trt picks its engine with option.rolling_batch"),
+    KeySpec(
+        "chunked_read_timeout",
+        _integer(1, 120),
+        "DJL front-end stream chunk timeout",
+        ignored="tokens stream straight from the engine; option.predict_timeout bounds a request",
+    ),
+    KeySpec(
+        "features",
+        _TEXT,
+        "DJL container feature list (SERVING_FEATURES)",
+        ignored="lmi-trt picks its engine with option.rolling_batch",
+    ),
 )
 
 
@@ -290,392 +335,584 @@ class LmiConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
     # --- model & sources ---
-    model_id: Annotated[str | None, KeySpec(
-        "option.model_id",
-        _TEXT,
-        "Hugging Face id, s3:// URI or local folder; unset: the model dir is the model",
-        aliases=_both("engine_repository") + _both("huggingface_ckpt_repository"))] = None
-    model_dir: Path | None = None        # folder holding serving.properties (/opt/ml/model)
-    revision: Annotated[str | None, KeySpec(
-        "option.revision",
-        _TEXT,
-        "Hugging Face revision (branch, tag or commit)")] = None
-    trust_remote_code: Annotated[bool, KeySpec(
-        "option.trust_remote_code",
-        _BOOL,
-        "allow the model's own Python code (auto_map)")] = False
-    hf_token: Annotated[SecretStr | None, KeySpec(
-        "option.hf_token",
-        _SECRET,
-        "Hugging Face token for gated/private models (masked in logs)",
-        secret=True)] = None
-    tokenizer_id: Annotated[str | None, KeySpec(
-        "option.tokenizer_id",
-        _TEXT,
-        "tokenizer source when it differs from the model (id, s3:// or path)",
-        aliases=_both("tokenizer_repository"))] = None
-    download_dir: Annotated[Path, KeySpec(
-        "download_dir",
-        _PATH,
-        "where downloads and local engine builds go")] = Path("/tmp/.lmi-trt")
-    engine_cache_uri: Annotated[str | None, KeySpec(
-        "option.engine_cache_uri",
-        _CACHE_URI,
-        "shared engine cache (s3://bucket/prefix or a folder); unset: a local cache under download_dir")] = None  # s3://bucket/prefix or a local folder
-    compile_timeout: Annotated[int, KeySpec(
-        "option.compile_timeout",
-        _integer(1, 3600),
-        "seconds one engine build may take")] = 3600
+    model_id: Annotated[
+        str | None,
+        KeySpec(
+            "option.model_id",
+            _TEXT,
+            "Hugging Face id, s3:// URI or local folder; unset: the model dir is the model",
+            aliases=_both("engine_repository") + _both("huggingface_ckpt_repository"),
+        ),
+    ] = None
+    model_dir: Path | None = None  # folder holding serving.properties (/opt/ml/model)
+    revision: Annotated[
+        str | None, KeySpec("option.revision", _TEXT, "Hugging Face revision (branch, tag or commit)")
+    ] = None
+    trust_remote_code: Annotated[
+        bool, KeySpec("option.trust_remote_code", _BOOL, "allow the model's own Python code (auto_map)")
+    ] = False
+    hf_token: Annotated[
+        SecretStr | None,
+        KeySpec(
+            "option.hf_token", _SECRET, "Hugging Face token for gated/private models (masked in logs)", secret=True
+        ),
+    ] = None
+    tokenizer_id: Annotated[
+        str | None,
+        KeySpec(
+            "option.tokenizer_id",
+            _TEXT,
+            "tokenizer source when it differs from the model (id, s3:// or path)",
+            aliases=_both("tokenizer_repository"),
+        ),
+    ] = None
+    download_dir: Annotated[Path, KeySpec("download_dir", _PATH, "where downloads and local engine builds go")] = Path(
+        "/tmp/.lmi-trt"
+    )
+    engine_cache_uri: Annotated[
+        str | None,
+        KeySpec(
+            "option.engine_cache_uri",
+            _CACHE_URI,
+            "shared engine cache (s3://bucket/prefix or a folder); unset: a local cache under download_dir",
+        ),
+    ] = None  # s3://bucket/prefix or a local folder
+    compile_timeout: Annotated[
+        int, KeySpec("option.compile_timeout", _integer(1, 3600), "seconds one engine build may take")
+    ] = 3600
     # --- engine choice & runtime ---
-    engine: Annotated[Literal["Python", "MPI"], KeySpec(
-        "engine",
-        _choice({"python": "Python", "mpi": "MPI"}, shown=("Python", "MPI"),
-                              rejected=_DJL_ENGINES),
-        "DJL worker engine; MPI implies option.mpi_mode=true",
-        aliases=("option.engine",),
-        note="lmi-trt starts TP×PP MPI ranks itself; engine only sets option.mpi_mode")] = "Python"
-    mpi_mode: Annotated[bool, KeySpec(
-        "option.mpi_mode",
-        _BOOL,
-        "DJL's MPI worker flag, accepted for compatibility",
-        note="lmi-trt launches MPI ranks from tensor_parallel_degree × pipeline_parallel_degree, "
-                 "so option.mpi_mode changes nothing")] = False
-    rolling_batch: Annotated[Literal[("auto", *ENGINE_NAMES)], KeySpec(
-        "option.rolling_batch",
-        _choice(_same("auto", *ENGINE_NAMES), rejected={**_OTHER_BACKENDS, "disable": _NO_DISABLE}),
-        "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
-            "synthetic: benchmark engine")] = "auto"
+    engine: Annotated[
+        Literal["Python", "MPI"],
+        KeySpec(
+            "engine",
+            _choice({"python": "Python", "mpi": "MPI"}, shown=("Python", "MPI"), rejected=_DJL_ENGINES),
+            "DJL worker engine; MPI implies option.mpi_mode=true",
+            aliases=("option.engine",),
+            note="lmi-trt starts TP×PP MPI ranks itself; engine only sets option.mpi_mode",
+        ),
+    ] = "Python"
+    mpi_mode: Annotated[
+        bool,
+        KeySpec(
+            "option.mpi_mode",
+            _BOOL,
+            "DJL's MPI worker flag, accepted for compatibility",
+            note="lmi-trt launches MPI ranks from tensor_parallel_degree × pipeline_parallel_degree, "
+            "so option.mpi_mode changes nothing",
+        ),
+    ] = False
+    rolling_batch: Annotated[
+        Literal[("auto", *ENGINE_NAMES)],
+        KeySpec(
+            "option.rolling_batch",
+            _choice(_same("auto", *ENGINE_NAMES), rejected={**_OTHER_BACKENDS, "disable": _NO_DISABLE}),
+            "engine; auto: trtllm when TensorRT-LLM imports and a GPU is visible, else torch; "
+            "synthetic: benchmark engine",
+        ),
+    ] = "auto"
     # DJL's spelling (djl_python/properties_manager/trt_properties.py ``backend``; trtllm-serve's --backend).
-    backend: Annotated[Literal["auto", "pytorch", "tensorrt"], KeySpec(
-        "option.backend",
-        _choice(_same("auto", "pytorch", "tensorrt")),
-        "TensorRT-LLM backend; auto: tensorrt for engine folders and 0.x, pytorch for Hugging Face checkpoints "
-            "on 1.0+ and wherever the Executor binding is gone")] = "auto"  # lmi_trt.engines.choose_backend
-    dtype: Annotated[Literal["auto", "fp16", "bf16", "fp32"], KeySpec(
-        "option.dtype",
-        _choice({"auto": "auto", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
-                     "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32"},
-                    shown=("auto", "fp16", "bf16", "fp32")),
-        "weights/activation precision; auto: the checkpoint's",
-        compile_time=True)] = "auto"
-    device: Annotated[Literal["auto", "cpu", "cuda"], KeySpec(
-        "option.device",
-        _choice(_same("auto", "cpu", "cuda")),
-        "device of the torch engine")] = "auto"
-    tensor_parallel_degree: Annotated[int | Literal["max"], KeySpec(
-        "option.tensor_parallel_degree",
-        _TP,
-        "tensor-parallel ranks; max: all visible GPUs (÷ PP)",
-        compile_time=True,
-        aliases=_both("tensor_parallel_count"))] = 1  # 'max' is resolved by the launcher
-    pipeline_parallel_degree: Annotated[int, KeySpec(
-        "option.pipeline_parallel_degree",
-        _integer(1, 2),
-        "pipeline-parallel ranks",
-        compile_time=True,
-        aliases=_both("pipeline_parallel_count"))] = 1
-    synthetic_tokens_per_second: Annotated[float, KeySpec(
-        "option.synthetic_tokens_per_second",
-        _number(at_least=0, example=100),
-        "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible")] = 0.0  # 0 = as fast as possible
+    backend: Annotated[
+        Literal["auto", "pytorch", "tensorrt"],
+        KeySpec(
+            "option.backend",
+            _choice(_same("auto", "pytorch", "tensorrt")),
+            "TensorRT-LLM backend; auto: tensorrt for engine folders and 0.x, pytorch for Hugging Face checkpoints "
+            "on 1.0+ and wherever the Executor binding is gone",
+        ),
+    ] = "auto"  # lmi_trt.engines.choose_backend
+    dtype: Annotated[
+        Literal["auto", "fp16", "bf16", "fp32"],
+        KeySpec(
+            "option.dtype",
+            _choice(
+                {
+                    "auto": "auto",
+                    "fp16": "fp16",
+                    "float16": "fp16",
+                    "half": "fp16",
+                    "bf16": "bf16",
+                    "bfloat16": "bf16",
+                    "fp32": "fp32",
+                    "float32": "fp32",
+                    "float": "fp32",
+                },
+                shown=("auto", "fp16", "bf16", "fp32"),
+            ),
+            "weights/activation precision; auto: the checkpoint's",
+            compile_time=True,
+        ),
+    ] = "auto"
+    device: Annotated[
+        Literal["auto", "cpu", "cuda"],
+        KeySpec("option.device", _choice(_same("auto", "cpu", "cuda")), "device of the torch engine"),
+    ] = "auto"
+    tensor_parallel_degree: Annotated[
+        int | Literal["max"],
+        KeySpec(
+            "option.tensor_parallel_degree",
+            _TP,
+            "tensor-parallel ranks; max: all visible GPUs (÷ PP)",
+            compile_time=True,
+            aliases=_both("tensor_parallel_count"),
+        ),
+    ] = 1  # 'max' is resolved by the launcher
+    pipeline_parallel_degree: Annotated[
+        int,
+        KeySpec(
+            "option.pipeline_parallel_degree",
+            _integer(1, 2),
+            "pipeline-parallel ranks",
+            compile_time=True,
+            aliases=_both("pipeline_parallel_count"),
+        ),
+    ] = 1
+    synthetic_tokens_per_second: Annotated[
+        float,
+        KeySpec(
+            "option.synthetic_tokens_per_second",
+            _number(at_least=0, example=100),
+            "decode rate per sequence of the synthetic benchmark engine; 0 = as fast as possible",
+        ),
+    ] = 0.0  # 0 = as fast as possible
     # --- engine build shape (compile-time) ---
-    max_rolling_batch_size: Annotated[int | None, KeySpec(
-        "option.max_rolling_batch_size",
-        _integer(1, 64),
-        "most sequences in flight; also the engine's max batch size; unset: "
-        + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
-        compile_time=True,
-        aliases=_both("max_batch_size"))] = None  # None → the engine's default (engines.registry.settle)
-    max_input_len: Annotated[int, KeySpec(
-        "option.max_input_len",
-        _integer(1, 2048),
-        "longest prompt in tokens; unset: 1024, or what the model's positions leave after max_output_len",
-        compile_time=True)] = 1024
-    max_output_len: Annotated[int, KeySpec(
-        "option.max_output_len",
-        _integer(1, 512),
-        "most new tokens per request; unset: 512, or a quarter of the model's positions when fewer",
-        compile_time=True)] = 512  # new tokens; max_seq_len defaults to input + output
-    max_seq_len: Annotated[int | None, KeySpec(
-        "option.max_seq_len",
-        _integer(2, 4096),
-        "prompt + output tokens; unset: max_input_len + max_output_len",
-        compile_time=True)] = None
-    max_num_tokens: Annotated[int | None, KeySpec(
-        "option.max_num_tokens",
-        _integer(1, 8192),
-        "tokens per engine step (packed batch); unset: TensorRT-LLM's default, torch: max(max_input_len + batch, 2048)",
-        compile_time=True,
-        aliases=_both("max_rolling_batch_prefill_tokens"))] = None
-    max_beam_width: Annotated[int, KeySpec(
-        "option.max_beam_width",
-        _integer(1, 1),
-        "beam-search width the engine is built for",
-        compile_time=True)] = 1
-    max_draft_len: Annotated[int, KeySpec(
-        "option.max_draft_len",
-        _integer(0, 4),
-        "speculative-decoding draft tokens per step",
-        compile_time=True)] = 0
-    tokens_per_block: Annotated[Literal[TOKENS_PER_BLOCK] | None, KeySpec(
-        "option.tokens_per_block",
-        _choice({str(size): size for size in TOKENS_PER_BLOCK}),
-        "paged KV-cache block size in tokens; unset: TensorRT-LLM's default",
-        compile_time=True)] = None  # None → TensorRT-LLM's default
-    use_paged_context_fmha: Annotated[bool | None, KeySpec(
-        "option.use_paged_context_fmha",
-        _BOOL,
-        "paged context attention (needed for KV reuse and chunked context); unset: TensorRT-LLM's default",
-        compile_time=True,
-        aliases=("plugin_configuration.use_paged_context_fmha",))] = None  # None → TensorRT-LLM's default
-    use_fp8_context_fmha: Annotated[bool, KeySpec(
-        "option.use_fp8_context_fmha",
-        _BOOL,
-        "fp8 context attention (Hopper, fp8 quantization)",
-        compile_time=True,
-        aliases=("plugin_configuration.use_fp8_context_fmha",))] = False
-    use_fused_mlp: Annotated[bool, KeySpec(
-        "option.use_fused_mlp",
-        _BOOL,
-        "fuse the gated MLP (Llama family)",
-        compile_time=True)] = False
-    use_custom_all_reduce: Annotated[bool, KeySpec(
-        "option.use_custom_all_reduce",
-        _BOOL,
-        "NVLink all-reduce for TensorRT-LLM 0.x; newer versions choose it themselves",
-        compile_time=True)] = False
-    logits_dtype: Annotated[Literal["fp32", "fp16"], KeySpec(
-        "option.logits_dtype",
-        _choice({"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16"}, shown=("fp32", "fp16")),
-        "logits precision (T5)",
-        compile_time=True)] = "fp32"
+    max_rolling_batch_size: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_rolling_batch_size",
+            _integer(1, 64),
+            "most sequences in flight; also the engine's max batch size; unset: "
+            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
+            compile_time=True,
+            aliases=_both("max_batch_size"),
+        ),
+    ] = None  # None → the engine's default (engines.registry.settle)
+    max_input_len: Annotated[
+        int,
+        KeySpec(
+            "option.max_input_len",
+            _integer(1, 2048),
+            "longest prompt in tokens; unset: 1024, or what the model's positions leave after max_output_len",
+            compile_time=True,
+        ),
+    ] = 1024
+    max_output_len: Annotated[
+        int,
+        KeySpec(
+            "option.max_output_len",
+            _integer(1, 512),
+            "most new tokens per request; unset: 512, or a quarter of the model's positions when fewer",
+            compile_time=True,
+        ),
+    ] = 512  # new tokens; max_seq_len defaults to input + output
+    max_seq_len: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_seq_len",
+            _integer(2, 4096),
+            "prompt + output tokens; unset: max_input_len + max_output_len",
+            compile_time=True,
+        ),
+    ] = None
+    max_num_tokens: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_num_tokens",
+            _integer(1, 8192),
+            "tokens per engine step (packed batch); unset: TensorRT-LLM's default, "
+            "torch: max(max_input_len + batch, 2048)",
+            compile_time=True,
+            aliases=_both("max_rolling_batch_prefill_tokens"),
+        ),
+    ] = None
+    max_beam_width: Annotated[
+        int,
+        KeySpec(
+            "option.max_beam_width", _integer(1, 1), "beam-search width the engine is built for", compile_time=True
+        ),
+    ] = 1
+    max_draft_len: Annotated[
+        int,
+        KeySpec(
+            "option.max_draft_len", _integer(0, 4), "speculative-decoding draft tokens per step", compile_time=True
+        ),
+    ] = 0
+    tokens_per_block: Annotated[
+        Literal[TOKENS_PER_BLOCK] | None,
+        KeySpec(
+            "option.tokens_per_block",
+            _choice({str(size): size for size in TOKENS_PER_BLOCK}),
+            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default",
+            compile_time=True,
+        ),
+    ] = None  # None → TensorRT-LLM's default
+    use_paged_context_fmha: Annotated[
+        bool | None,
+        KeySpec(
+            "option.use_paged_context_fmha",
+            _BOOL,
+            "paged context attention (needed for KV reuse and chunked context); unset: TensorRT-LLM's default",
+            compile_time=True,
+            aliases=("plugin_configuration.use_paged_context_fmha",),
+        ),
+    ] = None  # None → TensorRT-LLM's default
+    use_fp8_context_fmha: Annotated[
+        bool,
+        KeySpec(
+            "option.use_fp8_context_fmha",
+            _BOOL,
+            "fp8 context attention (Hopper, fp8 quantization)",
+            compile_time=True,
+            aliases=("plugin_configuration.use_fp8_context_fmha",),
+        ),
+    ] = False
+    use_fused_mlp: Annotated[
+        bool, KeySpec("option.use_fused_mlp", _BOOL, "fuse the gated MLP (Llama family)", compile_time=True)
+    ] = False
+    use_custom_all_reduce: Annotated[
+        bool,
+        KeySpec(
+            "option.use_custom_all_reduce",
+            _BOOL,
+            "NVLink all-reduce for TensorRT-LLM 0.x; newer versions choose it themselves",
+            compile_time=True,
+        ),
+    ] = False
+    logits_dtype: Annotated[
+        Literal["fp32", "fp16"],
+        KeySpec(
+            "option.logits_dtype",
+            _choice({"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16"}, shown=("fp32", "fp16")),
+            "logits precision (T5)",
+            compile_time=True,
+        ),
+    ] = "fp32"
     # --- per-architecture (compile-time) ---
     # The variant vocabularies are the compile stage's (lmi_trt.vocabulary), so config accepts what it converts.
-    baichuan_model_version: Annotated[Literal[tuple(BAICHUAN_VERSIONS)] | None, KeySpec(
-        "option.baichuan_model_version",
-        _choice(_same(*BAICHUAN_VERSIONS)),
-        "Baichuan variant; unset: inferred from config.json",
-        compile_time=True)] = None
-    chatglm_model_version: Annotated[Literal[tuple(CHATGLM_VERSIONS)] | None, KeySpec(
-        "option.chatglm_model_version",
-        _choice(_same(*CHATGLM_VERSIONS)),
-        "ChatGLM variant; unset: inferred from config.json",
-        compile_time=True)] = None
-    gpt_model_version: Annotated[Literal[tuple(GPT_VARIANTS)] | None, KeySpec(
-        "option.gpt_model_version",
-        _choice(_same(*GPT_VARIANTS)),
-        "GPT-2 family variant; unset: inferred from config.json",
-        compile_time=True)] = None
-    rotary_base: Annotated[float | None, KeySpec(
-        "option.rotary_base",
-        _number(above=0, example=10000),
-        "RoPE base; unset: config.json's rope_theta",
-        compile_time=True)] = None
-    rotary_dim: Annotated[int | None, KeySpec(
-        "option.rotary_dim",
-        _integer(1, 64),
-        "rotary dimensions (GPT-J); unset: config.json's",
-        compile_time=True)] = None
-    rotary_scaling_type: Annotated[Literal["linear", "dynamic"] | None, KeySpec(
-        "option.rotary_scaling_type",
-        _choice(_same("linear", "dynamic")),
-        "RoPE scaling; set together with option.rotary_scaling_factor",
-        compile_time=True)] = None
-    rotary_scaling_factor: Annotated[float | None, KeySpec(
-        "option.rotary_scaling_factor",
-        _number(above=1, example=2),
-        "RoPE scaling factor; set together with option.rotary_scaling_type",
-        compile_time=True)] = None
+    baichuan_model_version: Annotated[
+        Literal[tuple(BAICHUAN_VERSIONS)] | None,
+        KeySpec(
+            "option.baichuan_model_version",
+            _choice(_same(*BAICHUAN_VERSIONS)),
+            "Baichuan variant; unset: inferred from config.json",
+            compile_time=True,
+        ),
+    ] = None
+    chatglm_model_version: Annotated[
+        Literal[tuple(CHATGLM_VERSIONS)] | None,
+        KeySpec(
+            "option.chatglm_model_version",
+            _choice(_same(*CHATGLM_VERSIONS)),
+            "ChatGLM variant; unset: inferred from config.json",
+            compile_time=True,
+        ),
+    ] = None
+    gpt_model_version: Annotated[
+        Literal[tuple(GPT_VARIANTS)] | None,
+        KeySpec(
+            "option.gpt_model_version",
+            _choice(_same(*GPT_VARIANTS)),
+            "GPT-2 family variant; unset: inferred from config.json",
+            compile_time=True,
+        ),
+    ] = None
+    rotary_base: Annotated[
+        float | None,
+        KeySpec(
+            "option.rotary_base",
+            _number(above=0, example=10000),
+            "RoPE base; unset: config.json's rope_theta",
+            compile_time=True,
+        ),
+    ] = None
+    rotary_dim: Annotated[
+        int | None,
+        KeySpec(
+            "option.rotary_dim", _integer(1, 64), "rotary dimensions (GPT-J); unset: config.json's", compile_time=True
+        ),
+    ] = None
+    rotary_scaling_type: Annotated[
+        Literal["linear", "dynamic"] | None,
+        KeySpec(
+            "option.rotary_scaling_type",
+            _choice(_same("linear", "dynamic")),
+            "RoPE scaling; set together with option.rotary_scaling_factor",
+            compile_time=True,
+        ),
+    ] = None
+    rotary_scaling_factor: Annotated[
+        float | None,
+        KeySpec(
+            "option.rotary_scaling_factor",
+            _number(above=1, example=2),
+            "RoPE scaling factor; set together with option.rotary_scaling_type",
+            compile_time=True,
+        ),
+    ] = None
     # --- quantization (compile-time) ---
-    quantize: Annotated[Quantization | None, KeySpec(
-        "option.quantize",
-        _choice(QUANTIZE_NAMES, shown=tuple(QUANTIZE_NAMES)),
-        "quantization (DJL and Truss names; no_quant/none: off)",
-        compile_time=True,
-        aliases=_both("quantization_type"))] = None
-    smoothquant_alpha: Annotated[float, KeySpec(
-        "option.smoothquant_alpha",
-        _number(above=0, at_most=1, example=0.8),
-        "SmoothQuant migration strength",
-        compile_time=True)] = 0.8
-    smoothquant_per_token: Annotated[bool, KeySpec(
-        "option.smoothquant_per_token",
-        _BOOL,
-        "SmoothQuant per-token activation scales",
-        compile_time=True)] = False
-    smoothquant_per_channel: Annotated[bool, KeySpec(
-        "option.smoothquant_per_channel",
-        _BOOL,
-        "SmoothQuant per-channel weight scales",
-        compile_time=True)] = False
-    multi_query_mode: Annotated[bool, KeySpec(
-        "option.multi_query_mode",
-        _BOOL,
-        "SmoothQuant for multi-/grouped-query attention models",
-        compile_time=True)] = False
-    q_format: Annotated[Literal["int4_awq", "w4a8_awq"], KeySpec(
-        "option.q_format",
-        _choice(_same("int4_awq", "w4a8_awq")),
-        "AWQ format",
-        compile_time=True,
-        aliases=_both("awq_format"))] = "int4_awq"
-    calib_size: Annotated[int, KeySpec(
-        "option.calib_size",
-        _integer(1, 512),
-        "calibration samples",
-        compile_time=True,
-        aliases=_both("awq_calib_size") + ("quantization_config.calib_size",))] = 512
-    calib_batch_size: Annotated[int, KeySpec(
-        "option.calib_batch_size",
-        _integer(1, 32),
-        "calibration batch size",
-        compile_time=True)] = 32
-    calib_max_seq_length: Annotated[int, KeySpec(
-        "option.calib_max_seq_length",
-        _integer(1, 512),
-        "tokens per calibration sample",
-        compile_time=True,
-        aliases=("quantization_config.calib_max_seq_length",))] = 512
-    awq_block_size: Annotated[Literal[AWQ_BLOCK_SIZES], KeySpec(
-        "option.awq_block_size",
-        _choice({str(size): size for size in AWQ_BLOCK_SIZES}),
-        "AWQ group size",
-        compile_time=True)] = 128
-    calib_dataset: Annotated[Path | None, KeySpec(
-        "option.calib_dataset",
-        _PATH,
-        "local calibration dataset (file or folder)",
-        compile_time=True,
-        aliases=("quantization_config.calib_dataset",))] = None
+    quantize: Annotated[
+        Quantization | None,
+        KeySpec(
+            "option.quantize",
+            _choice(QUANTIZE_NAMES, shown=tuple(QUANTIZE_NAMES)),
+            "quantization (DJL and Truss names; no_quant/none: off)",
+            compile_time=True,
+            aliases=_both("quantization_type"),
+        ),
+    ] = None
+    smoothquant_alpha: Annotated[
+        float,
+        KeySpec(
+            "option.smoothquant_alpha",
+            _number(above=0, at_most=1, example=0.8),
+            "SmoothQuant migration strength",
+            compile_time=True,
+        ),
+    ] = 0.8
+    smoothquant_per_token: Annotated[
+        bool,
+        KeySpec("option.smoothquant_per_token", _BOOL, "SmoothQuant per-token activation scales", compile_time=True),
+    ] = False
+    smoothquant_per_channel: Annotated[
+        bool,
+        KeySpec("option.smoothquant_per_channel", _BOOL, "SmoothQuant per-channel weight scales", compile_time=True),
+    ] = False
+    multi_query_mode: Annotated[
+        bool,
+        KeySpec(
+            "option.multi_query_mode", _BOOL, "SmoothQuant for multi-/grouped-query attention models", compile_time=True
+        ),
+    ] = False
+    q_format: Annotated[
+        Literal["int4_awq", "w4a8_awq"],
+        KeySpec(
+            "option.q_format",
+            _choice(_same("int4_awq", "w4a8_awq")),
+            "AWQ format",
+            compile_time=True,
+            aliases=_both("awq_format"),
+        ),
+    ] = "int4_awq"
+    calib_size: Annotated[
+        int,
+        KeySpec(
+            "option.calib_size",
+            _integer(1, 512),
+            "calibration samples",
+            compile_time=True,
+            aliases=_both("awq_calib_size") + ("quantization_config.calib_size",),
+        ),
+    ] = 512
+    calib_batch_size: Annotated[
+        int, KeySpec("option.calib_batch_size", _integer(1, 32), "calibration batch size", compile_time=True)
+    ] = 32
+    calib_max_seq_length: Annotated[
+        int,
+        KeySpec(
+            "option.calib_max_seq_length",
+            _integer(1, 512),
+            "tokens per calibration sample",
+            compile_time=True,
+            aliases=("quantization_config.calib_max_seq_length",),
+        ),
+    ] = 512
+    awq_block_size: Annotated[
+        Literal[AWQ_BLOCK_SIZES],
+        KeySpec(
+            "option.awq_block_size",
+            _choice({str(size): size for size in AWQ_BLOCK_SIZES}),
+            "AWQ group size",
+            compile_time=True,
+        ),
+    ] = 128
+    calib_dataset: Annotated[
+        Path | None,
+        KeySpec(
+            "option.calib_dataset",
+            _PATH,
+            "local calibration dataset (file or folder)",
+            compile_time=True,
+            aliases=("quantization_config.calib_dataset",),
+        ),
+    ] = None
     # --- build process (does not change the engine) ---
-    trtllm_checkpoint_path: Annotated[Path | None, KeySpec(
-        "option.trtllm_checkpoint_path",
-        _PATH,
-        "where the converted TensorRT-LLM checkpoint is written")] = None
-    num_engine_workers: Annotated[int | None, KeySpec(
-        "option.num_engine_workers",
-        _integer(1, 4),
-        "parallel engine builds (GPUs)")] = None
-    load_by_shard: Annotated[bool, KeySpec(
-        "option.load_by_shard",
-        _BOOL,
-        "convert shard by shard to save host memory (Falcon)")] = False
+    trtllm_checkpoint_path: Annotated[
+        Path | None,
+        KeySpec("option.trtllm_checkpoint_path", _PATH, "where the converted TensorRT-LLM checkpoint is written"),
+    ] = None
+    num_engine_workers: Annotated[
+        int | None, KeySpec("option.num_engine_workers", _integer(1, 4), "parallel engine builds (GPUs)")
+    ] = None
+    load_by_shard: Annotated[
+        bool, KeySpec("option.load_by_shard", _BOOL, "convert shard by shard to save host memory (Falcon)")
+    ] = False
     # --- TensorRT-LLM executor (runtime) ---
-    kv_cache_free_gpu_mem_fraction: Annotated[float, KeySpec(
-        "option.kv_cache_free_gpu_mem_fraction",
-        _number(above=0, at_most=1, example=0.9),
-        "share of free GPU memory given to the KV cache")] = KV_CACHE_FREE_GPU_MEM_FRACTION
-    max_tokens_in_paged_kv_cache: Annotated[int | None, KeySpec(
-        "option.max_tokens_in_paged_kv_cache",
-        _integer(1, 65536),
-        "KV-cache size cap in tokens (the smaller of this and the fraction wins)")] = None
-    kv_cache_host_memory_bytes: Annotated[int | None, KeySpec(
-        "option.kv_cache_host_memory_bytes",
-        _integer(1, 2 ** 30),
-        "host memory for KV-cache offload")] = None
-    enable_kv_cache_reuse: Annotated[bool, KeySpec(
-        "option.enable_kv_cache_reuse",
-        _BOOL,
-        "prefix caching (needs paged context attention)",
-        compile_time=True)] = False
-    batch_scheduler_policy: Annotated[Literal["max_utilization", "guaranteed_no_evict"], KeySpec(
-        "option.batch_scheduler_policy",
-        _choice(_same("max_utilization", "guaranteed_no_evict")),
-        "in-flight batch scheduling")] = "max_utilization"
-    torch_batching: Annotated[Literal["auto", "continuous", "static"], KeySpec(
-        "option.torch_batching",
-        _choice(_same("auto", "continuous", "static")),
-        "torch engine: continuous batching (requests join every step) or static batches (higher "
+    kv_cache_free_gpu_mem_fraction: Annotated[
+        float,
+        KeySpec(
+            "option.kv_cache_free_gpu_mem_fraction",
+            _number(above=0, at_most=1, example=0.9),
+            "share of free GPU memory given to the KV cache",
+        ),
+    ] = KV_CACHE_FREE_GPU_MEM_FRACTION
+    max_tokens_in_paged_kv_cache: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_tokens_in_paged_kv_cache",
+            _integer(1, 65536),
+            "KV-cache size cap in tokens (the smaller of this and the fraction wins)",
+        ),
+    ] = None
+    kv_cache_host_memory_bytes: Annotated[
+        int | None, KeySpec("option.kv_cache_host_memory_bytes", _integer(1, 2**30), "host memory for KV-cache offload")
+    ] = None
+    enable_kv_cache_reuse: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_kv_cache_reuse", _BOOL, "prefix caching (needs paged context attention)", compile_time=True
+        ),
+    ] = False
+    batch_scheduler_policy: Annotated[
+        Literal["max_utilization", "guaranteed_no_evict"],
+        KeySpec(
+            "option.batch_scheduler_policy",
+            _choice(_same("max_utilization", "guaranteed_no_evict")),
+            "in-flight batch scheduling",
+        ),
+    ] = "max_utilization"
+    torch_batching: Annotated[
+        Literal["auto", "continuous", "static"],
+        KeySpec(
+            "option.torch_batching",
+            _choice(_same("auto", "continuous", "static")),
+            "torch engine: continuous batching (requests join every step) or static batches (higher "
             "throughput, later arrivals wait for the next batch); auto: continuous where the architecture "
-            "supports it")] = "auto"
-    torch_decode_loop: Annotated[Literal["auto", "builtin", "transformers"], KeySpec(
-        "option.torch_decode_loop",
-        _choice(_same("auto", "builtin", "transformers")),
-        "torch engine: builtin = lmi-trt's own decode loop (Llama, Mistral, Qwen2, Qwen3: CUDA graphs, "
+            "supports it",
+        ),
+    ] = "auto"
+    torch_decode_loop: Annotated[
+        Literal["auto", "builtin", "transformers"],
+        KeySpec(
+            "option.torch_decode_loop",
+            _choice(_same("auto", "builtin", "transformers")),
+            "torch engine: builtin = lmi-trt's own decode loop (Llama, Mistral, Qwen2, Qwen3: CUDA graphs, "
             "sampling on the GPU); transformers = transformers' batching paths (option.torch_batching); "
-            "auto: builtin where the model is Llama-shaped and option.torch_batching is auto")] = "auto"
-    enable_chunked_context: Annotated[bool, KeySpec(
-        "option.enable_chunked_context",
-        _BOOL,
-        "split long prompts over several steps",
-        aliases=_both("enable_chunked_prefill"))] = False
-    multi_block_mode: Annotated[bool | None, KeySpec(
-        "option.multi_block_mode",
-        _BOOL,
-        "multi-block attention for long sequences; unset: TensorRT-LLM's default")] = None  # None → TensorRT-LLM's default
-    enable_trt_overlap: Annotated[bool, KeySpec(
-        "option.enable_trt_overlap",
-        _BOOL,
-        "overlap consecutive batches")] = False
-    max_num_sequences: Annotated[int | None, KeySpec(
-        "option.max_num_sequences",
-        _integer(1, 64),
-        "runtime cap on sequences in flight (≤ max_rolling_batch_size); unset: max_rolling_batch_size")] = None  # None → max_rolling_batch_size
+            "auto: builtin where the model is Llama-shaped and option.torch_batching is auto",
+        ),
+    ] = "auto"
+    enable_chunked_context: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_chunked_context",
+            _BOOL,
+            "split long prompts over several steps",
+            aliases=_both("enable_chunked_prefill"),
+        ),
+    ] = False
+    multi_block_mode: Annotated[
+        bool | None,
+        KeySpec(
+            "option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default"
+        ),
+    ] = None  # None → TensorRT-LLM's default
+    enable_trt_overlap: Annotated[bool, KeySpec("option.enable_trt_overlap", _BOOL, "overlap consecutive batches")] = (
+        False
+    )
+    max_num_sequences: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_num_sequences",
+            _integer(1, 64),
+            "runtime cap on sequences in flight (≤ max_rolling_batch_size); unset: max_rolling_batch_size",
+        ),
+    ] = None  # None → max_rolling_batch_size
     # --- serving ---
-    job_queue_size: Annotated[int, KeySpec(
-        "job_queue_size",
-        _integer(1, 1000),
-        "queued requests beyond which the server answers 503")] = 1000
-    output_formatter: Annotated[str | None, KeySpec(
-        "option.output_formatter",
-        _choice(_same("json", "jsonlines", "sse", "json_chat", "jsonlines_chat")),
-        "response format of /invocations; unset: by request")] = None  # json | jsonlines | sse | json_chat | jsonlines_chat
-    tgi_compat: Annotated[bool, KeySpec(
-        "option.tgi_compat",
-        _BOOL,
-        "TGI-shaped /invocations responses")] = False
-    chat_template: Annotated[str | None, KeySpec(
-        "option.chat_template",
-        _TEXT,
-        "Jinja chat template overriding the tokenizer's")] = None
-    enable_auto_tool_choice: Annotated[bool, KeySpec(
-        "option.enable_auto_tool_choice",
-        _BOOL,
-        "OpenAI chat tool_choice 'auto' (the default with tools): the model's own tool calls are parsed from "
-            "its output (DJL LMI's and vLLM's key); 'required' and named functions work without it")] = False
-    tool_call_parser: Annotated[str | None, KeySpec(
-        "option.tool_call_parser",
-        _choice(_same(*TOOL_CALL_PARSERS)),
-        "the tool-call format the model writes (vLLM's parser names); unset: recognised from the chat template")] = None
-    model_loading_timeout: Annotated[int, KeySpec(
-        "option.model_loading_timeout",
-        _integer(1, 1800),
-        "seconds to load the model (not the compile)")] = 1800
-    predict_timeout: Annotated[int, KeySpec(
-        "option.predict_timeout",
-        _integer(1, 240),
-        "seconds one request may take")] = 240
-    max_request_size: Annotated[int, KeySpec(
-        "max_request_size",
-        _integer(1, 64 * 1024 * 1024),
-        "largest request body in bytes")] = 64 * 1024 * 1024
+    job_queue_size: Annotated[
+        int, KeySpec("job_queue_size", _integer(1, 1000), "queued requests beyond which the server answers 503")
+    ] = 1000
+    output_formatter: Annotated[
+        str | None,
+        KeySpec(
+            "option.output_formatter",
+            _choice(_same("json", "jsonlines", "sse", "json_chat", "jsonlines_chat")),
+            "response format of /invocations; unset: by request",
+        ),
+    ] = None  # json | jsonlines | sse | json_chat | jsonlines_chat
+    tgi_compat: Annotated[bool, KeySpec("option.tgi_compat", _BOOL, "TGI-shaped /invocations responses")] = False
+    chat_template: Annotated[
+        str | None, KeySpec("option.chat_template", _TEXT, "Jinja chat template overriding the tokenizer's")
+    ] = None
+    enable_auto_tool_choice: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_auto_tool_choice",
+            _BOOL,
+            "OpenAI chat tool_choice 'auto' (the default with tools): the model's own tool calls are parsed from "
+            "its output (DJL LMI's and vLLM's key); 'required' and named functions work without it",
+        ),
+    ] = False
+    tool_call_parser: Annotated[
+        str | None,
+        KeySpec(
+            "option.tool_call_parser",
+            _choice(_same(*TOOL_CALL_PARSERS)),
+            "the tool-call format the model writes (vLLM's parser names); unset: recognised from the chat template",
+        ),
+    ] = None
+    model_loading_timeout: Annotated[
+        int, KeySpec("option.model_loading_timeout", _integer(1, 1800), "seconds to load the model (not the compile)")
+    ] = 1800
+    predict_timeout: Annotated[
+        int, KeySpec("option.predict_timeout", _integer(1, 240), "seconds one request may take")
+    ] = 240
+    max_request_size: Annotated[
+        int, KeySpec("max_request_size", _integer(1, 64 * 1024 * 1024), "largest request body in bytes")
+    ] = 64 * 1024 * 1024
     # --- serving: what one client may cost (README "Reliability and limits") ---
-    header_read_timeout: Annotated[int, KeySpec(
-        "header_read_timeout",
-        _integer(1, 30),
-        "seconds a client has to send a request's line and headers; then 408 and the connection closes")] = 30
-    body_read_timeout: Annotated[int, KeySpec(
-        "body_read_timeout",
-        _integer(1, 120),
-        "seconds a client has to send a request body; then 408")] = 120
-    max_connections: Annotated[int, KeySpec(
-        "max_connections",
-        _integer(1, 1000),
-        "open client connections; past it idle keep-alive ones are closed, then new ones get 503 "
-            "(capped below the process's open-files limit)")] = 1000
-    max_upload_bytes: Annotated[int, KeySpec(
-        "max_upload_bytes",
-        _integer(1, 256 * 1024 * 1024),
-        "request-body bytes being received at once, all clients together; past it new bodies get 503")] = 256 * 1024 * 1024
-    max_prompts_per_request: Annotated[int, KeySpec(
-        "option.max_prompts_per_request",
-        _integer(1, 64),
-        "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size")] = 64
-    parse_special_tokens: Annotated[bool, KeySpec(
-        "option.parse_special_tokens",
-        _BOOL,
-        "parse special-token text (e.g. <|im_end|>) in prompts and chat content as control tokens; "
-            "default: tokenized as plain text")] = False
+    header_read_timeout: Annotated[
+        int,
+        KeySpec(
+            "header_read_timeout",
+            _integer(1, 30),
+            "seconds a client has to send a request's line and headers; then 408 and the connection closes",
+        ),
+    ] = 30
+    body_read_timeout: Annotated[
+        int, KeySpec("body_read_timeout", _integer(1, 120), "seconds a client has to send a request body; then 408")
+    ] = 120
+    max_connections: Annotated[
+        int,
+        KeySpec(
+            "max_connections",
+            _integer(1, 1000),
+            "open client connections; past it idle keep-alive ones are closed, then new ones get 503 "
+            "(capped below the process's open-files limit)",
+        ),
+    ] = 1000
+    max_upload_bytes: Annotated[
+        int,
+        KeySpec(
+            "max_upload_bytes",
+            _integer(1, 256 * 1024 * 1024),
+            "request-body bytes being received at once, all clients together; past it new bodies get 503",
+        ),
+    ] = 256 * 1024 * 1024
+    max_prompts_per_request: Annotated[
+        int,
+        KeySpec(
+            "option.max_prompts_per_request",
+            _integer(1, 64),
+            "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size",
+        ),
+    ] = 64
+    parse_special_tokens: Annotated[
+        bool,
+        KeySpec(
+            "option.parse_special_tokens",
+            _BOOL,
+            "parse special-token text (e.g. <|im_end|>) in prompts and chat content as control tokens; "
+            "default: tokenized as plain text",
+        ),
+    ] = False
 
     # Provenance for the startup log only. Private attributes take part in ==, so two configs
     # with equal values from different sources compare unequal; compare compile_time_values().
@@ -756,9 +993,9 @@ ENV_ALIASES: tuple[EnvAlias, ...] = (
     EnvAlias("SAGEMAKER_MAX_REQUEST_SIZE", "max_request_size"),
     EnvAlias("SAGEMAKER_MAX_PAYLOAD_IN_MB", "max_request_size", _megabytes_to_bytes),
     EnvAlias("SAGEMAKER_STARTUP_TIMEOUT", "option.model_loading_timeout"),
-    EnvAlias("MODEL_LOADING_TIMEOUT", "option.model_loading_timeout"),   # DJL image default variable
+    EnvAlias("MODEL_LOADING_TIMEOUT", "option.model_loading_timeout"),  # DJL image default variable
     EnvAlias("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout"),
-    EnvAlias("PREDICT_TIMEOUT", "option.predict_timeout"),               # DJL image default variable
+    EnvAlias("PREDICT_TIMEOUT", "option.predict_timeout"),  # DJL image default variable
     EnvAlias("DJL_CACHE_DIR", "download_dir"),
 )
 
@@ -776,18 +1013,17 @@ def _canonical_key(name: str) -> str:
     return _BY_NAME[name].key
 
 
-
 # --------------------------------------------------------------------------------------------
 # Gathering raw settings from the three sources.
 
 
 @dataclass(frozen=True)
 class _Setting:
-    name: str        # as the user wrote it: a properties key, an env variable or an override key
+    name: str  # as the user wrote it: a properties key, an env variable or an override key
     spec: KeySpec
     value: str
-    origin: str      # "serving.properties", "env" or "override"
-    rank: int = 0    # within one source, the lowest rank wins (env aliases rank behind OPTION_*/SERVING_*)
+    origin: str  # "serving.properties", "env" or "override"
+    rank: int = 0  # within one source, the lowest rank wins (env aliases rank behind OPTION_*/SERVING_*)
 
     @property
     def label(self) -> str:
@@ -814,21 +1050,23 @@ def _group_members(written: str, value: str, origin: str) -> list[tuple[str, str
     except json.JSONDecodeError:
         members = None
     if not isinstance(members, dict):
-        raise ConfigError(f"{written}={value!r} ({origin}) is not a JSON object; "
-                          'write e.g. plugin_configuration={"use_paged_context_fmha": true}')
+        raise ConfigError(
+            f"{written}={value!r} ({origin}) is not a JSON object; "
+            'write e.g. plugin_configuration={"use_paged_context_fmha": true}'
+        )
     return [(k, json.dumps(v) if isinstance(v, bool) else str(v)) for k, v in members.items()]
 
 
-def _settings_from(entries: Iterable[tuple[str, str, str]], origin: str, *,
-                   bare_means_option: bool) -> list[_Setting]:
+def _settings_from(entries: Iterable[tuple[str, str, str]], origin: str, *, bare_means_option: bool) -> list[_Setting]:
     """``(as written, key, value)`` entries of one source → settings; unknown keys are warned about."""
     out: list[_Setting] = []
     for written, key, value in entries:
         group = key.removeprefix("option.")
         if group in _GROUP_KEYS:
             members = _group_members(written, value, origin)
-            out += _settings_from(((f"{written}.{m}", f"{group}.{m}", v) for m, v in members), origin,
-                                  bare_means_option=False)
+            out += _settings_from(
+                ((f"{written}.{m}", f"{group}.{m}", v) for m, v in members), origin, bare_means_option=False
+            )
             continue
         spec = _lookup(key, bare_means_option=bare_means_option)
         if spec is None:
@@ -864,20 +1102,21 @@ def env_key(var: str) -> str | None:
     OPTION_ENGINE sets the plain key ``engine``, OPTION_ENTRYPOINT sets ``option.entryPoint``.
     """
     if var.startswith("OPTION_") and len(var) > len("OPTION_"):
-        rest = var[len("OPTION_"):]
+        rest = var[len("OPTION_") :]
         if re.fullmatch(r"[A-Z_0-9]+", rest):
             rest = rest.lower()
         if rest == "engine":
             return "engine"
         return "option." + ("entryPoint" if rest == "entrypoint" else rest)
     if var.startswith("SERVING_") and len(var) > len("SERVING_"):
-        return var[len("SERVING_"):].lower()
+        return var[len("SERVING_") :].lower()
     return None
 
 
 def _env_settings(env: Mapping[str, str]) -> list[_Setting]:
-    generic = ((var, key, env[var]) for var in sorted(env)
-               if (key := env_key(var)) is not None and env[var].strip())  # DJL ignores empty values
+    generic = (
+        (var, key, env[var]) for var in sorted(env) if (key := env_key(var)) is not None and env[var].strip()
+    )  # DJL ignores empty values
     out = _settings_from(generic, "env", bare_means_option=False)
     for rank, alias in enumerate(ENV_ALIASES, start=1):
         value = env.get(alias.var, "")
@@ -939,8 +1178,12 @@ def _winners(settings: list[_Setting]) -> dict[str, _Setting]:
             raise ConfigError(f"{top[0].origin} sets {key} twice, as {both}; keep one of them")
         out[key] = top[0]
         for shadowed in (s for s in group if s.rank > best):
-            log.info("%s is not applied: %s sets %s (alias variables apply only while the LMI one is unset)",
-                     shadowed.name, top[0].name, key)
+            log.info(
+                "%s is not applied: %s sets %s (alias variables apply only while the LMI one is unset)",
+                shadowed.name,
+                top[0].name,
+                key,
+            )
     return out
 
 
@@ -963,9 +1206,11 @@ def load_config(
     env = env or {}
     properties_file, model_dir = _locate(properties_file, model_dir)
     chosen: dict[str, _Setting] = {}
-    for layer in (_env_settings(env),
-                  _file_settings(properties_file) if properties_file else [],
-                  _override_settings(overrides or {})):
+    for layer in (
+        _env_settings(env),
+        _file_settings(properties_file) if properties_file else [],
+        _override_settings(overrides or {}),
+    ):
         chosen.update(_winners(layer))  # a higher source replaces the whole key (putIfAbsent, inverted)
     values = _parse_values(chosen)
     if values.get("engine") == "MPI":
@@ -989,21 +1234,26 @@ def load_config_from_environment(
     overrides: Mapping[str, str] | None = None,
 ) -> LmiConfig:
     """``load_config`` over ``os.environ`` — the one place the process environment is read."""
-    return load_config(properties_file=properties_file, model_dir=model_dir, env=process_environment(),
-                       overrides=overrides)
+    return load_config(
+        properties_file=properties_file, model_dir=model_dir, env=process_environment(), overrides=overrides
+    )
 
 
 def _locate(properties_file: Path | None, model_dir: Path | None) -> tuple[Path | None, Path | None]:
     if model_dir is not None:
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
-            raise ConfigError(f"model dir {str(model_dir)!r} is not a directory; pass the folder holding "
-                              f"{PROPERTIES_FILE_NAME} (and the model, when option.model_id is unset)")
+            raise ConfigError(
+                f"model dir {str(model_dir)!r} is not a directory; pass the folder holding "
+                f"{PROPERTIES_FILE_NAME} (and the model, when option.model_id is unset)"
+            )
     if properties_file is not None:
         properties_file = Path(properties_file)
         if not properties_file.is_file():
-            raise ConfigError(f"properties file {str(properties_file)!r} does not exist; pass an existing "
-                              f"{PROPERTIES_FILE_NAME} or leave it out to use the model dir's")
+            raise ConfigError(
+                f"properties file {str(properties_file)!r} does not exist; pass an existing "
+                f"{PROPERTIES_FILE_NAME} or leave it out to use the model dir's"
+            )
         return properties_file, model_dir if model_dir is not None else properties_file.parent
     if model_dir is not None and (model_dir / PROPERTIES_FILE_NAME).is_file():
         return model_dir / PROPERTIES_FILE_NAME, model_dir
@@ -1021,8 +1271,7 @@ def _parse_values(chosen: Mapping[str, _Setting]) -> dict[str, Any]:
         except _BadValue as e:
             raise ConfigError(f"{s.label}={s.shown_value!r} {e}") from None
         if s.spec.ignored:
-            log.warning("%s=%r is accepted for compatibility and ignored: %s", s.label, s.shown_value,
-                        s.spec.ignored)
+            log.warning("%s=%r is accepted for compatibility and ignored: %s", s.label, s.shown_value, s.spec.ignored)
             continue
         if s.spec.note:
             log.info("%s=%r: %s", s.label, s.shown_value, s.spec.note)
@@ -1036,6 +1285,7 @@ def _label(key: str, chosen: Mapping[str, _Setting]) -> str:
 
 def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting], model_dir: Path | None) -> None:
     """Combinations no engine can honour are errors: never clip or drop a setting silently."""
+
     def get(attr: str) -> Any:
         return values.get(attr, LmiConfig.model_fields[attr].default)
 
@@ -1044,43 +1294,64 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
 
     engine = ENGINES.get(get("rolling_batch"))
     if get("model_id") is None and model_dir is None and (engine is None or engine.uses_model):
-        raise ConfigError("no model: set option.model_id (or HF_MODEL_ID) to a Hugging Face id, s3:// URI or "
-                          "local folder, or pass a model dir holding the model")
+        raise ConfigError(
+            "no model: set option.model_id (or HF_MODEL_ID) to a Hugging Face id, s3:// URI or "
+            "local folder, or pass a model dir holding the model"
+        )
     scaling_type, scaling_factor = get("rotary_scaling_type"), get("rotary_scaling_factor")
     if (scaling_type is None) != (scaling_factor is None):
         given = "rotary_scaling_type" if scaling_type is not None else "rotary_scaling_factor"
         missing = "rotary_scaling_factor" if scaling_type is not None else "rotary_scaling_type"
-        raise ConfigError(f"{name(given)}={chosen[key_of(given)].value.strip()!r} needs {key_of(missing)} "
-                          "as well; set both (e.g. linear and 2.0) or neither")
+        raise ConfigError(
+            f"{name(given)}={chosen[key_of(given)].value.strip()!r} needs {key_of(missing)} "
+            "as well; set both (e.g. linear and 2.0) or neither"
+        )
     max_input, max_seq = get("max_input_len"), get("max_seq_len")
     if max_seq is not None and max_seq <= max_input:
-        raise ConfigError(f"{name('max_seq_len')}={max_seq} leaves no room for output after "
-                          f"{name('max_input_len')}={max_input}; set max_seq_len above max_input_len "
-                          f"(e.g. {max_input + get('max_output_len')}) or leave it unset")
+        raise ConfigError(
+            f"{name('max_seq_len')}={max_seq} leaves no room for output after "
+            f"{name('max_input_len')}={max_input}; set max_seq_len above max_input_len "
+            f"(e.g. {max_input + get('max_output_len')}) or leave it unset"
+        )
     max_tokens = get("max_num_tokens")
     if max_tokens is not None and max_tokens < max_input and not get("enable_chunked_context"):
-        raise ConfigError(f"{name('max_num_tokens')}={max_tokens} is below {name('max_input_len')}={max_input}, "
-                          "so the longest prompt would not fit in one step; raise max_num_tokens to at least "
-                          f"{max_input}, lower max_input_len, or set option.enable_chunked_context=true")
+        raise ConfigError(
+            f"{name('max_num_tokens')}={max_tokens} is below {name('max_input_len')}={max_input}, "
+            "so the longest prompt would not fit in one step; raise max_num_tokens to at least "
+            f"{max_input}, lower max_input_len, or set option.enable_chunked_context=true"
+        )
     batch, sequences = get("max_rolling_batch_size"), get("max_num_sequences")
     if batch is not None and sequences is not None and sequences > batch:
-        raise ConfigError(f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
-                          "the batch size the engine is built for; lower it or raise max_rolling_batch_size")
+        raise ConfigError(
+            f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
+            "the batch size the engine is built for; lower it or raise max_rolling_batch_size"
+        )
     if get("use_paged_context_fmha") is False:
         for needs in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if get(needs):
-                raise ConfigError(f"{name(needs)}=true needs paged context attention, but "
-                                  f"{name('use_paged_context_fmha')}=false; drop one of them")
+                raise ConfigError(
+                    f"{name(needs)}=true needs paged context attention, but "
+                    f"{name('use_paged_context_fmha')}=false; drop one of them"
+                )
 
 
 _QUANT_KNOBS: tuple[tuple[tuple[str, ...], Callable[[Quantization | None], bool], str], ...] = (
-    (("smoothquant_alpha", "smoothquant_per_token", "smoothquant_per_channel", "multi_query_mode"),
-     lambda q: q is Quantization.SMOOTHQUANT, "option.quantize=smoothquant"),
+    (
+        ("smoothquant_alpha", "smoothquant_per_token", "smoothquant_per_channel", "multi_query_mode"),
+        lambda q: q is Quantization.SMOOTHQUANT,
+        "option.quantize=smoothquant",
+    ),
     (("q_format", "awq_block_size"), lambda q: q is Quantization.AWQ, "option.quantize=awq"),
-    (("calib_size", "calib_batch_size", "calib_max_seq_length", "calib_dataset"),
-     lambda q: q is not None and q.needs_calibration, "a calibrated option.quantize (not weights-only)"),
-    (("use_fp8_context_fmha",), lambda q: q in (Quantization.FP8, Quantization.FP8_KV),
-     "option.quantize=fp8 or fp8_kv"),
+    (
+        ("calib_size", "calib_batch_size", "calib_max_seq_length", "calib_dataset"),
+        lambda q: q is not None and q.needs_calibration,
+        "a calibrated option.quantize (not weights-only)",
+    ),
+    (
+        ("use_fp8_context_fmha",),
+        lambda q: q in (Quantization.FP8, Quantization.FP8_KV),
+        "option.quantize=fp8 or fp8_kv",
+    ),
 )
 
 
@@ -1091,8 +1362,12 @@ def _warn_inapplicable(values: Mapping[str, Any], chosen: Mapping[str, _Setting]
             continue
         for attr in attrs:
             if attr in values:
-                log.warning("%s is set but has no effect without %s (option.quantize is %s)",
-                            _label(key_of(attr), chosen), needs, quantize.value if quantize else "unset")
+                log.warning(
+                    "%s is set but has no effect without %s (option.quantize is %s)",
+                    _label(key_of(attr), chosen),
+                    needs,
+                    quantize.value if quantize else "unset",
+                )
 
 
 def key_of(attr: str) -> str:
@@ -1112,8 +1387,11 @@ _ECHO_NAMES = frozenset({a.var for a in ENV_ALIASES} | {"CUDA_VISIBLE_DEVICES"})
 
 def echo_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that matter to configuration, with secret-looking values masked."""
-    return {var: (MASK if is_secret_name(var) else env[var]) for var in sorted(env)
-            if var.startswith(_ECHO_PREFIXES) or var in _ECHO_NAMES}
+    return {
+        var: (MASK if is_secret_name(var) else env[var])
+        for var in sorted(env)
+        if var.startswith(_ECHO_PREFIXES) or var in _ECHO_NAMES
+    }
 
 
 def _origin_text(s: _Setting) -> str:

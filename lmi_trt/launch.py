@@ -137,14 +137,18 @@ class LaunchPlan:
         return [Placement(i, devices, orchestrator) for i, devices in enumerate(self.copies)]
 
     def describe(self) -> str:
-        where = ("; ".join(f"copy {i}: GPU {','.join(map(str, d))}" for i, d in enumerate(self.copies) if d)
-                 or "no GPU")
-        mpi = {None: "", "leader": f", MPI leader mode with {self.mpi_ranks} rank(s)",
-               "orchestrator": ", MPI orchestrator mode (mpirun -n 1, workers spawned per copy)"}[self.trtllm_mode]
+        where = "; ".join(f"copy {i}: GPU {','.join(map(str, d))}" for i, d in enumerate(self.copies) if d) or "no GPU"
+        mpi = {
+            None: "",
+            "leader": f", MPI leader mode with {self.mpi_ranks} rank(s)",
+            "orchestrator": ", MPI orchestrator mode (mpirun -n 1, workers spawned per copy)",
+        }[self.trtllm_mode]
         if self.trtllm_mode == "leader" and not self.needs_mpi:
             mpi = ", one process"
-        return (f"{self.engine}: TP={self.tensor_parallel} PP={self.pipeline_parallel}, "
-                f"{self.num_copies} cop{'y' if self.num_copies == 1 else 'ies'} ({where}){mpi}")
+        return (
+            f"{self.engine}: TP={self.tensor_parallel} PP={self.pipeline_parallel}, "
+            f"{self.num_copies} cop{'y' if self.num_copies == 1 else 'ies'} ({where}){mpi}"
+        )
 
 
 def _degree(value: int | str, key: str) -> int | str:
@@ -155,7 +159,9 @@ def _degree(value: int | str, key: str) -> int | str:
     return value
 
 
-def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "tensorrt") -> LaunchPlan:
+def plan_launch(
+    tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "tensorrt"
+) -> LaunchPlan:
     """Pure: how to run ``engine`` with TP×PP on a host with ``gpu_count`` visible GPUs.
 
     ``tp='max'`` is all visible GPUs ÷ PP (1 without GPUs). TP×PP above the visible GPUs is an
@@ -174,14 +180,18 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, 
 
     if rule == "none":
         if tp != 1 or pp != 1:
-            notes.append(f"the {engine} engine uses no GPU and ignores option.tensor_parallel_degree={tp} "
-                         f"and option.pipeline_parallel_degree={pp}")
+            notes.append(
+                f"the {engine} engine uses no GPU and ignores option.tensor_parallel_degree={tp} "
+                f"and option.pipeline_parallel_degree={pp}"
+            )
         return LaunchPlan(engine, 1, 1, gpu_count, ((),), 0, None, tuple(notes))
 
     if rule == "per_gpu":
         if tp == "max":
-            notes.append(f"option.tensor_parallel_degree=max: the {engine} engine has no tensor parallelism; "
-                         "it runs one model copy per GPU instead")
+            notes.append(
+                f"option.tensor_parallel_degree=max: the {engine} engine has no tensor parallelism; "
+                "it runs one model copy per GPU instead"
+            )
             tp = 1
         if tp * pp > 1:
             copies = f" (this host: {gpu_count} GPU(s) → {gpu_count} copies)" if gpu_count > 1 else ""
@@ -224,8 +234,10 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, 
     copies = tuple(tuple(range(i * world, (i + 1) * world)) for i in range(n))
     idle = gpu_count - n * world
     if idle:
-        notes.append(f"{gpu_count} GPUs hold {n} cop{'y' if n == 1 else 'ies'} of TP×PP={world}; "
-                     f"GPU(s) {', '.join(map(str, range(n * world, gpu_count)))} stay idle")
+        notes.append(
+            f"{gpu_count} GPUs hold {n} cop{'y' if n == 1 else 'ies'} of TP×PP={world}; "
+            f"GPU(s) {', '.join(map(str, range(n * world, gpu_count)))} stay idle"
+        )
     if n == 1:
         return LaunchPlan(engine, tp, pp, gpu_count, copies, world if world > 1 else 0, "leader", tuple(notes))
     notes.append(f"{n} copies of TP×PP={world} behind one front end: one ORCHESTRATOR-mode Executor per copy")
@@ -238,12 +250,15 @@ def _pytorch_plan(engine: str, tp: int, pp: int, gpu_count: int, notes: list[str
     unless already inside an mpirun of that size) and ``LLM.shutdown`` ends them, so lmi-trt starts no ranks."""
     world = tp * pp
     if world > 1:
-        notes.append(f"TensorRT-LLM's LLM API starts the {world} TP×PP workers itself (MPI pool) and stops them "
-                     "with the server")
+        notes.append(
+            f"TensorRT-LLM's LLM API starts the {world} TP×PP workers itself (MPI pool) and stops them with the server"
+        )
     copy = tuple(range(world)) if gpu_count else ()
     if gpu_count > world:
-        notes.append(f"the pytorch backend serves one model copy; GPU(s) {', '.join(map(str, range(world, gpu_count)))} "
-                     "stay idle (use them with option.tensor_parallel_degree=max)")
+        notes.append(
+            f"the pytorch backend serves one model copy; GPU(s) {', '.join(map(str, range(world, gpu_count)))} "
+            "stay idle (use them with option.tensor_parallel_degree=max)"
+        )
     return LaunchPlan(engine, tp, pp, gpu_count, (copy,), 0, None, tuple(notes))
 
 
@@ -251,8 +266,7 @@ def plan_for(config: LmiConfig, kind: str, gpu_count: int) -> LaunchPlan:
     """``plan_launch`` for an ``LmiConfig``; a per-GPU engine (torch) on ``option.device=cpu`` uses no GPU."""
     if ENGINES[kind].launch == "per_gpu" and config.device == "cpu":
         gpu_count = 0
-    return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind,
-                       config.backend)
+    return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind, config.backend)
 
 
 # =============================================================================== MPI launcher
@@ -273,8 +287,11 @@ def parse_mpi_version(text: str) -> tuple[MpiFlavour, str] | None:
     m = re.search(r"Open MPI\)?\s*v?(\d+(?:\.\d+)*)", text) or re.search(r"OpenRTE\)?\s*v?(\d+(?:\.\d+)*)", text)
     if m:
         return "openmpi", m.group(1)
-    for pattern in (r"HYDRA build details:\s*\n\s*Version:\s*(\S+)", r"MPICH Version:\s*(\S+)",
-                    r"Intel\(R\) MPI Library[^\n]*?(\d{4}(?:\.\d+)*)"):
+    for pattern in (
+        r"HYDRA build details:\s*\n\s*Version:\s*(\S+)",
+        r"MPICH Version:\s*(\S+)",
+        r"Intel\(R\) MPI Library[^\n]*?(\d{4}(?:\.\d+)*)",
+    ):
         m = re.search(pattern, text)
         if m:
             return "mpich", m.group(1)
@@ -290,14 +307,17 @@ def probe_mpi(which: Callable[[str], str | None] = shutil.which, timeout: float 
         if path is None:
             continue
         try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL)
+            out = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LaunchError(f"`{path} --version` failed ({exc}); cannot tell which MPI launches the ranks") from exc
         parsed = parse_mpi_version(out.stdout + out.stderr)
         if parsed is None:
-            raise LaunchError(f"`{path} --version` names neither Open MPI nor MPICH/Hydra: "
-                              f"{(out.stdout + out.stderr).strip()[:200]!r}")
+            raise LaunchError(
+                f"`{path} --version` names neither Open MPI nor MPICH/Hydra: "
+                f"{(out.stdout + out.stderr).strip()[:200]!r}"
+            )
         return MpiRuntime(path, *parsed)
     raise LaunchError(
         "option.tensor_parallel_degree × option.pipeline_parallel_degree > 1 (or several TensorRT-LLM copies) needs "
@@ -314,7 +334,8 @@ _SHELL_NOISE = {"PWD", "OLDPWD", "SHLVL", "_", "PS1", "TERM", "COLUMNS", "LINES"
 def forwarded_env_names(env: Mapping[str, str]) -> list[str]:
     """Pure: the variables Open MPI should export to the ranks (``-x NAME``): all but MPI's own."""
     return sorted(
-        k for k in env
+        k
+        for k in env
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and k not in _SHELL_NOISE and not k.startswith(_MPI_OWN)
     )
 
@@ -325,8 +346,14 @@ def visible_device_ids(devices: Sequence[int], env: Mapping[str, str]) -> str:
     return ",".join(parent[d] if d < len(parent) else str(d) for d in devices)
 
 
-def mpi_command(plan: LaunchPlan, flavour: MpiFlavour, argv: Sequence[str], *, launcher: str | None = None,
-                env: Mapping[str, str] | None = None) -> list[str]:
+def mpi_command(
+    plan: LaunchPlan,
+    flavour: MpiFlavour,
+    argv: Sequence[str],
+    *,
+    launcher: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
     """Pure: the ``mpirun``/``mpiexec`` command line that starts ``argv`` as the plan's ranks.
 
     Open MPI (DJL's flags): ``--allow-run-as-root --oversubscribe --bind-to none --tag-output``, no
@@ -338,11 +365,21 @@ def mpi_command(plan: LaunchPlan, flavour: MpiFlavour, argv: Sequence[str], *, l
         raise ValueError(f"this plan runs without MPI ({plan.describe()})")
     env = dict(env or {})
     n = str(plan.mpi_ranks)
-    devices = (visible_device_ids(plan.copies[0], env)
-               if plan.trtllm_mode == "leader" and plan.copies[0] else None)
+    devices = visible_device_ids(plan.copies[0], env) if plan.trtllm_mode == "leader" and plan.copies[0] else None
     if flavour == "openmpi":
-        cmd = [launcher or "mpirun", "-n", n, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-               "--tag-output", "--mca", "btl_vader_single_copy_mechanism", "none"]
+        cmd = [
+            launcher or "mpirun",
+            "-n",
+            n,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--tag-output",
+            "--mca",
+            "btl_vader_single_copy_mechanism",
+            "none",
+        ]
         for name in forwarded_env_names(env):
             if not (devices is not None and name == "CUDA_VISIBLE_DEVICES"):
                 cmd += ["-x", name]
@@ -377,14 +414,18 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def supervise(cmd: Sequence[str], env: Mapping[str, str], *, grace: float,
-              stop_signal: int = STOP_SIGNAL) -> int:
+def supervise(cmd: Sequence[str], env: Mapping[str, str], *, grace: float, stop_signal: int = STOP_SIGNAL) -> int:
     """Run the MPI launcher; on SIGTERM/SIGINT/SIGHUP send it ``stop_signal`` (which both Open MPI
     and Hydra pass on to every rank; Open MPI answers SIGTERM itself by killing the job within
     seconds, before rank 0 has drained), give the job ``grace`` seconds, then kill the launcher
     (its daemons then kill the ranks). Returns its exit status (128 + signal for a signal death)."""
-    proc = subprocess.Popen(list(cmd), env=dict(env), stdin=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    proc = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
     deadline: list[float] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -530,9 +571,15 @@ def run_follower(load: Callable[[], Awaitable[Any]], *, grace: float) -> int:
     return 0
 
 
-def run_rank(world: MpiWorld, plan: LaunchPlan, *, serve_http: Callable[[], int],
-             load_follower: Callable[[], Awaitable[Any]], drain_s: float = DEFAULT_DRAIN_S,
-             goodbye_timeout: float = GOODBYE_TIMEOUT_S) -> int:
+def run_rank(
+    world: MpiWorld,
+    plan: LaunchPlan,
+    *,
+    serve_http: Callable[[], int],
+    load_follower: Callable[[], Awaitable[Any]],
+    drain_s: float = DEFAULT_DRAIN_S,
+    goodbye_timeout: float = GOODBYE_TIMEOUT_S,
+) -> int:
     """One rank of the job: rank 0 serves HTTP, the others follow. Any failure aborts the whole job."""
     world.comm = world.mpi.COMM_WORLD.Dup()  # collective: every rank runs it first
     _label_logs(world.rank)
@@ -566,9 +613,17 @@ def run_rank(world: MpiWorld, plan: LaunchPlan, *, serve_http: Callable[[], int]
 # =============================================================================== serve entry
 
 
-def run_serve(plan: LaunchPlan, *, argv: Sequence[str], under_mpi: bool, serve_http: Callable[[], int],
-              load_follower: Callable[[], Awaitable[Any]], env: Mapping[str, str] | None = None,
-              drain_s: float = DEFAULT_DRAIN_S, reports: Path | None = None) -> int:
+def run_serve(
+    plan: LaunchPlan,
+    *,
+    argv: Sequence[str],
+    under_mpi: bool,
+    serve_http: Callable[[], int],
+    load_follower: Callable[[], Awaitable[Any]],
+    env: Mapping[str, str] | None = None,
+    drain_s: float = DEFAULT_DRAIN_S,
+    reports: Path | None = None,
+) -> int:
     """``lmi-trt serve`` for a plan: serve directly, re-execute under MPI, or run as one of its ranks.
 
     ``argv`` is the command line after the program name (re-used for the ranks); ``under_mpi`` and
@@ -599,8 +654,12 @@ def run_serve(plan: LaunchPlan, *, argv: Sequence[str], under_mpi: bool, serve_h
         finally:
             shutil.rmtree(job_reports, ignore_errors=True)
     if under_mpi and world.size != plan.mpi_ranks:
-        log.error("this rank sees an MPI world of %d, but %d rank(s) were started: is mpi4py linked to a different "
-                  "MPI than the launcher?", world.size, plan.mpi_ranks)
+        log.error(
+            "this rank sees an MPI world of %d, but %d rank(s) were started: is mpi4py linked to a different "
+            "MPI than the launcher?",
+            world.size,
+            plan.mpi_ranks,
+        )
         return 2
     world.reports = reports
     return run_rank(world, plan, serve_http=serve_http, load_follower=load_follower, drain_s=drain_s)

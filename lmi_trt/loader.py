@@ -25,8 +25,9 @@ from lmi_trt.sources.artifact import is_hf_config
 log = logging.getLogger(__name__)
 
 
-def build_engine(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer,
-                 placement: Placement | None = None) -> Engine:
+def build_engine(
+    kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer, placement: Placement | None = None
+) -> Engine:
     """Construct (not start) the engine for an artifact (``lmi_trt.engines.registry``); mismatches are
     user errors. ``placement`` (from the launch plan) puts one model copy on its GPUs."""
     return registry.build_engine(kind, config, artifact, tokenizer, _eos_ids(tokenizer, artifact), placement)
@@ -51,8 +52,12 @@ def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifa
         from lmi_trt.compile.hf_quant import ensure_quantized
         from lmi_trt.compile.probe import detect_trtllm_version
 
-        return ensure_quantized(registry.quantize_job(config), artifact, trtllm_version=detect_trtllm_version() or "",
-                                progress=lambda msg: log.info("compile: %s", msg))
+        return ensure_quantized(
+            registry.quantize_job(config),
+            artifact,
+            trtllm_version=detect_trtllm_version() or "",
+            progress=lambda msg: log.info("compile: %s", msg),
+        )
     if not registry.compiles(kind, config) or artifact.kind == "trtllm_engine":
         return artifact
     from lmi_trt.compile.jit import ensure_engine
@@ -115,24 +120,43 @@ def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: En
     given = config.model_fields_set
     inp, out = config.max_input_len, config.max_output_len
     if "max_input_len" in given and inp >= positions:
-        raise StartupError("option.max_input_len", inp, f"the model has {positions} positions (config.json {key})",
-                           f"set it below {positions}, leaving room for option.max_output_len")
+        raise StartupError(
+            "option.max_input_len",
+            inp,
+            f"the model has {positions} positions (config.json {key})",
+            f"set it below {positions}, leaving room for option.max_output_len",
+        )
     if "max_output_len" in given and out >= positions:
-        raise StartupError("option.max_output_len", out, f"the model has {positions} positions (config.json {key})",
-                           f"set it below {positions}, leaving room for the prompt")
+        raise StartupError(
+            "option.max_output_len",
+            out,
+            f"the model has {positions} positions (config.json {key})",
+            f"set it below {positions}, leaving room for the prompt",
+        )
     if "max_output_len" not in given:
-        out = min(_DEFAULT_OUTPUT, positions - inp) if "max_input_len" in given else min(_DEFAULT_OUTPUT, positions // 4)
+        out = (
+            min(_DEFAULT_OUTPUT, positions - inp) if "max_input_len" in given else min(_DEFAULT_OUTPUT, positions // 4)
+        )
     if "max_input_len" not in given:
         inp = min(_DEFAULT_INPUT, positions - out)
     if inp + out > positions and not registry.ENGINES[kind].compiles:  # a build plan checks with RoPE scaling
-        raise StartupError("option.max_input_len + option.max_output_len", f"{inp} + {out} = {inp + out}",
-                           f"exceeds the model's {positions} positions (config.json {key})",
-                           f"set them to fit, e.g. option.max_input_len={positions - positions // 4} "
-                           f"option.max_output_len={positions // 4}, or leave both unset to follow the model")
+        raise StartupError(
+            "option.max_input_len + option.max_output_len",
+            f"{inp} + {out} = {inp + out}",
+            f"exceeds the model's {positions} positions (config.json {key})",
+            f"set them to fit, e.g. option.max_input_len={positions - positions // 4} "
+            f"option.max_output_len={positions // 4}, or leave both unset to follow the model",
+        )
     if (inp, out) == (config.max_input_len, config.max_output_len):
         return config
-    log.info("option.max_input_len=%d and option.max_output_len=%d follow the model's %d positions (config.json %s); "
-             "set them to choose others", inp, out, positions, key)
+    log.info(
+        "option.max_input_len=%d and option.max_output_len=%d follow the model's %d positions (config.json %s); "
+        "set them to choose others",
+        inp,
+        out,
+        positions,
+        key,
+    )
     return config.derived(f"the model's {positions} positions", max_input_len=inp, max_output_len=out)
 
 
@@ -165,11 +189,13 @@ def _hub_config(name: str, key: str, revision: str | None) -> Mapping[str, Any] 
         return None
     folder = Path(name).resolve()
     raise StartupError(
-        key, name,
+        key,
+        name,
         f"no such folder exists ({folder}), and it is not a Hugging Face model in the local hub cache "
         "while HF_HUB_OFFLINE is set",
         "give an existing folder (./path or an absolute path), download the model beforehand "
-        f"(`hf download {name}` with the same HF_HOME), or unset HF_HUB_OFFLINE")
+        f"(`hf download {name}` with the same HF_HOME), or unset HF_HUB_OFFLINE",
+    )
 
 
 def _read_json(path: Path) -> Mapping[str, Any] | None:
@@ -184,15 +210,22 @@ def _check_engine_available(kind: EngineKind) -> None:
     if not registry.ENGINES[kind].needs_trtllm_gpu:
         return
     if importlib.util.find_spec("tensorrt_llm") is None:
-        raise StartupError("option.rolling_batch", kind, "TensorRT-LLM is not installed here",
-                           "run the TensorRT-LLM image (docker/Dockerfile), or set option.rolling_batch=torch "
-                           "(or auto) for the embedded torch engine")
+        raise StartupError(
+            "option.rolling_batch",
+            kind,
+            "TensorRT-LLM is not installed here",
+            "run the TensorRT-LLM image (docker/Dockerfile), or set option.rolling_batch=torch "
+            "(or auto) for the embedded torch engine",
+        )
     from lmi_trt.engines import trtllm
 
     if not trtllm.cuda_available():  # the engine's own GPU probe (a test seam as well)
-        raise StartupError("option.rolling_batch", kind, "no CUDA GPU is visible, and TensorRT engines only run on one",
-                           "give the container GPUs (--gpus all, CUDA_VISIBLE_DEVICES), or set "
-                           "option.rolling_batch=torch (or auto)")
+        raise StartupError(
+            "option.rolling_batch",
+            kind,
+            "no CUDA GPU is visible, and TensorRT engines only run on one",
+            "give the container GPUs (--gpus all, CUDA_VISIBLE_DEVICES), or set option.rolling_batch=torch (or auto)",
+        )
 
 
 def with_backend(config: LmiConfig, artifact_kind: ArtifactKind) -> LmiConfig:
@@ -223,8 +256,11 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         hf_config = _read_json(folder / "config.json") if folder is not None else None
     else:
         folder = _local_folder(config.model_id, "option.model_id")
-        hf_config = (_read_json(folder / "config.json") if folder is not None
-                     else _hub_config(config.model_id, "option.model_id", config.revision))
+        hf_config = (
+            _read_json(folder / "config.json")
+            if folder is not None
+            else _hub_config(config.model_id, "option.model_id", config.revision)
+        )
     if registry.ENGINES[kind].needs_trtllm_gpu and hf_config is not None:  # on TensorRT-LLM, a model read
         # here decides the backend now; one not readable yet (S3, an uncached hub id) is decided by
         # load_model once resolved (pinning a guess here made an S3 engine folder a "checkpoint")

@@ -12,7 +12,6 @@ from typing import Any
 
 from lmi_trt.config import REGISTRY, KeySpec, LmiConfig, jsonable
 
-
 README_START = "<!-- options:start -->"
 README_END = "<!-- options:end -->"
 
@@ -28,8 +27,9 @@ def render_options_table() -> str:
             default_value = jsonable(LmiConfig.model_fields[spec.attr].default)
             default = "—" if default_value is None else f"`{_plain(default_value)}`"
             compile_time = "yes" if spec.compile_time else "no"
-        rows.append("| " + " | ".join(_cell(c) for c in (f"`{spec.key}`", env, default, compile_time,
-                                                          _describe(spec))) + " |")
+        rows.append(
+            "| " + " | ".join(_cell(c) for c in (f"`{spec.key}`", env, default, compile_time, _describe(spec))) + " |"
+        )
     return "\n".join(rows)
 
 

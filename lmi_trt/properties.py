@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 from lmi_trt.errors import LmiError
 
-
 # Java's notion of whitespace in properties files: space, tab and form feed (not \v).
 _WHITESPACE = " \t\f"
 # Java ends natural lines at \n, \r or \r\n only; str.splitlines() would also split on \v, \x1c, \u2028...
@@ -107,7 +106,7 @@ def _unescape(raw: str, line_number: int) -> str:
         ch = raw[i]
         i += 1
         if ch == "u":
-            digits = raw[i:i + 4]
+            digits = raw[i : i + 4]
             if len(digits) < 4 or not set(digits) <= _HEX:
                 raise PropertiesSyntaxError(
                     f"line {line_number}: malformed \\uXXXX escape '\\u{digits}'; "

@@ -40,9 +40,18 @@ def _write_tiny_llama(hf_dir: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # head_size 64: a size every TensorRT-LLM attention kernel supports.
-    config = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD)
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(str(hf_dir))
     _write_byte_tokenizer(hf_dir)
@@ -59,15 +68,25 @@ def _write_byte_tokenizer(hf_dir: Path) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-                            ).save_pretrained(str(hf_dir))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>").save_pretrained(
+        str(hf_dir)
+    )
 
 
 def _config(root: Path, backend: str) -> LmiConfig:
     """What a user would put in serving.properties for this model, with the cache under ``root``."""
-    return LmiConfig(model_id=str(root / "hf"), rolling_batch="trtllm", backend=backend, dtype="fp16", max_input_len=32,
-                     max_output_len=32, max_rolling_batch_size=MAX_BATCH, download_dir=root / "download",
-                     engine_cache_uri=str(root / "engine-cache"), kv_cache_free_gpu_mem_fraction=0.2)
+    return LmiConfig(
+        model_id=str(root / "hf"),
+        rolling_batch="trtllm",
+        backend=backend,
+        dtype="fp16",
+        max_input_len=32,
+        max_output_len=32,
+        max_rolling_batch_size=MAX_BATCH,
+        download_dir=root / "download",
+        engine_cache_uri=str(root / "engine-cache"),
+        kv_cache_free_gpu_mem_fraction=0.2,
+    )
 
 
 def _backend(requested: str) -> str:
@@ -119,6 +138,7 @@ def _llm(config: LmiConfig, gpu_available: Callable[[], bool] | None) -> Engine:
 async def _serve(engine: Engine, what: str, step) -> None:
     await step(f"start {what}", engine.start)
     try:
+
         async def one_request():
             tokens, _, reason = await _generate(engine, streaming=False)
             if len(tokens) != NEW_TOKENS or reason is not FinishReason.LENGTH:
@@ -186,8 +206,9 @@ def run_selftest(
             else:
                 sync_step("TensorRT-LLM and a GPU", lambda: f"TensorRT-LLM {probe_runtime(gpu_available)[1].version}")
                 sync_step("write a tiny random Llama", lambda: _write_tiny_llama(root / "hf"))
-                built = sync_step("plan, build and cache its engine (lmi_trt.compile, as serve does)",
-                                  lambda: _compile(config))
+                built = sync_step(
+                    "plan, build and cache its engine (lmi_trt.compile, as serve does)", lambda: _compile(config)
+                )
 
                 def cached() -> str:
                     again = _compile(config)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 
-
 # DJL's Java front end sets option.max_rolling_batch_size=256 for the trtllm rolling batch
 # (deepjavalibrary/djl-serving, wlm/src/main/java/ai/djl/serving/wlm/LmiConfigRecommender.java,
 # setRollingBatchSize; 32 for the other backends). The engine registry's trtllm entry and the compile
@@ -27,7 +26,7 @@ AWQ_BLOCK_SIZES: tuple[int, ...] = (64, 128)
 TOOL_CALL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral")
 
 # option.tokens_per_block: the paged KV-cache block sizes (powers of two) the configuration accepts.
-TOKENS_PER_BLOCK: tuple[int, ...] = tuple(2 ** n for n in range(3, 9))
+TOKENS_PER_BLOCK: tuple[int, ...] = tuple(2**n for n in range(3, 9))
 
 
 class Quantization(str, enum.Enum):
@@ -36,13 +35,13 @@ class Quantization(str, enum.Enum):
     The values are what the engine-cache key records, so they do not change.
     """
 
-    SMOOTHQUANT = "smoothquant"                # W8A8 SmoothQuant
-    AWQ = "awq"                                # W4A16 AWQ (or W4A8 with option.q_format=w4a8_awq)
-    FP8 = "fp8"                                # fp8 weights and activations
-    FP8_KV = "fp8_kv"                          # fp8 weights/activations and an fp8 KV cache
-    WEIGHTS_INT8 = "weights_int8"              # int8 weight-only (W8A16)
+    SMOOTHQUANT = "smoothquant"  # W8A8 SmoothQuant
+    AWQ = "awq"  # W4A16 AWQ (or W4A8 with option.q_format=w4a8_awq)
+    FP8 = "fp8"  # fp8 weights and activations
+    FP8_KV = "fp8_kv"  # fp8 weights/activations and an fp8 KV cache
+    WEIGHTS_INT8 = "weights_int8"  # int8 weight-only (W8A16)
     WEIGHTS_INT8_KV_INT8 = "weights_int8_kv_int8"
-    WEIGHTS_INT4 = "weights_int4"              # int4 weight-only (W4A16)
+    WEIGHTS_INT4 = "weights_int4"  # int4 weight-only (W4A16)
     WEIGHTS_INT4_KV_INT8 = "weights_int4_kv_int8"  # TensorRT-LLM has no int4 KV cache
 
     @property
@@ -77,10 +76,18 @@ QUANTIZE_NAMES: dict[str, Quantization | None] = {
 # chatglm_version / model_version / gpt_variant keywords).
 CHATGLM_VERSIONS: dict[str, str] = {
     # DJL master / TensorRT-LLM spellings
-    "glm": "glm", "chatglm": "chatglm", "chatglm2": "chatglm2", "chatglm3": "chatglm3", "glm4": "glm4",
+    "glm": "glm",
+    "chatglm": "chatglm",
+    "chatglm2": "chatglm2",
+    "chatglm3": "chatglm3",
+    "glm4": "glm4",
     # DJL ≤0.29 spellings
-    "chatglm_6b": "chatglm", "chatglm2_6b": "chatglm2", "chatglm2_6b_32k": "chatglm2",
-    "chatglm3_6b": "chatglm3", "chatglm3_6b_base": "chatglm3", "chatglm3_6b_32k": "chatglm3",
+    "chatglm_6b": "chatglm",
+    "chatglm2_6b": "chatglm2",
+    "chatglm2_6b_32k": "chatglm2",
+    "chatglm3_6b": "chatglm3",
+    "chatglm3_6b_base": "chatglm3",
+    "chatglm3_6b_32k": "chatglm3",
     "glm_10b": "glm",
 }
 BAICHUAN_VERSIONS: dict[str, str] = {v: v for v in ("v1_7b", "v1_13b", "v2_7b", "v2_13b")}

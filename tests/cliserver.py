@@ -52,8 +52,9 @@ def wait_ready(server: Server, timeout: float = 120.0) -> None:
 
 
 @contextmanager
-def serve(args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, ready: bool = True,
-          cwd: Path | None = None):
+def serve(
+    args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, ready: bool = True, cwd: Path | None = None
+):
     """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
@@ -63,7 +64,10 @@ def serve(args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None,
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lmi_trt", "serve", *args, "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
         )
     server = Server(proc, port, log_path)
     try:

@@ -13,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 # which say "does not apply" rather than "could not run" (test file → text in the skip reason).
 ALLOWED_SKIPS: dict[str, tuple[str, ...]] = {
     # Parameter combinations a protocol has no field for.
-    "tests/unit/test_protocols_consistency.py": ("Truss payloads have no temperature/top_p",
-                                                 "Triton/Truss word lists skip empty words"),
+    "tests/unit/test_protocols_consistency.py": (
+        "Truss payloads have no temperature/top_p",
+        "Triton/Truss word lists skip empty words",
+    ),
     # Release-dependent: each runs in the .ci/run legs whose packages have what it checks
     # (ci/release-tests.txt); the default run has the newest packages, the legs the images' pins.
     "tests/unit/test_release_pins.py": ("not a release leg of .ci/run",),
@@ -31,8 +33,10 @@ def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 
 def _note_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     path, reason = report.nodeid.split("::")[0], _reason(report)
-    allowed = any(path.endswith(file.removeprefix("tests/")) and any(text in reason for text in texts)
-                  for file, texts in ALLOWED_SKIPS.items())
+    allowed = any(
+        path.endswith(file.removeprefix("tests/")) and any(text in reason for text in texts)
+        for file, texts in ALLOWED_SKIPS.items()
+    )
     if not allowed:
         _unexpected_skips.append(f"{report.nodeid}: {reason}")
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-
 # One count for the process: each test module that imports the fixtures gets its own server, but moto keeps
 # every server's buckets in one in-process backend, so names must not repeat across servers.
 _BUCKETS = itertools.count()

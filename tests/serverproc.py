@@ -41,9 +41,16 @@ def synthetic_engine(tokenizer: Any, **kwargs: Any) -> SyntheticEngine:
 class SyntheticApp:
     """An app whose load waits for ``gate`` (set by default) and then starts a synthetic engine."""
 
-    def __init__(self, config: LmiConfig, *, model_name: str = "tiny", gate_open: bool = True,
-                 fail_load: str | None = None, adapters: Sequence[ProtocolAdapter] | None = None,
-                 **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: LmiConfig,
+        *,
+        model_name: str = "tiny",
+        gate_open: bool = True,
+        fail_load: str | None = None,
+        adapters: Sequence[ProtocolAdapter] | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
         self.tokenizer = tiny_tokenizer()
         engine_kwargs.setdefault("max_input_len", config.max_input_len)
         engine_kwargs.setdefault("max_new_tokens", config.max_output_len)
@@ -62,7 +69,9 @@ class SyntheticApp:
         return LoadedModel(self.engine, self.tokenizer)
 
 
-async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 3.0, interval: float = 0.01) -> bool:
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 3.0, interval: float = 0.01
+) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:

@@ -72,19 +72,48 @@ def _config(arch: str):
 
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "llama":
-        return tf.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                              intermediate_size=128, max_position_embeddings=512, **common)
+        return tf.LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            **common,
+        )
     if arch == "qwen2":
-        return tf.Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                              intermediate_size=128, max_position_embeddings=512, **common)
+        return tf.Qwen2Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            **common,
+        )
     if arch == "mistral":
-        return tf.MistralConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                intermediate_size=128, max_position_embeddings=512, sliding_window=None, **common)
+        return tf.MistralConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            sliding_window=None,
+            **common,
+        )
     if arch == "gpt2":
         return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common)
     if arch == "falcon":
-        return tf.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
-                               new_decoder_architecture=True, max_position_embeddings=512, **common)
+        return tf.FalconConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+            max_position_embeddings=512,
+            **common,
+        )
     if arch == "gptj":
         return tf.GPTJConfig(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=512, **common)
     raise ValueError(f"unknown tiny arch {arch!r}")
@@ -126,8 +155,12 @@ def tiny_model(arch: str = "llama") -> Path:
     return build_model(arch, cache_root() / arch)
 
 
-def make_hub_cache(model_dir: Path, hf_home: Path, repo_id: str = "acme/tiny-llama",
-                   commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+def make_hub_cache(
+    model_dir: Path,
+    hf_home: Path,
+    repo_id: str = "acme/tiny-llama",
+    commit: str = "0123456789abcdef0123456789abcdef01234567",
+) -> Path:
     """Lay ``model_dir`` out as a huggingface_hub cache entry so ``repo_id`` resolves offline."""
     import shutil
 
@@ -147,7 +180,9 @@ def model_config(model_dir: Path) -> dict:
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="Write a tiny random-weight model + tokenizer (for trying lmi-trt offline).")
+    ap = argparse.ArgumentParser(
+        description="Write a tiny random-weight model + tokenizer (for trying lmi-trt offline)."
+    )
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--arch", default="llama", choices=ARCHS)
     a = ap.parse_args()

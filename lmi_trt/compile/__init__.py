@@ -11,6 +11,13 @@ from .options import CompileOptions
 from .plan import BuildPlan, GpuFacts, MemoryEstimate, estimate_memory, make_plan
 
 __all__ = [
-    "BuildError", "BuildPlan", "CacheError", "CompileOptions", "GpuFacts", "MemoryEstimate", "PlanError",
-    "estimate_memory", "make_plan",
+    "BuildError",
+    "BuildPlan",
+    "CacheError",
+    "CompileOptions",
+    "GpuFacts",
+    "MemoryEstimate",
+    "PlanError",
+    "estimate_memory",
+    "make_plan",
 ]

@@ -2,7 +2,8 @@
 
 One ``ArchSpec`` per model family: the ``tensorrt_llm.models.MODEL_MAP`` class, the oldest
 TensorRT-LLM release whose unified ``from_hugging_face`` converter handles it, the quantizations
-LMI supports for it (deepjavalibrary/djl-serving serving/docs/lmi/user_guides/trt_llm_user_guide.md, plus weight-only where the converter does it),
+LMI supports for it (deepjavalibrary/djl-serving serving/docs/lmi/user_guides/trt_llm_user_guide.md, plus weight-only
+where the converter does it),
 and the per-family DJL keys (``option.chatglm_model_version``, ``rotary_dim``, ...). Everything here
 is pure: it reads a config dict and options and returns values or raises ``PlanError``.
 
@@ -43,26 +44,26 @@ PRECOMPILED_ROUTE = (
 class VersionKey:
     """A DJL key that picks a sub-variant the converter would otherwise guess from the folder name."""
 
-    key: str                           # DJL key, e.g. option.chatglm_model_version
-    kwarg: str                         # from_hugging_face keyword it becomes
-    choices: dict[str, str]            # accepted DJL value → converter value
+    key: str  # DJL key, e.g. option.chatglm_model_version
+    kwarg: str  # from_hugging_face keyword it becomes
+    choices: dict[str, str]  # accepted DJL value → converter value
 
 
 @dataclass(frozen=True)
 class ArchSpec:
     family: str
     hf_architectures: tuple[str, ...]
-    trtllm_class: str                  # name in tensorrt_llm.models.MODEL_MAP's values
+    trtllm_class: str  # name in tensorrt_llm.models.MODEL_MAP's values
     min_trtllm_version: str
     quantizations: frozenset[Quantization | None]
-    modelopt_decoder: str | None       # modelopt export decoder_type; None: no calibrated path
-    gated_mlp: bool                    # SwiGLU/GeGLU MLP (3 matrices) vs 2-matrix MLP
-    trust_remote_code: bool = False    # modeling code lives in the model repo, not transformers
-    fused_mlp: bool = False            # option.use_fused_mlp (LLaMA GatedMLP fusion)
-    multi_block_mode: bool = True      # DJL: not for Qwen
-    rotary_base: bool = False          # option.rotary_base applies (DJL: Llama, InternLM, Qwen)
-    rotary_scaling: bool = False       # option.rotary_scaling_type/factor apply
-    rotary_dim: bool = False           # option.rotary_dim applies (GPT-J)
+    modelopt_decoder: str | None  # modelopt export decoder_type; None: no calibrated path
+    gated_mlp: bool  # SwiGLU/GeGLU MLP (3 matrices) vs 2-matrix MLP
+    trust_remote_code: bool = False  # modeling code lives in the model repo, not transformers
+    fused_mlp: bool = False  # option.use_fused_mlp (LLaMA GatedMLP fusion)
+    multi_block_mode: bool = True  # DJL: not for Qwen
+    rotary_base: bool = False  # option.rotary_base applies (DJL: Llama, InternLM, Qwen)
+    rotary_scaling: bool = False  # option.rotary_scaling_type/factor apply
+    rotary_dim: bool = False  # option.rotary_dim applies (GPT-J)
     passes_trust_remote_code: bool = False  # its from_hugging_face pops trust_remote_code
     version_key: VersionKey | None = None
     # modelopt decoder_type per HF architecture where it differs from modelopt_decoder
@@ -79,47 +80,185 @@ _GPT_VERSIONS = VersionKey("option.gpt_model_version", "gpt_variant", GPT_VARIAN
 _LLAMA_QUANT = _WEIGHT_ONLY | _WEIGHT_KV | _FP8 | {Q.SMOOTHQUANT, Q.AWQ}
 
 ARCHS: tuple[ArchSpec, ...] = (
-    ArchSpec("llama", ("LlamaForCausalLM",), "LLaMAForCausalLM", "0.11.0", _LLAMA_QUANT, "llama",
-             gated_mlp=True, fused_mlp=True, rotary_base=True, rotary_scaling=True, passes_trust_remote_code=True),
-    ArchSpec("mistral", ("MistralForCausalLM",), "LLaMAForCausalLM", "0.11.0", _LLAMA_QUANT, "llama",
-             gated_mlp=True, fused_mlp=True, rotary_base=True, rotary_scaling=True, passes_trust_remote_code=True),
+    ArchSpec(
+        "llama",
+        ("LlamaForCausalLM",),
+        "LLaMAForCausalLM",
+        "0.11.0",
+        _LLAMA_QUANT,
+        "llama",
+        gated_mlp=True,
+        fused_mlp=True,
+        rotary_base=True,
+        rotary_scaling=True,
+        passes_trust_remote_code=True,
+    ),
+    ArchSpec(
+        "mistral",
+        ("MistralForCausalLM",),
+        "LLaMAForCausalLM",
+        "0.11.0",
+        _LLAMA_QUANT,
+        "llama",
+        gated_mlp=True,
+        fused_mlp=True,
+        rotary_base=True,
+        rotary_scaling=True,
+        passes_trust_remote_code=True,
+    ),
     # AWQ on Mixtral crashes the JIT compile (djl#3343, djl#3445; LMI 0.28 known issue).
-    ArchSpec("mixtral", ("MixtralForCausalLM",), "LLaMAForCausalLM", "0.11.0", _WEIGHT_ONLY | _FP8, "llama",
-             gated_mlp=True, fused_mlp=True, rotary_base=True, passes_trust_remote_code=True),
-    ArchSpec("internlm", ("InternLMForCausalLM",), "LLaMAForCausalLM", "0.11.0", _WEIGHT_ONLY | {Q.SMOOTHQUANT},
-             "internlm", gated_mlp=True, fused_mlp=True, rotary_base=True, rotary_scaling=True,
-             trust_remote_code=True, passes_trust_remote_code=True),
-    ArchSpec("internlm2", ("InternLM2ForCausalLM",), "LLaMAForCausalLM", "0.13.0", _WEIGHT_ONLY | {Q.SMOOTHQUANT},
-             "internlm", gated_mlp=True, fused_mlp=True, rotary_base=True, rotary_scaling=True,
-             trust_remote_code=True, passes_trust_remote_code=True),
-    ArchSpec("falcon", ("FalconForCausalLM", "RWForCausalLM"), "FalconForCausalLM", "0.11.0", _WEIGHT_ONLY,
-             "falcon", gated_mlp=False),
-    ArchSpec("qwen", ("QWenLMHeadModel", "QWenForCausalLM"), "QWenForCausalLM", "0.11.0", _WEIGHT_ONLY, "qwen",
-             gated_mlp=True, multi_block_mode=False, rotary_base=True, rotary_scaling=True,
-             trust_remote_code=True, passes_trust_remote_code=True),
-    ArchSpec("qwen2", ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM"), "QWenForCausalLM", "0.11.0",
-             _WEIGHT_ONLY | _WEIGHT_KV | _FP8 | {Q.AWQ}, "qwen", gated_mlp=True, multi_block_mode=False,
-             rotary_base=True, rotary_scaling=True, passes_trust_remote_code=True),
-    ArchSpec("chatglm", ("ChatGLMModel", "ChatGLMForCausalLM", "ChatGLMForConditionalGeneration", "GLMModel"),
-             "ChatGLMForCausalLM", "0.11.0", _WEIGHT_ONLY, "chatglm", gated_mlp=True, trust_remote_code=True,
-             version_key=_CHATGLM_VERSIONS),
-    ArchSpec("gptj", ("GPTJForCausalLM",), "GPTJForCausalLM", "0.11.0", _WEIGHT_ONLY, "gptj",
-             gated_mlp=False, rotary_dim=True),
-    ArchSpec("gpt", ("GPT2LMHeadModel", "GPT2LMHeadCustomModel", "GPTBigCodeForCausalLM", "Starcoder2ForCausalLM"),
-             "GPTForCausalLM", "0.11.0", _WEIGHT_ONLY | _WEIGHT_KV | _FP8, "gpt", gated_mlp=False,
-             passes_trust_remote_code=True, version_key=_GPT_VERSIONS),
-    ArchSpec("baichuan", ("BaichuanForCausalLM", "BaiChuanForCausalLM"), "BaichuanForCausalLM", "0.11.0",
-             _WEIGHT_ONLY | _WEIGHT_KV | _FP8 | {Q.SMOOTHQUANT}, "baichuan", gated_mlp=True,
-             trust_remote_code=True, passes_trust_remote_code=True, version_key=_BAICHUAN_VERSIONS),
-    ArchSpec("deepseek", ("DeepseekForCausalLM",), "DeepseekForCausalLM", "0.12.0", _WEIGHT_ONLY, None,
-             gated_mlp=True, trust_remote_code=True),
-    ArchSpec("deepseek_v2", ("DeepseekV2ForCausalLM",), "DeepseekV2ForCausalLM", "0.14.0", _WEIGHT_ONLY, None,
-             gated_mlp=True, trust_remote_code=True),
+    ArchSpec(
+        "mixtral",
+        ("MixtralForCausalLM",),
+        "LLaMAForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY | _FP8,
+        "llama",
+        gated_mlp=True,
+        fused_mlp=True,
+        rotary_base=True,
+        passes_trust_remote_code=True,
+    ),
+    ArchSpec(
+        "internlm",
+        ("InternLMForCausalLM",),
+        "LLaMAForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY | {Q.SMOOTHQUANT},
+        "internlm",
+        gated_mlp=True,
+        fused_mlp=True,
+        rotary_base=True,
+        rotary_scaling=True,
+        trust_remote_code=True,
+        passes_trust_remote_code=True,
+    ),
+    ArchSpec(
+        "internlm2",
+        ("InternLM2ForCausalLM",),
+        "LLaMAForCausalLM",
+        "0.13.0",
+        _WEIGHT_ONLY | {Q.SMOOTHQUANT},
+        "internlm",
+        gated_mlp=True,
+        fused_mlp=True,
+        rotary_base=True,
+        rotary_scaling=True,
+        trust_remote_code=True,
+        passes_trust_remote_code=True,
+    ),
+    ArchSpec(
+        "falcon",
+        ("FalconForCausalLM", "RWForCausalLM"),
+        "FalconForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY,
+        "falcon",
+        gated_mlp=False,
+    ),
+    ArchSpec(
+        "qwen",
+        ("QWenLMHeadModel", "QWenForCausalLM"),
+        "QWenForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY,
+        "qwen",
+        gated_mlp=True,
+        multi_block_mode=False,
+        rotary_base=True,
+        rotary_scaling=True,
+        trust_remote_code=True,
+        passes_trust_remote_code=True,
+    ),
+    ArchSpec(
+        "qwen2",
+        ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM"),
+        "QWenForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY | _WEIGHT_KV | _FP8 | {Q.AWQ},
+        "qwen",
+        gated_mlp=True,
+        multi_block_mode=False,
+        rotary_base=True,
+        rotary_scaling=True,
+        passes_trust_remote_code=True,
+    ),
+    ArchSpec(
+        "chatglm",
+        ("ChatGLMModel", "ChatGLMForCausalLM", "ChatGLMForConditionalGeneration", "GLMModel"),
+        "ChatGLMForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY,
+        "chatglm",
+        gated_mlp=True,
+        trust_remote_code=True,
+        version_key=_CHATGLM_VERSIONS,
+    ),
+    ArchSpec(
+        "gptj",
+        ("GPTJForCausalLM",),
+        "GPTJForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY,
+        "gptj",
+        gated_mlp=False,
+        rotary_dim=True,
+    ),
+    ArchSpec(
+        "gpt",
+        ("GPT2LMHeadModel", "GPT2LMHeadCustomModel", "GPTBigCodeForCausalLM", "Starcoder2ForCausalLM"),
+        "GPTForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY | _WEIGHT_KV | _FP8,
+        "gpt",
+        gated_mlp=False,
+        passes_trust_remote_code=True,
+        version_key=_GPT_VERSIONS,
+    ),
+    ArchSpec(
+        "baichuan",
+        ("BaichuanForCausalLM", "BaiChuanForCausalLM"),
+        "BaichuanForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY | _WEIGHT_KV | _FP8 | {Q.SMOOTHQUANT},
+        "baichuan",
+        gated_mlp=True,
+        trust_remote_code=True,
+        passes_trust_remote_code=True,
+        version_key=_BAICHUAN_VERSIONS,
+    ),
+    ArchSpec(
+        "deepseek",
+        ("DeepseekForCausalLM",),
+        "DeepseekForCausalLM",
+        "0.12.0",
+        _WEIGHT_ONLY,
+        None,
+        gated_mlp=True,
+        trust_remote_code=True,
+    ),
+    ArchSpec(
+        "deepseek_v2",
+        ("DeepseekV2ForCausalLM",),
+        "DeepseekV2ForCausalLM",
+        "0.14.0",
+        _WEIGHT_ONLY,
+        None,
+        gated_mlp=True,
+        trust_remote_code=True,
+    ),
     # modelopt names Gemma 2/3 "gemma2"/"gemma3" (MODEL_NAME_TO_TYPE in modelopt/torch/export/model_utils.py,
     # nvidia-modelopt 0.47.0; its export special-cases both, e.g. layer_utils.py's gemma2/gemma3 norms).
-    ArchSpec("gemma", ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"), "GemmaForCausalLM", "0.11.0",
-             _WEIGHT_ONLY | _FP8, "gemma", gated_mlp=True,
-             modelopt_decoder_by_arch=(("Gemma2ForCausalLM", "gemma2"), ("Gemma3ForCausalLM", "gemma3"))),
+    ArchSpec(
+        "gemma",
+        ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
+        "GemmaForCausalLM",
+        "0.11.0",
+        _WEIGHT_ONLY | _FP8,
+        "gemma",
+        gated_mlp=True,
+        modelopt_decoder_by_arch=(("Gemma2ForCausalLM", "gemma2"), ("Gemma3ForCausalLM", "gemma3")),
+    ),
     ArchSpec("phi", ("PhiForCausalLM",), "PhiForCausalLM", "0.11.0", _WEIGHT_ONLY, "phi", gated_mlp=False),
     ArchSpec("phi3", ("Phi3ForCausalLM",), "Phi3ForCausalLM", "0.11.0", _WEIGHT_ONLY, "phi3", gated_mlp=True),
 )
@@ -146,8 +285,12 @@ def supported_architectures() -> list[str]:
 def hf_architecture(hf_config: dict[str, Any]) -> str:
     archs = hf_config.get("architectures") or []
     if not archs:
-        raise PlanError("architectures", None, "config.json names no architecture, so no converter can be chosen",
-                        "Add \"architectures\": [\"<ClassName>\"] to config.json. " + PRECOMPILED_ROUTE)
+        raise PlanError(
+            "architectures",
+            None,
+            "config.json names no architecture, so no converter can be chosen",
+            'Add "architectures": ["<ClassName>"] to config.json. ' + PRECOMPILED_ROUTE,
+        )
     return str(archs[0])
 
 
@@ -157,7 +300,9 @@ def lookup_arch(hf_config: dict[str, Any]) -> ArchSpec:
     spec = _BY_ARCH.get(arch)
     if spec is None:
         raise PlanError(
-            "architectures[0]", arch, "TensorRT-LLM JIT compilation does not support this architecture",
+            "architectures[0]",
+            arch,
+            "TensorRT-LLM JIT compilation does not support this architecture",
             "Supported: " + ", ".join(supported_architectures()) + ". " + PRECOMPILED_ROUTE,
         )
     return spec
@@ -174,6 +319,7 @@ def min_version_for(spec: ArchSpec, hf_config: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # config.json readers
 # ---------------------------------------------------------------------------------------------
+
 
 def _first(hf: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
@@ -223,10 +369,10 @@ class ModelDims:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     shared_intermediate_size: int = 0
-    dense_layers: int = 0              # leading layers with a dense MLP in MoE models (DeepSeek)
+    dense_layers: int = 0  # leading layers with a dense MLP in MoE models (DeepSeek)
     gated_mlp: bool = True
     kv_width: int = 0
-    kv_split_by_tp: bool = True        # False for compressed (MLA) caches, replicated on every rank
+    kv_split_by_tp: bool = True  # False for compressed (MLA) caches, replicated on every rank
 
 
 def _kv_heads(spec: ArchSpec, hf: dict[str, Any], heads: int) -> int:
@@ -246,18 +392,24 @@ def _kv_heads(spec: ArchSpec, hf: dict[str, Any], heads: int) -> int:
 def max_positions(spec: ArchSpec, hf: dict[str, Any]) -> int | None:
     if spec.family == "baichuan" and hf.get("model_max_length") and hf.get("max_position_embeddings") is None:
         return int(hf["model_max_length"])
-    value = _first(hf, "max_position_embeddings", "n_positions", "seq_length", "max_sequence_length",
-                   "model_max_length")
+    value = _first(
+        hf, "max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", "model_max_length"
+    )
     return int(value) if value is not None else None
 
 
 def read_dims(spec: ArchSpec, hf: dict[str, Any]) -> ModelDims:
     """Shapes from config.json; a missing essential key is a ``PlanError`` naming it."""
+
     def need(*keys: str) -> int:
         value = _first(hf, *keys)
         if value is None:
-            raise PlanError(f"config.json:{keys[0]}", None, f"the {spec.family} config has none of {', '.join(keys)}",
-                            "Check that model_id points at the model's own config.json")
+            raise PlanError(
+                f"config.json:{keys[0]}",
+                None,
+                f"the {spec.family} config has none of {', '.join(keys)}",
+                "Check that model_id points at the model's own config.json",
+            )
         return int(value)
 
     hidden = need("hidden_size", "n_embd", "d_model")
@@ -265,8 +417,9 @@ def read_dims(spec: ArchSpec, hf: dict[str, Any]) -> ModelDims:
     heads = need("num_attention_heads", "n_head")
     kv_heads = _kv_heads(spec, hf, heads)
     head_dim = int(_first(hf, "head_dim", "kv_channels", default=hidden // heads))
-    intermediate = int(_first(hf, "intermediate_size", "ffn_hidden_size", "n_inner", "inner_hidden_size",
-                              default=4 * hidden))
+    intermediate = int(
+        _first(hf, "intermediate_size", "ffn_hidden_size", "n_inner", "inner_hidden_size", default=4 * hidden)
+    )
     if spec.family == "qwen":
         intermediate //= 2  # Qwen-1 states the two gated halves together (w1 and w2 are each half)
     experts = int(_first(hf, "num_local_experts", "n_routed_experts", "num_experts", default=0) or 0)
@@ -287,7 +440,8 @@ def read_dims(spec: ArchSpec, hf: dict[str, Any]) -> ModelDims:
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=intermediate,
-        vocab_size=need("vocab_size", "padded_vocab_size") if spec.family != "chatglm"
+        vocab_size=need("vocab_size", "padded_vocab_size")
+        if spec.family != "chatglm"
         else need("padded_vocab_size", "vocab_size"),
         max_position_embeddings=max_positions(spec, hf),
         num_experts=experts,
@@ -303,6 +457,7 @@ def read_dims(spec: ArchSpec, hf: dict[str, Any]) -> ModelDims:
 # ---------------------------------------------------------------------------------------------
 # per-family options
 # ---------------------------------------------------------------------------------------------
+
 
 def _infer_chatglm_version(hf: dict[str, Any]) -> str | None:
     """TensorRT-LLM guesses from the folder *name* (a cache path here), so read the config instead."""
@@ -323,8 +478,13 @@ def _infer_gpt_variant(hf: dict[str, Any]) -> str | None:
     arch, model_type = hf_architecture(hf), hf.get("model_type")
     if arch == "GPT2LMHeadCustomModel":
         return "santacoder"
-    return {"gpt2": "gpt2", "gpt_bigcode": "starcoder", "starcoder2": "starcoder2",
-            "nemotron": "nemotron", "jais": "jais"}.get(str(model_type))
+    return {
+        "gpt2": "gpt2",
+        "gpt_bigcode": "starcoder",
+        "starcoder2": "starcoder2",
+        "nemotron": "nemotron",
+        "jais": "jais",
+    }.get(str(model_type))
 
 
 def _infer_baichuan_version(hf: dict[str, Any]) -> str:
@@ -353,14 +513,20 @@ def converter_kwargs(spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any]) -
     if given is not None:
         value = key.choices.get(given.strip().lower())
         if value is None:
-            raise PlanError(key.key, given, f"not a {spec.family} version",
-                            "Use one of: " + ", ".join(sorted(key.choices)))
+            raise PlanError(
+                key.key, given, f"not a {spec.family} version", "Use one of: " + ", ".join(sorted(key.choices))
+            )
     else:
-        value = {"chatglm": _infer_chatglm_version, "gpt": _infer_gpt_variant,
-                 "baichuan": _infer_baichuan_version}[spec.family](hf)
+        value = {"chatglm": _infer_chatglm_version, "gpt": _infer_gpt_variant, "baichuan": _infer_baichuan_version}[
+            spec.family
+        ](hf)
         if value is None:
-            raise PlanError(key.key, None, "cannot tell the model version from config.json",
-                            "Set it to one of: " + ", ".join(sorted(set(key.choices.values()))))
+            raise PlanError(
+                key.key,
+                None,
+                "cannot tell the model version from config.json",
+                "Set it to one of: " + ", ".join(sorted(set(key.choices.values()))),
+            )
     kwargs[key.kwarg] = value
     return kwargs
 
@@ -382,8 +548,11 @@ def hf_config_overrides(spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any]
         out[_rope_theta_key(spec)] = opts.rotary_base
         params["rope_theta"] = opts.rotary_base
     if opts.rotary_scaling_type is not None:
-        scaling = {"type": opts.rotary_scaling_type, "rope_type": opts.rotary_scaling_type,
-                   "factor": opts.rotary_scaling_factor}
+        scaling = {
+            "type": opts.rotary_scaling_type,
+            "rope_type": opts.rotary_scaling_type,
+            "factor": opts.rotary_scaling_factor,
+        }
         out["rope_scaling"] = scaling
         params.update(rope_type=opts.rotary_scaling_type, factor=opts.rotary_scaling_factor)
     if opts.rotary_dim is not None:
@@ -403,8 +572,11 @@ def checkpoint_as_hf_config(ckpt: dict[str, Any]) -> dict[str, Any]:
     """A TensorRT-LLM checkpoint's config.json (``PretrainedConfig``) in the HF spelling ``read_dims`` reads."""
     moe = ckpt.get("moe") or {}
     intermediate = ckpt.get("intermediate_size")
-    if intermediate and ckpt.get("architecture") in ("QWenLMHeadModel", "QWenForCausalLM") \
-            and ckpt.get("qwen_type", "qwen") == "qwen":
+    if (
+        intermediate
+        and ckpt.get("architecture") in ("QWenLMHeadModel", "QWenForCausalLM")
+        and ckpt.get("qwen_type", "qwen") == "qwen"
+    ):
         intermediate *= 2  # read_dims halves Qwen-1's HF figure; the checkpoint stores the half already
     out = {
         "architectures": [ckpt.get("architecture")],
@@ -425,8 +597,9 @@ def checkpoint_as_hf_config(ckpt: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def check_arch_options(spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any], dims: ModelDims, *,
-                       loads_hf_code: bool = True) -> list[str]:
+def check_arch_options(
+    spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any], dims: ModelDims, *, loads_hf_code: bool = True
+) -> list[str]:
     """Raise ``PlanError`` for options the family cannot take; return notes for ignored ones.
 
     ``loads_hf_code`` is False when building from a TensorRT-LLM checkpoint: no modeling code runs.
@@ -434,41 +607,74 @@ def check_arch_options(spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any],
     notes: list[str] = []
     arch = hf_architecture(hf)
     if loads_hf_code and spec.trust_remote_code and not opts.trust_remote_code:
-        raise PlanError("option.trust_remote_code", False,
-                        f"{arch} ships its modeling code in the model repository",
-                        "Set option.trust_remote_code=true (or HF_MODEL_TRUST_REMOTE_CODE=true) if you trust it")
+        raise PlanError(
+            "option.trust_remote_code",
+            False,
+            f"{arch} ships its modeling code in the model repository",
+            "Set option.trust_remote_code=true (or HF_MODEL_TRUST_REMOTE_CODE=true) if you trust it",
+        )
     if opts.use_fused_mlp and not spec.fused_mlp:
-        raise PlanError("option.use_fused_mlp", True, f"GatedMLP fusion exists only for the LLaMA family, not {arch}",
-                        "Remove option.use_fused_mlp")
+        raise PlanError(
+            "option.use_fused_mlp",
+            True,
+            f"GatedMLP fusion exists only for the LLaMA family, not {arch}",
+            "Remove option.use_fused_mlp",
+        )
     if opts.multi_block_mode and not spec.multi_block_mode:
-        raise PlanError("option.multi_block_mode", True, f"multi-block mode is not supported for {arch}",
-                        "Remove option.multi_block_mode")
+        raise PlanError(
+            "option.multi_block_mode",
+            True,
+            f"multi-block mode is not supported for {arch}",
+            "Remove option.multi_block_mode",
+        )
     if (opts.rotary_scaling_type is None) != (opts.rotary_scaling_factor is None):
-        given = ("option.rotary_scaling_type", opts.rotary_scaling_type) if opts.rotary_scaling_type is not None \
+        given = (
+            ("option.rotary_scaling_type", opts.rotary_scaling_type)
+            if opts.rotary_scaling_type is not None
             else ("option.rotary_scaling_factor", opts.rotary_scaling_factor)
-        raise PlanError(given[0], given[1], "rotary scaling needs both a type and a factor",
-                        "Set option.rotary_scaling_type (linear|dynamic) and option.rotary_scaling_factor (>1) "
-                        "together, or neither")
+        )
+        raise PlanError(
+            given[0],
+            given[1],
+            "rotary scaling needs both a type and a factor",
+            "Set option.rotary_scaling_type (linear|dynamic) and option.rotary_scaling_factor (>1) "
+            "together, or neither",
+        )
     if opts.rotary_scaling_factor is not None:  # > 1: CompileOptions' bound, as the configuration's
         if not spec.rotary_scaling:
-            raise PlanError("option.rotary_scaling_type", opts.rotary_scaling_type,
-                            f"rotary scaling options apply to Llama, InternLM and Qwen, not {arch}",
-                            "Remove option.rotary_scaling_type and option.rotary_scaling_factor")
+            raise PlanError(
+                "option.rotary_scaling_type",
+                opts.rotary_scaling_type,
+                f"rotary scaling options apply to Llama, InternLM and Qwen, not {arch}",
+                "Remove option.rotary_scaling_type and option.rotary_scaling_factor",
+            )
     if opts.rotary_base is not None and not spec.rotary_base:
-        raise PlanError("option.rotary_base", opts.rotary_base,
-                        f"option.rotary_base applies to Llama, InternLM and Qwen, not {arch}",
-                        "Remove option.rotary_base")
+        raise PlanError(
+            "option.rotary_base",
+            opts.rotary_base,
+            f"option.rotary_base applies to Llama, InternLM and Qwen, not {arch}",
+            "Remove option.rotary_base",
+        )
     if opts.rotary_dim is not None:
         if not spec.rotary_dim:
-            raise PlanError("option.rotary_dim", opts.rotary_dim, f"option.rotary_dim applies to GPT-J only, not {arch}",
-                            "Remove option.rotary_dim")
+            raise PlanError(
+                "option.rotary_dim",
+                opts.rotary_dim,
+                f"option.rotary_dim applies to GPT-J only, not {arch}",
+                "Remove option.rotary_dim",
+            )
         if opts.rotary_dim > dims.head_dim or opts.rotary_dim % 2:
-            raise PlanError("option.rotary_dim", opts.rotary_dim,
-                            f"must be even and at most the head size {dims.head_dim}",
-                            f"Use an even value ≤ {dims.head_dim} (the checkpoint has {hf.get('rotary_dim')})")
-    for family, key, value in (("chatglm", "option.chatglm_model_version", opts.chatglm_model_version),
-                               ("baichuan", "option.baichuan_model_version", opts.baichuan_model_version),
-                               ("gpt", "option.gpt_model_version", opts.gpt_model_version)):
+            raise PlanError(
+                "option.rotary_dim",
+                opts.rotary_dim,
+                f"must be even and at most the head size {dims.head_dim}",
+                f"Use an even value ≤ {dims.head_dim} (the checkpoint has {hf.get('rotary_dim')})",
+            )
+    for family, key, value in (
+        ("chatglm", "option.chatglm_model_version", opts.chatglm_model_version),
+        ("baichuan", "option.baichuan_model_version", opts.baichuan_model_version),
+        ("gpt", "option.gpt_model_version", opts.gpt_model_version),
+    ):
         if value is not None and spec.family != family:
             notes.append(f"{key}={value} ignored: it applies to {family} models, this is {arch}")
     return notes

@@ -1,6 +1,7 @@
 """Execute a ``BuildPlan`` through TensorRT-LLM's Python API, every rank in its own process.
 
-Per rank (NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py, ``build_and_save``): ``MODEL_MAP[arch].from_hugging_face(hf_dir, dtype,
+Per rank (NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py, ``build_and_save``):
+``MODEL_MAP[arch].from_hugging_face(hf_dir, dtype,
 mapping=Mapping(world_size, rank, tp_size, pp_size), quant_config, **converter kwargs)`` — or
 ``from_checkpoint(ckpt, rank)`` after calibration — then ``tensorrt_llm.builder.build(model,
 BuildConfig(..., plugin_config=plugins))`` (``plugins = PluginConfig()`` set attribute by attribute)
@@ -35,13 +36,23 @@ from .plan import BuildPlan
 
 log = logging.getLogger(__name__)
 
-HF_CONFIG_NAME = "hf_config.json"       # the engine's config.json takes the usual name
+HF_CONFIG_NAME = "hf_config.json"  # the engine's config.json takes the usual name
 PLAN_NAME = "build_plan.json"
 PROPERTIES_NAME = "serving.properties"
 TOKENIZER_PATTERNS = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "*.tiktoken",
-    "chat_template.jinja", "chat_template.json", "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
     "tokenization_*.py",  # remote-code tokenizers (ChatGLM, Qwen-1, Baichuan)
 )
 _LIMITS = ("max_input_len", "max_seq_len", "max_batch_size", "max_beam_width", "max_num_tokens")
@@ -53,10 +64,10 @@ Progress = Callable[[str], None]
 class BuildSettings:
     """How to build (not what): none of these changes the engine, so none is in the cache key."""
 
-    timeout_s: float | None = 3600.0    # option.compile_timeout, for quantize + every rank together
-    workers: int | None = None          # option.num_engine_workers; default min(ranks, GPUs)
-    gpu_count: int = 1                  # ranks are spread over these devices
-    load_by_shard: bool = False         # option.load_by_shard (Falcon/LLaMA converters)
+    timeout_s: float | None = 3600.0  # option.compile_timeout, for quantize + every rank together
+    workers: int | None = None  # option.num_engine_workers; default min(ranks, GPUs)
+    gpu_count: int = 1  # ranks are spread over these devices
+    load_by_shard: bool = False  # option.load_by_shard (Falcon/LLaMA converters)
     checkpoint_dir: Path | None = None  # option.trtllm_checkpoint_path; kept when given
 
     def parallel(self, world_size: int) -> int:
@@ -66,6 +77,7 @@ class BuildSettings:
 # ---------------------------------------------------------------------------------------------
 # worker side (runs in spawned processes; nothing here touches the parent's state)
 # ---------------------------------------------------------------------------------------------
+
 
 def _select_device(device: int | None) -> None:
     if device is None:
@@ -84,8 +96,9 @@ def _model_class(plan: BuildPlan) -> Any:
     cls = MODEL_MAP.get(plan.architecture)
     if cls is None or cls.__name__ != plan.converter.trtllm_class:
         found = cls.__name__ if cls is not None else "nothing"
-        raise RuntimeError(f"this TensorRT-LLM maps {plan.architecture} to {found}, the plan expects "
-                           f"{plan.converter.trtllm_class}")
+        raise RuntimeError(
+            f"this TensorRT-LLM maps {plan.architecture} to {found}, the plan expects {plan.converter.trtllm_class}"
+        )
     return cls
 
 
@@ -125,20 +138,35 @@ def _quantize(task: dict[str, Any], plan: BuildPlan, say: Progress) -> None:
     if plan.quant.method == "modelopt":
         from .quant import calibrate_and_export
 
-        calibrate_and_export(Path(task["hf_dir"]), Path(task["checkpoint"]), plan.quant, task["hf_config"],
-                             dtype=plan.dtype, tp=plan.tp_size, pp=plan.pp_size,
-                             trust_remote_code=plan.converter.trust_remote_code, progress=say)
+        calibrate_and_export(
+            Path(task["hf_dir"]),
+            Path(task["checkpoint"]),
+            plan.quant,
+            task["hf_config"],
+            dtype=plan.dtype,
+            tp=plan.tp_size,
+            pp=plan.pp_size,
+            trust_remote_code=plan.converter.trust_remote_code,
+            progress=say,
+        )
         return
     import torch
 
     # TensorRT-LLM's own quantizer: the per-token/per-tensor SmoothQuant plugin variants (LLaMA).
     say(f"quantize: TensorRT-LLM {plan.quant.quant_algo} calibration on {calib.dataset}")
     _model_class(plan).quantize(
-        task["hf_dir"], task["checkpoint"], dtype=plan.dtype,
+        task["hf_dir"],
+        task["checkpoint"],
+        dtype=plan.dtype,
         mapping=_mapping(plan, 0),
-        quant_config=_quant_config(plan), device="cuda" if torch.cuda.is_available() else "cpu",
-        calib_dataset=calib.dataset, calib_batches=calib.size, calib_batch_size=calib.batch_size,
-        calib_max_seq_length=calib.max_seq_length, random_seed=calib.seed, **plan.converter.kwargs,
+        quant_config=_quant_config(plan),
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        calib_dataset=calib.dataset,
+        calib_batches=calib.size,
+        calib_batch_size=calib.batch_size,
+        calib_max_seq_length=calib.max_seq_length,
+        random_seed=calib.seed,
+        **plan.converter.kwargs,
     )
 
 
@@ -152,8 +180,9 @@ def _build_rank(task: dict[str, Any], plan: BuildPlan, stage: Callable[[str], No
         kwargs = dict(plan.converter.kwargs)
         if task["load_by_shard"]:
             kwargs["load_by_shard"] = True
-        model = cls.from_hugging_face(task["hf_dir"], dtype=plan.dtype, mapping=_mapping(plan, rank),
-                                      quant_config=_quant_config(plan), **kwargs)
+        model = cls.from_hugging_face(
+            task["hf_dir"], dtype=plan.dtype, mapping=_mapping(plan, rank), quant_config=_quant_config(plan), **kwargs
+        )
     stage("build")
     from tensorrt_llm.builder import build
 
@@ -189,6 +218,7 @@ def _worker(task: dict[str, Any], events: Any) -> None:
 # parent side
 # ---------------------------------------------------------------------------------------------
 
+
 class _Pool:
     """Spawned workers reporting (kind, rank, payload) events on one queue, under a deadline."""
 
@@ -222,8 +252,12 @@ class _Pool:
                 rank = next(iter(self.running))
                 stage = self.stages[rank]
                 self.kill_all()
-                raise BuildError(stage, f"timed out: option.compile_timeout expired during {stage}; raise "
-                                        "option.compile_timeout or build ahead of time with `lmi-trt compile`", rank)
+                raise BuildError(
+                    stage,
+                    f"timed out: option.compile_timeout expired during {stage}; raise "
+                    "option.compile_timeout or build ahead of time with `lmi-trt compile`",
+                    rank,
+                )
             try:
                 kind, rank, payload = self.events.get(timeout=min(1.0, remaining) if remaining else 1.0)
             except queue.Empty:
@@ -247,8 +281,11 @@ class _Pool:
         for rank, proc in list(self.running.items()):
             if proc.exitcode not in (None, 0):
                 stage = self.stages[rank]
-                hint = " (killed: out of host memory? build fewer ranks at once with option.num_engine_workers)" \
-                    if proc.exitcode in (-9, 137) else ""
+                hint = (
+                    " (killed: out of host memory? build fewer ranks at once with option.num_engine_workers)"
+                    if proc.exitcode in (-9, 137)
+                    else ""
+                )
                 self.kill_all()
                 raise BuildError(stage, f"worker process exited with code {proc.exitcode}{hint}", rank)
 
@@ -276,12 +313,17 @@ def _check_output(out_dir: Path, plan: BuildPlan) -> None:
     built = json.loads((out_dir / "config.json").read_text()).get("build_config", {})
     changed = [f"{k} {getattr(plan, k)} → {built.get(k)}" for k in _LIMITS if built.get(k) != getattr(plan, k)]
     if changed:
-        raise BuildError("build", "TensorRT-LLM changed the planned limits: " + ", ".join(changed) +
-                         " (djl#3489); adjust the options so the plan is buildable as is")
+        raise BuildError(
+            "build",
+            "TensorRT-LLM changed the planned limits: "
+            + ", ".join(changed)
+            + " (djl#3489); adjust the options so the plan is buildable as is",
+        )
 
 
 def format_properties(properties: Mapping[str, Any]) -> str:
     """Java-properties text; booleans as true/false."""
+
     def text(value: Any) -> str:
         value = str(value).lower() if isinstance(value, bool) else str(value)
         return value.replace("\\", "\\\\").replace("\n", "\\n")
@@ -289,8 +331,13 @@ def format_properties(properties: Mapping[str, Any]) -> str:
     return "".join(f"{key}={text(value)}\n" for key, value in sorted(properties.items()))
 
 
-def write_extras(out_dir: Path, plan: BuildPlan, hf_config: Mapping[str, Any] | None, tokenizer_dir: Path | None,
-                 properties: Mapping[str, Any] | None) -> None:
+def write_extras(
+    out_dir: Path,
+    plan: BuildPlan,
+    hf_config: Mapping[str, Any] | None,
+    tokenizer_dir: Path | None,
+    properties: Mapping[str, Any] | None,
+) -> None:
     """Tokenizer files, the HF config, the plan and serving.properties (never option.model_id) beside the engines."""
     if tokenizer_dir is not None:
         for pattern in TOKENIZER_PATTERNS:
@@ -301,16 +348,29 @@ def write_extras(out_dir: Path, plan: BuildPlan, hf_config: Mapping[str, Any] | 
         (out_dir / HF_CONFIG_NAME).write_text(json.dumps(hf_config, indent=2))
     (out_dir / PLAN_NAME).write_text(plan.model_dump_json(indent=2))
     props = {k: v for k, v in (properties or {}).items() if v is not None and k != "option.model_id"}
-    props.update({"option.rolling_batch": "trtllm", "option.tensor_parallel_degree": plan.tp_size,
-                  "option.pipeline_parallel_degree": plan.pp_size})
+    props.update(
+        {
+            "option.rolling_batch": "trtllm",
+            "option.tensor_parallel_degree": plan.tp_size,
+            "option.pipeline_parallel_degree": plan.pp_size,
+        }
+    )
     (out_dir / PROPERTIES_NAME).write_text(
         "# Written by `lmi-trt compile`: the engine in this folder was built with these settings.\n"
-        + format_properties(props))
+        + format_properties(props)
+    )
 
 
-def build_engine(plan: BuildPlan, hf_dir: Path, out_dir: Path, *, settings: BuildSettings = BuildSettings(),
-                 tokenizer_dir: Path | None = None, properties: Mapping[str, Any] | None = None,
-                 progress: Progress | None = None) -> None:
+def build_engine(
+    plan: BuildPlan,
+    hf_dir: Path,
+    out_dir: Path,
+    *,
+    settings: BuildSettings = BuildSettings(),
+    tokenizer_dir: Path | None = None,
+    properties: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> None:
     """Quantize if the plan says so, then convert + build + save every rank into ``out_dir``."""
     say = progress or (lambda msg: log.info("compile: %s", msg))
     deadline = None if settings.timeout_s is None else time.monotonic() + settings.timeout_s
@@ -321,22 +381,33 @@ def build_engine(plan: BuildPlan, hf_dir: Path, out_dir: Path, *, settings: Buil
             source, hf_config, checkpoint = hf_dir, None, hf_dir
         else:
             (source, hf_config), checkpoint = stage_hf_dir(hf_dir, plan.converter.hf_config_overrides, work), None
-        base = {"plan": plan.model_dump_json(), "hf_dir": str(source), "hf_config": hf_config,
-                "load_by_shard": settings.load_by_shard}
+        base = {
+            "plan": plan.model_dump_json(),
+            "hf_dir": str(source),
+            "hf_config": hf_config,
+            "load_by_shard": settings.load_by_shard,
+        }
         pool = _Pool(deadline, say)
         if plan.quant.needs_calibration:
             checkpoint = settings.checkpoint_dir or work / "checkpoint"
-            pool.start({**base, "rank": None, "device": 0 if settings.gpu_count else None,
-                        "checkpoint": str(checkpoint)})
+            pool.start(
+                {**base, "rank": None, "device": 0 if settings.gpu_count else None, "checkpoint": str(checkpoint)}
+            )
             pool.wait_one()
         ranks = list(range(plan.world_size))
         started = time.monotonic()
         while ranks or pool.running:
             while ranks and len(pool.running) < settings.parallel(plan.world_size):
                 rank = ranks.pop(0)
-                pool.start({**base, "rank": rank, "out_dir": str(out_dir),
-                            "checkpoint": str(checkpoint) if checkpoint else None,
-                            "device": rank % settings.gpu_count if settings.gpu_count else None})
+                pool.start(
+                    {
+                        **base,
+                        "rank": rank,
+                        "out_dir": str(out_dir),
+                        "checkpoint": str(checkpoint) if checkpoint else None,
+                        "device": rank % settings.gpu_count if settings.gpu_count else None,
+                    }
+                )
             pool.wait_one()
         say(f"built {plan.world_size} rank(s) in {time.monotonic() - started:.0f} s")
         _check_output(out_dir, plan)

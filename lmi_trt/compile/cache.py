@@ -53,6 +53,7 @@ _CHUNK = 8 * 1024 * 1024
 # key and manifest
 # ---------------------------------------------------------------------------------------------
 
+
 class CacheKeyInputs(BaseModel):
     """Every input of the cache key (and nothing else)."""
 
@@ -68,8 +69,15 @@ class CacheKeyInputs(BaseModel):
 
     @classmethod
     def from_plan(cls, fingerprint: str, plan: BuildPlan, gpu: GpuFacts) -> CacheKeyInputs:
-        return cls(fingerprint=fingerprint, plan=plan.key_dict(), trtllm_version=plan.trtllm_version,
-                   gpu_sm=gpu.sm, gpu_name=gpu.name, tp_size=plan.tp_size, pp_size=plan.pp_size)
+        return cls(
+            fingerprint=fingerprint,
+            plan=plan.key_dict(),
+            trtllm_version=plan.trtllm_version,
+            gpu_sm=gpu.sm,
+            gpu_name=gpu.name,
+            tp_size=plan.tp_size,
+            pp_size=plan.pp_size,
+        )
 
 
 def cache_key(inputs: CacheKeyInputs) -> str:
@@ -120,10 +128,18 @@ def _entry_files(folder: Path) -> list[Path]:
 
 
 def make_manifest(folder: Path, inputs: CacheKeyInputs, model_id: str) -> Manifest:
-    files = {p.relative_to(folder).as_posix(): FileEntry(sha256=file_sha256(p), size=p.stat().st_size)
-             for p in _entry_files(folder)}
-    return Manifest(key=cache_key(inputs), model_id=model_id, inputs=inputs, files=files,
-                    created_at=time.time(), builder=f"{socket.gethostname()}:{os.getpid()}")
+    files = {
+        p.relative_to(folder).as_posix(): FileEntry(sha256=file_sha256(p), size=p.stat().st_size)
+        for p in _entry_files(folder)
+    }
+    return Manifest(
+        key=cache_key(inputs),
+        model_id=model_id,
+        inputs=inputs,
+        files=files,
+        created_at=time.time(),
+        builder=f"{socket.gethostname()}:{os.getpid()}",
+    )
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
@@ -185,6 +201,7 @@ def _closest_change(inputs: CacheKeyInputs, model_id: str, manifests: Iterable[M
 # S3
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Lease:
     owner: str
@@ -197,8 +214,9 @@ class Lease:
 
 def _error_code(error: Exception) -> tuple[str, int]:
     response = getattr(error, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", "")), int(response.get("ResponseMetadata", {})
-                                                                 .get("HTTPStatusCode", 0) or 0)
+    return str(response.get("Error", {}).get("Code", "")), int(
+        response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+    )
 
 
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
@@ -228,9 +246,11 @@ class S3EngineCache:
 
     def _fail(self, doing: str, error: Exception) -> CacheError:
         code, status = _error_code(error)
-        return CacheError(f"engine cache {self.uri}: {doing} failed ({code or type(error).__name__} {status or ''}): "
-                          f"{error}. Check option.engine_cache_uri and the credentials' s3:GetObject/PutObject/"
-                          "DeleteObject/ListBucket permissions")
+        return CacheError(
+            f"engine cache {self.uri}: {doing} failed ({code or type(error).__name__} {status or ''}): "
+            f"{error}. Check option.engine_cache_uri and the credentials' s3:GetObject/PutObject/"
+            "DeleteObject/ListBucket permissions"
+        )
 
     def _get_json(self, object_key: str) -> tuple[dict[str, Any], str] | None:
         try:
@@ -275,8 +295,9 @@ class S3EngineCache:
         try:
             for rel in manifest.files:
                 self.client.upload_file(str(folder / rel), self.bucket, self._key(key, rel))
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key, MANIFEST_NAME),
-                                   Body=manifest.model_dump_json(indent=2).encode())
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key, MANIFEST_NAME), Body=manifest.model_dump_json(indent=2).encode()
+            )
         except Exception as e:
             raise self._fail(f"uploading entry {key[:12]}", e) from e
 
@@ -303,8 +324,7 @@ class S3EngineCache:
         """True written, False refused by a condition, None when the server lacks conditional writes."""
         body = json.dumps({"owner": owner, "expires_at": time.time() + ttl_s, "host": socket.gethostname()})
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key, LEASE_NAME), Body=body.encode(),
-                                   **condition)
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key, LEASE_NAME), Body=body.encode(), **condition)
             return True
         except Exception as e:
             code, status = _error_code(e)
@@ -327,8 +347,13 @@ class S3EngineCache:
         if current is None:
             condition = {"IfNoneMatch": "*"}
         else:
-            log.warning("engine cache %s: lease of %s on key %s expired %.0f s ago; taking over", self.uri,
-                        current.owner, key[:12], time.time() - current.expires_at)
+            log.warning(
+                "engine cache %s: lease of %s on key %s expired %.0f s ago; taking over",
+                self.uri,
+                current.owner,
+                key[:12],
+                time.time() - current.expires_at,
+            )
             condition = {"IfMatch": current.etag} if current.etag else {}
         written = self._put_lease(key, owner, ttl_s, condition)
         if written is None:  # create-then-verify
@@ -365,8 +390,9 @@ class _LeaseKeeper:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 if not self.remote.renew(self.key, self.owner, self.ttl_s):
-                    log.warning("engine cache: lost the build lease on %s; another replica may build it too",
-                                self.key[:12])
+                    log.warning(
+                        "engine cache: lost the build lease on %s; another replica may build it too", self.key[:12]
+                    )
             except CacheError as e:
                 log.warning("engine cache: lease renewal failed: %s", e)
 
@@ -383,6 +409,7 @@ class _LeaseKeeper:
 # ---------------------------------------------------------------------------------------------
 # the cache
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CacheResult:
@@ -401,9 +428,17 @@ class EngineCache:
     the wait for another process on this host; ``wait_timeout_s`` the wait for another replica.
     """
 
-    def __init__(self, root: Path, remote: S3EngineCache | None = None, *, verify: VerifyMode = "sha256",
-                 lock_timeout_s: float = 4 * 3600, wait_timeout_s: float = 4 * 3600, lease_ttl_s: float = 600,
-                 poll_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        remote: S3EngineCache | None = None,
+        *,
+        verify: VerifyMode = "sha256",
+        lock_timeout_s: float = 4 * 3600,
+        wait_timeout_s: float = 4 * 3600,
+        lease_ttl_s: float = 600,
+        poll_s: float = 5.0,
+    ) -> None:
         self.root = Path(root)
         self.remote = remote
         self.verify = verify
@@ -442,9 +477,11 @@ class EngineCache:
         try:
             lock.acquire(timeout=self.lock_timeout_s)
         except Timeout:
-            raise CacheError(f"engine cache: waited {self.lock_timeout_s:.0f} s for another process on this host "
-                             f"building {key[:12]} ({self.root / 'locks'}); raise option.compile_timeout or check "
-                             "for a stuck compile") from None
+            raise CacheError(
+                f"engine cache: waited {self.lock_timeout_s:.0f} s for another process on this host "
+                f"building {key[:12]} ({self.root / 'locks'}); raise option.compile_timeout or check "
+                "for a stuck compile"
+            ) from None
         try:
             return self._locked(key, inputs, build, model_id)
         finally:
@@ -469,12 +506,18 @@ class EngineCache:
                 break
             if not announced:
                 lease = self.remote.read_lease(key)
-                log.info("engine cache: %s is building %s; waiting for it (up to %.0f s)",
-                         lease.owner if lease else "another replica", key[:12], self.wait_timeout_s)
+                log.info(
+                    "engine cache: %s is building %s; waiting for it (up to %.0f s)",
+                    lease.owner if lease else "another replica",
+                    key[:12],
+                    self.wait_timeout_s,
+                )
                 announced = True
             if time.monotonic() > deadline:
-                raise CacheError(f"engine cache {self.remote.uri}: waited {self.wait_timeout_s:.0f} s for another "
-                                 f"replica to build {key[:12]}; it holds {self.remote._key(key, LEASE_NAME)}")
+                raise CacheError(
+                    f"engine cache {self.remote.uri}: waited {self.wait_timeout_s:.0f} s for another "
+                    f"replica to build {key[:12]}; it holds {self.remote._key(key, LEASE_NAME)}"
+                )
             time.sleep(self.poll_s)
         with _LeaseKeeper(self.remote, key, owner, self.lease_ttl_s):
             downloaded = self._try_download(key)  # published between our last look and the lease
@@ -533,8 +576,9 @@ class EngineCache:
             raise
         if problem is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-            log.warning("engine cache %s: entry %s is damaged (%s); building it again", self.remote.uri, key[:12],
-                        problem)
+            log.warning(
+                "engine cache %s: entry %s is damaged (%s); building it again", self.remote.uri, key[:12], problem
+            )
             return None
         return self._publish(tmp, key)
 
@@ -544,7 +588,11 @@ class EngineCache:
             manifests += list(self.remote.manifests())
         change = _closest_change(inputs, model_id, manifests)
         if change:
-            log.info("engine cache miss for %s (key %s): an entry of this model differs in %s", model_id, key[:12],
-                     "; ".join(change))
+            log.info(
+                "engine cache miss for %s (key %s): an entry of this model differs in %s",
+                model_id,
+                key[:12],
+                "; ".join(change),
+            )
         else:
             log.info("engine cache miss for %s (key %s): no entry of this model yet", model_id, key[:12])

@@ -38,31 +38,44 @@ LoadJob = Callable[[argparse.Namespace], "tuple[Any, CompileJob]"]
 # What `plan` assumes when neither a GPU nor --gpu* flags say otherwise.
 DEFAULT_PLAN_GPU = "h100"
 DEFAULT_PLAN_TRTLLM_VERSION = "1.0.0"
-MAX_TP_ASSUMED_GPUS = 8   # tensor_parallel_degree=max on an assumed host: one 8-GPU node
+MAX_TP_ASSUMED_GPUS = 8  # tensor_parallel_degree=max on an assumed host: one 8-GPU node
 GiB = 1024**3
 
 
 def _add_target_flags(p: argparse.ArgumentParser, *, for_compile: bool) -> None:
-    g = p.add_argument_group("target GPU" + (" (only when this host's GPU cannot be detected)" if for_compile else
-                                             " (default: the GPUs of this host, else --gpu h100)"))
+    g = p.add_argument_group(
+        "target GPU"
+        + (
+            " (only when this host's GPU cannot be detected)"
+            if for_compile
+            else " (default: the GPUs of this host, else --gpu h100)"
+        )
+    )
     g.add_argument("--gpu", choices=sorted(GPU_PRESETS), help="a known GPU model")
     g.add_argument("--gpu-sm", type=int, metavar="N", help="compute capability × 10 (H100: 90, L4: 89, A100: 80)")
     g.add_argument("--gpu-memory-gib", type=float, metavar="N", help="memory of one GPU in GiB")
     g.add_argument("--gpu-count", type=int, metavar="N", help="GPUs on the host")
     if not for_compile:
-        p.add_argument("--trtllm-version", metavar="V",
-                       help=f"plan for this TensorRT-LLM (default: the installed one, else {DEFAULT_PLAN_TRTLLM_VERSION})")
+        p.add_argument(
+            "--trtllm-version",
+            metavar="V",
+            help=f"plan for this TensorRT-LLM (default: the installed one, else {DEFAULT_PLAN_TRTLLM_VERSION})",
+        )
 
 
-def target_gpu(args: argparse.Namespace, detected: GpuFacts | None,
-               wanted_count: int = 1) -> tuple[GpuFacts, str | None]:
+def target_gpu(
+    args: argparse.Namespace, detected: GpuFacts | None, wanted_count: int = 1
+) -> tuple[GpuFacts, str | None]:
     """The GPU to plan for and, when it is an assumption rather than this host's, a sentence saying so.
 
     A preset (or the default one) comes with as many GPUs as the configuration asks for
     (``wanted_count``) unless ``--gpu-count`` says otherwise.
     """
-    overrides = {k: v for k, v in (("sm", args.gpu_sm), ("memory_gib", args.gpu_memory_gib),
-                                   ("count", args.gpu_count)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (("sm", args.gpu_sm), ("memory_gib", args.gpu_memory_gib), ("count", args.gpu_count))
+        if v is not None
+    }
     if args.gpu:
         base, why = GPU_PRESETS[args.gpu], f"--gpu {args.gpu}"
     elif detected is not None:
@@ -103,11 +116,14 @@ def fetch_hf_config(config: Any) -> dict[str, Any]:
 
     token = config.hf_token.get_secret_value() if config.hf_token is not None else None
     try:
-        return json.loads(Path(hf_hub_download(model_id, "config.json", revision=config.revision,
-                                               token=token)).read_text())
+        return json.loads(
+            Path(hf_hub_download(model_id, "config.json", revision=config.revision, token=token)).read_text()
+        )
     except Exception as e:
-        raise SourceError(f"option.model_id={model_id!r}: cannot fetch config.json from the Hugging Face hub "
-                          f"({type(e).__name__}: {e})") from e
+        raise SourceError(
+            f"option.model_id={model_id!r}: cannot fetch config.json from the Hugging Face hub "
+            f"({type(e).__name__}: {e})"
+        ) from e
 
 
 def _gib(n: float) -> str:
@@ -118,8 +134,12 @@ def checkpoint_backend(config: Any, version: str) -> tuple[str, str]:
     """Pure: the TensorRT-LLM backend ``serve`` would pick for a Hugging Face checkpoint on ``version``, and why."""
     from lmi_trt.engines import choose_backend
 
-    return choose_backend(config.backend, release_facts(version), "hf_checkpoint",
-                          config.quantize.value if config.quantize is not None else None)
+    return choose_backend(
+        config.backend,
+        release_facts(version),
+        "hf_checkpoint",
+        config.quantize.value if config.quantize is not None else None,
+    )
 
 
 def release_facts(version: str) -> Any:
@@ -144,16 +164,28 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
     tp = config.tensor_parallel_degree
     settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
     planned = llm_plan(settings)
-    return backend, why, {**planned.keywords, "kv_cache_config": planned.kv_cache_config,
-                          "scheduler_config": planned.scheduler_config, "cuda_graph_config": planned.cuda_graph_config}
+    return (
+        backend,
+        why,
+        {
+            **planned.keywords,
+            "kv_cache_config": planned.kv_cache_config,
+            "scheduler_config": planned.scheduler_config,
+            "cuda_graph_config": planned.cuda_graph_config,
+        },
+    )
 
 
 def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, dict[str, Any] | None]) -> str:
     plan, mem, gpu = prepared.plan, prepared.memory, prepared.gpu
     name, why, llm_keywords = backend
     q = plan.quant
-    quant = "none" if q.quant_algo is None and q.kv_cache_quant_algo is None else \
-        f"{quantization_name(q.quantize)}: quant_algo={q.quant_algo}, kv_cache_quant_algo={q.kv_cache_quant_algo} ({q.method})"
+    quant = (
+        "none"
+        if q.quant_algo is None and q.kv_cache_quant_algo is None
+        else f"{quantization_name(q.quantize)}: quant_algo={q.quant_algo}, "
+        f"kv_cache_quant_algo={q.kv_cache_quant_algo} ({q.method})"
+    )
     plugins = ", ".join(f"{k}={v}" for k, v in plan.plugins.plugin_config_kwargs().items())
     lines = [
         f"Plan: {plan.architecture} ({plan.family} → {plan.converter.trtllm_class}), TensorRT-LLM "
@@ -171,8 +203,11 @@ def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, 
             f"  quantization   {quant}",
             f"  plugins        {plugins}",
             f"  converter      {json.dumps(plan.converter.kwargs)}"
-            + (f", config.json overrides {json.dumps(plan.converter.hf_config_overrides)}"
-               if plan.converter.hf_config_overrides else ""),
+            + (
+                f", config.json overrides {json.dumps(plan.converter.hf_config_overrides)}"
+                if plan.converter.hf_config_overrides
+                else ""
+            ),
         ]
     else:  # no TensorRT engine: the LLM loads the checkpoint with these keywords
         lines.append(f"  LLM keywords   {json.dumps(llm_keywords)}")
@@ -201,8 +236,12 @@ def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
         config, job = load_job(args)
         model_config = fetch_hf_config(config)
         if "build_config" in model_config:
-            raise PlanError("option.model_id", config.model_id, "is already a TensorRT-LLM engine",
-                            "Serve it as it is; plan the HF checkpoint it was built from")
+            raise PlanError(
+                "option.model_id",
+                config.model_id,
+                "is already a TensorRT-LLM engine",
+                "Serve it as it is; plan the HF checkpoint it was built from",
+            )
         checkpoint = "architecture" in model_config and "architectures" not in model_config
         gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
         version = args.trtllm_version or detect_trtllm_version()
@@ -216,10 +255,18 @@ def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
         return 2
     if args.json:
         name, why, llm_keywords = backend
-        print(json.dumps({"plan": prepared.plan.model_dump(mode="json"),
-                          "memory": prepared.memory.model_dump(mode="json"),
-                          "gpu": gpu.model_dump(mode="json"), "assumption": assumption,
-                          "backend": {"name": name, "why": why, "llm_keywords": llm_keywords}}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "plan": prepared.plan.model_dump(mode="json"),
+                    "memory": prepared.memory.model_dump(mode="json"),
+                    "gpu": gpu.model_dump(mode="json"),
+                    "assumption": assumption,
+                    "backend": {"name": name, "why": why, "llm_keywords": llm_keywords},
+                },
+                indent=2,
+            )
+        )
     else:
         print(render_plan(prepared, assumption, backend))
     try:
@@ -242,8 +289,12 @@ def cmd_compile(args: argparse.Namespace, load_job: LoadJob) -> int:
         config, job = load_job(args)
         version = detect_trtllm_version()
         if version is None:
-            raise PlanError("tensorrt_llm", None, "TensorRT-LLM is not installed on this host",
-                            "Run `lmi-trt compile` in the lmi-trt TensorRT-LLM image on a GPU of the target type")
+            raise PlanError(
+                "tensorrt_llm",
+                None,
+                "TensorRT-LLM is not installed on this host",
+                "Run `lmi-trt compile` in the lmi-trt TensorRT-LLM image on a GPU of the target type",
+            )
         made = (_calibrate if _calibrates_only(config, version) else _build)(args, config, job, version)
     except (PlanError, SourceError, ValueError, CacheError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -261,21 +312,29 @@ def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str)
     detected = detect_gpu()
     flags = any(v is not None for v in (args.gpu, args.gpu_sm, args.gpu_memory_gib, args.gpu_count))
     if detected is not None and flags:
-        raise PlanError("--gpu", args.gpu or args.gpu_sm, f"this host has {detected.count}× {detected.name}; "
-                        "engines are built for the GPU they are built on", "Remove the --gpu* flags")
+        raise PlanError(
+            "--gpu",
+            args.gpu or args.gpu_sm,
+            f"this host has {detected.count}× {detected.name}; engines are built for the GPU they are built on",
+            "Remove the --gpu* flags",
+        )
     if detected is None and not flags:
         raise PlanError("--gpu", None, "no GPU detected", "Run on the target GPU type")
     gpu, _ = target_gpu(args, detected)
     check_output(args.output)
     artifact = resolve_model(config)
-    prepared = compile_to(job, artifact, args.output, gpu=gpu, trtllm_version=version,
-                          progress=lambda msg: log.info("compile: %s", msg))
-    return (f"compiled {artifact.model_id} → {args.output} (TP {prepared.plan.tp_size} × PP {prepared.plan.pp_size}, "
-            f"{prepared.plan.dtype}); serve it with option.model_id={args.output}")
+    prepared = compile_to(
+        job, artifact, args.output, gpu=gpu, trtllm_version=version, progress=lambda msg: log.info("compile: %s", msg)
+    )
+    return (
+        f"compiled {artifact.model_id} → {args.output} (TP {prepared.plan.tp_size} × PP {prepared.plan.pp_size}, "
+        f"{prepared.plan.dtype}); serve it with option.model_id={args.output}"
+    )
 
 
-def add_subcommands(subparsers: Any, *, add_config_flags: Callable[[argparse.ArgumentParser], None],
-                    load_job: LoadJob) -> None:
+def add_subcommands(
+    subparsers: Any, *, add_config_flags: Callable[[argparse.ArgumentParser], None], load_job: LoadJob
+) -> None:
     plan = subparsers.add_parser("plan", help="print the engine build plan and memory estimate (no weights, no GPU)")
     add_config_flags(plan)
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -284,8 +343,12 @@ def add_subcommands(subparsers: Any, *, add_config_flags: Callable[[argparse.Arg
 
     comp = subparsers.add_parser("compile", help="build the TensorRT-LLM engine ahead of time into a folder or s3://")
     add_config_flags(comp)
-    comp.add_argument("--output", required=True, metavar="DIR|s3://bucket/prefix",
-                      help="a new folder, or an s3:// prefix to upload the artifact to")
+    comp.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR|s3://bucket/prefix",
+        help="a new folder, or an s3:// prefix to upload the artifact to",
+    )
     _add_target_flags(comp, for_compile=True)
     comp.set_defaults(func=lambda args: cmd_compile(args, load_job))
 
@@ -306,12 +369,22 @@ def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: 
     from .hf_quant import quantize_to
 
     if config.quantize is None:
-        raise PlanError("option.quantize", None, "the pytorch backend loads the Hugging Face checkpoint itself: "
-                        "there is no engine to compile",
-                        "Set option.quantize (fp8, fp8_kv or awq) to calibrate a checkpoint ahead of time, or "
-                        "option.backend=tensorrt to build an engine on a 0.12-1.2 image")
+        raise PlanError(
+            "option.quantize",
+            None,
+            "the pytorch backend loads the Hugging Face checkpoint itself: there is no engine to compile",
+            "Set option.quantize (fp8, fp8_kv or awq) to calibrate a checkpoint ahead of time, or "
+            "option.backend=tensorrt to build an engine on a 0.12-1.2 image",
+        )
     artifact = resolve_model(config)
-    quant = quantize_to(registry.quantize_job(config), artifact, args.output, trtllm_version=version,
-                        progress=lambda msg: log.info("compile: %s", msg))
-    return (f"calibrated {artifact.model_id} → {args.output} ({quant.quant_algo}, a modelopt Hugging Face checkpoint "
-            f"for the pytorch backend); serve it with option.model_id={args.output}, without option.quantize")
+    quant = quantize_to(
+        registry.quantize_job(config),
+        artifact,
+        args.output,
+        trtllm_version=version,
+        progress=lambda msg: log.info("compile: %s", msg),
+    )
+    return (
+        f"calibrated {artifact.model_id} → {args.output} ({quant.quant_algo}, a modelopt Hugging Face checkpoint "
+        f"for the pytorch backend); serve it with option.model_id={args.output}, without option.quantize"
+    )

@@ -44,9 +44,9 @@ class QuantizeJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     options: CompileOptions  # only its quantization and calibration fields are set (registry.quantize_job)
-    timeout_s: float         # option.compile_timeout: how long another replica's calibration is waited for
-    cache_uri: str | None    # option.engine_cache_uri
-    download_dir: Path       # download_dir (the local cache lives under it)
+    timeout_s: float  # option.compile_timeout: how long another replica's calibration is waited for
+    cache_uri: str | None  # option.engine_cache_uri
+    download_dir: Path  # download_dir (the local cache lives under it)
 
 
 def already_quantized(hf_config: dict[str, Any], folder: Path | None = None) -> str | None:
@@ -66,13 +66,20 @@ def plan_hf_quant(opts: CompileOptions, carried: str | None) -> tuple[QuantPlan,
     q = opts.quantize
     name = quantization_name(q)
     if q not in PYTORCH_QUANTIZATIONS:
-        raise PlanError("option.quantize", name,
-                        "the pytorch backend loads modelopt checkpoints in FP8, FP8 KV-cache and AWQ formats "
-                        "(TensorRT-LLM docs/source/features/quantization.md), not this one",
-                        "Use fp8, fp8_kv or awq, or set option.backend=tensorrt for the TensorRT-engine formats")
+        raise PlanError(
+            "option.quantize",
+            name,
+            "the pytorch backend loads modelopt checkpoints in FP8, FP8 KV-cache and AWQ formats "
+            "(TensorRT-LLM docs/source/features/quantization.md), not this one",
+            "Use fp8, fp8_kv or awq, or set option.backend=tensorrt for the TensorRT-engine formats",
+        )
     if carried is not None:
-        raise PlanError("option.quantize", name, f"the checkpoint is already quantized ({carried})",
-                        "Remove option.quantize: a quantized checkpoint is served as it is")
+        raise PlanError(
+            "option.quantize",
+            name,
+            f"the checkpoint is already quantized ({carried})",
+            "Remove option.quantize: a quantized checkpoint is served as it is",
+        )
     return QuantPlan(quantize=q, calibration=calibration_plan(opts), **modelopt_fields(opts)), calibration_notes(opts)
 
 
@@ -82,9 +89,16 @@ def checkpoint_dtype(hf_config: dict[str, Any]) -> str:
     return {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}.get(str(dtype), "bfloat16")
 
 
-def calibrate_and_export_hf(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf_config: dict[str, Any], *,
-                            tokenizer_dir: Path | None, trust_remote_code: bool,
-                            progress: Callable[[str], None] | None = None) -> Path:
+def calibrate_and_export_hf(
+    hf_dir: Path,
+    out_dir: Path,
+    quant: QuantPlan,
+    hf_config: dict[str, Any],
+    *,
+    tokenizer_dir: Path | None,
+    trust_remote_code: bool,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
     """Calibrate with modelopt and write the unified HF checkpoint, with the tokenizer the LLM loads from it."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint
@@ -99,8 +113,11 @@ def calibrate_and_export_hf(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf_co
     written = json.loads((out_dir / HF_QUANT_CONFIG).read_text()).get("quantization", {})
     got = (written.get("quant_algo"), written.get("kv_cache_quant_algo"))
     if got != (quant.quant_algo, quant.kv_cache_quant_algo):
-        raise BuildError("quantize", f"modelopt exported quant_algo={got[0]}, kv_cache_quant_algo={got[1]}; the plan "
-                                     f"wants {quant.quant_algo}, {quant.kv_cache_quant_algo}")
+        raise BuildError(
+            "quantize",
+            f"modelopt exported quant_algo={got[0]}, kv_cache_quant_algo={got[1]}; the plan "
+            f"wants {quant.quant_algo}, {quant.kv_cache_quant_algo}",
+        )
     return out_dir
 
 
@@ -108,26 +125,53 @@ def cache_inputs(fingerprint: str, quant: QuantPlan, trtllm_version: str) -> Cac
     import modelopt
 
     plan = {"export": "modelopt_hf", "modelopt": modelopt.__version__, **quant.model_dump(mode="json")}
-    return CacheKeyInputs(fingerprint=fingerprint, plan=plan, trtllm_version=trtllm_version, gpu_sm=0,
-                          gpu_name=ANY_GPU, tp_size=1, pp_size=1)
+    return CacheKeyInputs(
+        fingerprint=fingerprint,
+        plan=plan,
+        trtllm_version=trtllm_version,
+        gpu_sm=0,
+        gpu_name=ANY_GPU,
+        tp_size=1,
+        pp_size=1,
+    )
 
 
-def ensure_quantized(job: QuantizeJob, artifact: ModelArtifact, *, trtllm_version: str,
-                     cache: EngineCache | None = None, progress: Callable[[str], None] | None = None) -> ModelArtifact:
+def ensure_quantized(
+    job: QuantizeJob,
+    artifact: ModelArtifact,
+    *,
+    trtllm_version: str,
+    cache: EngineCache | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ModelArtifact:
     """The calibrated checkpoint for ``artifact`` from the cache, calibrated (once across replicas) when missing."""
     from .jit import engine_cache
 
     quant, build = _planned_calibration(job, artifact, progress)
     cache = cache or engine_cache(job)
-    result = cache.get_or_build(cache_inputs(artifact.fingerprint, quant, trtllm_version), build,
-                                model_id=artifact.model_id)
-    log.info("%s checkpoint for %s: %s (%s, key %s)", quant.quant_algo, artifact.model_id, result.path,
-             result.source, result.key[:12])
+    result = cache.get_or_build(
+        cache_inputs(artifact.fingerprint, quant, trtllm_version), build, model_id=artifact.model_id
+    )
+    log.info(
+        "%s checkpoint for %s: %s (%s, key %s)",
+        quant.quant_algo,
+        artifact.model_id,
+        result.path,
+        result.source,
+        result.key[:12],
+    )
     return detect_artifact(result.path, model_id=artifact.model_id, source=artifact.source, fingerprint=result.key)
 
 
-def quantize_to(job: QuantizeJob, artifact: ModelArtifact, output: str, *, trtllm_version: str, client: Any = None,
-                progress: Callable[[str], None] | None = None) -> QuantPlan:
+def quantize_to(
+    job: QuantizeJob,
+    artifact: ModelArtifact,
+    output: str,
+    *,
+    trtllm_version: str,
+    client: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> QuantPlan:
     """AOT (``lmi-trt compile`` on the pytorch backend): the calibrated checkpoint into ``output`` (a new folder or
     an ``s3://`` prefix), with the cache's manifest; served as a pre-quantized model."""
     from .jit import check_output, publish_to
@@ -138,8 +182,9 @@ def quantize_to(job: QuantizeJob, artifact: ModelArtifact, output: str, *, trtll
     return quant
 
 
-def _planned_calibration(job: QuantizeJob, artifact: ModelArtifact, progress: Callable[[str], None] | None
-                         ) -> tuple[QuantPlan, Callable[[Path], None]]:
+def _planned_calibration(
+    job: QuantizeJob, artifact: ModelArtifact, progress: Callable[[str], None] | None
+) -> tuple[QuantPlan, Callable[[Path], None]]:
     """The plan (its notes logged) and the build that writes the calibrated checkpoint into a folder."""
     hf_config = artifact.hf_config or {}
     quant, notes = plan_hf_quant(job.options, already_quantized(hf_config, artifact.path))
@@ -147,7 +192,14 @@ def _planned_calibration(job: QuantizeJob, artifact: ModelArtifact, progress: Ca
         log.info("plan: %s", note)
 
     def build(out: Path) -> None:
-        calibrate_and_export_hf(artifact.path, out, quant, hf_config, tokenizer_dir=artifact.tokenizer_dir,
-                                trust_remote_code=job.options.trust_remote_code, progress=progress)
+        calibrate_and_export_hf(
+            artifact.path,
+            out,
+            quant,
+            hf_config,
+            tokenizer_dir=artifact.tokenizer_dir,
+            trust_remote_code=job.options.trust_remote_code,
+            progress=progress,
+        )
 
     return quant, build

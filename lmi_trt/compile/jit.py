@@ -14,8 +14,8 @@ import logging
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,14 +45,14 @@ class CompileJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     options: CompileOptions
-    kv_cache_fraction: float          # option.kv_cache_free_gpu_mem_fraction (the memory estimate's KV share)
-    timeout_s: float                  # option.compile_timeout
-    workers: int | None               # option.num_engine_workers
-    load_by_shard: bool               # option.load_by_shard
-    checkpoint_dir: Path | None       # option.trtllm_checkpoint_path
-    cache_uri: str | None             # option.engine_cache_uri
-    download_dir: Path                # download_dir (the local engine cache lives under it)
-    properties: dict[str, Any]        # compile-time keys → values, written next to the engine
+    kv_cache_fraction: float  # option.kv_cache_free_gpu_mem_fraction (the memory estimate's KV share)
+    timeout_s: float  # option.compile_timeout
+    workers: int | None  # option.num_engine_workers
+    load_by_shard: bool  # option.load_by_shard
+    checkpoint_dir: Path | None  # option.trtllm_checkpoint_path
+    cache_uri: str | None  # option.engine_cache_uri
+    download_dir: Path  # download_dir (the local engine cache lives under it)
+    properties: dict[str, Any]  # compile-time keys → values, written next to the engine
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,15 @@ class PreparedPlan:
     gpu: GpuFacts
 
 
-def prepare_plan(job: CompileJob, model_config: dict[str, Any], gpu: GpuFacts, trtllm_version: str, *,
-                 checkpoint: bool = False, require_fit: bool = True) -> PreparedPlan:
+def prepare_plan(
+    job: CompileJob,
+    model_config: dict[str, Any],
+    gpu: GpuFacts,
+    trtllm_version: str,
+    *,
+    checkpoint: bool = False,
+    require_fit: bool = True,
+) -> PreparedPlan:
     """Plan + memory estimate; raises ``PlanError`` for anything that cannot work (not fitting too, if asked).
 
     ``model_config`` is the HF config.json, or with ``checkpoint`` a TensorRT-LLM checkpoint's.
@@ -79,22 +86,35 @@ def prepare_plan(job: CompileJob, model_config: dict[str, Any], gpu: GpuFacts, t
 def _host_gpu() -> GpuFacts:
     gpu = detect_gpu()
     if gpu is None:
-        raise PlanError("GPU", None, "no GPU is visible, and TensorRT-LLM engines are built on the GPU they run on",
-                        "Run on a GPU host, or serve with option.rolling_batch=torch")
+        raise PlanError(
+            "GPU",
+            None,
+            "no GPU is visible, and TensorRT-LLM engines are built on the GPU they run on",
+            "Run on a GPU host, or serve with option.rolling_batch=torch",
+        )
     return gpu
 
 
 def _host_trtllm() -> str:
     version = detect_trtllm_version()
     if version is None:
-        raise PlanError("tensorrt_llm", None, "TensorRT-LLM is not installed on this host",
-                        "Use the lmi-trt TensorRT-LLM image, or serve with option.rolling_batch=torch")
+        raise PlanError(
+            "tensorrt_llm",
+            None,
+            "TensorRT-LLM is not installed on this host",
+            "Use the lmi-trt TensorRT-LLM image, or serve with option.rolling_batch=torch",
+        )
     return version
 
 
 def _settings(job: CompileJob, gpu: GpuFacts) -> BuildSettings:
-    return BuildSettings(timeout_s=job.timeout_s, workers=job.workers, gpu_count=gpu.count,
-                         load_by_shard=job.load_by_shard, checkpoint_dir=job.checkpoint_dir)
+    return BuildSettings(
+        timeout_s=job.timeout_s,
+        workers=job.workers,
+        gpu_count=gpu.count,
+        load_by_shard=job.load_by_shard,
+        checkpoint_dir=job.checkpoint_dir,
+    )
 
 
 def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
@@ -102,9 +122,12 @@ def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
     if artifact.kind == "trtllm_checkpoint":
         return json.loads((artifact.path / "config.json").read_text()), True
     if artifact.kind != "hf_checkpoint" or artifact.hf_config is None:
-        raise PlanError("option.model_id", artifact.model_id,
-                        f"is a {artifact.kind.replace('_', ' ')}, not a Hugging Face or TensorRT-LLM checkpoint "
-                        "to compile", "Point option.model_id at the HF model (an engine folder is served as it is)")
+        raise PlanError(
+            "option.model_id",
+            artifact.model_id,
+            f"is a {artifact.kind.replace('_', ' ')}, not a Hugging Face or TensorRT-LLM checkpoint to compile",
+            "Point option.model_id at the HF model (an engine folder is served as it is)",
+        )
     return artifact.hf_config, False
 
 
@@ -121,9 +144,15 @@ def engine_cache(job: CompileJob | QuantizeJob, client: Any = None) -> EngineCac
     return EngineCache(local, remote, lock_timeout_s=2 * timeout, wait_timeout_s=2 * timeout)
 
 
-def ensure_engine(job: CompileJob, artifact: ModelArtifact, *, gpu: GpuFacts | None = None,
-                  trtllm_version: str | None = None, cache: EngineCache | None = None,
-                  progress: Progress | None = None) -> ModelArtifact:
+def ensure_engine(
+    job: CompileJob,
+    artifact: ModelArtifact,
+    *,
+    gpu: GpuFacts | None = None,
+    trtllm_version: str | None = None,
+    cache: EngineCache | None = None,
+    progress: Progress | None = None,
+) -> ModelArtifact:
     """JIT: the engine for ``artifact`` from the cache, built (once across replicas) when missing."""
     model_config, checkpoint = model_config_of(artifact)
     gpu = gpu or _host_gpu()
@@ -135,13 +164,19 @@ def ensure_engine(job: CompileJob, artifact: ModelArtifact, *, gpu: GpuFacts | N
     inputs = CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu)
 
     def build(out: Path) -> None:
-        build_engine(plan, artifact.path, out, settings=_settings(job, gpu), tokenizer_dir=artifact.tokenizer_dir,
-                     properties=job.properties, progress=progress)
+        build_engine(
+            plan,
+            artifact.path,
+            out,
+            settings=_settings(job, gpu),
+            tokenizer_dir=artifact.tokenizer_dir,
+            properties=job.properties,
+            progress=progress,
+        )
 
     result = cache.get_or_build(inputs, build, model_id=artifact.model_id)
     log.info("engine for %s: %s (%s, key %s)", artifact.model_id, result.path, result.source, result.key[:12])
-    return detect_artifact(result.path, model_id=artifact.model_id, source=artifact.source,
-                           fingerprint=result.key)
+    return detect_artifact(result.path, model_id=artifact.model_id, source=artifact.source, fingerprint=result.key)
 
 
 def check_output(output: str) -> None:
@@ -153,8 +188,16 @@ def check_output(output: str) -> None:
         raise CacheError(f"--output {output}: exists and is not an empty folder; choose a new one")
 
 
-def compile_to(job: CompileJob, artifact: ModelArtifact, output: str, *, gpu: GpuFacts, trtllm_version: str,
-               client: Any = None, progress: Progress | None = None) -> PreparedPlan:
+def compile_to(
+    job: CompileJob,
+    artifact: ModelArtifact,
+    output: str,
+    *,
+    gpu: GpuFacts,
+    trtllm_version: str,
+    client: Any = None,
+    progress: Progress | None = None,
+) -> PreparedPlan:
     """AOT: build into ``output`` (a new folder, or an ``s3://`` prefix), a self-describing artifact."""
     check_output(output)
     model_config, checkpoint = model_config_of(artifact)
@@ -162,15 +205,23 @@ def compile_to(job: CompileJob, artifact: ModelArtifact, output: str, *, gpu: Gp
     plan = prepared.plan
 
     def build(out: Path) -> None:
-        build_engine(plan, artifact.path, out, settings=_settings(job, gpu), tokenizer_dir=artifact.tokenizer_dir,
-                     properties=job.properties, progress=progress)
+        build_engine(
+            plan,
+            artifact.path,
+            out,
+            settings=_settings(job, gpu),
+            tokenizer_dir=artifact.tokenizer_dir,
+            properties=job.properties,
+            progress=progress,
+        )
 
     publish_to(output, build, CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu), artifact.model_id, client)
     return prepared
 
 
-def publish_to(output: str, build: Callable[[Path], None], inputs: CacheKeyInputs, model_id: str,
-               client: Any = None) -> None:
+def publish_to(
+    output: str, build: Callable[[Path], None], inputs: CacheKeyInputs, model_id: str, client: Any = None
+) -> None:
     """Write what ``build`` makes, with its manifest, to ``output`` (a new folder, or an ``s3://`` prefix): built
     beside the target and renamed into place, or uploaded (manifest last), so a half-written output never exists."""
     check_output(output)

@@ -40,7 +40,7 @@ from .options import CompileOptions
 from .quant import QuantPlan, plan_quant
 
 PLAN_SCHEMA_VERSION = 1
-DEFAULT_MAX_NUM_TOKENS = 8192      # TensorRT-LLM's BuildConfig default
+DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default
 # TensorRT-LLM's builder (``_init_max_seq_len`` in tensorrt_llm/builder.py, 0.12–1.2) multiplies
 # max_position_embeddings by the rope factor (rounding up) for every scaling type but these, whose
 # config.json already states the extended length.
@@ -79,8 +79,8 @@ class PluginPlan(BaseModel):
     use_fused_mlp: bool = False
     weight_only_quant_matmul_plugin: str | None = None
     weight_only_groupwise_quant_matmul_plugin: str | None = None
-    use_custom_all_reduce: bool | None = None   # a PluginConfig field before 0.12 only
-    multi_block_mode: bool | None = None        # a build flag before 0.12; a runtime knob after
+    use_custom_all_reduce: bool | None = None  # a PluginConfig field before 0.12 only
+    multi_block_mode: bool | None = None  # a build flag before 0.12; a runtime knob after
 
     def plugin_config_kwargs(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
@@ -107,12 +107,12 @@ class BuildPlan(BaseModel):
     trtllm_version: str
     dtype: TrtDtype
     max_input_len: int
-    max_output_len: int                 # new tokens
-    max_seq_len: int                    # = max_input_len + max_output_len
+    max_output_len: int  # new tokens
+    max_seq_len: int  # = max_input_len + max_output_len
     max_batch_size: int
     max_beam_width: int
     max_num_tokens: int
-    max_draft_len: int = 0              # speculative decoding draft tokens per step
+    max_draft_len: int = 0  # speculative decoding draft tokens per step
     tp_size: int
     pp_size: int
     plugins: PluginPlan
@@ -160,6 +160,7 @@ class BuildPlan(BaseModel):
 # pieces of the plan
 # ---------------------------------------------------------------------------------------------
 
+
 def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
@@ -175,8 +176,12 @@ def resolve_parallelism(opts: CompileOptions, dims: ModelDims, gpu: GpuFacts) ->
     if opts.tensor_parallel_degree == "max":
         tp = gpu.count // pp
         if tp < 1:
-            raise PlanError("option.pipeline_parallel_degree", pp, f"larger than the {gpu.count} visible GPUs",
-                            f"Use option.pipeline_parallel_degree ≤ {gpu.count}")
+            raise PlanError(
+                "option.pipeline_parallel_degree",
+                pp,
+                f"larger than the {gpu.count} visible GPUs",
+                f"Use option.pipeline_parallel_degree ≤ {gpu.count}",
+            )
         while tp > 1 and not _tp_ok(tp, dims):  # "max" means as many GPUs as the model can be split over
             tp -= 1
         notes.append(f"tensor_parallel_degree=max → {tp} ({gpu.count} GPUs, PP {pp}, {dims.num_heads} heads)")
@@ -184,28 +189,46 @@ def resolve_parallelism(opts: CompileOptions, dims: ModelDims, gpu: GpuFacts) ->
         tp = opts.tensor_parallel_degree
     valid_tp = [d for d in _divisors(dims.num_heads, gpu.count // pp or 1) if _tp_ok(d, dims)]
     if dims.num_heads % tp:
-        raise PlanError("option.tensor_parallel_degree", tp,
-                        f"{dims.num_heads} attention heads cannot be split evenly over {tp} ranks",
-                        f"Use one of {valid_tp}")
+        raise PlanError(
+            "option.tensor_parallel_degree",
+            tp,
+            f"{dims.num_heads} attention heads cannot be split evenly over {tp} ranks",
+            f"Use one of {valid_tp}",
+        )
     kv = dims.num_kv_heads
     if kv % tp and tp % kv:
-        raise PlanError("option.tensor_parallel_degree", tp,
-                        f"{kv} KV heads can neither be split over {tp} ranks nor replicated evenly",
-                        f"Use one of {valid_tp}")
-    for name, size in (("intermediate_size", dims.intermediate_size), ("moe_intermediate_size",
-                                                                        dims.moe_intermediate_size)):
+        raise PlanError(
+            "option.tensor_parallel_degree",
+            tp,
+            f"{kv} KV heads can neither be split over {tp} ranks nor replicated evenly",
+            f"Use one of {valid_tp}",
+        )
+    for name, size in (
+        ("intermediate_size", dims.intermediate_size),
+        ("moe_intermediate_size", dims.moe_intermediate_size),
+    ):
         if size and size % tp:
-            raise PlanError("option.tensor_parallel_degree", tp, f"{name}={size} is not divisible by {tp}",
-                            f"Use one of {[d for d in valid_tp if size % d == 0]}")
+            raise PlanError(
+                "option.tensor_parallel_degree",
+                tp,
+                f"{name}={size} is not divisible by {tp}",
+                f"Use one of {[d for d in valid_tp if size % d == 0]}",
+            )
     if dims.num_layers % pp:
-        raise PlanError("option.pipeline_parallel_degree", pp,
-                        f"{dims.num_layers} layers cannot be split evenly over {pp} pipeline stages",
-                        f"Use one of {_divisors(dims.num_layers, gpu.count)}")
+        raise PlanError(
+            "option.pipeline_parallel_degree",
+            pp,
+            f"{dims.num_layers} layers cannot be split evenly over {pp} pipeline stages",
+            f"Use one of {_divisors(dims.num_layers, gpu.count)}",
+        )
     if tp * pp > gpu.count:
-        raise PlanError("option.tensor_parallel_degree", tp,
-                        f"TP×PP = {tp}×{pp} = {tp * pp} GPUs, but {gpu.count} are visible",
-                        f"Lower option.tensor_parallel_degree/option.pipeline_parallel_degree to use at most "
-                        f"{gpu.count} GPUs (valid TP here: {valid_tp}), or run on a host with {tp * pp} GPUs")
+        raise PlanError(
+            "option.tensor_parallel_degree",
+            tp,
+            f"TP×PP = {tp}×{pp} = {tp * pp} GPUs, but {gpu.count} are visible",
+            f"Lower option.tensor_parallel_degree/option.pipeline_parallel_degree to use at most "
+            f"{gpu.count} GPUs (valid TP here: {valid_tp}), or run on a host with {tp * pp} GPUs",
+        )
     return tp, pp, notes
 
 
@@ -214,8 +237,12 @@ def resolve_dtype(opts: CompileOptions, hf: dict[str, Any], gpu: GpuFacts) -> tu
     if opts.dtype != "auto":
         dtype: TrtDtype = _OPTION_DTYPE[opts.dtype]  # type: ignore[assignment]
         if dtype == "bfloat16" and gpu.sm < 80:
-            raise PlanError("option.dtype", opts.dtype, f"bfloat16 needs compute capability 8.0+, {gpu.name} is "
-                            f"{gpu.sm / 10:.1f}", "Use option.dtype=fp16")
+            raise PlanError(
+                "option.dtype",
+                opts.dtype,
+                f"bfloat16 needs compute capability 8.0+, {gpu.name} is {gpu.sm / 10:.1f}",
+                "Use option.dtype=fp16",
+            )
         return dtype, notes
     ckpt = checkpoint_dtype(hf)
     if ckpt == "bfloat16" and gpu.sm >= 80:
@@ -225,30 +252,42 @@ def resolve_dtype(opts: CompileOptions, hf: dict[str, Any], gpu: GpuFacts) -> tu
         dtype = "float16"
         if ckpt != "float16":
             why = "no bfloat16 before compute capability 8.0" if ckpt == "bfloat16" else "TensorRT-LLM's auto rule"
-            notes.append(f"dtype=auto: checkpoint is {ckpt or 'unspecified'}, building float16 ({why}); "
-                         "set option.dtype to choose")
+            notes.append(
+                f"dtype=auto: checkpoint is {ckpt or 'unspecified'}, building float16 ({why}); "
+                "set option.dtype to choose"
+            )
     return dtype, notes
 
 
-def resolve_lengths(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any],
-                    dims: ModelDims) -> tuple[int, list[str]]:
+def resolve_lengths(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: ModelDims) -> tuple[int, list[str]]:
     total = opts.max_input_len + opts.max_output_len
     if opts.max_seq_len is None:
         max_seq_len = total
-        key, value = "option.max_input_len + option.max_output_len", f"{opts.max_input_len} + {opts.max_output_len} = {total}"
-        notes = [f"max_output_len={opts.max_output_len} is the maximum of NEW tokens; engine max_seq_len = "
-                 f"max_input_len + max_output_len = {opts.max_input_len} + {opts.max_output_len} = {total}"]
+        key, value = (
+            "option.max_input_len + option.max_output_len",
+            f"{opts.max_input_len} + {opts.max_output_len} = {total}",
+        )
+        notes = [
+            f"max_output_len={opts.max_output_len} is the maximum of NEW tokens; engine max_seq_len = "
+            f"max_input_len + max_output_len = {opts.max_input_len} + {opts.max_output_len} = {total}"
+        ]
     else:
         max_seq_len, key, value = opts.max_seq_len, "option.max_seq_len", opts.max_seq_len
         if max_seq_len <= opts.max_input_len:
-            raise PlanError(key, value, f"must exceed max_input_len={opts.max_input_len}, or a full-length prompt "
-                            "leaves no room for output (TensorRT-LLM would lower max_input_len silently, djl#3489)",
-                            f"Set option.max_seq_len > {opts.max_input_len}, or unset it to build "
-                            f"max_input_len + max_output_len = {total}")
+            raise PlanError(
+                key,
+                value,
+                f"must exceed max_input_len={opts.max_input_len}, or a full-length prompt "
+                "leaves no room for output (TensorRT-LLM would lower max_input_len silently, djl#3489)",
+                f"Set option.max_seq_len > {opts.max_input_len}, or unset it to build "
+                f"max_input_len + max_output_len = {total}",
+            )
         notes = [f"max_seq_len={max_seq_len} (set); max_output_len={opts.max_output_len} caps the new tokens"]
         if max_seq_len < total:
-            notes.append(f"max_seq_len < max_input_len + max_output_len = {total}: a prompt of n tokens gets at "
-                         f"most min({opts.max_output_len}, {max_seq_len} - n) new tokens")
+            notes.append(
+                f"max_seq_len < max_input_len + max_output_len = {total}: a prompt of n tokens gets at "
+                f"most min({opts.max_output_len}, {max_seq_len} - n) new tokens"
+            )
     limit = dims.max_position_embeddings
     if limit is None:
         notes.append("config.json states no maximum position; max_seq_len is not checked against the model")
@@ -256,10 +295,16 @@ def resolve_lengths(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any],
     scaling = effective_rope_scaling(opts, hf)
     allowed = rope_scaled_positions(limit, scaling)
     if max_seq_len > allowed:
-        how = (f"max_position_embeddings={limit} × rope factor {scaling['factor']}" if allowed != limit
-               else f"max_position_embeddings={limit}")
-        fix = (f"Lower them so that max_input_len + max_output_len ≤ {allowed}" if opts.max_seq_len is None
-               else f"Set option.max_seq_len ≤ {allowed}")
+        how = (
+            f"max_position_embeddings={limit} × rope factor {scaling['factor']}"
+            if allowed != limit
+            else f"max_position_embeddings={limit}"
+        )
+        fix = (
+            f"Lower them so that max_input_len + max_output_len ≤ {allowed}"
+            if opts.max_seq_len is None
+            else f"Set option.max_seq_len ≤ {allowed}"
+        )
         if allowed == limit and opts.rotary_scaling_type is None and spec.rotary_scaling:
             fix += " (or stretch RoPE with option.rotary_scaling_type and option.rotary_scaling_factor)"
         raise PlanError(key, value, f"the model supports {allowed} positions ({how})", fix)
@@ -276,70 +321,101 @@ def rope_scaled_positions(max_position_embeddings: int, scaling: dict[str, Any] 
     return math.ceil(max_position_embeddings * factor) if factor != 1.0 else max_position_embeddings
 
 
-def resolve_max_num_tokens(opts: CompileOptions, max_batch_size: int, max_seq_len: int,
-                           paged_context_fmha: bool) -> tuple[int, list[str]]:
+def resolve_max_num_tokens(
+    opts: CompileOptions, max_batch_size: int, max_seq_len: int, paged_context_fmha: bool
+) -> tuple[int, list[str]]:
     notes: list[str] = []
     ceiling = max_batch_size * max_seq_len
     if opts.max_num_tokens is not None:
         value = opts.max_num_tokens
         if value > ceiling:
-            raise PlanError("option.max_num_tokens", value,
-                            f"exceeds max_batch_size × max_seq_len = {max_batch_size} × {max_seq_len} = {ceiling}, "
-                            "the most one step can ever schedule; TensorRT-LLM would lower it silently (djl#3489)",
-                            f"Set option.max_num_tokens ≤ {ceiling}, or raise option.max_rolling_batch_size "
-                            "or the max lengths")
+            raise PlanError(
+                "option.max_num_tokens",
+                value,
+                f"exceeds max_batch_size × max_seq_len = {max_batch_size} × {max_seq_len} = {ceiling}, "
+                "the most one step can ever schedule; TensorRT-LLM would lower it silently (djl#3489)",
+                f"Set option.max_num_tokens ≤ {ceiling}, or raise option.max_rolling_batch_size or the max lengths",
+            )
     else:
         value = min(max(DEFAULT_MAX_NUM_TOKENS, opts.max_input_len), ceiling)
-        notes.append(f"max_num_tokens={value} (default: max({DEFAULT_MAX_NUM_TOKENS}, max_input_len), at most "
-                     f"max_batch_size × max_seq_len)")
+        notes.append(
+            f"max_num_tokens={value} (default: max({DEFAULT_MAX_NUM_TOKENS}, max_input_len), at most "
+            f"max_batch_size × max_seq_len)"
+        )
     if value < opts.max_input_len:
         if not paged_context_fmha:
-            raise PlanError("option.max_num_tokens", value,
-                            f"is below max_input_len={opts.max_input_len}; longer prompts need chunked context, "
-                            "which needs use_paged_context_fmha (not available here)",
-                            f"Set option.max_num_tokens ≥ {opts.max_input_len}")
-        notes.append(f"prompts longer than max_num_tokens={value} are processed in chunks: serve with "
-                     "chunked context enabled")
+            raise PlanError(
+                "option.max_num_tokens",
+                value,
+                f"is below max_input_len={opts.max_input_len}; longer prompts need chunked context, "
+                "which needs use_paged_context_fmha (not available here)",
+                f"Set option.max_num_tokens ≥ {opts.max_input_len}",
+            )
+        notes.append(
+            f"prompts longer than max_num_tokens={value} are processed in chunks: serve with chunked context enabled"
+        )
     return value, notes
 
 
-def resolve_plugins(opts: CompileOptions, spec: ArchSpec, gpu: GpuFacts, version: Version,
-                    quant: QuantPlan) -> tuple[PluginPlan, list[str]]:
+def resolve_plugins(
+    opts: CompileOptions, spec: ArchSpec, gpu: GpuFacts, version: Version, quant: QuantPlan
+) -> tuple[PluginPlan, list[str]]:
     notes: list[str] = []
     v1 = version >= Version("1.0.0")
     legacy_flags = version < Version("0.12.0")
     tokens_per_block = opts.tokens_per_block or (32 if v1 else 64)  # a power of two (TOKENS_PER_BLOCK)
     paged_context = (v1 and gpu.sm >= 80) if opts.use_paged_context_fmha is None else opts.use_paged_context_fmha
     if opts.use_paged_context_fmha and gpu.sm < 80:
-        raise PlanError("option.use_paged_context_fmha", True,
-                        f"paged context FMHA needs compute capability 8.0+ ({gpu.name} is {gpu.sm / 10:.1f})",
-                        "Remove option.use_paged_context_fmha")
+        raise PlanError(
+            "option.use_paged_context_fmha",
+            True,
+            f"paged context FMHA needs compute capability 8.0+ ({gpu.name} is {gpu.sm / 10:.1f})",
+            "Remove option.use_paged_context_fmha",
+        )
     if opts.enable_kv_cache_reuse:
         if opts.use_paged_context_fmha is False:
-            raise PlanError("option.use_paged_context_fmha", False, "option.enable_kv_cache_reuse needs it "
-                            "(tensorrtllm_backend#271)", "Remove option.use_paged_context_fmha=false or "
-                            "option.enable_kv_cache_reuse")
+            raise PlanError(
+                "option.use_paged_context_fmha",
+                False,
+                "option.enable_kv_cache_reuse needs it (tensorrtllm_backend#271)",
+                "Remove option.use_paged_context_fmha=false or option.enable_kv_cache_reuse",
+            )
         if gpu.sm < 80:
-            raise PlanError("option.enable_kv_cache_reuse", True,
-                            f"KV-cache reuse needs paged context FMHA, which needs compute capability 8.0+ "
-                            f"({gpu.name} is {gpu.sm / 10:.1f}; TRT-LLM#1671)", "Remove option.enable_kv_cache_reuse")
+            raise PlanError(
+                "option.enable_kv_cache_reuse",
+                True,
+                f"KV-cache reuse needs paged context FMHA, which needs compute capability 8.0+ "
+                f"({gpu.name} is {gpu.sm / 10:.1f}; TRT-LLM#1671)",
+                "Remove option.enable_kv_cache_reuse",
+            )
         if quant.kv_cache_quant_algo == "INT8":
-            raise PlanError("option.enable_kv_cache_reuse", True,
-                            "KV-cache reuse does not work with an INT8 KV cache (TRT-LLM#2166)",
-                            "Remove option.enable_kv_cache_reuse or use a quantization without INT8 KV")
+            raise PlanError(
+                "option.enable_kv_cache_reuse",
+                True,
+                "KV-cache reuse does not work with an INT8 KV cache (TRT-LLM#2166)",
+                "Remove option.enable_kv_cache_reuse or use a quantization without INT8 KV",
+            )
         if not paged_context:
-            notes.append("use_paged_context_fmha forced on: option.enable_kv_cache_reuse needs it "
-                         "(tensorrtllm_backend#271)")
+            notes.append(
+                "use_paged_context_fmha forced on: option.enable_kv_cache_reuse needs it (tensorrtllm_backend#271)"
+            )
         paged_context = True
     fp8 = quant.quant_algo == "FP8" or quant.kv_cache_quant_algo == "FP8"
     if opts.use_fp8_context_fmha:
         if not fp8:
-            raise PlanError("option.use_fp8_context_fmha", True, "FP8 context FMHA needs an FP8 model or KV cache",
-                            "Set option.quantize=fp8 or fp8_kv, or remove option.use_fp8_context_fmha")
+            raise PlanError(
+                "option.use_fp8_context_fmha",
+                True,
+                "FP8 context FMHA needs an FP8 model or KV cache",
+                "Set option.quantize=fp8 or fp8_kv, or remove option.use_fp8_context_fmha",
+            )
         if gpu.sm < 90:
-            raise PlanError("option.use_fp8_context_fmha", True,
-                            f"FP8 context FMHA runs on Hopper (9.0+) only; {gpu.name} is {gpu.sm / 10:.1f} "
-                            "(TRT-LLM#1914)", "Remove option.use_fp8_context_fmha")
+            raise PlanError(
+                "option.use_fp8_context_fmha",
+                True,
+                f"FP8 context FMHA runs on Hopper (9.0+) only; {gpu.name} is {gpu.sm / 10:.1f} (TRT-LLM#1914)",
+                "Remove option.use_fp8_context_fmha",
+            )
     fused_mlp = opts.use_fused_mlp
     weight_only = quant.quant_algo in ("W8A16", "W4A16")
     groupwise = quant.quant_algo in ("W4A16_AWQ", "W4A8_AWQ")
@@ -365,13 +441,17 @@ def _check_version(spec: ArchSpec, hf: dict[str, Any], trtllm_version: str) -> V
     try:
         version = Version(trtllm_version)
     except Exception:
-        raise PlanError("tensorrt_llm version", trtllm_version, "not a version number",
-                        "Pass a version such as 1.0.0") from None
+        raise PlanError(
+            "tensorrt_llm version", trtllm_version, "not a version number", "Pass a version such as 1.0.0"
+        ) from None
     needed = min_version_for(spec, hf)
     if version < Version(needed):
-        raise PlanError("tensorrt_llm version", trtllm_version,
-                        f"{hf_architecture(hf)} needs TensorRT-LLM {needed} or newer to compile",
-                        f"Use TensorRT-LLM ≥ {needed}, or a precompiled engine")
+        raise PlanError(
+            "tensorrt_llm version",
+            trtllm_version,
+            f"{hf_architecture(hf)} needs TensorRT-LLM {needed} or newer to compile",
+            f"Use TensorRT-LLM ≥ {needed}, or a precompiled engine",
+        )
     return version
 
 
@@ -380,8 +460,9 @@ def make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, tr
     return _make_plan(opts, hf_config, gpu, trtllm_version, None)
 
 
-def make_checkpoint_plan(opts: CompileOptions, ckpt_config: dict[str, Any], gpu: GpuFacts,
-                         trtllm_version: str) -> BuildPlan:
+def make_checkpoint_plan(
+    opts: CompileOptions, ckpt_config: dict[str, Any], gpu: GpuFacts, trtllm_version: str
+) -> BuildPlan:
     """The plan for a TensorRT-LLM checkpoint (convert_checkpoint.py / modelopt output).
 
     Its split (TP/PP), dtype, quantization and RoPE settings were fixed when it was converted, so
@@ -390,39 +471,68 @@ def make_checkpoint_plan(opts: CompileOptions, ckpt_config: dict[str, Any], gpu:
     hf = checkpoint_as_hf_config(ckpt_config)
     mapping = ckpt_config.get("mapping") or {}
     tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
-    for key, want, have in (("option.tensor_parallel_degree", opts.tensor_parallel_degree, tp),
-                            ("option.pipeline_parallel_degree", opts.pipeline_parallel_degree, pp)):
+    for key, want, have in (
+        ("option.tensor_parallel_degree", opts.tensor_parallel_degree, tp),
+        ("option.pipeline_parallel_degree", opts.pipeline_parallel_degree, pp),
+    ):
         if want not in ("max", have):
-            raise PlanError(key, want, f"the TensorRT-LLM checkpoint is split for {have}",
-                            f"Set {key}={have}, or convert the checkpoint again")
+            raise PlanError(
+                key,
+                want,
+                f"the TensorRT-LLM checkpoint is split for {have}",
+                f"Set {key}={have}, or convert the checkpoint again",
+            )
     q = ckpt_config.get("quantization") or {}
     if opts.quantize is not None:
-        raise PlanError("option.quantize", quantization_name(opts.quantize), "a TensorRT-LLM checkpoint is already converted "
-                        f"(quant_algo={q.get('quant_algo')}, kv_cache_quant_algo={q.get('kv_cache_quant_algo')})",
-                        "Remove option.quantize, or convert the checkpoint again")
+        raise PlanError(
+            "option.quantize",
+            quantization_name(opts.quantize),
+            "a TensorRT-LLM checkpoint is already converted "
+            f"(quant_algo={q.get('quant_algo')}, kv_cache_quant_algo={q.get('kv_cache_quant_algo')})",
+            "Remove option.quantize, or convert the checkpoint again",
+        )
     ckpt_dtype = {v: k for k, v in _OPTION_DTYPE.items()}.get(str(ckpt_config.get("dtype")))
     if opts.dtype not in ("auto", ckpt_dtype):
-        raise PlanError("option.dtype", opts.dtype, f"the checkpoint holds {ckpt_config.get('dtype')} weights",
-                        "Remove option.dtype")
-    for key, value in (("option.rotary_base", opts.rotary_base), ("option.rotary_scaling_type",
-                       opts.rotary_scaling_type), ("option.rotary_dim", opts.rotary_dim)):
+        raise PlanError(
+            "option.dtype",
+            opts.dtype,
+            f"the checkpoint holds {ckpt_config.get('dtype')} weights",
+            "Remove option.dtype",
+        )
+    for key, value in (
+        ("option.rotary_base", opts.rotary_base),
+        ("option.rotary_scaling_type", opts.rotary_scaling_type),
+        ("option.rotary_dim", opts.rotary_dim),
+    ):
         if value is not None:
-            raise PlanError(key, value, "RoPE settings are fixed in a TensorRT-LLM checkpoint",
-                            f"Remove {key}, or convert the checkpoint again")
+            raise PlanError(
+                key,
+                value,
+                "RoPE settings are fixed in a TensorRT-LLM checkpoint",
+                f"Remove {key}, or convert the checkpoint again",
+            )
     algo = q.get("quant_algo")
     quant = QuantPlan(
-        quantize=opts.quantize, method="checkpoint" if algo or q.get("kv_cache_quant_algo") else "none",
-        quant_algo=algo, kv_cache_quant_algo=q.get("kv_cache_quant_algo"),
+        quantize=opts.quantize,
+        method="checkpoint" if algo or q.get("kv_cache_quant_algo") else "none",
+        quant_algo=algo,
+        kv_cache_quant_algo=q.get("kv_cache_quant_algo"),
         group_size=q.get("group_size") if algo and ("AWQ" in algo or "GPTQ" in algo) else None,
         smoothquant_val=q.get("smoothquant_val") if algo and algo.startswith("W8A8_SQ") else None,
     )
-    fixed = opts.model_copy(update={"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
-                                    "dtype": ckpt_dtype or "auto"})
+    fixed = opts.model_copy(
+        update={"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp, "dtype": ckpt_dtype or "auto"}
+    )
     return _make_plan(fixed, hf, gpu, trtllm_version, quant)
 
 
-def _make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, trtllm_version: str,
-               checkpoint_quant: QuantPlan | None) -> BuildPlan:
+def _make_plan(
+    opts: CompileOptions,
+    hf_config: dict[str, Any],
+    gpu: GpuFacts,
+    trtllm_version: str,
+    checkpoint_quant: QuantPlan | None,
+) -> BuildPlan:
     spec = lookup_arch(hf_config)
     dims = read_dims(spec, hf_config)
     version = _check_version(spec, hf_config, trtllm_version)
@@ -440,8 +550,12 @@ def _make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, t
     else:
         quant = checkpoint_quant
     if quant.quant_algo is not None and dtype == "float32":
-        raise PlanError("option.dtype", opts.dtype, f"{quant.quant_algo} engines compute in float16 or bfloat16",
-                        "Use option.dtype=fp16 or bf16 with option.quantize")
+        raise PlanError(
+            "option.dtype",
+            opts.dtype,
+            f"{quant.quant_algo} engines compute in float16 or bfloat16",
+            "Use option.dtype=fp16 or bf16 with option.quantize",
+        )
     plugins, more = resolve_plugins(opts, spec, gpu, version, quant)
     notes += more
     max_batch_size = opts.max_batch_size or TRTLLM_DEFAULT_BATCH
@@ -451,17 +565,23 @@ def _make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, t
         kwargs = converter_kwargs(spec, opts, hf_config)
         if opts.logits_dtype == "fp16":
             kwargs["logits_dtype"] = "float16"
-        converter = ConverterPlan(trtllm_class=spec.trtllm_class, kwargs=kwargs,
-                                  hf_config_overrides=hf_config_overrides(spec, opts, hf_config),
-                                  trust_remote_code=opts.trust_remote_code)
+        converter = ConverterPlan(
+            trtllm_class=spec.trtllm_class,
+            kwargs=kwargs,
+            hf_config_overrides=hf_config_overrides(spec, opts, hf_config),
+            trust_remote_code=opts.trust_remote_code,
+        )
     else:
         converter = ConverterPlan(source="trtllm_checkpoint", trtllm_class=spec.trtllm_class)
     if opts.max_draft_len:
         # An engine built for external draft tokens is useless without a serving path that
         # supplies them, which lmi-trt does not have yet: refuse rather than build it.
-        raise PlanError("option.max_draft_len", opts.max_draft_len,
-                        "speculative decoding (external draft tokens) is not supported by lmi-trt's executor path",
-                        "Remove option.max_draft_len")
+        raise PlanError(
+            "option.max_draft_len",
+            opts.max_draft_len,
+            "speculative decoding (external draft tokens) is not supported by lmi-trt's executor path",
+            "Remove option.max_draft_len",
+        )
     return BuildPlan(
         architecture=hf_architecture(hf_config),
         family=spec.family,
@@ -487,7 +607,7 @@ def _make_plan(opts: CompileOptions, hf_config: dict[str, Any], gpu: GpuFacts, t
 # memory
 # ---------------------------------------------------------------------------------------------
 
-RUNTIME_OVERHEAD_BYTES = 1 * GiB    # CUDA context, cuBLAS/TensorRT workspaces, NCCL buffers
+RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context, cuBLAS/TensorRT workspaces, NCCL buffers
 
 
 class MemoryEstimate(BaseModel):
@@ -498,12 +618,12 @@ class MemoryEstimate(BaseModel):
     gpu_memory_bytes: int
     weight_bytes_total: int
     weight_bytes_per_gpu: int
-    kv_bytes_per_token: int            # per GPU: layers on it × KV width on it × 2 (K and V) × KV dtype bytes
+    kv_bytes_per_token: int  # per GPU: layers on it × KV width on it × 2 (K and V) × KV dtype bytes
     activation_reserve_bytes: int
     kv_cache_fraction: float
     kv_cache_bytes: int
     max_kv_tokens: int
-    max_concurrent_sequences: int      # sequences of max_seq_len tokens that fit at once
+    max_concurrent_sequences: int  # sequences of max_seq_len tokens that fit at once
     fits: bool
     notes: tuple[str, ...] = ()
 
@@ -531,7 +651,7 @@ def _linear_bytes_per_param(plan: BuildPlan) -> float:
     bits = plan.quant.weight_bits
     if bits is None:
         return _DTYPE_BYTES[plan.dtype]
-    group_scales = 2 / plan.quant.group_size if plan.quant.group_size else 0.0   # one fp16 scale per group
+    group_scales = 2 / plan.quant.group_size if plan.quant.group_size else 0.0  # one fp16 scale per group
     return bits / 8 + group_scales
 
 
@@ -555,8 +675,9 @@ def _activation_bytes(plan: BuildPlan, dims: ModelDims) -> int:
     return plan.max_num_tokens * per_token * act + logits
 
 
-def estimate_memory(plan: BuildPlan, hf_config: dict[str, Any], gpu: GpuFacts,
-                    kv_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION) -> MemoryEstimate:
+def estimate_memory(
+    plan: BuildPlan, hf_config: dict[str, Any], gpu: GpuFacts, kv_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION
+) -> MemoryEstimate:
     """Weights per GPU, KV bytes per token, how many tokens and full-length sequences fit."""
     dims = read_dims(lookup_arch(hf_config), hf_config)
     linear, embed, lm_head = _param_counts(dims)
@@ -564,8 +685,11 @@ def estimate_memory(plan: BuildPlan, hf_config: dict[str, Any], gpu: GpuFacts,
     linear_bytes = linear * _linear_bytes_per_param(plan)
     total = int(linear_bytes + (embed + lm_head) * dtype_bytes)
     # The vocab embedding is replicated on every TP rank of the first stage; lm_head is split over TP.
-    ends = embed * dtype_bytes + lm_head * dtype_bytes / plan.tp_size if plan.pp_size == 1 \
+    ends = (
+        embed * dtype_bytes + lm_head * dtype_bytes / plan.tp_size
+        if plan.pp_size == 1
         else max(embed * dtype_bytes, lm_head * dtype_bytes / plan.tp_size)
+    )
     per_gpu = int(linear_bytes / plan.world_size + ends)
     kv_per_token = _kv_bytes_per_token(plan, dims)
     reserve = int(_activation_bytes(plan, dims) + RUNTIME_OVERHEAD_BYTES)
@@ -578,13 +702,19 @@ def estimate_memory(plan: BuildPlan, hf_config: dict[str, Any], gpu: GpuFacts,
     notes: list[str] = []
     fits = free > 0 and sequences >= 1
     if free <= 0:
-        notes.append(f"weights ({per_gpu / GiB:.1f} GiB) + activations ({reserve / GiB:.1f} GiB) exceed the "
-                     f"{gpu.memory_gib:.0f} GiB of one {gpu.name}")
+        notes.append(
+            f"weights ({per_gpu / GiB:.1f} GiB) + activations ({reserve / GiB:.1f} GiB) exceed the "
+            f"{gpu.memory_gib:.0f} GiB of one {gpu.name}"
+        )
     elif sequences < 1:
-        notes.append(f"the KV cache holds {max_tokens} tokens, less than one sequence of max_seq_len={plan.max_seq_len}")
+        notes.append(
+            f"the KV cache holds {max_tokens} tokens, less than one sequence of max_seq_len={plan.max_seq_len}"
+        )
     elif sequences < plan.max_batch_size:
-        notes.append(f"only {sequences} sequences of max_seq_len={plan.max_seq_len} fit at once "
-                     f"(max_batch_size={plan.max_batch_size}); shorter sequences share the KV pool")
+        notes.append(
+            f"only {sequences} sequences of max_seq_len={plan.max_seq_len} fit at once "
+            f"(max_batch_size={plan.max_batch_size}); shorter sequences share the KV pool"
+        )
     return MemoryEstimate(
         gpu_memory_bytes=gpu_bytes,
         weight_bytes_total=total,
@@ -604,6 +734,10 @@ def check_fits(plan: BuildPlan, estimate: MemoryEstimate) -> None:
     """Turn an estimate that cannot work into a ``PlanError`` before a long compile."""
     if estimate.fits:
         return
-    raise PlanError("option.tensor_parallel_degree", plan.tp_size, "; ".join(estimate.notes),
-                    "Use more GPUs (option.tensor_parallel_degree), quantize (option.quantize), or lower "
-                    "option.max_num_tokens / option.max_rolling_batch_size / the max lengths")
+    raise PlanError(
+        "option.tensor_parallel_degree",
+        plan.tp_size,
+        "; ".join(estimate.notes),
+        "Use more GPUs (option.tensor_parallel_degree), quantize (option.quantize), or lower "
+        "option.max_num_tokens / option.max_rolling_batch_size / the max lengths",
+    )

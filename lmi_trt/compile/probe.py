@@ -36,15 +36,24 @@ def detect_gpu() -> GpuFacts | None:
 
         if torch.cuda.is_available() and torch.cuda.device_count() > 0:
             props = torch.cuda.get_device_properties(0)
-            return GpuFacts(name=props.name, sm=props.major * 10 + props.minor,
-                            memory_gib=props.total_memory / 1024**3, count=torch.cuda.device_count())
+            return GpuFacts(
+                name=props.name,
+                sm=props.major * 10 + props.minor,
+                memory_gib=props.total_memory / 1024**3,
+                count=torch.cuda.device_count(),
+            )
     except ImportError:
         pass
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError) as e:
         log.warning("nvidia-smi failed: %s", e)
         return None

@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
-from .archs import ArchSpec, ModelDims, hf_architecture, rope_scaling, rope_theta
-from .errors import BuildError, PlanError
 from lmi_trt.vocabulary import AWQ_BLOCK_SIZES, QUANTIZE_NAMES, Quantization, quantization_name
 
+from .archs import ArchSpec, ModelDims, hf_architecture, rope_scaling, rope_theta
+from .errors import BuildError, PlanError
 from .options import CompileOptions
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ DEFAULT_CALIB_DATASET = "cnn_dailymail"  # TensorRT-LLM's default; a hub dataset
 class CalibrationPlan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dataset: str                       # local file/folder, or a hub dataset name
-    size: int                          # samples
+    dataset: str  # local file/folder, or a hub dataset name
+    size: int  # samples
     batch_size: int
     max_seq_length: int
     awq_block_size: int | None = None
@@ -116,7 +116,8 @@ class QuantPlan(BaseModel):
 
 
 def _smoothquant_algo(opts: CompileOptions) -> tuple[str, QuantMethod]:
-    """DJL's per_token/per_channel flags → the SmoothQuant variant (``QuantAlgo.W8A8_SQ_*`` in tensorrt_llm/quantization/mode.py)."""
+    """DJL's per_token/per_channel flags → the SmoothQuant variant (``QuantAlgo.W8A8_SQ_*`` in
+    tensorrt_llm/quantization/mode.py)."""
     token, channel = opts.smoothquant_per_token, opts.smoothquant_per_channel
     if channel and not token:
         return "W8A8_SQ_PER_CHANNEL", "modelopt"  # modelopt int8_sq: per-channel weights, per-tensor activations
@@ -133,22 +134,28 @@ def _supported_message(spec: ArchSpec, arch: str) -> str:
     return f"Supported for {arch}: {names}{extra}"
 
 
-def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: ModelDims, *,
-               gpu_sm: int, tp: int) -> tuple[QuantPlan, list[str]]:
+def plan_quant(
+    opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: ModelDims, *, gpu_sm: int, tp: int
+) -> tuple[QuantPlan, list[str]]:
     """The quantization part of the plan, and notes that explain choices a user may not expect."""
     q = opts.quantize
     arch = hf_architecture(hf)
     notes: list[str] = []
     if q not in spec.quantizations:
-        raise PlanError("option.quantize", quantization_name(q), f"not supported for {arch}", _supported_message(spec, arch))
+        raise PlanError(
+            "option.quantize", quantization_name(q), f"not supported for {arch}", _supported_message(spec, arch)
+        )
     min_sm = _MIN_SM[q]
     if q is Quantization.AWQ and opts.q_format == "w4a8_awq":
         min_sm = W4A8_AWQ_MIN_SM
     if gpu_sm < min_sm:
-        raise PlanError("option.quantize", quantization_name(q),
-                        f"needs a GPU of compute capability {min_sm / 10:.1f}+, this one is {gpu_sm / 10:.1f}",
-                        "Use weights_int8/weights_int4 or no quantization on this GPU"
-                        + (" (FP8 needs Ada/Hopper: L4, L40S, H100, H200)" if min_sm >= 89 else ""))
+        raise PlanError(
+            "option.quantize",
+            quantization_name(q),
+            f"needs a GPU of compute capability {min_sm / 10:.1f}+, this one is {gpu_sm / 10:.1f}",
+            "Use weights_int8/weights_int4 or no quantization on this GPU"
+            + (" (FP8 needs Ada/Hopper: L4, L40S, H100, H200)" if min_sm >= 89 else ""),
+        )
     if q is None:
         return QuantPlan(quantize=q, method="none"), notes
     if q in (Quantization.WEIGHTS_INT8, Quantization.WEIGHTS_INT4):
@@ -158,23 +165,36 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
     fields: dict[str, Any] = {}
     if q in (Quantization.WEIGHTS_INT8_KV_INT8, Quantization.WEIGHTS_INT4_KV_INT8):
         int8 = q is Quantization.WEIGHTS_INT8_KV_INT8
-        fields = dict(method="modelopt", quant_algo="W8A16" if int8 else "W4A16", kv_cache_quant_algo="INT8",
-                      modelopt_qformat="int8_wo" if int8 else "int4_wo", modelopt_kv_cache_dtype="int8")
+        fields = dict(
+            method="modelopt",
+            quant_algo="W8A16" if int8 else "W4A16",
+            kv_cache_quant_algo="INT8",
+            modelopt_qformat="int8_wo" if int8 else "int4_wo",
+            modelopt_kv_cache_dtype="int8",
+        )
         if not int8:
             notes.append("weights_kv_int4 = INT4 weights (W4A16) + INT8 KV cache: TensorRT-LLM has no INT4 KV cache")
     elif q is Quantization.SMOOTHQUANT:
         algo, method = _smoothquant_algo(opts)
         if method == "trtllm_native" and spec.trtllm_class != "LLaMAForCausalLM":
-            raise PlanError("option.smoothquant_per_token" if opts.smoothquant_per_token
-                            else "option.smoothquant_per_channel", False,
-                            f"the {algo} variant comes from TensorRT-LLM's LLaMA quantizer, which {arch} does not use",
-                            "Set option.smoothquant_per_channel=true and option.smoothquant_per_token=false "
-                            "(W8A8_SQ_PER_CHANNEL through modelopt)")
-        fields = dict(method=method, quant_algo=algo, smoothquant_val=opts.smoothquant_alpha,
-                      modelopt_qformat="int8_sq" if method == "modelopt" else None)
+            raise PlanError(
+                "option.smoothquant_per_token" if opts.smoothquant_per_token else "option.smoothquant_per_channel",
+                False,
+                f"the {algo} variant comes from TensorRT-LLM's LLaMA quantizer, which {arch} does not use",
+                "Set option.smoothquant_per_channel=true and option.smoothquant_per_token=false "
+                "(W8A8_SQ_PER_CHANNEL through modelopt)",
+            )
+        fields = dict(
+            method=method,
+            quant_algo=algo,
+            smoothquant_val=opts.smoothquant_alpha,
+            modelopt_qformat="int8_sq" if method == "modelopt" else None,
+        )
         if opts.multi_query_mode:
-            notes.append("option.multi_query_mode ignored: KV heads are read from config.json "
-                         f"({dims.num_kv_heads} of {dims.num_heads})")
+            notes.append(
+                "option.multi_query_mode ignored: KV heads are read from config.json "
+                f"({dims.num_kv_heads} of {dims.num_heads})"
+            )
     elif q is Quantization.AWQ:
         _check_awq_blocks(opts.awq_block_size, dims, tp)
         fields = modelopt_fields(opts)
@@ -182,22 +202,39 @@ def plan_quant(opts: CompileOptions, spec: ArchSpec, hf: dict[str, Any], dims: M
         fields = modelopt_fields(opts)
     decoder = spec.modelopt_decoder_for(arch)
     if fields["method"] == "modelopt" and decoder is None:
-        raise PlanError("option.quantize", quantization_name(q), f"no calibration path (modelopt export) exists for {arch}",
-                        _supported_message(spec, arch))
+        raise PlanError(
+            "option.quantize",
+            quantization_name(q),
+            f"no calibration path (modelopt export) exists for {arch}",
+            _supported_message(spec, arch),
+        )
     notes += calibration_notes(opts)
-    return QuantPlan(quantize=q, modelopt_decoder=decoder if fields["method"] == "modelopt" else None,
-                     calibration=calibration_plan(opts), **fields), notes
+    return QuantPlan(
+        quantize=q,
+        modelopt_decoder=decoder if fields["method"] == "modelopt" else None,
+        calibration=calibration_plan(opts),
+        **fields,
+    ), notes
 
 
 def modelopt_fields(opts: CompileOptions) -> dict[str, Any]:
     """Pure: the ``QuantPlan`` fields of the modelopt formats both backends load (FP8, FP8 + FP8 KV cache, AWQ)."""
     q = opts.quantize
     if q is Quantization.AWQ:
-        return dict(method="modelopt", quant_algo="W4A16_AWQ" if opts.q_format == "int4_awq" else "W4A8_AWQ",
-                    group_size=opts.awq_block_size, modelopt_qformat=opts.q_format)
+        return dict(
+            method="modelopt",
+            quant_algo="W4A16_AWQ" if opts.q_format == "int4_awq" else "W4A8_AWQ",
+            group_size=opts.awq_block_size,
+            modelopt_qformat=opts.q_format,
+        )
     kv = q is Quantization.FP8_KV
-    return dict(method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8" if kv else None,
-                modelopt_qformat="fp8", modelopt_kv_cache_dtype="fp8" if kv else None)
+    return dict(
+        method="modelopt",
+        quant_algo="FP8",
+        kv_cache_quant_algo="FP8" if kv else None,
+        modelopt_qformat="fp8",
+        modelopt_kv_cache_dtype="fp8" if kv else None,
+    )
 
 
 def calibration_plan(opts: CompileOptions) -> CalibrationPlan:
@@ -215,20 +252,29 @@ def calibration_plan(opts: CompileOptions) -> CalibrationPlan:
 def calibration_notes(opts: CompileOptions) -> list[str]:
     if opts.calib_dataset is not None:
         return []
-    return [f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` package); "
-            "set option.calib_dataset to a local .txt/.jsonl file to calibrate offline"]
+    return [
+        f"calibration data: hub dataset {DEFAULT_CALIB_DATASET!r} (needs network and the `datasets` package); "
+        "set option.calib_dataset to a local .txt/.jsonl file to calibrate offline"
+    ]
 
 
 def _check_awq_blocks(block: int, dims: ModelDims, tp: int) -> None:
     """Every GEMM input dimension per rank must be a multiple of the AWQ block (modelopt export checks it late)."""
     for name, size in (("hidden_size", dims.hidden_size), ("intermediate_size", dims.intermediate_size)):
         if (size // tp) % block:
-            options = [b for b in sorted(AWQ_BLOCK_SIZES, reverse=True) if (dims.hidden_size // tp) % b == 0
-                       and (dims.intermediate_size // tp) % b == 0]
-            raise PlanError("option.awq_block_size", block,
-                            f"{name}/TP = {size}/{tp} = {size // tp} is not a multiple of the AWQ block size",
-                            f"Use option.awq_block_size in {options}" if options
-                            else "Lower option.tensor_parallel_degree or use another quantization")
+            options = [
+                b
+                for b in sorted(AWQ_BLOCK_SIZES, reverse=True)
+                if (dims.hidden_size // tp) % b == 0 and (dims.intermediate_size // tp) % b == 0
+            ]
+            raise PlanError(
+                "option.awq_block_size",
+                block,
+                f"{name}/TP = {size}/{tp} = {size // tp} is not a multiple of the AWQ block size",
+                f"Use option.awq_block_size in {options}"
+                if options
+                else "Lower option.tensor_parallel_degree or use another quantization",
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,8 +306,12 @@ def _texts_from_file(path: Path) -> Iterator[str]:
                     try:
                         yield from _texts_from_record(json.loads(line))
                     except json.JSONDecodeError as e:
-                        raise PlanError("option.calib_dataset", str(path), f"line {n} is not JSON ({e.msg})",
-                                        "Write one JSON object per line with a \"text\" field") from None
+                        raise PlanError(
+                            "option.calib_dataset",
+                            str(path),
+                            f"line {n} is not JSON ({e.msg})",
+                            'Write one JSON object per line with a "text" field',
+                        ) from None
         elif suffix == ".json":
             data = json.load(f)
             for record in data if isinstance(data, list) else [data]:
@@ -276,8 +326,11 @@ def load_calibration_texts(dataset: str, size: int) -> list[str]:
     """Up to ``size`` non-empty samples from a local file/folder, else from a hub dataset."""
     path = Path(dataset).expanduser()
     if path.exists():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in (".txt", ".jsonl", ".json")) \
-            if path.is_dir() else [path]
+        files = (
+            sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in (".txt", ".jsonl", ".json"))
+            if path.is_dir()
+            else [path]
+        )
         texts: list[str] = []
         for file in files:
             for text in _texts_from_file(file):
@@ -286,8 +339,12 @@ def load_calibration_texts(dataset: str, size: int) -> list[str]:
                 if len(texts) == size:
                     return texts
         if not texts:
-            raise PlanError("option.calib_dataset", dataset, "holds no text samples",
-                            "Use a .txt file (one sample per line) or .jsonl with a \"text\" field")
+            raise PlanError(
+                "option.calib_dataset",
+                dataset,
+                "holds no text samples",
+                'Use a .txt file (one sample per line) or .jsonl with a "text" field',
+            )
         log.warning("calibration: %s holds %d samples, fewer than option.calib_size=%d", dataset, len(texts), size)
         return texts
     return _hub_texts(dataset, size)
@@ -297,8 +354,12 @@ def _hub_texts(name: str, size: int) -> list[str]:
     try:
         import datasets
     except ImportError:
-        raise PlanError("option.calib_dataset", name, "is not a local file and the `datasets` package is not installed",
-                        "Point option.calib_dataset at a local .txt/.jsonl file") from None
+        raise PlanError(
+            "option.calib_dataset",
+            name,
+            "is not a local file and the `datasets` package is not installed",
+            "Point option.calib_dataset at a local .txt/.jsonl file",
+        ) from None
     try:
         if name == DEFAULT_CALIB_DATASET:
             data = datasets.load_dataset("abisee/cnn_dailymail", "3.0.0", split="train")["article"]
@@ -307,8 +368,12 @@ def _hub_texts(name: str, size: int) -> list[str]:
             key = next((k for k in _TEXT_KEYS if k in split.column_names), split.column_names[0])
             data = split[key]
     except Exception as e:  # the hub, offline mode and dataset scripts fail in many ways
-        raise PlanError("option.calib_dataset", name, f"could not load the hub dataset ({e})",
-                        "Point option.calib_dataset at a local .txt/.jsonl file") from None
+        raise PlanError(
+            "option.calib_dataset",
+            name,
+            f"could not load the hub dataset ({e})",
+            "Point option.calib_dataset at a local .txt/.jsonl file",
+        ) from None
     return [t for t in data[:size] if t]
 
 
@@ -316,14 +381,19 @@ def _hub_texts(name: str, size: int) -> list[str]:
 # modelopt calibration + export
 # ---------------------------------------------------------------------------------------------
 
+
 def _kv_entry(cfg_list_format: bool, kv: str) -> Any:
     bits: Any = 8 if kv == "int8" else (4, 3)
-    return {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": bits, "axis": None}} if cfg_list_format \
+    return (
+        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": bits, "axis": None}}
+        if cfg_list_format
         else ("*[kv]_bmm_quantizer", {"num_bits": bits, "axis": None, "enable": True})
+    )
 
 
 def _set_block_size(quant_cfg: Any, block: int) -> None:
     """Set the weight quantizer's last-axis block size in either modelopt config format."""
+
     def patch(cfg: Any) -> None:
         for one in cfg if isinstance(cfg, list) else [cfg]:
             if isinstance(one, dict) and isinstance(one.get("block_sizes"), dict):
@@ -402,25 +472,29 @@ def fix_exported_config(ckpt_dir: Path, hf: dict[str, Any], quant: QuantPlan) ->
         (ckpt_dir / "quant_cfg.json").unlink(missing_ok=True)  # only read for MIXED_PRECISION
     got = (quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo"))
     if got != (quant.quant_algo, quant.kv_cache_quant_algo):
-        raise BuildError("quantize", f"modelopt exported quant_algo={got[0]}, kv_cache_quant_algo={got[1]}; the plan "
-                                     f"wants {quant.quant_algo}, {quant.kv_cache_quant_algo}")
+        raise BuildError(
+            "quantize",
+            f"modelopt exported quant_algo={got[0]}, kv_cache_quant_algo={got[1]}; the plan "
+            f"wants {quant.quant_algo}, {quant.kv_cache_quant_algo}",
+        )
     path.write_text(json.dumps(config, indent=2))
     return config
 
 
 def _batches(texts: list[str], batch_size: int) -> Iterator[list[str]]:
     for i in range(0, len(texts), batch_size):
-        yield texts[i:i + batch_size]
+        yield texts[i : i + batch_size]
 
 
-def calibrated_model(hf_dir: Path, quant: QuantPlan, *, dtype: str, trust_remote_code: bool,
-                     say: Callable[[str], None]) -> Any:
+def calibrated_model(
+    hf_dir: Path, quant: QuantPlan, *, dtype: str, trust_remote_code: bool, say: Callable[[str], None]
+) -> Any:
     """The HF model, calibrated and quantized in place by modelopt for a modelopt ``quant`` plan.
     Runs on CUDA when available, else on CPU (slow for real models; fine for tests)."""
     if quant.method != "modelopt" or quant.calibration is None:
         raise ValueError(f"calibration needs a modelopt plan, got method={quant.method}")
-    import torch
     import modelopt.torch.quantization as mtq
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..compat import dtype_kwargs
@@ -431,7 +505,9 @@ def calibrated_model(hf_dir: Path, quant: QuantPlan, *, dtype: str, trust_remote
     say(f"quantize: loading {hf_dir} on {device} for {quant.quant_algo} calibration")
     # On GPUs, accelerate spreads a model too big for one of them over all visible ones.
     model = AutoModelForCausalLM.from_pretrained(
-        hf_dir, **dtype_kwargs(torch_dtype if device == "cuda" else torch.float32), trust_remote_code=trust_remote_code,
+        hf_dir,
+        **dtype_kwargs(torch_dtype if device == "cuda" else torch.float32),
+        trust_remote_code=trust_remote_code,
         device_map="auto" if device == "cuda" else None,
     ).eval()
     tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
@@ -442,8 +518,9 @@ def calibrated_model(hf_dir: Path, quant: QuantPlan, *, dtype: str, trust_remote
 
     def forward_loop(m: Any) -> None:
         for n, batch in enumerate(_batches(texts, calib.batch_size), 1):
-            enc = tokenizer(batch, return_tensors="pt", padding=True, truncation=True,
-                            max_length=calib.max_seq_length).to(m.device)
+            enc = tokenizer(
+                batch, return_tensors="pt", padding=True, truncation=True, max_length=calib.max_seq_length
+            ).to(m.device)
             with torch.no_grad():
                 m(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
             say(f"quantize: calibration batch {n}/{total}")
@@ -453,9 +530,18 @@ def calibrated_model(hf_dir: Path, quant: QuantPlan, *, dtype: str, trust_remote
     return model
 
 
-def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict[str, Any], *, dtype: str,
-                         tp: int, pp: int, trust_remote_code: bool,
-                         progress: Callable[[str], None] | None = None) -> Path:
+def calibrate_and_export(
+    hf_dir: Path,
+    out_dir: Path,
+    quant: QuantPlan,
+    hf: dict[str, Any],
+    *,
+    dtype: str,
+    tp: int,
+    pp: int,
+    trust_remote_code: bool,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
     """Calibrate the HF model with modelopt and write a TensorRT-LLM checkpoint for ``tp``×``pp`` ranks.
 
     ``hf`` is the config the build converts with (overrides applied), used to fix the export.
@@ -467,7 +553,13 @@ def calibrate_and_export(hf_dir: Path, out_dir: Path, quant: QuantPlan, hf: dict
     model = calibrated_model(hf_dir, quant, dtype=dtype, trust_remote_code=trust_remote_code, say=say)
     torch_dtype = getattr(torch, dtype)
     say(f"quantize: exporting TensorRT-LLM checkpoint (tp={tp}, pp={pp}) to {out_dir}")
-    export_tensorrt_llm_checkpoint(model, decoder_type=quant.modelopt_decoder, dtype=torch_dtype,
-                                   export_dir=out_dir, inference_tensor_parallel=tp, inference_pipeline_parallel=pp)
+    export_tensorrt_llm_checkpoint(
+        model,
+        decoder_type=quant.modelopt_decoder,
+        dtype=torch_dtype,
+        export_dir=out_dir,
+        inference_tensor_parallel=tp,
+        inference_pipeline_parallel=pp,
+    )
     fix_exported_config(out_dir, hf, quant)
     return out_dir

@@ -78,8 +78,9 @@ def probe_trtllm() -> TrtllmFacts:
     return TrtllmFacts(str(getattr(tensorrt_llm, "__version__", "")), hasattr(executor, "Executor"))
 
 
-def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
-                   quantize: str | None = None) -> tuple[Backend, str]:
+def choose_backend(
+    backend: str, facts: TrtllmFacts, artifact: ArtifactKind, quantize: str | None = None
+) -> tuple[Backend, str]:
     """Pure: which TensorRT-LLM backend serves ``artifact`` and a sentence saying why; a combination the release
     cannot serve is a ``StartupError`` naming option.backend. Since 1.0 the LLM API's default backend is
     PyTorch (NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm.py, 1.0.0); after 1.2 the TensorRT-engine Executor is
@@ -91,29 +92,46 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
     pytorch_ok = facts.series >= (1, 0)
     engine_only = quantize is not None and QUANTIZE_NAMES.get(quantize) not in PYTORCH_QUANTIZATIONS
     if engine_only and (backend == "pytorch" or not facts.has_executor):
-        raise StartupError("option.quantize", quantize, "a TensorRT-engine format, and "
-                           + ("option.backend=pytorch" if backend == "pytorch" else f"TensorRT-LLM {v} has no "
-                              "TensorRT-engine Executor") + " loads modelopt's FP8, FP8 KV-cache and AWQ checkpoints only",
-                           "use fp8, fp8_kv or awq, serve a checkpoint quantized beforehand without option.quantize, "
-                           "or set option.backend=tensorrt on a 0.12-1.2 image")
+        raise StartupError(
+            "option.quantize",
+            quantize,
+            "a TensorRT-engine format, and "
+            + (
+                "option.backend=pytorch"
+                if backend == "pytorch"
+                else f"TensorRT-LLM {v} has no TensorRT-engine Executor"
+            )
+            + " loads modelopt's FP8, FP8 KV-cache and AWQ checkpoints only",
+            "use fp8, fp8_kv or awq, serve a checkpoint quantized beforehand without option.quantize, "
+            "or set option.backend=tensorrt on a 0.12-1.2 image",
+        )
     engine = artifact == "trtllm_engine"
     if backend == "pytorch":
         if not pytorch_ok:
-            raise StartupError("option.backend", backend, f"TensorRT-LLM {v} has no PyTorch LLM API (it starts at 1.0)",
-                               "set option.backend=tensorrt (or auto), or use a TensorRT-LLM 1.0+ image")
+            raise StartupError(
+                "option.backend",
+                backend,
+                f"TensorRT-LLM {v} has no PyTorch LLM API (it starts at 1.0)",
+                "set option.backend=tensorrt (or auto), or use a TensorRT-LLM 1.0+ image",
+            )
         if engine:
-            raise StartupError("option.backend", backend, "the model is a precompiled TensorRT engine folder, which "
-                               "only the tensorrt backend loads",
-                               "set option.backend=tensorrt (or auto), or point option.model_id at the Hugging Face "
-                               "checkpoint")
+            raise StartupError(
+                "option.backend",
+                backend,
+                "the model is a precompiled TensorRT engine folder, which only the tensorrt backend loads",
+                "set option.backend=tensorrt (or auto), or point option.model_id at the Hugging Face checkpoint",
+            )
         return "pytorch", "option.backend=pytorch"
     if backend == "tensorrt" or engine or not pytorch_ok or engine_only:
         if not facts.has_executor:
             what = "option.backend=tensorrt" if backend == "tensorrt" else "auto: a precompiled TensorRT engine folder"
-            raise StartupError("option.backend", backend, f"{what} needs the TensorRT-engine Executor, and TensorRT-LLM "
-                               f"{v} has none (removed after 1.2)",
-                               "serve the Hugging Face checkpoint with option.backend=pytorch (or auto), or use a "
-                               "TensorRT-LLM 0.12-1.2 image")
+            raise StartupError(
+                "option.backend",
+                backend,
+                f"{what} needs the TensorRT-engine Executor, and TensorRT-LLM {v} has none (removed after 1.2)",
+                "serve the Hugging Face checkpoint with option.backend=pytorch (or auto), or use a "
+                "TensorRT-LLM 0.12-1.2 image",
+            )
         if backend == "tensorrt":
             return "tensorrt", "option.backend=tensorrt"
         if engine:
@@ -122,9 +140,22 @@ def choose_backend(backend: str, facts: TrtllmFacts, artifact: ArtifactKind,
             return "tensorrt", f"auto: TensorRT-LLM {v} has no PyTorch LLM API (1.0+)"
         return "tensorrt", f"auto: option.quantize={quantize} is a TensorRT-engine format"
     if not facts.has_executor:
-        return "pytorch", f"auto: TensorRT-LLM {v} has no TensorRT-engine Executor; the PyTorch LLM API is its only path"
+        return (
+            "pytorch",
+            f"auto: TensorRT-LLM {v} has no TensorRT-engine Executor; the PyTorch LLM API is its only path",
+        )
     return "pytorch", f"auto: a Hugging Face checkpoint on TensorRT-LLM {v}, whose default backend is PyTorch"
 
 
-__all__ = ["ArtifactKind", "Backend", "Engine", "EngineKind", "HostFacts", "TrtllmFacts", "choose_backend",
-           "choose_engine", "probe_host", "probe_trtllm"]
+__all__ = [
+    "ArtifactKind",
+    "Backend",
+    "Engine",
+    "EngineKind",
+    "HostFacts",
+    "TrtllmFacts",
+    "choose_backend",
+    "choose_engine",
+    "probe_host",
+    "probe_trtllm",
+]

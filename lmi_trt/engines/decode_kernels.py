@@ -36,10 +36,25 @@ def available(device: torch.device, head_dim: int) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lengths_ptr, scale,
-                                 stride_qb, stride_qh, stride_kb, stride_kh, stride_ks, stride_ob, stride_oh,
-                                 GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 HEAD_DIM: tl.constexpr):
+    def _decode_attention_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        out_ptr,
+        lengths_ptr,
+        scale,
+        stride_qb,
+        stride_qh,
+        stride_kb,
+        stride_kh,
+        stride_ks,
+        stride_ob,
+        stride_oh,
+        GROUP: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
         slot = tl.program_id(0)
         kv_head = tl.program_id(1)
         length = tl.load(lengths_ptr + slot)
@@ -67,14 +82,31 @@ if triton is not None:
             acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
             best = new_best
         out = acc / total[:, None]
-        tl.store(out_ptr + slot * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=in_group)
-
+        tl.store(
+            out_ptr + slot * stride_ob + heads[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=in_group,
+        )
 
     @triton.jit
-    def _rotary_into_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, rows_ptr, q_ptr, k_ptr, v_ptr,
-                                  stride_t, stride_qt, stride_cb, stride_ch, stride_cs,
-                                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    def _rotary_into_cache_kernel(
+        qkv_ptr,
+        cos_ptr,
+        sin_ptr,
+        positions_ptr,
+        rows_ptr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        stride_t,
+        stride_qt,
+        stride_cb,
+        stride_ch,
+        stride_cs,
+        HEADS: tl.constexpr,
+        KV_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
         token = tl.program_id(0)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         position = tl.load(positions_ptr + token)
@@ -107,8 +139,16 @@ if triton is not None:
         tl.store(out_ptr + token * stride_out + i, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def rotary_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                      rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> torch.Tensor:
+def rotary_into_cache(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
     """``qkv`` [T, (heads + 2 kv_heads) · D] (rows contiguous); ``cos``/``sin`` [S, D] tables (``sin``
     with its first half negated); token t goes to cache slot ``rows[t]`` at ``positions[t]`` (caches
     [slots, kv_heads, S, D] contiguous, alike). Returns the rotated queries [T, heads, D]."""
@@ -116,8 +156,23 @@ def rotary_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p
     kv_heads, head_dim = k_cache.size(1), k_cache.size(3)
     q = torch.empty((tokens, heads, head_dim), device=qkv.device, dtype=qkv.dtype)
     _rotary_into_cache_kernel[(tokens, heads + 2 * kv_heads)](
-        qkv, cos, sin, positions, rows, q, k_cache, v_cache, qkv.stride(0), q.stride(0), k_cache.stride(0),
-        k_cache.stride(1), k_cache.stride(2), HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim)
+        qkv,
+        cos,
+        sin,
+        positions,
+        rows,
+        q,
+        k_cache,
+        v_cache,
+        qkv.stride(0),
+        q.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        HEADS=heads,
+        KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim,
+    )
     return q
 
 
@@ -126,12 +181,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     tokens, width = gate_up.size(0), gate_up.size(1) // 2
     out = torch.empty((tokens, width), device=gate_up.device, dtype=gate_up.dtype)
     _silu_mul_kernel[(tokens, triton.cdiv(width, _SILU_BLOCK))](
-        gate_up, out, width, gate_up.stride(0), out.stride(0), BLOCK=_SILU_BLOCK)
+        gate_up, out, width, gate_up.stride(0), out.stride(0), BLOCK=_SILU_BLOCK
+    )
     return out
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
     """``q`` [B, heads, D] (last dim contiguous), caches [≥B, kv_heads, S, D] contiguous, ``lengths``
     [B] (≥ 1, ≤ S): softmax(q kᵀ · scale) v over each slot's first ``length`` positions → [B, heads, D].
     The value cache must have the key cache's strides."""
@@ -140,8 +197,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = heads // kv_heads
     out = torch.empty((b, heads, head_dim), device=q.device, dtype=q.dtype)
     _decode_attention_kernel[(b, kv_heads)](
-        q, k_cache, v_cache, out, lengths, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
-        out.stride(1), GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        HEAD_DIM=head_dim)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        lengths,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=_BLOCK_N,
+        HEAD_DIM=head_dim,
+    )
     return out

@@ -64,8 +64,11 @@ def choose_decode_loop(requested: str, batching: str, model: torch.nn.Module, ma
     if problem is None:
         return True, f"{type(model).__name__} is Llama-shaped (option.torch_decode_loop={requested})"
     if requested == "builtin":
-        raise EngineError(f"option.torch_decode_loop=builtin cannot serve this model: {problem}; "
-                          "set option.torch_decode_loop=auto or transformers", code=400)
+        raise EngineError(
+            f"option.torch_decode_loop=builtin cannot serve this model: {problem}; "
+            "set option.torch_decode_loop=auto or transformers",
+            code=400,
+        )
     return False, f"the built-in decode loop cannot serve it: {problem}"
 
 
@@ -78,7 +81,9 @@ def plan_slots(max_batch_size: int, bytes_per_slot: int, free_bytes: int | None,
         raise EngineError(
             f"the KV cache of one sequence needs {bytes_per_slot / 2**20:.0f} MiB and only "
             f"{free_bytes / 2**20:.0f} MiB of device memory is free: lower option.max_input_len + "
-            "option.max_output_len, or set option.torch_decode_loop=transformers", code=400)
+            "option.max_output_len, or set option.torch_decode_loop=transformers",
+            code=400,
+        )
     return min(max_batch_size, fits)
 
 
@@ -106,8 +111,11 @@ class _Row:
 
     def __post_init__(self) -> None:
         # The mode once min_new_tokens is behind it; computed once, read every step.
-        self.settled = row_mode(self.slot.sampling, self.slot.sampling.min_new_tokens,
-                                bool(self.single_bad or self.multi_bad or self.slot.matcher is not None))
+        self.settled = row_mode(
+            self.slot.sampling,
+            self.slot.sampling.min_new_tokens,
+            bool(self.single_bad or self.multi_bad or self.slot.matcher is not None),
+        )
 
     def mode(self) -> Mode:
         if self.launched >= self.slot.sampling.min_new_tokens:
@@ -154,9 +162,13 @@ class DecodeLoopBackend(QueuedBackend):
         workspace = self._budget * (6 * config.hidden_size + 3 * config.intermediate_size) * 2 * 2
         self.slots = plan_slots(engine.max_batch_size, per_slot + 16 * vocab, free, workspace)
         if self.slots < engine.max_batch_size:
-            log.warning("built-in decode loop: device memory holds %d of option.max_rolling_batch_size=%d sequences "
-                        "of %d positions; the rest wait for a free slot", self.slots, engine.max_batch_size,
-                        self._max_seq)
+            log.warning(
+                "built-in decode loop: device memory holds %d of option.max_rolling_batch_size=%d sequences "
+                "of %d positions; the rest wait for a free slot",
+                self.slots,
+                engine.max_batch_size,
+                self._max_seq,
+            )
         self._decoder = LlamaDecoder(model, slots=self.slots, max_seq_len=self._max_seq)
         self._state = SamplerState(self.slots, vocab, self._device, engine.eos_token_ids)
         self._pad = engine.pad_token_id or 0
@@ -175,10 +187,14 @@ class DecodeLoopBackend(QueuedBackend):
         self._free = list(range(self.slots))
         self._rows: list[_Row] = []  # admission order
         self._inflight: list[_Launch] = []
-        log.info("built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s, %s",
-                 self.slots, self._max_seq, self._budget,
-                 f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)",
-                 "Triton kernels" if self._decoder.fused_kernels else "torch operations only")
+        log.info(
+            "built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s, %s",
+            self.slots,
+            self._max_seq,
+            self._budget,
+            f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)",
+            "Triton kernels" if self._decoder.fused_kernels else "torch operations only",
+        )
         self._start("torch-engine-decode-loop")
 
     # -- the device steps ------------------------------------------------------------------------
@@ -190,8 +206,9 @@ class DecodeLoopBackend(QueuedBackend):
         positions, generated = self._step[0, :size], self._step[1, :size]
         valid = positions < self._decoder.scratch
         logits = self._decoder.decode(self._next[:size], positions)
-        tokens, logprobs, status = sample(logits, self._state.rows(slice(0, size)), generated, self._state.eos, mode,
-                                          bias)
+        tokens, logprobs, status = sample(
+            logits, self._state.rows(slice(0, size)), generated, self._state.eos, mode, bias
+        )
         self._record(torch.arange(size, device=self._device), tokens, valid)
         self._out[:3, :size] = torch.stack((tokens.float(), logprobs, status.float()))
         if top:
@@ -216,8 +233,9 @@ class DecodeLoopBackend(QueuedBackend):
                             self._decode_step(size, mode)
                     except RuntimeError:
                         # Such steps then run eagerly: slower, still correct.
-                        log.warning("built-in decode loop: %s steps cannot be captured as CUDA graphs", mode.name,
-                                    exc_info=True)
+                        log.warning(
+                            "built-in decode loop: %s steps cannot be captured as CUDA graphs", mode.name, exc_info=True
+                        )
                         torch.cuda.synchronize()
                         break
                     pool = graph.pool()
@@ -281,8 +299,9 @@ class DecodeLoopBackend(QueuedBackend):
         self._step_bans(ending, True)
         generated = torch.zeros(len(ending), dtype=torch.long, device=self._device)
         mode = max(row.mode() for row in ending)
-        tokens_out, logprobs, status = sample(logits, self._state.rows(slots), generated, self._state.eos, mode,
-                                              self._bias(ending))
+        tokens_out, logprobs, status = sample(
+            logits, self._state.rows(slots), generated, self._state.eos, mode, self._bias(ending)
+        )
         self._record(slots, tokens_out, torch.ones_like(slots, dtype=torch.bool))
         self._step_bans(ending, False)
         for row in ending:
@@ -366,8 +385,7 @@ class DecodeLoopBackend(QueuedBackend):
         return [result]
 
     def _decodable(self) -> list[_Row]:
-        return [r for r in self._rows
-                if not r.done and 0 < r.launched < r.slot.sampling.max_new_tokens]
+        return [r for r in self._rows if not r.done and 0 < r.launched < r.slot.sampling.max_new_tokens]
 
     def _reap(self) -> None:
         keep = []
@@ -388,15 +406,26 @@ class DecodeLoopBackend(QueuedBackend):
                     continue
                 slot.scheduled()
                 bad = slot.request.bad_words_ids
-                admitted.append(_Row(slot, self._free.pop(), list(slot.request.prompt_token_ids),
-                                     single_bad=[w[0] for w in bad if len(w) == 1],
-                                     multi_bad=[list(w) for w in bad if len(w) > 1]))
+                admitted.append(
+                    _Row(
+                        slot,
+                        self._free.pop(),
+                        list(slot.request.prompt_token_ids),
+                        single_bad=[w[0] for w in bad if len(w) == 1],
+                        multi_bad=[list(w) for w in bad if len(w) > 1],
+                    )
+                )
         if not admitted:
             return
         seeds = [r.slot.sampling.seed if r.slot.sampling.seed is not None else secrets.randbits(63) for r in admitted]
-        self._state.admit([r.index for r in admitted], [r.slot.sampling for r in admitted], seeds,
-                          [bool(r.slot.eos_ids) for r in admitted], [r.prompt for r in admitted],
-                          [r.single_bad for r in admitted])
+        self._state.admit(
+            [r.index for r in admitted],
+            [r.slot.sampling for r in admitted],
+            seeds,
+            [bool(r.slot.eos_ids) for r in admitted],
+            [r.prompt for r in admitted],
+            [r.single_bad for r in admitted],
+        )
         self._rows += admitted
 
     def _plan_prefill(self) -> _Plan:
@@ -441,11 +470,20 @@ class DecodeLoopBackend(QueuedBackend):
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             k = slot.sampling.top_logprobs
-            alternatives = ([[(int(top[j][column]), top[MAX_TOP_LOGPROBS + j][column]) for j in range(k)]]
-                            if k else None)
-            items.append((slot, EngineOutput(slot.request.request_id, [token],
-                                             [logprobs[column]] if slot.sampling.logprobs else None, alternatives,
-                                             finished=slot.finished, finish_reason=reason,
-                                             queue_time_s=slot.take_queue_time())))
+            alternatives = [[(int(top[j][column]), top[MAX_TOP_LOGPROBS + j][column]) for j in range(k)]] if k else None
+            items.append(
+                (
+                    slot,
+                    EngineOutput(
+                        slot.request.request_id,
+                        [token],
+                        [logprobs[column]] if slot.sampling.logprobs else None,
+                        alternatives,
+                        finished=slot.finished,
+                        finish_reason=reason,
+                        queue_time_s=slot.take_queue_time(),
+                    ),
+                )
+            )
         self._engine._sampled_rows += len(items)  # only this thread writes it
         self._engine._deliver(items)

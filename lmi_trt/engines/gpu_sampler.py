@@ -45,8 +45,13 @@ class Mode(enum.IntEnum):
 def row_mode(params: SamplingParams, generated: int, has_bad_words: bool) -> Mode:
     if params.do_sample:
         return Mode.SAMPLED
-    if (params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
-            or has_bad_words or generated < params.min_new_tokens):
+    if (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty
+        or params.frequency_penalty
+        or has_bad_words
+        or generated < params.min_new_tokens
+    ):
         return Mode.PROCESSED
     return Mode.GREEDY
 
@@ -82,10 +87,19 @@ class SamplerState(Rows):
             return torch.zeros(slots, vocab, dtype=dtype, device=device)
 
         super().__init__(
-            temperature=vec(torch.float32, 1.0), top_k=vec(torch.long), top_p=vec(torch.float32, 1.0),
-            repetition=vec(torch.float32, 1.0), presence=vec(torch.float32), frequency=vec(torch.float32),
-            do_sample=vec(torch.bool), min_new=vec(torch.long), eos_applies=vec(torch.bool), seed=vec(torch.long),
-            counts=table(torch.float32), prompt_seen=table(torch.bool), banned=table(torch.bool),
+            temperature=vec(torch.float32, 1.0),
+            top_k=vec(torch.long),
+            top_p=vec(torch.float32, 1.0),
+            repetition=vec(torch.float32, 1.0),
+            presence=vec(torch.float32),
+            frequency=vec(torch.float32),
+            do_sample=vec(torch.bool),
+            min_new=vec(torch.long),
+            eos_applies=vec(torch.bool),
+            seed=vec(torch.long),
+            counts=table(torch.float32),
+            prompt_seen=table(torch.bool),
+            banned=table(torch.bool),
             banned_now=table(torch.bool),
         )
         self.device = device
@@ -101,16 +115,41 @@ class SamplerState(Rows):
     def rows(self, index: slice | torch.Tensor) -> Rows:
         return Rows(**{f.name: getattr(self, f.name)[index] for f in fields(Rows)})
 
-    def admit(self, slots: Sequence[int], params: Sequence[SamplingParams], seeds: Sequence[int],
-              eos_applies: Sequence[bool], prompts: Sequence[Sequence[int]],
-              single_bans: Sequence[Sequence[int]]) -> None:
+    def admit(
+        self,
+        slots: Sequence[int],
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        eos_applies: Sequence[bool],
+        prompts: Sequence[Sequence[int]],
+        single_bans: Sequence[Sequence[int]],
+    ) -> None:
         """Reset the state of ``slots`` for new requests (a handful of batched device writes)."""
         index = self._put(torch.tensor(slots))
-        floats = self._put(torch.tensor([[p.temperature if p.do_sample else 1.0, p.top_p, p.repetition_penalty,
-                                          p.presence_penalty, p.frequency_penalty] for p in params],
-                                        dtype=torch.float32))
-        ints = self._put(torch.tensor([[p.top_k, p.min_new_tokens, seed, p.do_sample, eos]
-                                       for p, seed, eos in zip(params, seeds, eos_applies)], dtype=torch.long))
+        floats = self._put(
+            torch.tensor(
+                [
+                    [
+                        p.temperature if p.do_sample else 1.0,
+                        p.top_p,
+                        p.repetition_penalty,
+                        p.presence_penalty,
+                        p.frequency_penalty,
+                    ]
+                    for p in params
+                ],
+                dtype=torch.float32,
+            )
+        )
+        ints = self._put(
+            torch.tensor(
+                [
+                    [p.top_k, p.min_new_tokens, seed, p.do_sample, eos]
+                    for p, seed, eos in zip(params, seeds, eos_applies)
+                ],
+                dtype=torch.long,
+            )
+        )
         for column, name in enumerate(("temperature", "top_p", "repetition", "presence", "frequency")):
             getattr(self, name)[index] = floats[:, column]
         for column, name in enumerate(("top_k", "min_new", "seed", "do_sample", "eos_applies")):
@@ -182,8 +221,14 @@ def top_logprobs(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat((ids.float(), values - logits.logsumexp(-1, keepdim=True)), dim=1).T
 
 
-def sample(logits: torch.Tensor, rows: Rows, generated: torch.Tensor, eos: torch.Tensor,
-           mode: Mode, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor,
+    rows: Rows,
+    generated: torch.Tensor,
+    eos: torch.Tensor,
+    mode: Mode,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row of fp32 ``logits``: (tokens i64, raw log-probabilities f32, status i64).
 
     Status 0 is fine, 1 means NaN/+inf logits, 2 means every token is banned; the token of a row

@@ -57,8 +57,9 @@ class Grammars:
         if self._compiler is None:
             from transformers import AutoTokenizer
 
-            info = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(self._path),
-                                                      vocab_size=self._vocab, stop_token_ids=self._stop or None)
+            info = xgr.TokenizerInfo.from_huggingface(
+                AutoTokenizer.from_pretrained(self._path), vocab_size=self._vocab, stop_token_ids=self._stop or None
+            )
             self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         try:
             # JSON without free whitespace: a model cannot pad its answer with spaces until
@@ -71,8 +72,9 @@ class Grammars:
                 return self._compiler.compile_regex(value)
             return self._compiler.compile_grammar(value)
         except (RuntimeError, ValueError) as exc:
-            raise EngineError(f"the {kind.replace('_', ' ')} cannot be compiled for constrained decoding: {exc}",
-                              code=400) from exc
+            raise EngineError(
+                f"the {kind.replace('_', ' ')} cannot be compiled for constrained decoding: {exc}", code=400
+            ) from exc
 
 
 def json_schema_of(kind: str, value: str) -> str:
@@ -90,8 +92,9 @@ def compact_json_grammar(schema: str) -> str:
     try:
         import xgrammar as xgr
     except ImportError as exc:
-        raise EngineError("constrained decoding needs xgrammar (TensorRT-LLM's own dependency), which this Python "
-                          "lacks", code=400) from exc
+        raise EngineError(
+            "constrained decoding needs xgrammar (TensorRT-LLM's own dependency), which this Python lacks", code=400
+        ) from exc
     try:
         json.loads(schema)
         return str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
@@ -133,8 +136,11 @@ class GuideVocab:
     def of(cls, tokenizer: Any, stop_token_ids: Sequence[int]) -> GuideVocab:
         vocab = tokenizer.get_vocab()
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        return cls([token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],
-                   backend.to_str() if backend is not None else None, list(stop_token_ids))
+        return cls(
+            [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],
+            backend.to_str() if backend is not None else None,
+            list(stop_token_ids),
+        )
 
 
 def allowed_tokens(matchers: Sequence[Any], vocab: int) -> torch.Tensor:

@@ -111,7 +111,7 @@ class LlamaDecoder:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
         self.group = self.heads // self.kv_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.eps = config.rms_norm_eps
         self.vocab = model.lm_head.out_features
         self.slots = slots
@@ -127,13 +127,22 @@ class LlamaDecoder:
             qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-            self.layers.append(_Layer(
-                in_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                qkv=qkv, qkv_bias=qkv_bias, o=attn.o_proj.weight, o_bias=attn.o_proj.bias,
-                gate_up=gate_up, gate_up_bias=gate_up_bias, down=mlp.down_proj.weight, down_bias=mlp.down_proj.bias,
-                q_norm=q_norm.weight if q_norm is not None else None,
-                k_norm=k_norm.weight if k_norm is not None else None,
-            ))
+            self.layers.append(
+                _Layer(
+                    in_norm=layer.input_layernorm.weight,
+                    post_norm=layer.post_attention_layernorm.weight,
+                    qkv=qkv,
+                    qkv_bias=qkv_bias,
+                    o=attn.o_proj.weight,
+                    o_bias=attn.o_proj.bias,
+                    gate_up=gate_up,
+                    gate_up_bias=gate_up_bias,
+                    down=mlp.down_proj.weight,
+                    down_bias=mlp.down_proj.bias,
+                    q_norm=q_norm.weight if q_norm is not None else None,
+                    k_norm=k_norm.weight if k_norm is not None else None,
+                )
+            )
         # Cache rows of max_seq_len + 1 positions (the last is scratch), rounded up so that each
         # row starts 16-element aligned: an odd row length sends cuBLAS to slow unaligned kernels.
         length = -(-(max_seq_len + 1) // 16) * 16
@@ -177,13 +186,15 @@ class LlamaDecoder:
         swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
         return torch.addcmul(x * cos, swapped, sin)
 
-    def _queries(self, layer: _Layer, index: int, x: torch.Tensor, positions: torch.Tensor,
-                 rows: torch.Tensor) -> torch.Tensor:
+    def _queries(
+        self, layer: _Layer, index: int, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
         """Project and rotate; k and v go into the cache at (``rows``, ``positions``); q [T, heads, D]."""
         if self.fused_kernels and layer.q_norm is None:
             qkv = F.linear(self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias)
-            return decode_kernels.rotary_into_cache(qkv, self.cos, self.sin, positions, rows, self.k_cache[index],
-                                                    self.v_cache[index], self.heads)
+            return decode_kernels.rotary_into_cache(
+                qkv, self.cos, self.sin, positions, rows, self.k_cache[index], self.v_cache[index], self.heads
+            )
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         q, k, v = self._qkv(layer, x, cos, sin)
         self.k_cache[index][rows, :, positions] = k
@@ -201,11 +212,12 @@ class LlamaDecoder:
             q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
             return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
         qk = self._rotate(qkv[:, :k_end].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
-        return qk[:, :self.heads], qk[:, self.heads:], v
+        return qk[:, : self.heads], qk[:, self.heads :], v
 
     @staticmethod
-    def _add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor:
+    def _add_linear(
+        residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """``residual + x @ weight.T (+ bias)``; without a bias the add rides on the matmul (addmm)."""
         if bias is None:
             return torch.addmm(residual, x, weight.t())
@@ -249,15 +261,20 @@ class LlamaDecoder:
                 attn = decode_kernels.decode_attention(q, k_cache, v_cache, lengths, self.scale)
             else:
                 n, s = b * self.kv_heads, k_cache.size(2)
-                scores = torch.baddbmm(bias, q.reshape(n, self.group, self.head_dim),
-                                       k_cache.view(n, s, self.head_dim).transpose(1, 2), alpha=self.scale)
+                scores = torch.baddbmm(
+                    bias,
+                    q.reshape(n, self.group, self.head_dim),
+                    k_cache.view(n, s, self.head_dim).transpose(1, 2),
+                    alpha=self.scale,
+                )
                 probs = scores.softmax(-1)  # accumulates in fp32 whatever the input dtype
                 attn = torch.bmm(probs, v_cache.view(n, s, self.head_dim))  # [(B, kv head), group, D]
             x = self._mlp_residual(layer, x, attn.reshape(b, self.heads * self.head_dim))
         return self._logits(x)
 
-    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, keys: int,
-                last: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, keys: int, last: torch.Tensor
+    ) -> torch.Tensor:
         """Prompts: ``tokens``/``positions`` ``[n, L]`` (padding at position ``scratch``), one cache
         slot per prompt in ``rows`` ``[n]``, ``keys`` = 1 + the largest real position. Returns fp32
         logits ``[len(last), vocab]`` at the flat token indices ``last`` (each prompt's last token)."""

@@ -61,6 +61,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     EngineError,
@@ -71,7 +72,6 @@ from lmi_trt.engines.base import (
     GenerationRequest,
     error_output,
 )
-from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
@@ -109,7 +109,9 @@ def llm_api_series(version: str) -> tuple[int, int]:
     """Pure: the (major, minor) of a TensorRT-LLM version whose LLM API is the PyTorch one, or a refusal."""
     m = re.match(r"^(\d+)\.(\d+)", version or "")
     if not m:
-        raise TrtllmUnavailable(f"cannot read the TensorRT-LLM version {version!r}; the pytorch backend needs 1.0 or later")
+        raise TrtllmUnavailable(
+            f"cannot read the TensorRT-LLM version {version!r}; the pytorch backend needs 1.0 or later"
+        )
     series = (int(m.group(1)), int(m.group(2)))
     if series < FIRST_SERIES:
         raise TrtllmUnavailable(
@@ -263,7 +265,7 @@ class RequestPlan:
     """``SamplingParams`` keywords, and what reading the result needs."""
 
     sampling: dict[str, Any]
-    end_id: int            # -1: never (ignore_eos)
+    end_id: int  # -1: never (ignore_eos)
     extra_eos: frozenset[int]
     guide: dict[str, Any] | None = None  # GuidedDecodingParams keywords (tensorrt_llm/sampling_params.py)
     bias: dict[int, float] = dataclasses.field(default_factory=dict)  # logit_bias → SamplingParams.embedding_bias
@@ -305,8 +307,9 @@ def plan_request(
     The checks, the DJL sampling rules and the stop words (extra EOS ids included) are the Executor path's
     (``map_request``); here they are spelled the LLM API's way. A stop sequence the LLM cannot match is left
     to the serving layer's text match; a banned sequence it cannot match is refused."""
-    spec = map_request(req, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_beam_width=max_beam_width,
-                       seed=seed)
+    spec = map_request(
+        req, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed
+    )
     p = req.sampling
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")
@@ -336,8 +339,13 @@ def plan_request(
         prompt_logprobs=1 if p.prompt_logprobs else None,
         detokenize=False,  # the serving layer detokenizes incrementally
     )
-    return RequestPlan(sampling, spec.request["end_id"], frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]),
-                       dict([spec.guide]) if spec.guide is not None else None, spec.bias)
+    return RequestPlan(
+        sampling,
+        spec.request["end_id"],
+        frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]),
+        dict([spec.guide]) if spec.guide is not None else None,
+        spec.bias,
+    )
 
 
 def token_logprobs(tokens: Sequence[int], entries: Sequence[Any]) -> list[float]:
@@ -451,14 +459,20 @@ class LlmApiEngine:
         llmapi, version = probe_llm_api(self._gpu_available)
         log.info(
             "loading %s with TensorRT-LLM %s (pytorch backend): tp=%d pp=%d, dtype %s, batch %d, max_seq_len %s",
-            self._model_dir, version, self._plan.keywords["tensor_parallel_size"],
-            self._plan.keywords["pipeline_parallel_size"], self._plan.keywords["dtype"], self._limits.max_batch_size,
+            self._model_dir,
+            version,
+            self._plan.keywords["tensor_parallel_size"],
+            self._plan.keywords["pipeline_parallel_size"],
+            self._plan.keywords["dtype"],
+            self._limits.max_batch_size,
             self._limits.max_seq_len or "from the model",
         )
         try:
             self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, self._plan)
         except ValueError as exc:  # pydantic's ValidationError is one too
-            raise TrtllmConfigError(f"TensorRT-LLM {version} refused the settings for {self._model_dir}: {exc}") from exc
+            raise TrtllmConfigError(
+                f"TensorRT-LLM {version} refused the settings for {self._model_dir}: {exc}"
+            ) from exc
         except RuntimeError as exc:
             out_of_memory = "out of memory" in str(exc).lower()
             raise EngineError(
@@ -468,11 +482,15 @@ class LlmApiEngine:
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
         self._limits = release_limits(self._limits, llm_api_series(version), self._vocab_size)
-        log.info("TensorRT-LLM %s (pytorch backend) reports %s alternatives per token; prompt log-probs %s; "
-                 "logit_bias %s", version, self._limits.max_top_logprobs or "no",
-                 "on" if self._limits.supports_prompt_logprobs else "off (TensorRT-LLM 1.3+)",
-                 "on" if self._limits.supports_logit_bias else
-                 ("off (TensorRT-LLM 1.1+)" if self._vocab_size else "off (config.json has no vocab_size)"))
+        log.info(
+            "TensorRT-LLM %s (pytorch backend) reports %s alternatives per token; prompt log-probs %s; logit_bias %s",
+            version,
+            self._limits.max_top_logprobs or "no",
+            "on" if self._limits.supports_prompt_logprobs else "off (TensorRT-LLM 1.3+)",
+            "on"
+            if self._limits.supports_logit_bias
+            else ("off (TensorRT-LLM 1.1+)" if self._vocab_size else "off (config.json has no vocab_size)"),
+        )
         tokenizer = self._llm.tokenizer
         self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
         self._closing = asyncio.get_running_loop().create_future()
@@ -567,9 +585,15 @@ class LlmApiEngine:
             return error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
         except RuntimeError as exc:
             return error_output(rid, f"TensorRT-LLM could not take the request: {exc}", 503)
-        entry = _Request(rid, result, plan, request.sampling.max_new_tokens, request.sampling.logprobs,
-                         request.sampling.top_logprobs,
-                         request.prompt_token_ids if request.sampling.prompt_logprobs else None)
+        entry = _Request(
+            rid,
+            result,
+            plan,
+            request.sampling.max_new_tokens,
+            request.sampling.logprobs,
+            request.sampling.top_logprobs,
+            request.prompt_token_ids if request.sampling.prompt_logprobs else None,
+        )
         self._requests[rid] = entry
         self._total_requests += 1
         return entry
@@ -577,8 +601,11 @@ class LlmApiEngine:
     def _to_output(self, entry: _Request, completion: Any, *, finished: bool) -> EngineOutput:
         tokens = list(completion.token_ids_diff)
         logprobs = token_logprobs(tokens, completion.logprobs_diff) if entry.logprobs else None
-        top = ([top_entries(e, entry.top_logprobs) for e in completion.logprobs_diff[: len(tokens)]]
-               if entry.top_logprobs else None)
+        top = (
+            [top_entries(e, entry.top_logprobs) for e in completion.logprobs_diff[: len(tokens)]]
+            if entry.top_logprobs
+            else None
+        )
         prompt = None
         if entry.prompt is not None and completion.prompt_logprobs:  # on the first step, kept on the later ones
             prompt, entry.prompt = prompt_token_logprobs(entry.prompt, completion.prompt_logprobs), None
@@ -600,8 +627,9 @@ class LlmApiEngine:
             logprobs = logprobs[: len(tokens)]
         if top is not None:
             top = top[: len(tokens)]
-        return EngineOutput(entry.request_id, tokens, logprobs, top, prompt_logprobs=prompt, finished=True,
-                            finish_reason=reason)
+        return EngineOutput(
+            entry.request_id, tokens, logprobs, top, prompt_logprobs=prompt, finished=True, finish_reason=reason
+        )
 
     async def cancel(self, request_id: str) -> None:
         entry = self._requests.get(request_id)
@@ -634,8 +662,11 @@ class LlmApiEngine:
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 — stats must never take serving down
-                log.log(logging.DEBUG if failed_before else logging.WARNING,
-                        "reading TensorRT-LLM iteration stats failed", exc_info=True)
+                log.log(
+                    logging.DEBUG if failed_before else logging.WARNING,
+                    "reading TensorRT-LLM iteration stats failed",
+                    exc_info=True,
+                )
                 failed_before = True
             await asyncio.sleep(STATS_PAUSE_S)
 

@@ -76,11 +76,11 @@ class SyntheticSettings(BaseModel):
 @dataclass(frozen=True)
 class EngineEntry:
     name: str
-    default_batch: int      # option.max_rolling_batch_size when unset
+    default_batch: int  # option.max_rolling_batch_size when unset
     launch: LaunchRule
-    compiles: bool          # a Hugging Face checkpoint is compiled (lmi_trt.compile) before it is served
+    compiles: bool  # a Hugging Face checkpoint is compiled (lmi_trt.compile) before it is served
     needs_trtllm_gpu: bool  # runs only where tensorrt_llm imports and a GPU is visible (auto picks it there)
-    uses_model: bool        # serves the model's weights (the synthetic engine only needs its tokenizer)
+    uses_model: bool  # serves the model's weights (the synthetic engine only needs its tokenizer)
     settings: Callable[[LmiConfig], BaseModel]
     factory: Callable[..., Engine]  # (settings, artifact, tokenizer, eos ids, placement) → Engine, not started
 
@@ -121,8 +121,16 @@ def _compile_options(config: LmiConfig, names: Iterable[str]) -> CompileOptions:
 
 
 # The options the PyTorch backend's quantization stage reads (lmi_trt.compile.hf_quant).
-QUANTIZE_OPTIONS = ("quantize", "q_format", "awq_block_size", "calib_dataset", "calib_size", "calib_batch_size",
-                    "calib_max_seq_length", "trust_remote_code")
+QUANTIZE_OPTIONS = (
+    "quantize",
+    "q_format",
+    "awq_block_size",
+    "calib_dataset",
+    "calib_size",
+    "calib_batch_size",
+    "calib_max_seq_length",
+    "trust_remote_code",
+)
 
 
 def quantizes(kind: str, config: LmiConfig) -> bool:
@@ -145,7 +153,6 @@ def quantize_job(config: LmiConfig) -> QuantizeJob:
 
 def compile_job(config: LmiConfig) -> CompileJob:
     """The compile stage's input: the planner's options and how the build runs and is cached."""
-    from lmi_trt.compile.hf_quant import QuantizeJob
     from lmi_trt.compile.jit import CompileJob
 
     return CompileJob(
@@ -234,15 +241,17 @@ def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
 # Factories: settings + the loaded artifact and tokenizer → an engine (not started).
 
 
-def _build_synthetic(settings: SyntheticSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
-                     placement: Placement | None) -> Engine:
+def _build_synthetic(
+    settings: SyntheticSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
+) -> Engine:
     from lmi_trt.engines.synthetic import SyntheticEngine
 
     return SyntheticEngine(len(tokenizer), **settings.model_dump(), special_token_ids=tuple(tokenizer.all_special_ids))
 
 
-def _build_torch(settings: TorchSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
-                 placement: Placement | None) -> Engine:
+def _build_torch(
+    settings: TorchSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
+) -> Engine:
     if artifact.kind != "hf_checkpoint":
         raise EngineError(
             f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}, which only the "
@@ -257,8 +266,13 @@ def _build_torch(settings: TorchSettings, artifact: ModelArtifact, tokenizer: An
     return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
 
-def _build_trtllm(settings: TrtllmSettings | LlmApiSettings, artifact: ModelArtifact, tokenizer: Any,
-                  eos: list[int], placement: Placement | None) -> Engine:
+def _build_trtllm(
+    settings: TrtllmSettings | LlmApiSettings,
+    artifact: ModelArtifact,
+    tokenizer: Any,
+    eos: list[int],
+    placement: Placement | None,
+) -> Engine:
     from lmi_trt.engines.guided import GuideVocab
     from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
     from lmi_trt.engines.trtllm import TrtllmEngine
@@ -270,20 +284,50 @@ def _build_trtllm(settings: TrtllmSettings | LlmApiSettings, artifact: ModelArti
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
         settings = trtllm_copy_settings(settings, placement)
-    return TrtllmEngine(artifact.engine_dir, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
-                        guide_vocab=functools.partial(GuideVocab.of, tokenizer, eos))
+    return TrtllmEngine(
+        artifact.engine_dir,
+        settings,
+        eos_token_ids=eos,
+        pad_token_id=tokenizer.pad_token_id,
+        guide_vocab=functools.partial(GuideVocab.of, tokenizer, eos),
+    )
 
 
 # Default batches are DJL's (LmiConfigRecommender.setRollingBatchSize: 256 for trtllm, 32 for the
 # others); the torch engine's cache is sized from it up front.
 ENGINES: dict[str, EngineEntry] = {
-    entry.name: entry for entry in (
-        EngineEntry("trtllm", TRTLLM_DEFAULT_BATCH, "mpi_ranks", compiles=True, needs_trtllm_gpu=True, uses_model=True,
-                    settings=trtllm_backend_settings, factory=_build_trtllm),
-        EngineEntry("torch", 32, "per_gpu", compiles=False, needs_trtllm_gpu=False, uses_model=True,
-                    settings=torch_settings, factory=_build_torch),
-        EngineEntry("synthetic", TRTLLM_DEFAULT_BATCH, "none", compiles=False, needs_trtllm_gpu=False, uses_model=False,
-                    settings=synthetic_settings, factory=_build_synthetic),
+    entry.name: entry
+    for entry in (
+        EngineEntry(
+            "trtllm",
+            TRTLLM_DEFAULT_BATCH,
+            "mpi_ranks",
+            compiles=True,
+            needs_trtllm_gpu=True,
+            uses_model=True,
+            settings=trtllm_backend_settings,
+            factory=_build_trtllm,
+        ),
+        EngineEntry(
+            "torch",
+            32,
+            "per_gpu",
+            compiles=False,
+            needs_trtllm_gpu=False,
+            uses_model=True,
+            settings=torch_settings,
+            factory=_build_torch,
+        ),
+        EngineEntry(
+            "synthetic",
+            TRTLLM_DEFAULT_BATCH,
+            "none",
+            compiles=False,
+            needs_trtllm_gpu=False,
+            uses_model=False,
+            settings=synthetic_settings,
+            factory=_build_synthetic,
+        ),
     )
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
@@ -347,18 +391,28 @@ def refuse_ignored(kind: str, config: LmiConfig) -> None:
     for name in type(config).model_fields:
         if name in used or name in HONOURED_ELSEWHERE or not config.is_given(name):
             continue
-        users = [f"{other} ({backend})" if backend else other for (other, backend), read in _reads_by_engine().items()
-                 if name in read]
+        users = [
+            f"{other} ({backend})" if backend else other
+            for (other, backend), read in _reads_by_engine().items()
+            if name in read
+        ]
         if users:
             where = f"the {kind} engine" + (f" on the {config.backend} backend" if kind == "trtllm" else "")
-            raise StartupError(key_of(name), getattr(config, name), f"{where} does not use it",
-                               f"leave it out, or serve with an engine that does: {', '.join(users)}")
+            raise StartupError(
+                key_of(name),
+                getattr(config, name),
+                f"{where} does not use it",
+                f"leave it out, or serve with an engine that does: {', '.join(users)}",
+            )
 
 
 def engine_backends() -> list[tuple[str, str | None]]:
     """Every engine, the TensorRT-LLM one once per backend."""
-    return [(kind, backend) for kind in ENGINES
-            for backend in (("pytorch", "tensorrt") if ENGINES[kind].needs_trtllm_gpu else (None,))]
+    return [
+        (kind, backend)
+        for kind in ENGINES
+        for backend in (("pytorch", "tensorrt") if ENGINES[kind].needs_trtllm_gpu else (None,))
+    ]
 
 
 @functools.cache
@@ -373,8 +427,14 @@ def _reads_by_engine() -> dict[tuple[str, str | None], frozenset[str]]:
     return out
 
 
-def build_engine(kind: str, config: LmiConfig, artifact: ModelArtifact, tokenizer: Any, eos: list[int],
-                 placement: Placement | None = None) -> Engine:
+def build_engine(
+    kind: str,
+    config: LmiConfig,
+    artifact: ModelArtifact,
+    tokenizer: Any,
+    eos: list[int],
+    placement: Placement | None = None,
+) -> Engine:
     """Construct (not start) the engine ``kind`` for a settled configuration."""
     entry = ENGINES[kind]
     return entry.factory(entry.settings(config), artifact, tokenizer, eos, placement)

@@ -178,12 +178,16 @@ class SyntheticEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         if self._loop_task is None or self._closed:
-            return refused(request.request_id, EngineError("the synthetic engine is not running (call start() first)",
-                                                           code=503))
+            return refused(
+                request.request_id, EngineError("the synthetic engine is not running (call start() first)", code=503)
+            )
         if request.request_id in self._by_id:
-            return refused(request.request_id, EngineError(f"request id {request.request_id!r} is already in use",
-                                                           code=400))
-        seq = _Sequence(request, [i for i in request.prompt_token_ids if 0 <= i < self.vocab_size] or self._fallback_cycle)
+            return refused(
+                request.request_id, EngineError(f"request id {request.request_id!r} is already in use", code=400)
+            )
+        seq = _Sequence(
+            request, [i for i in request.prompt_token_ids if 0 <= i < self.vocab_size] or self._fallback_cycle
+        )
         self._by_id[request.request_id] = seq
         self._total_requests += 1
         problem = self._validate(request)
@@ -236,7 +240,9 @@ class SyntheticEngine:
         if request.sampling.max_new_tokens > self._max_new_tokens:
             return f"max_new_tokens={request.sampling.max_new_tokens} is more than the engine's {self._max_new_tokens}"
         if lim.max_seq_len is not None and n + request.sampling.max_new_tokens > lim.max_seq_len:
-            return f"prompt + max_new_tokens = {n + request.sampling.max_new_tokens} exceeds max_seq_len={lim.max_seq_len}"
+            return (
+                f"prompt + max_new_tokens = {n + request.sampling.max_new_tokens} exceeds max_seq_len={lim.max_seq_len}"
+            )
         return None
 
     async def _stream(self, seq: _Sequence) -> AsyncIterator[EngineOutput]:
@@ -256,8 +262,14 @@ class SyntheticEngine:
                     yield EngineOutput(rid, seq.ids[a:b], seq.lps[a:b], queue_time_s=queue_time)
                     continue
                 yield EngineOutput(
-                    rid, seq.ids[a:b], seq.lps[a:b], finished=True, finish_reason=seq.reason,
-                    error=seq.error, error_code=seq.error_code, queue_time_s=queue_time,
+                    rid,
+                    seq.ids[a:b],
+                    seq.lps[a:b],
+                    finished=True,
+                    finish_reason=seq.reason,
+                    error=seq.error,
+                    error_code=seq.error_code,
+                    queue_time_s=queue_time,
                 )
                 return
         finally:

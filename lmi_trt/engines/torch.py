@@ -48,7 +48,6 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from ..compat import dtype_kwargs, reorder_cache, text_config
-
 from .base import (
     MAX_TOP_LOGPROBS,
     EngineError,
@@ -62,10 +61,10 @@ from .base import (
     refused,
 )
 from .guided import Grammars, allowed_tokens
+from .registry import ENGINES
 
 # Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
 _HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
-from .registry import ENGINES
 
 try:
     from transformers.generation import ContinuousBatchingConfig
@@ -124,7 +123,7 @@ def as_id_list(value: int | Sequence[int] | None) -> list[int]:
 
 
 def ends_with_any(tokens: Sequence[int], sequences: Sequence[Sequence[int]]) -> bool:
-    return any(0 < len(seq) <= len(tokens) and list(tokens[-len(seq):]) == list(seq) for seq in sequences)
+    return any(0 < len(seq) <= len(tokens) and list(tokens[-len(seq) :]) == list(seq) for seq in sequences)
 
 
 def banned_next_tokens(context: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
@@ -187,8 +186,9 @@ def default_max_num_tokens(max_batch_size: int, max_input_len: int) -> int:
     return max(max_input_len + max_batch_size, 2048)
 
 
-def cb_config(max_batch_size: int, max_input_len: int, max_new_tokens: int,
-              max_num_tokens: int | None = None) -> ContinuousBatchingConfig:
+def cb_config(
+    max_batch_size: int, max_input_len: int, max_new_tokens: int, max_num_tokens: int | None = None
+) -> ContinuousBatchingConfig:
     """Paged cache sized for ``max_batch_size`` full-length sequences, never from free memory."""
     blocks_per_sequence = math.ceil((max_input_len + max_new_tokens) / _PAGE_SIZE)
     # Older releases (5.17 included) name the page size ``block_size``; same meaning.
@@ -401,8 +401,9 @@ if _CB_IMPORT_ERROR is None:
         requests in row order; ``__call__`` then receives those rows' logits in the same step.
         """
 
-        def __init__(self, sample: Callable[[list[str], torch.Tensor], torch.Tensor],
-                     scheduled: Callable[[list[str]], None]) -> None:
+        def __init__(
+            self, sample: Callable[[list[str], torch.Tensor], torch.Tensor], scheduled: Callable[[list[str]], None]
+        ) -> None:
             super().__init__(LogitsProcessorList())
             self.do_processing = True  # an empty processor list would otherwise be skipped
             self._sample = sample
@@ -433,8 +434,9 @@ class _ContinuousBackend:
         )
         self._manager = model.init_continuous_batching(
             generation_config=generation_config,
-            continuous_batching_config=cb_config(engine.max_batch_size, engine.max_input_len, engine.max_new_tokens,
-                                                 engine.max_num_tokens),
+            continuous_batching_config=cb_config(
+                engine.max_batch_size, engine.max_input_len, engine.max_new_tokens, engine.max_num_tokens
+            ),
         )
         # Replaces the processors the manager derived from the generation config; the batch
         # processor picks this attribute up when the generation thread starts.
@@ -648,8 +650,11 @@ class TorchEngine:
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
-        for option, value in (("max_batch_size", max_batch_size), ("max_input_len", max_input_len),
-                              ("max_new_tokens", max_new_tokens)):
+        for option, value in (
+            ("max_batch_size", max_batch_size),
+            ("max_input_len", max_input_len),
+            ("max_new_tokens", max_new_tokens),
+        ):
             if value < 1:
                 raise EngineError(f"{option}={value} must be >= 1", code=400)
         self.model_path = Path(model_path)
@@ -659,8 +664,11 @@ class TorchEngine:
         self.max_input_len = max_input_len
         self.max_new_tokens = max_new_tokens
         if max_num_tokens is not None and max_num_tokens < max_input_len:
-            raise EngineError(f"option.max_num_tokens={max_num_tokens} is below option.max_input_len={max_input_len}: "
-                              "a prompt of max_input_len tokens could never be scheduled; raise it", code=400)
+            raise EngineError(
+                f"option.max_num_tokens={max_num_tokens} is below option.max_input_len={max_input_len}: "
+                "a prompt of max_input_len tokens could never be scheduled; raise it",
+                code=400,
+            )
         self.max_num_tokens = max_num_tokens
         self.trust_remote_code = trust_remote_code
         self.requested_batching = batching
@@ -726,8 +734,11 @@ class TorchEngine:
             check_token_ids(request, self._vocab_size, self.max_input_len)
             guided = request.sampling.guided
             if guided is not None and request.sampling.ignore_eos:
-                raise EngineError("ignore_eos cannot be combined with constrained decoding: the grammar ends the "
-                                  "output with EOS; leave ignore_eos out", code=400)
+                raise EngineError(
+                    "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
+                    "output with EOS; leave ignore_eos out",
+                    code=400,
+                )
             matcher = self._grammars.matcher(guided) if guided is not None else None
         except EngineError as exc:
             return refused(request.request_id, exc)
@@ -747,7 +758,10 @@ class TorchEngine:
             max_batch_size=self.max_batch_size,
             total_requests=self._total_requests,
             total_generated_tokens=self._total_tokens,
-            extra={"continuous_batching": float(self.batching in ("continuous", "decode_loop")), "sampled_rows": self._sampled_rows},
+            extra={
+                "continuous_batching": float(self.batching in ("continuous", "decode_loop")),
+                "sampled_rows": self._sampled_rows,
+            },
         )
 
     async def close(self) -> None:
@@ -779,7 +793,8 @@ class TorchEngine:
             raise EngineError(
                 f"the model in {self.model_path} needs its own Python code (auto_map in config.json), which is not "
                 "run unless you allow it: set option.trust_remote_code=true (HF_MODEL_TRUST_REMOTE_CODE=true) if "
-                "you trust that code", code=400,
+                "you trust that code",
+                code=400,
             ) from exc
         self._configure_tokens(model)
         self._check_positions(model)
@@ -789,15 +804,28 @@ class TorchEngine:
         self._model = model  # prompt log-probs score the prompt with it (_score_prompt)
         from .decode_loop import DecodeLoopBackend, choose_decode_loop  # it imports this module
 
-        builtin, why = choose_decode_loop(self.decode_loop, self.requested_batching, model,
-                                          self.max_input_len + self.max_new_tokens)
+        builtin, why = choose_decode_loop(
+            self.decode_loop, self.requested_batching, model, self.max_input_len + self.max_new_tokens
+        )
         if builtin:
-            log.info("torch engine: %s on %s (%s), the built-in decode loop because %s", type(model).__name__,
-                     model.device, model.dtype, why)
+            log.info(
+                "torch engine: %s on %s (%s), the built-in decode loop because %s",
+                type(model).__name__,
+                model.device,
+                model.dtype,
+                why,
+            )
             return DecodeLoopBackend(self, model)
         batching, reason = self._choose_batching(model)
-        log.info("torch engine: %s on %s (%s), transformers %s batching because %s; not the built-in decode "
-                 "loop: %s", type(model).__name__, model.device, model.dtype, batching, reason, why)
+        log.info(
+            "torch engine: %s on %s (%s), transformers %s batching because %s; not the built-in decode loop: %s",
+            type(model).__name__,
+            model.device,
+            model.dtype,
+            batching,
+            reason,
+            why,
+        )
         if batching == "static":
             return _StaticBackend(self, model)
         try:
@@ -843,8 +871,10 @@ class TorchEngine:
         if _CB_IMPORT_ERROR is not None:
             problem = _CB_IMPORT_ERROR
         elif not supported:
-            problem = (f"{type(model).__name__} does not support transformers' attention backends "
-                       "(_supports_attention_backend=False), which paged continuous batching needs")
+            problem = (
+                f"{type(model).__name__} does not support transformers' attention backends "
+                "(_supports_attention_backend=False), which paged continuous batching needs"
+            )
         else:
             return "continuous", "the model supports paged attention"
         if self.requested_batching == "continuous":
@@ -1001,10 +1031,20 @@ class TorchEngine:
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             logprobs = [pick.logprob] if pick.logprob is not None else None
-            items.append((slot, EngineOutput(slot.request.request_id, [pick.token], logprobs,
-                                             [pick.top] if pick.top is not None else None,
-                                             finished=slot.finished, finish_reason=reason,
-                                             queue_time_s=slot.take_queue_time())))
+            items.append(
+                (
+                    slot,
+                    EngineOutput(
+                        slot.request.request_id,
+                        [pick.token],
+                        logprobs,
+                        [pick.top] if pick.top is not None else None,
+                        finished=slot.finished,
+                        finish_reason=reason,
+                        queue_time_s=slot.take_queue_time(),
+                    ),
+                )
+            )
             if reason is not None:
                 on_finished(slot, reason)
         self._deliver(items)

@@ -200,7 +200,8 @@ class TrtllmSettings(BaseModel):
 
 @dataclass(frozen=True)
 class EngineFacts:
-    """What an engine folder's config.json says about the engine (as NVIDIA/TensorRT-LLM tensorrt_llm/builder.py ``Engine.save`` writes it)."""
+    """What an engine folder's config.json says about the engine (as NVIDIA/TensorRT-LLM tensorrt_llm/builder.py
+    ``Engine.save`` writes it)."""
 
     layout: Literal["builder", "legacy"]  # builder: version + pretrained_config + build_config
     version: str | None  # TensorRT-LLM release that built it; None for the legacy layout
@@ -255,8 +256,10 @@ def parse_engine_config(config: dict) -> EngineFacts:
         if max_seq is None:  # ≤0.10 engines record max_output_len instead
             max_seq = max_input + _require(build, "max_output_len", "build_config")
         kv_type = build.get("kv_cache_type")
-        paged = (str(getattr(kv_type, "name", kv_type)).upper() == "PAGED") if kv_type is not None else _flag(
-            plugins.get("paged_kv_cache")
+        paged = (
+            (str(getattr(kv_type, "name", kv_type)).upper() == "PAGED")
+            if kv_type is not None
+            else _flag(plugins.get("paged_kv_cache"))
         )
         return EngineFacts(
             layout="builder",
@@ -439,12 +442,14 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             "the engine was built with remove_input_padding disabled; in-flight batching needs packed input: "
             "rebuild with --remove_input_padding enable"
         )
-    for key, enabled in (("enable_kv_cache_reuse", settings.enable_kv_cache_reuse),
-                         ("enable_chunked_context", settings.enable_chunked_context)):
+    for key, enabled in (
+        ("enable_kv_cache_reuse", settings.enable_kv_cache_reuse),
+        ("enable_chunked_context", settings.enable_chunked_context),
+    ):
         if enabled and not facts.use_paged_context_fmha:
             errors.append(
-                f"option.{key}=true needs an engine built with paged context FMHA (TensorRT-LLM: \"When KV cache "
-                "block reuse is set, model has to be built with paged context FMHA support\"); rebuild with "
+                f'option.{key}=true needs an engine built with paged context FMHA (TensorRT-LLM: "When KV cache '
+                'block reuse is set, model has to be built with paged context FMHA support"); rebuild with '
                 f"--use_paged_context_fmha enable, or set option.{key}=false"
             )
     if settings.max_tokens_in_paged_kv_cache and settings.max_tokens_in_paged_kv_cache < facts.max_seq_len:
@@ -471,8 +476,9 @@ def effective_multi_block_mode(tle: ModuleType, settings: TrtllmSettings) -> tup
     return bool(tle.ExtendedRuntimePerfKnobConfig().multi_block_mode), "this TensorRT-LLM's default"
 
 
-def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts,
-                          guide_vocab: Callable[[], GuideVocab] | None = None) -> tuple[Any, list[str]]:
+def build_executor_config(
+    tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts, guide_vocab: Callable[[], GuideVocab] | None = None
+) -> tuple[Any, list[str]]:
     """The ``ExecutorConfig`` for these settings, plus warnings for knobs this release lacks. With
     ``guide_vocab``, on a release whose Executor has guided decoding (1.x; not 0.12), through xgrammar (the
     vocabulary is read from the tokenizer only then: a large one takes a while)."""
@@ -502,8 +508,11 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
     if guide_vocab is not None and hasattr(tle, "GuidedDecodingConfig"):
         vocab = guide_vocab()
         extra["guided_decoding_config"] = tle.GuidedDecodingConfig(
-            tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR, encoded_vocab=vocab.encoded_vocab,
-            tokenizer_str=vocab.tokenizer_str, stop_token_ids=vocab.stop_token_ids)
+            tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,
+            encoded_vocab=vocab.encoded_vocab,
+            tokenizer_str=vocab.tokenizer_str,
+            stop_token_ids=vocab.stop_token_ids,
+        )
     if settings.enable_trt_overlap:
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
@@ -520,8 +529,9 @@ def build_executor_config(tle: ModuleType, settings: TrtllmSettings, facts: Engi
         max_num_tokens=settings.max_num_tokens,
         parallel_config=tle.ParallelConfig(
             communication_type=tle.CommunicationType.MPI,
-            communication_mode=(tle.CommunicationMode.ORCHESTRATOR if settings.orchestrator
-                                else tle.CommunicationMode.LEADER),
+            communication_mode=(
+                tle.CommunicationMode.ORCHESTRATOR if settings.orchestrator else tle.CommunicationMode.LEADER
+            ),
             device_ids=list(settings.device_ids) if settings.device_ids else None,
             orchestrator_config=_orchestrator_config(tle) if settings.orchestrator else None,
         ),
@@ -611,8 +621,13 @@ def map_request(
         "bad_words": [list(b) for b in req.bad_words_ids if b] or None,
     }
     output = {"exclude_input_from_output": True, "return_log_probs": p.logprobs}
-    return RequestSpec(request, sampling_kwargs(p, seed), output,
-                       backend_guide(p.guided) if p.guided is not None else None, dict(p.logit_bias))
+    return RequestSpec(
+        request,
+        sampling_kwargs(p, seed),
+        output,
+        backend_guide(p.guided) if p.guided is not None else None,
+        dict(p.logit_bias),
+    )
 
 
 # executor.h GuidedDecodingParams::GuideType for the two forms backend_guide gives.
@@ -638,7 +653,8 @@ def to_executor_request(tle: ModuleType, spec: RequestSpec, vocab_size: int | No
     if spec.guide is not None:
         kind, text = spec.guide
         extra["guided_decoding_params"] = tle.GuidedDecodingParams(
-            getattr(tle.GuidedDecodingParams.GuideType, GUIDE_TYPES[kind]), text)
+            getattr(tle.GuidedDecodingParams.GuideType, GUIDE_TYPES[kind]), text
+        )
     return tle.Request(
         **spec.request,
         sampling_config=tle.SamplingConfig(**spec.sampling),
@@ -692,8 +708,8 @@ class _Stream:
     extra_eos: frozenset[int]
     logprobs: bool
     beam_width: int
-    exec_id: int | None = None              # None while held back (see TrtllmEngine._must_wait)
-    held: RequestSpec | None = None         # the request to enqueue when its beam width's turn comes
+    exec_id: int | None = None  # None while held back (see TrtllmEngine._must_wait)
+    held: RequestSpec | None = None  # the request to enqueue when its beam width's turn comes
     # Outputs not read yet, and the consumer's future while it waits for one (event loop only).
     pending: list[EngineOutput] = field(default_factory=list)
     waiter: asyncio.Future | None = None
@@ -833,8 +849,15 @@ class TrtllmEngine:
             log.warning("%s", warning)
         log.info(
             "loading TensorRT-LLM %s engine %s (built by %s, %s, tp=%d pp=%d, batch %d, max_input_len %d, "
-            "max_seq_len %d)", spec.version, engine_dir, self.facts.version or "a legacy release", self.facts.dtype,
-            self.facts.tp_size, self.facts.pp_size, self._limits.max_batch_size, self.facts.max_input_len,
+            "max_seq_len %d)",
+            spec.version,
+            engine_dir,
+            self.facts.version or "a legacy release",
+            self.facts.dtype,
+            self.facts.tp_size,
+            self.facts.pp_size,
+            self._limits.max_batch_size,
+            self.facts.max_input_len,
             self.facts.max_seq_len,
         )
         if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
@@ -1008,7 +1031,9 @@ class TrtllmEngine:
         stream.cancelled = True
         if stream.exec_id is None:  # held back here: the executor never saw it
             self._held.remove(stream)
-            self._finish(stream, EngineOutput(stream.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED))
+            self._finish(
+                stream, EngineOutput(stream.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED)
+            )
             return
         try:
             self._executor.cancel_request(stream.exec_id)
@@ -1016,7 +1041,9 @@ class TrtllmEngine:
             log.warning("cancel_request(%d) for %s failed: %s", stream.exec_id, stream.request_id, exc)
         if not self._spec.final_result_on_cancel:
             # This release sends nothing back for a cancelled request: end the stream here.
-            self._finish(stream, EngineOutput(stream.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED))
+            self._finish(
+                stream, EngineOutput(stream.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED)
+            )
 
     def _finish(self, stream: _Stream, out: EngineOutput) -> None:
         stream.done = True
@@ -1048,7 +1075,9 @@ class TrtllmEngine:
         self._healthy = False
         held, self._held = self._held, []
         for stream in [*self._streams.values(), *held]:
-            self._finish(stream, error_output(stream.request_id, f"the TensorRT-LLM response loop stopped: {reason}", 424))
+            self._finish(
+                stream, error_output(stream.request_id, f"the TensorRT-LLM response loop stopped: {reason}", 424)
+            )
 
     def _dispatch(self, responses: list) -> None:
         for response in responses:

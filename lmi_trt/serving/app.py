@@ -96,7 +96,9 @@ async def _errors_and_metrics(
 async def _ping(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     status = ctx.status
-    return json_response({ctx.model_name: {"status": status.value}}, status=200 if status is ModelStatus.HEALTHY else 503)
+    return json_response(
+        {ctx.model_name: {"status": status.value}}, status=200 if status is ModelStatus.HEALTHY else 503
+    )
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -183,13 +185,17 @@ _CANCEL_GRACE_S = 1.0
 
 def _timeout_response(message: str) -> bytes:
     body = orjson.dumps({"error": message, "code": 408, "type": "RequestTimeout"})
-    return (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
 
 
-_BUSY = (b'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n'
-         b'Retry-After: 1\r\nContent-Length: 81\r\n\r\n'
-         b'{"error":"too many open connections; retry later","code":503,"type":"ServiceUnav"}')
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Retry-After: 1\r\nContent-Length: 81\r\n\r\n"
+    b'{"error":"too many open connections; retry later","code":503,"type":"ServiceUnav"}'
+)
 
 
 class ConnectionGuard:
@@ -205,11 +211,17 @@ class ConnectionGuard:
         if len(self.open) >= self.max_connections:
             idle = next((h for h in self.open if h.idle), None)
             if idle is None:
-                limits_log.warning("max_connections", "max_connections=%d open connections, none idle: new "
-                                   "connections get 503", self.max_connections)
+                limits_log.warning(
+                    "max_connections",
+                    "max_connections=%d open connections, none idle: new connections get 503",
+                    self.max_connections,
+                )
                 return False
-            limits_log.warning("max_connections_idle", "max_connections=%d reached: closing idle keep-alive "
-                               "connections for new ones", self.max_connections)
+            limits_log.warning(
+                "max_connections_idle",
+                "max_connections=%d reached: closing idle keep-alive connections for new ones",
+                self.max_connections,
+            )
             idle.force_close()
             self.open.pop(idle, None)
         self.open[handler] = None
@@ -268,11 +280,16 @@ class GuardedRequestHandler(web.RequestHandler):
     def _headers_late(self) -> None:
         self._header_timer = None
         t = self._guard.header_timeout
-        limits_log.warning("header_read_timeout", "a client sent no complete request line and headers within "
-                           "header_read_timeout=%g s: 408, connection closed", t)
+        limits_log.warning(
+            "header_read_timeout",
+            "a client sent no complete request line and headers within "
+            "header_read_timeout=%g s: 408, connection closed",
+            t,
+        )
         if self.transport is not None:
-            self.transport.write(_timeout_response(f"the request line and headers did not arrive within "
-                                                   f"header_read_timeout={t:g} s"))
+            self.transport.write(
+                _timeout_response(f"the request line and headers did not arrive within header_read_timeout={t:g} s")
+            )
         self.force_close()
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
@@ -280,9 +297,12 @@ class GuardedRequestHandler(web.RequestHandler):
         # The client's malformed request (line, headers, body encoding), not a server fault; a bad
         # body shows up again when aiohttp reads the rest of it after the handler answered 400.
         if isinstance(exc, (HttpProcessingError, web.RequestPayloadError)):
-            limits_log.warning("malformed", "malformed request from %s refused: %s",
-                               self.peername[0] if isinstance(self.peername, tuple) else "?",
-                               ascii(" ".join(str(exc).split()))[:200])
+            limits_log.warning(
+                "malformed",
+                "malformed request from %s refused: %s",
+                self.peername[0] if isinstance(self.peername, tuple) else "?",
+                ascii(" ".join(str(exc).split()))[:200],
+            )
             return
         super().log_exception(*args, **kw)
 
@@ -295,8 +315,13 @@ def connection_limit(configured: int) -> int:
     if soft == resource.RLIM_INFINITY or soft - _RESERVED_FDS >= configured:
         return configured
     fits = max(soft - _RESERVED_FDS, 1)
-    log.warning("max_connections=%d does not fit the open-files limit (ulimit -n %d): serving at most %d "
-                "connections; raise ulimit -n to allow more", configured, soft, fits)
+    log.warning(
+        "max_connections=%d does not fit the open-files limit (ulimit -n %d): serving at most %d "
+        "connections; raise ulimit -n to allow more",
+        configured,
+        soft,
+        fits,
+    )
     return fits
 
 
@@ -322,8 +347,13 @@ async def serve(
     # that holds the GIL from its first steps would keep this coroutine from starting them later.
     sock = _listen(host, port)
     responder = HealthResponder(sock, ctx.model_name) if ctx.status is ModelStatus.PENDING else None
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=_CANCEL_GRACE_S, access_log=None,
-                           keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=_CANCEL_GRACE_S,
+        access_log=None,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+    )
     try:
         await runner.setup()
     except BaseException:
@@ -347,9 +377,11 @@ async def serve(
         # The same protocol aiohttp's TCPSite serves (web.Server → RequestHandler), built here so
         # each connection gets the guarded handler; arguments as AppRunner passes them.
         listener = await loop.create_server(
-            lambda: GuardedRequestHandler(server, guard, loop=loop, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-                                          access_log=None),
-            sock=sock, backlog=1024,
+            lambda: GuardedRequestHandler(
+                server, guard, loop=loop, keepalive_timeout=KEEPALIVE_TIMEOUT_S, access_log=None
+            ),
+            sock=sock,
+            backlog=1024,
         )
         log.info("listening on http://%s:%d (at most %d connections)", host, port, guard.max_connections)
         if exit_on_failure_after is not None:  # from the moment this server answers
@@ -379,8 +411,11 @@ async def serve(
             while ctx.service is not None and ctx.service.in_system and time.monotonic() - t0 < shutdown_timeout:
                 await asyncio.sleep(0.05)
             if ctx.service is not None and ctx.service.in_system:
-                log.warning("drain timeout (%.0f s): cancelling %d requests still in flight", shutdown_timeout,
-                            ctx.service.in_system)
+                log.warning(
+                    "drain timeout (%.0f s): cancelling %d requests still in flight",
+                    shutdown_timeout,
+                    ctx.service.in_system,
+                )
         else:
             sock.close()
         await runner.cleanup()
@@ -395,7 +430,9 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=1024)
 
 
-async def _responder_answers_until_loaded(app: web.Application, responder: HealthResponder, stop: asyncio.Event) -> bool:
+async def _responder_answers_until_loaded(
+    app: web.Application, responder: HealthResponder, stop: asyncio.Event
+) -> bool:
     """While the model loads, only the health responder accepts on the listening socket; this process
     does not even watch it. An engine load that holds the GIL (TensorRT-LLM's Executor constructor
     does) freezes every Python thread here, yet an event loop can still accept: uvloop's libuv accepts
@@ -424,7 +461,9 @@ def event_loop_factory(choice: EventLoopChoice = "auto") -> tuple[Callable[[], a
             import uvloop
         except ImportError:
             if choice == "uvloop":
-                raise RuntimeError("the uvloop event loop was asked for but uvloop is not installed (pip install uvloop)") from None
+                raise RuntimeError(
+                    "the uvloop event loop was asked for but uvloop is not installed (pip install uvloop)"
+                ) from None
         else:
             return uvloop.new_event_loop, "uvloop"
     return None, "asyncio"

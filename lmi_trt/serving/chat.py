@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 NO_TEMPLATE = (
     "this model has no chat template: its tokenizer defines none and option.chat_template is not set; "
     "set option.chat_template (a Jinja template or a file holding one), or send a plain prompt instead "
-    "(/v1/completions, or {\"inputs\": ...} at /invocations)"
+    '(/v1/completions, or {"inputs": ...} at /invocations)'
 )
 # The documented switches of common templates (Qwen3 enable_thinking, DeepSeek/Granite thinking,
 # gpt-oss reasoning_effort) and their types; anything else could reach apply_chat_template's own
@@ -72,11 +72,15 @@ def _text_of(content: Any, where: str) -> str | None:
         texts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or "type" not in part:
-                raise ChatError(f"{where}[{i}] must be an object with a 'type', such as {{\"type\": \"text\", \"text\": \"Hi\"}}",
-                                f"{where}[{i}]")
+                raise ChatError(
+                    f'{where}[{i}] must be an object with a \'type\', such as {{"type": "text", "text": "Hi"}}',
+                    f"{where}[{i}]",
+                )
             if part["type"] != "text":
-                raise ChatError(f"{where}[{i}] has type {part['type']!r}: only text content is supported by this server",
-                                f"{where}[{i}].type")
+                raise ChatError(
+                    f"{where}[{i}] has type {part['type']!r}: only text content is supported by this server",
+                    f"{where}[{i}].type",
+                )
             text = part.get("text")
             if not isinstance(text, str):
                 raise ChatError(f"{where}[{i}].text must be a string", f"{where}[{i}].text")
@@ -88,7 +92,7 @@ def _text_of(content: Any, where: str) -> str | None:
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     """Check the shape of ``messages`` and flatten list content into text."""
     if not isinstance(messages, list) or not messages:
-        raise ChatError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects", "messages")
+        raise ChatError('messages must be a non-empty list of {"role": ..., "content": ...} objects', "messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -131,12 +135,17 @@ def render(
             **(template_kwargs or {}),
         )
     except Exception as e:  # jinja2 TemplateError / raise_exception("roles must alternate") / TypeError
-        raise ChatError(f"the chat template could not render these messages: {type(e).__name__}: {e}", "messages") from None
+        raise ChatError(
+            f"the chat template could not render these messages: {type(e).__name__}: {e}", "messages"
+        ) from None
     if not isinstance(out, str):  # some transformers versions return a list for batched input
         out = out[0]
     if tools and not any(t["function"]["name"] in out for t in tools):
-        raise ChatError("tools: this model's chat template does not render tools (no tool's name is in the prompt "
-                        "it wrote); set option.chat_template to a template that does, or leave tools out", "tools")
+        raise ChatError(
+            "tools: this model's chat template does not render tools (no tool's name is in the prompt "
+            "it wrote); set option.chat_template to a template that does, or leave tools out",
+            "tools",
+        )
     return out
 
 
@@ -158,11 +167,15 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
         want = TEMPLATE_KWARGS.get(key)
         where = f"chat_template_kwargs.{ascii(key)[1:-1][:64]}"
         if want is None:
-            raise ChatError(f"{where} is not accepted; the accepted keys are {', '.join(sorted(TEMPLATE_KWARGS))}",
-                            where)
+            raise ChatError(
+                f"{where} is not accepted; the accepted keys are {', '.join(sorted(TEMPLATE_KWARGS))}", where
+            )
         if type(value) is not want or (want is str and len(value) > _MAX_KWARG_TEXT):
-            raise ChatError(f"{where} must be a {want.__name__}" + (f" of at most {_MAX_KWARG_TEXT} characters"
-                                                                     if want is str else ""), where)
+            raise ChatError(
+                f"{where} must be a {want.__name__}"
+                + (f" of at most {_MAX_KWARG_TEXT} characters" if want is str else ""),
+                where,
+            )
     return dict(kwargs or {})
 
 
@@ -181,34 +194,59 @@ async def prompt_for(
     kwargs = check_template_kwargs(template_kwargs)
     max_len = service.engine.limits.max_input_len
     if isinstance(raw_messages, list) and len(raw_messages) > max_len:
-        raise ChatError(f"messages has {len(raw_messages)} messages, more than option.max_input_len={max_len} tokens "
-                        "could hold; shorten the chat", "messages")
+        raise ChatError(
+            f"messages has {len(raw_messages)} messages, more than option.max_input_len={max_len} tokens "
+            "could hold; shorten the chat",
+            "messages",
+        )
     messages = template_messages(normalize_messages(raw_messages))
     chars = sum(len(m["content"] or "") for m in messages)
     if chars > service.max_prompt_chars:
-        raise ChatError(f"messages has {chars} characters of content, more than any prompt of option.max_input_len="
-                        f"{max_len} tokens can have ({service.max_prompt_chars}); shorten the chat", "messages")
+        raise ChatError(
+            f"messages has {chars} characters of content, more than any prompt of option.max_input_len="
+            f"{max_len} tokens can have ({service.max_prompt_chars}); shorten the chat",
+            "messages",
+        )
     protect = None if service.config.parse_special_tokens else service.special_text
-    job = functools.partial(_prompt, service.tokenizer, messages, template_option, add_generation_prompt, kwargs,
-                            protect, tools)
+    job = functools.partial(
+        _prompt, service.tokenizer, messages, template_option, add_generation_prompt, kwargs, protect, tools
+    )
     if chars > _THREAD_CHARS or len(messages) > _THREAD_MESSAGES:
         return await service.off_loop(job)
     return job()
 
 
-def _prompt(tokenizer: Any, messages: list[dict[str, Any]], template_option: str | None,
-            add_generation_prompt: bool, kwargs: dict[str, Any], protect: Any,
-            tools: list[dict[str, Any]] | None) -> str | list[int]:
+def _prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    template_option: str | None,
+    add_generation_prompt: bool,
+    kwargs: dict[str, Any],
+    protect: Any,
+    tools: list[dict[str, Any]] | None,
+) -> str | list[int]:
     if protect is None or not any(protect.search(m["content"] or "") for m in messages):
-        return render(tokenizer, messages, template_option=template_option,
-                      add_generation_prompt=add_generation_prompt, template_kwargs=kwargs, tools=tools)
+        return render(
+            tokenizer,
+            messages,
+            template_option=template_option,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=kwargs,
+            tools=tools,
+        )
     # Mark each content with markers the client cannot guess, render, then tokenize the template's
     # text with its special tokens and the clients' text with special-token text split into plain tokens.
     tag = uuid.uuid4().hex
     start, end = f"\ue000{tag}", f"{tag}\ue001"
     marked = [{**m, "content": start + m["content"] + end} if m["content"] else m for m in messages]
-    text = render(tokenizer, marked, template_option=template_option, add_generation_prompt=add_generation_prompt,
-                  template_kwargs=kwargs, tools=tools)
+    text = render(
+        tokenizer,
+        marked,
+        template_option=template_option,
+        add_generation_prompt=add_generation_prompt,
+        template_kwargs=kwargs,
+        tools=tools,
+    )
     ids: list[int] = []
     rest = text
     while rest:
@@ -219,7 +257,10 @@ def _prompt(tokenizer: Any, messages: list[dict[str, Any]], template_option: str
             break
         content, closed, rest = rest.partition(end)
         if not closed:
-            raise ChatError("the chat template changed a message's content in a way this server cannot keep apart "
-                            "from the template's own text; remove special-token text from the messages", "messages")
+            raise ChatError(
+                "the chat template changed a message's content in a way this server cannot keep apart "
+                "from the template's own text; remove special-token text from the messages",
+                "messages",
+            )
         ids += tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
     return ids

@@ -26,10 +26,10 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     Engine,
-    GuidedDecoding,
     EngineOutput,
     FinishReason,
     GenerationRequest,
+    GuidedDecoding,
     SamplingParams,
 )
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
@@ -82,13 +82,13 @@ def bounded_words(v: list[str], what: str) -> list[str]:
     return v
 
 
-
 @dataclass(frozen=True)
 class LoadedModel:
     """What the loader hands the server: a started engine (``submit()`` works) and its tokenizer."""
 
     engine: Engine
     tokenizer: Any  # a transformers tokenizer (see serving.tokenizer.load_tokenizer)
+
 
 class FeatureRefused(BadRequest):
     """A 400 for a request field the engine cannot honour; ``param`` is the adapter's field name."""
@@ -113,8 +113,9 @@ class GenerateParams(BaseModel):
     temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)
     top_p: float | None = Field(None, ge=MIN_TOP_P, le=1, allow_inf_nan=False)
-    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY,
-                                             allow_inf_nan=False)
+    repetition_penalty: float | None = Field(
+        None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False
+    )
     presence_penalty: float = Field(0.0, ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**64)
@@ -147,8 +148,9 @@ class GenerateParams(BaseModel):
     @classmethod
     def _temperature_carried(cls, v: float | None) -> float | None:
         if v is not None and 0 < v < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}: smaller values overflow the "
-                             "sampling arithmetic")
+            raise ValueError(
+                f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}: smaller values overflow the sampling arithmetic"
+            )
         return v
 
     @field_validator("bad_words", mode="before")
@@ -402,14 +404,16 @@ class GenerationStream:
             if stops is None:
                 for i, tid in enumerate(token_ids):
                     piece = step(tid)
-                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials,
-                                           tops[i] if tops else None))
+                    tokens.append(
+                        TokenOut(tid, piece, lps[i] if lps else None, tid in specials, tops[i] if tops else None)
+                    )
                     texts.append(piece)
             else:
                 for i, tid in enumerate(token_ids):
                     piece = stops.feed(step(tid))
-                    tokens.append(TokenOut(tid, piece, lps[i] if lps else None, tid in specials,
-                                           tops[i] if tops else None))
+                    tokens.append(
+                        TokenOut(tid, piece, lps[i] if lps else None, tid in specials, tops[i] if tops else None)
+                    )
                     if piece:
                         texts.append(piece)
                     if stops.matched is not None:
@@ -454,8 +458,10 @@ class GenerationStream:
 
     def _prompt_details(self, logprobs: list[float | None]) -> list[Alternative]:
         text, specials = self._token_text, self._specials
-        return [Alternative(tid, text(tid), lp, tid in specials)
-                for tid, lp in zip(self.prompt_token_ids, logprobs, strict=True)]
+        return [
+            Alternative(tid, text(tid), lp, tid in specials)
+            for tid, lp in zip(self.prompt_token_ids, logprobs, strict=True)
+        ]
 
     def _failed(self, err: LmiHttpError) -> Delta:
         self._finish(FinishReason.ERROR)
@@ -471,8 +477,12 @@ class GenerationStream:
         self._done = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._service.release(self, reason, time.perf_counter() - self._t0,
-                              None if self._first_token_at is None else self._first_token_at - self._t0)
+        self._service.release(
+            self,
+            reason,
+            time.perf_counter() - self._t0,
+            None if self._first_token_at is None else self._first_token_at - self._t0,
+        )
 
     async def _cancel_engine(self) -> None:
         try:
@@ -526,8 +536,12 @@ class GenerationService:
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_prompt_chars = engine.limits.max_input_len * max(longest, 1)
         # Special-token texts (``</s>``, ``<|im_end|>``), to find them in a client's chat content.
-        specials = sorted({t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
-                          | set(tokenizer.all_special_tokens), key=len, reverse=True)
+        specials = sorted(
+            {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+            | set(tokenizer.all_special_tokens),
+            key=len,
+            reverse=True,
+        )
         self.special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     @property
@@ -564,8 +578,10 @@ class GenerationService:
         of them under job_queue_size (each prompt is one request in the system)."""
         cap = self.config.max_prompts_per_request
         if n > cap:
-            raise BadRequest(f"{field_name} has {n} prompts, more than option.max_prompts_per_request={cap}; "
-                             "split them over several requests")
+            raise BadRequest(
+                f"{field_name} has {n} prompts, more than option.max_prompts_per_request={cap}; "
+                "split them over several requests"
+            )
         self.check_admission(n)
 
     def check_admission(self, n: int = 1) -> None:
@@ -581,8 +597,7 @@ class GenerationService:
             self._reject(503)
             more = f" and this request brings {n}" if n > 1 else ""
             raise ServiceUnavailable(
-                f"server busy: {self._in_system} requests in the system{more}, job_queue_size={limit}; "
-                "retry later"
+                f"server busy: {self._in_system} requests in the system{more}, job_queue_size={limit}; retry later"
             )
 
     async def start(
@@ -643,14 +658,20 @@ class GenerationService:
         limits, engine = self.engine.limits, self.engine.name
         if params.top_logprobs > limits.max_top_logprobs:
             field_name = names.get("top_logprobs", "top_logprobs")
-            can = (f"at most {limits.max_top_logprobs}" if limits.max_top_logprobs
-                   else "none; ask only for the chosen token's log-prob")
-            raise FeatureRefused(field_name, f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} "
-                                             "alternatives per token")
+            can = (
+                f"at most {limits.max_top_logprobs}"
+                if limits.max_top_logprobs
+                else "none; ask only for the chosen token's log-prob"
+            )
+            raise FeatureRefused(
+                field_name,
+                f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} alternatives per token",
+            )
         if params.prompt_logprobs and not limits.supports_prompt_logprobs:
             field_name = names.get("prompt_logprobs", "prompt_logprobs")
-            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; "
-                                             "leave it out")
+            raise FeatureRefused(
+                field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; leave it out"
+            )
         if params.logit_bias and not limits.supports_logit_bias:
             field_name = names.get("logit_bias", "logit_bias")
             raise FeatureRefused(field_name, f"{field_name}: the {engine} engine cannot bias logits; leave it out")
@@ -661,8 +682,11 @@ class GenerationService:
             raise FeatureRefused(field_name, f"{field_name} names token id {bad}; token ids must be in [0, {vocab})")
         if params.guided is not None and not limits.supports_guided_decoding:
             field_name = names.get("guided", "guided")
-            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine has no constrained decoding "
-                                             f"({params.guided.kind}); leave it out or serve with option.rolling_batch=torch")
+            raise FeatureRefused(
+                field_name,
+                f"{field_name}: the {engine} engine has no constrained decoding "
+                f"({params.guided.kind}); leave it out or serve with option.rolling_batch=torch",
+            )
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token-id sequences for bad words: each word as written and, for a word that does
@@ -681,18 +705,22 @@ class GenerationService:
             return await self.off_loop(self.bad_words_ids, words)
         return self.bad_words_ids(words)
 
-    async def generate(self, prompt: str | Sequence[int], params: GenerateParams, *, keep_tokens: bool = False) -> Completion:
+    async def generate(
+        self, prompt: str | Sequence[int], params: GenerateParams, *, keep_tokens: bool = False
+    ) -> Completion:
         async with await self.start(prompt, params) as stream:
             return await stream.collect(keep_tokens=keep_tokens)
 
-    async def _prompt_ids(self, prompt: str | Sequence[int], add_special_tokens: bool, field_name: str,
-                          user_text: bool) -> list[int]:
+    async def _prompt_ids(
+        self, prompt: str | Sequence[int], add_special_tokens: bool, field_name: str, user_text: bool
+    ) -> list[int]:
         if isinstance(prompt, str):
             self.check_prompt_chars(prompt, field_name)
             try:
                 if len(prompt) > THREAD_TOKENIZE_CHARS:
-                    ids = await self.off_loop(functools.partial(self.tokenize, prompt, add_special_tokens,
-                                                                user_text=user_text))
+                    ids = await self.off_loop(
+                        functools.partial(self.tokenize, prompt, add_special_tokens, user_text=user_text)
+                    )
                 else:
                     ids = self.tokenize(prompt, add_special_tokens, user_text=user_text)
             except Exception as e:  # e.g. lone surrogates that Python's json accepts
@@ -707,8 +735,9 @@ class GenerationService:
             raise BadRequest(f"{field_name} is empty: the prompt has 0 tokens; send at least one character of text")
         return ids
 
-    def _check_limits(self, ids: list[int], params: GenerateParams, field_name: str,
-                      max_tokens_field: str = "max_new_tokens") -> int:
+    def _check_limits(
+        self, ids: list[int], params: GenerateParams, field_name: str, max_tokens_field: str = "max_new_tokens"
+    ) -> int:
         limits = self.engine.limits
         n = len(ids)
         if n > limits.max_input_len:
@@ -745,8 +774,9 @@ class GenerationService:
             raise BadRequest(f"stop_token_ids contains {bad}; token ids must be in [0, {vocab})")
         return max_new
 
-    def release(self, stream: GenerationStream, reason: FinishReason, seconds: float,
-                first_token_after: float | None = None) -> None:
+    def release(
+        self, stream: GenerationStream, reason: FinishReason, seconds: float, first_token_after: float | None = None
+    ) -> None:
         self._in_system -= 1
         if self.metrics is not None:
             self.metrics.finished(reason.value, stream.generated_tokens, seconds, first_token_after)

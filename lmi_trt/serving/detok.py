@@ -41,7 +41,8 @@ _TRIM_AT = 1024
 
 
 def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
-    """``ids -> text`` equal to ``tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)``."""
+    """``ids -> text`` equal to
+    ``tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)``."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         # Fast tokenizers: call the Rust decoder directly; transformers' wrapper only adds

@@ -99,8 +99,9 @@ def check_model(requested: object, served: str, *, also: Collection[str] = ()) -
     if requested is None:
         return
     if not isinstance(requested, str):  # a raw body value: checked before the request model validates it
-        bad = BadRequest(f"model must be a string naming the model (this server serves {served!r}), "
-                         f"got {type(requested).__name__}")
+        bad = BadRequest(
+            f"model must be a string naming the model (this server serves {served!r}), got {type(requested).__name__}"
+        )
         bad.param = "model"  # type: ignore[attr-defined]
         raise bad
     if requested == served or requested in also:

@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
-HEAD_LIMIT = 16 * 1024        # request line + headers read before answering
-BODY_DRAIN_LIMIT = 1 << 20    # a body up to this is read (and dropped) so closing does not reset the answer
-IO_TIMEOUT_S = 2.0            # per connection: a slow client cannot hold the responder
+HEAD_LIMIT = 16 * 1024  # request line + headers read before answering
+BODY_DRAIN_LIMIT = 1 << 20  # a body up to this is read (and dropped) so closing does not reset the answer
+IO_TIMEOUT_S = 2.0  # per connection: a slow client cannot hold the responder
 RETRY_AFTER_S = 5
 
 
@@ -63,8 +63,10 @@ class HealthResponder:
 
 def _response(status: str, body: dict, extra_headers: str = "") -> bytes:
     payload = json.dumps(body).encode()
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-            f"Connection: close\r\n{extra_headers}\r\n")
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        f"Connection: close\r\n{extra_headers}\r\n"
+    )
     return head.encode("ascii") + payload
 
 
@@ -76,8 +78,11 @@ def answer(head: bytes, model_name: str) -> bytes:
     if path == "/ping":
         return _response("503 Service Unavailable", {model_name: {"status": "PENDING"}})
     message = f"model {model_name!r} is still loading; retry when /ping answers 200"
-    return _response("503 Service Unavailable", {"error": message, "code": 503, "type": "ServiceUnavailableError"},
-                     f"Retry-After: {RETRY_AFTER_S}\r\n")
+    return _response(
+        "503 Service Unavailable",
+        {"error": message, "code": 503, "type": "ServiceUnavailableError"},
+        f"Retry-After: {RETRY_AFTER_S}\r\n",
+    )
 
 
 def _content_length(head: bytes) -> int:

@@ -37,7 +37,6 @@ from lmi_trt.serving.metrics import Metrics
 log = logging.getLogger(__name__)
 
 
-
 class RateLimitedLog:
     """One WARNING line per kind and interval, with how many were left out: a client must not be
     able to fill the log (malformed requests, limits that bite)."""
@@ -116,7 +115,9 @@ class ServingContext:
             return self.service
         if self.load_error is not None:
             raise ServiceUnavailable(f"model {self.model_name!r} failed to load: {self.load_error}", retry_after=30)
-        raise ServiceUnavailable(f"model {self.model_name!r} is still loading; retry when /ping answers 200", retry_after=5)
+        raise ServiceUnavailable(
+            f"model {self.model_name!r} is still loading; retry when /ping answers 200", retry_after=5
+        )
 
 
 CONTEXT: web.AppKey[ServingContext] = web.AppKey("lmi_serving_context", ServingContext)
@@ -144,9 +145,7 @@ async def read_body(request: web.Request) -> bytes:
     config = ctx.config
     limit = config.max_request_size
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(
-            f"request body is {request.content_length} bytes, more than max_request_size={limit}"
-        )
+        raise PayloadTooLarge(f"request body is {request.content_length} bytes, more than max_request_size={limit}")
     uploads = ctx.uploads
     uploads.check(request.content_length or 0)
     body = bytearray()
@@ -156,19 +155,35 @@ async def read_body(request: web.Request) -> bytes:
             while chunk := await request.content.readany():
                 body += chunk
                 if len(body) > limit:
-                    raise PayloadTooLarge(f"request body is more than max_request_size={limit} bytes"
-                                          + (" once decompressed" if request.headers.get("Content-Encoding") else ""))
+                    raise PayloadTooLarge(
+                        f"request body is more than max_request_size={limit} bytes"
+                        + (" once decompressed" if request.headers.get("Content-Encoding") else "")
+                    )
                 uploads.take(len(chunk))
                 taken += len(chunk)
     except TimeoutError:
-        limits_log.warning("body_read_timeout", "a request body took longer than body_read_timeout=%d s (408): %s %s",
-                           config.body_read_timeout, request.method, request.path)
-        raise LmiHttpError(f"the request body did not arrive within body_read_timeout={config.body_read_timeout} s",
-                           status=408, type="RequestTimeout", headers={"Connection": "close"}) from None
+        limits_log.warning(
+            "body_read_timeout",
+            "a request body took longer than body_read_timeout=%d s (408): %s %s",
+            config.body_read_timeout,
+            request.method,
+            request.path,
+        )
+        raise LmiHttpError(
+            f"the request body did not arrive within body_read_timeout={config.body_read_timeout} s",
+            status=408,
+            type="RequestTimeout",
+            headers={"Connection": "close"},
+        ) from None
     except web.RequestPayloadError as e:  # aiohttp's wrapper of a ContentEncodingError, bad chunking, ...
-        raise BadRequest(f"request body could not be read: {' '.join(str(e).split())}"
-                         + (f" (Content-Encoding: {request.headers['Content-Encoding']})"
-                            if request.headers.get("Content-Encoding") else "")) from None
+        raise BadRequest(
+            f"request body could not be read: {' '.join(str(e).split())}"
+            + (
+                f" (Content-Encoding: {request.headers['Content-Encoding']})"
+                if request.headers.get("Content-Encoding")
+                else ""
+            )
+        ) from None
     finally:
         uploads.give(taken)
     return bytes(body)
@@ -194,10 +209,14 @@ class UploadBudget:
         self.in_flight -= n
 
     def _refuse(self) -> None:
-        limits_log.warning("max_upload_bytes", "request bodies being received reached max_upload_bytes=%d; "
-                           "refusing new bodies with 503", self.limit)
-        raise ServiceUnavailable(f"too many request bytes being received at once (max_upload_bytes={self.limit}); "
-                                 "retry later", retry_after=1)
+        limits_log.warning(
+            "max_upload_bytes",
+            "request bodies being received reached max_upload_bytes=%d; refusing new bodies with 503",
+            self.limit,
+        )
+        raise ServiceUnavailable(
+            f"too many request bytes being received at once (max_upload_bytes={self.limit}); retry later", retry_after=1
+        )
 
 
 # JSON bodies from this size up are parsed in the JSON worker process: a parser holds the GIL for
@@ -214,8 +233,9 @@ class JsonWorker:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"),
-                                         initializer=_die_with_parent, initargs=(os.getpid(),))
+        self._pool = ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("fork"), initializer=_die_with_parent, initargs=(os.getpid(),)
+        )
         self._pool.submit(int).result()  # fork now, while the process has no other thread
 
     async def parse(self, raw: bytes, max_values: int) -> Any:
@@ -260,8 +280,10 @@ def _parse_bounded(raw: bytes, max_values: int) -> tuple[bool, Any]:
         value = stack.pop()
         n += 1
         if n > max_values:
-            return False, (f"request body holds more than {max_values} JSON values, more than any request within "
-                           "option.max_input_len and option.max_prompts_per_request needs")
+            return False, (
+                f"request body holds more than {max_values} JSON values, more than any request within "
+                "option.max_input_len and option.max_prompts_per_request needs"
+            )
         if isinstance(value, dict):
             stack.extend(value.values())
         elif isinstance(value, list):
@@ -296,7 +318,9 @@ def parse_json(raw: bytes) -> Any:
         try:
             data = json.loads(raw)
         except UnicodeDecodeError as u:
-            raise BadRequest(f"request body is not valid UTF-8: byte {u.start} is {u.object[u.start:u.start + 1]!r}") from None
+            raise BadRequest(
+                f"request body is not valid UTF-8: byte {u.start} is {u.object[u.start : u.start + 1]!r}"
+            ) from None
         except ValueError:
             raise BadRequest(f"request body is not valid JSON: {e}") from None
         except RecursionError:  # orjson stops at 1024 levels; Python's parser overflows the stack
@@ -366,8 +390,9 @@ class Body:
 ROUTE_BODIES: web.AppKey[dict[str, Body]] = web.AppKey("lmi_route_bodies", dict)
 
 
-def add_post(app: web.Application, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-             body: Body) -> None:
+def add_post(
+    app: web.Application, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]], body: Body
+) -> None:
     """A POST route and its request body, registered together so the OpenAPI document cannot miss it."""
     app.router.add_post(path, handler)
     if ROUTE_BODIES not in app:

@@ -21,25 +21,93 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # dashboards read these with the prefix swapped (vllm: → lmi_, trtllm_ → lmi_):
 # vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger) and NVIDIA/TensorRT-LLM
 # tensorrt_llm/metrics/collector.py (MetricsCollector, "Adapted from" vLLM's).
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                 40.0, 80.0, 160.0, 640.0, 2560.0)
-_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                 40.0, 80.0)
-_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 MODEL = "model_name"
 # finished_reason in vLLM's words (vllm/v1/engine/__init__.py FinishReason: stop, length, abort);
 # a failed generation is "error".
-_FINISHED_REASON = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "cancelled": "abort",
-                    "error": "error"}
+_FINISHED_REASON = {
+    "eos_token": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "cancelled": "abort",
+    "error": "error",
+}
 
 
 class _LiveGauges(Collector):
     """Gauges computed on scrape, so the request path never touches them."""
 
-    def __init__(self, model_name: str, in_system: Callable[[], int],
-                 engine_stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self, model_name: str, in_system: Callable[[], int], engine_stats: Callable[[], EngineStats | None]
+    ) -> None:
         self._model_name = model_name
         self._in_system = in_system
         self._engine_stats = engine_stats
@@ -64,7 +132,9 @@ class _LiveGauges(Collector):
         yield GaugeMetricFamily(
             "lmi_engine_active_requests", "Requests the engine is generating for", value=stats.active_requests
         )
-        yield GaugeMetricFamily("lmi_engine_queue_depth", "Requests waiting for an engine slot", value=stats.queued_requests)
+        yield GaugeMetricFamily(
+            "lmi_engine_queue_depth", "Requests waiting for an engine slot", value=stats.queued_requests
+        )
         yield GaugeMetricFamily("lmi_engine_max_batch_size", "Engine batch capacity", value=stats.max_batch_size)
         for key, value in sorted(stats.extra.items()):
             yield GaugeMetricFamily(f"lmi_engine_{key}", f"Engine statistic {key}", value=value)
@@ -75,28 +145,59 @@ class Metrics:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("lmi_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
-        self.request_latency = Histogram(
-            "lmi_http_request_duration_seconds", "Time to the end of the response, streams included",
-            ["route"], buckets=_LATENCY_BUCKETS, registry=r,
+        self.requests = Counter(
+            "lmi_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
-        self.rejected = Counter("lmi_requests_rejected", "Requests refused before generation, by status", ["status"], registry=r)
+        self.request_latency = Histogram(
+            "lmi_http_request_duration_seconds",
+            "Time to the end of the response, streams included",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "lmi_requests_rejected", "Requests refused before generation, by status", ["status"], registry=r
+        )
         # Per generation, on the shared stems (one model per server: the label is fixed).
-        self.ttft = Histogram("lmi_time_to_first_token_seconds", "Admission to first generated token",
-                              [MODEL], buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
+        self.ttft = Histogram(
+            "lmi_time_to_first_token_seconds",
+            "Admission to first generated token",
+            [MODEL],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         self.time_per_output_token = Histogram(
-            "lmi_time_per_output_token_seconds", "Mean time between a request's generated tokens after the first",
-            [MODEL], buckets=_TPOT_BUCKETS, registry=r).labels(model_name)
-        self.e2e_latency = Histogram("lmi_e2e_request_latency_seconds", "Admission to the end of generation",
-                                     [MODEL], buckets=_REQUEST_BUCKETS, registry=r).labels(model_name)
+            "lmi_time_per_output_token_seconds",
+            "Mean time between a request's generated tokens after the first",
+            [MODEL],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.e2e_latency = Histogram(
+            "lmi_e2e_request_latency_seconds",
+            "Admission to the end of generation",
+            [MODEL],
+            buckets=_REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         # vLLM's request_queue_time_seconds (request-latency buckets there too): observed for the
         # engines that report when a request left their queue (EngineOutput.queue_time_s).
-        self.queue_time = Histogram("lmi_request_queue_time_seconds", "Time a request waited in the engine's queue",
-                                    [MODEL], buckets=_REQUEST_BUCKETS, registry=r).labels(model_name)
-        self.generation_tokens = Counter("lmi_generation_tokens", "Tokens generated", [MODEL], registry=r).labels(model_name)
-        self.prompt_tokens = Counter("lmi_prompt_tokens", "Prompt tokens admitted", [MODEL], registry=r).labels(model_name)
-        self._success = Counter("lmi_request_success", "Finished generations by finish reason",
-                                [MODEL, "finished_reason"], registry=r)
+        self.queue_time = Histogram(
+            "lmi_request_queue_time_seconds",
+            "Time a request waited in the engine's queue",
+            [MODEL],
+            buckets=_REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.generation_tokens = Counter("lmi_generation_tokens", "Tokens generated", [MODEL], registry=r).labels(
+            model_name
+        )
+        self.prompt_tokens = Counter("lmi_prompt_tokens", "Prompt tokens admitted", [MODEL], registry=r).labels(
+            model_name
+        )
+        self._success = Counter(
+            "lmi_request_success", "Finished generations by finish reason", [MODEL, "finished_reason"], registry=r
+        )
 
     def finished(self, reason: str, generated: int, seconds: float, first_token_after: float | None) -> None:
         """One generation ended (any reason): ``seconds`` since admission, the first token after

@@ -46,12 +46,20 @@ FIELD_SHAPES: dict[tuple[str, str], dict[str, Any]] = {
             "required": ["role", "content"],
             "properties": {
                 "role": {"type": "string", "minLength": 1},
-                "content": {"anyOf": [
-                    {"type": "string"},
-                    {"type": "null"},
-                    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
-                ]},
+                "content": {
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "null"},
+                        {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["type", "text"],
+                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                            },
+                        },
+                    ]
+                },
             },
         },
     },
@@ -70,8 +78,8 @@ FIELD_SHAPES: dict[tuple[str, str], dict[str, Any]] = {
 
 _ERROR = {
     "description": "an error: a JSON body whose message names the offending field (shape per schema: "
-                   "LMI {error, code, type}, OpenAI {error: {message, param, ...}}, TGI {error, error_type}, "
-                   "Triton {error})",
+    "LMI {error, code, type}, OpenAI {error: {message, param, ...}}, TGI {error, error_type}, "
+    "Triton {error})",
     "content": {"application/json": {"schema": {"type": "object"}}},
 }
 _PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
@@ -82,7 +90,8 @@ def component_schemas(models: set[type[BaseModel]]) -> dict[str, Any]:
     if not models:
         return {}
     _, defs = models_json_schema(
-        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template="#/components/schemas/{model}"
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
+        ref_template="#/components/schemas/{model}",
     )
     schemas = defs.get("$defs", {})
     for (model, field_name), shape in FIELD_SHAPES.items():
@@ -126,13 +135,17 @@ def build_spec(app: web.Application) -> dict[str, Any]:
         }
         params = _PARAM.findall(path)
         if params:
-            op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
-                                for p in params]
+            op["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+                for p in params
+            ]
         if method in ("POST", "PUT", "PATCH"):
             body = bodies.get(path)
             if body is None:  # every adapter registers its POST routes with their bodies (http.add_post)
-                raise RuntimeError(f"{method} {path} was added without its request body; register it with "
-                                   "lmi_trt.serving.http.add_post")
+                raise RuntimeError(
+                    f"{method} {path} was added without its request body; register it with "
+                    "lmi_trt.serving.http.add_post"
+                )
             refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in body_models(body, ctx)]
             json_schema: dict[str, Any] = refs[0] if len(refs) == 1 else {"anyOf": refs}
             content: dict[str, Any] = {"application/json": {"schema": json_schema}}
@@ -146,7 +159,7 @@ def build_spec(app: web.Application) -> dict[str, Any]:
             "title": "lmi-trt",
             "version": __version__,
             "description": f"LLM inference for model {ctx.model_name!r}: LMI/DJL, SageMaker, TGI, OpenAI, "
-                           "Triton generate and Truss schemas.",
+            "Triton generate and Truss schemas.",
         },
         "paths": dict(sorted(paths.items())),
         "components": {"schemas": schemas},

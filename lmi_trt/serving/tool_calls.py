@@ -131,7 +131,7 @@ def _parse_mistral(text: str) -> tuple[str, list[ToolCall]] | None:
         calls = []
         for chunk in rest.split("[TOOL_CALLS]"):
             head = _MISTRAL_ARGS.match(chunk)
-            args = _json_values(chunk[head.end():], ",") if head else None
+            args = _json_values(chunk[head.end() :], ",") if head else None
             calls.append(ToolCall(head.group(1), _args_text(args[0])) if head and args and len(args) == 1 else None)
     if not calls or any(c is None for c in calls):
         return None
@@ -167,11 +167,14 @@ class Parser:
         return None
 
 
-FAMILIES: dict[str, Parser] = {p.name: p for p in (
-    Parser("hermes", _parse_hermes, "<tool_call>"),
-    Parser("llama3_json", _parse_llama3_json, "{", at_start_only=True),
-    Parser("mistral", _parse_mistral, "[TOOL_CALLS]", special_marker=True),
-)}
+FAMILIES: dict[str, Parser] = {
+    p.name: p
+    for p in (
+        Parser("hermes", _parse_hermes, "<tool_call>"),
+        Parser("llama3_json", _parse_llama3_json, "{", at_start_only=True),
+        Parser("mistral", _parse_mistral, "[TOOL_CALLS]", special_marker=True),
+    )
+}
 
 
 @lru_cache(maxsize=8)
@@ -190,9 +193,17 @@ def family_of(template: str) -> str | None:
 
 
 def _required_schema(tools: list[ToolSpec], parallel: bool) -> dict[str, Any]:
-    one = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                             "parameters": t.function.parameters or {"type": "object"}},
-            "required": ["name", "parameters"]} for t in tools]
+    one = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t.function.name]},
+                "parameters": t.function.parameters or {"type": "object"},
+            },
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
     return {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}), "items": {"anyOf": one}}
 
 
@@ -202,8 +213,8 @@ class ToolPlan:
 
     tools: list[ToolSpec]
     mode: Mode
-    name: str | None = None        # the named function
-    parser: Parser | None = None   # auto
+    name: str | None = None  # the named function
+    parser: Parser | None = None  # auto
     parallel: bool = True
 
     def template_tools(self) -> list[dict[str, Any]]:
@@ -271,20 +282,32 @@ class ToolStream:
         return self.plan.split(held) if held else ("", [])
 
 
-def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any, *, auto_enabled: bool,
-               parser_option: str | None, template: str | None) -> ToolPlan | None:
+def plan_tools(
+    tools: Any,
+    tool_choice: Any,
+    parallel_tool_calls: Any,
+    *,
+    auto_enabled: bool,
+    parser_option: str | None,
+    template: str | None,
+) -> ToolPlan | None:
     """The request's ToolPlan (None without tools); a 400 naming ``tools`` or ``tool_choice`` for what cannot be."""
     if not tools:
         if tool_choice not in (None, "none"):
-            raise FieldError("tool_choice", f"tool_choice={tool_choice!r} needs tools; send tools or leave tool_choice out")
+            raise FieldError(
+                "tool_choice", f"tool_choice={tool_choice!r} needs tools; send tools or leave tool_choice out"
+            )
         return None
     try:
         specs = [ToolSpec.model_validate(t) for t in tools]
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise FieldError("tools", f"tools: each tool must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                                  f"\"parameters\": {{...}}}}}}; {where}: {first['msg']}") from None
+        raise FieldError(
+            "tools",
+            f'tools: each tool must be {{"type": "function", "function": {{"name": ..., '
+            f'"parameters": {{...}}}}}}; {where}: {first["msg"]}',
+        ) from None
     names = [t.function.name for t in specs]
     if len(set(names)) != len(names):
         raise FieldError("tools", f"tools: function names must be unique, got {names}")
@@ -300,22 +323,32 @@ def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any, *, auto_e
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str):
-            raise FieldError("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
-                                            "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+            raise FieldError(
+                "tool_choice",
+                "tool_choice must be 'none', 'auto', 'required' or "
+                '{"type": "function", "function": {"name": ...}}',
+            )
         if name not in names:
             raise FieldError("tool_choice", f"tool_choice names function {name!r}, which is not among tools: {names}")
         return ToolPlan(specs, "named", name=name, parallel=parallel)
     if choice != "auto":
-        raise FieldError("tool_choice", f"tool_choice={choice!r} is not one of 'none', 'auto', 'required' or a "
-                                        "named function")
+        raise FieldError(
+            "tool_choice", f"tool_choice={choice!r} is not one of 'none', 'auto', 'required' or a named function"
+        )
     if not auto_enabled:
-        raise FieldError("tool_choice", "tool_choice 'auto' (the default with tools) needs the server started with "
-                                        "option.enable_auto_tool_choice=true (as DJL LMI and vLLM); or send "
-                                        "tool_choice 'required' or a named function")
+        raise FieldError(
+            "tool_choice",
+            "tool_choice 'auto' (the default with tools) needs the server started with "
+            "option.enable_auto_tool_choice=true (as DJL LMI and vLLM); or send "
+            "tool_choice 'required' or a named function",
+        )
     family = parser_option or (family_of(template) if template else None)
     if family is None:
-        raise FieldError("tool_choice", "tool_choice 'auto': this model's chat template writes no tool-call format "
-                                        f"known here; set option.tool_call_parser to one of {', '.join(TOOL_CALL_PARSERS)}")
+        raise FieldError(
+            "tool_choice",
+            "tool_choice 'auto': this model's chat template writes no tool-call format "
+            f"known here; set option.tool_call_parser to one of {', '.join(TOOL_CALL_PARSERS)}",
+        )
     return ToolPlan(specs, "auto", parser=FAMILIES[family], parallel=parallel)
 
 

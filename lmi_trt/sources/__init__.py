@@ -54,8 +54,9 @@ def _token(config: LmiConfig) -> str | None:
     return config.hf_token.get_secret_value() if config.hf_token is not None else None
 
 
-def _fetch(name: str, config: LmiConfig, *, tokenizer_only: bool,
-           s3_max_concurrency: int) -> tuple[Path, ArtifactSource, str | None]:
+def _fetch(
+    name: str, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int
+) -> tuple[Path, ArtifactSource, str | None]:
     """Bring ``name`` to local disk: (folder, source, fingerprint or None for local folders).
 
     ``config.revision`` pins the model's repo; a separate tokenizer repo is taken at its default branch.
@@ -93,8 +94,9 @@ def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CO
         if config.model_dir is None:
             raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or HF_MODEL_ID")
         return detect_artifact(config.model_dir, model_id=str(config.model_dir))
-    path, source, fingerprint = _fetch(config.model_id, config, tokenizer_only=False,
-                                       s3_max_concurrency=s3_max_concurrency)
+    path, source, fingerprint = _fetch(
+        config.model_id, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency
+    )
     return detect_artifact(path, model_id=config.model_id, source=source, fingerprint=fingerprint)
 
 
@@ -106,8 +108,9 @@ def _tokenizer_folder(root: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def resolve_tokenizer(config: LmiConfig, artifact: ModelArtifact, *,
-                      s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path:
+def resolve_tokenizer(
+    config: LmiConfig, artifact: ModelArtifact, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+) -> Path:
     """The folder to load the tokenizer from: ``config.tokenizer_id`` when set, else the artifact's own."""
     if config.tokenizer_id is not None:
         root, _, _ = _fetch(config.tokenizer_id, config, tokenizer_only=True, s3_max_concurrency=s3_max_concurrency)
@@ -130,4 +133,3 @@ def resolve_tokenizer(config: LmiConfig, artifact: ModelArtifact, *,
         f"model_id {artifact.model_id!r}: {artifact.path} has no tokenizer files; set option.tokenizer_id to the "
         "HF id, s3:// URI or folder of the model's tokenizer"
     )
-

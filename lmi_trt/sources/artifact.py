@@ -29,7 +29,6 @@ from typing import Literal
 
 from lmi_trt.errors import LmiError
 
-
 ArtifactKind = Literal["hf_checkpoint", "trtllm_engine", "trtllm_checkpoint"]
 ArtifactSource = Literal["local", "hf", "s3"]
 EngineLayout = Literal["llmapi", "triton", "legacy"]

@@ -150,8 +150,7 @@ def list_objects(client: Any, uri: S3Uri) -> list[S3Object]:
         raise _explain(uri, e, "listing") from e
     if not objects:
         raise SourceError(
-            f"no objects under {uri}; check the prefix in option.model_id (it names a folder, and is "
-            "case-sensitive)"
+            f"no objects under {uri}; check the prefix in option.model_id (it names a folder, and is case-sensitive)"
         )
     return objects
 
@@ -212,8 +211,13 @@ class _Progress:
             if self._done / self._total >= self._next_fraction or now - self._last_log >= 30:
                 self._next_fraction = self._done / self._total + 0.1
                 self._last_log = now
-                log.info("%s: %.0f%% of %.1f MiB (%.1f MiB/s)", self._uri, 100 * self._done / self._total,
-                         self._total / 2**20, self._done / 2**20 / max(now - self._start, 1e-3))
+                log.info(
+                    "%s: %.0f%% of %.1f MiB (%.1f MiB/s)",
+                    self._uri,
+                    100 * self._done / self._total,
+                    self._total / 2**20,
+                    self._done / 2**20 / max(now - self._start, 1e-3),
+                )
 
 
 @contextmanager
@@ -242,8 +246,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _fill(client: Any, uri: S3Uri, wanted: dict[PurePosixPath, S3Object], tmp: Path, previous: Path,
-          max_concurrency: int) -> None:
+def _fill(
+    client: Any, uri: S3Uri, wanted: dict[PurePosixPath, S3Object], tmp: Path, previous: Path, max_concurrency: int
+) -> None:
     """Put every wanted object into ``tmp``: from the previous complete copy when unchanged, else from S3."""
     old = _read_manifest(previous) or {}
     to_download = []
@@ -260,8 +265,10 @@ def _fill(client: Any, uri: S3Uri, wanted: dict[PurePosixPath, S3Object], tmp: P
     # which ignores the size/ETag hand-off below.
     config = TransferConfig(max_concurrency=max_concurrency, preferred_transfer_client="classic")
     # Leaving the manager with an exception cancels the transfers still queued.
-    with _require_listed_etags(client, uri.bucket, (o for _, o in to_download)), \
-            create_transfer_manager(client, config) as manager:
+    with (
+        _require_listed_etags(client, uri.bucket, (o for _, o in to_download)),
+        create_transfer_manager(client, config) as manager,
+    ):
         futures = [
             (obj, manager.download(uri.bucket, obj.key, str(tmp / rel), subscribers=[_ListedObject(obj, progress)]))
             for rel, obj in to_download
@@ -286,8 +293,9 @@ def _remove_leftovers(dest: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def sync_objects(client: Any, uri: S3Uri, objects: list[S3Object], dest: Path, *,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path:
+def sync_objects(
+    client: Any, uri: S3Uri, objects: list[S3Object], dest: Path, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+) -> Path:
     """Make ``dest`` a complete copy of ``objects`` (a listing of ``uri``); reuse it when already so."""
     wanted = local_paths(uri, objects)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -305,8 +313,11 @@ def sync_objects(client: Any, uri: S3Uri, objects: list[S3Object], dest: Path, *
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
         try:
             _fill(client, uri, wanted, tmp, dest, max_concurrency)
-            (tmp / MANIFEST).write_text(json.dumps(
-                {"uri": str(uri), "objects": {rel.as_posix(): asdict(o) for rel, o in wanted.items()}}, indent=1))
+            (tmp / MANIFEST).write_text(
+                json.dumps(
+                    {"uri": str(uri), "objects": {rel.as_posix(): asdict(o) for rel, o in wanted.items()}}, indent=1
+                )
+            )
             if dest.exists():
                 # A rename cannot replace a non-empty folder: move the old copy aside first.
                 old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
@@ -322,8 +333,9 @@ def sync_objects(client: Any, uri: S3Uri, objects: list[S3Object], dest: Path, *
         lock.release()
 
 
-def download_s3(uri: str, download_dir: Path, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                client: Any = None) -> tuple[Path, str]:
+def download_s3(
+    uri: str, download_dir: Path, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, client: Any = None
+) -> tuple[Path, str]:
     """Download the folder ``uri`` (or reuse a complete earlier copy); return (local folder, fingerprint)."""
     parsed = parse_s3_uri(uri)
     client = client if client is not None else make_client(max_concurrency)

@@ -15,6 +15,7 @@ from lmi_trt.config import LmiConfig
 async def test_busy_server_refuses_before_the_body_arrives():
     sa = SyntheticApp(LmiConfig(max_input_len=64, max_output_len=256, job_queue_size=1), tokens_per_second=20)
     async with TestServer(sa.app) as server, aiohttp.ClientSession(str(server.make_url(""))) as s:
+
         async def ready() -> bool:
             async with s.get("/ping") as r:
                 return r.status == 200
@@ -26,8 +27,10 @@ async def test_busy_server_refuses_before_the_body_arrives():
             await busy.content.readline()  # the one admitted request is now in the system
             reader, writer = await asyncio.open_connection(server.host, server.port)
             # Headers promise 10 MB; only a few bytes follow. The answer must not wait for the rest.
-            writer.write(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 10000000\r\n\r\n{\"inputs\": ")
+            writer.write(
+                b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 10000000\r\n\r\n{"inputs": '
+            )
             await writer.drain()
             try:
                 status_line = await asyncio.wait_for(reader.readline(), timeout=5)

@@ -61,22 +61,37 @@ def test_build_writes_the_precompiled_layout(tiny, tmp_path):
     plan = plan_for(tiny)
     out = tmp_path / "engine"
     seen: list[str] = []
-    build_engine(plan, tiny, out, tokenizer_dir=tiny, progress=seen.append,
-                 properties={"option.max_input_len": 128, "option.model_id": "should-not-be-written",
-                             "option.quantize": None})
+    build_engine(
+        plan,
+        tiny,
+        out,
+        tokenizer_dir=tiny,
+        progress=seen.append,
+        properties={"option.max_input_len": 128, "option.model_id": "should-not-be-written", "option.quantize": None},
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["version"] == installed()
     assert config["pretrained_config"]["architecture"] == "LlamaForCausalLM"
     assert config["pretrained_config"]["dtype"] == "float16"
     built = config["build_config"]
-    assert (built["max_input_len"], built["max_seq_len"], built["max_batch_size"], built["max_num_tokens"]) == \
-        (128, 192, 4, 4 * 192)
+    assert (built["max_input_len"], built["max_seq_len"], built["max_batch_size"], built["max_num_tokens"]) == (
+        128,
+        192,
+        4,
+        4 * 192,
+    )
     # The plan's plugin settings (the release's own defaults differ: 64 blocks, no paged context FMHA in 0.12)
     assert built["plugin_config"]["tokens_per_block"] == plan.plugins.tokens_per_block
     assert built["plugin_config"]["use_paged_context_fmha"] is plan.plugins.use_paged_context_fmha
     assert (out / "rank0.engine").is_file()
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "hf_config.json",
-                 "build_plan.json", "serving.properties"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "hf_config.json",
+        "build_plan.json",
+        "serving.properties",
+    ):
         assert (out / name).is_file(), name
     props = parse_properties((out / "serving.properties").read_text())
     assert "option.model_id" not in props and "option.quantize" not in props
@@ -126,8 +141,14 @@ def test_weight_only_quantization_converts_directly(tiny, tmp_path):
 def test_native_smoothquant_calibrates_then_builds_from_the_checkpoint(tiny, tmp_path):
     calib = tmp_path / "calib.txt"
     calib.write_text("some calibration text\nmore text\n")
-    plan = plan_for(tiny, quantize="smoothquant", smoothquant_per_token=True, smoothquant_per_channel=True,
-                    calib_dataset=str(calib), tensor_parallel_degree=2)
+    plan = plan_for(
+        tiny,
+        quantize="smoothquant",
+        smoothquant_per_token=True,
+        smoothquant_per_channel=True,
+        calib_dataset=str(calib),
+        tensor_parallel_degree=2,
+    )
     assert plan.quant.method == "trtllm_native"
     out = tmp_path / "engine"
     seen: list[str] = []
@@ -204,13 +225,15 @@ def test_failed_build_in_the_cache_leaves_nothing(tiny, tmp_path):
 
 # ------------------------------------------------------------------------------------------- JIT
 
+
 def test_ensure_engine_builds_once_and_returns_an_engine_artifact(tiny, tmp_path, caplog):
     from lmi_trt.compile.jit import ensure_engine
     from lmi_trt.config import LmiConfig
     from lmi_trt.sources import resolve_model
 
-    config = LmiConfig(model_id=str(tiny), max_input_len=128, max_output_len=64, max_rolling_batch_size=4,
-                       download_dir=tmp_path / "dl")
+    config = LmiConfig(
+        model_id=str(tiny), max_input_len=128, max_output_len=64, max_rolling_batch_size=4, download_dir=tmp_path / "dl"
+    )
     artifact = resolve_model(config)
     first = ensure_engine(job(config), artifact, gpu=H100x2, trtllm_version=installed())
     assert first.kind == "trtllm_engine" and first.tokenizer_dir is not None
@@ -239,6 +262,7 @@ def test_ensure_engine_plan_errors_come_before_any_build(tiny, tmp_path):
 
 # ---------------------------------------------------------------------------------------- commands
 
+
 def _cli(*argv: str) -> int:
     from lmi_trt.cli import main
 
@@ -246,15 +270,39 @@ def _cli(*argv: str) -> int:
 
 
 def test_plan_command_json_and_text(tiny, capsys):
-    rc = _cli("plan", "--model-id", str(tiny), "--json", "--gpu", "l4", "-o", "option.max_input_len=256",
-              "-o", "option.max_output_len=128")
+    rc = _cli(
+        "plan",
+        "--model-id",
+        str(tiny),
+        "--json",
+        "--gpu",
+        "l4",
+        "-o",
+        "option.max_input_len=256",
+        "-o",
+        "option.max_output_len=128",
+    )
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["plan"]["max_input_len"] == 256 and report["plan"]["max_seq_len"] == 256 + 128
     assert report["gpu"]["sm"] == 89 and report["memory"]["kv_bytes_per_token"] == 256
     assert report["plan"]["trtllm_version"] == installed()  # the (fake) installed one
-    assert _cli("plan", "--model-id", str(tiny), "--gpu", "h100", "--gpu-count", "2",
-                "-o", "option.max_input_len=300", "-o", "option.max_output_len=100") == 0
+    assert (
+        _cli(
+            "plan",
+            "--model-id",
+            str(tiny),
+            "--gpu",
+            "h100",
+            "--gpu-count",
+            "2",
+            "-o",
+            "option.max_input_len=300",
+            "-o",
+            "option.max_output_len=100",
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "2× NVIDIA H100" in text and "max_seq_len 400" in text and "bytes/token" in text
     assert "--gpu h100" in text  # the assumption is stated
@@ -263,11 +311,24 @@ def test_plan_command_json_and_text(tiny, capsys):
 def test_plan_command_needs_only_config_json_and_reports_what_does_not_fit(tmp_path, capsys):
     model = tmp_path / "mixtral"  # config.json only: no weights, no tokenizer
     model.mkdir()
-    model.joinpath("config.json").write_text(json.dumps({
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768,
-        "torch_dtype": "bfloat16"}))
+    model.joinpath("config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["MixtralForCausalLM"],
+                "model_type": "mixtral",
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "num_local_experts": 8,
+                "num_experts_per_tok": 2,
+                "vocab_size": 32000,
+                "max_position_embeddings": 32768,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     assert _cli("plan", "--model-id", str(model), "--gpu", "h100") == 2
     captured = capsys.readouterr()
     assert "LLaMAForCausalLM" in captured.out and re.search(r"weights +86\.99 GiB", captured.out)
@@ -278,17 +339,45 @@ def test_plan_command_needs_only_config_json_and_reports_what_does_not_fit(tmp_p
 
 
 def test_plan_command_error_names_the_key(tiny, capsys):
-    assert _cli("plan", "--model-id", str(tiny), "--gpu", "a100-80gb", "-o", "option.quantize=fp8",
-                "-o", "option.max_input_len=128", "-o", "option.max_output_len=64") == 2
+    assert (
+        _cli(
+            "plan",
+            "--model-id",
+            str(tiny),
+            "--gpu",
+            "a100-80gb",
+            "-o",
+            "option.quantize=fp8",
+            "-o",
+            "option.max_input_len=128",
+            "-o",
+            "option.max_output_len=64",
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "option.quantize='fp8'" in err and "8.9" in err
 
 
 def test_compile_command_to_a_folder(tiny, tmp_path, capsys):
     out = tmp_path / "compiled"
-    rc = _cli("compile", "--model-id", str(tiny), "--output", str(out), "--gpu", "h100", "--gpu-count", "2",
-              "-o", "option.max_input_len=128", "-o", "option.max_output_len=64",
-              "-o", "option.tensor_parallel_degree=2")
+    rc = _cli(
+        "compile",
+        "--model-id",
+        str(tiny),
+        "--output",
+        str(out),
+        "--gpu",
+        "h100",
+        "--gpu-count",
+        "2",
+        "-o",
+        "option.max_input_len=128",
+        "-o",
+        "option.max_output_len=64",
+        "-o",
+        "option.tensor_parallel_degree=2",
+    )
     assert rc == 0, capsys.readouterr().err
     assert "option.model_id=" in capsys.readouterr().out
     manifest = read_manifest(out)
@@ -308,12 +397,28 @@ def test_compile_command_to_s3_then_serve_resolves_it(tiny, tmp_path, s3_env, ca
 
     bucket = s3_env.new_bucket("aot")
     uri = f"s3://{bucket}/llama-tp1"
-    rc = _cli("compile", "--model-id", str(tiny), "--output", uri, "--gpu", "h100",
-              "-o", "option.max_input_len=128", "-o", "option.max_output_len=64")
+    rc = _cli(
+        "compile",
+        "--model-id",
+        str(tiny),
+        "--output",
+        uri,
+        "--gpu",
+        "h100",
+        "-o",
+        "option.max_input_len=128",
+        "-o",
+        "option.max_output_len=64",
+    )
     assert rc == 0, capsys.readouterr().err
     keys = {o["Key"] for o in s3_env.client().list_objects_v2(Bucket=bucket)["Contents"]}
-    assert {"llama-tp1/config.json", "llama-tp1/rank0.engine", "llama-tp1/lmi_trt_manifest.json",
-            "llama-tp1/tokenizer.json", "llama-tp1/serving.properties"} <= keys
+    assert {
+        "llama-tp1/config.json",
+        "llama-tp1/rank0.engine",
+        "llama-tp1/lmi_trt_manifest.json",
+        "llama-tp1/tokenizer.json",
+        "llama-tp1/serving.properties",
+    } <= keys
     artifact = resolve_model(LmiConfig(model_id=uri, download_dir=tmp_path / "dl"))
     assert artifact.kind == "trtllm_engine" and artifact.engine_layout == "llmapi"
 
@@ -323,8 +428,21 @@ def test_compile_on_the_pytorch_backend_writes_the_calibrated_checkpoint(tiny, t
     calib = tmp_path / "calib.txt"
     calib.write_text("The quick brown fox\nServing engines batch\n")
     out = tmp_path / "fp8"
-    rc = _cli("compile", "--model-id", str(tiny), "--output", str(out), "-o", "option.backend=pytorch",
-              "-o", "option.quantize=fp8_kv", "-o", f"option.calib_dataset={calib}", "-o", "option.calib_size=2")
+    rc = _cli(
+        "compile",
+        "--model-id",
+        str(tiny),
+        "--output",
+        str(out),
+        "-o",
+        "option.backend=pytorch",
+        "-o",
+        "option.quantize=fp8_kv",
+        "-o",
+        f"option.calib_dataset={calib}",
+        "-o",
+        "option.calib_size=2",
+    )
     assert rc == 0, capsys.readouterr().err
     assert "without option.quantize" in capsys.readouterr().out
     quant = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
@@ -356,8 +474,14 @@ def test_a_trtllm_checkpoint_is_built_without_conversion(tiny, tmp_path):
         model.save_checkpoint(str(ckpt), save_config=rank == 0)
     artifact = detect_artifact(ckpt, model_id=str(ckpt))
     assert artifact.kind == "trtllm_checkpoint"
-    config = LmiConfig(model_id=str(ckpt), max_input_len=128, max_output_len=64, max_rolling_batch_size=4,
-                       tensor_parallel_degree=2, download_dir=tmp_path / "dl")
+    config = LmiConfig(
+        model_id=str(ckpt),
+        max_input_len=128,
+        max_output_len=64,
+        max_rolling_batch_size=4,
+        tensor_parallel_degree=2,
+        download_dir=tmp_path / "dl",
+    )
     engine = ensure_engine(job(config), artifact, gpu=H100x2, trtllm_version=installed())
     assert engine.kind == "trtllm_engine"
     assert sorted(p.name for p in engine.path.glob("rank*.engine")) == ["rank0.engine", "rank1.engine"]
@@ -371,8 +495,17 @@ def test_compile_on_a_release_without_the_executor(tiny, tmp_path, capsys, monke
 
     monkeypatch.setattr(tensorrt_llm, "__version__", "1.3.0")
     monkeypatch.setattr("lmi_trt.compile.commands.detect_trtllm_version", lambda: "1.3.0")
-    rc = _cli("compile", "--model-id", str(tiny), "--output", str(tmp_path / "x"), "-o", "option.backend=tensorrt",
-              "-o", "option.quantize=fp8")
+    rc = _cli(
+        "compile",
+        "--model-id",
+        str(tiny),
+        "--output",
+        str(tmp_path / "x"),
+        "-o",
+        "option.backend=tensorrt",
+        "-o",
+        "option.quantize=fp8",
+    )
     assert rc == 2 and "option.backend" in capsys.readouterr().err
     rc = _cli("compile", "--model-id", str(tiny), "--output", str(tmp_path / "y"))
     assert rc == 2 and "no engine to compile" in capsys.readouterr().err

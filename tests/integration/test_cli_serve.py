@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 import requests
-
 from cliserver import serve
 from tinymodels import tiny_model
 
@@ -27,7 +26,7 @@ def _reference_greedy(model_dir, prompt: str, n: int) -> tuple[list[int], str]:
     ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, min_new_tokens=n)
-    new = out[0, ids.shape[1]:].tolist()
+    new = out[0, ids.shape[1] :].tolist()
     return new, tok.decode(new, skip_special_tokens=True)
 
 
@@ -50,27 +49,38 @@ def test_model_dir_with_serving_properties_greedy_matches_generate(llama, tmp_pa
     prompt = "The quick brown fox"
     ids, text = _reference_greedy(llama, prompt, 12)
     with serve(["--model-dir", str(model_dir)], tmp_path) as srv:
-        r = srv.post("/invocations", {"inputs": prompt,
-                                      "parameters": {"max_new_tokens": 12, "details": True, "ignore_eos": True}})
+        r = srv.post(
+            "/invocations",
+            {"inputs": prompt, "parameters": {"max_new_tokens": 12, "details": True, "ignore_eos": True}},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert [t["id"] for t in body["details"]["tokens"]] == ids
         assert body["generated_text"] == text
         # The stream reassembles to the same text, and its last line carries the whole text.
-        r = srv.post("/invocations", {"inputs": prompt, "parameters": {"max_new_tokens": 12, "ignore_eos": True},
-                                      "stream": True}, stream=True)
+        r = srv.post(
+            "/invocations",
+            {"inputs": prompt, "parameters": {"max_new_tokens": 12, "ignore_eos": True}, "stream": True},
+            stream=True,
+        )
         assert r.headers["content-type"].startswith("application/jsonlines")
         lines = _jsonlines(r)
         assert "".join(line["token"]["text"] for line in lines) == text
         assert lines[-1]["generated_text"] == text
         # /predictions/{model} is the same route under DJL's name.
-        r = srv.post("/predictions/opt_ml_model", {"inputs": prompt, "parameters": {"max_new_tokens": 12, "ignore_eos": True}})
+        r = srv.post(
+            "/predictions/opt_ml_model", {"inputs": prompt, "parameters": {"max_new_tokens": 12, "ignore_eos": True}}
+        )
         assert r.status_code == 200 and r.json()["generated_text"] == text
 
 
 def test_environment_variables_configure_the_server(llama, tmp_path):
-    env = {"HF_MODEL_ID": str(llama), "OPTION_ROLLING_BATCH": "torch", "OPTION_MAX_INPUT_LEN": "8",
-           "OPTION_MAX_OUTPUT_LEN": "16"}
+    env = {
+        "HF_MODEL_ID": str(llama),
+        "OPTION_ROLLING_BATCH": "torch",
+        "OPTION_MAX_INPUT_LEN": "8",
+        "OPTION_MAX_OUTPUT_LEN": "16",
+    }
     with serve([], tmp_path, env=env) as srv:
         r = srv.post("/invocations", {"inputs": "word " * 40, "parameters": {"max_new_tokens": 4}})
         assert r.status_code == 400
@@ -84,8 +94,9 @@ def test_cli_flag_wins_over_properties_and_env(llama, tmp_path):
     props = tmp_path / "serving.properties"
     props.write_text(f"option.model_id={llama}\noption.rolling_batch=torch\noption.max_input_len=8\n")
     env = {"OPTION_MAX_INPUT_LEN": "4"}
-    with serve(["--properties", str(props), "-o", "option.max_input_len=256", "-o", "max_output_len=64"],
-               tmp_path, env=env) as srv:
+    with serve(
+        ["--properties", str(props), "-o", "option.max_input_len=256", "-o", "max_output_len=64"], tmp_path, env=env
+    ) as srv:
         r = srv.post("/invocations", {"inputs": "word " * 40, "parameters": {"max_new_tokens": 2}})
         assert r.status_code == 200, r.text
 
@@ -115,7 +126,8 @@ def test_readme_quick_start_serves_serving_properties_example(llama, tmp_path):
     (tmp_path / "models" / "tiny-llama").symlink_to(llama)
     shutil.copy(root / "serving.properties.example", tmp_path / "serving.properties.example")
     with serve(["--properties", "serving.properties.example"], tmp_path, cwd=tmp_path) as srv:
-        r = srv.post("/invocations", {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 16,
-                                                                                   "details": True}})
+        r = srv.post(
+            "/invocations", {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 16, "details": True}}
+        )
         assert r.status_code == 200, r.text
         assert r.json()["details"]["generated_tokens"] >= 1

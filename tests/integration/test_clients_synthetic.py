@@ -36,9 +36,21 @@ def tok(llama):
 
 @pytest.fixture(scope="module")
 def srv(llama, tmp_path_factory):
-    with serve(["--engine", "synthetic", "--model-id", str(llama), "--model-name", "tiny-llama",
-                "-o", "option.max_input_len=256", "-o", "option.max_output_len=256"],
-               tmp_path_factory.mktemp("clients")) as server:
+    with serve(
+        [
+            "--engine",
+            "synthetic",
+            "--model-id",
+            str(llama),
+            "--model-name",
+            "tiny-llama",
+            "-o",
+            "option.max_input_len=256",
+            "-o",
+            "option.max_output_len=256",
+        ],
+        tmp_path_factory.mktemp("clients"),
+    ) as server:
         yield server
 
 
@@ -67,8 +79,15 @@ def test_openai_chat_plain_and_streamed(oai, tok):
     r = oai.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=n)
     assert r.choices[0].message.content == text and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == n and r.usage.prompt_tokens == n and r.model == "tiny-llama"
-    chunks = list(oai.chat.completions.create(model="tiny-llama", messages=messages, max_completion_tokens=n, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model="tiny-llama",
+            messages=messages,
+            max_completion_tokens=n,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.total_tokens == 2 * n
@@ -82,8 +101,12 @@ def test_openai_completions_plain_streamed_and_errors(oai, tok):
     n = echo_len(tok, MULTI)
     r = oai.completions.create(model="tiny-llama", prompt=MULTI, max_tokens=2 * n, stop=["🔥"])
     assert r.choices[0].text == MULTI.split("🔥")[0] and r.choices[0].finish_reason == "stop"
-    pieces = [c.choices[0].text for c in oai.completions.create(model="tiny-llama", prompt=MULTI, max_tokens=2 * n,
-                                                                 stream=True, seed=3, temperature=0.0)]
+    pieces = [
+        c.choices[0].text
+        for c in oai.completions.create(
+            model="tiny-llama", prompt=MULTI, max_tokens=2 * n, stream=True, seed=3, temperature=0.0
+        )
+    ]
     assert "".join(pieces) == MULTI * 2 and not any("\ufffd" in p for p in pieces)
     r = oai.completions.create(model="tiny-llama", prompt="ab", max_tokens=2, logprobs=0)
     assert len(r.choices[0].logprobs.token_logprobs) == 2
@@ -122,33 +145,49 @@ def test_huggingface_hub_errors_and_chat_completion(srv, tok, hf_online):
     chat = InferenceClient(base_url=srv.url)
     r = chat.chat_completion(messages, max_tokens=n)
     assert r.choices[0].message.content == text
-    streamed = "".join(c.choices[0].delta.content or "" for c in chat.chat_completion(messages, max_tokens=n, stream=True))
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in chat.chat_completion(messages, max_tokens=n, stream=True)
+    )
     assert streamed == text
 
 
 # --- SageMaker runtime (boto3) and the SageMaker Python SDK ---
 @pytest.fixture(scope="module")
 def runtime(srv):
-    return boto3.client("sagemaker-runtime", endpoint_url=srv.url, region_name="us-east-1",
-                        aws_access_key_id="local", aws_secret_access_key="local",
-                        config=Config(retries={"max_attempts": 1}))
+    return boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=srv.url,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+        config=Config(retries={"max_attempts": 1}),
+    )
 
 
 def test_boto3_invoke_endpoint_and_stream(runtime, tok):
     n = echo_len(tok, MULTI)
-    r = runtime.invoke_endpoint(EndpointName="my-endpoint", ContentType="application/json", Accept="application/json",
-                                Body=json.dumps({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}}))
+    r = runtime.invoke_endpoint(
+        EndpointName="my-endpoint",
+        ContentType="application/json",
+        Accept="application/json",
+        Body=json.dumps({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}}),
+    )
     assert json.loads(r["Body"].read()) == {"generated_text": MULTI * 2}
     r = runtime.invoke_endpoint_with_response_stream(
-        EndpointName="my-endpoint", ContentType="application/json",
-        Body=json.dumps({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}, "stream": True}))
+        EndpointName="my-endpoint",
+        ContentType="application/json",
+        Body=json.dumps({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}, "stream": True}),
+    )
     assert r["ContentType"] == "application/jsonlines"
     raw = b"".join(event["PayloadPart"]["Bytes"] for event in r["Body"])
     lines = [json.loads(x) for x in raw.splitlines()]
     assert "".join(x["token"]["text"] for x in lines) == MULTI * 2 == lines[-1]["generated_text"]
     with pytest.raises(runtime.exceptions.ModelError) as e:
-        runtime.invoke_endpoint(EndpointName="my-endpoint", ContentType="application/json",
-                                Body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 0}}))
+        runtime.invoke_endpoint(
+            EndpointName="my-endpoint",
+            ContentType="application/json",
+            Body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 0}}),
+        )
     assert e.value.response["OriginalStatusCode"] == 400 and "max_new_tokens" in str(e.value)
 
 
@@ -162,25 +201,42 @@ def test_sagemaker_sdk_predictor(runtime, tok):
 
     boto_session = boto3.Session(region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
     session = sagemaker.Session(boto_session=boto_session, sagemaker_runtime_client=runtime)
-    predictor = Predictor("my-endpoint", sagemaker_session=session, serializer=JSONSerializer(), deserializer=JSONDeserializer())
+    predictor = Predictor(
+        "my-endpoint", sagemaker_session=session, serializer=JSONSerializer(), deserializer=JSONDeserializer()
+    )
     n = echo_len(tok, MULTI)
-    assert predictor.predict({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}}) == {"generated_text": MULTI * 2}
+    assert predictor.predict({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}}) == {
+        "generated_text": MULTI * 2
+    }
     messages = [{"role": "user", "content": "hi"}]
     text, m = chat_echo(tok, messages)
     out = predictor.predict({"messages": messages, "max_tokens": m})
     assert out["object"] == "chat.completion" and out["choices"][0]["message"]["content"] == text
-    lines = list(predictor.predict_stream({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}, "stream": True},
-                                          iterator=LineIterator))
+    lines = list(
+        predictor.predict_stream(
+            {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}, "stream": True}, iterator=LineIterator
+        )
+    )
     assert json.loads(lines[-1])["generated_text"] == MULTI * 2
 
 
 # --- plain HTTP: Triton generate and Truss ---
 def test_triton_generate_over_http(srv, tok):
     n = echo_len(tok, MULTI)
-    r = srv.post("/v2/models/ensemble/generate", {"text_input": MULTI, "max_tokens": 2 * n, "bad_words": "", "stop_words": ""})
-    assert r.status_code == 200 and r.json() == {"model_name": "ensemble", "model_version": "1", "text_output": MULTI * 2}
-    with requests.post(srv.url + "/v2/models/tiny-llama/generate_stream", json={"text_input": MULTI, "max_tokens": 2 * n},
-                       stream=True, timeout=30) as r:
+    r = srv.post(
+        "/v2/models/ensemble/generate", {"text_input": MULTI, "max_tokens": 2 * n, "bad_words": "", "stop_words": ""}
+    )
+    assert r.status_code == 200 and r.json() == {
+        "model_name": "ensemble",
+        "model_version": "1",
+        "text_output": MULTI * 2,
+    }
+    with requests.post(
+        srv.url + "/v2/models/tiny-llama/generate_stream",
+        json={"text_input": MULTI, "max_tokens": 2 * n},
+        stream=True,
+        timeout=30,
+    ) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
     assert "".join(e["text_output"] for e in events) == MULTI * 2
     r = srv.post("/v2/models/ensemble/generate", {"text_input": "x", "beam_width": 2})
@@ -189,9 +245,13 @@ def test_triton_generate_over_http(srv, tok):
 
 def test_truss_payload_over_http(srv, tok):
     n = echo_len(tok, MULTI)
-    with requests.post(srv.url + "/invocations", json={"prompt": MULTI, "max_tokens": 2 * n}, stream=True, timeout=30) as r:
+    with requests.post(
+        srv.url + "/invocations", json={"prompt": MULTI, "max_tokens": 2 * n}, stream=True, timeout=30
+    ) as r:
         assert r.headers["Content-Type"].startswith("text/plain")
         chunks = list(r.iter_content(chunk_size=None))
     assert b"".join(chunks).decode() == MULTI * 2
-    r = srv.post("/invocations", {"prompt": "one two three", "max_tokens": 20, "stream": False, "stop_words_list": ["three"]})
+    r = srv.post(
+        "/invocations", {"prompt": "one two three", "max_tokens": 20, "stream": False, "stop_words_list": ["three"]}
+    )
     assert r.json() == {"text": "one two "}

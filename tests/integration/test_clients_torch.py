@@ -24,9 +24,21 @@ def llama():
 
 @pytest.fixture(scope="module")
 def srv(llama, tmp_path_factory):
-    with serve(["--engine", "torch", "--model-id", str(llama), "--model-name", "tiny-llama",
-                "-o", "option.max_input_len=256", "-o", "option.max_output_len=64"],
-               tmp_path_factory.mktemp("torch-clients")) as server:
+    with serve(
+        [
+            "--engine",
+            "torch",
+            "--model-id",
+            str(llama),
+            "--model-name",
+            "tiny-llama",
+            "-o",
+            "option.max_input_len=256",
+            "-o",
+            "option.max_output_len=64",
+        ],
+        tmp_path_factory.mktemp("torch-clients"),
+    ) as server:
         yield server
 
 
@@ -43,7 +55,9 @@ def test_openai_chat_round_trip_on_the_torch_engine(srv, llama):
     plain = client.completions.create(model="tiny-llama", prompt=list(ids), max_tokens=12, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text
     assert chat.usage.prompt_tokens == len(ids) and chat.usage.completion_tokens == plain.usage.completion_tokens
-    streamed = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=12, temperature=0, stream=True)
+    streamed = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=12, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == chat.choices[0].message.content
 
 
@@ -76,11 +90,21 @@ def _word_to_ban(srv) -> tuple[str, str]:
 def test_bad_words_never_appear_in_any_schema_on_a_real_engine(srv):
     prompt, word = _word_to_ban(srv)
     outputs = {
-        "lmi": srv.post("/invocations", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "bad_words": [word]}}).json()["generated_text"],
-        "tgi": srv.post("/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "bad_words": [word]}}).json()["generated_text"],
-        "openai": srv.post("/v1/completions", {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "bad_words": [word]}).json()["choices"][0]["text"],
-        "triton": srv.post("/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": 24, "bad_words": word}).json()["text_output"],
-        "truss": srv.post("/invocations", {"prompt": prompt, "max_tokens": 24, "bad_words_list": [word], "stream": False}).json()["text"],
+        "lmi": srv.post(
+            "/invocations", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "bad_words": [word]}}
+        ).json()["generated_text"],
+        "tgi": srv.post(
+            "/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 24, "bad_words": [word]}}
+        ).json()["generated_text"],
+        "openai": srv.post(
+            "/v1/completions", {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "bad_words": [word]}
+        ).json()["choices"][0]["text"],
+        "triton": srv.post(
+            "/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": 24, "bad_words": word}
+        ).json()["text_output"],
+        "truss": srv.post(
+            "/invocations", {"prompt": prompt, "max_tokens": 24, "bad_words_list": [word], "stream": False}
+        ).json()["text"],
     }
     assert word not in outputs["lmi"], (word, outputs)
     assert len(set(outputs.values())) == 1, outputs  # the same request in every schema
@@ -93,7 +117,11 @@ def test_stop_strings_on_a_real_engine(srv):
     full = srv.post("/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 24}}).json()["generated_text"]
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop.strip(), full
-    r = srv.post("/v1/completions", {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "stop": stop, "stream": True}, stream=True)
+    r = srv.post(
+        "/v1/completions",
+        {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "stop": stop, "stream": True},
+        stream=True,
+    )
     events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith(b"data: ") and x != b"data: [DONE]"]
     text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
     assert text == full[: full.index(stop)] and events[-1]["choices"][0]["finish_reason"] == "stop"

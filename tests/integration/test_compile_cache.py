@@ -33,9 +33,18 @@ from lmi_trt.compile.plan import GpuFacts, make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=2)
-HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-      "max_position_embeddings": 512, "dtype": "float32"}
+HF = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "dtype": "float32",
+}
 
 
 def inputs(fingerprint: str = "fp-1", gpu: GpuFacts = H100, version: str = "1.0.0", **opts) -> CacheKeyInputs:
@@ -62,6 +71,7 @@ class Builder:
 
 # ---------------------------------------------------------------------------------------------- keys
 
+
 def test_same_inputs_same_key_and_notes_do_not_matter():
     a, b = inputs(), inputs()
     assert cache_key(a) == cache_key(b) and len(cache_key(a)) == 64
@@ -70,13 +80,23 @@ def test_same_inputs_same_key_and_notes_do_not_matter():
     assert cache_key(CacheKeyInputs.from_plan("fp-1", noted, H100)) == cache_key(a)
 
 
-@pytest.mark.parametrize("change", [
-    dict(max_input_len=256), dict(max_output_len=32), dict(dtype="bf16"), dict(quantize="weights_int8"),
-    dict(max_batch_size=8), dict(tokens_per_block=64), dict(enable_kv_cache_reuse=True, tensor_parallel_degree=2),
-    dict(tensor_parallel_degree=2), dict(fingerprint="fp-2"), dict(version="1.1.0"),
-    dict(gpu=H100.model_copy(update={"sm": 89, "name": "NVIDIA L40S"})),
-    dict(gpu=H100.model_copy(update={"name": "NVIDIA H100 PCIe"})),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(max_input_len=256),
+        dict(max_output_len=32),
+        dict(dtype="bf16"),
+        dict(quantize="weights_int8"),
+        dict(max_batch_size=8),
+        dict(tokens_per_block=64),
+        dict(enable_kv_cache_reuse=True, tensor_parallel_degree=2),
+        dict(tensor_parallel_degree=2),
+        dict(fingerprint="fp-2"),
+        dict(version="1.1.0"),
+        dict(gpu=H100.model_copy(update={"sm": 89, "name": "NVIDIA L40S"})),
+        dict(gpu=H100.model_copy(update={"name": "NVIDIA H100 PCIe"})),
+    ],
+)
 def test_each_input_changes_the_key(change):
     assert cache_key(inputs(**change)) != cache_key(inputs())
 
@@ -89,6 +109,7 @@ def test_explain_change_names_the_inputs():
 
 
 # -------------------------------------------------------------------------------------- local cache
+
 
 def test_build_once_then_hit(tmp_path):
     cache, build = EngineCache(tmp_path), Builder()
@@ -148,7 +169,7 @@ def test_size_mode_skips_hashing_but_checks_sizes(tmp_path):
     data = bytearray(engine.read_bytes())
     data[0] ^= 0xFF
     engine.write_bytes(bytes(data))
-    assert cache.lookup(cache_key(inputs())) == entry          # same size: accepted in size mode
+    assert cache.lookup(cache_key(inputs())) == entry  # same size: accepted in size mode
     assert verify_entry(entry, cache_key(inputs()), "sha256") is not None
     engine.write_bytes(b"short")
     assert cache.lookup(cache_key(inputs())) is None
@@ -195,8 +216,13 @@ def _spawn(tmp_path: Path, root: Path, sleep: float) -> subprocess.Popen:
     script.write_text(_WORKER)
     inputs_file.write_text(inputs().model_dump_json())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, str(script), str(root), str(tmp_path / "builds.log"), str(sleep),
-                             str(inputs_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(root), str(tmp_path / "builds.log"), str(sleep), str(inputs_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
 
 
 def test_two_processes_exactly_one_builds(tmp_path):
@@ -258,6 +284,7 @@ def test_lock_timeout_names_the_lock(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- S3
 
+
 @pytest.fixture
 def remote(s3_server):  # noqa: F811
     bucket = s3_server.new_bucket("engines")
@@ -273,8 +300,10 @@ def test_build_uploads_and_another_host_downloads(tmp_path, remote):
     first = _cache(tmp_path / "host-a", remote).get_or_build(inputs(), build, model_id="m")
     assert first.source == "built"
     keys = {o["Key"] for o in remote.client.list_objects_v2(Bucket=remote.bucket)["Contents"]}
-    assert keys == {f"cache/{first.key}/{name}" for name in
-                    ("rank0.engine", "config.json", "tokenizer/tokenizer.json", MANIFEST_NAME)}
+    assert keys == {
+        f"cache/{first.key}/{name}"
+        for name in ("rank0.engine", "config.json", "tokenizer/tokenizer.json", MANIFEST_NAME)
+    }
     second = _cache(tmp_path / "host-b", remote).get_or_build(inputs(), build, model_id="m")
     assert second.source == "remote" and build.calls == 1
     assert (second.path / "rank0.engine").read_bytes() == (first.path / "rank0.engine").read_bytes()
@@ -334,8 +363,14 @@ def test_two_hosts_at_once_build_once(tmp_path, remote):
         time.sleep(0.5)
 
     results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(
-        _cache(tmp_path / f"host-{i}", remote).get_or_build(inputs(), slow_build, model_id="m"))) for i in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.append(
+                _cache(tmp_path / f"host-{i}", remote).get_or_build(inputs(), slow_build, model_id="m")
+            )
+        )
+        for i in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -370,8 +405,13 @@ class _NoConditionalWrites:
             from botocore.exceptions import ClientError
 
             self.refused += 1
-            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "conditional writes"},
-                               "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObject")
+            raise ClientError(
+                {
+                    "Error": {"Code": "NotImplemented", "Message": "conditional writes"},
+                    "ResponseMetadata": {"HTTPStatusCode": 501},
+                },
+                "PutObject",
+            )
         return self._client.put_object(**kwargs)
 
     def __getattr__(self, name):
@@ -412,7 +452,6 @@ def test_upload_cut_short_is_not_an_entry(tmp_path, remote):
 def test_miss_on_a_new_host_explains_against_remote_entries(tmp_path, remote, caplog):
     _cache(tmp_path / "host-a", remote).get_or_build(inputs(), Builder(), model_id="acme/tiny")
     with caplog.at_level(logging.INFO, logger="lmi_trt.compile.cache"):
-        result = _cache(tmp_path / "host-b", remote).get_or_build(inputs(dtype="bf16"), Builder(),
-                                                                   model_id="acme/tiny")
+        result = _cache(tmp_path / "host-b", remote).get_or_build(inputs(dtype="bf16"), Builder(), model_id="acme/tiny")
     assert result.source == "built"
     assert "plan.dtype: 'float16' → 'bfloat16'" in caplog.text

@@ -25,8 +25,15 @@ from lmi_trt.engines.torch import TorchEngine
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [1, 40], [1] + list(range(100, 113)),
-           [1, 7, 7, 7], [1] + list(range(200, 216)), [1, 3], [1] + list(range(300, 310))]
+PROMPTS = [
+    [1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
+    [1, 40],
+    [1] + list(range(100, 113)),
+    [1, 7, 7, 7],
+    [1] + list(range(200, 216)),
+    [1, 3],
+    [1] + list(range(300, 310)),
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +42,19 @@ def qwen3(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("qwen3")
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # well-separated greedy choices, as tests/tinymodels.py does
         for p in model.parameters():
@@ -49,7 +66,7 @@ def qwen3(tmp_path_factory) -> Path:
 
 def generate(ref, prompt: list[int], n: int) -> list[int]:
     out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 async def run(engine: TorchEngine, rid: str, prompt: list[int], **sampling) -> list:
@@ -76,8 +93,9 @@ async def test_greedy_equals_generate_with_shared_prefill_steps(small_steps):
     assert engine.batching == "decode_loop"
     ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     lengths = [24, 3, 17, 9, 24, 1, 12]
-    results = await asyncio.gather(*(run(engine, f"r{i}", p, max_new_tokens=n, ignore_eos=True)
-                                     for i, (p, n) in enumerate(zip(PROMPTS, lengths))))
+    results = await asyncio.gather(
+        *(run(engine, f"r{i}", p, max_new_tokens=n, ignore_eos=True) for i, (p, n) in enumerate(zip(PROMPTS, lengths)))
+    )
     for prompt, n, outs in zip(PROMPTS, lengths, results):
         assert tokens(outs) == generate(ref, prompt, n)
         assert outs[-1].finish_reason == FinishReason.LENGTH
@@ -128,9 +146,11 @@ async def test_decode_failure_fails_that_step_and_the_engine_lives_on(small_step
 
 async def test_which_path_runs():
     llama, gpt2 = tiny_model("llama"), tiny_model("gpt2")
-    for path, kwargs, expected in [(llama, {"decode_loop": "transformers"}, "continuous"),
-                                   (llama, {"batching": "static"}, "static"),
-                                   (gpt2, {}, "continuous")]:
+    for path, kwargs, expected in [
+        (llama, {"decode_loop": "transformers"}, "continuous"),
+        (llama, {"batching": "static"}, "static"),
+        (gpt2, {}, "continuous"),
+    ]:
         engine = TorchEngine(path, max_batch_size=2, max_input_len=16, max_new_tokens=8, **kwargs)
         await engine.start()
         try:

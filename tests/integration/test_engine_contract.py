@@ -30,8 +30,14 @@ def _torch(arch: str):
     async def build(tmp_path) -> Engine:
         from lmi_trt.engines.torch import TorchEngine
 
-        return TorchEngine(tiny_model(arch), max_batch_size=4, max_input_len=MAX_INPUT, max_new_tokens=64,
-                           eos_token_ids=[2], pad_token_id=0)
+        return TorchEngine(
+            tiny_model(arch),
+            max_batch_size=4,
+            max_input_len=MAX_INPUT,
+            max_new_tokens=64,
+            eos_token_ids=[2],
+            pad_token_id=0,
+        )
 
     return build
 
@@ -39,18 +45,23 @@ def _torch(arch: str):
 async def _executor(tmp_path) -> Engine:
     from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 
-    engine_dir = make_engine_dir(tiny_model("llama"), tmp_path / "engine", max_batch_size=4,
-                                 max_input_len=MAX_INPUT, max_seq_len=80)
-    return TrtllmEngine(engine_dir, TrtllmSettings(max_batch_size=4), eos_token_ids=[2], pad_token_id=0,
-                        gpu_available=lambda: True)
+    engine_dir = make_engine_dir(
+        tiny_model("llama"), tmp_path / "engine", max_batch_size=4, max_input_len=MAX_INPUT, max_seq_len=80
+    )
+    return TrtllmEngine(
+        engine_dir, TrtllmSettings(max_batch_size=4), eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True
+    )
 
 
 async def _llmapi(tmp_path) -> Engine:
     from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
     from lmi_trt.engines.trtllm import TrtllmSettings
 
-    settings = LlmApiSettings(runtime=TrtllmSettings(max_batch_size=4, max_batch_size_key="option.max_rolling_batch_size"),
-                              max_input_len=MAX_INPUT, max_seq_len=80)
+    settings = LlmApiSettings(
+        runtime=TrtllmSettings(max_batch_size=4, max_batch_size_key="option.max_rolling_batch_size"),
+        max_input_len=MAX_INPUT,
+        max_seq_len=80,
+    )
     return LlmApiEngine(tiny_model("llama"), settings, eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
 
 
@@ -63,8 +74,14 @@ def _release_backends() -> dict[str, Callable[..., Awaitable[Engine]]]:
     with fake_tensorrt_llm():
         facts = probe_trtllm()
     series = tuple(int(part) for part in facts.version.split(".")[:2])
-    return {name: build for name, build, present in (("trtllm-executor", _executor, facts.has_executor),
-                                                     ("trtllm-llmapi", _llmapi, series >= FIRST_SERIES)) if present}
+    return {
+        name: build
+        for name, build, present in (
+            ("trtllm-executor", _executor, facts.has_executor),
+            ("trtllm-llmapi", _llmapi, series >= FIRST_SERIES),
+        )
+        if present
+    }
 
 
 ENGINES: dict[str, Callable[..., Awaitable[Engine]]] = {

@@ -27,10 +27,23 @@ def llama():
 
 @pytest.fixture(scope="module", params=["builtin", "transformers"])
 def srv(request, llama, tmp_path_factory):
-    with serve(["--engine", "torch", "--model-id", str(llama), "--model-name", "tiny-llama",
-                "-o", "option.max_input_len=128", "-o", "option.max_output_len=64",
-                "-o", f"option.torch_decode_loop={request.param}"],
-               tmp_path_factory.mktemp(f"logprobs-{request.param}")) as server:
+    with serve(
+        [
+            "--engine",
+            "torch",
+            "--model-id",
+            str(llama),
+            "--model-name",
+            "tiny-llama",
+            "-o",
+            "option.max_input_len=128",
+            "-o",
+            "option.max_output_len=64",
+            "-o",
+            f"option.torch_decode_loop={request.param}",
+        ],
+        tmp_path_factory.mktemp(f"logprobs-{request.param}"),
+    ) as server:
         yield server
 
 
@@ -100,23 +113,41 @@ def test_openai_top_logprobs_chat_and_completions(srv, reference):
     assert len(lp.top_logprobs) == len(lp.tokens) == 6
     for chosen, alternatives in zip(lp.token_logprobs, lp.top_logprobs):
         assert 1 <= len(alternatives) <= 3 and max(alternatives.values()) == pytest.approx(chosen, abs=1e-5)
-    chat = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
-                                          max_tokens=6, temperature=0, logprobs=True, top_logprobs=20)
+    chat = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=20,
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 6 and all(len(t.top_logprobs) == 20 for t in content)
     for t in content:
         values = [a.logprob for a in t.top_logprobs]
         assert values == sorted(values, reverse=True) and values[0] == pytest.approx(t.logprob, abs=1e-5)
-    streamed = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
-                                              max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True)
-    tops = [t.top_logprobs for ch in streamed if ch.choices and ch.choices[0].logprobs
-            for t in ch.choices[0].logprobs.content]
+    streamed = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+    )
+    tops = [
+        t.top_logprobs
+        for ch in streamed
+        if ch.choices and ch.choices[0].logprobs
+        for t in ch.choices[0].logprobs.content
+    ]
     assert len(tops) == 6 and all(len(t) == 2 for t in tops)
     from openai import BadRequestError
 
     with pytest.raises(BadRequestError, match="top_logprobs"):
-        client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
-                                       logprobs=True, top_logprobs=21)
+        client.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=21
+        )
 
 
 def test_tgi_prompt_log_probs_equal_log_softmax_of_the_logits(srv, llama, hf_online):
@@ -126,14 +157,17 @@ def test_tgi_prompt_log_probs_equal_log_softmax_of_the_logits(srv, llama, hf_onl
     from huggingface_hub import InferenceClient
     from transformers import AutoModelForCausalLM
 
-    out = InferenceClient(model=srv.url).text_generation(PROMPT, max_new_tokens=4, details=True,
-                                                         decoder_input_details=True)
+    out = InferenceClient(model=srv.url).text_generation(
+        PROMPT, max_new_tokens=4, details=True, decoder_input_details=True
+    )
     prefill = out.details.prefill
     ids = _prompt_ids(srv)
     assert [t.id for t in prefill] == ids and prefill[0].logprob is None
     model = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32).eval()
     with torch.no_grad():
-        want = model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])
+        want = (
+            model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])
+        )
     assert [t.logprob for t in prefill[1:]] == pytest.approx(want[:, 0].tolist(), abs=1e-3)
     r = srv.post("/generate_stream", {"inputs": PROMPT, "parameters": {"decoder_input_details": True}})
     assert r.status_code == 400 and "decoder_input_details" in r.json()["error"]  # as TGI: not when streaming
@@ -148,18 +182,24 @@ def test_openai_echo_with_logprobs_carries_the_prompt_tokens_log_probs(srv, llam
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
     ids = _prompt_ids(srv)
-    out = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
-                                    logprobs=2)
+    out = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=2
+    )
     lp = out.choices[0].logprobs
     assert out.choices[0].text.startswith(PROMPT) and len(lp.tokens) == len(ids) + 4
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
     model = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32).eval()
     with torch.no_grad():
-        want = model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])
-    assert lp.token_logprobs[1:len(ids)] == pytest.approx(want[:, 0].tolist(), abs=1e-3)
-    assert all(len(top) == 2 for top in lp.top_logprobs[len(ids):])  # generated tokens: the alternatives asked for
-    chunks = list(client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
-                                            logprobs=2, stream=True))
+        want = (
+            model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])
+        )
+    assert lp.token_logprobs[1 : len(ids)] == pytest.approx(want[:, 0].tolist(), abs=1e-3)
+    assert all(len(top) == 2 for top in lp.top_logprobs[len(ids) :])  # generated tokens: the alternatives asked for
+    chunks = list(
+        client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=2, stream=True
+        )
+    )
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
     assert len(streamed) == len(lp.token_logprobs) and streamed[0] is None
     assert streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
@@ -171,8 +211,9 @@ def test_lmi_streams_carry_every_tokens_log_prob_and_top_n_tokens(srv):
     r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 5}, "stream": True}, stream=True)
     lines = [json.loads(x) for x in r.iter_lines() if x]
     assert len(lines) == 5 and all(isinstance(x["token"]["log_prob"], float) for x in lines)
-    r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 4, "details": True,
-                                                                   "top_n_tokens": 3}})
+    r = srv.post(
+        "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 4, "details": True, "top_n_tokens": 3}}
+    )
     details = r.json()["details"]
     assert len(details["top_tokens"]) == 4 and all(len(step) == 3 for step in details["top_tokens"])
     assert [s[0]["id"] for s in details["top_tokens"]] == [t["id"] for t in details["tokens"]]
@@ -192,8 +233,11 @@ def test_djl_top_k_minus_one_means_no_top_k(srv):
 # --- constrained decoding (part 3) ---
 SCHEMA = {
     "type": "object",
-    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"},
-                   "size": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "ok": {"type": "boolean"},
+        "size": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
     "required": ["color", "ok", "size"],
     "additionalProperties": False,
 }
@@ -207,15 +251,30 @@ def test_openai_json_schema_output_validates_from_a_random_model(srv):
     client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
     fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA, "strict": True}}
     for seed in (1, 2, 3):
-        chat = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Pick."}],
-                                              max_tokens=64, temperature=1.0, seed=seed, response_format=fmt)
+        chat = client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "Pick."}],
+            max_tokens=64,
+            temperature=1.0,
+            seed=seed,
+            response_format=fmt,
+        )
         jsonschema.validate(json.loads(chat.choices[0].message.content), SCHEMA)
         assert chat.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Pick."}],
-                                              max_tokens=64, response_format=fmt, stream=True)
+    streamed = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Pick."}],
+        max_tokens=64,
+        response_format=fmt,
+        stream=True,
+    )
     jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in streamed if c.choices)), SCHEMA)
-    obj = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "JSON"}],
-                                         max_tokens=48, response_format={"type": "json_object"})
+    obj = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "JSON"}],
+        max_tokens=48,
+        response_format={"type": "json_object"},
+    )
     if obj.choices[0].finish_reason == "stop":  # an open-ended object may run past max_tokens; when it ends it is one
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
     assert obj.choices[0].message.content.startswith("{")
@@ -231,13 +290,16 @@ def test_tgi_grammar_and_lmi_guided_parameters(srv, hf_online):
     assert re.fullmatch("(yes|no)[0-9]{2}", out), out
     out = client.text_generation(PROMPT, max_new_tokens=64, grammar={"type": "json", "value": SCHEMA})
     assert set(json.loads(out)) == {"color", "ok", "size"}
-    r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 12,
-                                                                   "guided_grammar": 'root ::= "a" ("b" | "c")+ "d"'}})
+    r = srv.post(
+        "/invocations",
+        {"inputs": PROMPT, "parameters": {"max_new_tokens": 12, "guided_grammar": 'root ::= "a" ("b" | "c")+ "d"'}},
+    )
     assert re.fullmatch("a[bc]+d", r.json()["generated_text"]) or len(r.json()["generated_text"]) == 12, r.text
     r = srv.post("/invocations", {"inputs": PROMPT, "parameters": {"guided_regex": "(unclosed"}})
     assert r.status_code == 400 and "regex" in r.text
-    r = srv.post("/generate", {"inputs": PROMPT, "parameters": {"grammar": {"type": "regex", "value": "a+"},
-                                                                "ignore_eos": True}})
+    r = srv.post(
+        "/generate", {"inputs": PROMPT, "parameters": {"grammar": {"type": "regex", "value": "a+"}, "ignore_eos": True}}
+    )
     assert r.status_code == 400 and "ignore_eos" in r.text
 
 
@@ -248,12 +310,19 @@ def test_openai_logit_bias_moves_the_choice(srv):
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
     plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1)
-    pushed = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0,
-                                       logit_bias={"42": 100})
+    pushed = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, logit_bias={"42": 100}
+    )
     assert pushed.choices[0].text == AutoTokenizer.from_pretrained(tiny_model("llama")).decode([42] * 4)
     first = srv.post("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 1, "details": True}})
-    away = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1,
-                                     logit_bias={str(first.json()["details"]["tokens"][0]["id"]): -100})
+    away = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=1,
+        temperature=0,
+        logprobs=1,
+        logit_bias={str(first.json()["details"]["tokens"][0]["id"]): -100},
+    )
     assert away.choices[0].logprobs.tokens[0] != plain.choices[0].logprobs.tokens[0]
     with pytest.raises(BadRequestError, match="logit_bias"):
         client.completions.create(model="tiny-llama", prompt=PROMPT, logit_bias={"x": 1})
@@ -264,15 +333,24 @@ def test_openai_n_gives_several_choices(srv):
     from openai import BadRequestError, OpenAI
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-    chat = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
-                                          max_tokens=8, n=3, temperature=0.9, seed=5)
+    chat = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": PROMPT}], max_tokens=8, n=3, temperature=0.9, seed=5
+    )
     assert [c.index for c in chat.choices] == [0, 1, 2]
     assert len({c.message.content for c in chat.choices}) > 1  # seeds 5, 6, 7: sampled choices differ
     assert chat.usage.completion_tokens == sum(
-        client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}], max_tokens=8,
-                                       temperature=0.9, seed=5 + i).usage.completion_tokens for i in range(3))
-    again = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
-                                           max_tokens=8, n=3, temperature=0.9, seed=5)
+        client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=8,
+            temperature=0.9,
+            seed=5 + i,
+        ).usage.completion_tokens
+        for i in range(3)
+    )
+    again = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": PROMPT}], max_tokens=8, n=3, temperature=0.9, seed=5
+    )
     assert [c.message.content for c in again.choices] == [c.message.content for c in chat.choices]
     done = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, n=2, temperature=0)
     assert len(done.choices) == 2 and done.choices[0].text == done.choices[1].text  # greedy: the same twice

@@ -26,8 +26,10 @@ RELEASES = [os.environ["LMI_TRT_FAKE_RELEASE"]] if os.environ.get("LMI_TRT_FAKE_
 
 
 # Renders the tool names, so that tools can be sent; a tool's call comes back as its arguments.
-TOOLS_TEMPLATE = ("{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"
-                  "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: ")
+TOOLS_TEMPLATE = (
+    "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
+)
 
 
 @pytest.fixture(params=RELEASES)
@@ -38,11 +40,20 @@ async def server(request, monkeypatch, tmp_path):
         monkeypatch.setattr(trt, "cuda_available", lambda: True)  # the fake Executor needs no GPU
         hf_dir = tiny_model("llama")
         engine_dir = make_engine_dir(hf_dir, tmp_path / "engine", max_batch_size=2, max_input_len=64, max_seq_len=96)
-        config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
-                           max_input_len=64, max_output_len=32, max_rolling_batch_size=2, download_dir=tmp_path / "dl",
-                           chat_template=TOOLS_TEMPLATE)
-        srv = TestServer(build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny",
-                                   adapters=DEFAULT_ADAPTERS), host="127.0.0.1")
+        config = LmiConfig(
+            model_id=str(engine_dir),
+            tokenizer_id=str(hf_dir),
+            rolling_batch="trtllm",
+            max_input_len=64,
+            max_output_len=32,
+            max_rolling_batch_size=2,
+            download_dir=tmp_path / "dl",
+            chat_template=TOOLS_TEMPLATE,
+        )
+        srv = TestServer(
+            build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny", adapters=DEFAULT_ADAPTERS),
+            host="127.0.0.1",
+        )
         await srv.start_server()
         try:
             async with ClientSession(timeout=ClientTimeout(total=60)) as s:
@@ -60,10 +71,17 @@ async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_en
     srv, s = server
     cases = [
         ("/generate", {"inputs": "Hi", "parameters": {"top_n_tokens": 2, "details": True}}, "parameters.top_n_tokens"),
-        ("/generate", {"inputs": "Hi", "parameters": {"decoder_input_details": True}}, "parameters.decoder_input_details"),
+        (
+            "/generate",
+            {"inputs": "Hi", "parameters": {"decoder_input_details": True}},
+            "parameters.decoder_input_details",
+        ),
         ("/v1/completions", {"prompt": "Hi", "logprobs": 2}, "logprobs"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
-         "top_logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
+            "top_logprobs",
+        ),
         ("/invocations", {"inputs": "Hi", "parameters": {"top_n_tokens": 2}}, "parameters.top_n_tokens"),
     ]
     for path, body, field in cases:
@@ -71,27 +89,49 @@ async def test_what_the_executor_engine_cannot_do_is_refused_naming_field_and_en
             text = await r.text()
             assert r.status == 400 and field in text and "trtllm engine" in text, (path, text)
     # The chosen token's log-prob is what the Executor gives (OutputConfig.return_log_probs); streams carry it.
-    async with s.post(srv.make_url("/invocations"), json={"inputs": "Hi", "parameters": {"max_new_tokens": 3},
-                                                          "stream": True}) as r:
+    async with s.post(
+        srv.make_url("/invocations"), json={"inputs": "Hi", "parameters": {"max_new_tokens": 3}, "stream": True}
+    ) as r:
         import json
 
         lines = [json.loads(line) async for line in r.content if line.strip()]
     assert lines and all(isinstance(x["token"]["log_prob"], float) for x in lines)
 
 
-SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
-          "required": ["color", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
 GUIDED = [
-    ("/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 8,
-                                                  "grammar": {"type": "regex", "value": "(yes|no)[0-9]{2}"}}},
-     "parameters.grammar"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 30,
-                              "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
-     "response_format"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Paint."}], "max_tokens": 30,
-                              "tools": [{"type": "function", "function": {"name": "paint", "parameters": SCHEMA}}],
-                              "tool_choice": {"type": "function", "function": {"name": "paint"}}},
-     "tool_choice"),
+    (
+        "/generate",
+        {
+            "inputs": "Hi",
+            "parameters": {"max_new_tokens": 8, "grammar": {"type": "regex", "value": "(yes|no)[0-9]{2}"}},
+        },
+        "parameters.grammar",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Pick."}],
+            "max_tokens": 30,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}},
+        },
+        "response_format",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Paint."}],
+            "max_tokens": 30,
+            "tools": [{"type": "function", "function": {"name": "paint", "parameters": SCHEMA}}],
+            "tool_choice": {"type": "function", "function": {"name": "paint"}},
+        },
+        "tool_choice",
+    ),
 ]
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from cliserver import serve
+from prometheus_client.parser import text_string_to_metric_families
 from tinymodels import make_hub_cache, tiny_model
 from trtllm_testing import FAKES
 
@@ -30,8 +29,14 @@ def _start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> sub
     """`lmi-trt serve ARGS` expected to stop before loading; the bound only guards a hang."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_", "HF_MODEL"))}
     full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "lmi_trt", "serve", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "lmi_trt", "serve", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess) -> str:
@@ -44,24 +49,52 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("case", ["dot_path", "bare_relative_path", "hub_id_offline", "trtllm_not_installed",
-                                  "trtllm_no_gpu", "lengths_over_positions", "input_over_positions"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dot_path",
+        "bare_relative_path",
+        "hub_id_offline",
+        "trtllm_not_installed",
+        "trtllm_no_gpu",
+        "lengths_over_positions",
+        "input_over_positions",
+    ],
+)
 def test_what_can_be_checked_before_loading_fails_with_one_line_and_exit_2(case, llama, tmp_path):
     args, env, expect = {
         "dot_path": (["--model-id", "./no-such-model"], {}, ["option.model_id", "no such folder"]),
-        "bare_relative_path": (["--model-id", "models/no-such-model"], {},
-                               ["option.model_id", "no such folder exists", "hub cache", "HF_HUB_OFFLINE"]),
-        "hub_id_offline": (["--model-id", "acme/not-downloaded"], {"HF_HOME": str(tmp_path / "hf")},
-                           ["option.model_id", "hub cache", "hf download acme/not-downloaded"]),
-        "trtllm_not_installed": (["--model-id", str(llama), "--engine", "trtllm"], {},
-                                 ["option.rolling_batch='trtllm'", "not installed", "option.rolling_batch=torch"]),
+        "bare_relative_path": (
+            ["--model-id", "models/no-such-model"],
+            {},
+            ["option.model_id", "no such folder exists", "hub cache", "HF_HUB_OFFLINE"],
+        ),
+        "hub_id_offline": (
+            ["--model-id", "acme/not-downloaded"],
+            {"HF_HOME": str(tmp_path / "hf")},
+            ["option.model_id", "hub cache", "hf download acme/not-downloaded"],
+        ),
+        "trtllm_not_installed": (
+            ["--model-id", str(llama), "--engine", "trtllm"],
+            {},
+            ["option.rolling_batch='trtllm'", "not installed", "option.rolling_batch=torch"],
+        ),
         # The fake TensorRT-LLM imports; this machine has no GPU.
-        "trtllm_no_gpu": (["--model-id", str(llama), "--engine", "trtllm"], {"PYTHONPATH": os.pathsep.join(
-            [str(FAKES), os.environ.get("PYTHONPATH", "")])}, ["option.rolling_batch='trtllm'", "no CUDA GPU"]),
-        "lengths_over_positions": (["--model-id", str(llama), "-o", "max_input_len=500", "-o", "max_output_len=100"],
-                                   {}, ["option.max_input_len + option.max_output_len", "512 positions"]),
-        "input_over_positions": (["--model-id", str(llama), "-o", "option.max_input_len=512"], {},
-                                 ["option.max_input_len=512", "512 positions"]),
+        "trtllm_no_gpu": (
+            ["--model-id", str(llama), "--engine", "trtllm"],
+            {"PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")])},
+            ["option.rolling_batch='trtllm'", "no CUDA GPU"],
+        ),
+        "lengths_over_positions": (
+            ["--model-id", str(llama), "-o", "max_input_len=500", "-o", "max_output_len=100"],
+            {},
+            ["option.max_input_len + option.max_output_len", "512 positions"],
+        ),
+        "input_over_positions": (
+            ["--model-id", str(llama), "-o", "option.max_input_len=512"],
+            {},
+            ["option.max_input_len=512", "512 positions"],
+        ),
     }[case]
     line = _one_line_exit_2(_start(args, tmp_path, env))
     for text in expect:
@@ -93,18 +126,34 @@ def test_unset_limits_follow_the_model_from_the_hub_cache(llama, tmp_path):
 
 @pytest.fixture(scope="module")
 def synthetic(llama, tmp_path_factory):
-    with serve(["--model-id", str(llama), "--engine", "synthetic", "--model-name", "tiny",
-                "-o", "max_input_len=64", "-o", "max_output_len=32"], tmp_path_factory.mktemp("synthetic")) as srv:
+    with serve(
+        [
+            "--model-id",
+            str(llama),
+            "--engine",
+            "synthetic",
+            "--model-name",
+            "tiny",
+            "-o",
+            "max_input_len=64",
+            "-o",
+            "max_output_len=32",
+        ],
+        tmp_path_factory.mktemp("synthetic"),
+    ) as srv:
         yield srv, str(llama)
 
 
-@pytest.mark.parametrize("method,path,body", [
-    ("post", "/v1/completions", {"model": "other", "prompt": "hi", "max_tokens": 2}),
-    ("post", "/v1/chat/completions", {"model": "other", "messages": [{"role": "user", "content": "hi"}]}),
-    ("get", "/v1/models/other", None),
-    ("post", "/predictions/other", {"inputs": "hi"}),
-    ("post", "/v2/models/other/generate", {"text_input": "hi"}),
-])
+@pytest.mark.parametrize(
+    "method,path,body",
+    [
+        ("post", "/v1/completions", {"model": "other", "prompt": "hi", "max_tokens": 2}),
+        ("post", "/v1/chat/completions", {"model": "other", "messages": [{"role": "user", "content": "hi"}]}),
+        ("get", "/v1/models/other", None),
+        ("post", "/predictions/other", {"inputs": "hi"}),
+        ("post", "/v2/models/other/generate", {"text_input": "hi"}),
+    ],
+)
 def test_unknown_model_name_is_404_on_every_route(synthetic, method, path, body):
     srv, _ = synthetic
     r = requests.request(method, srv.url + path, json=body, timeout=30)
@@ -115,7 +164,11 @@ def test_unknown_model_name_is_404_on_every_route(synthetic, method, path, body)
 @pytest.mark.parametrize("model", ["tiny", None, "model_id", "dummy"])  # dummy: huggingface_hub's placeholder
 def test_served_model_name_or_model_id_or_none_is_accepted(synthetic, model):
     srv, model_id = synthetic
-    body = {"prompt": "hi", "max_tokens": 2, **({} if model is None else {"model": model_id if model == "model_id" else model})}
+    body = {
+        "prompt": "hi",
+        "max_tokens": 2,
+        **({} if model is None else {"model": model_id if model == "model_id" else model}),
+    }
     r = srv.post("/v1/completions", body)
     assert r.status_code == 200, r.text
 
@@ -133,11 +186,20 @@ def test_metrics_on_the_stems_vllm_and_trtllm_share(synthetic):
         return got
 
     assert sum(s.value for s in samples("lmi_request_success", "_total")) >= 2
-    assert {s.labels["finished_reason"] for s in samples("lmi_request_success", "_total")} <= {"stop", "length", "abort", "error"}
+    assert {s.labels["finished_reason"] for s in samples("lmi_request_success", "_total")} <= {
+        "stop",
+        "length",
+        "abort",
+        "error",
+    }
     assert samples("lmi_generation_tokens", "_total")[0].value >= 8
     assert samples("lmi_prompt_tokens", "_total")[0].value >= 2
-    for hist in ("lmi_time_to_first_token_seconds", "lmi_time_per_output_token_seconds",
-                 "lmi_e2e_request_latency_seconds", "lmi_request_queue_time_seconds"):
+    for hist in (
+        "lmi_time_to_first_token_seconds",
+        "lmi_time_per_output_token_seconds",
+        "lmi_e2e_request_latency_seconds",
+        "lmi_request_queue_time_seconds",
+    ):
         assert families[hist].type == "histogram"
         assert samples(hist, "_count")[0].value >= 2, hist
     for gauge in ("lmi_num_requests_running", "lmi_num_requests_waiting"):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from cliserver import free_port
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
@@ -47,8 +46,14 @@ def hf_dir():
 @pytest.fixture(scope="module")
 def engine_dir(hf_dir, tmp_path_factory):
     with fake_tensorrt_llm():
-        return make_engine_dir(hf_dir, tmp_path_factory.mktemp("tp2") / "engine", tp_size=2, max_batch_size=4,
-                               max_input_len=64, max_seq_len=96)
+        return make_engine_dir(
+            hf_dir,
+            tmp_path_factory.mktemp("tp2") / "engine",
+            tp_size=2,
+            max_batch_size=4,
+            max_input_len=64,
+            max_seq_len=96,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +65,39 @@ def site_dir(tmp_path_factory):
 
 def _env(site_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_", "PMI_", "OMPI_"))}
-    env.update({
-        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        "PYTHONPATH": os.pathsep.join([str(site_dir), str(FAKES), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-    })
+    env.update(
+        {
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join([str(site_dir), str(FAKES), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     return env
 
 
 def _serve_args(engine: Path, hf_dir: Path, port: int) -> list[str]:
-    return ["serve", "--model-id", str(engine), "--engine", "trtllm", "--port", str(port),
-            "-o", f"option.tokenizer_id={hf_dir}", "-o", "option.tensor_parallel_degree=2",
-            "-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
+    return [
+        "serve",
+        "--model-id",
+        str(engine),
+        "--engine",
+        "trtllm",
+        "--port",
+        str(port),
+        "-o",
+        f"option.tokenizer_id={hf_dir}",
+        "-o",
+        "option.tensor_parallel_degree=2",
+        "-o",
+        "option.max_input_len=64",
+        "-o",
+        "option.max_output_len=32",
+        "-o",
+        "option.max_rolling_batch_size=4",
+    ]
 
 
 def _job_pids(token: str) -> list[int]:
@@ -149,15 +175,25 @@ class Job:
 
 def test_rank0_serves_rank1_follows_and_sigterm_ends_both(engine_dir, hf_dir, site_dir, tmp_path):
     port = free_port()
-    job = Job([sys.executable, "-m", "lmi_trt", *_serve_args(engine_dir, hf_dir, port)], _env(site_dir),
-              tmp_path / "job.log", port)
+    job = Job(
+        [sys.executable, "-m", "lmi_trt", *_serve_args(engine_dir, hf_dir, port)],
+        _env(site_dir),
+        tmp_path / "job.log",
+        port,
+    )
     try:
         job.wait_ready()
-        r = requests.post(job.url + "/invocations", json={"inputs": "The quick brown fox",
-                                                          "parameters": {"max_new_tokens": 8}}, timeout=60)
+        r = requests.post(
+            job.url + "/invocations",
+            json={"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 8}},
+            timeout=60,
+        )
         assert r.status_code == 200 and r.json()["generated_text"], r.text
-        stream = requests.post(job.url + "/generate_stream", json={"inputs": "Once upon a time",
-                                                                  "parameters": {"max_new_tokens": 4}}, timeout=60)
+        stream = requests.post(
+            job.url + "/generate_stream",
+            json={"inputs": "Once upon a time", "parameters": {"max_new_tokens": 4}},
+            timeout=60,
+        )
         assert stream.status_code == 200 and stream.text.count("data:") >= 1, stream.text
         log = job.log()
         tail = log[-4000:]
@@ -181,8 +217,12 @@ def test_a_failing_follower_ends_the_job_with_an_error(engine_dir, hf_dir, site_
     shutil.copytree(engine_dir, broken)
     (broken / "rank1.engine").write_text("not a TensorRT plan")  # only rank 1 fails to load
     port = free_port()
-    job = Job([sys.executable, "-m", "lmi_trt", *_serve_args(broken, hf_dir, port)], _env(site_dir),
-              tmp_path / "job.log", port)
+    job = Job(
+        [sys.executable, "-m", "lmi_trt", *_serve_args(broken, hf_dir, port)],
+        _env(site_dir),
+        tmp_path / "job.log",
+        port,
+    )
     try:
         rc = job.wait_end()
         log = job.log()

@@ -41,8 +41,14 @@ def reference(hf_model):
 
     def generate(prompt: list[int], max_new_tokens: int, eos: int | None = 2, bad: list[list[int]] | None = None):
         with torch.no_grad():
-            out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                    eos_token_id=eos, pad_token_id=0, bad_words_ids=bad)[0, len(prompt):].tolist()
+            out = hf_model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=0,
+                bad_words_ids=bad,
+            )[0, len(prompt) :].tolist()
         return out[: out.index(eos)] if eos in out else out
 
     return generate
@@ -65,8 +71,14 @@ async def started(model_dir, config: LlmApiSettings | None = None, **kwargs) -> 
 
 def req(rid: str, prompt: list[int], streaming: bool = True, stop=(), bad=(), **sampling) -> GenerationRequest:
     sampling.setdefault("max_new_tokens", 20)
-    return GenerationRequest(rid, prompt, SamplingParams(**sampling), stop_token_ids=[list(s) for s in stop],
-                             bad_words_ids=[list(b) for b in bad], streaming=streaming)
+    return GenerationRequest(
+        rid,
+        prompt,
+        SamplingParams(**sampling),
+        stop_token_ids=[list(s) for s in stop],
+        bad_words_ids=[list(b) for b in bad],
+        streaming=streaming,
+    )
 
 
 async def collect(engine: LlmApiEngine, request: GenerationRequest) -> list:
@@ -146,7 +158,9 @@ async def test_errors_stay_per_request(trt, model_dir, reference):
         # refused by generate_async itself (prompt over max_num_tokens without chunked prefill): 400
         refused = req("refused", list(range(1, 50)))
         # failed while running (the fake's stand-in: a prompt not shorter than max_seq_len): 424
-        failing_engine = await started(model_dir, LlmApiSettings(runtime=TrtllmSettings(max_batch_size=4), max_seq_len=8))
+        failing_engine = await started(
+            model_dir, LlmApiSettings(runtime=TrtllmSettings(max_batch_size=4), max_seq_len=8)
+        )
         try:
             failed, ok = await asyncio.gather(
                 collect(failing_engine, req("fails", list(range(1, 11)))),
@@ -211,11 +225,11 @@ async def test_stop_words_bad_words_and_extra_eos(trt, model_dir, reference):
         outs = await collect(engine, req("stop1", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[[want[2]]]))
         assert tokens_of(outs) == want[: want.index(want[2]) + 1]
         assert outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
-        pair = next(want[i:i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i:i + 2]))
+        pair = next(want[i : i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i : i + 2]))
         outs = await collect(engine, req("stop2", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[pair]))
         assert tokens_of(outs)[-2:] == pair and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
         # one the LLM cannot match as text is left to the serving layer's text match: generation goes on
-        odd = next(want[i:i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i:i + 2]))
+        odd = next(want[i : i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i : i + 2]))
         outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[odd]))
         assert tokens_of(outs) == want and outs[-1].finish_reason is FinishReason.LENGTH
         bad = await collect(engine, req("bad2", PROMPTS[0], bad=[odd]))
@@ -323,19 +337,25 @@ async def test_options_the_backend_cannot_honour_name_the_key(trt, model_dir):
         await engine.start()
 
 
-@pytest.mark.parametrize("release, top, prompt_lps, bias", [
-    ("1.0.0", 0, False, False),   # top-1 only (PR 6097); no prompt log probs; no embedding bias on PyTorch
-    ("1.1.0", 20, False, True),   # top k (PR 7756); prompt entries are top k only (PR 7580); bias (PR 6464)
-    ("1.2.1", 20, False, True),
-    ("1.3.0", 20, True, True),    # prompt entries hold the prompt token (PR 11235)
-])
+@pytest.mark.parametrize(
+    "release, top, prompt_lps, bias",
+    [
+        ("1.0.0", 0, False, False),  # top-1 only (PR 6097); no prompt log probs; no embedding bias on PyTorch
+        ("1.1.0", 20, False, True),  # top k (PR 7756); prompt entries are top k only (PR 7580); bias (PR 6464)
+        ("1.2.1", 20, False, True),
+        ("1.3.0", 20, True, True),  # prompt entries hold the prompt token (PR 11235)
+    ],
+)
 async def test_what_each_release_serves_is_in_the_limits(trt, monkeypatch, model_dir, release, top, prompt_lps, bias):
     monkeypatch.setattr(trt, "__version__", release)
     engine = await started(model_dir)
     try:
         limits = engine.limits
         assert (limits.max_top_logprobs, limits.supports_prompt_logprobs, limits.supports_logit_bias) == (
-            top, prompt_lps, bias)
+            top,
+            prompt_lps,
+            bias,
+        )
     finally:
         await engine.close()
 
@@ -364,8 +384,9 @@ async def test_logit_bias_is_the_samplers_embedding_bias(trt, monkeypatch, model
     monkeypatch.setattr(trt, "__version__", "1.2.1")
     engine = await started(model_dir)
     try:
-        pushed = await collect(engine, req("b", PROMPTS[0], max_new_tokens=5, ignore_eos=True,
-                                           logit_bias=((42, 100.0),)))
+        pushed = await collect(
+            engine, req("b", PROMPTS[0], max_new_tokens=5, ignore_eos=True, logit_bias=((42, 100.0),))
+        )
         assert tokens_of(pushed) == [42] * 5
         first = reference(PROMPTS[0], 1)[0]
         away = await collect(engine, req("a", PROMPTS[0], max_new_tokens=1, logit_bias=((first, -100.0),)))

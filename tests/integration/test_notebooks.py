@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tinymodels import tiny_model
 from trtllm_testing import FAKES
 
@@ -51,8 +50,9 @@ def run_notebook(name: str, tmp_path: Path, **params) -> dict:
     injected.metadata["tags"] = ["injected-parameters"]
     nb.cells.insert(at + 1, injected)
     workdir = Path(params["workdir"])
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     try:
         client.execute()
     finally:
@@ -90,11 +90,17 @@ SMALL = {"max_input_len": 64, "max_output_len": 64}  # the cells ask for up to 6
 
 def test_sagemaker_deploy(tmp_path):
     t0 = time.monotonic()
-    nb = run_notebook("sagemaker_deploy.ipynb", tmp_path, mode="local", local_model_dir=str(tiny_model("llama")),
-                      workdir=str(tmp_path / "work"), **SMALL)
+    nb = run_notebook(
+        "sagemaker_deploy.ipynb",
+        tmp_path,
+        mode="local",
+        local_model_dir=str(tiny_model("llama")),
+        workdir=str(tmp_path / "work"),
+        **SMALL,
+    )
     assert "option.model_id=s3://lmi-trt-local/models/local-model" in outputs(nb, "properties = {")
     assert "InService" in outputs(nb, "model.deploy(")
-    assert outputs(nb, 'response = predictor.predict').strip()
+    assert outputs(nb, "response = predictor.predict").strip()
     assert outputs(nb, '"messages"').strip()
     assert outputs(nb, "invoke_endpoint_with_response_stream").strip()
     assert "exit status: 0" in outputs(nb, "predictor.delete_endpoint()")
@@ -104,8 +110,14 @@ def test_sagemaker_deploy(tmp_path):
 
 def test_local_docker(tmp_path):
     t0 = time.monotonic()
-    nb = run_notebook("local_docker.ipynb", tmp_path, mode="local", model_id=str(tiny_model("llama")),
-                      workdir=str(tmp_path / "work"), **SMALL)
+    nb = run_notebook(
+        "local_docker.ipynb",
+        tmp_path,
+        mode="local",
+        model_id=str(tiny_model("llama")),
+        workdir=str(tmp_path / "work"),
+        **SMALL,
+    )
     command = outputs(nb, "docker_cmd = [")
     assert command.startswith("docker run --rm -d --name lmi-trt --gpus all")
     assert f"-e HF_MODEL_ID={tiny_model('llama')}" in command and "-e TENSOR_PARALLEL_DEGREE=max" in command
@@ -122,14 +134,21 @@ def test_aot_compile(tmp_path):
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     t0 = time.monotonic()
-    nb = run_notebook("aot_compile.ipynb", tmp_path, mode="local", local_model_dir=str(tiny_model("llama")),
-                      local_pythonpath=os.pathsep.join([str(site), str(FAKES)]), workdir=str(tmp_path / "work"),
-                      max_batch_size=4, **SMALL)
+    nb = run_notebook(
+        "aot_compile.ipynb",
+        tmp_path,
+        mode="local",
+        local_model_dir=str(tiny_model("llama")),
+        local_pythonpath=os.pathsep.join([str(site), str(FAKES)]),
+        workdir=str(tmp_path / "work"),
+        max_batch_size=4,
+        **SMALL,
+    )
     listing = outputs(nb, "list_objects_v2")
     for name in ("rank0.engine", "config.json", "lmi_trt_manifest.json", "tokenizer.json"):
         assert f"lmi-trt/engines/lmi-trt-tinyllama-aot/{name}" in listing, listing
     assert "compile --model-id" in outputs(nb, "compile_args = [")
-    assert outputs(nb, 'response = predictor.predict').strip()
+    assert outputs(nb, "response = predictor.predict").strip()
     server_log = (tmp_path / "work" / "server.log").read_text()
     assert "trtllm_engine from s3" in server_log  # served the precompiled artifact, nothing compiled
     assert "compile:" not in server_log

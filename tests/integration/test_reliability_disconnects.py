@@ -24,17 +24,17 @@ import pytest
 from serverproc import SyntheticApp, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.serving.http import CONTEXT
 from lmi_trt.serving.app import serve as serve_app
 from lmi_trt.serving.core import GenerationStream
+from lmi_trt.serving.http import CONTEXT
 from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
 pytestmark = pytest.mark.slow
 
 STEPS_PER_S = 200  # a step every 5 ms: "a few steps" is a few tens of ms
-MAX_NEW = 400      # ~2 s: no stream can finish before it is dropped
+MAX_NEW = 400  # ~2 s: no stream can finish before it is dropped
 LONG_NEW = 100_000  # ~8 min: no stream ends before it is dropped, however loaded the machine
-BOUND_S = 120      # how long a guaranteed condition may take to hold on a loaded machine
+BOUND_S = 120  # how long a guaranteed condition may take to hold on a loaded machine
 
 
 def streams(max_new: int) -> list[tuple[str, dict[str, Any], bool]]:
@@ -43,8 +43,11 @@ def streams(max_new: int) -> list[tuple[str, dict[str, Any], bool]]:
         ("/invocations", {"inputs": "drop me", "parameters": {"max_new_tokens": max_new}, "stream": True}, True),
         ("/generate_stream", {"inputs": "drop me", "parameters": {"max_new_tokens": max_new}}, True),
         ("/v1/completions", {"prompt": "drop me", "max_tokens": max_new, "stream": True}, True),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "drop me"}], "max_tokens": max_new,
-                                  "stream": True}, True),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "drop me"}], "max_tokens": max_new, "stream": True},
+            True,
+        ),
         ("/v2/models/tiny/generate_stream", {"text_input": "drop me", "max_tokens": max_new}, True),
         ("/invocations", {"prompt": "drop me", "max_tokens": max_new}, True),  # Truss: a text/plain stream
         ("/invocations", {"inputs": "drop me", "parameters": {"max_new_tokens": max_new}}, False),  # not streamed
@@ -89,8 +92,11 @@ async def _open(port: int, path: str, body: dict[str, Any], wait_for_bytes: bool
     """Send the request; for a stream wait for the first body bytes; return the writer to drop."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     payload = orjson.dumps(body)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
     await writer.drain()
     if wait_for_bytes:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND_S)
@@ -138,8 +144,9 @@ async def test_hundred_streams_dropped_free_every_slot():
         assert await wait_until(lambda: sa.engine.stats().active_requests == 0, timeout=BOUND_S, interval=0.002)
         freed_after = time.monotonic() - t0
         steps_after = (sa.engine.stats().total_generated_tokens - tokens_at_drop) / 100
-        assert await wait_until(lambda: _leftovers(sa) == dict.fromkeys(_leftovers(sa), 0), timeout=BOUND_S), \
+        assert await wait_until(lambda: _leftovers(sa) == dict.fromkeys(_leftovers(sa), 0), timeout=BOUND_S), (
             _leftovers(sa)
+        )
         assert sa.engine.stats().total_generated_tokens < 100 * LONG_NEW  # none ran on to its end
         print(f"disconnects: 100 dropped, slots free after {freed_after * 1000:.0f} ms ({steps_after:.1f} steps)")
 
@@ -147,6 +154,7 @@ async def test_hundred_streams_dropped_free_every_slot():
 async def test_a_thousand_drops_leave_nothing_behind():
     config = LmiConfig(max_output_len=MAX_NEW, job_queue_size=64)
     async with running(config, tokens_per_second=STEPS_PER_S, max_batch_size=64) as (sa, port):
+
         async def one_wave(wave: int, size: int) -> None:
             opened = []
             for i in range(size):
@@ -172,16 +180,20 @@ async def test_a_thousand_drops_leave_nothing_behind():
         assert await wait_until(lambda: _leftovers(sa) == dict.fromkeys(_leftovers(sa), 0), timeout=60), _leftovers(sa)
         # aiohttp finishes closing the aborted transports (their handler tasks) in its own time: a bound
         # that holds under load, not a speed
-        assert await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before, timeout=60), \
-            [t.get_name() for t in asyncio.all_tasks()]
+        assert await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before, timeout=60), [
+            t.get_name() for t in asyncio.all_tasks()
+        ]
         gc.collect()
         assert await wait_until(lambda: len(os.listdir("/proc/self/fd")) <= fds_before + 2, timeout=60)
         assert not [o for o in gc.get_objects() if type(o) is GenerationStream]
         # and it still serves
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         payload = orjson.dumps({"inputs": "ok", "parameters": {"max_new_tokens": 2}})
-        writer.write(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                     + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        writer.write(
+            b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
         response = await reader.read()
         writer.close()
         assert response.startswith(b"HTTP/1.1 200") and b'"generated_text":"ok' in response

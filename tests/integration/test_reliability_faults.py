@@ -118,24 +118,42 @@ class FaultProxy:
                 if action == "reset_before":
                     return _reset(writer)
                 if action in ("503", "500"):
-                    code, reason, err = (("503", "Slow Down", "SlowDown") if action == "503"
-                                         else ("500", "Internal Server Error", "InternalError"))
-                    xml = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{err}</Code>"
-                           f"<Message>injected</Message></Error>").encode()
-                    writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\n"
-                                 f"Content-Length: {len(xml)}\r\n\r\n".encode() + xml)
+                    code, reason, err = (
+                        ("503", "Slow Down", "SlowDown")
+                        if action == "503"
+                        else ("500", "Internal Server Error", "InternalError")
+                    )
+                    xml = (
+                        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{err}</Code>"
+                        f"<Message>injected</Message></Error>"
+                    ).encode()
+                    writer.write(
+                        f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\n"
+                        f"Content-Length: {len(xml)}\r\n\r\n".encode()
+                        + xml
+                    )
                     await writer.drain()
                     continue
                 status_line, resp_headers, resp_body = await self._forward(method, target, headers, body)
-                keep = [(k, v) for k, v in resp_headers
-                        if k.lower() not in ("content-length", "transfer-encoding", "connection", "keep-alive")]
-                length = int(dict((k.lower(), v) for k, v in resp_headers).get("content-length", "0")) \
-                    if method == "HEAD" else len(resp_body)
+                keep = [
+                    (k, v)
+                    for k, v in resp_headers
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "keep-alive")
+                ]
+                length = (
+                    int(dict((k.lower(), v) for k, v in resp_headers).get("content-length", "0"))
+                    if method == "HEAD"
+                    else len(resp_body)
+                )
                 if action == "short" and method == "GET" and len(resp_body) > 16:
                     resp_body = resp_body[: len(resp_body) // 2]
                     length = len(resp_body)
-                out = (status_line + "\r\n" + "".join(f"{k}:{v}\r\n" for k, v in keep)
-                       + f"Content-Length: {length}\r\n\r\n").encode("latin-1")
+                out = (
+                    status_line
+                    + "\r\n"
+                    + "".join(f"{k}:{v}\r\n" for k, v in keep)
+                    + f"Content-Length: {length}\r\n\r\n"
+                ).encode("latin-1")
                 if action in ("reset_mid", "close_mid") and method == "GET":
                     writer.write(out + resp_body[: len(resp_body) // 2])
                     await writer.drain()
@@ -156,8 +174,14 @@ class FaultProxy:
         """One request upstream over HTTP/1.0: the answer is delimited by the connection closing."""
         r, w = await asyncio.open_connection(*self.upstream)
         keep = [(k, v) for k, v in headers if k.strip().lower() not in ("connection", "keep-alive", "expect")]
-        w.write((f"{method} {target} HTTP/1.0\r\n" + "".join(f"{k}:{v}\r\n" for k, v in keep)
-                 + "Connection: close\r\n\r\n").encode("latin-1") + body)
+        w.write(
+            (
+                f"{method} {target} HTTP/1.0\r\n"
+                + "".join(f"{k}:{v}\r\n" for k, v in keep)
+                + "Connection: close\r\n\r\n"
+            ).encode("latin-1")
+            + body
+        )
         await w.drain()
         raw = await r.read()
         w.close()
@@ -177,12 +201,17 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 # --- S3 -----------------------------------------------------------------------------------------------
 def _is_object_get(method: str, target: str, bucket: str) -> bool:
     path, _, query = target.partition("?")
-    return method == "GET" and path.startswith(f"/{bucket}/") and len(path) > len(bucket) + 2 and "list-type" not in query
+    return (
+        method == "GET" and path.startswith(f"/{bucket}/") and len(path) > len(bucket) + 2 and "list-type" not in query
+    )
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
 
 
 def _leftovers(dest: Path) -> list[Path]:
@@ -238,13 +267,16 @@ def test_transient_s3_faults_are_retried_and_the_copy_is_exact(s3_model, tmp_pat
         assert again, f"{f.path} was not retried after {f.action}"
         if f.action in ("503", "500", "reset_before"):
             assert "attempt=2" in again[0].attempt, (f, again[0])
-    print(f"s3 faults: {len(faults)} injected ({', '.join(sorted({f.action for f in faults}))}), "
-          f"{len(proxy.seen)} requests, all recovered")
+    print(
+        f"s3 faults: {len(faults)} injected ({', '.join(sorted({f.action for f in faults}))}), "
+        f"{len(proxy.seen)} requests, all recovered"
+    )
 
 
 @pytest.mark.parametrize("action", ["reset_mid", "short"])
-def test_persistent_s3_fault_fails_naming_the_object_and_leaves_nothing_complete(s3_model, tmp_path, monkeypatch,
-                                                                                 action):
+def test_persistent_s3_fault_fails_naming_the_object_and_leaves_nothing_complete(
+    s3_model, tmp_path, monkeypatch, action
+):
     s3, bucket, uri = s3_model
 
     def policy(method: str, target: str, n: int) -> str:

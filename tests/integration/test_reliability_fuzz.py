@@ -39,9 +39,18 @@ GENERIC = ("request body", "JSON", "UTF-8", "payload", "text/plain", "Content-Ty
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic",
-            "-o", f"option.max_input_len={MAX_INPUT}", "-o", f"option.max_output_len={MAX_OUTPUT}",
-            "-o", f"max_request_size={MAX_REQUEST}"]
+    args = [
+        "--model-id",
+        str(tiny_model("llama")),
+        "--engine",
+        "synthetic",
+        "-o",
+        f"option.max_input_len={MAX_INPUT}",
+        "-o",
+        f"option.max_output_len={MAX_OUTPUT}",
+        "-o",
+        f"max_request_size={MAX_REQUEST}",
+    ]
     with serve(args, tmp_path_factory.mktemp("fuzz")) as srv:
         yield srv
         assert srv.proc.poll() is None, f"the server died:\n{srv.log()[-3000:]}"
@@ -125,10 +134,17 @@ def healthy_and_idle(server: Server) -> None:
 def test_openapi_document_describes_every_route(server):
     spec = spec_of(server)
     ops = {(m.upper(), p) for p, item in spec["paths"].items() for m in item}
-    for must in [("GET", "/ping"), ("POST", "/invocations"), ("POST", "/predictions/{model}"),
-                 ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"),
-                 ("POST", "/v2/models/{model}/generate"), ("POST", "/endpoints/{endpoint}/invocations"),
-                 ("GET", "/openapi.json")]:
+    for must in [
+        ("GET", "/ping"),
+        ("POST", "/invocations"),
+        ("POST", "/predictions/{model}"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/generate"),
+        ("POST", "/v2/models/{model}/generate"),
+        ("POST", "/endpoints/{endpoint}/invocations"),
+        ("GET", "/openapi.json"),
+    ]:
         assert must in ops, must
     for path, item in spec["paths"].items():
         if "post" in item:
@@ -186,14 +202,22 @@ def test_generated_requests_never_get_5xx_and_rejections_name_the_field(server):
     session = requests.Session()
     seed = os.environ.get("LMI_FUZZ_SEED")
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=seed is None,
-              phases=[Phase.explicit, Phase.generate], print_blob=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=seed is None,
+        phases=[Phase.explicit, Phase.generate],
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def check(case) -> None:
         r = case.call(base_url=server.url, session=session, timeout=30)
         seen[r.status_code] = seen.get(r.status_code, 0) + 1
-        where = f"{case.method} {case.formatted_path} body={str(case.body)[:300]!r} -> {r.status_code} {r.content[:300]!r}"
+        where = (
+            f"{case.method} {case.formatted_path} body={str(case.body)[:300]!r} -> {r.status_code} {r.content[:300]!r}"
+        )
         assert r.status_code < 500, where
         if r.status_code == 200:
             assert_stream_ended_cleanly(r, where)
@@ -239,13 +263,26 @@ def _route_id(route) -> str:
     return route[0] + (" (truss)" if route[2] == "prompt" and route[0] == "/invocations" else "")
 
 
-def _post_raw(server: Server, path: str, data: bytes, content_type: str = "application/json", **kw) -> requests.Response:
-    return requests.post(server.url + path, data=data, headers={"Content-Type": content_type, **kw.pop("headers", {})},
-                         timeout=30, **kw)
+def _post_raw(
+    server: Server, path: str, data: bytes, content_type: str = "application/json", **kw
+) -> requests.Response:
+    return requests.post(
+        server.url + path, data=data, headers={"Content-Type": content_type, **kw.pop("headers", {})}, timeout=30, **kw
+    )
 
 
-@pytest.mark.parametrize("path", ["/invocations", "/predictions/llama", "/generate", "/v1/completions",
-                                  "/v1/chat/completions", "/v2/models/llama/generate", "/endpoints/e/invocations"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/invocations",
+        "/predictions/llama",
+        "/generate",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v2/models/llama/generate",
+        "/endpoints/e/invocations",
+    ],
+)
 def test_bodies_over_max_request_size_are_413_naming_the_limit(server, path):
     big = json.dumps({"inputs": "x" * MAX_REQUEST, "prompt": "x", "text_input": "x"}).encode()
     r = _post_raw(server, path, big)
@@ -255,7 +292,7 @@ def test_bodies_over_max_request_size_are_413_naming_the_limit(server, path):
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit must hold while reading
         for i in range(0, len(big), 8192):
-            yield big[i:i + 8192]
+            yield big[i : i + 8192]
 
     r = _post_raw(server, path, chunks())  # type: ignore[arg-type]
     assert r.status_code == want, (r.status_code, r.text[:300])
@@ -265,13 +302,16 @@ def test_bodies_over_max_request_size_are_413_naming_the_limit(server, path):
 
 def test_a_client_that_stops_sending_mid_body_does_not_hold_a_slot(server):
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
-        s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 1000\r\n\r\n{\"inputs\": \"abc")
+        s.sendall(
+            b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"inputs": "abc'
+        )
     healthy_and_idle(server)
 
 
-@pytest.mark.parametrize("path", ["/invocations", "/generate", "/v1/completions", "/v2/models/llama/generate",
-                                  "/endpoints/e/invocations"])
+@pytest.mark.parametrize(
+    "path", ["/invocations", "/generate", "/v1/completions", "/v2/models/llama/generate", "/endpoints/e/invocations"]
+)
 @pytest.mark.parametrize("depth", [1100, 8000])
 def test_deeply_nested_json_is_400(server, path, depth):
     for body in (b"[" * depth + b"]" * depth, b'{"inputs": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}"):
@@ -284,27 +324,41 @@ def test_deeply_nested_json_is_400(server, path, depth):
     healthy_and_idle(server)
 
 
-@pytest.mark.parametrize("path", ["/invocations", "/generate", "/v1/completions", "/v1/chat/completions",
-                                  "/v2/models/llama/generate"])
+@pytest.mark.parametrize(
+    "path", ["/invocations", "/generate", "/v1/completions", "/v1/chat/completions", "/v2/models/llama/generate"]
+)
 def test_invalid_utf8_and_lone_surrogates_are_400(server, path):
-    field = {"/invocations": "inputs", "/generate": "inputs", "/v1/completions": "prompt",
-             "/v1/chat/completions": "messages", "/v2/models/llama/generate": "text_input"}[path]
-    raw = {"/v1/chat/completions": b'{"messages": [{"role": "user", "content": "%s"}]}'}.get(path, b'{"' + field.encode() + b'": "%s"}')
+    field = {
+        "/invocations": "inputs",
+        "/generate": "inputs",
+        "/v1/completions": "prompt",
+        "/v1/chat/completions": "messages",
+        "/v2/models/llama/generate": "text_input",
+    }[path]
+    raw = {"/v1/chat/completions": b'{"messages": [{"role": "user", "content": "%s"}]}'}.get(
+        path, b'{"' + field.encode() + b'": "%s"}'
+    )
     r = _post_raw(server, path, raw % b"ab\xff\xfe cd")
     assert r.status_code == 400 and "UTF-8" in error_message(r), r.text[:300]
     r = _post_raw(server, path, raw % rb"ab\ud800 cd")
     assert r.status_code == 400, r.text[:300]
     assert field in error_message(r) and "surrogate" in error_message(r)
     # in a word list that is tokenized separately
-    lists = {"/invocations": b'{"inputs": "x", "parameters": {"bad_words": ["\\udfff"]}}',
-             "/generate": b'{"inputs": "x", "parameters": {"bad_words": ["\\udfff"]}}',
-             "/v1/completions": b'{"prompt": "x", "bad_words": ["\\udfff"]}',
-             "/v1/chat/completions": b'{"messages": [{"role": "user", "content": "x"}], "bad_words": ["\\udfff"]}',
-             "/v2/models/llama/generate": b'{"text_input": "x", "bad_words": "\\udfff"}'}
+    lists = {
+        "/invocations": b'{"inputs": "x", "parameters": {"bad_words": ["\\udfff"]}}',
+        "/generate": b'{"inputs": "x", "parameters": {"bad_words": ["\\udfff"]}}',
+        "/v1/completions": b'{"prompt": "x", "bad_words": ["\\udfff"]}',
+        "/v1/chat/completions": b'{"messages": [{"role": "user", "content": "x"}], "bad_words": ["\\udfff"]}',
+        "/v2/models/llama/generate": b'{"text_input": "x", "bad_words": "\\udfff"}',
+    }
     r = _post_raw(server, path, lists[path])
     assert r.status_code == 400 and "bad_words" in error_message(r), r.text[:300]
-    r = _post_raw(server, path.replace("/generate", "/generate") if path != "/invocations" else path,
-                  b"\xff\xfe", content_type="text/plain")
+    r = _post_raw(
+        server,
+        path.replace("/generate", "/generate") if path != "/invocations" else path,
+        b"\xff\xfe",
+        content_type="text/plain",
+    )
     assert 400 <= r.status_code < 500
     healthy_and_idle(server)
 
@@ -377,8 +431,12 @@ def test_empty_prompt_and_prompt_length_limit(server, route):
 def test_token_id_prompts_at_and_over_the_limit(server):
     ok = requests.post(server.url + "/v1/completions", json={"prompt": [300] * MAX_INPUT, "max_tokens": 2}, timeout=30)
     assert ok.status_code == 200, ok.text[:300]
-    for prompt, fragment in (([300] * (MAX_INPUT + 1), f"max_input_len={MAX_INPUT}"), ([10**9], "token id"),
-                             ([-1], "token id"), ([], "prompt")):
+    for prompt, fragment in (
+        ([300] * (MAX_INPUT + 1), f"max_input_len={MAX_INPUT}"),
+        ([10**9], "token id"),
+        ([-1], "token id"),
+        ([], "prompt"),
+    ):
         r = requests.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=30)
         assert r.status_code == 400 and fragment in error_message(r), r.text[:300]
     healthy_and_idle(server)

@@ -33,9 +33,18 @@ VICTIM = {"inputs": "victim one two ", "parameters": {"max_new_tokens": 24}}
 
 
 def _args(*options: str) -> list[str]:
-    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic",
-            "-o", f"option.max_input_len={MAX_INPUT}", "-o", f"option.max_output_len={MAX_OUTPUT}",
-            "-o", f"max_request_size={MAX_REQUEST}"]
+    args = [
+        "--model-id",
+        str(tiny_model("llama")),
+        "--engine",
+        "synthetic",
+        "-o",
+        f"option.max_input_len={MAX_INPUT}",
+        "-o",
+        f"option.max_output_len={MAX_OUTPUT}",
+        "-o",
+        f"max_request_size={MAX_REQUEST}",
+    ]
     for o in options:
         args += ["-o", o]
     return args
@@ -107,15 +116,23 @@ def _attack_with_victims(srv: Server, attack, victims: int = 4) -> list[Any]:
 
 # --- 1. stop strings and bad words ------------------------------------------------------------------
 
-@pytest.mark.parametrize("path, body, field", [
-    ("/invocations", {"inputs": "hi", "parameters": {"stop_sequences": ["x" * 20_000]}}, "parameters.stop_sequences"),
-    ("/invocations", {"inputs": "hi", "parameters": {"stop": ["y" * 1000] * 20}}, "parameters.stop"),
-    ("/v1/completions", {"prompt": "hi", "stop": ["x" * 20_000]}, "stop"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": "x" * 20_000}, "stop"),
-    ("/generate", {"inputs": "hi", "parameters": {"stop": ["x" * 20_000]}}, "stop"),
-    ("/v1/completions", {"prompt": "hi", "bad_words": ["w" * 1_000_000]}, "bad_words"),
-    ("/invocations", {"inputs": "hi", "parameters": {"bad_words": ["w" * 1000] * 20}}, "parameters.bad_words"),
-])
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        (
+            "/invocations",
+            {"inputs": "hi", "parameters": {"stop_sequences": ["x" * 20_000]}},
+            "parameters.stop_sequences",
+        ),
+        ("/invocations", {"inputs": "hi", "parameters": {"stop": ["y" * 1000] * 20}}, "parameters.stop"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["x" * 20_000]}, "stop"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": "x" * 20_000}, "stop"),
+        ("/generate", {"inputs": "hi", "parameters": {"stop": ["x" * 20_000]}}, "stop"),
+        ("/v1/completions", {"prompt": "hi", "bad_words": ["w" * 1_000_000]}, "bad_words"),
+        ("/invocations", {"inputs": "hi", "parameters": {"bad_words": ["w" * 1000] * 20}}, "parameters.bad_words"),
+    ],
+)
 def test_long_stop_strings_and_bad_words_are_400_naming_the_field(server, path, body, field):
     def attack() -> requests.Response:
         return server.post(path, body)
@@ -140,8 +157,15 @@ SAMPLING_CASES = [
     ("/v1/chat/completions", lambda p: {"messages": [{"role": "user", "content": "hi"}], **p}, ""),
     ("/v2/models/llama/generate", lambda p: {"text_input": "hi", **p}, ""),
 ]
-BAD_VALUES = [("temperature", 1e-40), ("temperature", 1e-300), ("top_p", 1e-300), ("top_k", 2**40),
-              ("repetition_penalty", 1e-300), ("frequency_penalty", -1e308), ("presence_penalty", 1e300)]
+BAD_VALUES = [
+    ("temperature", 1e-40),
+    ("temperature", 1e-300),
+    ("top_p", 1e-300),
+    ("top_k", 2**40),
+    ("repetition_penalty", 1e-300),
+    ("frequency_penalty", -1e308),
+    ("presence_penalty", 1e300),
+]
 
 
 @pytest.mark.parametrize("path, make, prefix", SAMPLING_CASES, ids=[c[0] for c in SAMPLING_CASES])
@@ -154,10 +178,15 @@ def test_sampling_values_outside_the_arithmetic_are_400_naming_the_field(server,
 
 # --- 3. cost bounded before tokenization; compressed bodies ------------------------------------------
 
+
 def _gzip_post(srv: Server, path: str, obj: Any, timeout: float = 60) -> requests.Response:
     raw = gzip.compress(json.dumps(obj).encode(), compresslevel=9)
-    return requests.post(srv.url + path, data=raw, timeout=timeout,
-                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    return requests.post(
+        srv.url + path,
+        data=raw,
+        timeout=timeout,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
 
 
 def test_a_compressed_four_million_character_prompt_is_refused_before_tokenization(server):
@@ -182,8 +211,10 @@ def test_clients_that_leave_do_not_keep_the_tokenizer_busy(server):
     socks = []
     for _ in range(12):
         s = socket.create_connection(("127.0.0.1", server.port))
-        s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Encoding: gzip\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(
+            b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         socks.append(s)
     for s in socks:
         s.close()
@@ -201,25 +232,34 @@ def _max_prompt_chars(srv: Server) -> int:
 def test_decompressed_bodies_count_against_max_request_size(server):
     bomb = zlib.compress(b'{"inputs": "' + b" " * (50 * 2**20) + b'"}', 9)  # 50 MB decoded, 50 KB sent
     assert len(bomb) < 100_000
-    r = requests.post(server.url + "/invocations", data=bomb, timeout=60,
-                      headers={"Content-Type": "application/json", "Content-Encoding": "deflate"})
+    r = requests.post(
+        server.url + "/invocations",
+        data=bomb,
+        timeout=60,
+        headers={"Content-Type": "application/json", "Content-Encoding": "deflate"},
+    )
     assert r.status_code == 413 and f"max_request_size={MAX_REQUEST}" in r.text, r.text[:300]
 
 
 # --- 4. nothing that scales with a request runs on the event loop -------------------------------------
+
 
 def test_huge_chats_and_nan_bodies_do_not_stall_ping(server):
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(300_000)]
     chat = json.dumps({"messages": turns, "max_tokens": 4}).encode()
     nan_body = b'{"inputs": "' + b"d" * 10_000_000 + b'", "parameters": {"temperature": NaN}}'
     small_chat = json.dumps({"messages": turns[:1000], "max_tokens": 4}).encode()
-    bodies = [("/v1/chat/completions", chat, "holds more than"),
-              ("/v1/chat/completions", small_chat, "messages has 1000 messages"),
-              ("/invocations", nan_body, "parameters.temperature")]
+    bodies = [
+        ("/v1/chat/completions", chat, "holds more than"),
+        ("/v1/chat/completions", small_chat, "messages has 1000 messages"),
+        ("/invocations", nan_body, "parameters.temperature"),
+    ]
 
     def attack() -> list[requests.Response]:
-        return [requests.post(server.url + path, data=b, timeout=120, headers={"Content-Type": "application/json"})
-                for path, b, _ in bodies]
+        return [
+            requests.post(server.url + path, data=b, timeout=120, headers={"Content-Type": "application/json"})
+            for path, b, _ in bodies
+        ]
 
     for rs in _attack_with_victims(server, attack):
         for r, (_, _, needle) in zip(rs, bodies, strict=True):
@@ -228,11 +268,16 @@ def test_huge_chats_and_nan_bodies_do_not_stall_ping(server):
 
 # --- 5. bad gzip, malformed requests: 400, one rate-limited warning --------------------------------------
 
+
 def test_bad_gzip_is_400_and_malformed_requests_are_logged_once_without_traceback(tmp_path):
     with serve(_args(), tmp_path) as srv:
         for _ in range(20):
-            r = requests.post(srv.url + "/invocations", data=b"not gzip at all", timeout=30,
-                              headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            r = requests.post(
+                srv.url + "/invocations",
+                data=b"not gzip at all",
+                timeout=30,
+                headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            )
             assert r.status_code == 400 and "Content-Encoding: gzip" in r.text, r.text[:300]
         for i in range(20):
             with socket.create_connection(("127.0.0.1", srv.port)) as s:
@@ -255,13 +300,18 @@ def _read_all(s: socket.socket, timeout: float = 30) -> bytes:
 
 # --- 6. slow clients, connection and upload bounds -------------------------------------------------------
 
+
 async def _slowloris(port: int, n: int, body: bool) -> list[bytes]:
     """n connections that send a partial request (headers, or headers and part of a body) and then
     one byte every second; returns what each got back before the server closed it."""
+
     async def one() -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head = (b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
-                if body else b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+        head = (
+            b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+            if body
+            else b"GET /ping HTTP/1.1\r\nHost: x\r\n"
+        )
         writer.write(head)
         got = b""
         try:
@@ -340,8 +390,10 @@ def test_bytes_being_uploaded_at_once_are_bounded(tmp_path):
         async def uploads() -> list[bytes]:
             async def one(i: int) -> bytes:
                 reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
-                writer.write(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 2000000\r\n\r\n" + b"{" + b" " * 400_000)
+                writer.write(
+                    b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 2000000\r\n\r\n" + b"{" + b" " * 400_000
+                )
                 await writer.drain()
                 await asyncio.sleep(0.2 * i)
                 got = await asyncio.wait_for(reader.read(65536), 30) if i >= 3 else b""
@@ -359,9 +411,12 @@ def test_bytes_being_uploaded_at_once_are_bounded(tmp_path):
 
 # --- 7. batch inputs count per prompt --------------------------------------------------------------------
 
+
 def test_batch_inputs_are_capped_and_counted_per_prompt(tmp_path):
-    with serve(_args("job_queue_size=20", "option.max_prompts_per_request=8",
-                     "option.synthetic_tokens_per_second=20"), tmp_path) as srv:
+    with serve(
+        _args("job_queue_size=20", "option.max_prompts_per_request=8", "option.synthetic_tokens_per_second=20"),
+        tmp_path,
+    ) as srv:
         expected = _victim_answer(srv)
         r = srv.post("/invocations", {"inputs": ["p"] * 1000})
         assert r.status_code == 400 and "inputs has 1000 prompts" in r.text and "max_prompts_per_request=8" in r.text
@@ -370,8 +425,10 @@ def test_batch_inputs_are_capped_and_counted_per_prompt(tmp_path):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(16) as pool:  # 14 long requests in the system, then a batch of 8
-            long = [pool.submit(srv.post, "/invocations", {"inputs": f"l{i} ", "parameters": {"max_new_tokens": 60}})
-                    for i in range(14)]
+            long = [
+                pool.submit(srv.post, "/invocations", {"inputs": f"l{i} ", "parameters": {"max_new_tokens": 60}})
+                for i in range(14)
+            ]
             deadline = time.monotonic() + 30
             while "lmi_requests_in_system 14.0" not in srv.get("/metrics").text:
                 assert time.monotonic() < deadline
@@ -385,6 +442,7 @@ def test_batch_inputs_are_capped_and_counted_per_prompt(tmp_path):
 
 
 # --- 8. special-token text from clients stays text ------------------------------------------------------------
+
 
 def _tokens(srv: Server, body: dict[str, Any], n: int) -> list[str]:
     """Token texts of the synthetic engine's echo of the prompt (it repeats the prompt's ids)."""
@@ -409,9 +467,11 @@ def test_special_token_text_in_chat_content_and_inputs_is_not_a_control_token(se
 
 def test_chat_template_kwargs_are_limited_to_documented_keys(server):
     base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    for kwargs, field in [({"tokenize": True}, "chat_template_kwargs.tokenize"),
-                          ({"chat_template": "{{ 7 * 7 }}"}, "chat_template_kwargs.chat_template"),
-                          ({"enable_thinking": "yes"}, "chat_template_kwargs.enable_thinking")]:
+    for kwargs, field in [
+        ({"tokenize": True}, "chat_template_kwargs.tokenize"),
+        ({"chat_template": "{{ 7 * 7 }}"}, "chat_template_kwargs.chat_template"),
+        ({"enable_thinking": "yes"}, "chat_template_kwargs.enable_thinking"),
+    ]:
         r = server.post("/v1/chat/completions", {**base, "chat_template_kwargs": kwargs})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     r = server.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"enable_thinking": False}})
@@ -436,13 +496,25 @@ def test_sigterm_with_a_hundred_long_streams_exits_within_the_drain_timeout(tmp_
     from test_reliability_lifecycle import _stream_in_thread, launched
 
     timeout_s = 4.0
-    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic", "-o", "job_queue_size=200",
-            "-o", "option.synthetic_tokens_per_second=50", "-o", "option.max_output_len=4000"]
+    args = [
+        "--model-id",
+        str(tiny_model("llama")),
+        "--engine",
+        "synthetic",
+        "-o",
+        "job_queue_size=200",
+        "-o",
+        "option.synthetic_tokens_per_second=50",
+        "-o",
+        "option.max_output_len=4000",
+    ]
     env = {"LMI_TEST_EXIT_AFTER": "10", "LMI_TEST_SHUTDOWN_TIMEOUT": str(timeout_s)}
     with launched(args, tmp_path, env) as (proc, url, log):
         outs: list[dict[str, Any]] = [{} for _ in range(100)]
-        threads = [_stream_in_thread(url, {"inputs": f"s{i} ", "parameters": {"max_new_tokens": 4000}, "stream": True},
-                                     out) for i, out in enumerate(outs)]
+        threads = [
+            _stream_in_thread(url, {"inputs": f"s{i} ", "parameters": {"max_new_tokens": 4000}, "stream": True}, out)
+            for i, out in enumerate(outs)
+        ]
         deadline = time.monotonic() + 60
         while not all("first_at" in o for o in outs):
             assert time.monotonic() < deadline, sum("first_at" in o for o in outs)

@@ -41,8 +41,11 @@ sys.path.insert(0, os.environ["LMI_TEST_DIR"])
 import lmi_trt.serving.app as app_module
 
 # Shorter than the CLI's defaults so a test does not wait for them; the code paths are the same.
-app_module.run_app = functools.partial(app_module.run_app, exit_on_failure_after=float(os.environ["LMI_TEST_EXIT_AFTER"]),
-                                       shutdown_timeout=float(os.environ.get("LMI_TEST_SHUTDOWN_TIMEOUT", "30")))
+app_module.run_app = functools.partial(
+    app_module.run_app,
+    exit_on_failure_after=float(os.environ["LMI_TEST_EXIT_AFTER"]),
+    shutdown_timeout=float(os.environ.get("LMI_TEST_SHUTDOWN_TIMEOUT", "30")),
+)
 kind = os.environ.get("LMI_TEST_KILL")
 if kind == "synthetic":
     from lmi_trt.engines.synthetic import SyntheticEngine
@@ -74,11 +77,23 @@ def launched(args: list[str], tmp_path: Path, env: dict[str, str]) -> Iterator[t
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_"))}
-    full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-                     "LMI_TEST_DIR": str(REPO_ROOT / "tests"), **env})
+    full_env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "LMI_TEST_DIR": str(REPO_ROOT / "tests"),
+            **env,
+        }
+    )
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, "serve", *args, "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, "serve", *args, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO_ROOT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -96,8 +111,16 @@ def launched(args: list[str], tmp_path: Path, env: dict[str, str]) -> Iterator[t
             proc.wait()
 
 
-def _dies_cleanly(proc: subprocess.Popen, url: str, model: str, log_path: Path, streaming_path: str,
-                  stream_body: dict, json_path: str, json_body: dict) -> None:
+def _dies_cleanly(
+    proc: subprocess.Popen,
+    url: str,
+    model: str,
+    log_path: Path,
+    streaming_path: str,
+    stream_body: dict,
+    json_path: str,
+    json_body: dict,
+) -> None:
     """Start a stream and a non-streamed request, kill the engine, check the aftermath."""
     stream = requests.post(url + streaming_path, json=stream_body, stream=True, timeout=30)
     assert stream.status_code == 200
@@ -133,8 +156,14 @@ def _dies_cleanly(proc: subprocess.Popen, url: str, model: str, log_path: Path, 
 
 
 def test_synthetic_engine_failure_ends_requests_turns_ping_503_and_exits_nonzero(tmp_path):
-    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic",
-            "-o", "option.synthetic_tokens_per_second=50"]
+    args = [
+        "--model-id",
+        str(tiny_model("llama")),
+        "--engine",
+        "synthetic",
+        "-o",
+        "option.synthetic_tokens_per_second=50",
+    ]
     with launched(args, tmp_path, {"LMI_TEST_KILL": "synthetic", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
         body = {"inputs": "abc", "parameters": {"max_new_tokens": 400}}
         _dies_cleanly(proc, url, "llama", log, "/invocations", {**body, "stream": True}, "/invocations", body)
@@ -144,8 +173,9 @@ def test_trtllm_executor_failure_ends_requests_turns_ping_503_and_exits_nonzero(
     from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
     with fake_tensorrt_llm():
-        engine_dir = make_engine_dir(tiny_model("llama"), tmp_path / "engine", max_batch_size=4, max_input_len=64,
-                                     max_seq_len=512)
+        engine_dir = make_engine_dir(
+            tiny_model("llama"), tmp_path / "engine", max_batch_size=4, max_input_len=64, max_seq_len=512
+        )
     args = ["--model-id", str(engine_dir), "--engine", "trtllm", "-o", f"option.tokenizer_id={tiny_model('llama')}"]
     with launched(args, tmp_path, {"LMI_TEST_KILL": "trtllm", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
         body = {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 400, "ignore_eos": True}}
@@ -185,14 +215,24 @@ def test_sigterm_stops_accepting_drains_in_flight_streams_up_to_the_timeout_and_
     """Three streams that end within the shutdown timeout run to their end; one that would not is
     cut at the timeout; the listener closes at once; the exit code is 0."""
     timeout_s = 2.5
-    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic",
-            "-o", "option.synthetic_tokens_per_second=100", "-o", "option.max_output_len=4000"]
+    args = [
+        "--model-id",
+        str(tiny_model("llama")),
+        "--engine",
+        "synthetic",
+        "-o",
+        "option.synthetic_tokens_per_second=100",
+        "-o",
+        "option.max_output_len=4000",
+    ]
     env = {"LMI_TEST_EXIT_AFTER": "10", "LMI_TEST_SHUTDOWN_TIMEOUT": str(timeout_s)}
     with launched(args, tmp_path, env) as (proc, url, log):
         outs = [{} for _ in range(4)]
         lengths = [150, 150, 150, 4000]  # 1.5 s of tokens each, and 40 s
-        threads = [_stream_in_thread(url, {"inputs": f"s{i} ", "parameters": {"max_new_tokens": n}, "stream": True}, out)
-                   for i, (n, out) in enumerate(zip(lengths, outs, strict=True))]
+        threads = [
+            _stream_in_thread(url, {"inputs": f"s{i} ", "parameters": {"max_new_tokens": n}, "stream": True}, out)
+            for i, (n, out) in enumerate(zip(lengths, outs, strict=True))
+        ]
         deadline = time.monotonic() + 10
         while not all("first_at" in o for o in outs):
             assert time.monotonic() < deadline, outs

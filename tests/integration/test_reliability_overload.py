@@ -58,7 +58,7 @@ async def _one(session: aiohttp.ClientSession, i: int) -> tuple[int, str, dict[s
             events = [e for e in raw.split(b"\n\n") if e.strip()]
             import orjson
 
-            last = orjson.loads(events[-1][len(b"data: "):])
+            last = orjson.loads(events[-1][len(b"data: ") :])
             return 200, last["generated_text"], {}
     body = {"inputs": prompt, "parameters": params, "stream": kind == 1}
     async with session.post("/invocations", json=body) as r:
@@ -103,9 +103,18 @@ async def _burst(url: str, proc: psutil.Process) -> dict[str, Any]:
 
 
 def test_burst_of_ten_times_the_queue(tmp_path):
-    args = ["--model-id", str(tiny_model("llama")), "--engine", "synthetic",
-            "-o", f"job_queue_size={QUEUE}", "-o", f"option.synthetic_tokens_per_second={STEPS_PER_S}",
-            "-o", "option.max_output_len=512"]
+    args = [
+        "--model-id",
+        str(tiny_model("llama")),
+        "--engine",
+        "synthetic",
+        "-o",
+        f"job_queue_size={QUEUE}",
+        "-o",
+        f"option.synthetic_tokens_per_second={STEPS_PER_S}",
+        "-o",
+        "option.max_output_len=512",
+    ]
     with serve(args, tmp_path) as srv:
         proc = psutil.Process(srv.proc.pid)
         asyncio.run(_warm_up(srv))
@@ -138,8 +147,11 @@ def test_burst_of_ten_times_the_queue(tmp_path):
         assert _metric(metrics, "lmi_requests_in_system") == 0
         assert _metric(metrics, "lmi_engine_active_requests") == 0
         assert _metric(metrics, 'lmi_requests_rejected_total{status="503"}') == rejected_total
-        print(f"overload: {ROUNDS} bursts of {BURST}: {ROUNDS * BURST - rejected_total} completed, {rejected_total} got 503; "
-              f"RSS {baseline / 2**20:.0f} MiB → {after_round[-1] / 2**20:.0f} MiB")
+        print(
+            f"overload: {ROUNDS} bursts of {BURST}: {ROUNDS * BURST - rejected_total} completed, "
+            f"{rejected_total} got 503; "
+            f"RSS {baseline / 2**20:.0f} MiB → {after_round[-1] / 2**20:.0f} MiB"
+        )
 
 
 async def _warm_up(srv: Server) -> None:

@@ -38,13 +38,16 @@ async def test_a_row_whose_sampling_breaks_fails_alone(batching):
 
         def victims(tag: str):
             greedy = [req(f"{tag}g{i}", p, max_new_tokens=N, ignore_eos=True) for i, p in enumerate(PROMPTS)]
-            seeded = req(f"{tag}s", PROMPTS[0], max_new_tokens=N, ignore_eos=True, do_sample=True, temperature=0.8,
-                         seed=7)
+            seeded = req(
+                f"{tag}s", PROMPTS[0], max_new_tokens=N, ignore_eos=True, do_sample=True, temperature=0.8, seed=7
+            )
             return [*greedy, seeded]
 
         alone = [tokens_of(await collect(engine, r)) for r in victims("a")]
-        poisoned = [req("p1", [1, 7, 8], max_new_tokens=N, do_sample=True, temperature=1e-40),
-                    req("p2", [1, 7, 9], max_new_tokens=N, do_sample=True, temperature=1e-300, seed=3)]
+        poisoned = [
+            req("p1", [1, 7, 8], max_new_tokens=N, do_sample=True, temperature=1e-40),
+            req("p2", [1, 7, 9], max_new_tokens=N, do_sample=True, temperature=1e-300, seed=3),
+        ]
         results = await asyncio.gather(*(collect(engine, r) for r in [*poisoned, *victims("b")]))
         for outs in results[:2]:
             assert outs[-1].finish_reason is FinishReason.ERROR and "invalid probabilities" in outs[-1].error, outs[-1]

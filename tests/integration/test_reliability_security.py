@@ -13,7 +13,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +38,12 @@ def server(args: list[str], tmp_path: Path, env: dict[str, str], *, ready: bool 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_", "AWS_", "HF_"))}
     full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env})
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "lmi_trt", "--log-level", "DEBUG", "serve", *args,
-                                 "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmi_trt", "--log-level", "DEBUG", "serve", *args, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
     srv = Server(proc, port, log_path)
     try:
         if ready:
@@ -70,17 +73,34 @@ def test_credentials_never_appear_in_logs_bodies_or_info(s3_server: S3Server, tm
     }
     bucket = s3_server.new_bucket("secrets")
     s3_server.upload_folder(tiny_model("llama"), f"s3://{bucket}/llama")
-    env = {**s3_server.env, **markers, "SERVING_DOWNLOAD_DIR": str(tmp_path / "dl"),
-           "HF_HOME": str(tmp_path / "hf-home")}
+    env = {
+        **s3_server.env,
+        **markers,
+        "SERVING_DOWNLOAD_DIR": str(tmp_path / "dl"),
+        "HF_HOME": str(tmp_path / "hf-home"),
+    }
     bodies: list[str] = []
 
     # B: the model comes from S3, the tokenizer from a (private, uncached) hub repo: offline, the start-up
     # check refuses it before loading (exit 2, issue 12), naming the repo, with HF_TOKEN in the environment.
-    failing = ["--model-id", f"s3://{bucket}/llama", "--engine", "synthetic", "-o", "option.tokenizer_id=acme/private-tok",
-               "--model-name", "broken"]
-    with server(failing, tmp_path, env, ready=False) as broken, \
-            server(["--model-id", f"s3://{bucket}/llama", "--engine", "synthetic", "-o", "option.max_input_len=16"],
-                   tmp_path, env) as srv:
+    failing = [
+        "--model-id",
+        f"s3://{bucket}/llama",
+        "--engine",
+        "synthetic",
+        "-o",
+        "option.tokenizer_id=acme/private-tok",
+        "--model-name",
+        "broken",
+    ]
+    with (
+        server(failing, tmp_path, env, ready=False) as broken,
+        server(
+            ["--model-id", f"s3://{bucket}/llama", "--engine", "synthetic", "-o", "option.max_input_len=16"],
+            tmp_path,
+            env,
+        ) as srv,
+    ):
         assert not _listening_on_loopback_only(srv.proc.pid)
         requests_made = [
             ("POST", "/invocations", {"inputs": "hello", "parameters": {"max_new_tokens": 4}}, 200),
@@ -111,8 +131,9 @@ def test_credentials_never_appear_in_logs_bodies_or_info(s3_server: S3Server, tm
     assert "DEBUG" in logs and "s3://" in logs  # the logs are the verbose ones, from the S3 load
     everything = logs + "\n".join(bodies)
     for name, value in markers.items():
-        assert value not in everything, f"{name} leaked: " + next(
-            line for line in everything.splitlines() if value in line)[:500]
+        assert value not in everything, (
+            f"{name} leaked: " + next(line for line in everything.splitlines() if value in line)[:500]
+        )
     # ... and the secrets show up masked where the configuration is echoed
     assert "HF_TOKEN=****" in logs or "option.hf_token = ****" in logs, logs[:3000]
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from aiohttp import ClientSession, ClientTimeout
 from aiohttp.test_utils import TestServer
-
 from tinymodels import tiny_model
 
 from lmi_trt.config import LmiConfig
@@ -22,8 +21,16 @@ from lmi_trt.serving.http import CONTEXT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-PROMPTS = ["The quick brown fox", "Serving engines batch", "Once upon a time", "def hello(name):",
-           "Grüße aus München", "In a hole in the ground", "One, two, three,", "Large language models"]
+PROMPTS = [
+    "The quick brown fox",
+    "Serving engines batch",
+    "Once upon a time",
+    "def hello(name):",
+    "Grüße aus München",
+    "In a hole in the ground",
+    "One, two, three,",
+    "Large language models",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +42,15 @@ def one_torch_thread():
 
 
 def _config(tmp_path) -> LmiConfig:
-    return LmiConfig(model_id=str(tiny_model("llama")), rolling_batch="torch", device="cpu", max_input_len=64,
-                     max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "dl")
+    return LmiConfig(
+        model_id=str(tiny_model("llama")),
+        rolling_batch="torch",
+        device="cpu",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+    )
 
 
 async def _answers(config: LmiConfig, plan: LaunchPlan | None) -> tuple[list[str], object]:

@@ -56,9 +56,15 @@ def reference(hf_dir):
         """Greedy tokens, their log probs and the k best log probs per step."""
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
-                                 return_dict_in_generate=True)
-        tokens = out.sequences[0, ids.shape[1]:].tolist()
+            out = model.generate(
+                ids,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        tokens = out.sequences[0, ids.shape[1] :].tolist()
         # the raw logits: min_new_tokens masks EOS in the processed scores, which shifts their log_softmax
         steps = [torch.log_softmax(s[0].float(), -1) for s in out.logits]
         return tokens, [lp[t].item() for lp, t in zip(steps, tokens)], [lp.topk(k).values.tolist() for lp in steps]
@@ -70,8 +76,21 @@ def reference(hf_dir):
 def pytorch_server(hf_dir, site_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     # fp32 as the reference runs, so log probs compare closely
-    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.dtype=fp32",
-                "-o", f"download_dir={tmp / 'dl'}"], tmp, env=_env(site_dir, "1.2.1")) as server:
+    with serve(
+        [
+            "--model-id",
+            str(hf_dir),
+            "--engine",
+            "trtllm",
+            *LIMITS,
+            "-o",
+            "option.dtype=fp32",
+            "-o",
+            f"download_dir={tmp / 'dl'}",
+        ],
+        tmp,
+        env=_env(site_dir, "1.2.1"),
+    ) as server:
         yield server
 
 
@@ -115,8 +134,14 @@ def test_greedy_tokens_equal_generate_streams_reassemble_and_errors_stay_per_req
 
 
 def test_openai_logprobs_and_top_logprobs_are_the_models(pytorch_server, reference):
-    body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 3,
-            "ignore_eos": True}
+    body = {
+        "model": "llama",
+        "prompt": "Once upon a time",
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 3,
+        "ignore_eos": True,
+    }
     r = pytorch_server.post("/v1/completions", body)
     assert r.status_code == 200, r.text
     logprobs = r.json()["choices"][0]["logprobs"]
@@ -127,8 +152,14 @@ def test_openai_logprobs_and_top_logprobs_are_the_models(pytorch_server, referen
     for got, want in zip(tops, expected):
         # keyed by text: alternatives that decode alike (the tiny model's byte pieces) share one key
         assert got and all(any(abs(v - w) < 1e-3 for w in want) for v in got.values()), (got, want)
-    chat = {"model": "llama", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 4,
-            "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    chat = {
+        "model": "llama",
+        "messages": [{"role": "user", "content": "Once upon a time"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     r = pytorch_server.post("/v1/chat/completions", chat)
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
@@ -168,15 +199,23 @@ def test_iteration_stats_reach_metrics(pytorch_server):
 @pytest.fixture(scope="module")
 def engine_dir(hf_dir, tmp_path_factory):
     with fake_tensorrt_llm():
-        return make_engine_dir(hf_dir, tmp_path_factory.mktemp("engine") / "engine", max_batch_size=4,
-                               max_input_len=64, max_seq_len=96)
+        return make_engine_dir(
+            hf_dir, tmp_path_factory.mktemp("engine") / "engine", max_batch_size=4, max_input_len=64, max_seq_len=96
+        )
 
 
-@pytest.mark.parametrize("version,artifact,expected", [
-    ("0.12.0", "engine", "TensorRT-LLM backend: tensorrt (auto: a precompiled TensorRT engine folder"),
-    ("1.2.1", "engine", "TensorRT-LLM backend: tensorrt (auto: a precompiled TensorRT engine folder"),
-    ("1.3.0", "checkpoint", "TensorRT-LLM backend: pytorch (auto: TensorRT-LLM 1.3.0 has no TensorRT-engine Executor"),
-])
+@pytest.mark.parametrize(
+    "version,artifact,expected",
+    [
+        ("0.12.0", "engine", "TensorRT-LLM backend: tensorrt (auto: a precompiled TensorRT engine folder"),
+        ("1.2.1", "engine", "TensorRT-LLM backend: tensorrt (auto: a precompiled TensorRT engine folder"),
+        (
+            "1.3.0",
+            "checkpoint",
+            "TensorRT-LLM backend: pytorch (auto: TensorRT-LLM 1.3.0 has no TensorRT-engine Executor",
+        ),
+    ],
+)
 def test_auto_picks_per_release(version, artifact, expected, hf_dir, site_dir, tmp_path):
     if artifact == "engine":
         with fake_tensorrt_llm(version):  # engines load only in the release that built them
@@ -184,22 +223,31 @@ def test_auto_picks_per_release(version, artifact, expected, hf_dir, site_dir, t
         args = ["--model-id", str(built), "-o", f"option.tokenizer_id={hf_dir}"]
     else:
         args = ["--model-id", str(hf_dir)]
-    with serve([*args, "--engine", "trtllm", *LIMITS, "-o", f"download_dir={tmp_path / 'dl'}"], tmp_path,
-               env=_env(site_dir, version)) as server:
+    with serve(
+        [*args, "--engine", "trtllm", *LIMITS, "-o", f"download_dir={tmp_path / 'dl'}"],
+        tmp_path,
+        env=_env(site_dir, version),
+    ) as server:
         assert expected in server.log(), server.log()[-3000:]
         assert _details(server, "The quick brown fox", 4).status_code == 200
 
 
-@pytest.mark.parametrize("version,args_of,problem", [
-    ("1.3.0", "engine", "needs the TensorRT-engine Executor, and TensorRT-LLM 1.3.0 has none"),
-    ("1.3.0", "tensorrt", "needs the TensorRT-engine Executor, and TensorRT-LLM 1.3.0 has none"),
-    ("0.12.0", "pytorch", "TensorRT-LLM 0.12.0 has no PyTorch LLM API"),
-])
-def test_a_combination_the_release_cannot_serve_is_a_startup_error(version, args_of, problem, hf_dir, engine_dir,
-                                                                    site_dir, tmp_path):
-    args = {"engine": ["--model-id", str(engine_dir), "-o", f"option.tokenizer_id={hf_dir}"],
-            "tensorrt": ["--model-id", str(hf_dir), "-o", "option.backend=tensorrt"],
-            "pytorch": ["--model-id", str(hf_dir), "-o", "option.backend=pytorch"]}[args_of]
+@pytest.mark.parametrize(
+    "version,args_of,problem",
+    [
+        ("1.3.0", "engine", "needs the TensorRT-engine Executor, and TensorRT-LLM 1.3.0 has none"),
+        ("1.3.0", "tensorrt", "needs the TensorRT-engine Executor, and TensorRT-LLM 1.3.0 has none"),
+        ("0.12.0", "pytorch", "TensorRT-LLM 0.12.0 has no PyTorch LLM API"),
+    ],
+)
+def test_a_combination_the_release_cannot_serve_is_a_startup_error(
+    version, args_of, problem, hf_dir, engine_dir, site_dir, tmp_path
+):
+    args = {
+        "engine": ["--model-id", str(engine_dir), "-o", f"option.tokenizer_id={hf_dir}"],
+        "tensorrt": ["--model-id", str(hf_dir), "-o", "option.backend=tensorrt"],
+        "pytorch": ["--model-id", str(hf_dir), "-o", "option.backend=pytorch"],
+    }[args_of]
     with serve([*args, "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, version), ready=False) as server:
         assert server.proc.wait(timeout=120) == 2
         log = server.log()
@@ -209,7 +257,9 @@ def test_a_combination_the_release_cannot_serve_is_a_startup_error(version, args
 def test_what_10_lacks_is_refused_naming_the_field(hf_dir, site_dir, tmp_path):
     """1.0's PyTorch backend returns the sampled token's log prob only (PR 7756 added top k in 1.1), and its
     sampler adds no embedding bias (PR 6464, in 1.1)."""
-    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, "1.0.0")) as server:
+    with serve(
+        ["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, "1.0.0")
+    ) as server:
         body = {"model": "llama", "prompt": "Once upon a time", "max_tokens": 4, "logprobs": 2}
         r = server.post("/v1/completions", body)
         assert r.status_code == 400 and "logprobs=2" in r.text, r.text
@@ -225,12 +275,13 @@ def test_logit_bias_moves_the_choice_and_prompt_log_probs_before_13_are_refused(
 
     client = OpenAI(base_url=pytorch_server.url + "/v1", api_key="unused", max_retries=0)
     first = reference("Once upon a time", 1)[0][0]
-    pushed = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=4, temperature=0,
-                                       logprobs=0, logit_bias={"42": 100})
-    away = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=1, temperature=0,
-                                     logprobs=0, logit_bias={str(first): -100})
-    plain = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=1, temperature=0,
-                                      logprobs=0)
+    pushed = client.completions.create(
+        model="llama", prompt="Once upon a time", max_tokens=4, temperature=0, logprobs=0, logit_bias={"42": 100}
+    )
+    away = client.completions.create(
+        model="llama", prompt="Once upon a time", max_tokens=1, temperature=0, logprobs=0, logit_bias={str(first): -100}
+    )
+    plain = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=1, temperature=0, logprobs=0)
     assert len(set(pushed.choices[0].logprobs.tokens)) == 1 and away.choices[0].text != plain.choices[0].text
     r = pytorch_server.post("/generate", {"inputs": "Hi", "parameters": {"decoder_input_details": True}})
     assert r.status_code == 400 and "parameters.decoder_input_details" in r.text and "trtllm-pytorch" in r.text
@@ -250,22 +301,30 @@ def test_prompt_log_probs_on_13_equal_log_softmax_of_the_logits(hf_dir, site_dir
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, :-1].float()
     want = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
-    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.dtype=fp32"], tmp_path,
-               env=_env(site_dir, "1.3.0")) as server:
-        out = InferenceClient(model=server.url).text_generation(prompt, max_new_tokens=2, details=True,
-                                                                decoder_input_details=True)
+    with serve(
+        ["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.dtype=fp32"],
+        tmp_path,
+        env=_env(site_dir, "1.3.0"),
+    ) as server:
+        out = InferenceClient(model=server.url).text_generation(
+            prompt, max_new_tokens=2, details=True, decoder_input_details=True
+        )
         prefill = out.details.prefill
         assert [t.id for t in prefill] == ids and prefill[0].logprob is None
         assert [t.logprob for t in prefill[1:]] == pytest.approx(want, abs=1e-3)
         r = server.post("/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 2})
         assert r.status_code == 200, r.text
         token_logprobs = r.json()["choices"][0]["logprobs"]["token_logprobs"]
-        assert token_logprobs[0] is None and token_logprobs[1:len(ids)] == pytest.approx(want, abs=1e-3)
+        assert token_logprobs[0] is None and token_logprobs[1 : len(ids)] == pytest.approx(want, abs=1e-3)
 
 
 # --- constrained decoding on the PyTorch backend (guided_decoding_backend="xgrammar") ---
-SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
-          "required": ["color", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
 
 
 def test_openai_json_schema_and_tgi_regex_are_guided(pytorch_server):
@@ -274,13 +333,20 @@ def test_openai_json_schema_and_tgi_regex_are_guided(pytorch_server):
 
     fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
     for sampling in ({}, {"seed": 1, "temperature": 1.0}, {"seed": 2, "temperature": 1.0}):
-        r = pytorch_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Pick."}],
-                                                         "max_tokens": 32, "response_format": fmt, **sampling})
+        r = pytorch_server.post(
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Pick."}], "max_tokens": 32, "response_format": fmt, **sampling},
+        )
         choice = r.json()["choices"][0]
         assert choice["finish_reason"] == "stop", r.text
         jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
-    r = pytorch_server.post("/generate", {"inputs": "Answer", "parameters": {
-        "max_new_tokens": 8, "grammar": {"type": "regex", "value": "(yes|no)[0-9]{2}"}}})
+    r = pytorch_server.post(
+        "/generate",
+        {
+            "inputs": "Answer",
+            "parameters": {"max_new_tokens": 8, "grammar": {"type": "regex", "value": "(yes|no)[0-9]{2}"}},
+        },
+    )
     assert re.fullmatch("(yes|no)[0-9]{2}", r.json()["generated_text"]), r.text
 
 
@@ -296,8 +362,21 @@ def test_quantize_calibrates_once_and_a_second_replica_downloads_it(hf_dir, site
     calib = tmp_path / "calib.txt"
     calib.write_text("\n".join(PROMPTS * 4))
     cache = f"s3://{s3_server.new_bucket('engines')}/cache"
-    args = ["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=fp8",
-            "-o", f"option.calib_dataset={calib}", "-o", "option.calib_size=8", "-o", f"option.engine_cache_uri={cache}"]
+    args = [
+        "--model-id",
+        str(hf_dir),
+        "--engine",
+        "trtllm",
+        *LIMITS,
+        "-o",
+        "option.quantize=fp8",
+        "-o",
+        f"option.calib_dataset={calib}",
+        "-o",
+        "option.calib_size=8",
+        "-o",
+        f"option.engine_cache_uri={cache}",
+    ]
     env = {**_env(site_dir, "1.2.1"), **s3_server.env}
     tokens, logs, served = [], [], []
     for n in (1, 2):  # two replicas: their own download_dir, one engine cache
@@ -314,22 +393,44 @@ def test_quantize_calibrates_once_and_a_second_replica_downloads_it(hf_dir, site
     assert tokens[0] == tokens[1]
     assert [json.loads(f.read_text())["quantization"]["quant_algo"] for f in served] == ["FP8", "FP8"]
     # The calibrated checkpoint is a pre-quantized model: served as it is, and refused a second quantization.
-    with serve(["--model-id", str(served[0].parent), "--engine", "trtllm", *LIMITS], tmp_path,
-               env=_env(site_dir, "1.2.1")) as server:
+    with serve(
+        ["--model-id", str(served[0].parent), "--engine", "trtllm", *LIMITS], tmp_path, env=_env(site_dir, "1.2.1")
+    ) as server:
         r = _details(server, PROMPTS[0], 6)
         assert r.status_code == 200 and [t["id"] for t in r.json()["details"]["tokens"]] == tokens[0], r.text
-    with serve(["--model-id", str(served[0].parent), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=fp8"],
-               tmp_path, env=_env(site_dir, "1.2.1"), ready=False) as server:
+    with serve(
+        ["--model-id", str(served[0].parent), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=fp8"],
+        tmp_path,
+        env=_env(site_dir, "1.2.1"),
+        ready=False,
+    ) as server:
         assert server.proc.wait(timeout=120) != 0
         assert "option.quantize" in server.log() and "already quantized" in server.log(), server.log()[-3000:]
 
 
 @pytest.mark.parametrize("version, backend", [("1.2.1", "pytorch"), ("1.3.0", "auto")])
-def test_a_quantization_the_pytorch_backend_cannot_load_is_refused_naming_the_key(hf_dir, site_dir, tmp_path,
-                                                                                  version, backend):
+def test_a_quantization_the_pytorch_backend_cannot_load_is_refused_naming_the_key(
+    hf_dir, site_dir, tmp_path, version, backend
+):
     """SmoothQuant is a TensorRT-engine format: refused on the pytorch backend, and where no Executor is left."""
-    with serve(["--model-id", str(hf_dir), "--engine", "trtllm", *LIMITS, "-o", "option.quantize=smoothquant",
-                "-o", f"option.backend={backend}"], tmp_path, env=_env(site_dir, version), ready=False) as server:
+    with serve(
+        [
+            "--model-id",
+            str(hf_dir),
+            "--engine",
+            "trtllm",
+            *LIMITS,
+            "-o",
+            "option.quantize=smoothquant",
+            "-o",
+            f"option.backend={backend}",
+        ],
+        tmp_path,
+        env=_env(site_dir, version),
+        ready=False,
+    ) as server:
         assert server.proc.wait(timeout=120) == 2
         log = server.log()
-        assert "option.quantize" in log and "use fp8, fp8_kv or awq" in log and "option.backend=tensorrt" in log, log[-3000:]
+        assert "option.quantize" in log and "use fp8, fp8_kv or awq" in log and "option.backend=tensorrt" in log, log[
+            -3000:
+        ]

@@ -14,7 +14,6 @@ import shutil
 import pytest
 from aiohttp import ClientSession, ClientTimeout
 from aiohttp.test_utils import TestServer
-
 from tinymodels import tiny_model
 from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
@@ -55,7 +54,7 @@ def _reference(hf_dir, prompt: str, n: int) -> list[int]:
     ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, ids.shape[1]:].tolist()
+    return out[0, ids.shape[1] :].tolist()
 
 
 async def _server(config: LmiConfig):
@@ -77,13 +76,21 @@ async def _server(config: LmiConfig):
 
 
 async def test_greedy_tokens_match_generate_and_errors_stay_isolated(engine_dir, hf_dir, tmp_path):
-    config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
-                       max_input_len=64, max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "dl")
+    config = LmiConfig(
+        model_id=str(engine_dir),
+        tokenizer_id=str(hf_dir),
+        rolling_batch="trtllm",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+    )
     server = await _server(config)
     url = str(server.make_url("/invocations"))
     prompts = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]
     try:
         async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+
             async def one(prompt: str) -> list[int]:
                 body = {"inputs": prompt, "parameters": {"max_new_tokens": 10, "details": True, "ignore_eos": True}}
                 async with s.post(url, json=body) as r:
@@ -113,12 +120,23 @@ async def test_greedy_tokens_match_generate_and_errors_stay_isolated(engine_dir,
 
 
 async def test_disconnect_cancels_inside_the_executor(engine_dir, hf_dir, tmp_path):
-    config = LmiConfig(model_id=str(engine_dir), tokenizer_id=str(hf_dir), rolling_batch="trtllm",
-                       max_input_len=64, max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "dl")
+    config = LmiConfig(
+        model_id=str(engine_dir),
+        tokenizer_id=str(hf_dir),
+        rolling_batch="trtllm",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+    )
     server = await _server(config)
     try:
         async with ClientSession(timeout=ClientTimeout(total=60)) as s:
-            body = {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 32, "ignore_eos": True}, "stream": True}
+            body = {
+                "inputs": "Once upon a time",
+                "parameters": {"max_new_tokens": 32, "ignore_eos": True},
+                "stream": True,
+            }
             async with s.post(server.make_url("/invocations"), json=body) as r:
                 await r.content.readline()  # one token, then hang up
         service = server.app[CONTEXT].service
@@ -153,7 +171,8 @@ def test_engine_folder_with_tokenizer_files_serves_alone(engine_dir, hf_dir, tmp
 
 
 async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_reuses_it(
-        trtllm, hf_dir, tmp_path, monkeypatch, caplog):
+    trtllm, hf_dir, tmp_path, monkeypatch, caplog
+):
     """JIT through the real load path: checkpoint → plan → build (fake TRT-LLM) → cache → Executor."""
     import lmi_trt.compile.jit as jit
     from lmi_trt.compile.plan import GpuFacts
@@ -163,9 +182,16 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
 
     monkeypatch.setattr(jit, "_host_trtllm", lambda: tensorrt_llm.__version__)
     shared_cache = tmp_path / "shared-engine-cache"
-    config = LmiConfig(model_id=str(hf_dir), rolling_batch="trtllm", backend="tensorrt", max_input_len=64,
-                       max_output_len=32, max_rolling_batch_size=4, download_dir=tmp_path / "replica1",
-                       engine_cache_uri=str(shared_cache))
+    config = LmiConfig(
+        model_id=str(hf_dir),
+        rolling_batch="trtllm",
+        backend="tensorrt",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "replica1",
+        engine_cache_uri=str(shared_cache),
+    )
     expected = _reference(hf_dir, "The quick brown fox", 8)
     for replica, download_dir in enumerate((tmp_path / "replica1", tmp_path / "replica2")):
         caplog.clear()
@@ -173,8 +199,10 @@ async def test_hf_checkpoint_is_compiled_once_then_served_and_a_second_replica_r
             server = await _server(config.model_copy(update={"download_dir": download_dir}))
         try:
             async with ClientSession(timeout=ClientTimeout(total=60)) as s:
-                body = {"inputs": "The quick brown fox",
-                        "parameters": {"max_new_tokens": 8, "details": True, "ignore_eos": True}}
+                body = {
+                    "inputs": "The quick brown fox",
+                    "parameters": {"max_new_tokens": 8, "details": True, "ignore_eos": True},
+                }
                 async with s.post(server.make_url("/invocations"), json=body) as r:
                     assert r.status == 200, await r.text()
                     assert [t["id"] for t in (await r.json())["details"]["tokens"]] == expected
@@ -204,10 +232,24 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)  # the one hardware seam: no GPU here
-    env = {"PYTHONPATH": os.pathsep.join([str(site), str(FAKES), os.environ.get("PYTHONPATH", "")]),
-           "LMI_TRT_FAKE_ENGINE_LOAD_S": str(GIL_HOLD_S)}
-    args = ["--model-id", str(engine_dir), "--engine", "trtllm", "-o", f"option.tokenizer_id={hf_dir}",
-            "-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_rolling_batch_size=4"]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(site), str(FAKES), os.environ.get("PYTHONPATH", "")]),
+        "LMI_TRT_FAKE_ENGINE_LOAD_S": str(GIL_HOLD_S),
+    }
+    args = [
+        "--model-id",
+        str(engine_dir),
+        "--engine",
+        "trtllm",
+        "-o",
+        f"option.tokenizer_id={hf_dir}",
+        "-o",
+        "option.max_input_len=64",
+        "-o",
+        "option.max_output_len=32",
+        "-o",
+        "option.max_rolling_batch_size=4",
+    ]
     with serve(args, tmp_path, env=env, ready=False) as server:
         deadline = time.monotonic() + 120
         while "holds the GIL" not in server.log():

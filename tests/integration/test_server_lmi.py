@@ -24,7 +24,9 @@ MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 
 
 @contextlib.asynccontextmanager
-async def serve(config: LmiConfig | None = None, *, ready: bool = True, **kwargs: Any) -> AsyncIterator[tuple[aiohttp.ClientSession, SyntheticApp, TestServer]]:
+async def serve(
+    config: LmiConfig | None = None, *, ready: bool = True, **kwargs: Any
+) -> AsyncIterator[tuple[aiohttp.ClientSession, SyntheticApp, TestServer]]:
     sa = SyntheticApp(config or LmiConfig(max_input_len=64, max_output_len=256), **kwargs)
     async with TestServer(sa.app) as server, aiohttp.ClientSession(str(server.make_url(""))) as session:
         if ready:
@@ -53,13 +55,15 @@ def _jsonlines(raw: bytes) -> list[dict]:
 def _sse(raw: bytes) -> list[dict]:
     events = [e for e in raw.split(b"\n\n") if e.strip()]
     assert all(e.startswith(b"data: ") for e in events), events[:3]
-    return [orjson.loads(e[len(b"data: "):]) for e in events]
+    return [orjson.loads(e[len(b"data: ") :]) for e in events]
 
 
 async def test_json_output_is_the_echoed_multibyte_text_with_details():
     async with serve() as (session, _, _):
         n = _n_tokens(MULTI)
-        status, ctype, raw = await _post(session, {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n, "details": True}})
+        status, ctype, raw = await _post(
+            session, {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n, "details": True}}
+        )
         assert (status, ctype) == (200, "application/json")
         out = orjson.loads(raw)
         assert out["generated_text"] == MULTI * 2
@@ -69,7 +73,9 @@ async def test_json_output_is_the_echoed_multibyte_text_with_details():
         assert "".join(t["text"] for t in d["tokens"]) == MULTI * 2
         assert all(set(t) >= {"id", "text", "log_prob"} and isinstance(t["log_prob"], float) for t in d["tokens"])
         # without details only generated_text; return_full_text prepends the prompt
-        status, _, raw = await _post(session, {"inputs": MULTI, "parameters": {"max_new_tokens": n, "return_full_text": True}})
+        status, _, raw = await _post(
+            session, {"inputs": MULTI, "parameters": {"max_new_tokens": n, "return_full_text": True}}
+        )
         assert orjson.loads(raw) == {"generated_text": MULTI * 2}
 
 
@@ -95,7 +101,9 @@ async def test_jsonlines_stream_reassembles_to_the_json_text():
 
 async def test_sse_output_formatter():
     async with serve(LmiConfig(output_formatter="sse")) as (session, _, _):
-        status, ctype, raw = await _post(session, {"inputs": "hello world", "parameters": {"max_new_tokens": 6}, "stream": True})
+        status, ctype, raw = await _post(
+            session, {"inputs": "hello world", "parameters": {"max_new_tokens": 6}, "stream": True}
+        )
         assert (status, ctype) == (200, "text/event-stream")
         events = _sse(raw)
         assert len(events) == 6 and events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
@@ -118,7 +126,9 @@ async def test_tgi_compat_shapes():
 
 async def test_list_inputs_text_plain_and_predictions_route():
     async with serve() as (session, _, _):
-        status, _, raw = await _post(session, {"inputs": ["ab", "日本"], "parameters": {"max_new_tokens": 2 * _n_tokens("日本")}})
+        status, _, raw = await _post(
+            session, {"inputs": ["ab", "日本"], "parameters": {"max_new_tokens": 2 * _n_tokens("日本")}}
+        )
         out = orjson.loads(raw)
         assert status == 200 and [o["generated_text"] for o in out][1] == "日本日本"
         assert out[0]["generated_text"].startswith("ab")
@@ -136,7 +146,11 @@ async def test_list_inputs_text_plain_and_predictions_route():
 @pytest.mark.parametrize("key", ["stop", "stop_sequences"])
 async def test_stop_sequences_end_the_output(key, stream):
     async with serve() as (session, sa, _):
-        body = {"inputs": "Grüße 日本 und 東京 danach", "parameters": {"max_new_tokens": 100, key: ["東京"], "details": True}, "stream": stream}
+        body = {
+            "inputs": "Grüße 日本 und 東京 danach",
+            "parameters": {"max_new_tokens": 100, key: ["東京"], "details": True},
+            "stream": stream,
+        }
         status, _, raw = await _post(session, body)
         assert status == 200
         if stream:
@@ -175,7 +189,12 @@ async def test_bad_inputs_get_a_4xx_naming_the_field_and_the_server_keeps_servin
         ({"inputs": "x", "parameters": {"temperature": -1}}, {}, 400, ["parameters.temperature"]),
         (b'{"inputs": "x", "parameters": {"temperature": NaN}}', {}, 400, ["parameters.temperature"]),
         ({"inputs": "x", "parameters": {"top_p": 0}}, {}, 400, ["parameters.top_p"]),
-        ({"inputs": "x", "parameters": {"max_new_tokens": 10**6}}, {}, 400, ["max_new_tokens=1000000", "option.max_output_len=64"]),
+        (
+            {"inputs": "x", "parameters": {"max_new_tokens": 10**6}},
+            {},
+            400,
+            ["max_new_tokens=1000000", "option.max_output_len=64"],
+        ),
         ({"inputs": "x", "parameters": {"num_beams": 3}}, {}, 400, ["parameters.num_beams"]),
         ({"inputs": "x" * 5000}, {}, 413, ["max_request_size=4096"]),
         (b"\xff\xfe", {"Content-Type": "text/plain"}, 400, ["UTF-8"]),
@@ -189,7 +208,9 @@ async def test_bad_inputs_get_a_4xx_naming_the_field_and_the_server_keeps_servin
                 assert payload["code"] == want_status
                 for f in fragments:
                     assert f in payload["error"], (body, payload)
-            status, _, raw = await _post(session, {"inputs": "ok", "parameters": {"max_new_tokens": 2 * _n_tokens("ok")}})
+            status, _, raw = await _post(
+                session, {"inputs": "ok", "parameters": {"max_new_tokens": 2 * _n_tokens("ok")}}
+            )
             assert status == 200 and orjson.loads(raw)["generated_text"] == "okok"
 
 
@@ -224,9 +245,11 @@ async def test_ping_pending_then_healthy_and_requests_wait_for_it():
 
 async def test_ping_failed_when_load_fails_or_engine_dies():
     async with serve(fail_load="no weights here", ready=False) as (session, _, _):
+
         async def failed() -> bool:
             async with session.get("/ping") as r:
                 return r.status == 503 and (await r.json())["tiny"]["status"] == "FAILED"
+
         assert await wait_until(failed)
         status, _, raw = await _post(session, {"inputs": "x"})
         assert status == 503 and "no weights here" in orjson.loads(raw)["error"]
@@ -238,7 +261,9 @@ async def test_ping_failed_when_load_fails_or_engine_dies():
 
 async def test_mid_stream_error_ends_with_an_error_record():
     async with serve(tokens_per_second=50) as (session, sa, _):
-        async with session.post("/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 200}, "stream": True}) as r:
+        async with session.post(
+            "/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 200}, "stream": True}
+        ) as r:
             assert r.status == 200
             first = orjson.loads(await r.content.readline())
             assert first["token"]["id"] >= 0
@@ -252,7 +277,9 @@ async def test_mid_stream_error_ends_with_an_error_record():
 
 async def test_client_disconnect_mid_stream_cancels_the_engine_request():
     async with serve(tokens_per_second=50) as (session, sa, _):
-        r = await session.post("/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 250}, "stream": True})
+        r = await session.post(
+            "/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 250}, "stream": True}
+        )
         await r.content.readline()
         assert sa.engine.stats().active_requests == 1
         r.close()  # drops the connection
@@ -264,7 +291,9 @@ async def test_client_disconnect_mid_stream_cancels_the_engine_request():
 
 async def test_client_disconnect_during_a_non_streamed_request_cancels_too():
     async with serve(tokens_per_second=50) as (session, sa, _):
-        task = asyncio.ensure_future(session.post("/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 250}}))
+        task = asyncio.ensure_future(
+            session.post("/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 250}})
+        )
         assert await wait_until(lambda: sa.engine.stats().active_requests == 1)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -308,6 +337,7 @@ async def test_graceful_shutdown_lets_in_flight_streams_finish():
     server = asyncio.ensure_future(serve_app(sa.app, "127.0.0.1", port, shutdown_timeout=10, stop=stop))
 
     async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+
         async def healthy() -> bool:
             try:
                 return await _healthy(session)
@@ -315,7 +345,9 @@ async def test_graceful_shutdown_lets_in_flight_streams_finish():
                 return False
 
         assert await wait_until(healthy)
-        async with session.post("/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 40}, "stream": True}) as r:
+        async with session.post(
+            "/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 40}, "stream": True}
+        ) as r:
             await r.content.readline()
             stop.set()  # what SIGTERM does
             rest = _jsonlines(await r.read())
@@ -338,7 +370,9 @@ async def test_disconnect_is_noticed_by_a_failing_write_when_handlers_are_not_ca
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
             assert await wait_until(lambda: _healthy(session))
-            r = await session.post("/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 250}, "stream": True})
+            r = await session.post(
+                "/invocations", json={"inputs": "abc", "parameters": {"max_new_tokens": 250}, "stream": True}
+            )
             await r.content.readline()
             r.close()
             assert await wait_until(lambda: sa.engine.stats().active_requests == 0, timeout=3)
@@ -352,12 +386,14 @@ async def test_adapter_api_adds_routes_and_takes_other_bodies_at_invocations():
     """What a TGI/OpenAI adapter does: its own routes on the shared core, plus /invocations dispatch."""
     from aiohttp import web
 
-    from lmi_trt.serving.http import ServingContext, json_response, parse_json, read_body, request_properties
     from lmi_trt.serving.core import GenerateParams
+    from lmi_trt.serving.http import ServingContext, json_response, parse_json, read_body, request_properties
     from lmi_trt.serving.protocols import lmi
 
     async def complete(ctx: ServingContext, prompt: str, max_tokens: int) -> dict:
-        async with await ctx.require_service().start(prompt, GenerateParams(max_new_tokens=max_tokens), field_name="prompt") as s:
+        async with await ctx.require_service().start(
+            prompt, GenerateParams(max_new_tokens=max_tokens), field_name="prompt"
+        ) as s:
             c = await s.collect()
         return {"text": c.text, "finish_reason": c.finish_reason.value, "usage": [c.prompt_tokens, c.generated_tokens]}
 
@@ -376,7 +412,9 @@ async def test_adapter_api_adds_routes_and_takes_other_bodies_at_invocations():
         headers = {"X-Amzn-SageMaker-Custom-Attributes": "a=1; b=two"}
         async with session.post("/v1/toy", json={"prompt": "ab"}, headers=headers) as r:
             out = await r.json()
-        assert out["text"].startswith("ab") and out["finish_reason"] == "length" and out["props"] == {"a": "1", "b": "two"}
+        assert (
+            out["text"].startswith("ab") and out["finish_reason"] == "length" and out["props"] == {"a": "1", "b": "two"}
+        )
         status, _, raw = await _post(session, {"prompt": "xy"})
         assert status == 200 and orjson.loads(raw)["usage"][1] == 2
         status, _, raw = await _post(session, {"prompt": "x" * 100, "nothing": 1}, path="/v1/toy")

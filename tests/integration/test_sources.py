@@ -89,8 +89,14 @@ def run_hub_cases(hf_home: Path, cases: dict[str, dict], env: dict[str, str] | N
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", **(env or {})}
     env.pop("HF_HUB_CACHE", None)
     env.pop("HF_TOKEN", None)
-    proc = subprocess.run([sys.executable, "-c", HUB_SCRIPT, json.dumps(cases)], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_SCRIPT, json.dumps(cases)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -103,16 +109,29 @@ def test_hub_id_through_cache_and_not_cached_errors(tmp_path):
     (engine / "config.json").write_text(json.dumps({"version": "1", "build_config": {}, "pretrained_config": {}}))
     (engine / "rank0.engine").write_bytes(b"e")
     dl = str(tmp_path / "dl")
-    out = run_hub_cases(hf_home, {
-        "cached": {"model_id": "acme/tiny-llama", "download_dir": dl},
-        "pinned": {"model_id": "acme/tiny-llama", "revision": COMMIT, "download_dir": dl},
-        "missing": {"model_id": "acme/not-cached", "download_dir": dl},
-        "bad_revision": {"model_id": "acme/tiny-llama", "revision": "v9", "download_dir": dl},
-        "engine_with_hub_tokenizer": {"model_id": str(engine), "tokenizer_id": "acme/tiny-llama", "download_dir": dl},
-    })
+    out = run_hub_cases(
+        hf_home,
+        {
+            "cached": {"model_id": "acme/tiny-llama", "download_dir": dl},
+            "pinned": {"model_id": "acme/tiny-llama", "revision": COMMIT, "download_dir": dl},
+            "missing": {"model_id": "acme/not-cached", "download_dir": dl},
+            "bad_revision": {"model_id": "acme/tiny-llama", "revision": "v9", "download_dir": dl},
+            "engine_with_hub_tokenizer": {
+                "model_id": str(engine),
+                "tokenizer_id": "acme/tiny-llama",
+                "download_dir": dl,
+            },
+        },
+    )
     for case in ("cached", "pinned"):
-        assert out[case] == {"kind": "hf_checkpoint", "source": "hf", "path": str(snapshot),
-                             "fingerprint": f"hf-{COMMIT}", "model_type": "llama", "tokenizer": str(snapshot)}
+        assert out[case] == {
+            "kind": "hf_checkpoint",
+            "source": "hf",
+            "path": str(snapshot),
+            "fingerprint": f"hf-{COMMIT}",
+            "model_type": "llama",
+            "tokenizer": str(snapshot),
+        }
     missing = out["missing"]["error"]
     assert "'acme/not-cached'" in missing and "HF_HUB_OFFLINE" in missing and "HF_HOME" in missing
     assert "revision 'v9'" in out["bad_revision"]["error"]
@@ -128,24 +147,33 @@ def write_tree_listing(hf_home: Path, repo_id: str, names: list[str]) -> None:
     (trees / f"{COMMIT}.json").write_text(json.dumps({"format_version": 1, "files": files}))
 
 
-@pytest.mark.skipif(hf.get_cached_repo_tree is None,
-                    reason="this huggingface_hub keeps no cached repo listing (none < 1.0 does: the images' ones)")
+@pytest.mark.skipif(
+    hf.get_cached_repo_tree is None,
+    reason="this huggingface_hub keeps no cached repo listing (none < 1.0 does: the images' ones)",
+)
 def test_hub_offline_with_cached_listing_takes_only_the_selected_files(tmp_path):
     """The cache holds the files our selection chose earlier; the listing also names *.bin, original/*.pth and
     remote code that were (rightly) never fetched. Offline start must still accept the snapshot, and must
     refuse one that lacks a selected file."""
     hf_home = tmp_path / "hf"
     model = tiny_model("llama")
-    repo_files = [p.name for p in model.iterdir()] + ["pytorch_model.bin", "original/consolidated.00.pth",
-                                                      "modeling_llama.py", "README.md"]
+    repo_files = [p.name for p in model.iterdir()] + [
+        "pytorch_model.bin",
+        "original/consolidated.00.pth",
+        "modeling_llama.py",
+        "README.md",
+    ]
     for repo_id in ("acme/listed", "acme/partial"):
         make_hub_cache(model, hf_home, repo_id, COMMIT)
     write_tree_listing(hf_home, "acme/listed", repo_files)
     write_tree_listing(hf_home, "acme/partial", repo_files + ["model-00002-of-00002.safetensors"])
-    out = run_hub_cases(hf_home, {
-        "listed": {"model_id": "acme/listed", "download_dir": str(tmp_path)},
-        "partial": {"model_id": "acme/partial", "download_dir": str(tmp_path)},
-    })
+    out = run_hub_cases(
+        hf_home,
+        {
+            "listed": {"model_id": "acme/listed", "download_dir": str(tmp_path)},
+            "partial": {"model_id": "acme/partial", "download_dir": str(tmp_path)},
+        },
+    )
     assert out["listed"]["kind"] == "hf_checkpoint"
     assert "'acme/partial'" in out["partial"]["error"] and "only part of the files" in out["partial"]["error"]
 
@@ -182,11 +210,15 @@ def test_hub_errors_from_a_server_answering_like_the_hub(tmp_path):
     try:
         env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
         dl = str(tmp_path / "dl")
-        out = run_hub_cases(tmp_path / "hf", {
-            "gated": {"model_id": "meta/gated-model", "hf_token": "hf_test_token", "download_dir": dl},
-            "missing": {"model_id": "acme/private-or-missing", "download_dir": dl},
-            "revision": {"model_id": "acme/model", "revision": "v9", "download_dir": dl},
-        }, env)
+        out = run_hub_cases(
+            tmp_path / "hf",
+            {
+                "gated": {"model_id": "meta/gated-model", "hf_token": "hf_test_token", "download_dir": dl},
+                "missing": {"model_id": "acme/private-or-missing", "download_dir": dl},
+                "revision": {"model_id": "acme/model", "revision": "v9", "download_dir": dl},
+            },
+            env,
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -278,8 +310,13 @@ def test_s3_killed_download_is_not_taken_as_complete(s3_env: S3Server, tmp_path)
     s3_env.client().put_object(Bucket=bucket, Key="llama/zz-extra.safetensors", Body=os.urandom(1 << 20) * 48)
     dest = cache_dir_for(tmp_path, parse_s3_uri(uri))
 
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, uri, str(tmp_path)], cwd=REPO_ROOT,
-                            env={**os.environ, **s3_env.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, uri, str(tmp_path)],
+        cwd=REPO_ROOT,
+        env={**os.environ, **s3_env.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while not any(p.is_file() for d in leftovers(dest) for p in d.rglob("*")):
@@ -314,8 +351,11 @@ def test_s3_triton_repo_at_root_and_one_level_deeper(s3_env: S3Server, tmp_path)
         config = LmiConfig(model_id=uri, download_dir=tmp_path / "dl")
         artifact = resolve_model(config)
         root = cache_dir_for(tmp_path / "dl", parse_s3_uri(uri))
-        assert (artifact.kind, artifact.engine_layout, artifact.engine_dir) == ("trtllm_engine", "triton",
-                                                                                 root / engine_dir)
+        assert (artifact.kind, artifact.engine_layout, artifact.engine_dir) == (
+            "trtllm_engine",
+            "triton",
+            root / engine_dir,
+        )
         assert artifact.tokenizer_dir is None
         with pytest.raises(SourceError, match="this engine folder has no tokenizer files"):
             resolve_tokenizer(config, artifact)

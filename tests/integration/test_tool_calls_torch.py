@@ -36,9 +36,12 @@ TEMPLATE = """\
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
-PARAMS = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer",
-                                                                                          "minimum": 1, "maximum": 7}},
-          "required": ["city", "days"], "additionalProperties": False}
+PARAMS = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": PARAMS}}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -49,10 +52,25 @@ def srv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tools")
     template = tmp / "hermes.jinja"
     template.write_text(TEMPLATE)
-    with serve(["--engine", "torch", "--model-id", str(tiny_model("llama")), "--model-name", "tiny-llama",
-                "-o", "option.max_input_len=448", "-o", "option.max_output_len=64",
-                "-o", f"option.chat_template={template}", "-o", "option.enable_auto_tool_choice=true"],
-               tmp) as server:
+    with serve(
+        [
+            "--engine",
+            "torch",
+            "--model-id",
+            str(tiny_model("llama")),
+            "--model-name",
+            "tiny-llama",
+            "-o",
+            "option.max_input_len=448",
+            "-o",
+            "option.max_output_len=64",
+            "-o",
+            f"option.chat_template={template}",
+            "-o",
+            "option.enable_auto_tool_choice=true",
+        ],
+        tmp,
+    ) as server:
         yield server
 
 
@@ -64,33 +82,58 @@ def client(srv):
 
 
 def test_named_tool_call_round_trip_plain_and_streamed(client):
-    out = client.chat.completions.create(model="tiny-llama", messages=ASK, tools=[WEATHER], tool_choice=NAMED,
-                                         max_tokens=48, temperature=0)
+    out = client.chat.completions.create(
+        model="tiny-llama", messages=ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=48, temperature=0
+    )
     choice = out.choices[0]
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and choice.message.content is None
     jsonschema.validate(json.loads(call.function.arguments), PARAMS)
     assert choice.finish_reason == "tool_calls"
 
-    chunks = list(client.chat.completions.create(model="tiny-llama", messages=ASK, tools=[WEATHER],
-                                                 tool_choice=NAMED, max_tokens=48, temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llama",
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice=NAMED,
+            max_tokens=48,
+            temperature=0,
+            stream=True,
+        )
+    )
     fragments = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert fragments[0].id.startswith("call_") and fragments[0].function.name == "get_weather"
     assert "".join(f.function.arguments or "" for f in fragments) == call.function.arguments  # greedy: the same
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     # the call and its result go back; the model answers in text
-    answer = client.chat.completions.create(model="tiny-llama", max_tokens=8, temperature=0, tools=[WEATHER], messages=[
-        *ASK, choice.message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny"}'}])
+    answer = client.chat.completions.create(
+        model="tiny-llama",
+        max_tokens=8,
+        temperature=0,
+        tools=[WEATHER],
+        messages=[
+            *ASK,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny"}'},
+        ],
+    )
     assert answer.choices[0].message.tool_calls is None and isinstance(answer.choices[0].message.content, str)
     assert answer.choices[0].finish_reason in ("stop", "length")
 
 
 def test_required_tool_calls_validate_streamed_and_not(client):
     for stream in (False, True):
-        kw = dict(model="tiny-llama", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=64,
-                  temperature=0, parallel_tool_calls=False)
+        kw = dict(
+            model="tiny-llama",
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=64,
+            temperature=0,
+            parallel_tool_calls=False,
+        )
         if stream:
             chunks = list(client.chat.completions.create(**kw, stream=True))
             calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
@@ -105,7 +148,6 @@ def test_required_tool_calls_validate_streamed_and_not(client):
 
 def test_auto_on_a_random_model_answers_in_text(client, srv):
     """The template is recognised as Hermes; a random model writes no call, so its text is the content."""
-    out = client.chat.completions.create(model="tiny-llama", messages=ASK, tools=[WEATHER], max_tokens=8,
-                                         temperature=0)
+    out = client.chat.completions.create(model="tiny-llama", messages=ASK, tools=[WEATHER], max_tokens=8, temperature=0)
     assert out.choices[0].message.tool_calls is None and out.choices[0].finish_reason in ("stop", "length")
     assert "the hermes format" in srv.log()

@@ -43,10 +43,18 @@ def arch_without_attention_backends() -> str:
         if not getattr(model, "_supports_attention_backend", False):
             return arch
     raise AssertionError("every tiny architecture supports transformers' attention backends now: add one that does not")
+
+
 MAX_BATCH, MAX_INPUT, MAX_NEW = 4, 32, 200
 EOS_PROMPT = [1, 40, 41, 42]
-PROMPTS = [[1, 5], [1, 9, 10, 11, 12], [1] + list(range(100, 108)), [1] + list(range(200, 216)),
-           [1] + list(range(300, 331)), [1, 77, 78]]  # 6 > MAX_BATCH: some wait for a free slot
+PROMPTS = [
+    [1, 5],
+    [1, 9, 10, 11, 12],
+    [1] + list(range(100, 108)),
+    [1] + list(range(200, 216)),
+    [1] + list(range(300, 331)),
+    [1, 77, 78],
+]  # 6 > MAX_BATCH: some wait for a free slot
 
 
 @dataclass
@@ -73,19 +81,28 @@ MARGIN = 1e-3
 
 
 class Reference(NamedTuple):
-    tokens: list[int]          # model.generate's greedy continuation
-    clear: int                 # how many leading steps chose with a clear margin
+    tokens: list[int]  # model.generate's greedy continuation
+    clear: int  # how many leading steps chose with a clear margin
     logits: list[torch.Tensor]  # each step's raw logits
 
 
 def reference(model, prompt: list[int], n: int, **kwargs) -> Reference:
     """Greedy ``model.generate`` (eos_token_id=None ignores EOS), with the margin of each choice
     taken after the logits processors (penalties, min_new_tokens), as the argmax sees them."""
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                         output_scores=True, output_logits=True, return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    clear = next((i for i, s in enumerate(out.scores) if float(s[0].float().topk(2).values.diff().abs()) < MARGIN),
-                 len(tokens))
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    clear = next(
+        (i for i, s in enumerate(out.scores) if float(s[0].float().topk(2).values.diff().abs()) < MARGIN), len(tokens)
+    )
     return Reference(tokens, clear, [step[0] for step in out.logits])
 
 
@@ -93,7 +110,7 @@ def assert_greedy(got: list[int], ref: Reference) -> bool:
     if ref.clear == len(ref.tokens):
         assert got == ref.tokens
         return True
-    assert got[:ref.clear] == ref.tokens[:ref.clear], (got, ref.tokens, f"clear margin for the first {ref.clear}")
+    assert got[: ref.clear] == ref.tokens[: ref.clear], (got, ref.tokens, f"clear margin for the first {ref.clear}")
     return False
 
 
@@ -118,12 +135,14 @@ def one_torch_thread():
 async def bundle(request):
     path = tiny_model(request.param)
     ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-    free_run = ref.generate(torch.tensor([EOS_PROMPT]), max_new_tokens=8, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)[0, len(EOS_PROMPT):].tolist()
+    free_run = ref.generate(
+        torch.tensor([EOS_PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(EOS_PROMPT) :].tolist()
     at = pick_eos(free_run)
     eos = [2, free_run[at]]
-    engine = TorchEngine(path, max_batch_size=MAX_BATCH, max_input_len=MAX_INPUT, max_new_tokens=MAX_NEW,
-                         eos_token_ids=eos)
+    engine = TorchEngine(
+        path, max_batch_size=MAX_BATCH, max_input_len=MAX_INPUT, max_new_tokens=MAX_NEW, eos_token_ids=eos
+    )
     await engine.start()
     yield Bundle(request.param, engine, ref, eos, at)
     await engine.close()
@@ -212,9 +231,10 @@ async def test_stop_token_ids(bundle):
     prompt = PROMPTS[2]
     free = tokens_of(await collect(bundle.engine, req("free", prompt, max_new_tokens=8, ignore_eos=True)))
     stop = free[3:5]
-    first = next(i for i in range(len(free) - 1) if free[i:i + 2] == stop)
-    outs = await collect(bundle.engine, req("stop", prompt, max_new_tokens=8, ignore_eos=True,
-                                            stop_token_ids=[[499, 498], stop]))
+    first = next(i for i in range(len(free) - 1) if free[i : i + 2] == stop)
+    outs = await collect(
+        bundle.engine, req("stop", prompt, max_new_tokens=8, ignore_eos=True, stop_token_ids=[[499, 498], stop])
+    )
     assert tokens_of(outs) == free[: first + 2]
     assert outs[-1].finish_reason == FinishReason.STOP_SEQUENCE
 
@@ -225,23 +245,41 @@ async def test_bad_words_never_appear(bundle):
     banned_single, banned_pair = free[0], free[2:4]
     requests = [
         req("bad-greedy", prompt, max_new_tokens=8, ignore_eos=True, bad_words_ids=[[banned_single], banned_pair]),
-        req("bad-sample", prompt, max_new_tokens=8, ignore_eos=True, do_sample=True, temperature=1.5, seed=3,
-            bad_words_ids=[[banned_single], banned_pair]),
+        req(
+            "bad-sample",
+            prompt,
+            max_new_tokens=8,
+            ignore_eos=True,
+            do_sample=True,
+            temperature=1.5,
+            seed=3,
+            bad_words_ids=[[banned_single], banned_pair],
+        ),
     ]
     for outs in await asyncio.gather(*(collect(bundle.engine, r) for r in requests)):
         got = tokens_of(outs)
         assert len(got) == 8 and banned_single not in got
         context = prompt + got
-        assert not any(context[i:i + 2] == banned_pair for i in range(len(context) - 1))
+        assert not any(context[i : i + 2] == banned_pair for i in range(len(context) - 1))
 
 
 async def test_seed_reproducible(bundle):
     def sampled(rid, seed):
-        return req(rid, PROMPTS[3], max_new_tokens=10, ignore_eos=True, do_sample=True, temperature=2.0,
-                   top_k=50, top_p=0.95, seed=seed)
+        return req(
+            rid,
+            PROMPTS[3],
+            max_new_tokens=10,
+            ignore_eos=True,
+            do_sample=True,
+            temperature=2.0,
+            top_k=50,
+            top_p=0.95,
+            seed=seed,
+        )
 
-    a, b, *others = await asyncio.gather(*(collect(bundle.engine, sampled(f"s{i}", seed))
-                                           for i, seed in enumerate([7, 7, 8, 9, 10])))
+    a, b, *others = await asyncio.gather(
+        *(collect(bundle.engine, sampled(f"s{i}", seed)) for i, seed in enumerate([7, 7, 8, 9, 10]))
+    )
     assert tokens_of(a) == tokens_of(b)
     assert any(tokens_of(o) != tokens_of(a) for o in others)
     greedy = bundle.generate(PROMPTS[3], 10)
@@ -278,17 +316,20 @@ async def test_repetition_penalty_and_min_new_tokens_match_generate(bundle):
 
 
 async def test_frequency_and_presence_penalties(bundle):
-    outs = await collect(bundle.engine, req("freq", PROMPTS[4], max_new_tokens=12, ignore_eos=True,
-                                            frequency_penalty=100.0))
+    outs = await collect(
+        bundle.engine, req("freq", PROMPTS[4], max_new_tokens=12, ignore_eos=True, frequency_penalty=100.0)
+    )
     assert len(set(tokens_of(outs))) == 12  # every generated token is pushed out of reach once used
-    outs = await collect(bundle.engine, req("pres", PROMPTS[4], max_new_tokens=12, ignore_eos=True,
-                                            presence_penalty=100.0))
+    outs = await collect(
+        bundle.engine, req("pres", PROMPTS[4], max_new_tokens=12, ignore_eos=True, presence_penalty=100.0)
+    )
     assert len(set(tokens_of(outs))) == 12
 
 
 async def test_non_streaming_aggregates_one_output(bundle):
-    request = GenerationRequest("ns", PROMPTS[2], SamplingParams(max_new_tokens=7, ignore_eos=True, logprobs=True),
-                                streaming=False)
+    request = GenerationRequest(
+        "ns", PROMPTS[2], SamplingParams(max_new_tokens=7, ignore_eos=True, logprobs=True), streaming=False
+    )
     outs = [o async for o in bundle.engine.submit(request)]
     assert len(outs) == 1 and outs[0].finished and outs[0].finish_reason == FinishReason.LENGTH
     bundle.assert_greedy(outs[0].token_ids, PROMPTS[2], 7, eos_token_id=None)
@@ -346,8 +387,9 @@ async def test_bad_requests_are_rejected_and_isolated(bundle):
     # A failure inside the step, next to a good request in the same batch: every token but EOS
     # is banned and EOS is forbidden by min_new_tokens.
     everything = [[t] for t in range(512) if t not in bundle.eos]
-    doomed = await collect(engine, req("doomed", PROMPTS[3], max_new_tokens=12, min_new_tokens=3,
-                                       bad_words_ids=everything))
+    doomed = await collect(
+        engine, req("doomed", PROMPTS[3], max_new_tokens=12, min_new_tokens=3, bad_words_ids=everything)
+    )
     assert doomed[-1].finish_reason == FinishReason.ERROR and doomed[-1].error_code == 424
     assert "bad_words_ids" in doomed[-1].error
     bundle.assert_greedy(tokens_of(await good), PROMPTS[3], 12, eos_token_id=None)
@@ -378,12 +420,12 @@ async def test_continuous_engine_death_fails_everything(monkeypatch):
     from transformers import LlamaForCausalLM
 
     poison_forward(monkeypatch, LlamaForCausalLM)
-    engine = TorchEngine(tiny_model("llama"), max_batch_size=2, max_input_len=16, max_new_tokens=MAX_NEW,
-                         decode_loop="transformers")
+    engine = TorchEngine(
+        tiny_model("llama"), max_batch_size=2, max_input_len=16, max_new_tokens=MAX_NEW, decode_loop="transformers"
+    )
     await engine.start()
     try:
-        bystander = asyncio.create_task(collect(engine, req("by", [1, 5, 6], max_new_tokens=MAX_NEW,
-                                                            ignore_eos=True)))
+        bystander = asyncio.create_task(collect(engine, req("by", [1, 5, 6], max_new_tokens=MAX_NEW, ignore_eos=True)))
         await asyncio.sleep(0.05)
         poisoned = await collect(engine, req("poison", [1, POISON]))
         assert poisoned[-1].finish_reason == FinishReason.ERROR
@@ -437,8 +479,9 @@ async def test_forced_static_batching_with_absolute_positions():
         assert engine.batching == "static"
         ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
         prompts = PROMPTS[:4]
-        results = await asyncio.gather(*(collect(engine, req(f"s{i}", p, max_new_tokens=8, ignore_eos=True))
-                                         for i, p in enumerate(prompts)))
+        results = await asyncio.gather(
+            *(collect(engine, req(f"s{i}", p, max_new_tokens=8, ignore_eos=True)) for i, p in enumerate(prompts))
+        )
         for prompt, outs in zip(prompts, results):
             assert_greedy(tokens_of(outs), reference(ref, prompt, 8, eos_token_id=None))
     finally:
@@ -449,8 +492,9 @@ async def test_startup_errors(tmp_path: Path):
     # Without transformers' continuous batching API, that is the reason given for every model.
     reason = "_supports_attention_backend" if _CB == "continuous" else "continuous batching API"
     with pytest.raises(EngineError, match=reason):
-        await TorchEngine(tiny_model(arch_without_attention_backends()), max_input_len=16, max_new_tokens=8,
-                          batching="continuous").start()
+        await TorchEngine(
+            tiny_model(arch_without_attention_backends()), max_input_len=16, max_new_tokens=8, batching="continuous"
+        ).start()
     with pytest.raises(EngineError, match="does not exist"):
         await TorchEngine(tmp_path / "missing").start()
     with pytest.raises(EngineError, match="positions"):

@@ -43,8 +43,9 @@ def reference():
 
     def generate(prompt: list[int], max_new_tokens: int, eos: int | None = 2) -> list[int]:
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=eos, pad_token_id=0)[0, len(prompt):].tolist()
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0
+            )[0, len(prompt) :].tolist()
         return out[: out.index(eos)] if eos in out else out
 
     return generate
@@ -52,7 +53,9 @@ def reference():
 
 async def started(engine_dir, settings: TrtllmSettings | None = None, **kwargs) -> TrtllmEngine:
     kwargs.setdefault("eos_token_ids", [2])
-    engine = TrtllmEngine(engine_dir, settings or TrtllmSettings(), pad_token_id=0, gpu_available=lambda: True, **kwargs)
+    engine = TrtllmEngine(
+        engine_dir, settings or TrtllmSettings(), pad_token_id=0, gpu_available=lambda: True, **kwargs
+    )
     await asyncio.wait_for(engine.start(), 60)
     return engine
 
@@ -127,7 +130,9 @@ async def _cancel_mid_stream(engine: TrtllmEngine, reference) -> None:
 
 
 async def test_cancellation_ends_with_cancelled_and_frees_the_slot(engine_dir, reference):
-    engine = await started(engine_dir, TrtllmSettings(max_batch_size=1, max_batch_size_key="option.max_rolling_batch_size"))
+    engine = await started(
+        engine_dir, TrtllmSettings(max_batch_size=1, max_batch_size_key="option.max_rolling_batch_size")
+    )
     try:
         await _cancel_mid_stream(engine, reference)
         # A consumer that goes away (client disconnect) cancels too.
@@ -179,7 +184,9 @@ async def test_unservable_requests_answer_400_without_reaching_the_executor(engi
 async def test_beam_search_and_logprobs(engine_dir, reference):
     engine = await started(engine_dir)
     try:
-        beams = await collect(engine, req("beam", PROMPTS[0], streaming=False, beam_width=2, max_new_tokens=6, ignore_eos=True))
+        beams = await collect(
+            engine, req("beam", PROMPTS[0], streaming=False, beam_width=2, max_new_tokens=6, ignore_eos=True)
+        )
         assert beams[-1].finished and len(beams[-1].token_ids) == 6 and beams[-1].error is None
         outs = await collect(engine, req("lp", PROMPTS[1], max_new_tokens=5, logprobs=True, ignore_eos=True))
         assert [len(o.logprobs) for o in outs] == [len(o.token_ids) for o in outs]
@@ -194,12 +201,14 @@ async def test_streamed_logprobs_are_the_deltas_positions(engine_dir):
     that fell behind gets merged deltas whose log-probs still line up one per token."""
     engine = await started(engine_dir)
     try:
-        whole = await collect(engine, req("lp-whole", PROMPTS[1], streaming=False, max_new_tokens=12, logprobs=True,
-                                          ignore_eos=True))
+        whole = await collect(
+            engine, req("lp-whole", PROMPTS[1], streaming=False, max_new_tokens=12, logprobs=True, ignore_eos=True)
+        )
         want = whole[0].logprobs
         assert len(want) == 12
-        streamed = await collect(engine, req("lp-stream", PROMPTS[1], max_new_tokens=12, logprobs=True,
-                                             ignore_eos=True))
+        streamed = await collect(
+            engine, req("lp-stream", PROMPTS[1], max_new_tokens=12, logprobs=True, ignore_eos=True)
+        )
         assert [len(o.logprobs) for o in streamed] == [len(o.token_ids) for o in streamed]
         assert [lp for o in streamed for lp in o.logprobs] == pytest.approx(want)
 
@@ -223,8 +232,9 @@ async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
         long = asyncio.create_task(collect(engine, req("long", PROMPTS[0], max_new_tokens=120, ignore_eos=True)))
         while engine.stats().total_generated_tokens == 0:  # "long" is running
             await asyncio.sleep(0.01)
-        beam = asyncio.create_task(collect(engine, req("beam", PROMPTS[1], streaming=False, beam_width=2,
-                                                       max_new_tokens=4, ignore_eos=True)))
+        beam = asyncio.create_task(
+            collect(engine, req("beam", PROMPTS[1], streaming=False, beam_width=2, max_new_tokens=4, ignore_eos=True))
+        )
         while engine.stats().total_requests < 2:  # "beam" is submitted before "short"
             await asyncio.sleep(0.01)
         short = await collect(engine, req("short", PROMPTS[2], max_new_tokens=4, ignore_eos=True))
@@ -316,7 +326,9 @@ async def _drain(stream):
 async def test_release_012_streams_and_cancels(trt, monkeypatch, tmp_path, reference):
     monkeypatch.setattr(trt, "__version__", "0.12.0")
     engine_dir = make_engine_dir(tiny_model("llama"), tmp_path / "e012", **BUILD)
-    engine = await started(engine_dir, TrtllmSettings(max_batch_size=1, max_batch_size_key="option.max_rolling_batch_size"))
+    engine = await started(
+        engine_dir, TrtllmSettings(max_batch_size=1, max_batch_size_key="option.max_rolling_batch_size")
+    )
     try:
         assert engine.tensorrt_llm_version == "0.12.0"
         outs = await collect(engine, req("g", PROMPTS[2], max_new_tokens=12))
@@ -351,8 +363,11 @@ async def test_engine_from_another_release_fails_to_load(engine_dir, trt, monkey
 
 def test_settings_the_engine_cannot_honour_fail_at_construction(engine_dir):
     with pytest.raises(EngineError, match="option.max_num_sequences=8 exceeds the engine's built max_batch_size=4"):
-        TrtllmEngine(engine_dir, TrtllmSettings(max_batch_size=8, max_batch_size_key="option.max_num_sequences"),
-                     eos_token_ids=[2])
+        TrtllmEngine(
+            engine_dir,
+            TrtllmSettings(max_batch_size=8, max_batch_size_key="option.max_num_sequences"),
+            eos_token_ids=[2],
+        )
     with pytest.raises(EngineError, match="no EOS token id"):
         TrtllmEngine(engine_dir, eos_token_ids=[])
 
@@ -407,11 +422,16 @@ def test_selftest_goes_through_lmi_trt_compile_and_exits_by_its_result(trt, tmp_
     assert main(["selftest", "--backend", "tensorrt"]) == 1
 
 
-
 def test_selftest_exits_non_zero_when_it_fails(tmp_path):
     """Through the command as a process: the fake TensorRT-LLM, no GPU here → FAIL, exit status 1."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "lmi_trt", "selftest"], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "lmi_trt", "selftest"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL  TensorRT-LLM and a GPU" in done.stdout and done.stdout.rstrip().endswith("selftest FAILED")

@@ -41,8 +41,17 @@ def test_the_stage_errors_are_lmi_errors():
     from lmi_trt.serving.errors import LmiHttpError
     from lmi_trt.sources import SourceError
 
-    for cls in (ConfigError, StartupError, LaunchError, PropertiesSyntaxError, SourceError, PlanError, CacheError,
-                EngineError, LmiHttpError):
+    for cls in (
+        ConfigError,
+        StartupError,
+        LaunchError,
+        PropertiesSyntaxError,
+        SourceError,
+        PlanError,
+        CacheError,
+        EngineError,
+        LmiHttpError,
+    ):
         assert issubclass(cls, LmiError) and cls.exit_code == 2, cls
     assert issubclass(BuildError, LmiError) and BuildError.exit_code == 1
 
@@ -57,11 +66,14 @@ def _serve(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("option,key", [
-    ("option.rolling_batch=disable", "option.rolling_batch='disable'"),
-    ("option.max_input_len=many", "option.max_input_len='many'"),
-    ("option.tensor_parallel_degree=4", "option.tensor_parallel_degree=4"),  # the torch engine: a launch error
-])
+@pytest.mark.parametrize(
+    "option,key",
+    [
+        ("option.rolling_batch=disable", "option.rolling_batch='disable'"),
+        ("option.max_input_len=many", "option.max_input_len='many'"),
+        ("option.tensor_parallel_degree=4", "option.tensor_parallel_degree=4"),  # the torch engine: a launch error
+    ],
+)
 def test_a_startup_error_is_one_line_naming_the_key_and_exit_2(tmp_path, option, key):
     done = _serve(tmp_path, "option.rolling_batch=torch" if "rolling_batch" not in option else option, option)
     output = done.stdout + done.stderr

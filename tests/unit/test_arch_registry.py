@@ -98,8 +98,11 @@ def test_compile_options_are_typed_and_defaulted_like_the_configuration(name):
 
 def test_the_planner_takes_every_variant_the_converter_knows():
     # starcoder2/nemotron/jais were converted by compile/archs.py and refused by the configuration.
-    for spec_attr, version_key in (("gpt_model_version", _GPT_VERSIONS), ("chatglm_model_version", _CHATGLM_VERSIONS),
-                                   ("baichuan_model_version", _BAICHUAN_VERSIONS)):
+    for spec_attr, version_key in (
+        ("gpt_model_version", _GPT_VERSIONS),
+        ("chatglm_model_version", _CHATGLM_VERSIONS),
+        ("baichuan_model_version", _BAICHUAN_VERSIONS),
+    ):
         for value in version_key.choices:
             config = load_config(overrides={version_key.key: value}, env={"HF_MODEL_ID": "m"})
             assert getattr(config, spec_attr) == value
@@ -138,9 +141,10 @@ def test_settings_views_are_the_engines_keywords():
     from lmi_trt.engines.synthetic import SyntheticEngine
     from lmi_trt.engines.torch import TorchEngine
 
-    for engine, view, tokenizer_facts in ((TorchEngine, TorchSettings, {"eos_token_ids", "pad_token_id"}),
-                                          (SyntheticEngine, SyntheticSettings, {"special_token_ids", "eos_token_id",
-                                                                                "max_seq_len"})):
+    for engine, view, tokenizer_facts in (
+        (TorchEngine, TorchSettings, {"eos_token_ids", "pad_token_id"}),
+        (SyntheticEngine, SyntheticSettings, {"special_token_ids", "eos_token_id", "max_seq_len"}),
+    ):
         keywords = {n for n, p in inspect.signature(engine).parameters.items() if p.kind is p.KEYWORD_ONLY}
         assert set(view.model_fields) == keywords - tokenizer_facts, engine.__name__
 
@@ -157,8 +161,12 @@ def test_engine_names_come_from_the_registry():
 
 
 def _compares_to_engine_name(tree: ast.AST) -> list[int]:
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
-            and any(isinstance(c, ast.Constant) and c.value in ENGINES for c in (node.left, *node.comparators))]
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(isinstance(c, ast.Constant) and c.value in ENGINES for c in (node.left, *node.comparators))
+    ]
 
 
 @pytest.mark.parametrize("module", ["config.py", "cli.py", "launch.py", "loader.py", "engines/__init__.py"])
@@ -174,10 +182,15 @@ def test_no_configuration_is_read_by_string_with_a_default():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-                    and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "tokenizer")
-                    and node.args[1].value in LmiConfig.model_fields):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "tokenizer")
+                and node.args[1].value in LmiConfig.model_fields
+            ):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.args[1].value}")
     assert not found
 

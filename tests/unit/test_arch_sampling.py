@@ -12,21 +12,22 @@ from lmi_trt.serving.core import GenerateParams, sampling_params
 
 CODEC = Codec(decode=lambda ids: "|".join(map(str, ids)), encode=lambda text: [int(t) for t in text.split("|")])
 REQUESTS = [
-    GenerateParams(do_sample=True),                         # DJL: top_k 5, top_p 0.85, temperature 0.8
-    GenerateParams(do_sample=True, top_p=1.0),              # an explicit 1.0 stays 1.0 (trtllm made it 0.85)
+    GenerateParams(do_sample=True),  # DJL: top_k 5, top_p 0.85, temperature 0.8
+    GenerateParams(do_sample=True, top_p=1.0),  # an explicit 1.0 stays 1.0 (trtllm made it 0.85)
     GenerateParams(do_sample=True, top_k=0, temperature=1.0),
-    GenerateParams(temperature=0.7),                        # implies sampling: the rest from DJL's defaults
+    GenerateParams(temperature=0.7),  # implies sampling: the rest from DJL's defaults
     GenerateParams(top_k=40, top_p=0.9, temperature=0.6, seed=3),
-    GenerateParams(),                                       # greedy
-    GenerateParams(do_sample=True, temperature=0),          # temperature 0 is greedy
+    GenerateParams(),  # greedy
+    GenerateParams(do_sample=True, temperature=0),  # temperature 0 is greedy
 ]
 
 
 def _engine_views(params: GenerateParams):
     sp = sampling_params(params, max_new_tokens=8, logprobs=False)
     trtllm = sampling_kwargs(sp, seed=7)
-    llmapi = plan_request(GenerationRequest("r", [1, 2], sp), eos_token_ids=[2], pad_token_id=0, max_beam_width=1,
-                          seed=7, codec=CODEC).sampling
+    llmapi = plan_request(
+        GenerationRequest("r", [1, 2], sp), eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC
+    ).sampling
     return sp, trtllm, llmapi
 
 

@@ -70,8 +70,14 @@ def triton_repo(root: Path, engine_files: dict[str, object] | None = None) -> Pa
 def test_hf_checkpoint(tmp_path):
     make(tmp_path, {"config.json": HF_CONFIG, "model.safetensors": "w", **TOKENIZER, "generation_config.json": {}})
     a = detect_artifact(tmp_path, model_id="m")
-    assert a == ModelArtifact(path=tmp_path.resolve(), kind="hf_checkpoint", source="local", model_id="m",
-                              fingerprint=a.fingerprint, tokenizer_dir=tmp_path.resolve())
+    assert a == ModelArtifact(
+        path=tmp_path.resolve(),
+        kind="hf_checkpoint",
+        source="local",
+        model_id="m",
+        fingerprint=a.fingerprint,
+        tokenizer_dir=tmp_path.resolve(),
+    )
     assert a.hf_config == HF_CONFIG
     assert a.fingerprint.startswith("local-")
     assert (a.engine_dir, a.engine_layout) == (None, None)
@@ -93,8 +99,10 @@ def test_llmapi_engine(tmp_path):
 
 
 def test_legacy_engine_names(tmp_path):
-    make(tmp_path, {"config.json": LEGACY_CONFIG, "llama_float16_tp2_rank0.engine": "e",
-                    "llama_float16_tp2_rank1.engine": "e"})
+    make(
+        tmp_path,
+        {"config.json": LEGACY_CONFIG, "llama_float16_tp2_rank0.engine": "e", "llama_float16_tp2_rank1.engine": "e"},
+    )
     a = detect_artifact(tmp_path, model_id="m")
     assert (a.kind, a.engine_layout, a.engine_dir) == ("trtllm_engine", "legacy", tmp_path)
     assert a.tokenizer_dir is None
@@ -125,8 +133,14 @@ def test_triton_model_folder_itself(tmp_path):
 
 def test_triton_repo_with_legacy_engines_and_several_versions(tmp_path):
     triton_repo(tmp_path, {"config.json": LEGACY_CONFIG, "llama_float16_tp1_rank0.engine": "e"})
-    make(tmp_path, {"tensorrt_llm/3/config.json": ENGINE_CONFIG, "tensorrt_llm/3/rank0.engine": "e",
-                    "tensorrt_llm/20/README": "not an engine"})
+    make(
+        tmp_path,
+        {
+            "tensorrt_llm/3/config.json": ENGINE_CONFIG,
+            "tensorrt_llm/3/rank0.engine": "e",
+            "tensorrt_llm/20/README": "not an engine",
+        },
+    )
     a = detect_artifact(tmp_path, model_id="m")
     assert a.engine_dir == tmp_path / "tensorrt_llm" / "3"  # the highest version that holds engines
 
@@ -146,28 +160,51 @@ def test_trtllm_checkpoint(tmp_path):
 
 
 def test_checkpoint_one_level_deeper(tmp_path):
-    make(tmp_path, {"serving.properties": "option.model_id=x", "llama/config.json": HF_CONFIG,
-                    "llama/model.safetensors": "w"})
+    make(
+        tmp_path,
+        {"serving.properties": "option.model_id=x", "llama/config.json": HF_CONFIG, "llama/model.safetensors": "w"},
+    )
     a = detect_artifact(tmp_path, model_id="m")
     assert (a.kind, a.path) == ("hf_checkpoint", tmp_path / "llama")
 
 
 def test_engine_beside_checkpoint_wins(tmp_path):
-    make(tmp_path, {"hf/config.json": HF_CONFIG, "hf/model.safetensors": "w",
-                    "engine/config.json": ENGINE_CONFIG, "engine/rank0.engine": "e"})
+    make(
+        tmp_path,
+        {
+            "hf/config.json": HF_CONFIG,
+            "hf/model.safetensors": "w",
+            "engine/config.json": ENGINE_CONFIG,
+            "engine/rank0.engine": "e",
+        },
+    )
     assert detect_artifact(tmp_path, model_id="m").engine_dir == tmp_path / "engine"
 
 
 def test_two_models_are_ambiguous(tmp_path):
-    make(tmp_path, {"a/config.json": HF_CONFIG, "a/model.safetensors": "w",
-                    "b/config.json": HF_CONFIG, "b/model.safetensors": "w"})
+    make(
+        tmp_path,
+        {
+            "a/config.json": HF_CONFIG,
+            "a/model.safetensors": "w",
+            "b/config.json": HF_CONFIG,
+            "b/model.safetensors": "w",
+        },
+    )
     with pytest.raises(SourceError, match=r"more than one model \(a/ \(hf_checkpoint\), b/ \(hf_checkpoint\)\)"):
         detect_artifact(tmp_path, model_id="m")
 
 
 def test_hidden_folders_are_ignored(tmp_path):
-    make(tmp_path, {"config.json": HF_CONFIG, "model.safetensors": "w",
-                    ".cache/huggingface/x/config.json": ENGINE_CONFIG, ".cache/huggingface/x/rank0.engine": "e"})
+    make(
+        tmp_path,
+        {
+            "config.json": HF_CONFIG,
+            "model.safetensors": "w",
+            ".cache/huggingface/x/config.json": ENGINE_CONFIG,
+            ".cache/huggingface/x/rank0.engine": "e",
+        },
+    )
     assert detect_artifact(tmp_path, model_id="m").kind == "hf_checkpoint"
 
 
@@ -238,11 +275,14 @@ def test_local_fingerprint_tracks_names_sizes_mtimes_and_ignores_hidden(tmp_path
 # --- path sanitising -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, rel", [
-    ("a/b.json", "a/b.json"),
-    ("/etc/passwd", "etc/passwd"),  # absolute → relative to the destination
-    ("a//b/./c", "a/b/c"),
-])
+@pytest.mark.parametrize(
+    "name, rel",
+    [
+        ("a/b.json", "a/b.json"),
+        ("/etc/passwd", "etc/passwd"),  # absolute → relative to the destination
+        ("a//b/./c", "a/b/c"),
+    ],
+)
 def test_safe_relpath_keeps_names_inside(name, rel, tmp_path):
     out = safe_relpath(name)
     assert out == PurePosixPath(rel)
@@ -289,19 +329,37 @@ def test_s3_listing_fingerprint_changes_with_etag_and_ignores_order():
 # --- hub file selection --------------------------------------------------------------------------
 
 REPO = [
-    ".gitattributes", "README.md", "config.json", "generation_config.json", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "model-00001-of-00002.safetensors",
-    "model-00002-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-    "pytorch_model.bin.index.json", "original/consolidated.00.pth", "modeling_x.py", "onnx/model.onnx",
+    ".gitattributes",
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "original/consolidated.00.pth",
+    "modeling_x.py",
+    "onnx/model.onnx",
     "training_args.bin",
 ]
 
 
 def test_hub_prefers_safetensors_and_skips_the_rest():
     assert select_hub_files(REPO, trust_remote_code=False) == [
-        "chat_template.jinja", "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json",
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
 
 
@@ -315,18 +373,31 @@ def test_hub_bin_only_when_no_safetensors_and_code_only_when_trusted():
 
 
 def test_hub_engine_repo_takes_nested_engines_not_foreign_weights():
-    repo = ["tensorrt_llm/config.pbtxt", "tensorrt_llm/1/rank0.engine", "tensorrt_llm/1/config.json",
-            "tensorrt_llm/tokenizer.json", "tensorrt_llm/1/rank0_managed_weights.safetensors",
-            "hf/pytorch_model.bin", "preprocessing/1/model.py"]
+    repo = [
+        "tensorrt_llm/config.pbtxt",
+        "tensorrt_llm/1/rank0.engine",
+        "tensorrt_llm/1/config.json",
+        "tensorrt_llm/tokenizer.json",
+        "tensorrt_llm/1/rank0_managed_weights.safetensors",
+        "hf/pytorch_model.bin",
+        "preprocessing/1/model.py",
+    ]
     assert select_hub_files(repo, trust_remote_code=False) == [
-        "tensorrt_llm/1/config.json", "tensorrt_llm/1/rank0.engine", "tensorrt_llm/1/rank0_managed_weights.safetensors",
-        "tensorrt_llm/config.pbtxt", "tensorrt_llm/tokenizer.json",
+        "tensorrt_llm/1/config.json",
+        "tensorrt_llm/1/rank0.engine",
+        "tensorrt_llm/1/rank0_managed_weights.safetensors",
+        "tensorrt_llm/config.pbtxt",
+        "tensorrt_llm/tokenizer.json",
     ]
 
 
 def test_hub_tokenizer_only():
     assert select_hub_files(REPO, trust_remote_code=False, tokenizer_only=True) == [
-        "chat_template.jinja", "config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
+        "chat_template.jinja",
+        "config.json",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
 
 
@@ -339,12 +410,15 @@ def test_model_dir_is_the_model_when_no_model_id(tmp_path):
     assert (a.kind, a.source, a.path) == ("hf_checkpoint", "local", tmp_path)
 
 
-@pytest.mark.parametrize("model_id, msg", [
-    ("./no/such/folder", "local folder './no/such/folder' does not exist"),
-    ("/no/such/folder", "does not exist"),
-    ("gs://bucket/model", "unsupported URI scheme"),
-    ("not a//valid id", "not an existing local folder, an s3:// URI, or a valid Hugging Face repo id"),
-])
+@pytest.mark.parametrize(
+    "model_id, msg",
+    [
+        ("./no/such/folder", "local folder './no/such/folder' does not exist"),
+        ("/no/such/folder", "does not exist"),
+        ("gs://bucket/model", "unsupported URI scheme"),
+        ("not a//valid id", "not an existing local folder, an s3:// URI, or a valid Hugging Face repo id"),
+    ],
+)
 def test_bad_model_ids(model_id, msg, tmp_path):
     with pytest.raises(SourceError, match=msg):
         resolve_model(LmiConfig(model_id=model_id, download_dir=tmp_path))
@@ -376,18 +450,22 @@ def test_engine_without_tokenizer_needs_tokenizer_id(tmp_path):
         resolve_tokenizer(empty, artifact)
 
 
-@pytest.mark.parametrize("code, status, expected", [
-    ("AccessDenied", 403, "access denied while listing s3://b/p/; the credentials in use need s3:ListBucket"),
-    ("InvalidAccessKeyId", 403, "AWS credentials rejected while listing s3://b/p/ (InvalidAccessKeyId)"),
-    ("NoSuchBucket", 404, "bucket 'b' does not exist (s3://b/p/)"),
-    ("SlowDown", 503, "S3 error while listing s3://b/p/: SlowDown"),
-])
+@pytest.mark.parametrize(
+    "code, status, expected",
+    [
+        ("AccessDenied", 403, "access denied while listing s3://b/p/; the credentials in use need s3:ListBucket"),
+        ("InvalidAccessKeyId", 403, "AWS credentials rejected while listing s3://b/p/ (InvalidAccessKeyId)"),
+        ("NoSuchBucket", 404, "bucket 'b' does not exist (s3://b/p/)"),
+        ("SlowDown", 503, "S3 error while listing s3://b/p/: SlowDown"),
+    ],
+)
 def test_s3_error_messages(code, status, expected):
     """botocore's own ClientError as S3 returns it (a local server does not enforce IAM)."""
     from botocore.exceptions import ClientError
 
     from lmi_trt.sources.s3 import _explain
 
-    error = ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                        "ListObjectsV2")
+    error = ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "ListObjectsV2"
+    )
     assert str(_explain(parse_s3_uri("s3://b/p"), error, "listing")).startswith(expected)

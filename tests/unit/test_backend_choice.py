@@ -13,27 +13,33 @@ R12 = TrtllmFacts("1.2.1", has_executor=True)
 R13 = TrtllmFacts("1.3.0", has_executor=False)
 
 
-@pytest.mark.parametrize("backend,facts,artifact,expected", [
-    ("auto", R012, "hf_checkpoint", "tensorrt"),
-    ("auto", R012, "trtllm_engine", "tensorrt"),
-    ("auto", R12, "trtllm_engine", "tensorrt"),
-    ("auto", R12, "hf_checkpoint", "pytorch"),
-    ("auto", R13, "hf_checkpoint", "pytorch"),
-    ("tensorrt", R12, "hf_checkpoint", "tensorrt"),
-    ("pytorch", R12, "hf_checkpoint", "pytorch"),
-    ("pytorch", R13, "hf_checkpoint", "pytorch"),
-])
+@pytest.mark.parametrize(
+    "backend,facts,artifact,expected",
+    [
+        ("auto", R012, "hf_checkpoint", "tensorrt"),
+        ("auto", R012, "trtllm_engine", "tensorrt"),
+        ("auto", R12, "trtllm_engine", "tensorrt"),
+        ("auto", R12, "hf_checkpoint", "pytorch"),
+        ("auto", R13, "hf_checkpoint", "pytorch"),
+        ("tensorrt", R12, "hf_checkpoint", "tensorrt"),
+        ("pytorch", R12, "hf_checkpoint", "pytorch"),
+        ("pytorch", R13, "hf_checkpoint", "pytorch"),
+    ],
+)
 def test_choice(backend, facts, artifact, expected):
     chosen, why = choose_backend(backend, facts, artifact)
     assert chosen == expected and why
 
 
-@pytest.mark.parametrize("backend,facts,artifact,problem", [
-    ("pytorch", R012, "hf_checkpoint", "no PyTorch LLM API"),
-    ("pytorch", R12, "trtllm_engine", "precompiled TensorRT engine"),
-    ("tensorrt", R13, "hf_checkpoint", "has none"),
-    ("auto", R13, "trtllm_engine", "has none"),
-])
+@pytest.mark.parametrize(
+    "backend,facts,artifact,problem",
+    [
+        ("pytorch", R012, "hf_checkpoint", "no PyTorch LLM API"),
+        ("pytorch", R12, "trtllm_engine", "precompiled TensorRT engine"),
+        ("tensorrt", R13, "hf_checkpoint", "has none"),
+        ("auto", R13, "trtllm_engine", "has none"),
+    ],
+)
 def test_what_a_release_cannot_serve_names_the_key(backend, facts, artifact, problem):
     with pytest.raises(StartupError, match=problem) as info:
         choose_backend(backend, facts, artifact)
@@ -48,7 +54,9 @@ def test_quantize_picks_the_backend_that_loads_its_format():
         assert choose_backend("auto", R13, "hf_checkpoint", q)[0] == "pytorch"
         assert choose_backend("pytorch", R12, "hf_checkpoint", q)[0] == "pytorch"
     assert choose_backend("auto", R12, "hf_checkpoint", "smoothquant") == (
-        "tensorrt", "auto: option.quantize=smoothquant is a TensorRT-engine format")
+        "tensorrt",
+        "auto: option.quantize=smoothquant is a TensorRT-engine format",
+    )
     assert choose_backend("tensorrt", R12, "hf_checkpoint", "fp8")[0] == "tensorrt"
     for backend, facts in (("pytorch", R12), ("auto", R13)):
         with pytest.raises(StartupError, match="use fp8, fp8_kv or awq") as info:
@@ -80,8 +88,19 @@ def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
 
     from lmi_trt.cli import main
 
-    argv = ["plan", "--model-id", str(tiny_model("llama")), "--gpu", "h100", "--trtllm-version", version,
-            "-o", "option.max_input_len=256", "-o", "option.max_output_len=128"]
+    argv = [
+        "plan",
+        "--model-id",
+        str(tiny_model("llama")),
+        "--gpu",
+        "h100",
+        "--trtllm-version",
+        version,
+        "-o",
+        "option.max_input_len=256",
+        "-o",
+        "option.max_output_len=128",
+    ]
     assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"]["name"] == backend and report["memory"]["kv_bytes_per_token"] > 0

@@ -62,23 +62,26 @@ def splits(data: bytes):
     """Every split into two chunks, plus byte-by-byte and random small chunks."""
     for i in range(1, len(data)):
         yield [data[:i], data[i:]]
-    yield [data[i:i + 1] for i in range(len(data))]
+    yield [data[i : i + 1] for i in range(len(data))]
     rng = random.Random(7)
     for _ in range(20):
         out, i = [], 0
         while i < len(data):
             k = rng.randint(1, 40)
-            out.append(data[i:i + k])
+            out.append(data[i : i + k])
             i += k
         yield out
 
 
-@pytest.mark.parametrize("cls,data,tokens,reported", [
-    (LmiParser, LMI_STREAM, 4, 4),
-    (TgiParser, TGI_STREAM, 3, 3),
-    (OpenAIParser, OPENAI_COMPLETIONS, 3, 3),
-    (OpenAIParser, OPENAI_CHAT, 3, None),
-])
+@pytest.mark.parametrize(
+    "cls,data,tokens,reported",
+    [
+        (LmiParser, LMI_STREAM, 4, 4),
+        (TgiParser, TGI_STREAM, 3, 3),
+        (OpenAIParser, OPENAI_COMPLETIONS, 3, 3),
+        (OpenAIParser, OPENAI_CHAT, 3, None),
+    ],
+)
 def test_parsers_count_tokens_however_the_stream_is_split(cls, data, tokens, reported):
     for chunks in splits(data):
         n, _, end = run_parser(cls, chunks)
@@ -99,7 +102,10 @@ def test_lmi_final_line_without_newline_counts_at_finish():
 
 
 def test_lmi_without_details_is_complete_on_generated_text():
-    data = b'{"token":{"id":1,"text":"a","log_prob":-1}}\n{"token":{"id":2,"text":"b","log_prob":-1},"generated_text":"ab"}\n'
+    data = (
+        b'{"token":{"id":1,"text":"a","log_prob":-1}}\n'
+        b'{"token":{"id":2,"text":"b","log_prob":-1},"generated_text":"ab"}\n'
+    )
     n, _, end = run_parser(LmiParser, [data])
     assert n == 2 and end.complete and end.reported_tokens is None
 
@@ -118,9 +124,13 @@ def test_truncated_streams_are_incomplete():
 
 
 def test_tgi_and_openai_error_events():
-    _, _, end = run_parser(TgiParser, [TGI_STREAM.split(b"\n\n")[0] + b'\n\ndata:{"error":"overloaded","error_type":"overloaded"}\n\n'])
+    _, _, end = run_parser(
+        TgiParser, [TGI_STREAM.split(b"\n\n")[0] + b'\n\ndata:{"error":"overloaded","error_type":"overloaded"}\n\n']
+    )
     assert end.error == "overloaded" and not end.complete
-    bad = OPENAI_COMPLETIONS.split(b"\n\n")[0] + b'\n\ndata: {"error":{"message":"boom","code":500}}\n\ndata: [DONE]\n\n'
+    bad = (
+        OPENAI_COMPLETIONS.split(b"\n\n")[0] + b'\n\ndata: {"error":{"message":"boom","code":500}}\n\ndata: [DONE]\n\n'
+    )
     n, _, end = run_parser(OpenAIParser, [bad])
     assert n == 1 and end.error == "boom" and not end.complete
 
@@ -145,8 +155,12 @@ def test_bare_server_bytes_parse(tmp_path):
     finally:
         sys.path.remove(str(BARE.parent))
     ev = bare_server.Events()
-    for cls, kind, flag, reported in ((LmiParser, "lmi", True, 7), (TgiParser, "tgi", False, None),
-                                      (OpenAIParser, "completions", True, 7), (OpenAIParser, "chat", False, None)):
+    for cls, kind, flag, reported in (
+        (LmiParser, "lmi", True, 7),
+        (TgiParser, "tgi", False, None),
+        (OpenAIParser, "completions", True, 7),
+        (OpenAIParser, "chat", False, None),
+    ):
         n, _, end = run_parser(cls, [b"".join(ev.get(kind, 7, flag))])
         assert (n, end.complete, end.reported_tokens) == (7, True, reported), kind
 
@@ -171,7 +185,7 @@ def test_summarize():
 
 
 def test_weighted_percentiles_equal_expanded_nearest_rank():
-    vals, weights = [5.0, 1.0, 3.0], [1, 8, 1]   # ten samples: eight 1s, one 3, one 5
+    vals, weights = [5.0, 1.0, 3.0], [1, 8, 1]  # ten samples: eight 1s, one 3, one 5
     got = bench.weighted_percentiles(vals, weights)
     assert got == {"p50": 1.0, "p90": 3.0, "p99": 5.0}
     s = bench.weighted_summary(vals, weights)
@@ -187,8 +201,9 @@ def test_weighted_percentiles_equal_expanded_nearest_rank():
 
 
 def test_level_result_rates():
-    raw = bench.RawLevel(t_start=10.0, t_end=12.0, ok=4, output_tokens=400, streamed_records=400,
-                         server_cpu0=5.0, server_cpu1=6.0)
+    raw = bench.RawLevel(
+        t_start=10.0, t_end=12.0, ok=4, output_tokens=400, streamed_records=400, server_cpu0=5.0, server_cpu1=6.0
+    )
     raw.ttft.extend([0.01, 0.02, 0.03, 0.04])
     raw.itl.extend([0.001, 0.002])
     raw.itl_w.extend([3, 1])
@@ -244,7 +259,6 @@ def test_workload_prompts_are_about_n_words():
 def test_exact_prompts_with_a_tokenizer():
     pytest.importorskip("transformers")
     from tinymodels import tiny_model
-
     from transformers import AutoTokenizer
 
     path = tiny_model("llama")
@@ -272,8 +286,9 @@ def test_add_subcommand_registers_bench():
     parser = argparse.ArgumentParser(prog="lmi-trt")
     sub = parser.add_subparsers(dest="command")
     bench.add_subcommand(sub)
-    args = parser.parse_args(["bench", "--url", "http://127.0.0.1:1", "-c", "1,4", "--output-tokens", "8:16",
-                              "--api", "tgi"])
+    args = parser.parse_args(
+        ["bench", "--url", "http://127.0.0.1:1", "-c", "1,4", "--output-tokens", "8:16", "--api", "tgi"]
+    )
     assert args.func is bench.cmd_bench and args.concurrency == [1, 4] and args.output_tokens == LengthDist(8, 16)
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "-c", "4"])  # --url or --serve-args is required
@@ -286,8 +301,7 @@ def test_add_subcommand_registers_bench():
 def bare_server(tmp_path_factory):
     port = bench.free_port()
     log = tmp_path_factory.mktemp("bare") / "bare.log"
-    srv = bench.ServerProcess([sys.executable, str(BARE), "--port", str(port)], port, name="bare server",
-                              log_path=log)
+    srv = bench.ServerProcess([sys.executable, str(BARE), "--port", str(port)], port, name="bare server", log_path=log)
     srv.start()
     try:
         srv.wait_ready(60)
@@ -297,13 +311,33 @@ def bare_server(tmp_path_factory):
     assert srv.proc.poll() is not None
 
 
-@pytest.mark.parametrize("api,extra", [("lmi", ["--details"]), ("tgi", []), ("openai", []),
-                                       ("openai", ["--openai-endpoint", "chat"])])
+@pytest.mark.parametrize(
+    "api,extra", [("lmi", ["--details"]), ("tgi", []), ("openai", []), ("openai", ["--openai-endpoint", "chat"])]
+)
 def test_bench_end_to_end_against_the_bare_server(bare_server, tmp_path, api, extra):
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "lmi_trt.bench", "--url", bare_server.url, "--api", api, "-c", "1,3", "-n", "6",
-           "--prompt-tokens", "8:16", "--output-tokens", "5", "--server-pid", str(bare_server.pid),
-           "--json", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmi_trt.bench",
+        "--url",
+        bare_server.url,
+        "--api",
+        api,
+        "-c",
+        "1,3",
+        "-n",
+        "6",
+        "--prompt-tokens",
+        "8:16",
+        "--output-tokens",
+        "5",
+        "--server-pid",
+        str(bare_server.pid),
+        "--json",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
@@ -319,8 +353,26 @@ def test_bench_end_to_end_against_the_bare_server(bare_server, tmp_path, api, ex
 def test_bench_duration_mode_plot_and_client_procs(bare_server, tmp_path):
     pytest.importorskip("matplotlib")
     png, out = tmp_path / "t.png", tmp_path / "r.json"
-    rc = bench.main(["--url", bare_server.url, "-c", "2,4", "--duration", "0.3", "--output-tokens", "3:6",
-                     "--client-procs", "2", "--loop", "asyncio", "--json", str(out), "--plot", str(png)])
+    rc = bench.main(
+        [
+            "--url",
+            bare_server.url,
+            "-c",
+            "2,4",
+            "--duration",
+            "0.3",
+            "--output-tokens",
+            "3:6",
+            "--client-procs",
+            "2",
+            "--loop",
+            "asyncio",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     levels = json.loads(out.read_text())["levels"]
     assert all(r["ok"] > 0 and r["errors"] == 0 and r["client_procs"] == 2 for r in levels)
@@ -329,8 +381,9 @@ def test_bench_duration_mode_plot_and_client_procs(bare_server, tmp_path):
 
 def test_bench_reports_http_errors(bare_server, tmp_path):
     out = tmp_path / "r.json"
-    rc = bench.main(["--url", bare_server.url + "/nope", "-c", "1", "-n", "2", "--output-tokens", "2",
-                     "--json", str(out)])
+    rc = bench.main(
+        ["--url", bare_server.url + "/nope", "-c", "1", "-n", "2", "--output-tokens", "2", "--json", str(out)]
+    )
     assert rc == 1
     r = json.loads(out.read_text())["levels"][0]
     assert r["ok"] == 0 and r["errors"] == 2 and any("HTTP 404" in k for k in r["error_samples"])

@@ -8,8 +8,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The team's working notes that lived beside the repository, by name.
-OUTSIDE = re.compile(r"\b(trtllm_api\.md|trtllm_llmapi\.md|djl_lmi\.md|peers\.md|environment\.md|"
-                     r"trtllm_image_pins\.md|DESIGN\.md)|\.\./shared|shared/reference")
+OUTSIDE = re.compile(
+    r"\b(trtllm_api\.md|trtllm_llmapi\.md|djl_lmi\.md|peers\.md|environment\.md|"
+    r"trtllm_image_pins\.md|DESIGN\.md)|\.\./shared|shared/reference"
+)
 
 
 def test_no_comment_cites_a_document_outside_the_repository():

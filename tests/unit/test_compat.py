@@ -24,21 +24,31 @@ async def test_fp32_load_and_greedy_generation_match_transformers(caplog):
     transformers supports, saying which and why."""
     path = tiny_model("llama")
     # The transformers path (llama would otherwise take the built-in decode loop, which needs no transformers API).
-    engine = TorchEngine(path, dtype="fp32", max_batch_size=2, max_input_len=16, max_new_tokens=6, eos_token_ids=[2],
-                         decode_loop="transformers")
+    engine = TorchEngine(
+        path,
+        dtype="fp32",
+        max_batch_size=2,
+        max_input_len=16,
+        max_new_tokens=6,
+        eos_token_ids=[2],
+        decode_loop="transformers",
+    )
     with caplog.at_level(logging.INFO, logger="lmi_trt.engines.torch"):
         await engine.start()
     try:
         prompt = [1, 5, 6, 7]
         outs = [o async for o in engine.submit(GenerationRequest("r", prompt, SamplingParams(max_new_tokens=6)))]
         ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-        expected = ref.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=[2],
-                                pad_token_id=0)[0, len(prompt):].tolist()
+        expected = ref.generate(
+            torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=[2], pad_token_id=0
+        )[0, len(prompt) :].tolist()
         assert [t for o in outs for t in o.token_ids] == expected
         if torch_engine._CB_IMPORT_ERROR is not None:  # transformers without the continuous batching API
             assert engine.batching == "static"
-            assert any("static batching because this transformers has no usable continuous batching API"
-                       in r.getMessage() for r in caplog.records), transformers.__version__
+            assert any(
+                "static batching because this transformers has no usable continuous batching API" in r.getMessage()
+                for r in caplog.records
+            ), transformers.__version__
         else:
             assert engine.batching == "continuous"
     finally:

@@ -38,19 +38,23 @@ def config_log(caplog):
 
 # ------------------------------------------------------------------ environment rules
 
-@pytest.mark.parametrize("var, key", [
-    ("OPTION_MAX_INPUT_LEN", "option.max_input_len"),
-    ("OPTION_FOO_BAR_9", "option.foo_bar_9"),
-    ("OPTION_entryPoint", "option.entryPoint"),       # mixed case kept as written
-    ("OPTION_Max_Input_Len", "option.Max_Input_Len"),
-    ("OPTION_ENTRYPOINT", "option.entryPoint"),
-    ("OPTION_ENGINE", "engine"),                      # plain key, no option. prefix
-    ("SERVING_JOB_QUEUE_SIZE", "job_queue_size"),
-    ("SERVING_LOAD_MODELS", "load_models"),
-    ("OPTION_", None),
-    ("HF_MODEL_ID", None),
-    ("MY_OPTION_X", None),
-])
+
+@pytest.mark.parametrize(
+    "var, key",
+    [
+        ("OPTION_MAX_INPUT_LEN", "option.max_input_len"),
+        ("OPTION_FOO_BAR_9", "option.foo_bar_9"),
+        ("OPTION_entryPoint", "option.entryPoint"),  # mixed case kept as written
+        ("OPTION_Max_Input_Len", "option.Max_Input_Len"),
+        ("OPTION_ENTRYPOINT", "option.entryPoint"),
+        ("OPTION_ENGINE", "engine"),  # plain key, no option. prefix
+        ("SERVING_JOB_QUEUE_SIZE", "job_queue_size"),
+        ("SERVING_LOAD_MODELS", "load_models"),
+        ("OPTION_", None),
+        ("HF_MODEL_ID", None),
+        ("MY_OPTION_X", None),
+    ],
+)
 def test_env_key(var, key):
     assert env_key(var) == key
 
@@ -72,14 +76,28 @@ def test_option_engine_sets_engine_and_mpi_mode(tmp_path):
 
 
 def test_empty_env_values_are_ignored(tmp_path):
-    config = load(tmp_path, env={"OPTION_MAX_INPUT_LEN": "", "OPTION_MAX_ROLLING_BATCH_SIZE": "  ",
-                                 "MAX_BATCH_SIZE": "8", "HF_REVISION": ""})
+    config = load(
+        tmp_path,
+        env={
+            "OPTION_MAX_INPUT_LEN": "",
+            "OPTION_MAX_ROLLING_BATCH_SIZE": "  ",
+            "MAX_BATCH_SIZE": "8",
+            "HF_REVISION": "",
+        },
+    )
     assert (config.max_input_len, config.max_rolling_batch_size, config.revision) == (1024, 8, None)
 
 
 def test_hf_variables(tmp_path):
-    config = load(tmp_path, env={"HF_MODEL_ID": "meta-llama/Llama-3.1-8B", "HF_REVISION": "v2", "HF_TOKEN": "hf_abc",
-                                 "HF_MODEL_TRUST_REMOTE_CODE": "true"})
+    config = load(
+        tmp_path,
+        env={
+            "HF_MODEL_ID": "meta-llama/Llama-3.1-8B",
+            "HF_REVISION": "v2",
+            "HF_TOKEN": "hf_abc",
+            "HF_MODEL_TRUST_REMOTE_CODE": "true",
+        },
+    )
     assert config.model_id == "meta-llama/Llama-3.1-8B"
     assert config.revision == "v2"
     assert isinstance(config.hf_token, SecretStr) and config.hf_token.get_secret_value() == "hf_abc"
@@ -92,44 +110,59 @@ def test_tensor_parallel_degree_env(tmp_path, value, expected):
     assert (config.tensor_parallel_degree, config.pipeline_parallel_degree) == (expected, 2)
 
 
-@pytest.mark.parametrize("var, value, attr, expected", [
-    ("SERVING_JOB_QUEUE_SIZE", "7", "job_queue_size", 7),
-    ("SERVING_MAX_REQUEST_SIZE", "1000", "max_request_size", 1000),
-    ("SERVING_DOWNLOAD_DIR", "/data/dl", "download_dir", Path("/data/dl")),
-    ("DJL_CACHE_DIR", "/data/djl", "download_dir", Path("/data/djl")),
-    ("HF_MODEL_QUANTIZE", "fp8", "quantize", Quantization.FP8),
-    ("SM_NUM_GPUS", "8", "tensor_parallel_degree", 8),
-    ("MAX_CONCURRENT_REQUESTS", "50", "job_queue_size", 50),
-    ("MAX_BATCH_SIZE", "16", "max_rolling_batch_size", 16),
-    ("MAX_BATCH_PREFILL_TOKENS", "4096", "max_num_tokens", 4096),
-    ("CUDA_MEMORY_FRACTION", "0.8", "kv_cache_free_gpu_mem_fraction", 0.8),
-    ("SAGEMAKER_MAX_REQUEST_SIZE", "2048", "max_request_size", 2048),
-    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "6", "max_request_size", 6 * 1024 * 1024),
-    ("SAGEMAKER_STARTUP_TIMEOUT", "900", "model_loading_timeout", 900),
-    ("MODEL_LOADING_TIMEOUT", "1200", "model_loading_timeout", 1200),
-    ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "60", "predict_timeout", 60),
-    ("PREDICT_TIMEOUT", "30", "predict_timeout", 30),
-])
+@pytest.mark.parametrize(
+    "var, value, attr, expected",
+    [
+        ("SERVING_JOB_QUEUE_SIZE", "7", "job_queue_size", 7),
+        ("SERVING_MAX_REQUEST_SIZE", "1000", "max_request_size", 1000),
+        ("SERVING_DOWNLOAD_DIR", "/data/dl", "download_dir", Path("/data/dl")),
+        ("DJL_CACHE_DIR", "/data/djl", "download_dir", Path("/data/djl")),
+        ("HF_MODEL_QUANTIZE", "fp8", "quantize", Quantization.FP8),
+        ("SM_NUM_GPUS", "8", "tensor_parallel_degree", 8),
+        ("MAX_CONCURRENT_REQUESTS", "50", "job_queue_size", 50),
+        ("MAX_BATCH_SIZE", "16", "max_rolling_batch_size", 16),
+        ("MAX_BATCH_PREFILL_TOKENS", "4096", "max_num_tokens", 4096),
+        ("CUDA_MEMORY_FRACTION", "0.8", "kv_cache_free_gpu_mem_fraction", 0.8),
+        ("SAGEMAKER_MAX_REQUEST_SIZE", "2048", "max_request_size", 2048),
+        ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "6", "max_request_size", 6 * 1024 * 1024),
+        ("SAGEMAKER_STARTUP_TIMEOUT", "900", "model_loading_timeout", 900),
+        ("MODEL_LOADING_TIMEOUT", "1200", "model_loading_timeout", 1200),
+        ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "60", "predict_timeout", 60),
+        ("PREDICT_TIMEOUT", "30", "predict_timeout", 30),
+    ],
+)
 def test_named_env_variables(tmp_path, var, value, attr, expected):
     assert getattr(load(tmp_path, env={var: value}), attr) == expected
 
 
-@pytest.mark.parametrize("lmi, alias, attr, expected", [
-    (("OPTION_QUANTIZE", "awq"), ("HF_MODEL_QUANTIZE", "fp8"), "quantize", Quantization.AWQ),
-    (("TENSOR_PARALLEL_DEGREE", "2"), ("SM_NUM_GPUS", "8"), "tensor_parallel_degree", 2),
-    (("OPTION_TENSOR_PARALLEL_DEGREE", "1"), ("TENSOR_PARALLEL_DEGREE", "2"), "tensor_parallel_degree", 1),
-    (("SERVING_JOB_QUEUE_SIZE", "10"), ("MAX_CONCURRENT_REQUESTS", "99"), "job_queue_size", 10),
-    (("OPTION_MAX_ROLLING_BATCH_SIZE", "4"), ("MAX_BATCH_SIZE", "16"), "max_rolling_batch_size", 4),
-    (("OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS", "2048"), ("MAX_BATCH_PREFILL_TOKENS", "4096"), "max_num_tokens", 2048),
-    (("OPTION_KV_CACHE_FREE_GPU_MEM_FRACTION", "0.5"), ("CUDA_MEMORY_FRACTION", "0.8"),
-     "kv_cache_free_gpu_mem_fraction", 0.5),
-    (("OPTION_TRUST_REMOTE_CODE", "false"), ("HF_MODEL_TRUST_REMOTE_CODE", "true"), "trust_remote_code", False),
-    (("SERVING_DOWNLOAD_DIR", "/a"), ("DJL_CACHE_DIR", "/b"), "download_dir", Path("/a")),
-    (("SAGEMAKER_MAX_REQUEST_SIZE", "100"), ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "1"), "max_request_size", 100),
-    (("OPTION_MODEL_LOADING_TIMEOUT", "5"), ("SAGEMAKER_STARTUP_TIMEOUT", "9"), "model_loading_timeout", 5),
-    (("OPTION_PREDICT_TIMEOUT", "5"), ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "9"), "predict_timeout", 5),
-    (("OPTION_MODEL_ID", "a/b"), ("HF_MODEL_ID", "c/d"), "model_id", "a/b"),
-])
+@pytest.mark.parametrize(
+    "lmi, alias, attr, expected",
+    [
+        (("OPTION_QUANTIZE", "awq"), ("HF_MODEL_QUANTIZE", "fp8"), "quantize", Quantization.AWQ),
+        (("TENSOR_PARALLEL_DEGREE", "2"), ("SM_NUM_GPUS", "8"), "tensor_parallel_degree", 2),
+        (("OPTION_TENSOR_PARALLEL_DEGREE", "1"), ("TENSOR_PARALLEL_DEGREE", "2"), "tensor_parallel_degree", 1),
+        (("SERVING_JOB_QUEUE_SIZE", "10"), ("MAX_CONCURRENT_REQUESTS", "99"), "job_queue_size", 10),
+        (("OPTION_MAX_ROLLING_BATCH_SIZE", "4"), ("MAX_BATCH_SIZE", "16"), "max_rolling_batch_size", 4),
+        (
+            ("OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS", "2048"),
+            ("MAX_BATCH_PREFILL_TOKENS", "4096"),
+            "max_num_tokens",
+            2048,
+        ),
+        (
+            ("OPTION_KV_CACHE_FREE_GPU_MEM_FRACTION", "0.5"),
+            ("CUDA_MEMORY_FRACTION", "0.8"),
+            "kv_cache_free_gpu_mem_fraction",
+            0.5,
+        ),
+        (("OPTION_TRUST_REMOTE_CODE", "false"), ("HF_MODEL_TRUST_REMOTE_CODE", "true"), "trust_remote_code", False),
+        (("SERVING_DOWNLOAD_DIR", "/a"), ("DJL_CACHE_DIR", "/b"), "download_dir", Path("/a")),
+        (("SAGEMAKER_MAX_REQUEST_SIZE", "100"), ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "1"), "max_request_size", 100),
+        (("OPTION_MODEL_LOADING_TIMEOUT", "5"), ("SAGEMAKER_STARTUP_TIMEOUT", "9"), "model_loading_timeout", 5),
+        (("OPTION_PREDICT_TIMEOUT", "5"), ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "9"), "predict_timeout", 5),
+        (("OPTION_MODEL_ID", "a/b"), ("HF_MODEL_ID", "c/d"), "model_id", "a/b"),
+    ],
+)
 def test_alias_applies_only_while_the_lmi_variable_is_unset(tmp_path, config_log, lmi, alias, attr, expected):
     assert getattr(load(tmp_path, env=dict([lmi, alias])), attr) == expected
     assert f"{alias[0]} is not applied" in config_log.text
@@ -139,8 +172,11 @@ def test_alias_applies_only_while_the_lmi_variable_is_unset(tmp_path, config_log
 def test_same_source_aliases_that_disagree_are_an_error(tmp_path):
     with pytest.raises(ConfigError, match=r"env sets option\.quantize twice.*OPTION_QUANTIZATION_TYPE='fp8'"):
         load(tmp_path, env={"OPTION_QUANTIZE": "awq", "OPTION_QUANTIZATION_TYPE": "fp8"})
-    with pytest.raises(ConfigError, match=r"serving\.properties sets option\.quantize twice, as "
-                                          r"option\.quantize='fp8' and quantization_type='smooth_quant'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"serving\.properties sets option\.quantize twice, as "
+        r"option\.quantize='fp8' and quantization_type='smooth_quant'",
+    ):
         load(tmp_path, "option.model_id=x\noption.quantize=fp8\nquantization_type=smooth_quant\n")
 
 
@@ -151,22 +187,32 @@ def test_same_source_aliases_that_agree_are_fine(tmp_path):
 
 # ------------------------------------------------------------------ precedence
 
+
 def test_file_wins_over_env(tmp_path):
-    config = load(tmp_path, "option.model_id=file/model\noption.max_input_len=100\n",
-                  env={"HF_MODEL_ID": "env/model", "OPTION_MAX_INPUT_LEN": "200", "OPTION_MAX_OUTPUT_LEN": "300"})
+    config = load(
+        tmp_path,
+        "option.model_id=file/model\noption.max_input_len=100\n",
+        env={"HF_MODEL_ID": "env/model", "OPTION_MAX_INPUT_LEN": "200", "OPTION_MAX_OUTPUT_LEN": "300"},
+    )
     assert (config.model_id, config.max_input_len, config.max_output_len) == ("file/model", 100, 300)
 
 
 def test_file_alias_wins_over_env_canonical(tmp_path):
-    config = load(tmp_path, "option.model_id=x\nmax_batch_size=8\n",
-                  env={"OPTION_MAX_ROLLING_BATCH_SIZE": "4", "MAX_BATCH_SIZE": "2"})
+    config = load(
+        tmp_path,
+        "option.model_id=x\nmax_batch_size=8\n",
+        env={"OPTION_MAX_ROLLING_BATCH_SIZE": "4", "MAX_BATCH_SIZE": "2"},
+    )
     assert config.max_rolling_batch_size == 8
 
 
 def test_overrides_win_over_file_and_env(tmp_path):
-    config = load(tmp_path, "option.model_id=x\noption.max_input_len=100\n",
-                  env={"OPTION_MAX_INPUT_LEN": "200", "OPTION_MAX_OUTPUT_LEN": "300", "SERVING_JOB_QUEUE_SIZE": "5"},
-                  overrides={"option.max_input_len": "400", "max_output_len": "500", "job_queue_size": "6"})
+    config = load(
+        tmp_path,
+        "option.model_id=x\noption.max_input_len=100\n",
+        env={"OPTION_MAX_INPUT_LEN": "200", "OPTION_MAX_OUTPUT_LEN": "300", "SERVING_JOB_QUEUE_SIZE": "5"},
+        overrides={"option.max_input_len": "400", "max_output_len": "500", "job_queue_size": "6"},
+    )
     assert (config.max_input_len, config.max_output_len, config.job_queue_size) == (400, 500, 6)
 
 
@@ -185,6 +231,7 @@ def test_env_is_only_what_is_passed(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ model dir semantics
+
 
 def test_model_dir_serving_properties_is_read(tmp_path):
     config = load(tmp_path, "option.model_id=org/m\noption.max_input_len=64\n")
@@ -241,69 +288,106 @@ def test_duplicate_keys_warn_and_last_wins(tmp_path, config_log):
 
 # ------------------------------------------------------------------ values and validation
 
-@pytest.mark.parametrize("raw, expected", [
-    ("true", True), ("TRUE", True), ("True", True), ("1", True), ("yes", True), ("YES", True),
-    ("false", False), ("False", False), ("0", False), ("no", False), ("No", False), (" true ", True),
-])
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("True", True),
+        ("1", True),
+        ("yes", True),
+        ("YES", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("No", False),
+        (" true ", True),
+    ],
+)
 def test_booleans(tmp_path, raw, expected):
     assert load(tmp_path, f"option.model_id=x\noption.tgi_compat={raw}\n").tgi_compat is expected
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("smoothquant", Quantization.SMOOTHQUANT), ("smooth_quant", Quantization.SMOOTHQUANT),
-    ("awq", Quantization.AWQ), ("AWQ", Quantization.AWQ), ("fp8", Quantization.FP8), ("fp8_kv", Quantization.FP8_KV),
-    ("weights_int8", Quantization.WEIGHTS_INT8), ("weights_kv_int8", Quantization.WEIGHTS_INT8_KV_INT8),
-    ("weights_int4", Quantization.WEIGHTS_INT4), ("weights_kv_int4", Quantization.WEIGHTS_INT4_KV_INT8),
-    ("weights_int4_kv_int8", Quantization.WEIGHTS_INT4_KV_INT8), ("no_quant", None), ("none", None),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("smoothquant", Quantization.SMOOTHQUANT),
+        ("smooth_quant", Quantization.SMOOTHQUANT),
+        ("awq", Quantization.AWQ),
+        ("AWQ", Quantization.AWQ),
+        ("fp8", Quantization.FP8),
+        ("fp8_kv", Quantization.FP8_KV),
+        ("weights_int8", Quantization.WEIGHTS_INT8),
+        ("weights_kv_int8", Quantization.WEIGHTS_INT8_KV_INT8),
+        ("weights_int4", Quantization.WEIGHTS_INT4),
+        ("weights_kv_int4", Quantization.WEIGHTS_INT4_KV_INT8),
+        ("weights_int4_kv_int8", Quantization.WEIGHTS_INT4_KV_INT8),
+        ("no_quant", None),
+        ("none", None),
+    ],
+)
 @pytest.mark.parametrize("key", ["option.quantize", "quantization_type", "option.quantization_type"])
 def test_quantization_names(tmp_path, key, raw, expected):
     assert load(tmp_path, f"option.model_id=x\n{key}={raw}\n").quantize is expected
 
 
-@pytest.mark.parametrize("line, attr, expected", [
-    ("option.dtype=bfloat16", "dtype", "bf16"),
-    ("option.dtype=float16", "dtype", "fp16"),
-    ("option.dtype=FP32", "dtype", "fp32"),
-    ("engine=mpi", "engine", "MPI"),
-    ("option.tensor_parallel_degree=max", "tensor_parallel_degree", "max"),
-    ("option.engine_cache_uri=s3://bucket/engines/", "engine_cache_uri", "s3://bucket/engines"),
-    ("option.engine_cache_uri=/cache/engines", "engine_cache_uri", "/cache/engines"),
-    ("option.awq_block_size=64", "awq_block_size", 64),
-    ("option.tokens_per_block=64", "tokens_per_block", 64),
-    ("option.calib_dataset=/data/calib.jsonl", "calib_dataset", Path("/data/calib.jsonl")),
-    ("option.batch_scheduler_policy=GUARANTEED_NO_EVICT", "batch_scheduler_policy", "guaranteed_no_evict"),
-])
+@pytest.mark.parametrize(
+    "line, attr, expected",
+    [
+        ("option.dtype=bfloat16", "dtype", "bf16"),
+        ("option.dtype=float16", "dtype", "fp16"),
+        ("option.dtype=FP32", "dtype", "fp32"),
+        ("engine=mpi", "engine", "MPI"),
+        ("option.tensor_parallel_degree=max", "tensor_parallel_degree", "max"),
+        ("option.engine_cache_uri=s3://bucket/engines/", "engine_cache_uri", "s3://bucket/engines"),
+        ("option.engine_cache_uri=/cache/engines", "engine_cache_uri", "/cache/engines"),
+        ("option.awq_block_size=64", "awq_block_size", 64),
+        ("option.tokens_per_block=64", "tokens_per_block", 64),
+        ("option.calib_dataset=/data/calib.jsonl", "calib_dataset", Path("/data/calib.jsonl")),
+        ("option.batch_scheduler_policy=GUARANTEED_NO_EVICT", "batch_scheduler_policy", "guaranteed_no_evict"),
+    ],
+)
 def test_value_normalisation(tmp_path, line, attr, expected):
     assert getattr(load(tmp_path, f"option.model_id=x\n{line}\n"), attr) == expected
 
 
-@pytest.mark.parametrize("alias, attr, value, expected", [
-    ("option.awq_format", "q_format", "w4a8_awq", "w4a8_awq"),
-    ("awq_calib_size", "calib_size", "64", 64),
-    ("tokenizer_repository", "tokenizer_id", "org/tok", "org/tok"),
-    ("engine_repository", "model_id", "org/engine", "org/engine"),
-    ("tensor_parallel_count", "tensor_parallel_degree", "2", 2),
-    ("pipeline_parallel_count", "pipeline_parallel_degree", "2", 2),
-    ("max_batch_size", "max_rolling_batch_size", "32", 32),
-    ("option.max_batch_size", "max_rolling_batch_size", "32", 32),
-    ("enable_chunked_prefill", "enable_chunked_context", "true", True),
-    ("option.engine", "engine", "MPI", "MPI"),
-])
+@pytest.mark.parametrize(
+    "alias, attr, value, expected",
+    [
+        ("option.awq_format", "q_format", "w4a8_awq", "w4a8_awq"),
+        ("awq_calib_size", "calib_size", "64", 64),
+        ("tokenizer_repository", "tokenizer_id", "org/tok", "org/tok"),
+        ("engine_repository", "model_id", "org/engine", "org/engine"),
+        ("tensor_parallel_count", "tensor_parallel_degree", "2", 2),
+        ("pipeline_parallel_count", "pipeline_parallel_degree", "2", 2),
+        ("max_batch_size", "max_rolling_batch_size", "32", 32),
+        ("option.max_batch_size", "max_rolling_batch_size", "32", 32),
+        ("enable_chunked_prefill", "enable_chunked_context", "true", True),
+        ("option.engine", "engine", "MPI", "MPI"),
+    ],
+)
 def test_aliases(tmp_path, alias, attr, value, expected):
     assert getattr(load(tmp_path, f"{alias}={value}\n"), attr) == expected
 
 
 def test_truss_plugin_configuration_json(tmp_path):
-    config = load(tmp_path, 'option.model_id=x\nplugin_configuration={"paged_kv_cache": true, '
-                            '"use_paged_context_fmha": true, "use_fp8_context_fmha": false}\n'
-                            'option.quantize=fp8\nquantization_config={"calib_size": 256}\n')
+    config = load(
+        tmp_path,
+        'option.model_id=x\nplugin_configuration={"paged_kv_cache": true, '
+        '"use_paged_context_fmha": true, "use_fp8_context_fmha": false}\n'
+        'option.quantize=fp8\nquantization_config={"calib_size": 256}\n',
+    )
     assert (config.use_paged_context_fmha, config.use_fp8_context_fmha, config.calib_size) == (True, False, 256)
     with pytest.raises(ConfigError, match="plugin_configuration='paged' .* is not a JSON object"):
         load(tmp_path, "option.model_id=x\nplugin_configuration=paged\n")
     with pytest.raises(ConfigError, match="sets option.use_paged_context_fmha twice"):
-        load(tmp_path, 'option.model_id=x\noption.use_paged_context_fmha=false\n'
-                       'plugin_configuration={"use_paged_context_fmha": true}\n')
+        load(
+            tmp_path,
+            "option.model_id=x\noption.use_paged_context_fmha=false\n"
+            'plugin_configuration={"use_paged_context_fmha": true}\n',
+        )
 
 
 def test_truss_groups_from_the_environment(tmp_path, caplog):
@@ -312,37 +396,40 @@ def test_truss_groups_from_the_environment(tmp_path, caplog):
     assert "unknown key OPTION_PLUGIN_CONFIGURATION.gemm (plugin_configuration.gemm)='1' (env)" in caplog.text
 
 
-@pytest.mark.parametrize("source, written, value, fragment", [
-    ("file", "option.max_input_len", "abc", "is not an integer; set a positive integer such as 2048"),
-    ("file", "option.max_input_len", "0", "is out of range; set a positive integer"),
-    ("file", "option.max_input_len", "1.5", "is not an integer"),
-    ("file", "option.trust_remote_code", "maybe", "is not a boolean; set true or false"),
-    ("file", "option.kv_cache_free_gpu_mem_fraction", "1.5", "is out of range; set a number > 0 and ≤ 1"),
-    ("file", "option.kv_cache_free_gpu_mem_fraction", "most", "is not a number"),
-    ("file", "option.dtype", "int8", "is not one of: auto, fp16, bf16, fp32"),
-    ("file", "option.quantize", "int3", "is not one of: none, no_quant, smoothquant"),
-    ("file", "option.rolling_batch", "vllm", "served by other LMI containers; this container serves TensorRT-LLM"),
-    ("file", "option.rolling_batch", "lmi-dist", "use one of: auto, trtllm, torch, synthetic"),
-    ("file", "engine", "DeepSpeed", "is another DJL engine"),
-    ("file", "engine", "trtllm", "set option.rolling_batch=trtllm instead"),
-    ("file", "option.tensor_parallel_degree", "two", "is not a positive integer or 'max'"),
-    ("file", "option.engine_cache_uri", "gs://bucket/x", "is not an s3://bucket/prefix URI or a local path"),
-    ("file", "option.paged_kv_cache", "false", "cannot be false"),
-    ("file", "option.tokens_per_block", "100", "is not one of: 8, 16, 32, 64, 128, 256"),
-    ("file", "option.batch_scheduler_policy", "fifo", "is not one of: max_utilization, guaranteed_no_evict"),
-    ("file", "option.output_formatter", "3p", "is not one of: json, jsonlines, sse"),
-    ("file", "option.awq_block_size", "32", "is not one of: 64, 128"),
-    ("file", "option.device", "tpu", "is not one of: auto, cpu, cuda"),
-    ("file", "option.rotary_scaling_factor", "1", "is out of range; set a number > 1"),
-    ("file", "option.synthetic_tokens_per_second", "inf", "is out of range; set a number ≥ 0"),
-    ("file", "max_batch_size (option.max_rolling_batch_size)", "x", "is not an integer"),
-    ("env", "OPTION_MAX_INPUT_LEN (option.max_input_len)", "abc", "is not an integer"),
-    ("env", "HF_MODEL_TRUST_REMOTE_CODE (option.trust_remote_code)", "perhaps", "is not a boolean"),
-    ("env", "ENABLE_CUDA_GRAPHS (option.enforce_eager)", "maybe", "is not a boolean"),
-    ("env", "SAGEMAKER_MAX_PAYLOAD_IN_MB (max_request_size)", "lots", "is not an integer"),
-    ("env", "SM_NUM_GPUS (option.tensor_parallel_degree)", "0", "is not a positive integer or 'max'"),
-    ("override", "max_output_len (option.max_output_len)", "-3", "is out of range"),
-])
+@pytest.mark.parametrize(
+    "source, written, value, fragment",
+    [
+        ("file", "option.max_input_len", "abc", "is not an integer; set a positive integer such as 2048"),
+        ("file", "option.max_input_len", "0", "is out of range; set a positive integer"),
+        ("file", "option.max_input_len", "1.5", "is not an integer"),
+        ("file", "option.trust_remote_code", "maybe", "is not a boolean; set true or false"),
+        ("file", "option.kv_cache_free_gpu_mem_fraction", "1.5", "is out of range; set a number > 0 and ≤ 1"),
+        ("file", "option.kv_cache_free_gpu_mem_fraction", "most", "is not a number"),
+        ("file", "option.dtype", "int8", "is not one of: auto, fp16, bf16, fp32"),
+        ("file", "option.quantize", "int3", "is not one of: none, no_quant, smoothquant"),
+        ("file", "option.rolling_batch", "vllm", "served by other LMI containers; this container serves TensorRT-LLM"),
+        ("file", "option.rolling_batch", "lmi-dist", "use one of: auto, trtllm, torch, synthetic"),
+        ("file", "engine", "DeepSpeed", "is another DJL engine"),
+        ("file", "engine", "trtllm", "set option.rolling_batch=trtllm instead"),
+        ("file", "option.tensor_parallel_degree", "two", "is not a positive integer or 'max'"),
+        ("file", "option.engine_cache_uri", "gs://bucket/x", "is not an s3://bucket/prefix URI or a local path"),
+        ("file", "option.paged_kv_cache", "false", "cannot be false"),
+        ("file", "option.tokens_per_block", "100", "is not one of: 8, 16, 32, 64, 128, 256"),
+        ("file", "option.batch_scheduler_policy", "fifo", "is not one of: max_utilization, guaranteed_no_evict"),
+        ("file", "option.output_formatter", "3p", "is not one of: json, jsonlines, sse"),
+        ("file", "option.awq_block_size", "32", "is not one of: 64, 128"),
+        ("file", "option.device", "tpu", "is not one of: auto, cpu, cuda"),
+        ("file", "option.rotary_scaling_factor", "1", "is out of range; set a number > 1"),
+        ("file", "option.synthetic_tokens_per_second", "inf", "is out of range; set a number ≥ 0"),
+        ("file", "max_batch_size (option.max_rolling_batch_size)", "x", "is not an integer"),
+        ("env", "OPTION_MAX_INPUT_LEN (option.max_input_len)", "abc", "is not an integer"),
+        ("env", "HF_MODEL_TRUST_REMOTE_CODE (option.trust_remote_code)", "perhaps", "is not a boolean"),
+        ("env", "ENABLE_CUDA_GRAPHS (option.enforce_eager)", "maybe", "is not a boolean"),
+        ("env", "SAGEMAKER_MAX_PAYLOAD_IN_MB (max_request_size)", "lots", "is not an integer"),
+        ("env", "SM_NUM_GPUS (option.tensor_parallel_degree)", "0", "is not a positive integer or 'max'"),
+        ("override", "max_output_len (option.max_output_len)", "-3", "is out of range"),
+    ],
+)
 def test_invalid_values_name_key_value_and_what_works(tmp_path, source, written, value, fragment):
     name = written.split(" ")[0]
     env, text, overrides = {}, "option.model_id=x\n", None
@@ -366,19 +453,32 @@ def test_the_documented_message_exactly(tmp_path):
     assert str(info.value) == "option.max_input_len='abc' is not an integer; set a positive integer such as 2048"
 
 
-@pytest.mark.parametrize("lines, fragments", [
-    (["option.rotary_scaling_type=linear"],
-     ["option.rotary_scaling_type='linear' needs option.rotary_scaling_factor", "set both"]),
-    (["option.rotary_scaling_factor=2.0"], ["option.rotary_scaling_factor='2.0' needs option.rotary_scaling_type"]),
-    (["option.max_input_len=2048", "option.max_seq_len=2048"],
-     ["option.max_seq_len=2048 leaves no room for output after option.max_input_len=2048"]),
-    (["option.max_input_len=4096", "option.max_num_tokens=2048"],
-     ["option.max_num_tokens=2048 is below option.max_input_len=4096", "enable_chunked_context=true"]),
-    (["max_batch_size=8", "option.max_num_sequences=16"],
-     ["option.max_num_sequences=16 exceeds max_batch_size (option.max_rolling_batch_size)=8"]),
-    (["option.enable_kv_cache_reuse=true", "option.use_paged_context_fmha=false"],
-     ["option.enable_kv_cache_reuse=true needs paged context attention", "option.use_paged_context_fmha=false"]),
-])
+@pytest.mark.parametrize(
+    "lines, fragments",
+    [
+        (
+            ["option.rotary_scaling_type=linear"],
+            ["option.rotary_scaling_type='linear' needs option.rotary_scaling_factor", "set both"],
+        ),
+        (["option.rotary_scaling_factor=2.0"], ["option.rotary_scaling_factor='2.0' needs option.rotary_scaling_type"]),
+        (
+            ["option.max_input_len=2048", "option.max_seq_len=2048"],
+            ["option.max_seq_len=2048 leaves no room for output after option.max_input_len=2048"],
+        ),
+        (
+            ["option.max_input_len=4096", "option.max_num_tokens=2048"],
+            ["option.max_num_tokens=2048 is below option.max_input_len=4096", "enable_chunked_context=true"],
+        ),
+        (
+            ["max_batch_size=8", "option.max_num_sequences=16"],
+            ["option.max_num_sequences=16 exceeds max_batch_size (option.max_rolling_batch_size)=8"],
+        ),
+        (
+            ["option.enable_kv_cache_reuse=true", "option.use_paged_context_fmha=false"],
+            ["option.enable_kv_cache_reuse=true needs paged context attention", "option.use_paged_context_fmha=false"],
+        ),
+    ],
+)
 def test_cross_field_errors(tmp_path, lines, fragments):
     with pytest.raises(ConfigError) as info:
         load(tmp_path, "\n".join(["option.model_id=x", *lines]))
@@ -387,26 +487,46 @@ def test_cross_field_errors(tmp_path, lines, fragments):
 
 
 def test_cross_field_combinations_that_work(tmp_path):
-    config = load(tmp_path, "option.model_id=x\noption.rotary_scaling_type=dynamic\noption.rotary_scaling_factor=4\n"
-                            "option.max_input_len=4096\noption.max_num_tokens=2048\noption.enable_chunked_context=true\n"
-                            "option.max_seq_len=8192\nmax_batch_size=8\noption.max_num_sequences=8\n")
+    config = load(
+        tmp_path,
+        "option.model_id=x\noption.rotary_scaling_type=dynamic\noption.rotary_scaling_factor=4\n"
+        "option.max_input_len=4096\noption.max_num_tokens=2048\noption.enable_chunked_context=true\n"
+        "option.max_seq_len=8192\nmax_batch_size=8\noption.max_num_sequences=8\n",
+    )
     assert (config.rotary_scaling_type, config.rotary_scaling_factor, config.max_seq_len) == ("dynamic", 4.0, 8192)
 
 
 # ------------------------------------------------------------------ unknown, ignored and inapplicable keys
 
-@pytest.mark.parametrize("env, text, overrides, expected", [
-    ({}, "option.max_input_length=5\n", None, "unknown key option.max_input_length='5' (serving.properties) "
-                                              "is ignored; did you mean option.max_input_len?"),
-    ({}, "max_input_len=5\n", None, "did you mean option.max_input_len?"),
-    ({"OPTION_KV_CACHE_FREE_GPU_MEMORY_FRACTION": "0.5"}, "", None,
-     "unknown key OPTION_KV_CACHE_FREE_GPU_MEMORY_FRACTION (option.kv_cache_free_gpu_memory_fraction)='0.5' (env) "
-     "is ignored; did you mean option.kv_cache_free_gpu_mem_fraction?"),
-    ({"SERVING_JOB_QUEUE": "5"}, "", None, "did you mean job_queue_size?"),
-    ({}, "", {"option.max_bach_size": "5"}, "did you mean option.max_batch_size (option.max_rolling_batch_size)?"),
-    ({}, "option.zzzz=1\n", None, "unknown key option.zzzz='1' (serving.properties) is ignored; see the "
-                                  "configuration table in README.md"),
-])
+
+@pytest.mark.parametrize(
+    "env, text, overrides, expected",
+    [
+        (
+            {},
+            "option.max_input_length=5\n",
+            None,
+            "unknown key option.max_input_length='5' (serving.properties) "
+            "is ignored; did you mean option.max_input_len?",
+        ),
+        ({}, "max_input_len=5\n", None, "did you mean option.max_input_len?"),
+        (
+            {"OPTION_KV_CACHE_FREE_GPU_MEMORY_FRACTION": "0.5"},
+            "",
+            None,
+            "unknown key OPTION_KV_CACHE_FREE_GPU_MEMORY_FRACTION (option.kv_cache_free_gpu_memory_fraction)='0.5' "
+            "(env) is ignored; did you mean option.kv_cache_free_gpu_mem_fraction?",
+        ),
+        ({"SERVING_JOB_QUEUE": "5"}, "", None, "did you mean job_queue_size?"),
+        ({}, "", {"option.max_bach_size": "5"}, "did you mean option.max_batch_size (option.max_rolling_batch_size)?"),
+        (
+            {},
+            "option.zzzz=1\n",
+            None,
+            "unknown key option.zzzz='1' (serving.properties) is ignored; see the configuration table in README.md",
+        ),
+    ],
+)
 def test_unknown_keys_warn_with_the_nearest_key(tmp_path, caplog, env, text, overrides, expected):
     config = load(tmp_path, "option.model_id=x\n" + text, env=env, overrides=overrides)
     assert config.max_input_len == 1024
@@ -420,11 +540,22 @@ def test_nearest_key():
     assert nearest_key("option.nothing_like_it_at_all") is None
 
 
-@pytest.mark.parametrize("line", [
-    "option.entryPoint=djl_python.tensorrt_llm", "option.entrypoint=model.py", "batch_size=4", "max_batch_delay=100",
-    "minWorkers=1", "maxWorkers=2", "gpu.minWorkers=1", "log_request_metric=true", "chunked_read_timeout=300",
-    "option.bedrock_compat=true", "option.paged_kv_cache=true",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "option.entryPoint=djl_python.tensorrt_llm",
+        "option.entrypoint=model.py",
+        "batch_size=4",
+        "max_batch_delay=100",
+        "minWorkers=1",
+        "maxWorkers=2",
+        "gpu.minWorkers=1",
+        "log_request_metric=true",
+        "chunked_read_timeout=300",
+        "option.bedrock_compat=true",
+        "option.paged_kv_cache=true",
+    ],
+)
 def test_ignored_djl_keys_are_logged_with_the_reason(tmp_path, caplog, line):
     key = line.split("=")[0]
     load(tmp_path, f"option.model_id=x\n{line}\n")
@@ -459,20 +590,38 @@ def test_quantization_knobs_without_their_quantization_warn(tmp_path, caplog):
     load(tmp_path, "option.model_id=x\noption.quantize=weights_int4\noption.calib_size=64\n")
     assert "option.calib_size is set but has no effect" in caplog.text
     caplog.clear()
-    load(tmp_path, "option.model_id=x\noption.quantize=smoothquant\noption.smoothquant_alpha=0.5\n"
-                   "option.calib_size=64\n")
+    load(
+        tmp_path, "option.model_id=x\noption.quantize=smoothquant\noption.smoothquant_alpha=0.5\noption.calib_size=64\n"
+    )
     assert "no effect" not in caplog.text
 
 
 # ------------------------------------------------------------------ the model, the registry, compile-time values
 
 STUB_FIELDS = {
-    "model_id": None, "model_dir": None, "revision": None, "trust_remote_code": False, "hf_token": None,
-    "tokenizer_id": None, "download_dir": Path("/tmp/.lmi-trt"), "rolling_batch": "auto", "dtype": "auto",
-    "device": "auto", "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "max_rolling_batch_size": None,
-    "max_input_len": 1024, "max_output_len": 512, "max_num_tokens": None, "job_queue_size": 1000,
-    "output_formatter": None, "tgi_compat": False, "chat_template": None, "model_loading_timeout": 1800,
-    "predict_timeout": 240, "max_request_size": 64 * 1024 * 1024,
+    "model_id": None,
+    "model_dir": None,
+    "revision": None,
+    "trust_remote_code": False,
+    "hf_token": None,
+    "tokenizer_id": None,
+    "download_dir": Path("/tmp/.lmi-trt"),
+    "rolling_batch": "auto",
+    "dtype": "auto",
+    "device": "auto",
+    "tensor_parallel_degree": 1,
+    "pipeline_parallel_degree": 1,
+    "max_rolling_batch_size": None,
+    "max_input_len": 1024,
+    "max_output_len": 512,
+    "max_num_tokens": None,
+    "job_queue_size": 1000,
+    "output_formatter": None,
+    "tgi_compat": False,
+    "chat_template": None,
+    "model_loading_timeout": 1800,
+    "predict_timeout": 240,
+    "max_request_size": 64 * 1024 * 1024,
 }
 
 
@@ -527,11 +676,23 @@ def test_registry_covers_the_reference_keys():
 def test_compile_time_values():
     base = LmiConfig(model_id="x")
     values = base.compile_time_values()
-    assert {"option.max_input_len", "option.max_output_len", "option.dtype", "option.quantize",
-            "option.tensor_parallel_degree", "option.max_rolling_batch_size",
-            "option.enable_kv_cache_reuse"} <= set(values)
-    assert not {"option.kv_cache_free_gpu_mem_fraction", "job_queue_size", "option.model_id", "option.hf_token",
-                "option.trtllm_checkpoint_path", "option.batch_scheduler_policy"} & set(values)
+    assert {
+        "option.max_input_len",
+        "option.max_output_len",
+        "option.dtype",
+        "option.quantize",
+        "option.tensor_parallel_degree",
+        "option.max_rolling_batch_size",
+        "option.enable_kv_cache_reuse",
+    } <= set(values)
+    assert not {
+        "option.kv_cache_free_gpu_mem_fraction",
+        "job_queue_size",
+        "option.model_id",
+        "option.hf_token",
+        "option.trtllm_checkpoint_path",
+        "option.batch_scheduler_policy",
+    } & set(values)
     assert values["option.max_input_len"] == 1024
     assert LmiConfig(model_id="x", quantize=Quantization.FP8).compile_time_values()["option.quantize"] == "fp8"
     assert LmiConfig(model_id="x", max_input_len=2048).compile_time_values() != values
@@ -540,8 +701,14 @@ def test_compile_time_values():
 
 # ------------------------------------------------------------------ secrets and the effective-config log
 
-SECRETS = {"HF_TOKEN": "hf_topsecret1", "AWS_SECRET_ACCESS_KEY": "awssecret2", "AWS_SESSION_TOKEN": "session3",
-           "AWS_ACCESS_KEY_ID": "AKIAKEYID4", "SERVING_DB_PASSWORD": "hunter5", "OPTION_API_KEY": "apikey6"}
+SECRETS = {
+    "HF_TOKEN": "hf_topsecret1",
+    "AWS_SECRET_ACCESS_KEY": "awssecret2",
+    "AWS_SESSION_TOKEN": "session3",
+    "AWS_ACCESS_KEY_ID": "AKIAKEYID4",
+    "SERVING_DB_PASSWORD": "hunter5",
+    "OPTION_API_KEY": "apikey6",
+}
 
 
 def test_secrets_are_masked_in_the_logged_config(tmp_path, caplog):
@@ -585,10 +752,11 @@ def test_secret_values_are_masked_in_warnings(tmp_path, caplog):
 
 # ------------------------------------------------------------------ README table
 
+
 def test_readme_table_matches_the_registry():
     readme = README.read_text()
     assert readme.count(README_START) == 1 and readme.count(README_END) == 1
-    table = readme[readme.index(README_START) + len(README_START):readme.index(README_END)].strip()
+    table = readme[readme.index(README_START) + len(README_START) : readme.index(README_END)].strip()
     assert table == render_options_table(), "README is stale: run `python -m lmi_trt.options_table` to regenerate it"
     assert replace_options_table(readme) == readme
 

@@ -31,7 +31,9 @@ def _sentencepiece_tokenizer():
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
     ascii_corpus = [f"{line} {i}" for i in range(200) for line in CORPUS if line.isascii() or "Grüße" in line]
-    tok.train_from_iterator(ascii_corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+    tok.train_from_iterator(
+        ascii_corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    )
     data = json.loads(tok.to_str())
     vocab = data["model"]["vocab"]
     base = len(vocab)
@@ -80,18 +82,26 @@ def test_pieces_concatenate_to_decode_and_never_split_a_character(tok, text):
 def test_prompt_context_keeps_the_first_tokens_space(tok, text):
     prompt = "Once upon a time"
     prompt_ids = tok.encode(prompt, add_special_tokens=False)
-    gen_ids = tok.encode(" " + text, add_special_tokens=False) if tok is tiny_tokenizer() else tok.encode(text, add_special_tokens=False)
+    gen_ids = (
+        tok.encode(" " + text, add_special_tokens=False)
+        if tok is tiny_tokenizer()
+        else tok.encode(text, add_special_tokens=False)
+    )
     out = "".join(_stream(IncrementalDetokenizer(tok, prompt_ids), gen_ids))
     full = _decode(tok, prompt_ids + gen_ids)
     head = _decode(tok, prompt_ids)
     assert full.startswith(head)
-    assert out == full[len(head):]
+    assert out == full[len(head) :]
     assert out.startswith(" ")  # SentencePiece would drop it when decoding gen_ids alone
 
 
 def test_special_tokens_skipped_or_kept():
     tok = tiny_tokenizer()
-    ids = tok.encode("Grüße", add_special_tokens=False) + [tok.eos_token_id] + tok.encode(" 日本", add_special_tokens=False)
+    ids = (
+        tok.encode("Grüße", add_special_tokens=False)
+        + [tok.eos_token_id]
+        + tok.encode(" 日本", add_special_tokens=False)
+    )
     skipped = "".join(_stream(IncrementalDetokenizer(tok, skip_special_tokens=True), ids))
     kept = "".join(_stream(IncrementalDetokenizer(tok, skip_special_tokens=False), ids))
     assert skipped == "Grüße 日本" == _decode(tok, ids, skip=True)
@@ -180,5 +190,5 @@ def test_byte_level_shortcut_skips_the_decoder_on_plain_text():
     detok = IncrementalDetokenizer(tok, ids[:3], cache=cache)
     calls.clear()
     out = "".join(_stream(detok, ids[3:]))
-    assert out == _decode(tok, ids)[len(_decode(tok, ids[:3])):]
+    assert out == _decode(tok, ids)[len(_decode(tok, ids[:3])) :]
     assert len(calls) < len(ids) // 4  # only multi-byte characters still go through the decoder

@@ -23,7 +23,7 @@ def _fake_cli(tmp_path: Path, exit_codes: list[int]) -> Path:
     codes = " ".join(str(c) for c in exit_codes)
     script.write_text(
         "#!/usr/bin/env bash\n"
-        f'n=$(cat {counter}); echo $((n+1)) > {counter}\n'
+        f"n=$(cat {counter}); echo $((n+1)) > {counter}\n"
         f'echo "$@" >> {tmp_path}/argv\n'
         f'echo "${{LD_LIBRARY_PATH:-}}" > {tmp_path}/ldpath\n'
         f"codes=({codes}); exit ${{codes[$n]}}\n"
@@ -41,7 +41,9 @@ def _run(tmp_path: Path, args: list[str], *, driver: str | None, compat: str | N
         (compat_dir / "libcuda.so.1").symlink_to(f"libcuda.so.{compat}")
     version_file = tmp_path / "nvidia_version"
     if driver:
-        version_file.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Sun Jan 1 00:00:00 UTC 2025\n")
+        version_file.write_text(
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Sun Jan 1 00:00:00 UTC 2025\n"
+        )
     env = {
         "PATH": os.environ["PATH"],
         "LMI_TRT": str(cli),
@@ -106,9 +108,7 @@ def test_sigterm_reaches_lmi_trt_which_drains_and_exits_0(tmp_path):
     marker = tmp_path / "got-term"
     cli = tmp_path / "lmi-trt"
     cli.write_text(
-        "#!/usr/bin/env bash\n"
-        f"trap 'echo drained > {marker}; exit 0' TERM\n"
-        "while true; do sleep 0.05; done\n"
+        f"#!/usr/bin/env bash\ntrap 'echo drained > {marker}; exit 0' TERM\nwhile true; do sleep 0.05; done\n"
     )
     cli.chmod(cli.stat().st_mode | stat.S_IEXEC)
     env = {"PATH": os.environ["PATH"], "LMI_TRT": str(cli), "CUDA_COMPAT_DIR": str(tmp_path / "none")}

@@ -82,13 +82,17 @@ async def test_eos_stop_ids_and_min_new_tokens_end_where_the_echo_says():
         ids = [t for o in outs for t in o.token_ids]
         assert ids == [7, 8, 5] and outs[-1].finish_reason is FinishReason.EOS
         outs = await _drain(engine.submit(_req("min", 30, [7, 8, 5], min_new_tokens=4)))
-        assert [t for o in outs for t in o.token_ids] == [7, 8, 5, 7, 8, 5] and outs[-1].finish_reason is FinishReason.EOS
+        assert [t for o in outs for t in o.token_ids] == [7, 8, 5, 7, 8, 5] and outs[
+            -1
+        ].finish_reason is FinishReason.EOS
         outs = await _drain(engine.submit(_req("ign", 7, [7, 8, 5], ignore_eos=True)))
         assert [t for o in outs for t in o.token_ids] == [7, 8, 5, 7, 8, 5, 7]
         assert outs[-1].finish_reason is FinishReason.LENGTH
         request = GenerationRequest("stop", [1, 2, 3, 4], SamplingParams(max_new_tokens=30), stop_token_ids=[[3, 4, 1]])
         outs = await _drain(engine.submit(request))
-        assert [t for o in outs for t in o.token_ids] == [1, 2, 3, 4, 1] and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
+        assert [t for o in outs for t in o.token_ids] == [1, 2, 3, 4, 1] and outs[
+            -1
+        ].finish_reason is FinishReason.STOP_SEQUENCE
     finally:
         await engine.close()
 
@@ -99,8 +103,9 @@ async def test_eos_stop_ids_and_min_new_tokens_end_where_the_echo_says():
 def _stream_with(outs: list[EngineOutput]):
     from lmi_trt.engines.trtllm import _Stream
 
-    stream = _Stream(request_id="r", exec_id=1, max_new_tokens=100, end_id=2, extra_eos=frozenset(), logprobs=True,
-                     beam_width=1)
+    stream = _Stream(
+        request_id="r", exec_id=1, max_new_tokens=100, end_id=2, extra_eos=frozenset(), logprobs=True, beam_width=1
+    )
     stream.pending = list(outs)
     return stream
 
@@ -108,11 +113,20 @@ def _stream_with(outs: list[EngineOutput]):
 def test_trtllm_queued_outputs_merge_into_one_delta():
     from lmi_trt.engines.trtllm import _take
 
-    stream = _stream_with([EngineOutput("r", [1], [-0.1]), EngineOutput("r", [2, 3], [-0.2, -0.3]),
-                           EngineOutput("r", [4], [-0.4], finished=True, finish_reason=FinishReason.LENGTH)])
+    stream = _stream_with(
+        [
+            EngineOutput("r", [1], [-0.1]),
+            EngineOutput("r", [2, 3], [-0.2, -0.3]),
+            EngineOutput("r", [4], [-0.4], finished=True, finish_reason=FinishReason.LENGTH),
+        ]
+    )
     out = _take(stream)
     assert (out.token_ids, out.logprobs, out.finished, out.finish_reason) == (
-        [1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4], True, FinishReason.LENGTH)
+        [1, 2, 3, 4],
+        [-0.1, -0.2, -0.3, -0.4],
+        True,
+        FinishReason.LENGTH,
+    )
     assert stream.pending == []
 
 

@@ -22,8 +22,9 @@ def _runs(kind: str, trt_backend: str | None, **given) -> LmiConfig:
 
 def _scoped() -> set[str]:
     """Fields some engine's settings (or compile job) read: each is honoured or refused per engine."""
-    return {name for kind, backend in registry.engine_backends()
-            for name in registry.honoured(kind, _runs(kind, backend))} & set(LmiConfig.model_fields)
+    return {
+        name for kind, backend in registry.engine_backends() for name in registry.honoured(kind, _runs(kind, backend))
+    } & set(LmiConfig.model_fields)
 
 
 @pytest.mark.parametrize(("kind", "backend"), registry.engine_backends())
@@ -38,7 +39,11 @@ def test_each_engine_scoped_option_is_honoured_or_refused_naming_the_key(kind, b
             continue
         with pytest.raises(StartupError) as err:
             registry.refuse_ignored(kind, config)
-        assert err.value.key == key_of(name) and kind in str(err.value) and "serve with an engine that does" in str(err.value)
+        assert (
+            err.value.key == key_of(name)
+            and kind in str(err.value)
+            and "serve with an engine that does" in str(err.value)
+        )
 
 
 def test_the_issues_examples():
@@ -46,9 +51,11 @@ def test_the_issues_examples():
     for kind, backend in registry.engine_backends():
         assert "max_num_sequences" in registry.honoured(kind, _runs(kind, backend))
     # A TensorRT-LLM knob on the torch engine, a torch knob on TensorRT-LLM, a build knob on the pytorch backend.
-    for kind, backend, given, key in [("torch", None, {"enable_kv_cache_reuse": True}, "option.enable_kv_cache_reuse"),
-                                      ("trtllm", "tensorrt", {"torch_batching": "static"}, "option.torch_batching"),
-                                      ("trtllm", "pytorch", {"use_fused_mlp": True}, "option.use_fused_mlp")]:
+    for kind, backend, given, key in [
+        ("torch", None, {"enable_kv_cache_reuse": True}, "option.enable_kv_cache_reuse"),
+        ("trtllm", "tensorrt", {"torch_batching": "static"}, "option.torch_batching"),
+        ("trtllm", "pytorch", {"use_fused_mlp": True}, "option.use_fused_mlp"),
+    ]:
         with pytest.raises(StartupError, match=re.escape(key)):
             registry.refuse_ignored(kind, _runs(kind, backend, **given))
     # Defaults the user did not set are never refused.
@@ -61,8 +68,11 @@ def test_every_option_is_read_by_some_stage():
     it in config.IGNORED_KEYS with the reason (logged whenever it is set)."""
     sources = [p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "config.py"]
     explained = {s.attr for s in REGISTRY if s.attr and s.note}  # accepted for compatibility, noted when set
-    unread = [name for name in LmiConfig.model_fields if name not in explained
-              and not any(re.search(rf"\.{name}\b|[\"']{name}[\"']", text) for text in sources)]
+    unread = [
+        name
+        for name in LmiConfig.model_fields
+        if name not in explained and not any(re.search(rf"\.{name}\b|[\"']{name}[\"']", text) for text in sources)
+    ]
     assert unread == []
 
 

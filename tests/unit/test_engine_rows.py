@@ -25,11 +25,13 @@ async def test_a_failing_request_fails_alone(monkeypatch):
     engine = synthetic.SyntheticEngine(100, max_batch_size=4)
     await engine.start()
     try:
+
         async def run(rid: str, prompt: list[int]):
             return [o async for o in engine.submit(GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=6)))]
 
         good1, bad, good2 = await asyncio.wait_for(  # on 4dccd9d nobody ever got an answer
-            asyncio.gather(run("g1", [5, 6]), run("bad", [7]), run("g2", [8, 9, 10])), 30)
+            asyncio.gather(run("g1", [5, 6]), run("bad", [7]), run("g2", [8, 9, 10])), 30
+        )
         assert bad[-1].finish_reason is FinishReason.ERROR and "injected" in bad[-1].error
         assert [t for o in good1 for t in o.token_ids] == [5, 6, 5, 6, 5, 6]
         assert [t for o in good2 for t in o.token_ids] == [8, 9, 10, 8, 9, 10]

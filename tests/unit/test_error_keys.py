@@ -16,12 +16,19 @@ OPTION_KEY = re.compile(r"option\.[A-Za-z_][A-Za-z0-9_]*")
 
 def _strings(tree: ast.AST) -> list[str]:
     """String literals and f-string parts, docstrings left out (they may show misspellings)."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
-    return [node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
 def test_every_option_key_in_a_message_is_a_known_key():
@@ -42,7 +49,11 @@ def test_serving_limits_are_named_as_configured():
 
 def test_startup_error_names_key_value_problem_and_fix():
     e = StartupError("option.max_input_len", 600, "the model has 512 positions", "set it below 512")
-    assert (e.key, e.value, e.problem, e.fix) == ("option.max_input_len", 600, "the model has 512 positions",
-                                                  "set it below 512")
+    assert (e.key, e.value, e.problem, e.fix) == (
+        "option.max_input_len",
+        600,
+        "the model has 512 positions",
+        "set it below 512",
+    )
     assert str(e) == "option.max_input_len=600: the model has 512 positions; set it below 512"
     assert isinstance(e, ValueError)

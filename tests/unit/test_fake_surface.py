@@ -11,8 +11,8 @@ the entry's ``per_release`` overrides applied. Two directions are checked:
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import enum
 import inspect
@@ -152,7 +152,8 @@ def signature_mismatch(obj, overload: list[str], keyword_only: bool = False) -> 
         if want.var_keyword:
             continue
         if want.keyword_only != (have.kind == inspect.Parameter.KEYWORD_ONLY):
-            return f"{want.name}: keyword-only is {have.kind == inspect.Parameter.KEYWORD_ONLY}, listed {want.keyword_only}"
+            kw_only = have.kind == inspect.Parameter.KEYWORD_ONLY
+            return f"{want.name}: keyword-only is {kw_only}, listed {want.keyword_only}"
         if want.required != (have.default is inspect.Parameter.empty):
             return f"{want.name}: required is {have.default is inspect.Parameter.empty}, listed {want.required}"
         is_literal, value = want.literal_default()
@@ -260,7 +261,7 @@ def test_every_public_fake_name_is_listed(trt):
 
 def test_constructors_match_listed_keywords_and_order(trt):
     problems, checked = [], 0
-    for modname, name, obj in public_objects(trt):
+    for _modname, name, obj in public_objects(trt):
         if not inspect.isclass(obj) or section_of(obj.__module__) == "tensorrt_llm.models.MODEL_MAP":
             continue
         entry = entry_for(SURFACE[section_of(obj.__module__)][name], trt.__version__)
@@ -309,7 +310,7 @@ def test_method_signatures_match_listed_sigs(trt):
 
 def test_enum_members_are_exactly_the_listed_ones(trt):
     problems = []
-    for modname, name, obj in public_objects(trt):
+    for _modname, name, obj in public_objects(trt):
         if inspect.isclass(obj) and issubclass(obj, enum.Enum):
             entry = SURFACE[section_of(obj.__module__)][name]
             if name in ("FinishReason", "CapacitySchedulerPolicy") and trt.__version__.startswith("0."):
@@ -321,14 +322,16 @@ def test_enum_members_are_exactly_the_listed_ones(trt):
 
 def test_no_unlisted_attributes_and_listed_properties_exist(trt):
     problems = []
-    for modname, name, obj in public_objects(trt):
+    for _modname, name, obj in public_objects(trt):
         if not inspect.isclass(obj) or issubclass(obj, enum.Enum):
             continue
         if name in SHAPES_IN_012_NOTES and trt.__version__.startswith("0."):
             continue
         section = section_of(obj.__module__)
         model_class = section.endswith("MODEL_MAP")
-        entry = SURFACE["tensorrt_llm.models.modeling_utils"]["PretrainedModel"] if model_class else SURFACE[section][name]
+        entry = (
+            SURFACE["tensorrt_llm.models.modeling_utils"]["PretrainedModel"] if model_class else SURFACE[section][name]
+        )
         entry = entry_for(entry, trt.__version__)
         allowed = allowed_attrs(entry)
         extra = own_public_attrs(obj) - allowed
@@ -337,7 +340,9 @@ def test_no_unlisted_attributes_and_listed_properties_exist(trt):
         if name in NOT_INSTANTIATED or section.endswith("MODEL_MAP"):
             continue
         instance = obj(**FACTORY_ARGS.get(name, {}))
-        extra = {n for n in vars(instance) if not n.startswith("_")} - allowed if hasattr(instance, "__dict__") else set()
+        extra = (
+            {n for n in vars(instance) if not n.startswith("_")} - allowed if hasattr(instance, "__dict__") else set()
+        )
         if extra:
             problems.append(f"{name} instance: unlisted {sorted(extra)}")
         optional = {p.name for o in entry.get("ctor", []) for p in listed_params(o) if p.optional_presence}
@@ -460,7 +465,10 @@ def test_knob_and_build_config_defaults_per_release(trt):
 
     knob = entry_for(SURFACE["tensorrt_llm.bindings.executor"]["ExtendedRuntimePerfKnobConfig"], trt.__version__)
     assert tle.ExtendedRuntimePerfKnobConfig().multi_block_mode is (knob["ctor"][0][0] == "multi_block_mode=True")
-    assert tle.ExecutorConfig().extended_runtime_perf_knob_config.multi_block_mode is tle.ExtendedRuntimePerfKnobConfig().multi_block_mode
+    assert (
+        tle.ExecutorConfig().extended_runtime_perf_knob_config.multi_block_mode
+        is tle.ExtendedRuntimePerfKnobConfig().multi_block_mode
+    )
     build = entry_for(SURFACE["tensorrt_llm.builder"]["BuildConfig"], trt.__version__)
     names = [p.name for p in listed_params(build["ctor"][0])]
     assert ("use_fused_mlp" in names) is trt.__version__.startswith("0.")
@@ -474,9 +482,18 @@ def test_lmi_trt_build_config_is_accepted_by_every_release(trt):
     from lmi_trt.compile.options import CompileOptions
     from lmi_trt.compile.plan import GpuFacts, make_plan
 
-    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024,
-          "max_position_embeddings": 256, "torch_dtype": "float16"}
+    hf = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 1024,
+        "max_position_embeddings": 256,
+        "torch_dtype": "float16",
+    }
     gpu = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
     plan = make_plan(CompileOptions(max_input_len=32, max_output_len=32, use_fused_mlp=True), hf, gpu, trt.__version__)
     config = _build_config(plan)

@@ -9,12 +9,15 @@ from lmi_trt.config import LmiConfig, StartupError
 from lmi_trt.loader import fit_lengths, model_positions
 
 
-@pytest.mark.parametrize("hf,expected", [
-    ({"max_position_embeddings": 512}, (384, 128)),     # the README's tiny model
-    ({"n_positions": 1024}, (768, 256)),                # GPT-2
-    ({"max_position_embeddings": 8192}, (1024, 512)),   # room for the defaults: unchanged
-    ({"text_config": {"max_position_embeddings": 512}}, (384, 128)),
-])
+@pytest.mark.parametrize(
+    "hf,expected",
+    [
+        ({"max_position_embeddings": 512}, (384, 128)),  # the README's tiny model
+        ({"n_positions": 1024}, (768, 256)),  # GPT-2
+        ({"max_position_embeddings": 8192}, (1024, 512)),  # room for the defaults: unchanged
+        ({"text_config": {"max_position_embeddings": 512}}, (384, 128)),
+    ],
+)
 def test_unset_limits_follow_the_model(hf, expected):
     config = fit_lengths(LmiConfig(), hf, "torch")
     assert (config.max_input_len, config.max_output_len) == expected
@@ -28,11 +31,14 @@ def test_the_unset_limit_fits_around_the_set_one():
     assert fit_lengths(LmiConfig(max_input_len=64, max_output_len=32), hf, "torch").max_input_len == 64
 
 
-@pytest.mark.parametrize("kwargs,key", [
-    ({"max_input_len": 400, "max_output_len": 200}, "option.max_input_len + option.max_output_len"),
-    ({"max_input_len": 512}, "option.max_input_len"),
-    ({"max_output_len": 600}, "option.max_output_len"),
-])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"max_input_len": 400, "max_output_len": 200}, "option.max_input_len + option.max_output_len"),
+        ({"max_input_len": 512}, "option.max_input_len"),
+        ({"max_output_len": 600}, "option.max_output_len"),
+    ],
+)
 def test_set_limits_that_do_not_fit_fail_naming_the_keys(kwargs, key):
     with pytest.raises(StartupError) as e:
         fit_lengths(LmiConfig(**kwargs), {"max_position_embeddings": 512}, "torch")

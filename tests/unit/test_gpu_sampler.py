@@ -29,9 +29,14 @@ CPU = torch.device("cpu")
 def state_for(rows: list[dict]) -> SamplerState:
     """A SamplerState whose slot i is admitted with rows[i] (params, prompt, generated, bad words)."""
     state = SamplerState(len(rows), VOCAB, CPU, EOS)
-    state.admit(list(range(len(rows))), [r["params"] for r in rows], [r.get("seed", 0) for r in rows],
-                [not r["params"].ignore_eos for r in rows], [r["prompt"] for r in rows],
-                [[w[0] for w in r.get("bad", []) if len(w) == 1] for r in rows])
+    state.admit(
+        list(range(len(rows))),
+        [r["params"] for r in rows],
+        [r.get("seed", 0) for r in rows],
+        [not r["params"].ignore_eos for r in rows],
+        [r["prompt"] for r in rows],
+        [[w[0] for w in r.get("bad", []) if len(w) == 1] for r in rows],
+    )
     for i, r in enumerate(rows):
         for t in r["generated"]:
             state.counts[i, t] += 1
@@ -64,12 +69,22 @@ def hf_scores(logits: torch.Tensor, r: dict) -> torch.Tensor:
 ROWS = [
     {"params": SamplingParams(repetition_penalty=1.7), "prompt": [3, 9, 11], "generated": [40, 41]},
     {"params": SamplingParams(min_new_tokens=4), "prompt": [7, 8], "generated": [12, 13]},
-    {"params": SamplingParams(), "prompt": [7, 8, 30], "generated": [31, 12],
-     "bad": [[50], [61], [31, 12, 44], [12, 45], [8, 46]]},
+    {
+        "params": SamplingParams(),
+        "prompt": [7, 8, 30],
+        "generated": [31, 12],
+        "bad": [[50], [61], [31, 12, 44], [12, 45], [8, 46]],
+    },
     {"params": SamplingParams(do_sample=True, temperature=0.7, top_k=10), "prompt": [1], "generated": []},
     {"params": SamplingParams(do_sample=True, temperature=1.3, top_p=0.6), "prompt": [1, 4], "generated": [6]},
-    {"params": SamplingParams(do_sample=True, temperature=0.9, top_k=20, top_p=0.8, repetition_penalty=0.8,
-                              min_new_tokens=3), "prompt": [20, 21], "generated": [22], "bad": [[70]]},
+    {
+        "params": SamplingParams(
+            do_sample=True, temperature=0.9, top_k=20, top_p=0.8, repetition_penalty=0.8, min_new_tokens=3
+        ),
+        "prompt": [20, 21],
+        "generated": [22],
+        "bad": [[70]],
+    },
     {"params": SamplingParams(min_new_tokens=3, ignore_eos=True), "prompt": [1], "generated": []},
 ]
 
@@ -86,8 +101,9 @@ def test_mixed_batch_matches_transformers_processors_row_by_row():
         expected = hf_scores(logits[i], r)
         ours = warped[i] if r["params"].do_sample else processed[i]
         # Same kept set, same distribution (top_p=1 may also drop tokens of probability 0).
-        assert torch.equal(torch.isfinite(ours) & (ours.softmax(-1) > 0),
-                           torch.isfinite(expected) & (expected.softmax(-1) > 0)), i
+        assert torch.equal(
+            torch.isfinite(ours) & (ours.softmax(-1) > 0), torch.isfinite(expected) & (expected.softmax(-1) > 0)
+        ), i
         torch.testing.assert_close(ours.softmax(-1), expected.softmax(-1), rtol=1e-5, atol=1e-6)
     # The ignore_eos row is not subject to min_new_tokens' EOS ban; the min_new row is.
     assert torch.isfinite(processed[6, EOS]).all() and torch.isinf(processed[1, EOS]).all()
@@ -106,8 +122,9 @@ def test_greedy_rows_take_the_argmax_and_report_raw_logprobs():
     torch.manual_seed(1)
     logits = torch.randn(3, VOCAB)
     state = state_for([{"params": SamplingParams(), "prompt": [1], "generated": []}] * 3)
-    tokens, logprobs, status = sample(logits, state.rows(slice(0, 3)), torch.zeros(3, dtype=torch.long),
-                                      state.eos, Mode.GREEDY)
+    tokens, logprobs, status = sample(
+        logits, state.rows(slice(0, 3)), torch.zeros(3, dtype=torch.long), state.eos, Mode.GREEDY
+    )
     assert tokens.tolist() == logits.argmax(-1).tolist() and status.tolist() == [0, 0, 0]
     torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0])
 
@@ -116,12 +133,15 @@ def test_failures_are_per_row():
     logits = torch.randn(3, VOCAB)
     logits[0, 4] = float("nan")
     everything = [[t] for t in range(VOCAB) if t not in EOS]
-    rows = [{"params": SamplingParams(), "prompt": [1], "generated": []},
-            {"params": SamplingParams(min_new_tokens=2), "prompt": [1], "generated": [], "bad": everything},
-            {"params": SamplingParams(), "prompt": [1], "generated": []}]
+    rows = [
+        {"params": SamplingParams(), "prompt": [1], "generated": []},
+        {"params": SamplingParams(min_new_tokens=2), "prompt": [1], "generated": [], "bad": everything},
+        {"params": SamplingParams(), "prompt": [1], "generated": []},
+    ]
     state = state_for(rows)
-    tokens, _, status = sample(logits, state.rows(slice(0, 3)), torch.zeros(3, dtype=torch.long), state.eos,
-                               Mode.PROCESSED)
+    tokens, _, status = sample(
+        logits, state.rows(slice(0, 3)), torch.zeros(3, dtype=torch.long), state.eos, Mode.PROCESSED
+    )
     assert status.tolist() == [1, 2, 0]
     assert tokens[2] == logits[2].argmax()
 

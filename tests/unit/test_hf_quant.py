@@ -11,12 +11,15 @@ from lmi_trt.compile.hf_quant import already_quantized, checkpoint_dtype, plan_h
 from lmi_trt.compile.options import CompileOptions
 
 
-@pytest.mark.parametrize(("quantize", "q_format", "algo", "kv"), [
-    ("fp8", "int4_awq", "FP8", None),
-    ("fp8_kv", "int4_awq", "FP8", "FP8"),
-    ("awq", "int4_awq", "W4A16_AWQ", None),
-    ("awq", "w4a8_awq", "W4A8_AWQ", None),
-])
+@pytest.mark.parametrize(
+    ("quantize", "q_format", "algo", "kv"),
+    [
+        ("fp8", "int4_awq", "FP8", None),
+        ("fp8_kv", "int4_awq", "FP8", "FP8"),
+        ("awq", "int4_awq", "W4A16_AWQ", None),
+        ("awq", "w4a8_awq", "W4A8_AWQ", None),
+    ],
+)
 def test_the_formats_the_backend_loads_are_calibrated_with_modelopt(quantize, q_format, algo, kv):
     plan, notes = plan_hf_quant(CompileOptions(quantize=quantize, q_format=q_format, calib_dataset="c.txt"), None)
     assert (plan.method, plan.quant_algo, plan.kv_cache_quant_algo) == ("modelopt", algo, kv)

@@ -83,8 +83,11 @@ def test_tp_above_visible_gpus_names_the_option_and_the_count():
     msg = str(e.value)
     assert "option.tensor_parallel_degree=8" in msg and "4 GPU(s) are visible" in msg and "at most 4" in msg
     assert isinstance(e.value, ConfigError)
-    with pytest.raises(LaunchError, match=r"option.tensor_parallel_degree=2 × option.pipeline_parallel_degree=2 "
-                                          r"needs 4 GPUs, but 2 GPU"):
+    with pytest.raises(
+        LaunchError,
+        match=r"option.tensor_parallel_degree=2 × option.pipeline_parallel_degree=2 "
+        r"needs 4 GPUs, but 2 GPU",
+    ):
         plan_launch(2, 2, 2, "trtllm")
 
 
@@ -141,8 +144,10 @@ def test_plan_for_config_uses_the_options():
 
 OPEN_MPI_4 = "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
 OPEN_MPI_5 = "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
-HYDRA = ("HYDRA build details:\n    Version:                                 5.0.2\n"
-         "    Release Date:                            Fri Sep 25 20:45:26 UTC 2026\n")
+HYDRA = (
+    "HYDRA build details:\n    Version:                                 5.0.2\n"
+    "    Release Date:                            Fri Sep 25 20:45:26 UTC 2026\n"
+)
 
 
 def test_parse_mpi_version():
@@ -168,8 +173,15 @@ def test_probe_mpi_runs_version(tmp_path):
 
 def test_open_mpi_command_has_djls_flags_and_exports_the_environment():
     plan = plan_launch(2, 1, 3, "trtllm")  # one copy on GPUs 0,1; GPU 2 idle
-    env = {"PATH": "/usr/bin", "OPTION_MODEL_ID": "s3://m/x", "HF_TOKEN": "t", "OMPI_COMM_WORLD_SIZE": "9",
-           "PMIX_RANK": "0", "PWD": "/x", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    env = {
+        "PATH": "/usr/bin",
+        "OPTION_MODEL_ID": "s3://m/x",
+        "HF_TOKEN": "t",
+        "OMPI_COMM_WORLD_SIZE": "9",
+        "PMIX_RANK": "0",
+        "PWD": "/x",
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+    }
     cmd = mpi_command(plan, "openmpi", RANK, launcher="/opt/ompi/bin/mpirun", env=env)
     assert cmd[:3] == ["/opt/ompi/bin/mpirun", "-n", "2"]
     head = cmd[: len(cmd) - len(RANK)]
@@ -181,7 +193,7 @@ def test_open_mpi_command_has_djls_flags_and_exports_the_environment():
     assert not any(x.startswith(("OMPI_", "PMIX_")) or x == "PWD" for x in exported)
     # the copy's GPUs, through the parent's CUDA_VISIBLE_DEVICES; set once
     assert [x for x in exported if x.startswith("CUDA_VISIBLE_DEVICES")] == ["CUDA_VISIBLE_DEVICES=4,5"]
-    assert cmd[-len(RANK):] == RANK
+    assert cmd[-len(RANK) :] == RANK
 
 
 def test_mpich_command_uses_genv():

@@ -22,7 +22,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from test_fake_surface import listed_params, load_assignments, signature_mismatch, sig_names
+from test_fake_surface import listed_params, load_assignments, sig_names, signature_mismatch
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm
 
@@ -45,8 +45,11 @@ LISTING = FAKES / "llmapi_surface.py"
 _ASSIGNED = load_assignments(LISTING)
 SURFACE, RELEASES = _ASSIGNED["SURFACE"], _ASSIGNED["RELEASES"]
 API = SURFACE["tensorrt_llm.llmapi"]
-FAKE_MODULES = [m for m in SURFACE["modules"] if m not in ("tensorrt_llm", "tensorrt_llm.bindings.executor",
-                                                              "tensorrt_llm._tensorrt_engine")]
+FAKE_MODULES = [
+    m
+    for m in SURFACE["modules"]
+    if m not in ("tensorrt_llm", "tensorrt_llm.bindings.executor", "tensorrt_llm._tensorrt_engine")
+]
 
 
 @pytest.fixture(params=RELEASES)
@@ -127,8 +130,13 @@ def test_constructors_enums_and_attributes_match_the_listing(trt):
                     mismatch = signature_mismatch(obj, entry["ctor"][0], "keyword-only" in entry.get("notes", ""))
                 if mismatch:
                     problems.append(f"{name}: {mismatch}")
-            own = {n for k in obj.__mro__ if k.__module__.startswith("tensorrt_llm") for n in vars(k)
-                   if not n.startswith("_") or n in ("__aiter__", "__anext__", "__await__", "__enter__", "__exit__")}
+            own = {
+                n
+                for k in obj.__mro__
+                if k.__module__.startswith("tensorrt_llm")
+                for n in vars(k)
+                if not n.startswith("_") or n in ("__aiter__", "__anext__", "__await__", "__enter__", "__exit__")
+            }
             own -= set(dir(BaseModel)) if issubclass(obj, BaseModel) else set()
             own -= {"model_config", "model_fields"}
             unlisted = own - listed_names(entry)
@@ -159,8 +167,11 @@ def test_trt_only_keywords_name_the_tensorrt_engine_llm_while_it_exists(trt):
     from tensorrt_llm.llmapi import LLM
 
     release = trt.__version__
-    expected = "_tensorrt_engine" if release in SURFACE["modules"]["tensorrt_llm._tensorrt_engine"]["releases"] \
+    expected = (
+        "_tensorrt_engine"
+        if release in SURFACE["modules"]["tensorrt_llm._tensorrt_engine"]["releases"]
         else "invalid argument: build_config"
+    )
     with pytest.raises(ValueError, match=expected):
         LLM(str(tiny_model("llama")), build_config={})
     with pytest.raises(ValueError, match="invalid argument: not_a_field"):
@@ -209,8 +220,11 @@ def test_the_engine_uses_only_listed_llmapi_names_and_keywords():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             func = node.func
             if isinstance(func.value, ast.Name) and func.value.id == "llmapi" and "ctor" in API.get(func.attr, {}):
-                problems += [f"llmapi.{func.attr}({k.arg}=)" for k in node.keywords
-                             if k.arg and k.arg not in ctor_names(func.attr)]
+                problems += [
+                    f"llmapi.{func.attr}({k.arg}=)"
+                    for k in node.keywords
+                    if k.arg and k.arg not in ctor_names(func.attr)
+                ]
             if func.attr == "generate_async":
                 seen.add("generate_async")
                 problems += [f"generate_async({k.arg}=)" for k in node.keywords if k.arg not in generate_keywords]
@@ -222,15 +236,21 @@ CODEC = Codec(decode=lambda ids: "|".join(map(str, ids)), encode=lambda text: [i
 
 
 def test_planned_keywords_are_listed_fields():
-    plan = llm_plan(llmapi_settings(
-        LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192)))
+    plan = llm_plan(
+        llmapi_settings(LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192))
+    )
     assert set(plan.keywords) <= LLM_KEYWORDS
     assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
     assert set(plan.scheduler_config) <= ctor_names("SchedulerConfig")
     assert set(plan.cuda_graph_config) <= ctor_names("CudaGraphConfig")
     assert plan.scheduler_config["capacity_scheduler_policy"] in API["CapacitySchedulerPolicy"]["members"]
-    request = GenerationRequest("r", [1, 2], SamplingParams(do_sample=True, logprobs=True, beam_width=1),
-                                stop_token_ids=[[5], [6, 7]], bad_words_ids=[[8]])
+    request = GenerationRequest(
+        "r",
+        [1, 2],
+        SamplingParams(do_sample=True, logprobs=True, beam_width=1),
+        stop_token_ids=[[5], [6, 7]],
+        bad_words_ids=[[8]],
+    )
     sampling = plan_request(request, eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC)
     assert set(sampling.sampling) <= ctor_names("SamplingParams")
 
@@ -240,9 +260,12 @@ def test_guides_map_onto_guided_decoding_params():
     from xgrammar.testing import _is_grammar_accept_string
 
     fields = set(API["GuidedDecodingParams"]["props_rw"])
-    for guided, key in [(GuidedDecoding("regex", "(a|b)+"), "regex"), (GuidedDecoding("grammar", 'root ::= "x"'), "grammar"),
-                        (GuidedDecoding("json_schema", '{"type": "integer"}'), "grammar"),
-                        (GuidedDecoding("json_object"), "grammar")]:
+    for guided, key in [
+        (GuidedDecoding("regex", "(a|b)+"), "regex"),
+        (GuidedDecoding("grammar", 'root ::= "x"'), "grammar"),
+        (GuidedDecoding("json_schema", '{"type": "integer"}'), "grammar"),
+        (GuidedDecoding("json_object"), "grammar"),
+    ]:
         request = GenerationRequest("g", [1], SamplingParams(guided=guided))
         guide = plan_request(request, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC).guide
         assert list(guide) == [key] and key in fields
@@ -250,7 +273,9 @@ def test_guides_map_onto_guided_decoding_params():
             accepts = functools.partial(_is_grammar_accept_string, guide["grammar"])
             assert accepts('{"a": [1, 2]}') and not accepts('{ "a": [1, 2]}') and not accepts("[1]")
         elif guided.kind == "json_schema":
-            assert _is_grammar_accept_string(guide["grammar"], "12") and not _is_grammar_accept_string(guide["grammar"], '"a"')
+            assert _is_grammar_accept_string(guide["grammar"], "12") and not _is_grammar_accept_string(
+                guide["grammar"], '"a"'
+            )
         else:
             assert guide[key] == guided.value
     bad = GenerationRequest("b", [1], SamplingParams(guided=GuidedDecoding("json_schema", "{not json")))
@@ -261,19 +286,43 @@ def test_guides_map_onto_guided_decoding_params():
 
 def test_options_map_onto_llm_keywords():
     config = LmiConfig(
-        tensor_parallel_degree=2, pipeline_parallel_degree=2, dtype="bf16", max_num_sequences=64, max_num_tokens=2048,
-        max_input_len=512, max_output_len=256, kv_cache_free_gpu_mem_fraction=0.8, max_tokens_in_paged_kv_cache=10000,
-        enable_kv_cache_reuse=True, batch_scheduler_policy="guaranteed_no_evict", enable_chunked_context=True,
-        trust_remote_code=True, max_beam_width=2, kv_cache_host_memory_bytes=2 ** 30,
+        tensor_parallel_degree=2,
+        pipeline_parallel_degree=2,
+        dtype="bf16",
+        max_num_sequences=64,
+        max_num_tokens=2048,
+        max_input_len=512,
+        max_output_len=256,
+        kv_cache_free_gpu_mem_fraction=0.8,
+        max_tokens_in_paged_kv_cache=10000,
+        enable_kv_cache_reuse=True,
+        batch_scheduler_policy="guaranteed_no_evict",
+        enable_chunked_context=True,
+        trust_remote_code=True,
+        max_beam_width=2,
+        kv_cache_host_memory_bytes=2**30,
     )
     plan = llm_plan(llmapi_settings(settle(config, "trtllm")))
     assert plan.keywords == {
-        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "dtype": "bfloat16", "trust_remote_code": True,
-        "max_batch_size": 64, "max_beam_width": 2, "enable_chunked_prefill": True, "enable_iter_perf_stats": True,
-        "max_num_tokens": 2048, "max_input_len": 512, "max_seq_len": 768, "guided_decoding_backend": "xgrammar",
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 2,
+        "dtype": "bfloat16",
+        "trust_remote_code": True,
+        "max_batch_size": 64,
+        "max_beam_width": 2,
+        "enable_chunked_prefill": True,
+        "enable_iter_perf_stats": True,
+        "max_num_tokens": 2048,
+        "max_input_len": 512,
+        "max_seq_len": 768,
+        "guided_decoding_backend": "xgrammar",
     }
-    assert plan.kv_cache_config == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.8, "max_tokens": 10000,
-                                    "host_cache_size": 2 ** 30}
+    assert plan.kv_cache_config == {
+        "enable_block_reuse": True,
+        "free_gpu_memory_fraction": 0.8,
+        "max_tokens": 10000,
+        "host_cache_size": 2**30,
+    }
     assert plan.scheduler_config == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
     assert plan.cuda_graph_config == {"max_batch_size": 64, "enable_padding": True}
     # DJL's defaults: max_utilization, no block reuse
@@ -286,40 +335,83 @@ def test_options_map_onto_llm_keywords():
 
 def test_requests_map_onto_sampling_params():
     greedy = plan_request(
-        GenerationRequest("g", [1, 2], SamplingParams(max_new_tokens=9, logprobs=True, min_new_tokens=2),
-                          stop_token_ids=[[5], [6, 7]], bad_words_ids=[[8], [9, 10]]),
-        eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
+        GenerationRequest(
+            "g",
+            [1, 2],
+            SamplingParams(max_new_tokens=9, logprobs=True, min_new_tokens=2),
+            stop_token_ids=[[5], [6, 7]],
+            bad_words_ids=[[8], [9, 10]],
+        ),
+        eos_token_ids=[2, 3],
+        pad_token_id=0,
+        max_beam_width=1,
+        seed=7,
+        codec=CODEC,
     )
     assert greedy.sampling == {
-        "top_k": 1, "min_tokens": 2, "max_tokens": 9, "end_id": 2, "pad_id": 0, "ignore_eos": False,
-        "stop_token_ids": [5, 3], "stop": ["6|7"], "bad_token_ids": [8], "bad": ["9|10"],
-        "include_stop_str_in_output": True, "logprobs": 1, "prompt_logprobs": None, "detokenize": False,
+        "top_k": 1,
+        "min_tokens": 2,
+        "max_tokens": 9,
+        "end_id": 2,
+        "pad_id": 0,
+        "ignore_eos": False,
+        "stop_token_ids": [5, 3],
+        "stop": ["6|7"],
+        "bad_token_ids": [8],
+        "bad": ["9|10"],
+        "include_stop_str_in_output": True,
+        "logprobs": 1,
+        "prompt_logprobs": None,
+        "detokenize": False,
     }
     assert greedy.end_id == 2 and greedy.extra_eos == frozenset({3}) and greedy.bias == {}
     scored = plan_request(
         GenerationRequest("p", [1, 2], SamplingParams(prompt_logprobs=True, logit_bias=((42, 100.0), (7, -5.0)))),
-        eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
+        eos_token_ids=[2],
+        pad_token_id=0,
+        max_beam_width=1,
+        seed=7,
+        codec=CODEC,
     )
     # the top 1 per prompt position, which from 1.3 also holds the prompt token's (PR 11235)
     assert scored.sampling["prompt_logprobs"] == 1 and scored.bias == {42: 100.0, 7: -5.0}
     sampled = plan_request(
-        GenerationRequest("s", [1], SamplingParams(do_sample=True, temperature=0.5, seed=11, repetition_penalty=1.2,
-                                                   ignore_eos=True)),
-        eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC,
+        GenerationRequest(
+            "s", [1], SamplingParams(do_sample=True, temperature=0.5, seed=11, repetition_penalty=1.2, ignore_eos=True)
+        ),
+        eos_token_ids=[2, 3],
+        pad_token_id=0,
+        max_beam_width=1,
+        seed=7,
+        codec=CODEC,
     )
     assert {k: sampled.sampling[k] for k in ("top_k", "top_p", "temperature", "seed", "repetition_penalty")} == {
-        "top_k": 0, "top_p": 1.0, "temperature": 0.5, "seed": 11, "repetition_penalty": 1.2,  # as given: the core fills DJL's
+        "top_k": 0,
+        "top_p": 1.0,
+        "temperature": 0.5,
+        "seed": 11,
+        "repetition_penalty": 1.2,  # as given: the core fills DJL's
     }
     assert sampled.sampling["ignore_eos"] and sampled.sampling["stop_token_ids"] is None and sampled.end_id == -1
     beam = plan_request(
         GenerationRequest("b", [1], SamplingParams(beam_width=3), streaming=False),
-        eos_token_ids=[2], pad_token_id=0, max_beam_width=4, seed=7, codec=CODEC,
+        eos_token_ids=[2],
+        pad_token_id=0,
+        max_beam_width=4,
+        seed=7,
+        codec=CODEC,
     )
     assert (beam.sampling["use_beam_search"], beam.sampling["best_of"], beam.sampling["n"]) == (True, 3, 1)
     odd = Codec(decode=lambda ids: "x", encode=lambda text: [99])
     with pytest.raises(EngineError, match="cannot be banned on the pytorch backend") as err:
-        plan_request(GenerationRequest("o", [1], SamplingParams(), bad_words_ids=[[4, 5]]),
-                     eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=odd)
+        plan_request(
+            GenerationRequest("o", [1], SamplingParams(), bad_words_ids=[[4, 5]]),
+            eos_token_ids=[2],
+            pad_token_id=0,
+            max_beam_width=1,
+            seed=7,
+            codec=odd,
+        )
     assert err.value.code == 400
 
 

@@ -10,7 +10,6 @@ from serverproc import synthetic_engine, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import FinishReason
-from lmi_trt.serving.http import parse_custom_attributes, parse_json, validate
 from lmi_trt.serving.core import (
     Completion,
     Delta,
@@ -20,6 +19,7 @@ from lmi_trt.serving.core import (
     sampling_params,
 )
 from lmi_trt.serving.errors import BadRequest, ModelError, ServiceUnavailable
+from lmi_trt.serving.http import parse_custom_attributes, parse_json, validate
 from lmi_trt.serving.protocols.lmi import LmiParameters, LmiRequest, _Shape, choose_format
 
 
@@ -70,14 +70,22 @@ def test_nan_in_json_reaches_validation_and_names_the_field():
         _lmi(body)
 
 
-@pytest.mark.parametrize("raw, msg", [(b"", "empty"), (b"  \n", "empty"), (b'{"inputs": ', "not valid JSON"), (b"{'a': 1}", "not valid JSON")])
+@pytest.mark.parametrize(
+    "raw, msg",
+    [(b"", "empty"), (b"  \n", "empty"), (b'{"inputs": ', "not valid JSON"), (b"{'a': 1}", "not valid JSON")],
+)
 def test_unparseable_bodies(raw, msg):
     with pytest.raises(BadRequest, match=msg):
         parse_json(raw)
 
 
 def test_stop_and_stop_sequences_merge_and_details_ask_for_logprobs():
-    p = _lmi({"inputs": "x", "parameters": {"stop": "a", "stop_sequences": ["b", "a"], "details": True, "ignore_eos_token": True}}).parameters
+    p = _lmi(
+        {
+            "inputs": "x",
+            "parameters": {"stop": "a", "stop_sequences": ["b", "a"], "details": True, "ignore_eos_token": True},
+        }
+    ).parameters
     g = p.to_generate()
     assert g.stop == ["a", "b"]
     assert g.logprobs is True
@@ -133,7 +141,10 @@ def test_output_format_choice(formatter, stream, tgi, expected):
 
 def test_custom_attributes_header():
     assert parse_custom_attributes("trace=abc; x-synchronous=false;flag; k = v=w") == {
-        "trace": "abc", "x-synchronous": "false", "flag": "", "k": "v=w",
+        "trace": "abc",
+        "x-synchronous": "false",
+        "flag": "",
+        "k": "v=w",
     }
 
 
@@ -161,7 +172,7 @@ def test_mid_stream_error_record():
     shape = _shape({}, fmt="sse")
     body = shape.stream_chunk(Delta("", [], 3, 1, FinishReason.ERROR, ModelError("GPU fell off")), ["abc"])
     assert body.startswith(b"data: ") and body.endswith(b"\n\n")
-    rec = orjson.loads(body[len(b"data: "):])
+    rec = orjson.loads(body[len(b"data: ") :])
     assert rec["token"]["id"] == -1 and rec["token"]["special_token"] is True
     assert rec["details"]["finish_reason"] == "error"
     assert rec["error"] == "GPU fell off" and rec["code"] == 424
@@ -178,8 +189,12 @@ def test_tgi_compat_token_names_and_details_on_by_default():
 # --- the request core against the synthetic engine ---
 async def _service(**config) -> GenerationService:
     tok = tiny_tokenizer()
-    engine = synthetic_engine(tok, max_input_len=config.pop("engine_max_input_len", 16), max_new_tokens=64,
-                              tokens_per_second=config.pop("tps", None))
+    engine = synthetic_engine(
+        tok,
+        max_input_len=config.pop("engine_max_input_len", 16),
+        max_new_tokens=64,
+        tokens_per_second=config.pop("tps", None),
+    )
     await engine.start()
     return GenerationService(engine, tok, LmiConfig(**config))
 
@@ -288,12 +303,16 @@ async def test_synthetic_engine_echoes_the_prompt_and_honours_stops():
     ids, outs = await _drain(engine.submit(GenerationRequest("a", [10, 11, 12], SamplingParams(max_new_tokens=7))))
     assert ids == [10, 11, 12, 10, 11, 12, 10] and outs[-1].finish_reason is FinishReason.LENGTH
     assert all(len(o.logprobs) == len(o.token_ids) for o in outs)
-    ids, outs = await _drain(engine.submit(GenerationRequest("b", [10, 11, 12], SamplingParams(max_new_tokens=7), stop_token_ids=[[12, 10]])))
+    ids, outs = await _drain(
+        engine.submit(GenerationRequest("b", [10, 11, 12], SamplingParams(max_new_tokens=7), stop_token_ids=[[12, 10]]))
+    )
     assert ids == [10, 11, 12, 10] and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
     eos = tiny_tokenizer().eos_token_id
     ids, outs = await _drain(engine.submit(GenerationRequest("c", [10, eos], SamplingParams(max_new_tokens=5))))
     assert ids == [10, eos] and outs[-1].finish_reason is FinishReason.EOS
-    ids, outs = await _drain(engine.submit(GenerationRequest("d", [10, eos], SamplingParams(max_new_tokens=5, ignore_eos=True))))
+    ids, outs = await _drain(
+        engine.submit(GenerationRequest("d", [10, eos], SamplingParams(max_new_tokens=5, ignore_eos=True)))
+    )
     assert len(ids) == 5 and outs[-1].finish_reason is FinishReason.LENGTH
     _, outs = await _drain(engine.submit(GenerationRequest("e", [10], SamplingParams(max_new_tokens=10**6))))
     assert outs[-1].error_code == 400 and "max_new_tokens" in outs[-1].error

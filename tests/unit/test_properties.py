@@ -5,38 +5,48 @@ import pytest
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties, parse_properties
 
 
-@pytest.mark.parametrize("line", [
-    "Truth = Beauty",
-    "  Truth:Beauty",
-    "Truth                    :Beauty",
-    "Truth\t=\tBeauty",
-    "Truth Beauty",
-    "\f Truth=Beauty",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Truth = Beauty",
+        "  Truth:Beauty",
+        "Truth                    :Beauty",
+        "Truth\t=\tBeauty",
+        "Truth Beauty",
+        "\f Truth=Beauty",
+    ],
+)
 def test_separators_from_the_javadoc(line):
     assert parse_properties(line) == {"Truth": "Beauty"}
 
 
 def test_continuation_lines_from_the_javadoc():
-    text = ("fruits                           apple, banana, pear, \\\n"
-            "                                 cantaloupe, watermelon, \\\n"
-            "                                 kiwi, mango\n"
-            "cheeses\n")
-    assert parse_properties(text) == {"fruits": "apple, banana, pear, cantaloupe, watermelon, kiwi, mango",
-                                      "cheeses": ""}
+    text = (
+        "fruits                           apple, banana, pear, \\\n"
+        "                                 cantaloupe, watermelon, \\\n"
+        "                                 kiwi, mango\n"
+        "cheeses\n"
+    )
+    assert parse_properties(text) == {
+        "fruits": "apple, banana, pear, cantaloupe, watermelon, kiwi, mango",
+        "cheeses": "",
+    }
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("a=", {"a": ""}),
-    ("a", {"a": ""}),
-    ("a   ", {"a": ""}),
-    ("a = = b", {"a": "= b"}),           # only one separator is consumed
-    ("a : b : c", {"a": "b : c"}),
-    ("a=b=c", {"a": "b=c"}),
-    ("a=value with trailing space  ", {"a": "value with trailing space  "}),  # Java keeps trailing blanks
-    ("=value", {"": "value"}),
-    ("a=é ✓ 模型", {"a": "é ✓ 模型"}),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("a=", {"a": ""}),
+        ("a", {"a": ""}),
+        ("a   ", {"a": ""}),
+        ("a = = b", {"a": "= b"}),  # only one separator is consumed
+        ("a : b : c", {"a": "b : c"}),
+        ("a=b=c", {"a": "b=c"}),
+        ("a=value with trailing space  ", {"a": "value with trailing space  "}),  # Java keeps trailing blanks
+        ("=value", {"": "value"}),
+        ("a=é ✓ 模型", {"a": "é ✓ 模型"}),
+    ],
+)
 def test_key_value_split(text, expected):
     assert parse_properties(text) == expected
 
@@ -80,19 +90,22 @@ def test_only_java_line_breaks_split_lines():
     assert parse_properties("a=1\x0b2\u2028x") == {"a": "1\x0b2\u2028x"}
 
 
-@pytest.mark.parametrize("text, expected", [
-    (r"a=tab\there", {"a": "tab\there"}),
-    (r"a=line\nbreak\rreturn\ffeed", {"a": "line\nbreak\rreturn\ffeed"}),
-    (r"a=back\\slash", {"a": "back\\slash"}),
-    (r"a=caf\u00e9 \u00E9", {"a": "café é"}),
-    (r"a=\q\w\#\!", {"a": "qw#!"}),       # any other escaped character stands for itself
-    (r"a\=b=c", {"a=b": "c"}),
-    (r"a\:b:c", {"a:b": "c"}),
-    (r"a\ b c", {"a b": "c"}),
-    (r"key=\ \ two leading spaces", {"key": "  two leading spaces"}),
-    (r"\#notcomment=1", {"#notcomment": "1"}),
-    (r"a=\ud83d\ude00", {"a": "😀"}),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"a=tab\there", {"a": "tab\there"}),
+        (r"a=line\nbreak\rreturn\ffeed", {"a": "line\nbreak\rreturn\ffeed"}),
+        (r"a=back\\slash", {"a": "back\\slash"}),
+        (r"a=caf\u00e9 \u00E9", {"a": "café é"}),
+        (r"a=\q\w\#\!", {"a": "qw#!"}),  # any other escaped character stands for itself
+        (r"a\=b=c", {"a=b": "c"}),
+        (r"a\:b:c", {"a:b": "c"}),
+        (r"a\ b c", {"a b": "c"}),
+        (r"key=\ \ two leading spaces", {"key": "  two leading spaces"}),
+        (r"\#notcomment=1", {"#notcomment": "1"}),
+        (r"a=\ud83d\ude00", {"a": "😀"}),
+    ],
+)
 def test_escapes(text, expected):
     assert parse_properties(text) == expected
 

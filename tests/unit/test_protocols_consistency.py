@@ -91,8 +91,17 @@ def _sagemaker_err(raw: bytes) -> str:
 
 
 def lmi(prompt, *, max_tokens=None, stop=None, bad=None, temperature=None, top_p=None, stream=False):
-    p = {k: v for k, v in {"max_new_tokens": max_tokens, "stop_sequences": stop, "bad_words": bad,
-                           "temperature": temperature, "top_p": top_p}.items() if v is not None}
+    p = {
+        k: v
+        for k, v in {
+            "max_new_tokens": max_tokens,
+            "stop_sequences": stop,
+            "bad_words": bad,
+            "temperature": temperature,
+            "top_p": top_p,
+        }.items()
+        if v is not None
+    }
     return "/invocations", {"inputs": prompt, "parameters": p, "stream": stream}
 
 
@@ -104,8 +113,17 @@ def lmi_out(raw: bytes, ctype: str) -> tuple[str, list[str]]:
 
 
 def tgi(prompt, *, max_tokens=None, stop=None, bad=None, temperature=None, top_p=None, stream=False):
-    p = {k: v for k, v in {"max_new_tokens": max_tokens, "stop": stop, "bad_words": bad,
-                           "temperature": temperature, "top_p": top_p}.items() if v is not None}
+    p = {
+        k: v
+        for k, v in {
+            "max_new_tokens": max_tokens,
+            "stop": stop,
+            "bad_words": bad,
+            "temperature": temperature,
+            "top_p": top_p,
+        }.items()
+        if v is not None
+    }
     return ("/generate_stream" if stream else "/generate"), {"inputs": prompt, "parameters": p}
 
 
@@ -117,8 +135,17 @@ def tgi_out(raw: bytes, ctype: str) -> tuple[str, list[str]]:
 
 
 def _oai(prompt, max_tokens, stop, bad, temperature, top_p, stream) -> dict[str, Any]:
-    body = {k: v for k, v in {"max_tokens": max_tokens, "stop": stop, "bad_words": bad, "temperature": temperature,
-                              "top_p": top_p}.items() if v is not None}
+    body = {
+        k: v
+        for k, v in {
+            "max_tokens": max_tokens,
+            "stop": stop,
+            "bad_words": bad,
+            "temperature": temperature,
+            "top_p": top_p,
+        }.items()
+        if v is not None
+    }
     return {"model": "tiny", "stream": stream, **body}
 
 
@@ -134,8 +161,10 @@ def completions_out(raw: bytes, ctype: str) -> tuple[str, list[str]]:
 
 
 def chat_(prompt, *, max_tokens=None, stop=None, bad=None, temperature=None, top_p=None, stream=False):
-    return "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                    **_oai(prompt, max_tokens, stop, bad, temperature, top_p, stream)}
+    return "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": prompt}],
+        **_oai(prompt, max_tokens, stop, bad, temperature, top_p, stream),
+    }
 
 
 def chat_out(raw: bytes, ctype: str) -> tuple[str, list[str]]:
@@ -157,8 +186,17 @@ def chat_lines_out(raw: bytes, ctype: str) -> tuple[str, list[str]]:
 
 
 def triton(prompt, *, max_tokens=None, stop=None, bad=None, temperature=None, top_p=None, stream=False):
-    body = {k: v for k, v in {"max_tokens": max_tokens, "stop_words": stop, "bad_words": bad, "temperature": temperature,
-                              "top_p": top_p}.items() if v is not None}
+    body = {
+        k: v
+        for k, v in {
+            "max_tokens": max_tokens,
+            "stop_words": stop,
+            "bad_words": bad,
+            "temperature": temperature,
+            "top_p": top_p,
+        }.items()
+        if v is not None
+    }
     return f"/v2/models/ensemble/generate{'_stream' if stream else ''}", {"text_input": prompt, **body}
 
 
@@ -170,7 +208,11 @@ def triton_out(raw: bytes, ctype: str) -> tuple[str, list[str]]:
 
 
 def truss(prompt, *, max_tokens=None, stop=None, bad=None, temperature=None, top_p=None, stream=False):
-    body = {k: v for k, v in {"max_tokens": max_tokens, "stop_words_list": stop, "bad_words_list": bad}.items() if v is not None}
+    body = {
+        k: v
+        for k, v in {"max_tokens": max_tokens, "stop_words_list": stop, "bad_words_list": bad}.items()
+        if v is not None
+    }
     assert temperature is None and top_p is None  # not Truss fields
     return "/invocations", {"prompt": prompt, "stream": stream, **body}
 
@@ -215,8 +257,13 @@ async def serve(config: LmiConfig | None = None):
     sa = SyntheticApp(config or LmiConfig(max_input_len=64, max_output_len=256), adapters=DEFAULT_ADAPTERS)
     # swap in the ban-honouring echo engine with the same limits
     eng = sa.engine
-    sa.engine = BadWordsEcho(eng.vocab_size, eos_token_id=eng.eos_token_id, max_input_len=eng.limits.max_input_len,
-                             max_new_tokens=eng._max_new_tokens, special_token_ids=sa.tokenizer.all_special_ids)
+    sa.engine = BadWordsEcho(
+        eng.vocab_size,
+        eos_token_id=eng.eos_token_id,
+        max_input_len=eng.limits.max_input_len,
+        max_new_tokens=eng._max_new_tokens,
+        special_token_ids=sa.tokenizer.all_special_ids,
+    )
     async with TestServer(sa.app, host="127.0.0.1") as server, aiohttp.ClientSession(str(server.make_url(""))) as s:
 
         async def ready() -> bool:

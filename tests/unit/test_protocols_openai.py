@@ -19,8 +19,6 @@ MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 USER = [{"role": "user", "content": "Hi there"}]
 
 
-
-
 def sse_events(raw: bytes) -> list[Any]:
     events = [e for e in raw.split(b"\n\n") if e.strip()]
     assert all(e.startswith(b"data: ") for e in events), events[:3]
@@ -38,14 +36,21 @@ def rendered(messages) -> str:
 
 # --- chat rendering ---
 def test_render_uses_the_tokenizer_template_and_flattens_text_parts():
-    msgs = chat.normalize_messages([{"role": "system", "content": "be brief"},
-                                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    msgs = chat.normalize_messages(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ]
+    )
     out = chat.render(tiny_tokenizer(), msgs)
     assert out == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_option_chat_template_overrides_text_or_file(tmp_path):
-    tpl = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}[bot]{% endif %}"
+    tpl = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}[bot]{% endif %}"
+    )
     assert chat.render(tiny_tokenizer(), USER, template_option=tpl) == "[user]Hi there[bot]"
     f = tmp_path / "t.jinja"
     f.write_text(tpl)
@@ -63,13 +68,19 @@ def test_no_template_is_a_clear_400():
     assert e.value.status == 400 and "option.chat_template" in e.value.message
 
 
-@pytest.mark.parametrize("messages, where", [
-    ([], "messages"),
-    ("hi", "messages"),
-    ([{"content": "x"}], "messages[0].role"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].type"),
-    ([{"role": "user", "content": 5}], "messages[0].content"),
-])
+@pytest.mark.parametrize(
+    "messages, where",
+    [
+        ([], "messages"),
+        ("hi", "messages"),
+        ([{"content": "x"}], "messages[0].role"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            "messages[0].content[0].type",
+        ),
+        ([{"role": "user", "content": 5}], "messages[0].content"),
+    ],
+)
 def test_bad_messages_name_the_place(messages, where):
     with pytest.raises(chat.ChatError) as e:
         chat.normalize_messages(messages)
@@ -92,15 +103,24 @@ async def test_chat_json_is_the_echoed_template_with_usage():
         assert (status, ctype) == (200, "application/json")
         assert out["object"] == "chat.completion" and out["model"] == "tiny" and out["id"].startswith("chatcmpl-")
         choice = out["choices"][0]
-        assert choice["message"] == {"role": "assistant", "content": prompt.replace("<|im_start|>", "").replace("<|im_end|>", "")}
+        assert choice["message"] == {
+            "role": "assistant",
+            "content": prompt.replace("<|im_start|>", "").replace("<|im_end|>", ""),
+        }
         assert choice["finish_reason"] == "length" and choice["logprobs"] is None
         assert out["usage"] == {"prompt_tokens": n, "completion_tokens": n, "total_tokens": 2 * n}
 
 
 async def test_chat_stream_sse_usage_and_logprobs():
     async with serve() as (s, _):
-        body = {"model": "tiny", "messages": [{"role": "user", "content": MULTI}], "max_completion_tokens": 40, "stream": True,
-                "stream_options": {"include_usage": True}, "logprobs": True}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": MULTI}],
+            "max_completion_tokens": 40,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logprobs": True,
+        }
         status, ctype, raw = await post(s, "/v1/chat/completions", body)
         assert (status, ctype) == (200, "text/event-stream")
         events = sse_events(raw)
@@ -111,33 +131,54 @@ async def test_chat_stream_sse_usage_and_logprobs():
         finish = events[-2]["choices"][0]
         assert finish["finish_reason"] == "length" and finish["delta"] == {}
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
-        non_stream = orjson.loads((await post(s, "/v1/chat/completions", {**body, "stream": False, "stream_options": None}))[2])
+        non_stream = orjson.loads(
+            (await post(s, "/v1/chat/completions", {**body, "stream": False, "stream_options": None}))[2]
+        )
         assert text == non_stream["choices"][0]["message"]["content"]
         lps = [lp for e in events[:-2] if e["choices"][0]["logprobs"] for lp in e["choices"][0]["logprobs"]["content"]]
         assert len(lps) == 40 and all(isinstance(lp["logprob"], float) for lp in lps)
         assert len(non_stream["choices"][0]["logprobs"]["content"]) == 40
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"top_logprobs": 3, "logprobs": True}, "top_logprobs", "top_logprobs=3"),
-    ({"logit_bias": {"5": 1.0}}, "logit_bias", "logit_bias"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "option.enable_auto_tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "not among tools"),
-    ({"tools": [{"type": "function", "function": {"name": "two words"}}], "tool_choice": "required"}, "tools",
-     "function.name"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"}, "tools",
-     "does not render tools"),
-    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
-    ({"temperature": 2.5}, "temperature", "temperature"),
-    ({"presence_penalty": -3}, "presence_penalty", "presence_penalty"),
-    ({"max_tokens": 0}, "max_tokens", "max_tokens"),
-    ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
-    ({"stop": [""]}, "stop", "non-empty"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type", "only text"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"top_logprobs": 3, "logprobs": True}, "top_logprobs", "top_logprobs=3"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias", "logit_bias"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "option.enable_auto_tool_choice"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+            "not among tools",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "two words"}}], "tool_choice": "required"},
+            "tools",
+            "function.name",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"},
+            "tools",
+            "does not render tools",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
+        ({"temperature": 2.5}, "temperature", "temperature"),
+        ({"presence_penalty": -3}, "presence_penalty", "presence_penalty"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
+        ({"stop": [""]}, "stop", "non-empty"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0].type",
+            "only text",
+        ),
+    ],
+)
 async def test_chat_refusals_in_openai_shape(body, param, words):
     async with serve() as (s, _):
         status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER, **body})
@@ -157,14 +198,24 @@ async def test_chat_without_a_template_is_400_and_option_chat_template_fixes_it(
             sa.tokenizer.chat_template = saved
     tpl = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     async with serve(LmiConfig(chat_template=tpl)) as (s, _):
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": n_tokens("Hi there")})
+        status, _, raw = await post(
+            s, "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": n_tokens("Hi there")}
+        )
         assert status == 200 and orjson.loads(raw)["choices"][0]["message"]["content"] == "Hi there"
 
 
 async def test_chat_stop_and_bad_json():
     async with serve() as (s, _):
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "one two three"}],
-                                                                "stop": "three", "max_tokens": 50})
+        status, _, raw = await post(
+            s,
+            "/v1/chat/completions",
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "one two three"}],
+                "stop": "three",
+                "max_tokens": 50,
+            },
+        )
         out = orjson.loads(raw)
         assert out["choices"][0]["finish_reason"] == "stop"
         assert out["choices"][0]["message"]["content"] == "user\none two "
@@ -182,7 +233,9 @@ async def test_completions_json_stream_echo_and_logprobs():
         assert status == 200 and out["object"] == "text_completion"
         assert out["choices"][0]["text"] == MULTI * 2 and out["choices"][0]["finish_reason"] == "length"
         assert out["usage"] == {"prompt_tokens": n, "completion_tokens": 2 * n, "total_tokens": 3 * n}
-        status, _, raw = await post(s, "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+        status, _, raw = await post(
+            s, "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}
+        )
         events = sse_events(raw)
         assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == MULTI * 2
         assert not any("\ufffd" in e["choices"][0]["text"] for e in events if e["choices"])
@@ -202,7 +255,9 @@ async def test_completions_token_ids_and_batch():
         ids = tiny_tokenizer().encode("ab cd", add_special_tokens=False)
         status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": len(ids)})
         assert status == 200 and orjson.loads(raw)["choices"][0]["text"] == "ab cd"
-        status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": ["x y", "日本"], "max_tokens": 2 * n_tokens("日本")})
+        status, _, raw = await post(
+            s, "/v1/completions", {"model": "tiny", "prompt": ["x y", "日本"], "max_tokens": 2 * n_tokens("日本")}
+        )
         out = orjson.loads(raw)
         assert [c["index"] for c in out["choices"]] == [0, 1] and out["choices"][1]["text"] == "日本日本"
         status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": ["a", "b"], "stream": True})
@@ -247,7 +302,14 @@ async def test_n_streamed_chunks_name_their_choice_and_reassemble_to_the_plain_a
     non-streamed answer's choice of the same index."""
     chat = path.endswith("chat/completions")
     prompt = {"messages": [{"role": "user", "content": MULTI}]} if chat else {"prompt": MULTI}
-    body = {"model": "tiny", **prompt, "max_tokens": 12, "n": 3, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        **prompt,
+        "max_tokens": 12,
+        "n": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with serve() as (s, _):
         status, ctype, raw = await post(s, path, body)
         assert (status, ctype) == (200, "text/event-stream"), raw
@@ -288,7 +350,10 @@ async def test_completions_best_of_returns_n_and_counts_every_sequence():
         assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1], raw
         assert out["usage"]["completion_tokens"] == 4 * 6  # the two left out were generated too
         assert all(c["logprobs"] is None for c in out["choices"])  # ranked by log-probs, not asked for
-        for bad, words in [({"best_of": 1, "n": 2}, "at least n=2"), ({"best_of": 2, "stream": True}, "cannot be streamed")]:
+        for bad, words in [
+            ({"best_of": 1, "n": 2}, "at least n=2"),
+            ({"best_of": 2, "stream": True}, "cannot be streamed"),
+        ]:
             status, _, raw = await post(s, "/v1/completions", {**body, **bad})
             err = orjson.loads(raw)["error"]
             assert status == 400 and err["param"] == "best_of" and words in err["message"], raw

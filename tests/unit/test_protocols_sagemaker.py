@@ -41,7 +41,11 @@ def test_payload_part_frames_parse_with_botocore():
     raw = payload_part(data) + payload_part(b"") + payload_part(b"x")
     msgs = parse_events(raw)
     assert [m.payload for m in msgs] == [data, b"", b"x"]
-    assert msgs[0].headers == {":event-type": "PayloadPart", ":content-type": "application/octet-stream", ":message-type": "event"}
+    assert msgs[0].headers == {
+        ":event-type": "PayloadPart",
+        ":content-type": "application/octet-stream",
+        ":message-type": "event",
+    }
     assert msgs[0].to_response_dict()["status_code"] == 200
 
 
@@ -81,8 +85,11 @@ async def runtime(config: LmiConfig | None = None, **kw: Any):
 
         assert await wait_until(ready)
         client = boto3.client(
-            "sagemaker-runtime", endpoint_url=str(server.make_url("")).rstrip("/"), region_name="us-east-1",
-            aws_access_key_id="test", aws_secret_access_key="test",
+            "sagemaker-runtime",
+            endpoint_url=str(server.make_url("")).rstrip("/"),
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
             config=Config(retries={"max_attempts": 1}, read_timeout=30),
         )
         yield client, sa
@@ -95,14 +102,22 @@ def n_tokens(text: str) -> int:
 async def test_invoke_endpoint_and_model_error():
     async with runtime() as (client, _):
         body = json.dumps({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n_tokens(MULTI)}})
-        r = await asyncio.to_thread(client.invoke_endpoint, EndpointName="my-endpoint", Body=body, ContentType="application/json",
-                                    Accept="application/json", CustomAttributes="trace=1")
+        r = await asyncio.to_thread(
+            client.invoke_endpoint,
+            EndpointName="my-endpoint",
+            Body=body,
+            ContentType="application/json",
+            Accept="application/json",
+            CustomAttributes="trace=1",
+        )
         assert r["ContentType"] == "application/json" and r["InvokedProductionVariant"] == "AllTraffic"
         assert json.loads(r["Body"].read()) == {"generated_text": MULTI * 2}
 
         bad = json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 0}})
         with pytest.raises(client.exceptions.ModelError) as e:
-            await asyncio.to_thread(client.invoke_endpoint, EndpointName="my-endpoint", Body=bad, ContentType="application/json")
+            await asyncio.to_thread(
+                client.invoke_endpoint, EndpointName="my-endpoint", Body=bad, ContentType="application/json"
+            )
         assert e.value.response["OriginalStatusCode"] == 400
         assert "max_new_tokens" in e.value.response["Error"]["Message"]
         assert json.loads(e.value.response["OriginalMessage"])["code"] == 400
@@ -121,16 +136,20 @@ async def test_response_stream_reassembles_and_parts_are_whole_characters():
     async with runtime() as (client, _):
         n = n_tokens(MULTI)
         body = json.dumps({"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}, "stream": True})
-        r = await asyncio.to_thread(client.invoke_endpoint_with_response_stream, EndpointName="ep", Body=body,
-                                    ContentType="application/json")
+        r = await asyncio.to_thread(
+            client.invoke_endpoint_with_response_stream, EndpointName="ep", Body=body, ContentType="application/json"
+        )
         assert r["ContentType"] == "application/jsonlines"
         parts = await asyncio.to_thread(lambda: [ev["PayloadPart"]["Bytes"] for ev in r["Body"]])
         assert all(p.decode() is not None for p in parts)  # each part decodes on its own
         lines = [json.loads(x) for x in b"".join(parts).splitlines() if x.strip()]
         assert lines[-1]["generated_text"] == MULTI * 2 and len(lines) == 2 * n
         # a Truss body streams plain text through the same call
-        r = await asyncio.to_thread(client.invoke_endpoint_with_response_stream, EndpointName="ep",
-                                    Body=json.dumps({"prompt": MULTI, "max_tokens": 2 * n}))
+        r = await asyncio.to_thread(
+            client.invoke_endpoint_with_response_stream,
+            EndpointName="ep",
+            Body=json.dumps({"prompt": MULTI, "max_tokens": 2 * n}),
+        )
         text = await asyncio.to_thread(lambda: b"".join(ev["PayloadPart"]["Bytes"] for ev in r["Body"]).decode())
         assert text == MULTI * 2 and r["ContentType"].startswith("text/plain")
 
@@ -138,10 +157,16 @@ async def test_response_stream_reassembles_and_parts_are_whole_characters():
 async def test_stream_errors_before_and_after_the_first_byte():
     async with runtime(tokens_per_second=100) as (client, sa):
         with pytest.raises(client.exceptions.ModelError, match="max_new_tokens"):
-            await asyncio.to_thread(client.invoke_endpoint_with_response_stream, EndpointName="ep",
-                                    Body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 0}, "stream": True}))
-        r = await asyncio.to_thread(client.invoke_endpoint_with_response_stream, EndpointName="ep",
-                                    Body=json.dumps({"prompt": "abc", "max_tokens": 250}))
+            await asyncio.to_thread(
+                client.invoke_endpoint_with_response_stream,
+                EndpointName="ep",
+                Body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 0}, "stream": True}),
+            )
+        r = await asyncio.to_thread(
+            client.invoke_endpoint_with_response_stream,
+            EndpointName="ep",
+            Body=json.dumps({"prompt": "abc", "max_tokens": 250}),
+        )
         events = iter(r["Body"])
         first = await asyncio.to_thread(next, events)
         assert first["PayloadPart"]["Bytes"]

@@ -13,21 +13,22 @@ from aiohttp.test_utils import TestServer
 from huggingface_hub import TextGenerationOutput
 from huggingface_hub.errors import GenerationError, OverloadedError, ValidationError
 from huggingface_hub.inference._common import _format_text_generation_stream_output
-
-# huggingface_hub < 1.0 (every TensorRT-LLM image's) parses bytes lines, later releases str lines.
-_HUB_PARSES_BYTES = "byte_payload" in inspect.signature(_format_text_generation_stream_output).parameters
 from serverproc import SyntheticApp, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
+
+# huggingface_hub < 1.0 (every TensorRT-LLM image's) parses bytes lines, later releases str lines.
+_HUB_PARSES_BYTES = "byte_payload" in inspect.signature(_format_text_generation_stream_output).parameters
 
 MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 
 
 @contextlib.asynccontextmanager
 async def serve(config: LmiConfig | None = None, ready: bool = True, **kw: Any):
-    sa = SyntheticApp(config or LmiConfig(max_input_len=128, max_output_len=256), adapters=DEFAULT_ADAPTERS,
-                      gate_open=ready, **kw)
+    sa = SyntheticApp(
+        config or LmiConfig(max_input_len=128, max_output_len=256), adapters=DEFAULT_ADAPTERS, gate_open=ready, **kw
+    )
     async with TestServer(sa.app) as server, aiohttp.ClientSession(str(server.make_url(""))) as s:
 
         async def healthy() -> bool:
@@ -61,15 +62,20 @@ def hf_stream(raw: bytes, details: bool) -> list[Any]:
 async def test_generate_with_details_parses_as_huggingface_hub_output():
     async with serve() as (s, _):
         n = n_tokens(MULTI)
-        status, ctype, raw = await post(s, "/generate", {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n, "details": True,
-                                                                                          "seed": 7, "do_sample": True}})
+        status, ctype, raw = await post(
+            s,
+            "/generate",
+            {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n, "details": True, "seed": 7, "do_sample": True}},
+        )
         assert (status, ctype) == (200, "application/json")
         out = TextGenerationOutput.parse_obj_as_instance(orjson.loads(raw))
         assert out.generated_text == MULTI * 2
         assert out.details.finish_reason == "length" and out.details.generated_tokens == 2 * n and out.details.seed == 7
         assert len(out.details.tokens) == 2 * n and all(isinstance(t.logprob, float) for t in out.details.tokens)
         assert {t.special for t in out.details.tokens} == {False}
-        status, _, raw = await post(s, "/generate", {"inputs": "ab", "parameters": {"max_new_tokens": 2, "return_full_text": True}})
+        status, _, raw = await post(
+            s, "/generate", {"inputs": "ab", "parameters": {"max_new_tokens": 2, "return_full_text": True}}
+        )
         assert orjson.loads(raw) == {"generated_text": "abab"}
 
 
@@ -84,7 +90,9 @@ async def test_compat_root_route_returns_a_list_or_streams():
 async def test_generate_stream_events_parse_and_reassemble():
     async with serve() as (s, _):
         n = n_tokens(MULTI)
-        status, ctype, raw = await post(s, "/generate_stream", {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}})
+        status, ctype, raw = await post(
+            s, "/generate_stream", {"inputs": MULTI, "parameters": {"max_new_tokens": 2 * n}}
+        )
         assert (status, ctype) == (200, "text/event-stream")
         events = hf_stream(raw, True)
         assert [e.index for e in events] == list(range(1, 2 * n + 1))
@@ -98,13 +106,18 @@ async def test_generate_stream_events_parse_and_reassemble():
 
 async def test_stop_sequence_and_eos_finish_reasons():
     async with serve() as (s, _):
-        status, _, raw = await post(s, "/generate", {"inputs": "one two three", "parameters": {"max_new_tokens": 50, "stop": ["three"],
-                                                                                               "details": True}})
+        status, _, raw = await post(
+            s,
+            "/generate",
+            {"inputs": "one two three", "parameters": {"max_new_tokens": 50, "stop": ["three"], "details": True}},
+        )
         out = orjson.loads(raw)
         assert out["generated_text"] == "one two " and out["details"]["finish_reason"] == "stop_sequence"
     # The prompt's "</s>" must be the eos token for the echoing engine to emit it: allowed by option.
     async with serve(LmiConfig(max_input_len=128, max_output_len=256, parse_special_tokens=True)) as (s, _):
-        status, _, raw = await post(s, "/generate", {"inputs": "x</s>", "parameters": {"max_new_tokens": 50, "details": True}})
+        status, _, raw = await post(
+            s, "/generate", {"inputs": "x</s>", "parameters": {"max_new_tokens": 50, "details": True}}
+        )
         assert orjson.loads(raw)["details"]["finish_reason"] == "eos_token"
 
 
@@ -123,24 +136,30 @@ async def test_best_of_returns_the_best_and_the_others_in_details():
             return sum(t["logprob"] for t in d["tokens"]) / len(d["tokens"])
 
         assert all(per_token(out["details"]) >= per_token(o) for o in others)
-        for bad, field, words in [({"seed": 1}, "seed", "must not be set"), ({"do_sample": False}, "best_of", "sampling")]:
+        for bad, field, words in [
+            ({"seed": 1}, "seed", "must not be set"),
+            ({"do_sample": False}, "best_of", "sampling"),
+        ]:
             status, _, raw = await post(s, "/generate", {"inputs": "x", "parameters": {**params, **bad}})
             assert status == 400 and field in orjson.loads(raw)["error"] and words in orjson.loads(raw)["error"], raw
         status, _, raw = await post(s, "/generate_stream", {"inputs": "x", "parameters": params})
         assert status == 400 and "streaming" in orjson.loads(raw)["error"]
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"best_of": 2}, "best_of"),
-    ({"top_n_tokens": 5}, "top_n_tokens"),
-    ({"decoder_input_details": True}, "decoder_input_details"),
-    ({"typical_p": 0.5}, "typical_p"),
-    ({"watermark": True}, "watermark"),
-    ({"grammar": {"type": "json", "value": {}}}, "grammar"),
-    ({"adapter_id": "x"}, "adapter_id"),
-    ({"temperature": -1}, "temperature"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"best_of": 2}, "best_of"),
+        ({"top_n_tokens": 5}, "top_n_tokens"),
+        ({"decoder_input_details": True}, "decoder_input_details"),
+        ({"typical_p": 0.5}, "typical_p"),
+        ({"watermark": True}, "watermark"),
+        ({"grammar": {"type": "json", "value": {}}}, "grammar"),
+        ({"adapter_id": "x"}, "adapter_id"),
+        ({"temperature": -1}, "temperature"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
 async def test_refusals_are_validation_errors_huggingface_hub_recognises(params, field):
     from huggingface_hub.inference._common import _parse_text_generation_error
 
@@ -153,8 +172,11 @@ async def test_refusals_are_validation_errors_huggingface_hub_recognises(params,
 
 async def test_nulls_mean_not_given_and_limits_match_lmi():
     async with serve(LmiConfig(max_input_len=16, max_output_len=32)) as (s, _):
-        status, _, raw = await post(s, "/generate", {"inputs": "ab", "parameters": {"max_new_tokens": 2, "temperature": None,
-                                                                                    "frequency_penalty": None}})
+        status, _, raw = await post(
+            s,
+            "/generate",
+            {"inputs": "ab", "parameters": {"max_new_tokens": 2, "temperature": None, "frequency_penalty": None}},
+        )
         assert status == 200
         status, _, raw = await post(s, "/generate", {"inputs": "word " * 40})
         tgi = orjson.loads(raw)
@@ -182,7 +204,9 @@ async def test_info_health_and_overloaded():
         body = orjson.loads(raw)
         from huggingface_hub.inference._common import _parse_text_generation_error
 
-        assert status == 503 and isinstance(_parse_text_generation_error(body["error"], body["error_type"]), OverloadedError)
+        assert status == 503 and isinstance(
+            _parse_text_generation_error(body["error"], body["error_type"]), OverloadedError
+        )
         sa.gate.set()
     async with serve() as (s, _):
         async with s.get("/health") as r:
@@ -202,6 +226,8 @@ async def test_lmi_tgi_compat_output_parses_with_huggingface_hub():
         assert isinstance(out, list)
         parsed = TextGenerationOutput.parse_obj_as_instance(out[0])
         assert parsed.generated_text == "hel" or parsed.generated_text.startswith("h")
-        status, _, raw = await post(s, "/invocations", {"inputs": "hello", "parameters": {"max_new_tokens": 3}, "stream": True})
+        status, _, raw = await post(
+            s, "/invocations", {"inputs": "hello", "parameters": {"max_new_tokens": 3}, "stream": True}
+        )
         events = hf_stream(raw, True)
         assert len(events) == 3 and events[-1].details.finish_reason == "length"

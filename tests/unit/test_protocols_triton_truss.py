@@ -17,8 +17,6 @@ from lmi_trt.serving.protocols.truss import is_openai_completion
 MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
 
 
-
-
 def n_tokens(text: str) -> int:
     return len(tiny_tokenizer().encode(text))
 
@@ -29,10 +27,18 @@ def sse_events(raw: bytes) -> list[Any]:
     return [orjson.loads(e[6:]) for e in events]
 
 
-@pytest.mark.parametrize("value, words", [
-    (None, []), ("", []), ("foo", ["foo"]), ("foo,bar", ["foo", "bar"]), ('"a,b",c', ["a,b", "c"]),
-    ([""], []), (["x,y", "z"], ["x,y", "z"]),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (None, []),
+        ("", []),
+        ("foo", ["foo"]),
+        ("foo,bar", ["foo", "bar"]),
+        ('"a,b",c', ["a,b", "c"]),
+        ([""], []),
+        (["x,y", "z"], ["x,y", "z"]),
+    ],
+)
 def test_word_lists(value, words):
     assert word_list(value, "bad_words") == words
 
@@ -46,8 +52,14 @@ def test_word_list_rejects_other_shapes():
 async def test_triton_generate_shape_and_names():
     async with serve() as (s, _):
         n = n_tokens(MULTI)
-        for path in ("/v2/models/tiny/generate", "/v2/models/ensemble/generate", "/v2/models/tensorrt_llm_bls/versions/3/generate"):
-            status, _, raw = await post(s, path, {"text_input": MULTI, "max_tokens": 2 * n, "bad_words": "", "stop_words": ""})
+        for path in (
+            "/v2/models/tiny/generate",
+            "/v2/models/ensemble/generate",
+            "/v2/models/tensorrt_llm_bls/versions/3/generate",
+        ):
+            status, _, raw = await post(
+                s, path, {"text_input": MULTI, "max_tokens": 2 * n, "bad_words": "", "stop_words": ""}
+            )
             out = orjson.loads(raw)
             assert status == 200, raw
             assert out["text_output"] == MULTI * 2 and out["model_name"] == path.split("/")[3]
@@ -58,39 +70,56 @@ async def test_triton_generate_shape_and_names():
 
 async def test_triton_fields_under_parameters_tensor_lists_and_input_echo():
     async with serve() as (s, _):
-        status, _, raw = await post(s, "/v2/models/tiny/generate",
-                                    {"text_input": ["ab"], "parameters": {"max_tokens": [2], "temperature": 0.0},
-                                     "exclude_input_in_output": False, "return_log_probs": True})
+        status, _, raw = await post(
+            s,
+            "/v2/models/tiny/generate",
+            {
+                "text_input": ["ab"],
+                "parameters": {"max_tokens": [2], "temperature": 0.0},
+                "exclude_input_in_output": False,
+                "return_log_probs": True,
+            },
+        )
         out = orjson.loads(raw)
         assert status == 200 and out["text_output"] == "abab"
         assert len(out["output_log_probs"]) == 2 and out["cum_log_probs"] == pytest.approx(sum(out["output_log_probs"]))
-        status, _, raw = await post(s, "/v2/models/tiny/generate", {"text_input": "x", "max_tokens": 2, "parameters": {"max_tokens": 3}})
+        status, _, raw = await post(
+            s, "/v2/models/tiny/generate", {"text_input": "x", "max_tokens": 2, "parameters": {"max_tokens": 3}}
+        )
         assert status == 400 and "both" in orjson.loads(raw)["error"]
 
 
 async def test_triton_stream_events_and_stop_words():
     async with serve() as (s, _):
         n = n_tokens(MULTI)
-        status, ctype, raw = await post(s, "/v2/models/tiny/generate_stream", {"text_input": MULTI, "max_tokens": 2 * n})
+        status, ctype, raw = await post(
+            s, "/v2/models/tiny/generate_stream", {"text_input": MULTI, "max_tokens": 2 * n}
+        )
         events = sse_events(raw)
         assert ctype == "text/event-stream" and len(events) > 1
         assert "".join(e["text_output"] for e in events) == MULTI * 2
         assert not any("\ufffd" in e["text_output"] for e in events)
-        status, _, raw = await post(s, "/v2/models/tiny/generate", {"text_input": "Grüße 日本 und 東京 danach",
-                                                                    "max_tokens": 100, "stop_words": ["東京"], "stream": True})
+        status, _, raw = await post(
+            s,
+            "/v2/models/tiny/generate",
+            {"text_input": "Grüße 日本 und 東京 danach", "max_tokens": 100, "stop_words": ["東京"], "stream": True},
+        )
         assert "".join(e["text_output"] for e in sse_events(raw)) == "Grüße 日本 und "
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"beam_width": 2}, "beam_width=2"),
-    ({"num_return_sequences": 2}, "num_return_sequences"),
-    ({"return_generation_logits": True}, "logits"),
-    ({"lora_task_id": 1}, "lora_task_id"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"temperature": -1}, "temperature"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"bad_words": [1]}, "bad_words"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"beam_width": 2}, "beam_width=2"),
+        ({"num_return_sequences": 2}, "num_return_sequences"),
+        ({"return_generation_logits": True}, "logits"),
+        ({"lora_task_id": 1}, "lora_task_id"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": -1}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"bad_words": [1]}, "bad_words"),
+    ],
+)
 async def test_triton_refusals(body, words):
     async with serve() as (s, _):
         status, _, raw = await post(s, "/v2/models/tiny/generate", {"text_input": "x", **body})
@@ -106,20 +135,25 @@ async def test_triton_health_routes():
 
 
 # --- Truss and the prompt dispatch ---
-@pytest.mark.parametrize("body, openai", [
-    ({"prompt": "x"}, False),
-    ({"prompt": "x", "max_tokens": 3, "stream": False, "repetition_penalty": 1.1}, False),
-    ({"prompt": "x", "beam_width": 1, "bad_words_list": [""]}, False),
-    ({"prompt": "x", "model": "m"}, True),
-    ({"prompt": "x", "temperature": 0.5, "max_tokens": 3}, True),
-    ({"prompt": "x", "stop": ["a"]}, True),
-])
+@pytest.mark.parametrize(
+    "body, openai",
+    [
+        ({"prompt": "x"}, False),
+        ({"prompt": "x", "max_tokens": 3, "stream": False, "repetition_penalty": 1.1}, False),
+        ({"prompt": "x", "beam_width": 1, "bad_words_list": [""]}, False),
+        ({"prompt": "x", "model": "m"}, True),
+        ({"prompt": "x", "temperature": 0.5, "max_tokens": 3}, True),
+        ({"prompt": "x", "stop": ["a"]}, True),
+    ],
+)
 def test_prompt_dispatch(body, openai):
     assert is_openai_completion(body) is openai
 
 
 def test_mixed_prompt_payload_is_refused():
-    with pytest.raises(BadRequest, match=r"Truss fields \['stop_words_list'\] and OpenAI completions fields \['model'\]"):
+    with pytest.raises(
+        BadRequest, match=r"Truss fields \['stop_words_list'\] and OpenAI completions fields \['model'\]"
+    ):
         is_openai_completion({"prompt": "x", "model": "m", "stop_words_list": ["a"]})
 
 
@@ -137,8 +171,17 @@ async def test_truss_streams_plain_text_by_default():
 
 async def test_truss_words_lists_and_errors_in_lmi_shape():
     async with serve() as (s, _):
-        status, _, raw = await post(s, "/invocations", {"prompt": "one two three four", "max_tokens": 40, "stream": False,
-                                                        "stop_words_list": ["three"], "bad_words_list": [""]})
+        status, _, raw = await post(
+            s,
+            "/invocations",
+            {
+                "prompt": "one two three four",
+                "max_tokens": 40,
+                "stream": False,
+                "stop_words_list": ["three"],
+                "bad_words_list": [""],
+            },
+        )
         assert orjson.loads(raw) == {"text": "one two "}
         status, _, raw = await post(s, "/invocations", {"prompt": "x", "beam_width": 4})
         out = orjson.loads(raw)

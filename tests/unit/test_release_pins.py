@@ -12,11 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -42,8 +42,10 @@ def project_requirements() -> list[Requirement]:
     """What `pip install .[mpi,quant,torch,test-core]` asks for: the dependencies and those extras."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    return [Requirement(r) for r in project["dependencies"] + extras["mpi"] + extras["quant"] + extras["torch"]
-            + extras["test-core"]]
+    return [
+        Requirement(r)
+        for r in project["dependencies"] + extras["mpi"] + extras["quant"] + extras["torch"] + extras["test-core"]
+    ]
 
 
 def oldest_admitted(spec: SpecifierSet) -> Version | None:
@@ -114,6 +116,7 @@ def test_dockerfile_check_imports_the_serving_path():
     # A fresh interpreter without tests/fakes on the path: the image has the real tensorrt_llm, and the check
     # must not need it to be imported by these modules either.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", checks[0]], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", checks[0]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]

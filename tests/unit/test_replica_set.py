@@ -20,8 +20,11 @@ def _req(i: int, n: int = 40) -> GenerationRequest:
 
 
 def test_least_loaded_counts_queued_and_breaks_ties_low():
-    stats = [EngineStats(active_requests=2, queued_requests=1), EngineStats(active_requests=1, queued_requests=2),
-             EngineStats(active_requests=1)]
+    stats = [
+        EngineStats(active_requests=2, queued_requests=1),
+        EngineStats(active_requests=1, queued_requests=2),
+        EngineStats(active_requests=1),
+    ]
     assert least_loaded(stats) == 2
     assert least_loaded([EngineStats(), EngineStats()]) == 0
 

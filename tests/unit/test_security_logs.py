@@ -29,13 +29,20 @@ def root_log(monkeypatch):
     root.setLevel(old_root_level)
 
 
-ENV = {"HF_TOKEN": "hf_abcdefghijklmnop", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCY",
-       "AWS_SESSION_TOKEN": "IQoJb3JpZ2luX2VjEJr//////////wEaCXVz", "OPTION_MAX_NUM_TOKENS": "123456789",
-       "MY_API_KEY": "short", "HF_HUB_OFFLINE": "1"}
+ENV = {
+    "HF_TOKEN": "hf_abcdefghijklmnop",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCY",
+    "AWS_SESSION_TOKEN": "IQoJb3JpZ2luX2VjEJr//////////wEaCXVz",
+    "OPTION_MAX_NUM_TOKENS": "123456789",
+    "MY_API_KEY": "short",
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 def test_secret_values_are_the_secret_looking_variables():
-    assert sorted(secret_values(ENV)) == sorted([ENV["HF_TOKEN"], ENV["AWS_SECRET_ACCESS_KEY"], ENV["AWS_SESSION_TOKEN"]])
+    assert sorted(secret_values(ENV)) == sorted(
+        [ENV["HF_TOKEN"], ENV["AWS_SECRET_ACCESS_KEY"], ENV["AWS_SESSION_TOKEN"]]
+    )
 
 
 def test_messages_arguments_and_tracebacks_are_masked(root_log):

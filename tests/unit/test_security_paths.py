@@ -15,8 +15,16 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.sources import SourceError, resolve_model, resolve_tokenizer
 from lmi_trt.sources.s3 import S3Object, cache_dir_for, local_paths, parse_s3_uri
 
-ESCAPES = ["../escape.txt", "a/../../escape.txt", "a/..", "..", "/etc/passwd", "a\\..\\..\\x", "a/\0/b",
-           "tokenizer/../../../escape"]
+ESCAPES = [
+    "../escape.txt",
+    "a/../../escape.txt",
+    "a/..",
+    "..",
+    "/etc/passwd",
+    "a\\..\\..\\x",
+    "a/\0/b",
+    "tokenizer/../../../escape",
+]
 
 
 @pytest.mark.parametrize("rel", ["../../escape", "llama/../../escape", "llama/..", "a\\..\\b", "x\0y", ""])
@@ -38,8 +46,9 @@ def test_s3_cache_folder_is_inside_download_dir_whatever_the_uri(tmp_path, uri):
     assert folder.parent == (tmp_path / "s3").resolve() and len(folder.name) == 16
 
 
-@pytest.mark.parametrize("name", ["org/../../etc", "org/name/../../../tmp", "..\\..\\windows", "org/na..me/../x",
-                                  "a" * 300, "org/name\0"])
+@pytest.mark.parametrize(
+    "name", ["org/../../etc", "org/name/../../../tmp", "..\\..\\windows", "org/na..me/../x", "a" * 300, "org/name\0"]
+)
 def test_hub_ids_with_traversal_are_errors_not_paths(tmp_path, monkeypatch, name):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.chdir(tmp_path)  # nothing relative to the working directory matches these
@@ -49,7 +58,9 @@ def test_hub_ids_with_traversal_are_errors_not_paths(tmp_path, monkeypatch, name
     artifact = None
     with pytest.raises(SourceError):
         resolve_tokenizer(LmiConfig(tokenizer_id=name, download_dir=tmp_path / "dl"), artifact)  # type: ignore[arg-type]
-    assert {p for p in tmp_path.rglob("*") if p.is_file()} <= before | {p for p in tmp_path.rglob("*") if "hf" in p.parts}
+    assert {p for p in tmp_path.rglob("*") if p.is_file()} <= before | {
+        p for p in tmp_path.rglob("*") if "hf" in p.parts
+    }
 
 
 @pytest.mark.parametrize("revision", ["../../../../etc/passwd", "main/../../../../etc", "..%2F..%2Fetc"])
@@ -61,14 +72,22 @@ def test_revisions_with_traversal_are_errors(tmp_path, monkeypatch, revision):
 
 # --- the engine cache -----------------------------------------------------------------------------------
 def _inputs() -> CacheKeyInputs:
-    return CacheKeyInputs(fingerprint="fp", plan={"x": 1}, trtllm_version="1.0.0", gpu_sm=90, gpu_name="H100",
-                          tp_size=1, pp_size=1)
+    return CacheKeyInputs(
+        fingerprint="fp", plan={"x": 1}, trtllm_version="1.0.0", gpu_sm=90, gpu_name="H100", tp_size=1, pp_size=1
+    )
 
 
 def _manifest(files: dict[str, Any]) -> dict[str, Any]:
     inputs = _inputs()
-    return {"format": "lmi-trt-engine/1", "key": cache_key(inputs), "model_id": "m",
-            "inputs": inputs.model_dump(mode="json"), "files": files, "created_at": 0.0, "builder": "evil"}
+    return {
+        "format": "lmi-trt-engine/1",
+        "key": cache_key(inputs),
+        "model_id": "m",
+        "inputs": inputs.model_dump(mode="json"),
+        "files": files,
+        "created_at": 0.0,
+        "builder": "evil",
+    }
 
 
 @pytest.mark.parametrize("name", ESCAPES + [MANIFEST_NAME, ""])
@@ -85,8 +104,11 @@ def test_a_shared_cache_manifest_cannot_write_outside_the_entry(tmp_path, s3_ser
     key = cache_key(_inputs())
     bucket = s3_server.new_bucket("enginecache")
     client = s3_server.client()
-    client.put_object(Bucket=bucket, Key=f"cache/{key}/{MANIFEST_NAME}",
-                      Body=json.dumps(_manifest({rel: {"sha256": "0" * 64, "size": 5}})).encode())
+    client.put_object(
+        Bucket=bucket,
+        Key=f"cache/{key}/{MANIFEST_NAME}",
+        Body=json.dumps(_manifest({rel: {"sha256": "0" * 64, "size": 5}})).encode(),
+    )
     client.put_object(Bucket=bucket, Key=f"cache/{key}/{rel}", Body=b"pwned")
     remote = S3EngineCache(f"s3://{bucket}/cache", client=client, settle_s=0)
     cache = EngineCache(tmp_path / "cache" / "root", remote=remote, poll_s=0.01, wait_timeout_s=10)

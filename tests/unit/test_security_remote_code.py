@@ -29,15 +29,22 @@ def _remote_code_model(tmp_path: Path, *, tokenizer_code: bool) -> tuple[Path, P
     shutil.copytree(tiny_model("llama"), folder)
     marker = tmp_path / "ran.txt"
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="evil", architectures=["EvilForCausalLM"],
-                  auto_map={"AutoConfig": "configuration_evil.EvilConfig",
-                            "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"})
+    config.update(
+        model_type="evil",
+        architectures=["EvilForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_evil.EvilConfig",
+            "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM",
+        },
+    )
     (folder / "config.json").write_text(json.dumps(config))
     for name in ("configuration_evil.py", "modeling_evil.py", "tokenization_evil.py"):
         (folder / name).write_text(CODE.format(marker=str(marker)))
     if tokenizer_code:
         tok = json.loads((folder / "tokenizer_config.json").read_text())
-        tok.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+        tok.update(
+            tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+        )
         (folder / "tokenizer_config.json").write_text(json.dumps(tok))
     return folder, marker
 
@@ -48,8 +55,9 @@ def test_default_is_off(monkeypatch):
     assert LmiConfig().trust_remote_code is False
     assert load_config_from_environment(overrides={"option.model_id": "x"}).trust_remote_code is False
     # and the hub download does not even fetch the code
-    assert "modeling_evil.py" not in select_hub_files(["config.json", "model.safetensors", "modeling_evil.py"],
-                                                      trust_remote_code=False)
+    assert "modeling_evil.py" not in select_hub_files(
+        ["config.json", "model.safetensors", "modeling_evil.py"], trust_remote_code=False
+    )
 
 
 async def test_a_remote_code_model_does_not_load_without_the_option(tmp_path):

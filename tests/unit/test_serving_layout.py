@@ -54,7 +54,7 @@ def test_no_import_circle_in_the_package():
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import circle: " + " → ".join(stack[stack.index(nxt):] + [nxt]))
+                raise AssertionError("import circle: " + " → ".join(stack[stack.index(nxt) :] + [nxt]))
             if nxt not in state:
                 visit(nxt)
         stack.pop()
@@ -86,8 +86,16 @@ def test_a_new_adapters_route_is_documented_from_its_registration():
     async def never() -> None:
         raise AssertionError("not loaded in this test")
 
-    adapters = (lmi.install, openai.install, tgi.install, triton.install, truss.install, sagemaker.install, install,
-                openapi.install)
+    adapters = (
+        lmi.install,
+        openai.install,
+        tgi.install,
+        triton.install,
+        truss.install,
+        sagemaker.install,
+        install,
+        openapi.install,
+    )
     app = build_app(never, LmiConfig(), model_name="m", adapters=adapters)
     spec = openapi.build_spec(app)
     body = spec["paths"]["/echo"]["post"]["requestBody"]["content"]["application/json"]["schema"]

@@ -13,8 +13,23 @@ CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 def _run(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_case.py").write_text("import pytest\n\n" + body)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                           str(tmp_path / "test_case.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_case.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_skipped_test_fails_the_session(tmp_path):

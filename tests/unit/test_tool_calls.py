@@ -19,20 +19,36 @@ from lmi_trt.serving.errors import FieldError
 from lmi_trt.serving.tool_calls import FAMILIES, ToolPlan, family_of, plan_tools
 from lmi_trt.vocabulary import TOOL_CALL_PARSERS
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                   "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 
 # Each family's output as its model cards / prompt-format docs show it, with the calls it holds.
 OUTPUTS = {
-    "hermes": ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-               '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', "Let me check.\n\n"),
-    "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
-                    '{"name": "get_time", "parameters": {}}', ""),
-    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-                '{"name": "get_time", "arguments": {}}]', ""),
+    "hermes": (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        "Let me check.\n\n",
+    ),
+    "llama3_json": (
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+        '{"name": "get_time", "parameters": {}}',
+        "",
+    ),
+    "mistral": (
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]',
+        "",
+    ),
 }
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {})]
 
@@ -55,8 +71,12 @@ def test_each_family_parses_its_documented_shape(family):
 def test_newer_mistral_name_args_form_and_text_without_calls():
     got = FAMILIES["mistral"].parse('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}')
     assert got is not None and _calls(got[1]) == CALLS
-    for family, text in [("hermes", "no call here"), ("hermes", "<tool_call>{not json</tool_call>"),
-                         ("llama3_json", "The answer is {42}"), ("mistral", "[TOOL_CALLS] oops")]:
+    for family, text in [
+        ("hermes", "no call here"),
+        ("hermes", "<tool_call>{not json</tool_call>"),
+        ("llama3_json", "The answer is {42}"),
+        ("mistral", "[TOOL_CALLS] oops"),
+    ]:
         assert FAMILIES[family].parse(text) is None, (family, text)
 
 
@@ -66,7 +86,7 @@ def test_a_stream_split_into_any_pieces_gives_the_unstreamed_answer(family, piec
     text, _ = OUTPUTS[family]
     plan = ToolPlan([], "auto", parser=FAMILIES[family])
     stream = plan.stream()
-    sent = "".join(stream.feed(text[i:i + piece]) for i in range(0, len(text), piece))
+    sent = "".join(stream.feed(text[i : i + piece]) for i in range(0, len(text), piece))
     rest, calls = stream.finish()
     content, want = plan.split(text)
     assert sent + rest == content and _calls(calls) == _calls(want) == CALLS
@@ -86,14 +106,24 @@ def test_required_schema_takes_each_tool_and_parallel_false_takes_one():
     plan = plan_tools([WEATHER, TIME], "required", False, auto_enabled=False, parser_option=None, template=None)
     schema = json.loads(plan.guided().value)
     jsonschema.validate([{"name": "get_weather", "parameters": {"city": "Oslo"}}], schema)
-    for bad in ([], [{"name": "nope", "parameters": {}}], [{"name": "get_weather", "parameters": {}}],
-                [{"name": "get_time", "parameters": {}}] * 2):
+    for bad in (
+        [],
+        [{"name": "nope", "parameters": {}}],
+        [{"name": "get_weather", "parameters": {}}],
+        [{"name": "get_time", "parameters": {}}] * 2,
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
     content, calls = plan.parse('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]')
     assert content is None and _calls(calls) == [("get_weather", {"city": "Oslo"})]
-    named = plan_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None,
-                       auto_enabled=False, parser_option=None, template=None)
+    named = plan_tools(
+        [WEATHER],
+        {"type": "function", "function": {"name": "get_weather"}},
+        None,
+        auto_enabled=False,
+        parser_option=None,
+        template=None,
+    )
     assert json.loads(named.guided().value) == WEATHER["function"]["parameters"]
 
 
@@ -124,8 +154,14 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool
 
 
 def _config(**kw: Any) -> LmiConfig:
-    return LmiConfig(max_input_len=256, max_output_len=256, chat_template=ECHO, enable_auto_tool_choice=True,
-                     tool_call_parser="hermes", **kw)
+    return LmiConfig(
+        max_input_len=256,
+        max_output_len=256,
+        chat_template=ECHO,
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        **kw,
+    )
 
 
 def _events(raw: bytes) -> list[dict[str, Any]]:
@@ -133,8 +169,12 @@ def _events(raw: bytes) -> list[dict[str, Any]]:
 
 
 async def test_auto_tool_calls_in_the_answer_and_in_streamed_deltas():
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Sure. " + CALL}], "tools": [WEATHER, TIME],
-            "max_tokens": 200}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Sure. " + CALL}],
+        "tools": [WEATHER, TIME],
+        "max_tokens": 200,
+    }
     async with serve(_config()) as (s, _):
         status, _, raw = await post(s, "/v1/chat/completions", body)
         assert status == 200, raw
@@ -150,8 +190,9 @@ async def test_auto_tool_calls_in_the_answer_and_in_streamed_deltas():
         content = "".join(d["delta"].get("content") or "" for d in deltas)
         streamed = [c for d in deltas for c in d["delta"].get("tool_calls") or []]
         assert content == "get_weather;get_time;Sure. " and deltas[-1]["finish_reason"] == "tool_calls"
-        assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed] == \
-            [(0, *CALLS[0])]
+        assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed] == [
+            (0, *CALLS[0])
+        ]
 
         # tool_choice none: the same output is plain content
         status, _, raw = await post(s, "/v1/chat/completions", {**body, "tool_choice": "none"})
@@ -162,17 +203,30 @@ async def test_auto_tool_calls_in_the_answer_and_in_streamed_deltas():
 
 async def test_a_tool_round_trip_renders_the_assistant_call_and_the_tool_answer():
     """The assistant's call comes back with arguments as JSON text (as the openai client sends it)."""
-    messages = [{"role": "user", "content": "Weather?"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    template = ("{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}"
-                "{% for c in m.tool_calls or [] %}[{{ c.function.arguments.city }}]{% endfor %}"
-                "{{ m.content or '' }}{% endfor %}</s>")
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    template = (
+        "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}"
+        "{% for c in m.tool_calls or [] %}[{{ c.function.arguments.city }}]{% endfor %}"
+        "{{ m.content or '' }}{% endfor %}</s>"
+    )
     async with serve(_config().model_copy(update={"chat_template": template})) as (s, _):
-        status, _, raw = await post(s, "/v1/chat/completions", {"model": "tiny", "messages": messages,
-                                                                "tools": [WEATHER], "max_tokens": 100})
+        status, _, raw = await post(
+            s, "/v1/chat/completions", {"model": "tiny", "messages": messages, "tools": [WEATHER], "max_tokens": 100}
+        )
         choice = orjson.loads(raw)["choices"][0]
         assert status == 200 and choice["message"]["content"] == "get_weather;Weather?[Paris]sunny", raw
         assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
@@ -181,9 +235,16 @@ async def test_a_tool_round_trip_renders_the_assistant_call_and_the_tool_answer(
 async def test_constrained_tool_choices_need_an_engine_with_constrained_decoding():
     async with serve(_config()) as (s, _):
         for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-            status, _, raw = await post(s, "/v1/chat/completions", {
-                "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "tools": [WEATHER],
-                "tool_choice": choice})
+            status, _, raw = await post(
+                s,
+                "/v1/chat/completions",
+                {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "tools": [WEATHER],
+                    "tool_choice": choice,
+                },
+            )
             err = orjson.loads(raw)["error"]
             assert status == 400 and err["param"] == "tool_choice" and "synthetic engine" in err["message"], raw
 
@@ -194,5 +255,7 @@ def test_finish_reason_is_tool_calls_only_when_the_output_ended_itself():
     plan = ToolPlan([], "auto", parser=FAMILIES["hermes"])
     assert _chat_choice(plan, CALL, FinishReason.EOS)["finish_reason"] == "tool_calls"
     assert _chat_choice(plan, CALL, FinishReason.LENGTH)["finish_reason"] == "length"
-    assert _chat_choice(None, CALL, FinishReason.EOS) == {"message": {"role": "assistant", "content": CALL},
-                                                          "finish_reason": "stop"}
+    assert _chat_choice(None, CALL, FinishReason.EOS) == {
+        "message": {"role": "assistant", "content": CALL},
+        "finish_reason": "stop",
+    }

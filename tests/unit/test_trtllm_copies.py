@@ -8,11 +8,27 @@ from lmi_trt.launch import plan_launch, trtllm_copy_settings
 
 
 def _facts(trt):
-    return trt.EngineFacts(layout="llmapi", version="1.0.0", name="llama", dtype="float16", tp_size=2, pp_size=1,
-                           max_batch_size=8, max_input_len=64, max_seq_len=128, max_num_tokens=None, max_beam_width=1,
-                           paged_kv_cache=True, use_paged_context_fmha=True, remove_input_padding=True,
-                           tokens_per_block=64, multi_block_mode=None, gather_generation_logits=False,
-                           quant_algo=None, kv_cache_quant_algo=None)
+    return trt.EngineFacts(
+        layout="llmapi",
+        version="1.0.0",
+        name="llama",
+        dtype="float16",
+        tp_size=2,
+        pp_size=1,
+        max_batch_size=8,
+        max_input_len=64,
+        max_seq_len=128,
+        max_num_tokens=None,
+        max_beam_width=1,
+        paged_kv_cache=True,
+        use_paged_context_fmha=True,
+        remove_input_padding=True,
+        tokens_per_block=64,
+        multi_block_mode=None,
+        gather_generation_logits=False,
+        quant_algo=None,
+        kv_cache_quant_algo=None,
+    )
 
 
 def test_four_gpus_tp2_run_two_orchestrator_copies_on_their_own_devices():

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 from tinymodels import tiny_model
@@ -19,8 +18,8 @@ from lmi_trt.engines.trtllm import (
     TrtllmUnavailable,
     api_spec,
     build_executor_config,
-    effective_multi_block_mode,
     check_settings,
+    effective_multi_block_mode,
     expected_engine_file,
     final_tokens_and_reason,
     map_request,
@@ -94,7 +93,11 @@ def facts_1x(**changes):
         parse_engine_config(
             {
                 "version": "1.2.0rc2",
-                "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", "mapping": {"tp_size": 1}},
+                "pretrained_config": {
+                    "architecture": "LlamaForCausalLM",
+                    "dtype": "bfloat16",
+                    "mapping": {"tp_size": 1},
+                },
                 "build_config": {
                     "max_batch_size": 16,
                     "max_input_len": 128,
@@ -167,12 +170,24 @@ def test_facts_from_an_engine_the_build_api_wrote(built_facts, trt):
 def test_facts_from_a_0x_config():
     f = parse_engine_config(CONFIG_0X)
     assert (f.layout, f.version, f.tp_size, f.max_seq_len, f.max_num_tokens) == ("builder", "0.10.0", 2, 2560, 8192)
-    assert (f.use_paged_context_fmha, f.multi_block_mode, f.tokens_per_block, f.quant_algo) == (False, False, 128, "W8A16")
+    assert (f.use_paged_context_fmha, f.multi_block_mode, f.tokens_per_block, f.quant_algo) == (
+        False,
+        False,
+        128,
+        "W8A16",
+    )
 
 
 def test_facts_from_a_legacy_config():
     f = parse_engine_config(CONFIG_LEGACY)
-    assert (f.layout, f.version, f.name, f.dtype, f.tp_size, f.max_seq_len) == ("legacy", None, "llama", "float16", 2, 1280)
+    assert (f.layout, f.version, f.name, f.dtype, f.tp_size, f.max_seq_len) == (
+        "legacy",
+        None,
+        "llama",
+        "float16",
+        2,
+        1280,
+    )
     assert f.use_paged_context_fmha is False and f.paged_kv_cache is True
 
 
@@ -186,7 +201,10 @@ def test_continuous_kv_cache_is_not_paged():
     "config, message",
     [
         ({"architecture": "LlamaForCausalLM", "mapping": {}}, "TRT-LLM checkpoint"),
-        ({"pretrained_config": {"architecture": "x", "dtype": "float16"}, "build_config": {}}, "build_config.max_input_len"),
+        (
+            {"pretrained_config": {"architecture": "x", "dtype": "float16"}, "build_config": {}},
+            "build_config.max_input_len",
+        ),
     ],
 )
 def test_unrecognised_configs_are_explained(config, message):
@@ -245,17 +263,27 @@ def test_prepare_engine_dir_links_into_scratch(tmp_path):
     out = prepare_engine_dir(src, read_engine_facts(src), tmp_path / "scratch")
     assert out != src and os.path.islink(out / "rank1.engine")
     assert (out / "rank1.engine").read_bytes() == b"plan1" and (out / "config.json").is_file()
-    assert sorted(os.listdir(src)) == ["config.json", "llama_float16_tp2_rank0.engine", "llama_float16_tp2_rank1.engine"]
+    assert sorted(os.listdir(src)) == [
+        "config.json",
+        "llama_float16_tp2_rank0.engine",
+        "llama_float16_tp2_rank1.engine",
+    ]
     (src / "rank0.engine").write_bytes(b"x")  # now both namings: nothing to do for rank 0 only
-    assert plan_engine_links(os.listdir(src), read_engine_facts(src)) == {"rank1.engine": "llama_float16_tp2_rank1.engine"}
+    assert plan_engine_links(os.listdir(src), read_engine_facts(src)) == {
+        "rank1.engine": "llama_float16_tp2_rank1.engine"
+    }
 
 
 # ------------------------------------------------------------------------------ settings
 
 
 def test_batch_above_the_engine_names_the_key_and_the_engine_value():
-    with pytest.raises(TrtllmConfigError, match=r"option.max_rolling_batch_size=32 exceeds the engine's built max_batch_size=16"):
-        check_settings(TrtllmSettings(max_batch_size=32, max_batch_size_key="option.max_rolling_batch_size"), facts_1x())
+    with pytest.raises(
+        TrtllmConfigError, match=r"option.max_rolling_batch_size=32 exceeds the engine's built max_batch_size=16"
+    ):
+        check_settings(
+            TrtllmSettings(max_batch_size=32, max_batch_size_key="option.max_rolling_batch_size"), facts_1x()
+        )
 
 
 def test_a_default_batch_above_the_engine_is_lowered_with_a_warning():
@@ -265,7 +293,9 @@ def test_a_default_batch_above_the_engine_is_lowered_with_a_warning():
 
 def test_kv_reuse_needs_paged_context_fmha():
     check_settings(TrtllmSettings(enable_kv_cache_reuse=True), facts_1x())
-    with pytest.raises(TrtllmConfigError, match="option.enable_kv_cache_reuse=true needs an engine built with paged context FMHA"):
+    with pytest.raises(
+        TrtllmConfigError, match="option.enable_kv_cache_reuse=true needs an engine built with paged context FMHA"
+    ):
         check_settings(TrtllmSettings(enable_kv_cache_reuse=True), facts_1x(use_paged_context_fmha=False))
 
 
@@ -281,7 +311,12 @@ def test_all_problems_are_reported_at_once():
     with pytest.raises(TrtllmConfigError) as err:
         check_settings(settings, facts_1x(paged_kv_cache=False, use_paged_context_fmha=False))
     message = str(err.value)
-    for needle in ("option.max_num_tokens=4096", "option.max_beam_width=4", "paged KV cache", "option.enable_chunked_context"):
+    for needle in (
+        "option.max_num_tokens=4096",
+        "option.max_beam_width=4",
+        "paged KV cache",
+        "option.enable_chunked_context",
+    ):
         assert needle in message
 
 
@@ -300,10 +335,18 @@ def test_settings_from_config_follow_djl_precedence():
     from lmi_trt.config import LmiConfig
     from lmi_trt.engines.registry import settle, trtllm_settings
 
-    config = LmiConfig(max_rolling_batch_size=64, tensor_parallel_degree="max", kv_cache_free_gpu_mem_fraction=0.8,
-                       enable_kv_cache_reuse=True)
+    config = LmiConfig(
+        max_rolling_batch_size=64,
+        tensor_parallel_degree="max",
+        kv_cache_free_gpu_mem_fraction=0.8,
+        enable_kv_cache_reuse=True,
+    )
     s = trtllm_settings(settle(config, "trtllm"))
-    assert (s.max_batch_size, s.max_batch_size_key, s.tensor_parallel_degree) == (64, "option.max_rolling_batch_size", None)
+    assert (s.max_batch_size, s.max_batch_size_key, s.tensor_parallel_degree) == (
+        64,
+        "option.max_rolling_batch_size",
+        None,
+    )
     assert (s.kv_cache_free_gpu_mem_fraction, s.enable_kv_cache_reuse) == (0.8, True)
     s = trtllm_settings(settle(LmiConfig(max_rolling_batch_size=64, max_num_sequences=32), "trtllm"))
     assert (s.max_batch_size, s.max_batch_size_key) == (32, "option.max_num_sequences")
@@ -320,16 +363,22 @@ def test_executor_config_1x(trt, monkeypatch):
     if trt.__version__.startswith("0."):  # under LMI_TRT_FAKE_RELEASE=0.12.0: this test is about 1.x
         monkeypatch.setattr(trt, "__version__", "1.0.0")
 
-    settings = TrtllmSettings(max_batch_size=8, kv_cache_free_gpu_mem_fraction=0.5, max_tokens_in_paged_kv_cache=4096,
-                              kv_cache_host_memory_bytes=2 ** 30, batch_scheduler_policy="guaranteed_no_evict",
-                              multi_block_mode=False, enable_trt_overlap=True)
+    settings = TrtllmSettings(
+        max_batch_size=8,
+        kv_cache_free_gpu_mem_fraction=0.5,
+        max_tokens_in_paged_kv_cache=4096,
+        kv_cache_host_memory_bytes=2**30,
+        batch_scheduler_policy="guaranteed_no_evict",
+        multi_block_mode=False,
+        enable_trt_overlap=True,
+    )
     config, warnings = build_executor_config(tle, settings, facts_1x())
     assert warnings == []
     assert (config.max_batch_size, config.max_beam_width, config.batching_type) == (8, 2, tle.BatchingType.INFLIGHT)
     kv = config.kv_cache_config
     # 1.x defaults block reuse on: it must be passed off explicitly.
     assert (kv.enable_block_reuse, kv.free_gpu_memory_fraction, kv.max_tokens) == (False, 0.5, 4096)
-    assert kv.host_cache_size == 2 ** 30  # option.kv_cache_host_memory_bytes: the host tier for offloaded blocks
+    assert kv.host_cache_size == 2**30  # option.kv_cache_host_memory_bytes: the host tier for offloaded blocks
     assert config.scheduler_config.capacity_scheduler_policy == tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
     assert config.extended_runtime_perf_knob_config.multi_block_mode is False
     assert config.enable_trt_overlap is True and config.enable_chunked_context is False
@@ -378,7 +427,11 @@ def test_do_sample_fills_only_unset_values_djl_style():
 
     unset = sampling_params(GenerateParams(do_sample=True), max_new_tokens=4, logprobs=False)
     assert sampling_kwargs(unset, seed=7) == {
-        "beam_width": 1, "top_k": 5, "top_p": 0.85, "temperature": 0.8, "seed": 7,
+        "beam_width": 1,
+        "top_k": 5,
+        "top_p": 0.85,
+        "temperature": 0.8,
+        "seed": 7,
     }
     explicit = sampling_params(GenerateParams(do_sample=True, top_p=1.0), max_new_tokens=4, logprobs=False)
     assert sampling_kwargs(explicit, seed=7)["top_p"] == 1.0  # an explicit 1.0 was turned into 0.85
@@ -387,19 +440,36 @@ def test_do_sample_fills_only_unset_values_djl_style():
 
 
 def test_penalties_and_min_tokens_pass_through():
-    kw = sampling_kwargs(SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.1,
-                                        min_new_tokens=3), seed=0)
-    assert (kw["repetition_penalty"], kw["presence_penalty"], kw["frequency_penalty"], kw["min_tokens"]) == (1.2, 0.5, 0.1, 3)
+    kw = sampling_kwargs(
+        SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.1, min_new_tokens=3), seed=0
+    )
+    assert (kw["repetition_penalty"], kw["presence_penalty"], kw["frequency_penalty"], kw["min_tokens"]) == (
+        1.2,
+        0.5,
+        0.1,
+        3,
+    )
     assert "repetition_penalty" not in sampling_kwargs(SamplingParams(), seed=0)
 
 
 def test_request_keywords_and_extra_eos_as_stop_words():
-    req = GenerationRequest("r", [1, 2, 3], SamplingParams(max_new_tokens=9, logprobs=True),
-                            stop_token_ids=[[7, 8], []], bad_words_ids=[[9]], streaming=True)
+    req = GenerationRequest(
+        "r",
+        [1, 2, 3],
+        SamplingParams(max_new_tokens=9, logprobs=True),
+        stop_token_ids=[[7, 8], []],
+        bad_words_ids=[[9]],
+        streaming=True,
+    )
     spec = map_request(req, eos_token_ids=[2, 128009], pad_token_id=0, max_beam_width=1, seed=1)
     assert spec.request == {
-        "input_token_ids": [1, 2, 3], "max_tokens": 9, "streaming": True, "end_id": 2, "pad_id": 0,
-        "stop_words": [[7, 8], [128009]], "bad_words": [[9]],
+        "input_token_ids": [1, 2, 3],
+        "max_tokens": 9,
+        "streaming": True,
+        "end_id": 2,
+        "pad_id": 0,
+        "stop_words": [[7, 8], [128009]],
+        "bad_words": [[9]],
     }
     assert spec.output == {"exclude_input_from_output": True, "return_log_probs": True}
 
@@ -425,7 +495,9 @@ def test_unservable_requests_are_400(req, max_beam, message):
 
 
 def test_beam_search_when_built_for_it():
-    spec = map_request(request(streaming=False, beam_width=2), eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1)
+    spec = map_request(
+        request(streaming=False, beam_width=2), eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1
+    )
     assert spec.sampling == {"beam_width": 2}
 
 
@@ -434,8 +506,9 @@ def test_mapped_requests_construct_in_both_releases(trt, monkeypatch, version):
     from tensorrt_llm.bindings import executor as tle
 
     monkeypatch.setattr(trt, "__version__", version)
-    req = GenerationRequest("r", [1, 2], SamplingParams(max_new_tokens=5, do_sample=True, min_new_tokens=2, seed=3),
-                            stop_token_ids=[[4]])
+    req = GenerationRequest(
+        "r", [1, 2], SamplingParams(max_new_tokens=5, do_sample=True, min_new_tokens=2, seed=3), stop_token_ids=[[4]]
+    )
     made = to_executor_request(tle, map_request(req, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=0))
     assert type(made) is tle.Request
     assert (made.input_token_ids, made.max_tokens, made.end_id, made.stop_words) == ([1, 2], 5, 2, [[4]])
@@ -469,8 +542,10 @@ def test_guided_requests_and_config_where_the_release_has_guided_decoding(trt):
     assert config.guided_decoding_config._backend == tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
     assert config.guided_decoding_config._encoded_vocab == ["<s>", "a", "b"]
     made = to_executor_request(tle, spec)
-    assert (made.guided_decoding_params.guide_type, made.guided_decoding_params.guide) == \
-        (tle.GuidedDecodingParams.GuideType.REGEX, "a+")
+    assert (made.guided_decoding_params.guide_type, made.guided_decoding_params.guide) == (
+        tle.GuidedDecodingParams.GuideType.REGEX,
+        "a+",
+    )
     grammar = GenerationRequest("g", [1, 2], SamplingParams(guided=GuidedDecoding("grammar", 'root ::= "a"')))
     made = to_executor_request(tle, map_request(grammar, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=0))
     assert made.guided_decoding_params.guide_type == tle.GuidedDecodingParams.GuideType.EBNF_GRAMMAR
@@ -493,9 +568,14 @@ def test_guided_requests_and_config_where_the_release_has_guided_decoding(trt):
     ],
 )
 def test_final_tokens_and_reason(tokens, reason, expected):
-    assert final_tokens_and_reason(tokens, reason, end_id=2, extra_eos=frozenset({77}), generated=3, max_new_tokens=8) == expected
+    assert (
+        final_tokens_and_reason(tokens, reason, end_id=2, extra_eos=frozenset({77}), generated=3, max_new_tokens=8)
+        == expected
+    )
 
 
 def test_no_reason_after_all_tokens_is_length():
-    assert final_tokens_and_reason([5], "NOT_FINISHED", end_id=2, extra_eos=frozenset(), generated=8,
-                                   max_new_tokens=8)[1] is FinishReason.LENGTH
+    assert (
+        final_tokens_and_reason([5], "NOT_FINISHED", end_id=2, extra_eos=frozenset(), generated=8, max_new_tokens=8)[1]
+        is FinishReason.LENGTH
+    )

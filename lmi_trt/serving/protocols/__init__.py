@@ -15,7 +15,14 @@ from lmi_trt.serving import openapi
 from lmi_trt.serving.protocols import lmi, openai, sagemaker, tgi, triton, truss
 
 # openapi last: it describes the routes the others installed (GET /openapi.json).
-DEFAULT_ADAPTERS = (lmi.install, openai.install, tgi.install, triton.install, truss.install, sagemaker.install,
-                    openapi.install)
+DEFAULT_ADAPTERS = (
+    lmi.install,
+    openai.install,
+    tgi.install,
+    triton.install,
+    truss.install,
+    sagemaker.install,
+    openapi.install,
+)
 
 __all__ = ["DEFAULT_ADAPTERS"]

@@ -5,7 +5,6 @@ written and ended. Generation semantics stay in ``serving.core``; this is wire p
 from __future__ import annotations
 
 import asyncio
-
 import csv
 import logging
 from collections.abc import Callable, Iterable
@@ -14,7 +13,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from lmi_trt.serving.http import CONTEXT, json_response, load_json, read_body
 from lmi_trt.serving.core import (
     Completion,
     Delta,
@@ -23,6 +21,7 @@ from lmi_trt.serving.core import (
     format_validation_error,
 )
 from lmi_trt.serving.errors import BadRequest, FieldError, LmiHttpError
+from lmi_trt.serving.http import CONTEXT, json_response, load_json, read_body
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +77,9 @@ def word_list(value: Any, field: str) -> list[str]:
         try:
             return [w for row in csv.reader([value]) for w in row if w]
         except csv.Error as e:  # e.g. a bare carriage return inside an unquoted word
-            raise FieldError(field, f"{field} is not a valid comma-separated list of words ({e}); "
-                                    "send a list of strings instead") from None
+            raise FieldError(
+                field, f"{field} is not a valid comma-separated list of words ({e}); send a list of strings instead"
+            ) from None
     if isinstance(value, list) and all(isinstance(w, str) for w in value):
         return [w for w in value if w]
     raise FieldError(field, f"{field} must be a string (comma-separated words) or a list of strings, got {value!r}")
@@ -197,8 +197,15 @@ async def pump_all(
     return response
 
 
-async def start_n(service: Any, prompt: Any, params: GenerateParams, n: int, streams: list[GenerationStream],
-                  what: str = "n", **start_kw: Any) -> list[GenerationStream]:
+async def start_n(
+    service: Any,
+    prompt: Any,
+    params: GenerateParams,
+    n: int,
+    streams: list[GenerationStream],
+    what: str = "n",
+    **start_kw: Any,
+) -> list[GenerationStream]:
     """``n`` sequences of one request into ``streams`` (the caller closes them): ``n`` engine requests of the
     prompt, admitted together; a given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay
     reproducible, streamed or not."""
@@ -210,8 +217,9 @@ async def start_n(service: Any, prompt: Any, params: GenerateParams, n: int, str
     return streams
 
 
-async def collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, what: str = "n",
-                    **start_kw: Any) -> list[Completion]:
+async def collect_n(
+    service: Any, prompt: Any, params: GenerateParams, n: int, what: str = "n", **start_kw: Any
+) -> list[Completion]:
     """``start_n``, each sequence collected (with its tokens where log-probs are asked for), all closed after."""
     streams: list[GenerationStream] = []
     try:
@@ -225,6 +233,7 @@ async def collect_n(service: Any, prompt: Any, params: GenerateParams, n: int, w
 def best_n(completions: list[Completion], n: int) -> list[Completion]:
     """The ``n`` of ``best_of`` sequences with the highest log-prob per token, best first: OpenAI's rule for
     completions ``best_of`` ("the one with the highest log probability per token") and TGI's for its own."""
+
     def per_token(c: Completion) -> float:
         lps = [t.logprob for t in c.tokens if t.logprob is not None]
         return sum(lps) / len(lps) if lps else float("-inf")

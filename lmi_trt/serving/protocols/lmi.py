@@ -24,17 +24,6 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lmi_trt.serving.http import (
-    CONTEXT,
-    Body,
-    add_post,
-    ServingContext,
-    error_response,
-    json_response,
-    load_json,
-    read_body,
-    validate,
-)
 from lmi_trt.engines.base import MAX_TOP_LOGPROBS, GuidedDecoding
 from lmi_trt.serving.core import (
     MAX_STOP_STRINGS,
@@ -48,6 +37,17 @@ from lmi_trt.serving.core import (
     bounded_words,
 )
 from lmi_trt.serving.errors import BadRequest, check_model
+from lmi_trt.serving.http import (
+    CONTEXT,
+    Body,
+    ServingContext,
+    add_post,
+    error_response,
+    json_response,
+    load_json,
+    read_body,
+    validate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,7 @@ CONTENT_TYPES: dict[str, str] = {
 }
 # Accepted for compatibility and deliberately without effect here (DJL passes them to
 # backends that may ignore them too); anything else unknown gets a warning.
-_IGNORED_PARAMETERS = frozenset(
-    {"watermark", "typical_p", "adapter_id", "length_penalty", "early_stopping"}
-)
+_IGNORED_PARAMETERS = frozenset({"watermark", "typical_p", "adapter_id", "length_penalty", "early_stopping"})
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
 _warned_unknown: set[str] = set()
@@ -99,36 +97,55 @@ class LmiParameters(GenerateParams):
             value = extras.get(name)
             if value not in (None, 1):
                 raise BadRequest(
-                    f"parameters.{name}={value!r} is not supported: this server returns one sequence; use 1 or leave it out"
+                    f"parameters.{name}={value!r} is not supported: this server returns one sequence; "
+                    "use 1 or leave it out"
                 )
         for name in extras:
-            if (name not in _IGNORED_PARAMETERS and name not in _UNSUPPORTED_MULTI and name not in _warned_unknown
-                    and len(_warned_unknown) < _MAX_WARNED):
+            if (
+                name not in _IGNORED_PARAMETERS
+                and name not in _UNSUPPORTED_MULTI
+                and name not in _warned_unknown
+                and len(_warned_unknown) < _MAX_WARNED
+            ):
                 _warned_unknown.add(name)
                 close = difflib.get_close_matches(name, _KNOWN_PARAMETERS, n=1)
-                log.warning("ignoring unknown parameters.%s%s", ascii(name)[1:-1][:200],
-                            f" (did you mean {close[0]!r}?)" if close else "")
+                log.warning(
+                    "ignoring unknown parameters.%s%s",
+                    ascii(name)[1:-1][:200],
+                    f" (did you mean {close[0]!r}?)" if close else "",
+                )
         stops = self.stop + [s for s in self.stop_sequences if s not in self.stop]
         try:
             bounded_words(stops, "stop strings")
         except ValueError as e:
             raise BadRequest(f"parameters.stop_sequences: {e} (stop and stop_sequences together)") from None
         if len(stops) > MAX_STOP_STRINGS:
-            raise BadRequest(f"parameters.stop_sequences: {len(stops)} stop strings (stop and stop_sequences together); "
-                             f"send at most {MAX_STOP_STRINGS} items")
+            raise BadRequest(
+                f"parameters.stop_sequences: {len(stops)} stop strings (stop and stop_sequences together); "
+                f"send at most {MAX_STOP_STRINGS} items"
+            )
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
-        fields.update(stop=stops, ignore_eos=self.ignore_eos or self.ignore_eos_token,
-                      top_k=None if self.top_k == -1 else self.top_k,
-                      logprobs=self.logprobs or self.details or bool(self.top_n_tokens or self.top_logprobs),
-                      top_logprobs=self.top_n_tokens or self.top_logprobs,
-                      prompt_logprobs=self.decoder_input_details or self.prompt_logprobs,
-                      guided=self._guided() or self.guided)
+        fields.update(
+            stop=stops,
+            ignore_eos=self.ignore_eos or self.ignore_eos_token,
+            top_k=None if self.top_k == -1 else self.top_k,
+            logprobs=self.logprobs or self.details or bool(self.top_n_tokens or self.top_logprobs),
+            top_logprobs=self.top_n_tokens or self.top_logprobs,
+            prompt_logprobs=self.decoder_input_details or self.prompt_logprobs,
+            guided=self._guided() or self.guided,
+        )
         return GenerateParams.model_construct(**fields)
 
-
     def _guided(self) -> GuidedDecoding | None:
-        given = {k: v for k, v in (("json_schema", self.guided_json), ("regex", self.guided_regex),
-                                   ("grammar", self.guided_grammar)) if v is not None}
+        given = {
+            k: v
+            for k, v in (
+                ("json_schema", self.guided_json),
+                ("regex", self.guided_regex),
+                ("grammar", self.guided_grammar),
+            )
+            if v is not None
+        }
         if len(given) > 1:
             raise BadRequest("parameters.guided_json, guided_regex and guided_grammar exclude each other; send one")
         if not given:
@@ -172,8 +189,11 @@ def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) 
 
 
 # --- encoding ---
-NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details",
-         "guided": "parameters.guided_json/guided_regex/guided_grammar"}
+NAMES = {
+    "top_logprobs": "parameters.top_n_tokens",
+    "prompt_logprobs": "parameters.decoder_input_details",
+    "guided": "parameters.guided_json/guided_regex/guided_grammar",
+}
 
 
 def token_dict(t: TokenOut | Alternative, tgi: bool) -> dict[str, Any]:
@@ -272,7 +292,9 @@ async def _parse(request: web.Request) -> dict[str, Any] | str:
             raise BadRequest(f"text/plain body is not valid UTF-8: {e}") from None
     body = await load_json(request, raw)
     if not isinstance(body, dict):
-        raise BadRequest(f'request body must be a JSON object such as {{"inputs": "Hello"}}, got a JSON {type(body).__name__}')
+        raise BadRequest(
+            f'request body must be a JSON object such as {{"inputs": "Hello"}}, got a JSON {type(body).__name__}'
+        )
     return body
 
 
@@ -295,7 +317,8 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     if isinstance(req.inputs, list):
         if fmt != "json":
             raise BadRequest(
-                f"inputs is a list of {len(req.inputs)} prompts, which needs the json output; send one string to stream "
+                f"inputs is a list of {len(req.inputs)} prompts, which needs the json output; "
+                "send one string to stream "
                 f"(stream={req.stream}, output format {fmt})"
             )
         return await _batch(ctx, req, params)
@@ -349,8 +372,9 @@ async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -
     streams: list[GenerationStream] = []
     try:
         for text in req.inputs:
-            streams.append(await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True,
-                                               names=NAMES))
+            streams.append(
+                await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True, names=NAMES)
+            )
         shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
         collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))
         completions = await asyncio.gather(*collecting)
@@ -377,8 +401,10 @@ def install(app: web.Application, ctx: ServingContext) -> None:
     fmt = ctx.config.output_formatter
     if fmt is not None and fmt not in CONTENT_TYPES:
         log.warning(
-            "option.output_formatter=%r does not apply to LMI requests (they use %s); the chat formats belong to chat requests",
-            fmt, "/".join(CONTENT_TYPES),
+            "option.output_formatter=%r does not apply to LMI requests (they use %s); "
+            "the chat formats belong to chat requests",
+            fmt,
+            "/".join(CONTENT_TYPES),
         )
     add_post(app, "/invocations", invocations, INVOCATIONS_BODY)
     add_post(app, "/predictions/{model}", predictions, INVOCATIONS_BODY)

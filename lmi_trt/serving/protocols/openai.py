@@ -35,8 +35,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import FinishReason, GuidedDecoding
 from lmi_trt.serving import chat, tool_calls
-from lmi_trt.serving.tool_calls import ToolCall, ToolPlan, ToolStream
-from lmi_trt.serving.http import CONTEXT, Body, ServingContext, add_post, error_response, json_response, register_invocation
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
@@ -46,14 +44,23 @@ from lmi_trt.serving.core import (
     TokenOut,
 )
 from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
+from lmi_trt.serving.http import (
+    CONTEXT,
+    Body,
+    ServingContext,
+    add_post,
+    error_response,
+    json_response,
+    register_invocation,
+)
 from lmi_trt.serving.protocols._common import (
     SSE_HEADERS,
     FieldError,
+    best_n,
+    collect_n,
     errors_as,
     json_object,
     neutral_params,
-    best_n,
-    collect_n,
     open_stream,
     open_streams,
     param_of,
@@ -63,6 +70,7 @@ from lmi_trt.serving.protocols._common import (
     start_n,
     validate_body,
 )
+from lmi_trt.serving.tool_calls import ToolCall, ToolPlan, ToolStream
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +82,24 @@ FINISH = {
 }
 DONE = b"data: [DONE]\n\n"
 # Accepted and without effect on the output.
-_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "reasoning_effort",
-                      "modalities", "prediction", "audio", "web_search_options",
-                      "min_p", "length_penalty", "use_beam_search", "include_stop_str_in_output", "spaces_between_special_tokens"})
+_IGNORED = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "reasoning_effort",
+        "modalities",
+        "prediction",
+        "audio",
+        "web_search_options",
+        "min_p",
+        "length_penalty",
+        "use_beam_search",
+        "include_stop_str_in_output",
+        "spaces_between_special_tokens",
+    }
+)
 _warned: set[str] = set()
 _MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 
@@ -90,7 +113,9 @@ def _error_type(status: int) -> str:
 
 
 def openai_error_body(err: LmiHttpError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": _error_type(err.status), "param": param_of(err), "code": err.status}}
+    return {
+        "error": {"message": err.message, "type": _error_type(err.status), "param": param_of(err), "code": err.status}
+    }
 
 
 def openai_error(err: LmiHttpError) -> web.Response:
@@ -138,10 +163,13 @@ class _Base(BaseModel):
             if name not in _IGNORED and name not in _warned and len(_warned) < _MAX_WARNED:
                 _warned.add(name)
                 close = difflib.get_close_matches(name, sorted(type(self).model_fields), n=1)
-                log.warning("ignoring unknown OpenAI field %r%s", name, f" (did you mean {close[0]!r}?)" if close else "")
+                log.warning(
+                    "ignoring unknown OpenAI field %r%s", name, f" (did you mean {close[0]!r}?)" if close else ""
+                )
 
-    def _params(self, max_new_tokens: int | None, logprobs: bool, top_logprobs: int = 0,
-                guided: GuidedDecoding | None = None) -> GenerateParams:
+    def _params(
+        self, max_new_tokens: int | None, logprobs: bool, top_logprobs: int = 0, guided: GuidedDecoding | None = None
+    ) -> GenerateParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
             raise FieldError("stop", "stop strings must be non-empty")
@@ -174,8 +202,10 @@ class _Base(BaseModel):
         out: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
             if not key.isdigit() or not -100 <= value <= 100:
-                raise FieldError("logit_bias", f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; "
-                                               f"got {key!r}: {value!r}")
+                raise FieldError(
+                    "logit_bias",
+                    f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; got {key!r}: {value!r}",
+                )
             out[int(key)] = float(value)
         return out
 
@@ -207,9 +237,12 @@ class ChatRequest(_Base):
                 raise FieldError(old, f"{old} is OpenAI's deprecated function calling; send tools and tool_choice")
         guided = tools.guided() if tools is not None else None
         if guided is not None and self._guided() is not None:
-            raise FieldError("response_format", f"response_format cannot be combined with tool_choice="
-                                                f"{self.tool_choice!r}, which constrains the output to the tool's "
-                                                "arguments; leave one out")
+            raise FieldError(
+                "response_format",
+                f"response_format cannot be combined with tool_choice="
+                f"{self.tool_choice!r}, which constrains the output to the tool's "
+                "arguments; leave one out",
+            )
         max_new = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         params = self._params(max_new, bool(self.logprobs), self.top_logprobs or 0, guided or self._guided())
         if tools is not None and tools.mode == "auto" and tools.parser.special_marker:  # type: ignore[union-attr]
@@ -228,7 +261,9 @@ class ChatRequest(_Base):
             if not isinstance(schema, dict):
                 raise FieldError("response_format", "response_format.json_schema.schema must be a JSON schema object")
             return GuidedDecoding("json_schema", orjson.dumps(schema).decode())
-        raise FieldError("response_format", f"response_format type {kind!r} is not one of text, json_object, json_schema")
+        raise FieldError(
+            "response_format", f"response_format type {kind!r} is not one of text, json_object, json_schema"
+        )
 
 
 class CompletionRequest(_Base):
@@ -261,20 +296,31 @@ class CompletionRequest(_Base):
         if self.suffix:
             raise FieldError("suffix", "suffix (insertion) is not supported by this server; leave it out")
         if self.best_of is not None and self.best_of < (self.n or 1):
-            raise FieldError("best_of", f"best_of={self.best_of} must be at least n={self.n}: it is how many are "
-                                        "generated, n how many are returned")
+            raise FieldError(
+                "best_of",
+                f"best_of={self.best_of} must be at least n={self.n}: it is how many are "
+                "generated, n how many are returned",
+            )
         if (self.best_of or 1) > 1 and self.stream:
-            raise FieldError("best_of", f"best_of={self.best_of} cannot be streamed (as OpenAI's API says): the best "
-                                        "are known only at the end; leave stream out or best_of at n")
+            raise FieldError(
+                "best_of",
+                f"best_of={self.best_of} cannot be streamed (as OpenAI's API says): the best "
+                "are known only at the end; leave stream out or best_of at n",
+            )
         params = self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
         # echo with logprobs: OpenAI's answer carries the prompt tokens' log-probs too (the first one null)
-        return params.model_copy(update={"prompt_logprobs": True}) if self.echo and self.logprobs is not None else params
+        return (
+            params.model_copy(update={"prompt_logprobs": True}) if self.echo and self.logprobs is not None else params
+        )
 
 
 # --- response pieces ---
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 CHAT_NAMES = {"top_logprobs": "top_logprobs", "guided": "response_format", "logit_bias": "logit_bias"}
@@ -282,10 +328,19 @@ COMPLETION_NAMES = {"top_logprobs": "logprobs", "logit_bias": "logit_bias", "pro
 
 
 def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:
-    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode()),
-                         "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": list(a.text.encode())}
-                                          for a in t.top or ()]}
-                        for t in tokens]}
+    return {
+        "content": [
+            {
+                "token": t.text,
+                "logprob": t.logprob,
+                "bytes": list(t.text.encode()),
+                "top_logprobs": [
+                    {"token": a.text, "logprob": a.logprob, "bytes": list(a.text.encode())} for a in t.top or ()
+                ],
+            }
+            for t in tokens
+        ]
+    }
 
 
 class _CompletionLogprobs:
@@ -307,15 +362,21 @@ class _CompletionLogprobs:
             "token_logprobs": [t.logprob for t in steps],
             # The chosen token alone with logprobs=0 (and for prompt tokens); else the alternatives (tokens of the
             # same text merge).
-            "top_logprobs": [{a.text: a.logprob for a in t.top} if getattr(t, "top", None) is not None
-                             else ({t.text: t.logprob} if t.logprob is not None else None) for t in steps],
+            "top_logprobs": [
+                {a.text: a.logprob for a in t.top}
+                if getattr(t, "top", None) is not None
+                else ({t.text: t.logprob} if t.logprob is not None else None)
+                for t in steps
+            ],
             "text_offset": offsets,
         }
 
 
 def _check_logprobs(ctx: ServingContext, wanted: bool, param: str) -> None:
     if wanted and not ctx.require_service().engine.limits.supports_logprobs:
-        raise FieldError(param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs")
+        raise FieldError(
+            param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs"
+        )
 
 
 # --- chat ---
@@ -339,15 +400,22 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     ctx = request.app[CONTEXT]
     req: ChatRequest = validate_body(ChatRequest, body)
     service = ctx.require_service()
-    tools = tool_calls.plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                  auto_enabled=ctx.config.enable_auto_tool_choice,
-                                  parser_option=ctx.config.tool_call_parser,
-                                  template=chat.template_text(service.tokenizer, ctx.config.chat_template))
+    tools = tool_calls.plan_tools(
+        req.tools,
+        req.tool_choice,
+        req.parallel_tool_calls,
+        auto_enabled=ctx.config.enable_auto_tool_choice,
+        parser_option=ctx.config.tool_call_parser,
+        template=chat.template_text(service.tokenizer, ctx.config.chat_template),
+    )
     params = req.generate_params(tools)
     _check_logprobs(ctx, params.logprobs, "logprobs")
     prompt = await chat.prompt_for(
-        service, req.messages, template_option=ctx.config.chat_template,
-        add_generation_prompt=req.add_generation_prompt, template_kwargs=req.chat_template_kwargs,
+        service,
+        req.messages,
+        template_option=ctx.config.chat_template,
+        add_generation_prompt=req.add_generation_prompt,
+        template_kwargs=req.chat_template_kwargs,
         tools=tools.template_tools() if tools is not None else None,
     )
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
@@ -356,21 +424,36 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     names = CHAT_NAMES if tools is None or tools.guided() is None else {**CHAT_NAMES, "guided": "tool_choice"}
-    start_kw = {"add_special_tokens": False, "field_name": "messages", "max_tokens_field": max_field,
-                "user_text": False, "names": names}
+    start_kw = {
+        "add_special_tokens": False,
+        "field_name": "messages",
+        "max_tokens_field": max_field,
+        "user_text": False,
+        "names": names,
+    }
     if fmt == "json":
         cs = await collect_n(service, prompt, params, req.n or 1, **start_kw)
         err = next((c.error for c in cs if c.error is not None), None)
         if err is not None:
             return render_error(err)
-        return json_response({
-            "id": cid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-            "system_fingerprint": None,
-            "choices": [{"index": i, **_chat_choice(tools, c.text, c.finish_reason),
-                         "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None}
-                        for i, c in enumerate(cs)],
-            "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
-        })
+        return json_response(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": ctx.model_name,
+                "system_fingerprint": None,
+                "choices": [
+                    {
+                        "index": i,
+                        **_chat_choice(tools, c.text, c.finish_reason),
+                        "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None,
+                    }
+                    for i, c in enumerate(cs)
+                ],
+                "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
+            }
+        )
     headers = SSE_HEADERS if fmt == "sse" else {"Content-Type": "application/jsonlines", "Cache-Control": "no-cache"}
     record = sse if fmt == "sse" else (lambda obj: orjson.dumps(obj) + b"\n")
     trailer = DONE if fmt == "sse" else b""
@@ -381,10 +464,29 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
             response, firsts = await open_streams(request, streams, headers, render_error)
             if response is None:
                 return firsts  # type: ignore[return-value]
-            encoders = [_ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage,
-                                    at_invocations, index=i, own_usage=False, tools=tools) for i in range(len(streams))]
-            return await pump_all(response, streams, firsts, [e.encode for e in encoders],  # type: ignore[arg-type]
-                                  closing=encoders[0].usage_of, trailer=trailer)
+            encoders = [
+                _ChatChunks(
+                    cid,
+                    created,
+                    ctx.model_name,
+                    record,
+                    params.logprobs,
+                    req.include_usage,
+                    at_invocations,
+                    index=i,
+                    own_usage=False,
+                    tools=tools,
+                )
+                for i in range(len(streams))
+            ]
+            return await pump_all(
+                response,
+                streams,
+                firsts,
+                [e.encode for e in encoders],  # type: ignore[arg-type]
+                closing=encoders[0].usage_of,
+                trailer=trailer,
+            )
         finally:
             for s in streams:
                 await s.aclose()
@@ -392,8 +494,9 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
         response, first = await open_stream(request, stream, headers, render_error)
         if response is None:
             return first  # type: ignore[return-value]
-        enc = _ChatChunks(cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations,
-                          tools=tools)
+        enc = _ChatChunks(
+            cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations, tools=tools
+        )
         return await pump(response, stream, first, enc.encode, trailer=trailer)  # type: ignore[arg-type]
 
 
@@ -417,13 +520,30 @@ class _ChatChunks:
     choice); with several, ``usage_of`` writes one record for all of them once every choice has ended.
     With tools, content and tool-call deltas as ``tool_calls`` says (its module doc)."""
 
-    def __init__(self, cid: str, created: int, model: str, record, logprobs: bool, usage: bool, lmi_errors: bool,
-                 *, index: int = 0, own_usage: bool = True, tools: ToolPlan | None = None) -> None:
+    def __init__(
+        self,
+        cid: str,
+        created: int,
+        model: str,
+        record,
+        logprobs: bool,
+        usage: bool,
+        lmi_errors: bool,
+        *,
+        index: int = 0,
+        own_usage: bool = True,
+        tools: ToolPlan | None = None,
+    ) -> None:
         self.tools = tools
         self.split: ToolStream | None = tools.stream() if tools is not None and tools.mode != "named" else None
         self.named: ToolCall | None = None  # the named call, once its first delta is out
-        self.base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "system_fingerprint": None}
+        self.base = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
         self.record = record
         self.logprobs = logprobs
         self.usage = usage
@@ -444,8 +564,12 @@ class _ChatChunks:
         if self.named is not None:
             return {"index": 0, "function": {"arguments": arguments}}
         self.named = ToolCall(self.tools.name, "")  # type: ignore[union-attr, arg-type]
-        return {"index": 0, "id": self.named.id, "type": "function",
-                "function": {"name": self.named.name, "arguments": arguments}}
+        return {
+            "index": 0,
+            "id": self.named.id,
+            "type": "function",
+            "function": {"name": self.named.name, "arguments": arguments},
+        }
 
     def usage_of(self, finals: list[Delta]) -> list[bytes]:
         if not self.usage:
@@ -454,7 +578,10 @@ class _ChatChunks:
         return [self.record({**self.base, "choices": [], "usage": used})]
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
-        obj = {**self.base, "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        obj = {
+            **self.base,
+            "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        }
         if self.usage:
             obj["usage"] = None
         return self.record(obj)
@@ -466,12 +593,16 @@ class _ChatChunks:
             out.append(self._chunk({"role": "assistant", "content": ""}))
         delta = self._delta(d.text)
         if delta or (self.logprobs and d.tokens):
-            out.append(self._chunk(delta or {"content": ""},
-                                   logprobs=_chat_logprobs(d.tokens) if self.logprobs else None))
+            out.append(
+                self._chunk(delta or {"content": ""}, logprobs=_chat_logprobs(d.tokens) if self.logprobs else None)
+            )
         if d.finished:
             if d.error is not None:
-                body = ({"error": d.error.message, "code": d.error.status, "type": d.error.type} if self.lmi_errors
-                        else openai_error_body(d.error))
+                body = (
+                    {"error": d.error.message, "code": d.error.status, "type": d.error.type}
+                    if self.lmi_errors
+                    else openai_error_body(d.error)
+                )
                 out.append(self.record(body))
                 return out
             called = self.tools is not None and self.tools.mode == "named"
@@ -483,7 +614,9 @@ class _ChatChunks:
                     out.append(self._chunk({"content": rest}))
                 if calls:
                     called = True
-                    out.append(self._chunk({"tool_calls": [{"index": i, **c.as_openai()} for i, c in enumerate(calls)]}))
+                    out.append(
+                        self._chunk({"tool_calls": [{"index": i, **c.as_openai()} for i, c in enumerate(calls)]})
+                    )
             out.append(self._chunk({}, _finish_reason(d.finish_reason, called)))  # type: ignore[arg-type]
             if self.own_usage:
                 out += self.usage_of([d])
@@ -500,8 +633,13 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
     _check_logprobs(ctx, params.logprobs, "logprobs")
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    base = {"id": cid, "object": "text_completion", "created": created, "model": ctx.model_name,
-            "system_fingerprint": None}
+    base = {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": ctx.model_name,
+        "system_fingerprint": None,
+    }
 
     def echo_text(p: str | list[int]) -> str:
         if not req.echo:
@@ -512,8 +650,11 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         if (req.n or 1) > 1:
             raise FieldError("n", f"n={req.n} with a list of {len(prompts)} prompts is not supported; send one prompt")
         if req.stream:
-            raise FieldError("prompt", f"prompt is a list of {len(prompts)} prompts, which cannot be streamed; "
-                                       "send one prompt per streamed request")
+            raise FieldError(
+                "prompt",
+                f"prompt is a list of {len(prompts)} prompts, which cannot be streamed; "
+                "send one prompt per streamed request",
+            )
         return await _completions_batch(ctx, prompts, params, base, echo_text)
     prompt = prompts[0]
     if not req.stream:
@@ -521,16 +662,21 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         if best_of > (req.n or 1):  # ranked by the sequences' log-probs: the engine must report them
             _check_logprobs(ctx, True, "best_of")
         ranked = params if best_of == (req.n or 1) else params.model_copy(update={"logprobs": True})
-        cs = await collect_n(service, prompt, ranked, best_of, field_name="prompt", max_tokens_field="max_tokens",
-                              names=COMPLETION_NAMES)
+        cs = await collect_n(
+            service, prompt, ranked, best_of, field_name="prompt", max_tokens_field="max_tokens", names=COMPLETION_NAMES
+        )
         err = next((c.error for c in cs if c.error is not None), None)
         if err is not None:
             return openai_error(err)
         kept = best_n(cs, req.n or 1) if best_of > (req.n or 1) else cs
-        return json_response({**base, "choices": [_completion_choice(i, c, echo_text(prompt), params.logprobs)
-                                                  for i, c in enumerate(kept)],
-                              # every sequence generated counts, the ones best_of left out too (OpenAI's rule)
-                              "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs))})
+        return json_response(
+            {
+                **base,
+                "choices": [_completion_choice(i, c, echo_text(prompt), params.logprobs) for i, c in enumerate(kept)],
+                # every sequence generated counts, the ones best_of left out too (OpenAI's rule)
+                "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
+            }
+        )
     start_kw = {"field_name": "prompt", "max_tokens_field": "max_tokens", "names": COMPLETION_NAMES}
     n = req.n or 1
     streams: list[GenerationStream] = []
@@ -539,12 +685,15 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         response, firsts = await open_streams(request, streams, SSE_HEADERS, openai_error)
         if response is None:
             return firsts  # type: ignore[return-value]
-        encoders = [_CompletionChunks(base, i, echo_text(prompt), params.logprobs, req.include_usage, own_usage=n == 1)
-                    for i in range(n)]
+        encoders = [
+            _CompletionChunks(base, i, echo_text(prompt), params.logprobs, req.include_usage, own_usage=n == 1)
+            for i in range(n)
+        ]
         if n == 1:
             return await pump(response, streams[0], firsts[0], encoders[0].encode, trailer=DONE)
-        return await pump_all(response, streams, firsts, [e.encode for e in encoders], closing=encoders[0].usage_of,
-                              trailer=DONE)
+        return await pump_all(
+            response, streams, firsts, [e.encode for e in encoders], closing=encoders[0].usage_of, trailer=DONE
+        )
     finally:
         for s in streams:
             await s.aclose()
@@ -553,8 +702,9 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
 class _CompletionChunks:
     """One choice's ``text_completion`` chunks (``_ChatChunks``' counterpart: ``own_usage`` and ``usage_of``)."""
 
-    def __init__(self, base: dict[str, Any], index: int, prefix: str, logprobs: bool, usage: bool, *,
-                 own_usage: bool) -> None:
+    def __init__(
+        self, base: dict[str, Any], index: int, prefix: str, logprobs: bool, usage: bool, *, own_usage: bool
+    ) -> None:
         self.base, self.index, self.prefix, self.usage, self.own_usage = base, index, prefix, usage, own_usage
         self.lps = _CompletionLogprobs() if logprobs else None
         self.extra = {"usage": None} if usage else {}
@@ -562,12 +712,24 @@ class _CompletionChunks:
     def usage_of(self, finals: list[Delta]) -> list[bytes]:
         if not self.usage:
             return []
-        return [sse({**self.base, "choices": [], "usage": _usage(finals[0].prompt_tokens,
-                                                                 sum(d.generated_tokens for d in finals))})]
+        return [
+            sse(
+                {
+                    **self.base,
+                    "choices": [],
+                    "usage": _usage(finals[0].prompt_tokens, sum(d.generated_tokens for d in finals)),
+                }
+            )
+        ]
 
     def _choice(self, text: str, logprobs: Any, finish: str | None) -> bytes:
-        return sse({**self.base, "choices": [{"index": self.index, "text": text, "logprobs": logprobs,
-                                              "finish_reason": finish}], **self.extra})
+        return sse(
+            {
+                **self.base,
+                "choices": [{"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+                **self.extra,
+            }
+        )
 
     def encode(self, d: Delta) -> list[bytes]:
         out = []
@@ -594,14 +756,24 @@ def _completion_choice(index: int, c: Completion, prefix: str, logprobs: bool) -
     }
 
 
-async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text) -> web.Response:
+async def _completions_batch(
+    ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text
+) -> web.Response:
     service = ctx.require_service()
     service.admit_batch(len(prompts), "prompt")
     streams: list[GenerationStream] = []
     try:
         for i, p in enumerate(prompts):
-            streams.append(await service.start(p, params, field_name=f"prompt[{i}]", max_tokens_field="max_tokens",
-                                               admitted=True, names=COMPLETION_NAMES))
+            streams.append(
+                await service.start(
+                    p,
+                    params,
+                    field_name=f"prompt[{i}]",
+                    max_tokens_field="max_tokens",
+                    admitted=True,
+                    names=COMPLETION_NAMES,
+                )
+            )
         completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
     finally:
         for s in streams:
@@ -609,7 +781,10 @@ async def _completions_batch(ctx: ServingContext, prompts, params: GenerateParam
     for c in completions:
         if c.error is not None:
             return openai_error(c.error)
-    choices = [_completion_choice(i, c, echo_text(p), params.logprobs) for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+    choices = [
+        _completion_choice(i, c, echo_text(p), params.logprobs)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
     usage = _usage(sum(c.prompt_tokens for c in completions), sum(c.generated_tokens for c in completions))
     return json_response({**base, "choices": choices, "usage": usage})
 
@@ -642,8 +817,13 @@ async def chat_at_invocations(request: web.Request, body: dict[str, Any]) -> web
 
 
 def _model_card(ctx: ServingContext) -> dict[str, Any]:
-    return {"id": ctx.model_name, "object": "model", "created": _STARTED, "owned_by": "lmi-trt",
-            "root": ctx.config.model_id or ctx.model_name}
+    return {
+        "id": ctx.model_name,
+        "object": "model",
+        "created": _STARTED,
+        "owned_by": "lmi-trt",
+        "root": ctx.config.model_id or ctx.model_name,
+    }
 
 
 _STARTED = int(time.time())

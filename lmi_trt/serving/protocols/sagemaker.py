@@ -34,6 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from lmi_trt.serving.errors import PayloadTooLarge
 from lmi_trt.serving.http import (
     CUSTOM_ATTRIBUTES_HEADER,
     ServingContext,
@@ -41,7 +42,6 @@ from lmi_trt.serving.http import (
     read_body,
 )
 from lmi_trt.serving.protocols.lmi import INVOCATIONS_BODY
-from lmi_trt.serving.errors import PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,16 @@ EVENTSTREAM_CONTENT_TYPE = "application/vnd.amazon.eventstream"
 VARIANT = "AllTraffic"
 MAX_PART = 256 * 1024  # bytes per PayloadPart; a bigger container chunk is split
 _ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-_FORWARDED = ("Content-Type", CUSTOM_ATTRIBUTES_HEADER, "X-Amzn-SageMaker-Inference-Id",
-              "X-Amzn-SageMaker-Target-Model", "X-Amzn-SageMaker-Target-Variant", "X-Amzn-SageMaker-Session-Id",
-              "X-Amzn-SageMaker-Inference-Component", "X-Amzn-SageMaker-Enable-Explanations")
+_FORWARDED = (
+    "Content-Type",
+    CUSTOM_ATTRIBUTES_HEADER,
+    "X-Amzn-SageMaker-Inference-Id",
+    "X-Amzn-SageMaker-Target-Model",
+    "X-Amzn-SageMaker-Target-Variant",
+    "X-Amzn-SageMaker-Session-Id",
+    "X-Amzn-SageMaker-Inference-Component",
+    "X-Amzn-SageMaker-Enable-Explanations",
+)
 _SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("sagemaker_loopback_session", aiohttp.ClientSession)
 
 
@@ -104,9 +111,13 @@ def utf8_boundary(data: bytes) -> tuple[bytes, bytes]:
 # --- errors in the runtime's shape ---
 def _aws_error(kind: str, status: int, body: dict[str, Any]) -> web.Response:
     return web.Response(
-        body=orjson.dumps(body), status=status, content_type="application/json",
-        headers={"x-amzn-ErrorType": f"{kind}:http://internal.amazon.com/coral/com.amazon.sagemaker.runtime/",
-                 "x-amzn-RequestId": str(uuid.uuid4())},
+        body=orjson.dumps(body),
+        status=status,
+        content_type="application/json",
+        headers={
+            "x-amzn-ErrorType": f"{kind}:http://internal.amazon.com/coral/com.amazon.sagemaker.runtime/",
+            "x-amzn-RequestId": str(uuid.uuid4()),
+        },
     )
 
 
@@ -116,16 +127,22 @@ def validation_error(message: str) -> web.Response:
 
 def model_error(name: str, status: int, text: str) -> web.Response:
     side = "client" if status < 500 else "server"
-    message = (f'Received {side} error ({status}) from primary with message "{text}". '
-               f"See the lmi-trt server log for endpoint {name} for more information.")
-    return _aws_error("ModelError", 424, {
-        "ErrorCode": f"{side.upper()}_ERROR_FROM_MODEL",
-        "Message": message,
-        "message": message,
-        "OriginalMessage": text,
-        "OriginalStatusCode": status,
-        "LogStreamArn": f"arn:aws:logs:local:000000000000:log-group:/aws/sagemaker/Endpoints/{name}",
-    })
+    message = (
+        f'Received {side} error ({status}) from primary with message "{text}". '
+        f"See the lmi-trt server log for endpoint {name} for more information."
+    )
+    return _aws_error(
+        "ModelError",
+        424,
+        {
+            "ErrorCode": f"{side.upper()}_ERROR_FROM_MODEL",
+            "Message": message,
+            "message": message,
+            "OriginalMessage": text,
+            "OriginalStatusCode": status,
+            "LogStreamArn": f"arn:aws:logs:local:000000000000:log-group:/aws/sagemaker/Endpoints/{name}",
+        },
+    )
 
 
 # --- the forwarding ---
@@ -169,7 +186,10 @@ async def invoke_endpoint(request: web.Request) -> web.StreamResponse:
         data = await r.read()
         if r.status >= 400:
             return model_error(name, r.status, data.decode("utf-8", "replace"))
-        out = {"x-Amzn-Invoked-Production-Variant": VARIANT, "Content-Type": r.headers.get("Content-Type", "application/json")}
+        out = {
+            "x-Amzn-Invoked-Production-Variant": VARIANT,
+            "Content-Type": r.headers.get("Content-Type", "application/json"),
+        }
         if CUSTOM_ATTRIBUTES_HEADER in r.headers:
             out[CUSTOM_ATTRIBUTES_HEADER] = r.headers[CUSTOM_ATTRIBUTES_HEADER]
         return web.Response(body=data, status=200, headers=out)
@@ -204,8 +224,11 @@ async def invoke_endpoint_with_response_stream(request: web.Request) -> web.Stre
                     await response.write(payload_part(held))
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
                 log.warning("endpoint %s: the container's stream broke: %s", name, e)
-                await response.write(exception_event(
-                    "ModelStreamError", f"the model container's response stream broke: {e}", "StreamBroken"))
+                await response.write(
+                    exception_event(
+                        "ModelStreamError", f"the model container's response stream broke: {e}", "StreamBroken"
+                    )
+                )
             await response.write_eof()
         except ConnectionResetError:
             pass  # our client went away; leaving `async with` closes the container request, which cancels it
@@ -215,13 +238,17 @@ async def invoke_endpoint_with_response_stream(request: web.Request) -> web.Stre
 def install(app: web.Application, ctx: ServingContext) -> None:
     # The runtime's routes forward the body to /invocations: they take what it takes.
     add_post(app, "/endpoints/{endpoint}/invocations", invoke_endpoint, INVOCATIONS_BODY)
-    add_post(app, "/endpoints/{endpoint}/invocations-response-stream", invoke_endpoint_with_response_stream,
-             INVOCATIONS_BODY)
+    add_post(
+        app, "/endpoints/{endpoint}/invocations-response-stream", invoke_endpoint_with_response_stream, INVOCATIONS_BODY
+    )
 
     async def open_session(app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
         app[_SESSION] = aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(limit=0), auto_decompress=False, skip_auto_headers=("User-Agent",)
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit=0),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
         )
 
     async def close_session(app: web.Application) -> None:

@@ -31,7 +31,6 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import MAX_TOP_LOGPROBS, GuidedDecoding
-from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
@@ -41,11 +40,12 @@ from lmi_trt.serving.core import (
     sampling_params,
 )
 from lmi_trt.serving.errors import LmiHttpError
+from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.protocols._common import (
-    best_n,
-    collect_n,
     SSE_HEADERS,
     FieldError,
+    best_n,
+    collect_n,
     errors_as,
     json_object,
     open_stream,
@@ -92,12 +92,16 @@ class TgiParameters(GenerateParams):
         for name, refused in _UNSUPPORTED.items():
             value = getattr(self, name)
             if refused(value):
-                raise FieldError(f"parameters.{name}", f"parameters.{name}={value!r} is not supported: {_WHY[name]}; leave it out")
+                raise FieldError(
+                    f"parameters.{name}", f"parameters.{name}={value!r} is not supported: {_WHY[name]}; leave it out"
+                )
         if (self.best_of or 1) > 1:  # TGI's rules and words (router/src/validation.rs, ValidationError)
             sampling = self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
             if not sampling:
-                raise FieldError("parameters.best_of", "you must use sampling when `best_of` is > 1 (set do_sample, "
-                                                       "temperature, top_k or top_p)")
+                raise FieldError(
+                    "parameters.best_of",
+                    "you must use sampling when `best_of` is > 1 (set do_sample, temperature, top_k or top_p)",
+                )
             if self.seed is not None:
                 raise FieldError("parameters.seed", "`seed` must not be set when `best_of` > 1")
         fields = {name: getattr(self, name) for name in GenerateParams.model_fields}
@@ -117,8 +121,11 @@ class TgiParameters(GenerateParams):
             return GuidedDecoding("json_schema", value if isinstance(value, str) else orjson.dumps(value).decode())
         if kind == "regex" and isinstance(value, str):
             return GuidedDecoding("regex", value)
-        raise FieldError("parameters.grammar", 'parameters.grammar must be {"type": "json", "value": <JSON schema>} or '
-                                               '{"type": "regex", "value": <pattern>}')
+        raise FieldError(
+            "parameters.grammar",
+            'parameters.grammar must be {"type": "json", "value": <JSON schema>} or '
+            '{"type": "regex", "value": <pattern>}',
+        )
 
 
 class TgiRequest(BaseModel):
@@ -136,8 +143,11 @@ class TgiRequest(BaseModel):
         return {k: x for k, x in v.items() if x is not None} if isinstance(v, dict) else v
 
 
-NAMES = {"top_logprobs": "parameters.top_n_tokens", "prompt_logprobs": "parameters.decoder_input_details",
-         "guided": "parameters.grammar"}
+NAMES = {
+    "top_logprobs": "parameters.top_n_tokens",
+    "prompt_logprobs": "parameters.decoder_input_details",
+    "guided": "parameters.grammar",
+}
 
 
 def _token(t: TokenOut | Alternative) -> dict[str, Any]:
@@ -164,8 +174,11 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
     best_of = req.parameters.best_of or 1
     if best_of > 1:  # the best by log-prob per token, as TGI picks it; the engine must report log-probs
         if not service.engine.limits.supports_logprobs:
-            raise FieldError("parameters.best_of", f"parameters.best_of={best_of}: the {service.engine.name} engine "
-                                                   "does not report the log-probs the best is chosen by; leave it out")
+            raise FieldError(
+                "parameters.best_of",
+                f"parameters.best_of={best_of}: the {service.engine.name} engine "
+                "does not report the log-probs the best is chosen by; leave it out",
+            )
         params = params.model_copy(update={"logprobs": True})
     cs = await collect_n(service, req.inputs, params, best_of, "parameters.best_of", names=NAMES)
     err = next((c.error for c in cs if c.error is not None), None)
@@ -175,8 +188,12 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
     prefix = req.inputs if req.parameters.return_full_text else ""
     out: dict[str, Any] = {"generated_text": prefix + best.text}
     if req.parameters.details:
-        out["details"] = {**_details(best, params), "best_of_sequences": [
-            {"generated_text": prefix + c.text, **_details(c, params)} for c in others] if best_of > 1 else None}
+        out["details"] = {
+            **_details(best, params),
+            "best_of_sequences": [{"generated_text": prefix + c.text, **_details(c, params)} for c in others]
+            if best_of > 1
+            else None,
+        }
     return json_response([out] if as_list else out)
 
 
@@ -195,9 +212,11 @@ async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamR
     ctx = request.app[CONTEXT]
     params = req.parameters.to_generate()
     if params.prompt_logprobs:  # as TGI: its stream events have no place for them
-        raise FieldError("parameters.decoder_input_details",
-                         "parameters.decoder_input_details=true is not supported when streaming tokens; leave it out "
-                         "or use /generate")
+        raise FieldError(
+            "parameters.decoder_input_details",
+            "parameters.decoder_input_details=true is not supported when streaming tokens; leave it out "
+            "or use /generate",
+        )
     if (req.parameters.best_of or 1) > 1:  # as TGI (ValidationError::BestOfStream)
         raise FieldError("parameters.best_of", "`best_of` != 1 is not supported when streaming tokens; use /generate")
     service = ctx.require_service()
@@ -215,13 +234,21 @@ async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamR
             index += 1
             # No token on the last output: the flushed text still needs an event.
             token = _token(t) if t is not None else {"id": -1, "text": last.text, "logprob": None, "special": True}  # type: ignore[union-attr]
-            obj: dict[str, Any] = {"index": index, "token": token, "top_tokens": _top(t) if t is not None else None,
-                                   "generated_text": None, "details": None}
+            obj: dict[str, Any] = {
+                "index": index,
+                "token": token,
+                "top_tokens": _top(t) if t is not None else None,
+                "generated_text": None,
+                "details": None,
+            }
             if last is not None:
                 obj["generated_text"] = prefix + "".join(texts)
-                obj["details"] = {"finish_reason": last.finish_reason.value,  # type: ignore[union-attr]
-                                  "generated_tokens": last.generated_tokens, "seed": seed,
-                                  "input_length": last.prompt_tokens}
+                obj["details"] = {
+                    "finish_reason": last.finish_reason.value,  # type: ignore[union-attr]
+                    "generated_tokens": last.generated_tokens,
+                    "seed": seed,
+                    "input_length": last.prompt_tokens,
+                }
             return sse(obj)
 
         def encode(d: Delta) -> list[bytes]:
@@ -262,7 +289,7 @@ def _info(ctx: ServingContext) -> dict[str, Any]:
     cfg = ctx.config
     limits = ctx.service.engine.limits if ctx.service is not None else None
     max_input = limits.max_input_len if limits else cfg.max_input_len
-    max_new = (limits.max_new_tokens if limits and limits.max_new_tokens is not None else cfg.max_output_len)
+    max_new = limits.max_new_tokens if limits and limits.max_new_tokens is not None else cfg.max_output_len
     max_total = limits.max_seq_len if limits and limits.max_seq_len is not None else max_input + max_new
     return {
         "model_id": cfg.model_id or ctx.model_name,
@@ -295,7 +322,9 @@ async def health(request: web.Request) -> web.Response:
     status = ctx.status
     if status is ModelStatus.HEALTHY:
         return web.Response(status=200)
-    msg = ctx.load_error or ("the model is still loading" if status is ModelStatus.PENDING else "the engine is unhealthy")
+    msg = ctx.load_error or (
+        "the model is still loading" if status is ModelStatus.PENDING else "the engine is unhealthy"
+    )
     return json_response({"error": msg, "error_type": "healthcheck"}, status=503)
 
 

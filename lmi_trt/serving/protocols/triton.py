@@ -24,9 +24,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.core import Delta, GenerateParams
 from lmi_trt.serving.errors import BadRequest, LmiHttpError, NotFound
+from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.protocols._common import (
     SSE_HEADERS,
     FieldError,
@@ -43,8 +43,19 @@ from lmi_trt.serving.protocols._common import (
 TRITON_MODEL_NAMES = ("ensemble", "tensorrt_llm_bls")
 _LISTS = ("bad_words", "stop_words", "text_input")
 _REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
-_IGNORED = frozenset({"pad_id", "return_perf_metrics", "return_kv_cache_reuse_stats", "id", "request_id",
-                      "sequence_id", "sequence_start", "sequence_end", "streaming"})
+_IGNORED = frozenset(
+    {
+        "pad_id",
+        "return_perf_metrics",
+        "return_kv_cache_reuse_stats",
+        "id",
+        "request_id",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "streaming",
+    }
+)
 
 
 def triton_error(err: LmiHttpError) -> web.Response:
@@ -81,17 +92,28 @@ class TritonRequest(BaseModel):
     def to_generate(self) -> GenerateParams:
         for name in ("beam_width", "num_return_sequences"):
             if getattr(self, name) != 1:
-                raise FieldError(name, f"{name}={getattr(self, name)} is not supported: this server returns one sequence; use 1")
+                raise FieldError(
+                    name, f"{name}={getattr(self, name)} is not supported: this server returns one sequence; use 1"
+                )
         for name in ("return_context_logits", "return_generation_logits"):
             if getattr(self, name):
                 raise FieldError(name, f"{name} is not supported: logits are not returned by this server")
         for name in self.model_extra or {}:
             if name.startswith(_REFUSED_PREFIXES):
-                raise FieldError(name, f"{name} is not supported by this server (no LoRA, prompt tuning, embedding bias "
-                                       "or guided decoding); leave it out")
+                raise FieldError(
+                    name,
+                    f"{name} is not supported by this server (no LoRA, prompt tuning, embedding bias "
+                    "or guided decoding); leave it out",
+                )
         top_p = self.top_p
         return neutral_params(
-            {"max_new_tokens": "max_tokens", "stop": "stop_words", "bad_words": "bad_words", "stop_token_ids": "end_id", "min_new_tokens": "min_tokens"},
+            {
+                "max_new_tokens": "max_tokens",
+                "stop": "stop_words",
+                "bad_words": "bad_words",
+                "stop_token_ids": "end_id",
+                "min_new_tokens": "min_tokens",
+            },
             max_new_tokens=self.max_tokens,
             min_new_tokens=self.min_tokens if self.min_tokens is not None else (self.min_length or 0),
             temperature=self.temperature,
@@ -134,8 +156,10 @@ def _check_model(request: web.Request) -> tuple[str, str]:
     name = request.match_info["model"]
     version = request.match_info.get("version", "1")
     if name != ctx.model_name and name not in TRITON_MODEL_NAMES:
-        raise NotFound(f"Request for unknown model: {name!r} is not found; this server serves {ctx.model_name!r} "
-                       f"(also reachable as {' or '.join(repr(n) for n in TRITON_MODEL_NAMES)})")
+        raise NotFound(
+            f"Request for unknown model: {name!r} is not found; this server serves {ctx.model_name!r} "
+            f"(also reachable as {' or '.join(repr(n) for n in TRITON_MODEL_NAMES)})"
+        )
     return name, version
 
 
@@ -144,14 +168,18 @@ async def _handle(request: web.Request, force_stream: bool | None) -> web.Stream
     name, version = _check_model(request)
     body = await json_object(request, '{"text_input": "Hello", "max_tokens": 20}')
     if "text_input" not in body and "parameters" not in body:
-        raise BadRequest(f"text_input is required, e.g. {{\"text_input\": \"Hello\", \"max_tokens\": 20}}; got keys {sorted(body)!r}")
+        raise BadRequest(
+            f'text_input is required, e.g. {{"text_input": "Hello", "max_tokens": 20}}; got keys {sorted(body)!r}'
+        )
     req: TritonRequest = validate_body(TritonRequest, _flatten(body))
     params = req.to_generate()
     stream_it = req.stream if force_stream is None else force_stream
     service = ctx.require_service()
     head = {"model_name": name, "model_version": version}
     prefix = "" if req.exclude_input_in_output else req.text_input
-    async with await service.start(req.text_input, params, field_name="text_input", max_tokens_field="max_tokens") as stream:
+    async with await service.start(
+        req.text_input, params, field_name="text_input", max_tokens_field="max_tokens"
+    ) as stream:
         if not stream_it:
             c = await stream.collect(keep_tokens=req.return_log_probs)
             if c.error is not None:

@@ -25,9 +25,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from lmi_trt.serving.http import CONTEXT, ServingContext, error_response, json_response, register_invocation
 from lmi_trt.serving.core import Delta, GenerateParams
 from lmi_trt.serving.errors import BadRequest
+from lmi_trt.serving.http import CONTEXT, ServingContext, error_response, json_response, register_invocation
 from lmi_trt.serving.protocols import openai
 from lmi_trt.serving.protocols._common import (
     FieldError,
@@ -41,8 +41,25 @@ from lmi_trt.serving.protocols._common import (
 log = logging.getLogger(__name__)
 
 TRUSS_ONLY = frozenset({"beam_width", "bad_words_list", "stop_words_list"})
-OPENAI_ONLY = frozenset({"model", "n", "best_of", "echo", "logprobs", "stop", "suffix", "stream_options", "logit_bias",
-                         "user", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty"})
+OPENAI_ONLY = frozenset(
+    {
+        "model",
+        "n",
+        "best_of",
+        "echo",
+        "logprobs",
+        "stop",
+        "suffix",
+        "stream_options",
+        "logit_bias",
+        "user",
+        "seed",
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+    }
+)
 
 
 class TrussRequest(BaseModel):
@@ -59,7 +76,9 @@ class TrussRequest(BaseModel):
 
     def to_generate(self) -> GenerateParams:
         if self.beam_width not in (None, 1):
-            raise FieldError("beam_width", f"beam_width={self.beam_width} is not supported: this server decodes one beam; use 1")
+            raise FieldError(
+                "beam_width", f"beam_width={self.beam_width} is not supported: this server decodes one beam; use 1"
+            )
         return neutral_params(
             {"max_new_tokens": "max_tokens", "stop": "stop_words_list", "bad_words": "bad_words_list"},
             max_new_tokens=self.max_tokens,
@@ -105,8 +124,11 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
 
         def encode(d: Delta) -> bytes:
             if d.error is not None:
-                log.warning("truss stream %s failed after it started: %s; aborting the connection",
-                            stream.request_id, d.error.message)
+                log.warning(
+                    "truss stream %s failed after it started: %s; aborting the connection",
+                    stream.request_id,
+                    d.error.message,
+                )
                 if request.transport is not None:
                     request.transport.abort()
                 raise ConnectionResetError(d.error.message)

@@ -33,8 +33,18 @@ from tensorrt_llm import bindings, builder, mapping, models, plugin, quantizatio
 from tensorrt_llm.builder import BuildConfig  # noqa: E402
 from tensorrt_llm.mapping import Mapping  # noqa: E402
 
-__all__ = ["BuildConfig", "LLM", "Mapping", "SamplingParams", "bindings", "builder", "mapping", "models", "plugin",
-           "quantization"]
+__all__ = [
+    "BuildConfig",
+    "LLM",
+    "Mapping",
+    "SamplingParams",
+    "bindings",
+    "builder",
+    "mapping",
+    "models",
+    "plugin",
+    "quantization",
+]
 
 
 def __getattr__(name: str):

@@ -47,8 +47,11 @@ class MatcherFactory:
 
         metadata = xgrammar.TokenizerInfo._detect_metadata_from_hf(info["tokenizer_str"])
         tokenizer = xgrammar.TokenizerInfo(
-            info["encoded_vocab"], vocab_type=metadata["vocab_type"], vocab_size=vocab_size,
-            stop_token_ids=info["stop_token_ids"], add_prefix_space=metadata["add_prefix_space"],
+            info["encoded_vocab"],
+            vocab_type=metadata["vocab_type"],
+            vocab_size=vocab_size,
+            stop_token_ids=info["stop_token_ids"],
+            add_prefix_space=metadata["add_prefix_space"],
         )
         self._compiler = xgrammar.GrammarCompiler(tokenizer, cache_enabled=True)
         self._lock = threading.Lock()

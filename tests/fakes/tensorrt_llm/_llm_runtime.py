@@ -184,8 +184,19 @@ class LlmRuntime:
                 # A stand-in for a run-time failure of one request: PyExecutor answers it with an error
                 # response for that request (the LLM API raises it as RequestError from its iterator).
                 self._waiting.popleft()
-                seq.result._enqueue(_Response([], None, None, None, True, error=(
-                    f"The prompt length ({len(seq.prompt)}) must be smaller than max_seq_len ({self.max_seq_len})")))
+                seq.result._enqueue(
+                    _Response(
+                        [],
+                        None,
+                        None,
+                        None,
+                        True,
+                        error=(
+                            f"The prompt length ({len(seq.prompt)}) must be smaller than "
+                            f"max_seq_len ({self.max_seq_len})"
+                        ),
+                    )
+                )
                 continue
             need = self._reserved_blocks(seq)
             if self._active and used + need > self.kv_blocks:
@@ -248,8 +259,10 @@ class LlmRuntime:
         if seq.context_logprobs is None:
             return None
         following = seq.prompt[1:] + [first_token] if _state.series() >= (1, 3) else None
-        entries = [_top_entry(row, seq.prompt_logprobs, following[t] if following else None)
-                   for t, row in enumerate(seq.context_logprobs)]
+        entries = [
+            _top_entry(row, seq.prompt_logprobs, following[t] if following else None)
+            for t, row in enumerate(seq.context_logprobs)
+        ]
         seq.context_logprobs = None
         return entries
 
@@ -265,7 +278,7 @@ class LlmRuntime:
         seq.generated.append(token)
         if seq.top_logprobs:
             seq.pending_logprobs.append(_logprob_entry(logprobs, token, seq.top_logprobs))
-        if any(w and seq.generated[-len(w):] == w for w in seq.stop_words):
+        if any(w and seq.generated[-len(w) :] == w for w in seq.stop_words):
             return "STOP_WORDS"
         if len(seq.generated) >= seq.max_tokens:
             return "LENGTH"
@@ -285,12 +298,16 @@ class LlmRuntime:
         import torch
 
         gen = self._model.generate(
-            torch.tensor([seq.prompt]), num_beams=seq.beam_width, num_return_sequences=seq.beam_width,
-            max_new_tokens=seq.max_tokens, do_sample=False, eos_token_id=seq.end_id if seq.end_id >= 0 else None,
+            torch.tensor([seq.prompt]),
+            num_beams=seq.beam_width,
+            num_return_sequences=seq.beam_width,
+            max_new_tokens=seq.max_tokens,
+            do_sample=False,
+            eos_token_id=seq.end_id if seq.end_id >= 0 else None,
             pad_token_id=max(seq.end_id, 0),
         )
         beams, ended = [], False
-        for row in gen[:, len(seq.prompt):].tolist():
+        for row in gen[:, len(seq.prompt) :].tolist():
             if seq.end_id in row:
                 row, ended = row[: row.index(seq.end_id)], ended or not beams
             beams.append(row)
@@ -300,21 +317,25 @@ class LlmRuntime:
         if not self.args.enable_iter_perf_stats:
             return
         used = sum(self._blocks(len(s.prompt) + len(s.generated)) for s in self._active)
-        self._stats.append(json.dumps({
-            "iter": self._iter,
-            "iterLatencyMS": (time.monotonic() - started) * 1000.0,
-            "numNewActiveRequests": new,
-            "numActiveRequests": len(self._active),
-            "numQueuedRequests": len(self._waiting),
-            "numCompletedRequests": finished,
-            "maxNumActiveRequests": self.args.max_batch_size,
-            "kvCacheStats": {
-                "maxNumBlocks": self.kv_blocks,
-                "freeNumBlocks": max(self.kv_blocks - used, 0),
-                "usedNumBlocks": used,
-                "tokensPerBlock": self.tokens_per_block,
-            },
-        }))
+        self._stats.append(
+            json.dumps(
+                {
+                    "iter": self._iter,
+                    "iterLatencyMS": (time.monotonic() - started) * 1000.0,
+                    "numNewActiveRequests": new,
+                    "numActiveRequests": len(self._active),
+                    "numQueuedRequests": len(self._waiting),
+                    "numCompletedRequests": finished,
+                    "maxNumActiveRequests": self.args.max_batch_size,
+                    "kvCacheStats": {
+                        "maxNumBlocks": self.kv_blocks,
+                        "freeNumBlocks": max(self.kv_blocks - used, 0),
+                        "usedNumBlocks": used,
+                        "tokensPerBlock": self.tokens_per_block,
+                    },
+                }
+            )
+        )
         self._iter += 1
 
 

@@ -1,7 +1,8 @@
 """The fake Executor's inside (private): engine loading and an in-flight-batching step loop that
 really generates through the Hugging Face checkpoint an engine file points at.
 
-Semantics kept from TensorRT-LLM (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, tensorrt_llm/builder.py):
+Semantics kept from TensorRT-LLM (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h,
+tensorrt_llm/builder.py):
 * requests join and leave the running batch at any step; at most ``max_batch_size`` run, the
   rest wait in arrival order;
 * streaming results carry only the tokens new since the previous result (all generated tokens
@@ -164,7 +165,8 @@ def deserialize(path: Path) -> dict:
     except (ValueError, AssertionError):
         raise _tllm_error(f"Failed to deserialize cuda engine {path}") from None
     if blob["tensorrt_llm_version"] != _state.version():
-        # A TensorRT plan only loads in the TensorRT it was built with (tensorrt_llm/builder.py checks the TensorRT version tag).
+        # A TensorRT plan only loads in the TensorRT it was built with (tensorrt_llm/builder.py checks the
+        # TensorRT version tag).
         raise _tllm_error(
             "Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed.Version tag does not match. "
             f"Note: Current Version: {_state.version()}, Serialized Engine Version: {blob['tensorrt_llm_version']}"
@@ -243,8 +245,11 @@ class ExecutorImpl:
             if guided is not None:
                 if guided._backend.name != "XGRAMMAR":
                     raise NotImplementedError("fake tensorrt_llm: guided decoding through xgrammar only")
-                info = {"encoded_vocab": guided._encoded_vocab, "tokenizer_str": guided._tokenizer_str,
-                        "stop_token_ids": guided._stop_token_ids}
+                info = {
+                    "encoded_vocab": guided._encoded_vocab,
+                    "tokenizer_str": guided._tokenizer_str,
+                    "stop_token_ids": guided._stop_token_ids,
+                }
                 self._grammars = MatcherFactory(info, self._model.config.vocab_size)
         _hold_gil(float(os.environ.get("LMI_TRT_FAKE_ENGINE_LOAD_S", "0.2")))
         if self.is_leader:
@@ -263,7 +268,8 @@ class ExecutorImpl:
         sc, oc = request.sampling_config, request.output_config
         if sc.beam_width > self.max_beam_width:
             raise _tllm_error(
-                f"Request beam width ({sc.beam_width}) is larger than the executor's max beam width ({self.max_beam_width})"
+                f"Request beam width ({sc.beam_width}) is larger than the executor's max beam width "
+                f"({self.max_beam_width})"
             )
         with self._cv:
             rid = self._next_id
@@ -393,7 +399,9 @@ class ExecutorImpl:
                 self._active.remove(seq)
             else:
                 self._waiting.remove(seq)
-            if not _state.is_0x():  # final CANCELLED results exist since 0.16 (executor.h, Response/Result finish reasons)
+            if (
+                not _state.is_0x()
+            ):  # final CANCELLED results exist since 0.16 (executor.h, Response/Result finish reasons)
                 out.append(self._result(seq, self._api.FinishReason.CANCELLED))
         self._cancel.clear()
         return out
@@ -425,7 +433,10 @@ class ExecutorImpl:
                 log.warning(
                     "Prompt length + number of requested output tokens (%d + %d) exceeds maximum sequence length "
                     "(%d). Number of requested output tokens is reduced to %d.",
-                    len(seq.prompt), seq.max_tokens, self.limits.max_seq_len, room,
+                    len(seq.prompt),
+                    seq.max_tokens,
+                    self.limits.max_seq_len,
+                    room,
                 )
                 seq.max_tokens = room
             if seq.max_tokens <= 0:
@@ -471,7 +482,7 @@ class ExecutorImpl:
             seq.matcher.accept_token(token)
         seq.generated.append(token)
         seq.log_probs.append(logprob)
-        if any(w and seq.generated[-len(w):] == w for w in seq.stop_words):
+        if any(w and seq.generated[-len(w) :] == w for w in seq.stop_words):
             return fr.STOP_WORDS
         if len(seq.generated) >= seq.max_tokens:
             return fr.LENGTH
@@ -512,7 +523,7 @@ class ExecutorImpl:
             length_penalty=sc.length_penalty if sc.length_penalty is not None else 1.0,
         )
         fr, beams, reasons = self._api.FinishReason, [], []
-        for row in gen[:, len(seq.prompt):].tolist():
+        for row in gen[:, len(seq.prompt) :].tolist():
             ended = seq.end_id in row
             row = row[: row.index(seq.end_id)] if ended else row
             beams.append(row if seq.exclude_input else seq.prompt + row)
@@ -589,7 +600,7 @@ def _select(seq: _Seq) -> tuple[int, float]:
     if matcher is not None:
         _mask_by_grammar(matcher, logits)
     for word in seq.bad_words:
-        if word and (len(word) == 1 or history[-(len(word) - 1):] == word[:-1]):
+        if word and (len(word) == 1 or history[-(len(word) - 1) :] == word[:-1]):
             logits[word[-1]] = float("-inf")
     if sc.min_tokens and len(seq.generated) < sc.min_tokens and seq.end_id >= 0:
         logits[seq.end_id] = float("-inf")

@@ -1,6 +1,7 @@
 """Fake ``tensorrt_llm.builder``: ``BuildConfig``, ``EngineConfig``, ``Engine``, ``build``, ``get_engine_version``.
 
-``build`` does what TensorRT-LLM's does to the settings (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py, build) and produces an
+``build`` does what TensorRT-LLM's does to the settings (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py, build) and
+produces an
 ``Engine`` whose per-rank "plan" is a small JSON naming the Hugging Face folder the model came
 from and the release that built it; ``Engine.save`` writes the real layout (§4): ``config.json``
 with ``version``/``pretrained_config``/``build_config`` plus ``rank{r}.engine``.
@@ -128,8 +129,16 @@ def _plugin_config_to_dict(plugins) -> dict:
 def _build_config_class(fields):
     cls = dataclasses.make_dataclass(
         "BuildConfig",
-        [(name, annotation, dataclasses.field(default_factory=default.make) if isinstance(default, _Factory)
-          else dataclasses.field(default=default)) for name, annotation, default in fields],
+        [
+            (
+                name,
+                annotation,
+                dataclasses.field(default_factory=default.make)
+                if isinstance(default, _Factory)
+                else dataclasses.field(default=default),
+            )
+            for name, annotation, default in fields
+        ],
         bases=(_BuildConfigMethods,),
     )
     cls.__module__ = __name__

@@ -119,4 +119,6 @@ class Mapping:
         return isinstance(other, Mapping) and self.to_dict() == other.to_dict()
 
     def __repr__(self):
-        return f"Mapping(world_size={self.world_size}, rank={self.rank}, tp_size={self.tp_size}, pp_size={self.pp_size})"
+        return (
+            f"Mapping(world_size={self.world_size}, rank={self.rank}, tp_size={self.tp_size}, pp_size={self.pp_size})"
+        )

@@ -7,73 +7,78 @@ strings without special tokens and fills ``end_id``/``pad_id`` from the tokenize
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any
 
 
 @dataclass(slots=True, kw_only=True)
 class GuidedDecodingParams:
-    json: Optional[Union[str, dict]] = None
-    regex: Optional[str] = None
-    grammar: Optional[str] = None
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
     json_object: bool = False
-    structural_tag: Optional[str] = None
+    structural_tag: str | None = None
 
     def _validate(self) -> None:
-        guides = [self.json is not None, self.regex is not None, self.grammar is not None, self.json_object,
-                  self.structural_tag is not None]
+        guides = [
+            self.json is not None,
+            self.regex is not None,
+            self.grammar is not None,
+            self.json_object,
+            self.structural_tag is not None,
+        ]
         if sum(guides) > 1:
             raise ValueError(f"Only one guide can be used for a request, but got {sum(guides)}.")
 
 
 @dataclass(slots=True, kw_only=True)
 class SamplingParams:
-    end_id: Optional[int] = None
-    pad_id: Optional[int] = None
+    end_id: int | None = None
+    pad_id: int | None = None
     max_tokens: int = 32
-    bad: Optional[Union[str, List[str]]] = None
-    bad_token_ids: Optional[List[int]] = None
-    _bad_word_ids: Optional[List[List[int]]] = field(default=None, init=False, repr=False)
-    stop: Optional[Union[str, List[str]]] = None
-    stop_token_ids: Optional[List[int]] = None
+    bad: str | list[str] | None = None
+    bad_token_ids: list[int] | None = None
+    _bad_word_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
-    _stop_word_ids: Optional[List[List[int]]] = field(default=None, init=False, repr=False)
+    _stop_word_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
     embedding_bias: Any = None
     logits_processor: Any = None
     apply_batched_logits_processor: bool = False
     n: int = 1
-    best_of: Optional[int] = None
+    best_of: int | None = None
     use_beam_search: bool = False
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    top_p_min: Optional[float] = None
-    top_p_reset_ids: Optional[int] = None
-    top_p_decay: Optional[float] = None
-    seed: Optional[int] = None
-    temperature: Optional[float] = None
-    min_tokens: Optional[int] = None
-    beam_search_diversity_rate: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    length_penalty: Optional[float] = None
-    early_stopping: Optional[int] = None
-    no_repeat_ngram_size: Optional[int] = None
-    min_p: Optional[float] = None
-    beam_width_array: Optional[List[int]] = None
-    logprobs: Optional[int] = None
-    prompt_logprobs: Optional[int] = None
+    top_k: int | None = None
+    top_p: float | None = None
+    top_p_min: float | None = None
+    top_p_reset_ids: int | None = None
+    top_p_decay: float | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    min_tokens: int | None = None
+    beam_search_diversity_rate: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    length_penalty: float | None = None
+    early_stopping: int | None = None
+    no_repeat_ngram_size: int | None = None
+    min_p: float | None = None
+    beam_width_array: list[int] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     return_context_logits: bool = False
     return_generation_logits: bool = False
     exclude_input_from_output: bool = True
     return_encoder_output: bool = False
     return_perf_metrics: bool = False
-    additional_model_outputs: Optional[List[str]] = None
+    additional_model_outputs: list[str] | None = None
     lookahead_config: Any = None
-    guided_decoding: Optional[GuidedDecodingParams] = None
+    guided_decoding: GuidedDecodingParams | None = None
     ignore_eos: bool = False
     detokenize: bool = True
     add_special_tokens: bool = True
-    truncate_prompt_tokens: Optional[int] = None
+    truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
 
@@ -106,8 +111,9 @@ class SamplingParams:
 
     @staticmethod
     def params_imply_greedy_decoding(*, temperature, top_p, top_k) -> bool:
-        return (temperature is None and top_p is None and top_k is None) or top_k == 1 or top_p == 0.0 \
-            or temperature == 0
+        return (
+            (temperature is None and top_p is None and top_k is None) or top_k == 1 or top_p == 0.0 or temperature == 0
+        )
 
     @property
     def _greedy_decoding(self) -> bool:
@@ -129,13 +135,13 @@ class SamplingParams:
             self._stop_word_ids = [tokenizer.encode(s, add_special_tokens=add_special_tokens) for s in strs]
         return self
 
-    def _get_bad_words(self) -> List[List[int]]:
+    def _get_bad_words(self) -> list[list[int]]:
         return [[i] for i in self.bad_token_ids or []] + (self._bad_word_ids or [])
 
-    def _get_stop_words(self) -> List[List[int]]:
+    def _get_stop_words(self) -> list[list[int]]:
         return [[i] for i in self.stop_token_ids or []] + (self._stop_word_ids or [])
 
-    def _get_stop_reasons_and_words(self) -> List[Tuple[Union[str, int], List[int]]]:
+    def _get_stop_reasons_and_words(self) -> list[tuple[str | int, list[int]]]:
         reasons: list = list(self.stop_token_ids or [])
         if self.stop is not None:
             reasons += [self.stop] if isinstance(self.stop, str) else list(self.stop)

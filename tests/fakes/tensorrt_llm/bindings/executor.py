@@ -1,7 +1,8 @@
 """Fake ``tensorrt_llm.bindings.executor``: the C++ Executor bindings, in Python.
 
 Names, constructor keywords (and their order), properties and enum members follow
-``trtllm_api_surface.py`` (1.x) and, for 0.12, the v0.12.0 tag's cpp/tensorrt_llm/pybind/executor/bindings.cpp. The Executor really
+``trtllm_api_surface.py`` (1.x) and, for 0.12, the v0.12.0 tag's cpp/tensorrt_llm/pybind/executor/bindings.cpp. The
+Executor really
 generates through the Hugging Face checkpoint the engine file points at (see ``_runtime``).
 
 Version-dependent names (``Request``, ``SamplingConfig``, ``KvCacheConfig``, ``ExecutorConfig``,
@@ -120,7 +121,9 @@ class SchedulerConfig:
         dynamic_batch_config=None,
     ):
         if capacity_scheduler_policy.__class__.__name__ != "CapacitySchedulerPolicy":
-            raise TypeError(f"capacity_scheduler_policy must be a CapacitySchedulerPolicy, got {capacity_scheduler_policy!r}")
+            raise TypeError(
+                f"capacity_scheduler_policy must be a CapacitySchedulerPolicy, got {capacity_scheduler_policy!r}"
+            )
         self._policy = capacity_scheduler_policy
         self._chunking = context_chunking_policy
         self._dynamic = dynamic_batch_config
@@ -261,7 +264,8 @@ class PeftCacheConfig:
 
 class _ExtendedRuntimePerfKnobConfig1x:
     """1.x: ``multi_block_mode`` defaults on (cpp/tensorrt_llm/pybind/executor/executorConfig.cpp and
-    cpp/include/tensorrt_llm/executor/executor.h, ``ExtendedRuntimePerfKnobConfig(bool multiBlockMode = true, ...)``)."""
+    cpp/include/tensorrt_llm/executor/executor.h, ``ExtendedRuntimePerfKnobConfig(bool multiBlockMode = true,
+    ...)``)."""
 
     def __init__(self, multi_block_mode=True, enable_context_fmha_fp32_acc=False):
         self.multi_block_mode = multi_block_mode
@@ -752,7 +756,9 @@ class RequestStatsPerIteration:
     def to_json_str(self):
         import json
 
-        return json.dumps({"iter": self.iter, "request_stats": [json.loads(s.to_json_str()) for s in self.request_stats]})
+        return json.dumps(
+            {"iter": self.iter, "request_stats": [json.loads(s.to_json_str()) for s in self.request_stats]}
+        )
 
 
 # --------------------------------------------------------------------------- the executor

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from tensorrt_llm.executor.utils import RequestError
 
@@ -28,19 +28,19 @@ class Logprob:
     """Holds logprob and vocab rank for a token."""
 
     logprob: float
-    rank: Optional[int] = None
+    rank: int | None = None
 
 
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str = ""
-    token_ids: Optional[list[int]] = field(default_factory=list)
-    cumulative_logprob: Optional[float] = None
-    logprobs: Optional[list] = field(default_factory=list)
-    prompt_logprobs: Optional[list] = field(default_factory=list)
-    finish_reason: Optional[Literal["stop", "length", "timeout", "cancelled"]] = None
-    stop_reason: Optional[Union[int, str]] = None
+    token_ids: list[int] | None = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list | None = field(default_factory=list)
+    prompt_logprobs: list | None = field(default_factory=list)
+    finish_reason: Literal["stop", "length", "timeout", "cancelled"] | None = None
+    stop_reason: int | str | None = None
     generation_logits: Any = None
     disaggregated_params: Any = None
     _last_text_len: int = field(default=0, init=False, repr=False)
@@ -53,25 +53,25 @@ class CompletionOutput:
 
     @property
     def text_diff(self) -> str:
-        return self.text[self._last_text_len:]
+        return self.text[self._last_text_len :]
 
     @property
     def token_ids_diff(self) -> list[int]:
-        return self.token_ids[self._last_token_ids_len:]
+        return self.token_ids[self._last_token_ids_len :]
 
     @property
     def logprobs_diff(self) -> list:
-        return self.logprobs[self._last_logprobs_len:]
+        return self.logprobs[self._last_logprobs_len :]
 
 
 @dataclass
 class _Response:
     """What the fake runtime sends for one request and step (private; the real one is a bindings Response)."""
 
-    beams: list[list[int]]           # new tokens per sequence (beam search: all tokens of each beam)
-    logprobs: list[dict] | None       # new per-token dicts (sequence 0)
+    beams: list[list[int]]  # new tokens per sequence (beam search: all tokens of each beam)
+    logprobs: list[dict] | None  # new per-token dicts (sequence 0)
     cum_logprob: float | None
-    finish_reason: str | None         # "END_ID", "STOP_WORDS", "LENGTH", "CANCELLED" or None
+    finish_reason: str | None  # "END_ID", "STOP_WORDS", "LENGTH", "CANCELLED" or None
     is_final: bool
     error: str | None = None
     prompt_logprobs: list[dict] | None = None  # on the first response of a request that asked for them
@@ -149,7 +149,7 @@ class GenerationResult:
             elif response.finish_reason == "STOP_WORDS":
                 out.finish_reason = "stop"
                 for reason, ids in sp._get_stop_reasons_and_words():
-                    if out.token_ids[-len(ids):] == ids:
+                    if out.token_ids[-len(ids) :] == ids:
                         out.stop_reason = reason
                         if not sp.include_stop_str_in_output:
                             out.token_ids = out.token_ids[: -len(ids)]

@@ -14,7 +14,16 @@ from tensorrt_llm.llmapi.llm_args import (
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
 __all__ = [
-    "LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "GuidedDecodingParams", "KvCacheConfig",
-    "CudaGraphConfig", "SchedulerConfig", "CapacitySchedulerPolicy", "ContextChunkingPolicy", "RequestError",
+    "LLM",
+    "CompletionOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "GuidedDecodingParams",
+    "KvCacheConfig",
+    "CudaGraphConfig",
+    "SchedulerConfig",
+    "CapacitySchedulerPolicy",
+    "ContextChunkingPolicy",
+    "RequestError",
     "TorchLlmArgs",
 ]

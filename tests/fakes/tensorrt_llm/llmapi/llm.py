@@ -75,14 +75,22 @@ class LLM:
             if key not in TorchLlmArgs.model_fields:
                 raise ValueError(f"LLM got invalid argument: {key}")
         self.args = TorchLlmArgs(
-            model=str(model), tokenizer=tokenizer, tokenizer_mode=tokenizer_mode,
-            skip_tokenizer_init=skip_tokenizer_init, trust_remote_code=trust_remote_code,
-            tensor_parallel_size=tensor_parallel_size, dtype=dtype, revision=revision,
-            tokenizer_revision=tokenizer_revision, **kwargs,
+            model=str(model),
+            tokenizer=tokenizer,
+            tokenizer_mode=tokenizer_mode,
+            skip_tokenizer_init=skip_tokenizer_init,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            revision=revision,
+            tokenizer_revision=tokenizer_revision,
+            **kwargs,
         )
         world = self.args.tensor_parallel_size * self.args.pipeline_parallel_size
         if world != 1:
-            raise RuntimeError(f"fake tensorrt_llm runs one rank; tensor_parallel_size × pipeline_parallel_size = {world}")
+            raise RuntimeError(
+                f"fake tensorrt_llm runs one rank; tensor_parallel_size × pipeline_parallel_size = {world}"
+            )
         folder = Path(self.args.model)
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
@@ -137,23 +145,25 @@ class LLM:
         self._check_arguments(prompt, sp)
         result = RequestOutput._from_generation(self._next_id, prompt, sp, streaming, self._executor)
         self._next_id += 1
-        self._executor.submit(_Seq(
-            result=result,
-            prompt=prompt,
-            max_tokens=sp.max_tokens,
-            end_id=-1 if sp.ignore_eos else sp.end_id,
-            sampling=_Strategy.of(sp),
-            bad_words=sp._get_bad_words(),
-            stop_words=sp._get_stop_words(),
-            top_logprobs=sp.logprobs or 0,
-            # Prompt log probs on the PyTorch backend from 1.1 (PR 7580); the sampler adds the embedding bias
-            # from 1.1 (PR 6464: before it, trtllm-serve's logit_bias went through a logits processor).
-            prompt_logprobs=(sp.prompt_logprobs or 0) if _state.series() >= (1, 1) else 0,
-            embedding_bias=sp.embedding_bias if _state.series() >= (1, 1) else None,
-            streaming=streaming,
-            beam_width=sp.best_of if sp.use_beam_search else 1,
-            guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
-        ))
+        self._executor.submit(
+            _Seq(
+                result=result,
+                prompt=prompt,
+                max_tokens=sp.max_tokens,
+                end_id=-1 if sp.ignore_eos else sp.end_id,
+                sampling=_Strategy.of(sp),
+                bad_words=sp._get_bad_words(),
+                stop_words=sp._get_stop_words(),
+                top_logprobs=sp.logprobs or 0,
+                # Prompt log probs on the PyTorch backend from 1.1 (PR 7580); the sampler adds the embedding bias
+                # from 1.1 (PR 6464: before it, trtllm-serve's logit_bias went through a logits processor).
+                prompt_logprobs=(sp.prompt_logprobs or 0) if _state.series() >= (1, 1) else 0,
+                embedding_bias=sp.embedding_bias if _state.series() >= (1, 1) else None,
+                streaming=streaming,
+                beam_width=sp.best_of if sp.use_beam_search else 1,
+                guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
+            )
+        )
         return result
 
     def _prompt_ids(self, inputs) -> list[int]:

@@ -5,7 +5,7 @@ Only the fields lmi-trt maps are modelled; their names, order and defaults are t
 from __future__ import annotations
 
 import enum
-from typing import List, Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,14 +27,14 @@ class ContextChunkingPolicy(str, enum.Enum):
 
 class KvCacheConfig(_Strict):
     enable_block_reuse: bool = True
-    max_tokens: Optional[int] = None
-    max_attention_window: Optional[List[int]] = None
-    sink_token_length: Optional[int] = None
-    free_gpu_memory_fraction: Optional[float] = Field(0.9, ge=0.0, le=1.0)
-    host_cache_size: Optional[int] = None
+    max_tokens: int | None = None
+    max_attention_window: list[int] | None = None
+    sink_token_length: int | None = None
+    free_gpu_memory_fraction: float | None = Field(0.9, ge=0.0, le=1.0)
+    host_cache_size: int | None = None
     onboard_blocks: bool = True
-    cross_kv_cache_fraction: Optional[float] = None
-    secondary_offload_min_priority: Optional[int] = None
+    cross_kv_cache_fraction: float | None = None
+    secondary_offload_min_priority: int | None = None
     event_buffer_max_size: int = 0
     enable_partial_reuse: bool = True
     copy_on_partial_reuse: bool = True
@@ -44,7 +44,7 @@ class KvCacheConfig(_Strict):
 
 
 class CudaGraphConfig(_Strict):
-    batch_sizes: Optional[List[int]] = None
+    batch_sizes: list[int] | None = None
     max_batch_size: int = Field(0, ge=0)
     enable_padding: bool = False
 
@@ -62,48 +62,48 @@ class CudaGraphConfig(_Strict):
 
 class SchedulerConfig(_Strict):
     capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
-    context_chunking_policy: Optional[ContextChunkingPolicy] = None
-    dynamic_batch_config: Optional[dict] = None
+    context_chunking_policy: ContextChunkingPolicy | None = None
+    dynamic_batch_config: dict | None = None
 
 
 class TorchLlmArgs(_Strict):
     model: str
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
     tokenizer_mode: Literal["auto", "slow"] = "auto"
     skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
     tensor_parallel_size: int = 1
     dtype: str = "auto"
-    revision: Optional[str] = None
-    tokenizer_revision: Optional[str] = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
     pipeline_parallel_size: int = 1
     context_parallel_size: int = 1
-    gpus_per_node: Optional[int] = None
+    gpus_per_node: int | None = None
     enable_attention_dp: bool = False
     enable_lora: bool = False
-    lora_config: Optional[dict] = None
+    lora_config: dict | None = None
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     enable_chunked_prefill: bool = False
-    guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     scheduler_config: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    max_batch_size: Optional[int] = 2048
-    max_input_len: Optional[int] = 1024
-    max_seq_len: Optional[int] = None
-    max_beam_width: Optional[int] = 1
-    max_num_tokens: Optional[int] = 8192
+    max_batch_size: int | None = 2048
+    max_input_len: int | None = 1024
+    max_seq_len: int | None = None
+    max_beam_width: int | None = 1
+    max_num_tokens: int | None = 8192
     gather_generation_logits: bool = False
     num_postprocess_workers: int = 0
-    postprocess_tokenizer_dir: Optional[str] = None
-    reasoning_parser: Optional[str] = None
+    postprocess_tokenizer_dir: str | None = None
+    reasoning_parser: str | None = None
     return_perf_metrics: bool = False
-    cuda_graph_config: Optional[CudaGraphConfig] = Field(default_factory=CudaGraphConfig)
+    cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
     disable_overlap_scheduler: bool = False
     attn_backend: str = "TRTLLM"
     sampler_type: str = "auto"
     enable_iter_perf_stats: bool = False
     enable_iter_req_stats: bool = False
     print_iter_log: bool = False
-    torch_compile_config: Optional[dict] = None
+    torch_compile_config: dict | None = None
     stream_interval: int = Field(1, gt=0)
     max_stats_len: int = 1000
 
@@ -116,6 +116,18 @@ class TorchLlmArgs(_Strict):
 
 
 # Keys that only the TensorRT-engine LLM (TrtLlmArgs) takes; 1.x's _TorchLLM names them in its error.
-_TRT_ONLY_KEYS = frozenset({"build_config", "quant_config", "calib_config", "embedding_parallel_mode",
-                           "fast_build", "enable_build_cache", "extended_runtime_perf_knob_config",
-                           "enable_tqdm", "workspace", "auto_parallel", "auto_parallel_world_size"})
+_TRT_ONLY_KEYS = frozenset(
+    {
+        "build_config",
+        "quant_config",
+        "calib_config",
+        "embedding_parallel_mode",
+        "fast_build",
+        "enable_build_cache",
+        "extended_runtime_perf_knob_config",
+        "enable_tqdm",
+        "workspace",
+        "auto_parallel",
+        "auto_parallel_world_size",
+    }
+)

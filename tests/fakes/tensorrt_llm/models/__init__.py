@@ -1,4 +1,5 @@
-"""Fake ``tensorrt_llm.models``: ``MODEL_MAP`` (the project's subset of NVIDIA/TensorRT-LLM tensorrt_llm/models/__init__.py) and its classes."""
+"""Fake ``tensorrt_llm.models``: ``MODEL_MAP`` (the project's subset of NVIDIA/TensorRT-LLM
+tensorrt_llm/models/__init__.py) and its classes."""
 
 from tensorrt_llm.models.modeling_utils import PretrainedConfig, PretrainedModel, QuantConfig
 

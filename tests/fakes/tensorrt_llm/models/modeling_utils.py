@@ -20,11 +20,16 @@ from tensorrt_llm.quantization.mode import QuantAlgo, QuantMode
 
 _CHECKPOINT_FORMAT = "fake-tensorrt-llm-checkpoint"
 
-# Algorithms that need calibration data / the modelopt flow (NVIDIA/TensorRT-LLM tensorrt_llm/quantization/mode.py, quantize_by_modelopt.py).
+# Algorithms that need calibration data / the modelopt flow (NVIDIA/TensorRT-LLM tensorrt_llm/quantization/mode.py,
+# quantize_by_modelopt.py).
 _NO_CALIBRATION = {QuantAlgo.W8A16, QuantAlgo.W4A16, QuantAlgo.FP8_PER_CHANNEL_PER_TOKEN}
 _MODELOPT = {
-    QuantAlgo.NVFP4, QuantAlgo.FP8, QuantAlgo.W4A16_AWQ, QuantAlgo.W4A8_AWQ,
-    QuantAlgo.W8A8_SQ_PER_CHANNEL, QuantAlgo.MIXED_PRECISION,
+    QuantAlgo.NVFP4,
+    QuantAlgo.FP8,
+    QuantAlgo.W4A16_AWQ,
+    QuantAlgo.W4A8_AWQ,
+    QuantAlgo.W8A8_SQ_PER_CHANNEL,
+    QuantAlgo.MIXED_PRECISION,
 }
 
 
@@ -120,7 +125,9 @@ class PretrainedConfig:
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
         self.intermediate_size = intermediate_size
         self.mapping = mapping if isinstance(mapping, Mapping) else Mapping.from_dict(mapping or {})
-        self.quantization = quantization if isinstance(quantization, QuantConfig) else QuantConfig.from_dict(quantization or {})
+        self.quantization = (
+            quantization if isinstance(quantization, QuantConfig) else QuantConfig.from_dict(quantization or {})
+        )
         self.use_parallel_embedding = use_parallel_embedding
         self.embedding_sharding_dim = embedding_sharding_dim
         self.head_size = head_size or hidden_size // num_attention_heads
@@ -160,7 +167,8 @@ class PretrainedConfig:
 
     def to_dict(self):
         out = {k: copy.deepcopy(v) for k, v in self.__dict__.items()}
-        # config.json carries the world, not this rank's place in it (NVIDIA/TensorRT-LLM tensorrt_llm/models/modeling_utils.py, PretrainedConfig.to_dict).
+        # config.json carries the world, not this rank's place in it (NVIDIA/TensorRT-LLM
+        # tensorrt_llm/models/modeling_utils.py, PretrainedConfig.to_dict).
         mapping = self.mapping.to_dict()
         del mapping["rank"]
         out["mapping"] = mapping
@@ -325,7 +333,11 @@ def _write_rank(output_dir: Path, rank: int, hf_model_dir: str | None, trust_rem
     import torch
     from safetensors.torch import save_file
 
-    meta = {"format": _CHECKPOINT_FORMAT, "hf_model_dir": hf_model_dir or "", "trust_remote_code": str(trust_remote_code).lower()}
+    meta = {
+        "format": _CHECKPOINT_FORMAT,
+        "hf_model_dir": hf_model_dir or "",
+        "trust_remote_code": str(trust_remote_code).lower(),
+    }
     save_file({"fake.rank": torch.tensor([rank])}, str(output_dir / f"rank{rank}.safetensors"), metadata=meta)
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from tensorrt_llm.quantization.mode import QuantAlgo
 
-# quantize.py --qformat / --kv_cache_dtype → QuantAlgo (NVIDIA/TensorRT-LLM examples/quantization/quantize.py and tensorrt_llm/quantization/quantize_by_modelopt.py).
+# quantize.py --qformat / --kv_cache_dtype → QuantAlgo (NVIDIA/TensorRT-LLM examples/quantization/quantize.py and
+# tensorrt_llm/quantization/quantize_by_modelopt.py).
 _QFORMATS = {
     "int8_wo": QuantAlgo.W8A16,
     "int4_wo": QuantAlgo.W4A16,
