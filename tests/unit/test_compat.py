@@ -11,9 +11,9 @@ import transformers
 from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM
 
-from lmi_trt.engines import torch as torch_engine
 from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
 from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.engines.torch import engine as torch_engine
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lmi_trt.engines import torch as torch_engine
+from lmi_trt.engines.torch import engine as torch_engine
 
 
 class _GatherProbe(threading.Condition):

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..guided import allowed_tokens
+from .engine import QueuedBackend, TorchEngine, _Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
-from .guided import allowed_tokens
 from .llama_decoder import LlamaDecoder, unsupported_reason
-from .torch import QueuedBackend, TorchEngine, _Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 
 log = logging.getLogger(__name__)
 

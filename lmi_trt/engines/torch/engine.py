@@ -47,8 +47,8 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from ..compat import dtype_kwargs, reorder_cache, text_config
-from .base import (
+from ...compat import dtype_kwargs, reorder_cache, text_config
+from ..base import (
     MAX_TOP_LOGPROBS,
     EngineError,
     EngineLimits,
@@ -60,8 +60,8 @@ from .base import (
     error_output,
     refused,
 )
-from .guided import Grammars, allowed_tokens
-from .registry import ENGINES
+from ..guided import Grammars, allowed_tokens
+from ..registry import ENGINES
 
 # Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
 _HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
