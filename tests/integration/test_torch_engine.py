@@ -21,12 +21,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.torch import TorchEngine
-from lmi_trt.engines.torch import engine as torch_engine
+from lmi_trt.engines.torch.continuous import CB_IMPORT_ERROR
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 # Without transformers' continuous batching API (the 0.12 and 1.0 images' transformers) the transformers path is static.
-_CB = "continuous" if torch_engine._CB_IMPORT_ERROR is None else "static"
+_CB = "continuous" if CB_IMPORT_ERROR is None else "static"
 # The other architectures take transformers' continuous batching where their model class supports its attention
 # backends, which transformers releases add over time (GPT-J gained it in the 5.x line, Falcon has not).
 DECODE_LOOP_ARCHS = ("llama", "qwen2", "mistral")

@@ -18,7 +18,7 @@ from transformers.generation.logits_process import (
 )
 
 from lmi_trt.engines.base import SamplingParams
-from lmi_trt.engines.torch.engine import banned_next_tokens
+from lmi_trt.engines.torch.backend import banned_next_tokens
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, process, row_mode, sample, uniforms, warp
 
 VOCAB = 97
