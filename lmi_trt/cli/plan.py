@@ -20,15 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmi_trt.compile.errors import BuildError, CacheError, PlanError
+from lmi_trt.compile.options import CompileOptions
+from lmi_trt.compile.plan import GpuFacts, check_fits
+from lmi_trt.compile.probe import GPU_PRESETS, detect_gpu, detect_trtllm_version
 from lmi_trt.vocabulary import quantization_name
 
-from .errors import BuildError, CacheError, PlanError
-from .options import CompileOptions
-from .plan import GpuFacts, check_fits
-from .probe import GPU_PRESETS, detect_gpu, detect_trtllm_version
-
 if TYPE_CHECKING:
-    from .jit import CompileJob
+    from lmi_trt.compile.jit import CompileJob
 
 log = logging.getLogger(__name__)
 
@@ -227,10 +226,9 @@ def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, 
 
 
 def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
+    from lmi_trt.compile.jit import prepare_plan
     from lmi_trt.engines.base import EngineError
     from lmi_trt.sources import SourceError
-
-    from .jit import prepare_plan
 
     try:
         config, job = load_job(args)
@@ -305,9 +303,8 @@ def cmd_compile(args: argparse.Namespace, load_job: LoadJob) -> int:
 
 def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
     """The TensorRT engine, for the GPU of this host (or the one the --gpu* flags name when there is none)."""
+    from lmi_trt.compile.jit import check_output, compile_to
     from lmi_trt.sources import resolve_model
-
-    from .jit import check_output, compile_to
 
     detected = detect_gpu()
     flags = any(v is not None for v in (args.gpu, args.gpu_sm, args.gpu_memory_gib, args.gpu_count))
@@ -363,10 +360,9 @@ def _calibrates_only(config: Any, version: str) -> bool:
 
 def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
     """The pytorch backend's artifact: option.quantize's calibrated checkpoint (there is no engine to build)."""
+    from lmi_trt.compile.hf_quant import quantize_to
     from lmi_trt.engines import registry
     from lmi_trt.sources import resolve_model
-
-    from .hf_quant import quantize_to
 
     if config.quantize is None:
         raise PlanError(

@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--rank-reports", type=Path, default=None, help=argparse.SUPPRESS)  # launch.RANK_REPORTS_FLAG
     serve.set_defaults(func=cmd_serve)
 
-    from lmi_trt.compile.commands import add_subcommands
+    from lmi_trt.cli.plan import add_subcommands
 
     add_subcommands(sub, add_config_flags=_add_config_flags, load_job=load_compile_job)
 
