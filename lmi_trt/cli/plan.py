@@ -1,92 +1,34 @@
-"""``lmi-trt plan`` and ``lmi-trt compile``.
-
-The CLI module owns the configuration flags: it passes ``add_config_flags(parser)`` (the same
-flags ``serve`` takes) and ``load_config(args) -> LmiConfig``.
-
-* ``plan [--json] [--gpu NAME] [--gpu-sm N] [--gpu-memory-gib N] [--gpu-count N] [--trtllm-version V]``
-  prints the BuildPlan and the memory estimate. It reads only config.json (local folder, s3:// or
-  the HF hub), never weights, and needs no GPU: without one it plans for ``--gpu`` (default h100).
-* ``compile --output DIR|s3://bucket/prefix`` downloads the model, builds every rank on this
-  host's GPUs and writes a self-describing precompiled artifact that ``serve`` loads as it is.
-"""
+"""``lmi-trt plan [--json] [--gpu NAME] [--gpu-sm N] [--gpu-memory-gib N] [--gpu-count N] [--trtllm-version V]``
+prints the BuildPlan and the memory estimate. It reads only config.json (local folder, s3:// or the HF hub), never
+weights, and needs no GPU: without one it plans for ``--gpu`` (default h100)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lmi_trt.compile.errors import BuildError, CacheError, PlanError
+from lmi_trt.compile.errors import PlanError
 from lmi_trt.compile.options import CompileOptions
-from lmi_trt.compile.plan import GpuFacts, check_fits
-from lmi_trt.compile.probe import GPU_PRESETS, detect_gpu, detect_trtllm_version
+from lmi_trt.compile.plan import check_fits
+from lmi_trt.compile.probe import detect_gpu, detect_trtllm_version
 from lmi_trt.vocabulary import quantization_name
 
-if TYPE_CHECKING:
-    from lmi_trt.compile.jit import CompileJob
+from .flags import add_config_flags, load_compile_job
+from .target import DEFAULT_PLAN_TRTLLM_VERSION, add_target_flags, checkpoint_backend, target_gpu
 
-log = logging.getLogger(__name__)
-
-# CLI flags → (the configuration, for finding the model; the CompileJob built from it), injected by lmi_trt.cli.
-LoadJob = Callable[[argparse.Namespace], "tuple[Any, CompileJob]"]
-
-# What `plan` assumes when neither a GPU nor --gpu* flags say otherwise.
-DEFAULT_PLAN_GPU = "h100"
-DEFAULT_PLAN_TRTLLM_VERSION = "1.0.0"
 MAX_TP_ASSUMED_GPUS = 8  # tensor_parallel_degree=max on an assumed host: one 8-GPU node
 GiB = 1024**3
 
 
-def _add_target_flags(p: argparse.ArgumentParser, *, for_compile: bool) -> None:
-    g = p.add_argument_group(
-        "target GPU"
-        + (
-            " (only when this host's GPU cannot be detected)"
-            if for_compile
-            else " (default: the GPUs of this host, else --gpu h100)"
-        )
-    )
-    g.add_argument("--gpu", choices=sorted(GPU_PRESETS), help="a known GPU model")
-    g.add_argument("--gpu-sm", type=int, metavar="N", help="compute capability × 10 (H100: 90, L4: 89, A100: 80)")
-    g.add_argument("--gpu-memory-gib", type=float, metavar="N", help="memory of one GPU in GiB")
-    g.add_argument("--gpu-count", type=int, metavar="N", help="GPUs on the host")
-    if not for_compile:
-        p.add_argument(
-            "--trtllm-version",
-            metavar="V",
-            help=f"plan for this TensorRT-LLM (default: the installed one, else {DEFAULT_PLAN_TRTLLM_VERSION})",
-        )
-
-
-def target_gpu(
-    args: argparse.Namespace, detected: GpuFacts | None, wanted_count: int = 1
-) -> tuple[GpuFacts, str | None]:
-    """The GPU to plan for and, when it is an assumption rather than this host's, a sentence saying so.
-
-    A preset (or the default one) comes with as many GPUs as the configuration asks for
-    (``wanted_count``) unless ``--gpu-count`` says otherwise.
-    """
-    overrides = {
-        k: v
-        for k, v in (("sm", args.gpu_sm), ("memory_gib", args.gpu_memory_gib), ("count", args.gpu_count))
-        if v is not None
-    }
-    if args.gpu:
-        base, why = GPU_PRESETS[args.gpu], f"--gpu {args.gpu}"
-    elif detected is not None:
-        base, why = detected, None
-    else:
-        base, why = GPU_PRESETS[DEFAULT_PLAN_GPU], f"no GPU detected; assuming --gpu {DEFAULT_PLAN_GPU}"
-    if base is not detected:
-        base = base.model_copy(update={"count": wanted_count})
-    gpu = base.model_copy(update=overrides)
-    if overrides and why is None:
-        why = "this host's GPU with " + ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return gpu, why
+def add_parser(subparsers: Any) -> None:
+    plan = subparsers.add_parser("plan", help="print the engine build plan and memory estimate (no weights, no GPU)")
+    add_config_flags(plan)
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    add_target_flags(plan, for_compile=False)
+    plan.set_defaults(func=cmd_plan)
 
 
 def fetch_hf_config(config: Any) -> dict[str, Any]:
@@ -127,26 +69,6 @@ def fetch_hf_config(config: Any) -> dict[str, Any]:
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
-
-
-def checkpoint_backend(config: Any, version: str) -> tuple[str, str]:
-    """Pure: the TensorRT-LLM backend ``serve`` would pick for a Hugging Face checkpoint on ``version``, and why."""
-    from lmi_trt.engines import choose_backend
-
-    return choose_backend(
-        config.backend,
-        release_facts(version),
-        "hf_checkpoint",
-        config.quantize.value if config.quantize is not None else None,
-    )
-
-
-def release_facts(version: str) -> Any:
-    """A release's ``TrtllmFacts`` as planned for: the Executor binding up to 1.2 (NVIDIA/TensorRT-LLM PRs 15918
-    and 16369 removed it after)."""
-    from lmi_trt.engines import TrtllmFacts
-
-    return TrtllmFacts(version, has_executor=TrtllmFacts(version, True).series <= (1, 2))
 
 
 def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | None]:
@@ -225,13 +147,13 @@ def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, 
     return "\n".join(lines)
 
 
-def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
+def cmd_plan(args: argparse.Namespace) -> int:
     from lmi_trt.compile.jit import prepare_plan
     from lmi_trt.engines.base import EngineError
     from lmi_trt.sources import SourceError
 
     try:
-        config, job = load_job(args)
+        config, job = load_compile_job(args)
         model_config = fetch_hf_config(config)
         if "build_config" in model_config:
             raise PlanError(
@@ -278,109 +200,3 @@ def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
 def _wanted_gpus(opts: CompileOptions) -> int:
     tp = opts.tensor_parallel_degree
     return (tp if isinstance(tp, int) else MAX_TP_ASSUMED_GPUS) * opts.pipeline_parallel_degree
-
-
-def cmd_compile(args: argparse.Namespace, load_job: LoadJob) -> int:
-    from lmi_trt.sources import SourceError
-
-    try:
-        config, job = load_job(args)
-        version = detect_trtllm_version()
-        if version is None:
-            raise PlanError(
-                "tensorrt_llm",
-                None,
-                "TensorRT-LLM is not installed on this host",
-                "Run `lmi-trt compile` in the lmi-trt TensorRT-LLM image on a GPU of the target type",
-            )
-        made = (_calibrate if _calibrates_only(config, version) else _build)(args, config, job, version)
-    except (PlanError, SourceError, ValueError, CacheError, BuildError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code if isinstance(e, BuildError) else 2  # 1: the build itself failed; 2: its input
-    print(made)
-    return 0
-
-
-def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
-    """The TensorRT engine, for the GPU of this host (or the one the --gpu* flags name when there is none)."""
-    from lmi_trt.compile.jit import check_output, compile_to
-    from lmi_trt.sources import resolve_model
-
-    detected = detect_gpu()
-    flags = any(v is not None for v in (args.gpu, args.gpu_sm, args.gpu_memory_gib, args.gpu_count))
-    if detected is not None and flags:
-        raise PlanError(
-            "--gpu",
-            args.gpu or args.gpu_sm,
-            f"this host has {detected.count}× {detected.name}; engines are built for the GPU they are built on",
-            "Remove the --gpu* flags",
-        )
-    if detected is None and not flags:
-        raise PlanError("--gpu", None, "no GPU detected", "Run on the target GPU type")
-    gpu, _ = target_gpu(args, detected)
-    check_output(args.output)
-    artifact = resolve_model(config)
-    prepared = compile_to(
-        job, artifact, args.output, gpu=gpu, trtllm_version=version, progress=lambda msg: log.info("compile: %s", msg)
-    )
-    return (
-        f"compiled {artifact.model_id} → {args.output} (TP {prepared.plan.tp_size} × PP {prepared.plan.pp_size}, "
-        f"{prepared.plan.dtype}); serve it with option.model_id={args.output}"
-    )
-
-
-def add_subcommands(
-    subparsers: Any, *, add_config_flags: Callable[[argparse.ArgumentParser], None], load_job: LoadJob
-) -> None:
-    plan = subparsers.add_parser("plan", help="print the engine build plan and memory estimate (no weights, no GPU)")
-    add_config_flags(plan)
-    plan.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_target_flags(plan, for_compile=False)
-    plan.set_defaults(func=lambda args: cmd_plan(args, load_job))
-
-    comp = subparsers.add_parser("compile", help="build the TensorRT-LLM engine ahead of time into a folder or s3://")
-    add_config_flags(comp)
-    comp.add_argument(
-        "--output",
-        required=True,
-        metavar="DIR|s3://bucket/prefix",
-        help="a new folder, or an s3:// prefix to upload the artifact to",
-    )
-    _add_target_flags(comp, for_compile=True)
-    comp.set_defaults(func=lambda args: cmd_compile(args, load_job))
-
-
-def _calibrates_only(config: Any, version: str) -> bool:
-    """``lmi-trt compile`` builds a TensorRT engine, except where serving would take the pytorch backend without
-    one: chosen (option.backend=pytorch), or the only one left (a release without the Executor). There the
-    artifact made ahead of time is the calibrated checkpoint of option.quantize."""
-    backend, _ = checkpoint_backend(config, version)  # a combination the release cannot serve: StartupError
-    return backend == "pytorch" and (config.backend == "pytorch" or not release_facts(version).has_executor)
-
-
-def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
-    """The pytorch backend's artifact: option.quantize's calibrated checkpoint (there is no engine to build)."""
-    from lmi_trt.compile.hf_quant import quantize_to
-    from lmi_trt.engines import registry
-    from lmi_trt.sources import resolve_model
-
-    if config.quantize is None:
-        raise PlanError(
-            "option.quantize",
-            None,
-            "the pytorch backend loads the Hugging Face checkpoint itself: there is no engine to compile",
-            "Set option.quantize (fp8, fp8_kv or awq) to calibrate a checkpoint ahead of time, or "
-            "option.backend=tensorrt to build an engine on a 0.12-1.2 image",
-        )
-    artifact = resolve_model(config)
-    quant = quantize_to(
-        registry.quantize_job(config),
-        artifact,
-        args.output,
-        trtllm_version=version,
-        progress=lambda msg: log.info("compile: %s", msg),
-    )
-    return (
-        f"calibrated {artifact.model_id} → {args.output} ({quant.quant_algo}, a modelopt Hugging Face checkpoint "
-        f"for the pytorch backend); serve it with option.model_id={args.output}, without option.quantize"
-    )
