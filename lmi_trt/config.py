@@ -28,8 +28,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
 
-from lmi_trt.engines.registry import ENGINE_NAMES, ENGINES
-from lmi_trt.errors import LmiError
+from lmi_trt.engines.registry import BACKEND_NAMES, ENGINE_NAMES, entry
+from lmi_trt.errors import ConfigError
+from lmi_trt.errors import StartupError as StartupError  # the configuration's errors, importable from it
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
 from lmi_trt.vocabulary import (
@@ -47,20 +48,6 @@ from lmi_trt.vocabulary import (
 log = logging.getLogger(__name__)
 
 PROPERTIES_FILE_NAME = "serving.properties"
-
-
-class ConfigError(LmiError, ValueError):
-    """An invalid configuration; the message names the key as written, the value and what is allowed."""
-
-
-class StartupError(ConfigError):
-    """Why the server cannot start, found before it loads anything: the key (or flag), its value, the
-    problem and the fix. ``lmi-trt`` prints it as one line and exits 2; the structured fields are the
-    shape every error root is to share (key, value, problem, fix)."""
-
-    def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
-        self.key, self.value, self.problem, self.fix = key, value, problem, fix
-        super().__init__(f"{key}={value!r}: {problem}; {fix}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,14 +399,14 @@ class LmiConfig(BaseModel):
     ] = "auto"
     # DJL's spelling (djl_python/properties_manager/trt_properties.py ``backend``; trtllm-serve's --backend).
     backend: Annotated[
-        Literal["auto", "pytorch", "tensorrt"],
+        Literal[("auto", *BACKEND_NAMES)],
         KeySpec(
             "option.backend",
-            _choice(_same("auto", "pytorch", "tensorrt")),
+            _choice(_same("auto", *BACKEND_NAMES)),
             "TensorRT-LLM backend; auto: tensorrt for engine folders and 0.x, pytorch for Hugging Face checkpoints "
             "on 1.0+ and wherever the Executor binding is gone",
         ),
-    ] = "auto"  # lmi_trt.engines.choose_backend
+    ] = "auto"  # lmi_trt.engines.registry.choose_backend
     dtype: Annotated[
         Literal["auto", "fp16", "bf16", "fp32"],
         KeySpec(
@@ -481,11 +468,11 @@ class LmiConfig(BaseModel):
             "option.max_rolling_batch_size",
             _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: "
-            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
+            + ", ".join(f"{name} {entry(name).default_batch}" for name in ENGINE_NAMES if entry(name).uses_model),
             compile_time=True,
             aliases=_both("max_batch_size"),
         ),
-    ] = None  # None → the engine's default (engines.registry.settle)
+    ] = None  # None → the engine's default (lmi_trt.stages.settle)
     max_input_len: Annotated[
         int,
         KeySpec(
@@ -1292,8 +1279,8 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
     def name(attr: str) -> str:
         return _label(key_of(attr), chosen)
 
-    engine = ENGINES.get(get("rolling_batch"))
-    if get("model_id") is None and model_dir is None and (engine is None or engine.uses_model):
+    engine = get("rolling_batch")
+    if get("model_id") is None and model_dir is None and (engine not in ENGINE_NAMES or entry(engine).uses_model):
         raise ConfigError(
             "no model: set option.model_id (or HF_MODEL_ID) to a Hugging Face id, s3:// URI or "
             "local folder, or pass a model dir holding the model"

@@ -13,24 +13,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lmi_trt.config import LmiConfig, StartupError
-from lmi_trt.engines import ArtifactKind, EngineKind, choose_backend, probe_trtllm, registry
+from lmi_trt import stages
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines import EngineKind
 from lmi_trt.engines.base import Engine
+from lmi_trt.engines.registry import EngineEntry, entry
+from lmi_trt.errors import StartupError
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
-from lmi_trt.sources.artifact import is_hf_config
+from lmi_trt.sources.artifact import config_kind
 
 log = logging.getLogger(__name__)
 
 
 def build_engine(
-    kind: EngineKind, config: LmiConfig, artifact: ModelArtifact, tokenizer, placement: Placement | None = None
+    served: EngineEntry, config: LmiConfig, artifact: ModelArtifact, tokenizer, placement: Placement | None = None
 ) -> Engine:
-    """Construct (not start) the engine for an artifact (``lmi_trt.engines.registry``); mismatches are
-    user errors. ``placement`` (from the launch plan) puts one model copy on its GPUs."""
-    return registry.build_engine(kind, config, artifact, tokenizer, _eos_ids(tokenizer, artifact), placement)
+    """Construct (not start) the engine for an artifact (``lmi_trt.stages``); mismatches are user errors.
+    ``placement`` (from the launch plan) puts one model copy on its GPUs."""
+    return stages.build_engine(served, config, artifact, tokenizer, _eos_ids(tokenizer, artifact), placement)
 
 
 def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
@@ -44,42 +47,16 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
     return ids
 
 
-def compile_if_needed(kind: EngineKind, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
-    """The JIT stage: a checkpoint served by trtllm's tensorrt backend becomes an engine (from the cache, or
-    built once); the pytorch backend loads the checkpoint itself (``registry.compiles``), calibrated first
-    with ``option.quantize`` (``registry.quantizes``: from the cache, or calibrated once)."""
-    if registry.quantizes(kind, config) and artifact.kind == "hf_checkpoint":
-        from lmi_trt.compile.hf_quant import ensure_quantized
-        from lmi_trt.compile.probe import detect_trtllm_version
-
-        return ensure_quantized(
-            registry.quantize_job(config),
-            artifact,
-            trtllm_version=detect_trtllm_version() or "",
-            progress=lambda msg: log.info("compile: %s", msg),
-        )
-    if not registry.compiles(kind, config) or artifact.kind == "trtllm_engine":
-        return artifact
-    from lmi_trt.compile.jit import ensure_engine
-
-    return ensure_engine(registry.compile_job(config), artifact, progress=lambda msg: log.info("compile: %s", msg))
-
-
 async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | None = None) -> LoadedModel:
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
-    config = registry.settle(config, kind)
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
-    if artifact.kind == "hf_checkpoint":  # a hub model preflight could not read before its download
-        config = fit_lengths(config, artifact.hf_config, kind)
-    if registry.ENGINES[kind].needs_trtllm_gpu:  # on TensorRT-LLM: preflight chose by what it could read;
-        # the resolved folder decides
-        config = with_backend(config, artifact.kind)
-    registry.refuse_ignored(kind, config)
-    artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
+    config = stages.resolve(config, kind, artifact.kind, artifact.hf_config)
+    served = entry(kind, config.backend)
+    artifact = await asyncio.to_thread(stages.compile_if_needed, served, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
-    engine = build_copies(plan, lambda placement: build_engine(kind, config, artifact, tokenizer, placement))
+    engine = build_copies(plan, lambda placement: build_engine(served, config, artifact, tokenizer, placement))
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
     return LoadedModel(engine=engine, tokenizer=tokenizer)
@@ -88,76 +65,6 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
 # ------------------------------------------------------------------------------------------------
 # Preflight: what can be checked before anything is downloaded or loaded, so a mistake costs
 # seconds and one line rather than a load, a traceback and a failed server.
-
-# Defaults of unset limits where the model has room for them (LmiConfig's field defaults).
-_DEFAULT_INPUT = LmiConfig.model_fields["max_input_len"].default
-_DEFAULT_OUTPUT = LmiConfig.model_fields["max_output_len"].default
-# config.json keys stating the positions a model was trained for, in the order transformers'
-# configurations use them (GPT-2: n_positions, ChatGLM/Qwen-1: seq_length).
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
-
-
-def model_positions(hf_config: Mapping[str, Any] | None) -> tuple[int, str] | None:
-    """(positions, the config.json key stating them); multimodal configs keep them in text_config."""
-    if not hf_config:
-        return None
-    for cfg in (hf_config, hf_config.get("text_config") or {}):
-        for key in _POSITION_KEYS:
-            if isinstance(cfg.get(key), int) and cfg[key] > 1:
-                return cfg[key], key
-    return None
-
-
-def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: EngineKind) -> LmiConfig:
-    """Unset ``max_input_len`` / ``max_output_len`` follow the model's positions (as vLLM's
-    ``max_model_len`` and TGI's ``max_total_tokens`` do): the defaults where they fit, else output
-    a quarter of the positions and input the rest. Limits the user set that do not fit are a
-    ``StartupError`` naming them (torch; the trtllm build plan checks them with RoPE scaling)."""
-    found = model_positions(hf_config)
-    if found is None or not registry.ENGINES[kind].uses_model:
-        return config
-    positions, key = found
-    given = config.model_fields_set
-    inp, out = config.max_input_len, config.max_output_len
-    if "max_input_len" in given and inp >= positions:
-        raise StartupError(
-            "option.max_input_len",
-            inp,
-            f"the model has {positions} positions (config.json {key})",
-            f"set it below {positions}, leaving room for option.max_output_len",
-        )
-    if "max_output_len" in given and out >= positions:
-        raise StartupError(
-            "option.max_output_len",
-            out,
-            f"the model has {positions} positions (config.json {key})",
-            f"set it below {positions}, leaving room for the prompt",
-        )
-    if "max_output_len" not in given:
-        out = (
-            min(_DEFAULT_OUTPUT, positions - inp) if "max_input_len" in given else min(_DEFAULT_OUTPUT, positions // 4)
-        )
-    if "max_input_len" not in given:
-        inp = min(_DEFAULT_INPUT, positions - out)
-    if inp + out > positions and not registry.ENGINES[kind].compiles:  # a build plan checks with RoPE scaling
-        raise StartupError(
-            "option.max_input_len + option.max_output_len",
-            f"{inp} + {out} = {inp + out}",
-            f"exceeds the model's {positions} positions (config.json {key})",
-            f"set them to fit, e.g. option.max_input_len={positions - positions // 4} "
-            f"option.max_output_len={positions // 4}, or leave both unset to follow the model",
-        )
-    if (inp, out) == (config.max_input_len, config.max_output_len):
-        return config
-    log.info(
-        "option.max_input_len=%d and option.max_output_len=%d follow the model's %d positions (config.json %s); "
-        "set them to choose others",
-        inp,
-        out,
-        positions,
-        key,
-    )
-    return config.derived(f"the model's {positions} positions", max_input_len=inp, max_output_len=out)
 
 
 def _local_folder(name: str, key: str) -> Path | None:
@@ -207,7 +114,7 @@ def _read_json(path: Path) -> Mapping[str, Any] | None:
 
 
 def _check_engine_available(kind: EngineKind) -> None:
-    if not registry.ENGINES[kind].needs_trtllm_gpu:
+    if not entry(kind).needs_trtllm_gpu:
         return
     if importlib.util.find_spec("tensorrt_llm") is None:
         raise StartupError(
@@ -228,44 +135,27 @@ def _check_engine_available(kind: EngineKind) -> None:
         )
 
 
-def with_backend(config: LmiConfig, artifact_kind: ArtifactKind) -> LmiConfig:
-    """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
-    a combination this release cannot serve is a StartupError naming option.backend."""
-    quantize = config.quantize.value if config.quantize is not None else None
-    backend, why = choose_backend(config.backend, probe_trtllm(), artifact_kind, quantize)
-    log.info("TensorRT-LLM backend: %s (%s)", backend, why)
-    return config if backend == config.backend else config.derived(why, backend=backend)
-
-
 def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     """Everything checkable before loading, in seconds: the engine can run here, the model and
     tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
-    Returns ``config`` settled for the engine (``registry.settle``), unset limits following the model."""
+    Returns ``config`` resolved for the engine (``lmi_trt.stages.resolve``) as far as the model could be read."""
     _check_engine_available(kind)
-    config = registry.settle(config, kind)
-    if not registry.ENGINES[kind].needs_trtllm_gpu or config.backend != "auto":  # else: once the backend is known
-        registry.refuse_ignored(kind, config)
     if config.tokenizer_id is not None:
         tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
         if tokenizer is None:
             _hub_config(config.tokenizer_id, "option.tokenizer_id", None)
-    if not registry.ENGINES[kind].uses_model and config.model_id is None and config.model_dir is None:
-        return config
-    if config.model_id is None:
-        folder = config.model_dir
-        hf_config = _read_json(folder / "config.json") if folder is not None else None
-    else:
-        folder = _local_folder(config.model_id, "option.model_id")
-        hf_config = (
-            _read_json(folder / "config.json")
-            if folder is not None
-            else _hub_config(config.model_id, "option.model_id", config.revision)
-        )
-    if registry.ENGINES[kind].needs_trtllm_gpu and hf_config is not None:  # on TensorRT-LLM, a model read
-        # here decides the backend now; one not readable yet (S3, an uncached hub id) is decided by
-        # load_model once resolved (pinning a guess here made an S3 engine folder a "checkpoint")
-        config = with_backend(config, "trtllm_engine" if "build_config" in hf_config else "hf_checkpoint")
-        registry.refuse_ignored(kind, config)
-    if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
-        return config
-    return fit_lengths(config, hf_config, kind)
+    hf_config = None
+    if entry(kind).uses_model or config.model_id is not None or config.model_dir is not None:
+        if config.model_id is None:
+            folder = config.model_dir
+            hf_config = _read_json(folder / "config.json") if folder is not None else None
+        else:
+            folder = _local_folder(config.model_id, "option.model_id")
+            hf_config = (
+                _read_json(folder / "config.json")
+                if folder is not None
+                else _hub_config(config.model_id, "option.model_id", config.revision)
+            )
+    # A model not readable yet (S3, an uncached hub id) is resolved by load_model once downloaded (pinning a
+    # guess here made an S3 engine folder a "checkpoint").
+    return stages.resolve(config, kind, config_kind(hf_config), hf_config)

@@ -61,7 +61,8 @@ def load_cli_config(args: argparse.Namespace):
 
 def load_compile_job(args: argparse.Namespace):
     """CLI flags → (LmiConfig settled for the compiling engine, its CompileJob) for `plan` and `compile`."""
-    from lmi_trt.engines import registry
+    from lmi_trt import stages
+    from lmi_trt.engines.registry import COMPILING_ENGINE
 
-    config = registry.settle(load_cli_config(args), registry.COMPILING_ENGINE)
-    return config, registry.compile_job(config)
+    config = stages.settle(load_cli_config(args), COMPILING_ENGINE)
+    return config, stages.compile_job(config)

@@ -72,18 +72,19 @@ def _gib(n: float) -> str:
 
 
 def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | None]:
-    """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and on the
-    pytorch backend the ``LLM`` keywords (no engine build)."""
-    from lmi_trt.engines import registry
+    """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and where it builds
+    no engine (the pytorch backend) the ``LLM`` keywords."""
+    from lmi_trt import stages
+    from lmi_trt.engines.registry import COMPILING_ENGINE, entry
 
     backend, why = checkpoint_backend(config, version)
-    if backend != "pytorch":
+    if entry(COMPILING_ENGINE, backend).builds_engine:
         return backend, why, None
     from lmi_trt.engines.llmapi import llm_plan
 
     # ``config`` is settled for the compiling engine (lmi_trt.cli.load_compile_job); 'max' is the launcher's
     tp = config.tensor_parallel_degree
-    settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
+    settings = stages.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
     planned = llm_plan(settings)
     return (
         backend,

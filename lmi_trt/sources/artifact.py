@@ -106,6 +106,17 @@ def is_hf_config(cfg: dict | None) -> bool:
     return "model_type" in cfg or isinstance(cfg.get("architectures"), list)
 
 
+def config_kind(cfg: dict | None) -> ArtifactKind | None:
+    """The kind of model a folder's config.json describes, read before the folder itself is (None: unknown)."""
+    if not cfg:
+        return None
+    if "build_config" in cfg or "builder_config" in cfg:
+        return "trtllm_engine"
+    if is_hf_config(cfg):
+        return "hf_checkpoint"
+    return "trtllm_checkpoint" if isinstance(cfg.get("architecture"), str) else None
+
+
 def _has_hf_weights(files: frozenset[str]) -> bool:
     return any(
         f.endswith(".safetensors") or (f.endswith(".bin") and f.startswith(("pytorch_model", "model"))) for f in files

@@ -24,8 +24,8 @@ SMALL = dict(max_input_len=128, max_output_len=64, max_batch_size=4)
 
 
 def job(config):
-    """The compile stage's input as serving builds it: settled for trtllm, viewed by the registry."""
-    from lmi_trt.engines.registry import compile_job, settle
+    """The compile stage's input as serving builds it: settled for trtllm, viewed by the wiring."""
+    from lmi_trt.stages import compile_job, settle
 
     return compile_job(settle(config, "trtllm"))
 

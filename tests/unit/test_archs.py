@@ -328,9 +328,9 @@ def test_supported_architectures_sorted_and_complete():
 
 
 def test_compile_options_view_of_the_real_lmi_config(tmp_path):
-    # The registry builds CompileOptions from the configuration (max_batch_size ← max_rolling_batch_size).
+    # The wiring builds CompileOptions from the configuration (max_batch_size ← max_rolling_batch_size).
     from lmi_trt.config import LmiConfig
-    from lmi_trt.engines.registry import compile_options, settle
+    from lmi_trt.stages import compile_options, settle
 
     data = tmp_path / "calib.jsonl"
     config = LmiConfig(

@@ -333,7 +333,7 @@ def test_settings_validate_values():
 
 def test_settings_from_config_follow_djl_precedence():
     from lmi_trt.config import LmiConfig
-    from lmi_trt.engines.registry import settle, trtllm_settings
+    from lmi_trt.stages import settle, trtllm_settings
 
     config = LmiConfig(
         max_rolling_batch_size=64,

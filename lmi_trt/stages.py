@@ -1,0 +1,499 @@
+"""The wiring: a configuration becomes each stage's settings, the compile jobs and the engine, here and only here.
+
+Above the stages it wires (sources, compile, engines, launch) and below the two that run them: ``preflight``
+and ``load_model`` (``lmi_trt.loader``) each call ``resolve`` once, which settles the configuration for the
+engine in four steps, in order:
+
+1. ``settle``: the engine's default batch where ``option.max_rolling_batch_size`` is unset;
+2. ``with_backend``: TensorRT-LLM's backend, once the model's kind is known (``registry.choose_backend``);
+3. ``refuse_ignored``: an option the chosen entry would not read is a ``StartupError`` naming it;
+4. ``fit_lengths``: unset limits follow the model's positions (a Hugging Face config.json).
+
+The settings views (``compile_options``, ``trtllm_settings``, ``llmapi_settings``, ``torch_settings``,
+``synthetic_settings``) are built from a settled ``LmiConfig`` here and only here: every stage reads typed fields,
+never the raw configuration, so a misspelt name is an ``AttributeError`` rather than a silent default. Each
+registry entry's view and factory are its ``WIRING``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmi_trt.config import LmiConfig, key_of
+from lmi_trt.engines import probe_trtllm
+from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.engines.registry import (
+    ENTRIES,
+    PYTORCH,
+    SYNTHETIC,
+    TENSORRT,
+    TORCH,
+    EngineEntry,
+    choose_backend,
+    entry,
+    has_backends,
+    is_chosen,
+)
+from lmi_trt.errors import StartupError
+from lmi_trt.sources import ModelArtifact
+
+if TYPE_CHECKING:
+    from lmi_trt.compile.hf_quant import QuantizeJob
+    from lmi_trt.compile.jit import CompileJob
+    from lmi_trt.compile.options import CompileOptions
+    from lmi_trt.engines.llmapi import LlmApiSettings
+    from lmi_trt.engines.trtllm import TrtllmSettings
+    from lmi_trt.launch import Placement
+
+log = logging.getLogger(__name__)
+
+
+class TorchSettings(BaseModel):
+    """The torch engine's settings: ``TorchEngine``'s keywords (tests/unit/test_arch_registry.py checks
+    that they match), less the tokenizer facts and the placement the loader adds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: Literal["auto", "fp16", "bf16", "fp32"]
+    device: Literal["auto", "cpu", "cuda"]
+    max_batch_size: int = Field(ge=1)
+    max_input_len: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1)
+    trust_remote_code: bool
+    max_num_tokens: int | None = Field(ge=1)
+    batching: Literal["auto", "continuous", "static"]
+    decode_loop: Literal["auto", "builtin", "transformers"]
+
+
+class SyntheticSettings(BaseModel):
+    """The synthetic benchmark engine's settings (``SyntheticEngine``'s keywords, less the tokenizer's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_per_second: float | None = Field(gt=0)
+    max_batch_size: int = Field(ge=1)
+    max_input_len: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings views: LmiConfig (settled) → each stage's typed settings.
+
+
+def settle(config: LmiConfig, kind: str) -> LmiConfig:
+    """The configuration as engine ``kind`` runs it: where ``option.max_rolling_batch_size`` is unset, the
+    engine's default is filled in, here and only here; every later stage reads it."""
+    if config.max_rolling_batch_size is not None:
+        return config
+    return config.derived(f"{kind} engine default", max_rolling_batch_size=entry(kind).default_batch)
+
+
+def _batch(config: LmiConfig) -> int:
+    if config.max_rolling_batch_size is None:
+        raise EngineError("internal: option.max_rolling_batch_size was not settled for the engine (stages.settle)")
+    return config.max_rolling_batch_size
+
+
+def _sequences(config: LmiConfig) -> int:
+    """Sequences in flight at run time: DJL's option.max_num_sequences when set (config checks that it is
+    ≤ option.max_rolling_batch_size), else the batch size; every engine honours it."""
+    return config.max_num_sequences if config.max_num_sequences is not None else _batch(config)
+
+
+def compile_options(config: LmiConfig) -> CompileOptions:
+    """Every ``CompileOptions`` field from the configuration field of the same name
+    (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
+    from lmi_trt.compile.options import CompileOptions
+
+    return _compile_options(config, CompileOptions.model_fields)
+
+
+def _compile_options(config: LmiConfig, names: Iterable[str]) -> CompileOptions:
+    """``CompileOptions`` with the named fields from the configuration (the others keep their defaults)."""
+    from lmi_trt.compile.options import CompileOptions
+
+    values: dict[str, Any] = {}
+    for name in names:
+        value = _batch(config) if name == "max_batch_size" else getattr(config, name)
+        values[name] = str(value) if isinstance(value, PurePath) else value
+    return CompileOptions(**values)
+
+
+# The options the PyTorch backend's quantization stage reads (lmi_trt.compile.hf_quant).
+QUANTIZE_OPTIONS = (
+    "quantize",
+    "q_format",
+    "awq_block_size",
+    "calib_dataset",
+    "calib_size",
+    "calib_batch_size",
+    "calib_max_seq_length",
+    "trust_remote_code",
+)
+
+
+def quantize_job(config: LmiConfig) -> QuantizeJob:
+    """The pytorch backend's quantization stage input: the calibration options and the engine cache."""
+    from lmi_trt.compile.hf_quant import QuantizeJob
+
+    return QuantizeJob(
+        options=_compile_options(config, QUANTIZE_OPTIONS),
+        timeout_s=config.compile_timeout,
+        cache_uri=config.engine_cache_uri,
+        download_dir=config.download_dir,
+    )
+
+
+def compile_job(config: LmiConfig) -> CompileJob:
+    """The compile stage's input: the planner's options and how the build runs and is cached."""
+    from lmi_trt.compile.jit import CompileJob
+
+    return CompileJob(
+        options=compile_options(config),
+        kv_cache_fraction=config.kv_cache_free_gpu_mem_fraction,
+        timeout_s=config.compile_timeout,
+        workers=config.num_engine_workers,
+        load_by_shard=config.load_by_shard,
+        checkpoint_dir=config.trtllm_checkpoint_path,
+        cache_uri=config.engine_cache_uri,
+        download_dir=config.download_dir,
+        properties=config.compile_time_values(),
+    )
+
+
+def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
+    from lmi_trt.engines.trtllm import TrtllmSettings
+
+    # DJL: option.max_num_sequences, when set, caps the Executor's batch below the built one.
+    key = "option.max_num_sequences" if config.max_num_sequences is not None else "option.max_rolling_batch_size"
+    batch = _sequences(config)
+    given = config.is_given("max_num_sequences") or config.is_given("max_rolling_batch_size")
+    tp = config.tensor_parallel_degree
+    return TrtllmSettings(
+        max_batch_size=batch,
+        # None: the engine's default, lowered to the engine's build-time batch with a warning.
+        max_batch_size_key=key if given else None,
+        max_num_tokens=config.max_num_tokens,
+        kv_cache_free_gpu_mem_fraction=config.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
+        kv_cache_host_memory_bytes=config.kv_cache_host_memory_bytes,
+        enable_kv_cache_reuse=config.enable_kv_cache_reuse,
+        batch_scheduler_policy=config.batch_scheduler_policy,
+        enable_chunked_context=config.enable_chunked_context,
+        multi_block_mode=config.multi_block_mode,
+        enable_trt_overlap=config.enable_trt_overlap,
+        max_beam_width=config.max_beam_width,
+        tensor_parallel_degree=None if tp == "max" else tp,
+        pipeline_parallel_degree=config.pipeline_parallel_degree,
+    )
+
+
+def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
+    from lmi_trt.engines.llmapi import LlmApiSettings
+
+    return LlmApiSettings(
+        runtime=trtllm_settings(config),
+        dtype=config.dtype,
+        max_input_len=config.max_input_len,
+        max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
+        trust_remote_code=config.trust_remote_code,
+    )
+
+
+def torch_settings(config: LmiConfig) -> TorchSettings:
+    return TorchSettings(
+        dtype=config.dtype,
+        device=config.device,
+        max_batch_size=_sequences(config),
+        max_input_len=config.max_input_len,
+        max_new_tokens=config.max_output_len,
+        trust_remote_code=config.trust_remote_code,
+        max_num_tokens=config.max_num_tokens,
+        batching=config.torch_batching,
+        decode_loop=config.torch_decode_loop,
+    )
+
+
+def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
+    return SyntheticSettings(
+        tokens_per_second=config.synthetic_tokens_per_second or None,  # 0 = as fast as possible
+        max_batch_size=_sequences(config),
+        max_input_len=config.max_input_len,
+        max_new_tokens=config.max_output_len,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Factories: settings + the loaded artifact and tokenizer → an engine (not started).
+
+
+def _build_synthetic(
+    settings: SyntheticSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
+) -> Engine:
+    from lmi_trt.engines.synthetic import SyntheticEngine
+
+    return SyntheticEngine(len(tokenizer), **settings.model_dump(), special_token_ids=tuple(tokenizer.all_special_ids))
+
+
+def _build_torch(
+    settings: TorchSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
+) -> Engine:
+    if artifact.kind != "hf_checkpoint":
+        raise EngineError(
+            f"option.model_id={artifact.model_id!r} is a {artifact.kind.replace('_', ' ')}, which only the "
+            "trtllm engine can serve; the torch engine needs a Hugging Face checkpoint "
+            "(install TensorRT-LLM on a GPU host, or point option.model_id at the HF model)",
+            code=400,
+        )
+    from lmi_trt.engines.torch import TorchEngine
+
+    if placement is not None and placement.torch_device:
+        settings = settings.model_copy(update={"device": placement.torch_device})
+    return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+
+
+def _build_executor(
+    settings: TrtllmSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
+) -> Engine:
+    from lmi_trt.engines.guided import GuideVocab
+    from lmi_trt.engines.trtllm import TrtllmEngine
+    from lmi_trt.launch import trtllm_copy_settings
+
+    if artifact.kind != "trtllm_engine":
+        raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
+    if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
+        settings = trtllm_copy_settings(settings, placement)
+    return TrtllmEngine(
+        artifact.engine_dir,
+        settings,
+        eos_token_ids=eos,
+        pad_token_id=tokenizer.pad_token_id,
+        guide_vocab=functools.partial(GuideVocab.of, tokenizer, eos),
+    )
+
+
+def _build_llm(
+    settings: LlmApiSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
+) -> Engine:
+    """The pytorch backend: the LLM loads the checkpoint and starts its workers itself."""
+    from lmi_trt.engines.llmapi import LlmApiEngine
+
+    return LlmApiEngine(artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How a registry entry is built: its settings view of the configuration, and its factory."""
+
+    settings: Callable[[LmiConfig], BaseModel]
+    factory: Callable[..., Engine]  # (settings, artifact, tokenizer, eos ids, placement) → Engine, not started
+
+
+WIRING: dict[EngineEntry, Wiring] = {
+    TENSORRT: Wiring(trtllm_settings, _build_executor),
+    PYTORCH: Wiring(llmapi_settings, _build_llm),
+    TORCH: Wiring(torch_settings, _build_torch),
+    SYNTHETIC: Wiring(synthetic_settings, _build_synthetic),
+}
+
+
+def build_engine(
+    served: EngineEntry,
+    config: LmiConfig,
+    artifact: ModelArtifact,
+    tokenizer: Any,
+    eos: list[int],
+    placement: Placement | None = None,
+) -> Engine:
+    """Construct (not start) the engine of entry ``served`` for a resolved configuration."""
+    wiring = WIRING[served]
+    return wiring.factory(wiring.settings(config), artifact, tokenizer, eos, placement)
+
+
+def _progress(msg: str) -> None:
+    log.info("compile: %s", msg)
+
+
+def compile_if_needed(served: EngineEntry, config: LmiConfig, artifact: ModelArtifact) -> ModelArtifact:
+    """The JIT stage: a checkpoint the entry builds an engine for becomes one (from the cache, or built once); one
+    it calibrates under ``option.quantize`` becomes the calibrated checkpoint (from the cache, or calibrated once)."""
+    if served.calibrates and config.quantize is not None and artifact.kind == "hf_checkpoint":
+        from lmi_trt.compile.hf_quant import ensure_quantized
+        from lmi_trt.compile.probe import detect_trtllm_version
+
+        return ensure_quantized(
+            quantize_job(config), artifact, trtllm_version=detect_trtllm_version() or "", progress=_progress
+        )
+    if not served.builds_engine or artifact.kind == "trtllm_engine":
+        return artifact
+    from lmi_trt.compile.jit import ensure_engine
+
+    return ensure_engine(compile_job(config), artifact, progress=_progress)
+
+
+# ------------------------------------------------------------------------------------------------
+# Honoured or refused: every option the user sets is read by the entry that serves, or refused naming it.
+
+
+class _Reads:
+    """A configuration that records which of its fields are read (``honoured``)."""
+
+    def __init__(self, config: LmiConfig) -> None:
+        self._config = config
+        self.names: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.names.add(name)
+        return getattr(self._config, name)
+
+
+def honoured(served: EngineEntry, config: LmiConfig) -> frozenset[str]:
+    """The fields entry ``served`` reads for a settled ``config``: its settings view's, and its compile (or
+    calibration) job's where it has one. Derived from the views themselves, so it cannot drift from them."""
+    probe = _Reads(config)
+    WIRING[served].settings(probe)  # type: ignore[arg-type]
+    if served.builds_engine:
+        compile_job(probe)  # type: ignore[arg-type]
+    if served.calibrates and config.quantize is not None:
+        quantize_job(probe)  # type: ignore[arg-type]
+    return frozenset(probe.names)
+
+
+# Fields a settings view reads that other stages honour for every engine, or place and refuse per engine.
+HONOURED_ELSEWHERE: dict[str, str] = {
+    "trust_remote_code": "the tokenizer is loaded with it for every engine",
+    "tensor_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
+    "pipeline_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
+    "download_dir": "sources download s3:// models there for every engine",
+}
+
+
+def refuse_ignored(served: EngineEntry, config: LmiConfig) -> None:
+    """A StartupError for the first option the user set that entry ``served`` would ignore: one that some other
+    entry's settings read and this one's do not. Every accepted option is honoured or refused."""
+    used = honoured(served, config)
+    for name in type(config).model_fields:
+        if name in used or name in HONOURED_ELSEWHERE or not config.is_given(name):
+            continue
+        users = [other.label for other, read in _reads_by_entry().items() if name in read]
+        if users:
+            raise StartupError(
+                key_of(name),
+                getattr(config, name),
+                f"{served.title} does not use it",
+                f"leave it out, or serve with an engine that does: {', '.join(users)}",
+            )
+
+
+@functools.cache
+def _reads_by_entry() -> dict[EngineEntry, frozenset[str]]:
+    """What each entry reads, on the default configuration: which entries an option is for."""
+    return {
+        e: honoured(e, settle(LmiConfig(), e.engine).model_copy(update={"backend": e.backend or "auto"}))
+        for e in ENTRIES
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Resolution: the configuration settled for the engine and what is known of the model.
+
+# Defaults of unset limits where the model has room for them (LmiConfig's field defaults).
+_DEFAULT_INPUT = LmiConfig.model_fields["max_input_len"].default
+_DEFAULT_OUTPUT = LmiConfig.model_fields["max_output_len"].default
+# config.json keys stating the positions a model was trained for, in the order transformers'
+# configurations use them (GPT-2: n_positions, ChatGLM/Qwen-1: seq_length).
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
+
+
+def model_positions(hf_config: Mapping[str, Any] | None) -> tuple[int, str] | None:
+    """(positions, the config.json key stating them); multimodal configs keep them in text_config."""
+    if not hf_config:
+        return None
+    for cfg in (hf_config, hf_config.get("text_config") or {}):
+        for key in _POSITION_KEYS:
+            if isinstance(cfg.get(key), int) and cfg[key] > 1:
+                return cfg[key], key
+    return None
+
+
+def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: str) -> LmiConfig:
+    """Unset ``max_input_len`` / ``max_output_len`` follow the model's positions (as vLLM's
+    ``max_model_len`` and TGI's ``max_total_tokens`` do): the defaults where they fit, else output
+    a quarter of the positions and input the rest. Limits the user set that do not fit are a
+    ``StartupError`` naming them (torch; the trtllm build plan checks them with RoPE scaling)."""
+    found = model_positions(hf_config)
+    facts = entry(kind)
+    if found is None or not facts.uses_model:
+        return config
+    positions, key = found
+    given = config.model_fields_set
+    inp, out = config.max_input_len, config.max_output_len
+    if "max_input_len" in given and inp >= positions:
+        raise StartupError(
+            "option.max_input_len",
+            inp,
+            f"the model has {positions} positions (config.json {key})",
+            f"set it below {positions}, leaving room for option.max_output_len",
+        )
+    if "max_output_len" in given and out >= positions:
+        raise StartupError(
+            "option.max_output_len",
+            out,
+            f"the model has {positions} positions (config.json {key})",
+            f"set it below {positions}, leaving room for the prompt",
+        )
+    if "max_output_len" not in given:
+        out = (
+            min(_DEFAULT_OUTPUT, positions - inp) if "max_input_len" in given else min(_DEFAULT_OUTPUT, positions // 4)
+        )
+    if "max_input_len" not in given:
+        inp = min(_DEFAULT_INPUT, positions - out)
+    if inp + out > positions and not facts.checks_lengths:
+        raise StartupError(
+            "option.max_input_len + option.max_output_len",
+            f"{inp} + {out} = {inp + out}",
+            f"exceeds the model's {positions} positions (config.json {key})",
+            f"set them to fit, e.g. option.max_input_len={positions - positions // 4} "
+            f"option.max_output_len={positions // 4}, or leave both unset to follow the model",
+        )
+    if (inp, out) == (config.max_input_len, config.max_output_len):
+        return config
+    log.info(
+        "option.max_input_len=%d and option.max_output_len=%d follow the model's %d positions (config.json %s); "
+        "set them to choose others",
+        inp,
+        out,
+        positions,
+        key,
+    )
+    return config.derived(f"the model's {positions} positions", max_input_len=inp, max_output_len=out)
+
+
+def with_backend(config: LmiConfig, artifact_kind: str) -> LmiConfig:
+    """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
+    a combination this release cannot serve is a StartupError naming option.backend."""
+    quantize = config.quantize.value if config.quantize is not None else None
+    backend, why = choose_backend(config.backend, probe_trtllm(), artifact_kind, quantize)
+    log.info("TensorRT-LLM backend: %s (%s)", backend, why)
+    return config if backend == config.backend else config.derived(why, backend=backend)
+
+
+def resolve(config: LmiConfig, kind: str, artifact: str | None, hf_config: Mapping[str, Any] | None) -> LmiConfig:
+    """The configuration as engine ``kind`` serves the model: ``artifact`` is the model's kind and ``hf_config``
+    its Hugging Face config.json, as far as they are known (None: not before the download). The four steps of
+    the module's docstring; those that need the model wait for it (``load_model`` calls this again then)."""
+    config = settle(config, kind)
+    if artifact is not None and has_backends(kind):  # TensorRT-LLM: the model's kind decides the backend
+        config = with_backend(config, artifact)
+    if is_chosen(kind, config.backend):
+        refuse_ignored(entry(kind, config.backend), config)
+    if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
+        return config
+    return fit_lengths(config, hf_config, kind)
