@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from lmi_trt.config import LmiConfig, key_of
 from lmi_trt.engines import probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.engines.registry import (
@@ -42,6 +40,7 @@ from lmi_trt.engines.registry import (
     is_chosen,
 )
 from lmi_trt.errors import StartupError
+from lmi_trt.keys import LmiConfig, key_of, reads
 from lmi_trt.sources import ModelArtifact
 
 if TYPE_CHECKING:
@@ -55,32 +54,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TorchSettings(BaseModel):
+class TorchSettings(
+    reads(
+        "dtype",
+        "device",
+        "max_input_len",
+        "trust_remote_code",
+        "max_num_tokens",
+        max_new_tokens="max_output_len",
+        batching="torch_batching",
+        decode_loop="torch_decode_loop",
+    )
+):
     """The torch engine's settings: ``TorchEngine``'s keywords (tests/unit/test_arch_registry.py checks
     that they match), less the tokenizer facts and the placement the loader adds."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    dtype: Literal["auto", "fp16", "bf16", "fp32"]
-    device: Literal["auto", "cpu", "cuda"]
-    max_batch_size: int = Field(ge=1)
-    max_input_len: int = Field(ge=1)
-    max_new_tokens: int = Field(ge=1)
-    trust_remote_code: bool
-    max_num_tokens: int | None = Field(ge=1)
-    batching: Literal["auto", "continuous", "static"]
-    decode_loop: Literal["auto", "builtin", "transformers"]
+    max_batch_size: int = Field(TORCH.default_batch, ge=1)  # sequences in flight (``_sequences``)
 
 
-class SyntheticSettings(BaseModel):
+class SyntheticSettings(reads("max_input_len", max_new_tokens="max_output_len")):
     """The synthetic benchmark engine's settings (``SyntheticEngine``'s keywords, less the tokenizer's)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tokens_per_second: float | None = Field(gt=0)
-    max_batch_size: int = Field(ge=1)
-    max_input_len: int = Field(ge=1)
-    max_new_tokens: int = Field(ge=1)
+    tokens_per_second: float | None = Field(None, gt=0)  # option.synthetic_tokens_per_second; 0 → None, unpaced
+    max_batch_size: int = Field(SYNTHETIC.default_batch, ge=1)  # sequences in flight (``_sequences``)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -108,22 +104,10 @@ def _sequences(config: LmiConfig) -> int:
 
 
 def compile_options(config: LmiConfig) -> CompileOptions:
-    """Every ``CompileOptions`` field from the configuration field of the same name
-    (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
+    """Every ``CompileOptions`` field from its key (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
     from lmi_trt.compile.options import CompileOptions
 
-    return _compile_options(config, CompileOptions.model_fields)
-
-
-def _compile_options(config: LmiConfig, names: Iterable[str]) -> CompileOptions:
-    """``CompileOptions`` with the named fields from the configuration (the others keep their defaults)."""
-    from lmi_trt.compile.options import CompileOptions
-
-    values: dict[str, Any] = {}
-    for name in names:
-        value = _batch(config) if name == "max_batch_size" else getattr(config, name)
-        values[name] = str(value) if isinstance(value, PurePath) else value
-    return CompileOptions(**values)
+    return CompileOptions.of(config)
 
 
 # The options the PyTorch backend's quantization stage reads (lmi_trt.compile.hf_quant).
@@ -142,9 +126,10 @@ QUANTIZE_OPTIONS = (
 def quantize_job(config: LmiConfig) -> QuantizeJob:
     """The pytorch backend's quantization stage input: the calibration options and the engine cache."""
     from lmi_trt.compile.hf_quant import QuantizeJob
+    from lmi_trt.compile.options import CompileOptions
 
     return QuantizeJob(
-        options=_compile_options(config, QUANTIZE_OPTIONS),
+        options=CompileOptions.of(config, only=QUANTIZE_OPTIONS),
         timeout_s=config.compile_timeout,
         cache_uri=config.engine_cache_uri,
         download_dir=config.download_dir,
@@ -173,60 +158,36 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 
     # DJL: option.max_num_sequences, when set, caps the Executor's batch below the built one.
     key = "option.max_num_sequences" if config.max_num_sequences is not None else "option.max_rolling_batch_size"
-    batch = _sequences(config)
     given = config.is_given("max_num_sequences") or config.is_given("max_rolling_batch_size")
     tp = config.tensor_parallel_degree
-    return TrtllmSettings(
-        max_batch_size=batch,
+    return TrtllmSettings.of(
+        config,
+        max_batch_size=_sequences(config),
         # None: the engine's default, lowered to the engine's build-time batch with a warning.
         max_batch_size_key=key if given else None,
-        max_num_tokens=config.max_num_tokens,
-        kv_cache_free_gpu_mem_fraction=config.kv_cache_free_gpu_mem_fraction,
-        max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
-        kv_cache_host_memory_bytes=config.kv_cache_host_memory_bytes,
-        enable_kv_cache_reuse=config.enable_kv_cache_reuse,
-        batch_scheduler_policy=config.batch_scheduler_policy,
-        enable_chunked_context=config.enable_chunked_context,
-        multi_block_mode=config.multi_block_mode,
-        enable_trt_overlap=config.enable_trt_overlap,
-        max_beam_width=config.max_beam_width,
         tensor_parallel_degree=None if tp == "max" else tp,
-        pipeline_parallel_degree=config.pipeline_parallel_degree,
     )
 
 
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     from lmi_trt.engines.llmapi import LlmApiSettings
 
-    return LlmApiSettings(
+    return LlmApiSettings.of(
+        config,
         runtime=trtllm_settings(config),
-        dtype=config.dtype,
-        max_input_len=config.max_input_len,
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
-        trust_remote_code=config.trust_remote_code,
     )
 
 
 def torch_settings(config: LmiConfig) -> TorchSettings:
-    return TorchSettings(
-        dtype=config.dtype,
-        device=config.device,
-        max_batch_size=_sequences(config),
-        max_input_len=config.max_input_len,
-        max_new_tokens=config.max_output_len,
-        trust_remote_code=config.trust_remote_code,
-        max_num_tokens=config.max_num_tokens,
-        batching=config.torch_batching,
-        decode_loop=config.torch_decode_loop,
-    )
+    return TorchSettings.of(config, max_batch_size=_sequences(config))
 
 
 def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
-    return SyntheticSettings(
+    return SyntheticSettings.of(
+        config,
         tokens_per_second=config.synthetic_tokens_per_second or None,  # 0 = as fast as possible
         max_batch_size=_sequences(config),
-        max_input_len=config.max_input_len,
-        max_new_tokens=config.max_output_len,
     )
 
 

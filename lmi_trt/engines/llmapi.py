@@ -57,9 +57,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
@@ -81,6 +81,7 @@ from lmi_trt.engines.trtllm import (
     map_request,
     require_eos,
 )
+from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,8 @@ FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (befor
 TOP_LOGPROBS_SERIES = (1, 1)  # top-k log probs on the PyTorch backend: PR 7756 (1.0 returns the top 1 only)
 LOGIT_BIAS_SERIES = (1, 1)  # the PyTorch sampler adds SamplingParams.embedding_bias: PR 6464
 PROMPT_LOGPROBS_SERIES = (1, 3)  # prompt log probs that always hold the prompt token's: PR 11235
-# TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
+# TorchLlmArgs' own default (llm_args.py), used for the limits when no option sets it.
 LLM_DEFAULT_BATCH = 2048
-LLM_DEFAULT_INPUT_LEN = 1024
 # trtllm-serve's floor for a log prob (postprocess_handlers.py: max(logprob, -9999.0)).
 LOGPROB_FLOOR = -9999.0
 # How long one get_stats_async pass waits for a new iteration before it ends (its default).
@@ -143,16 +143,11 @@ def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
 # =============================================================================== settings
 
 
-class LlmApiSettings(BaseModel):
+class LlmApiSettings(reads("dtype", "max_input_len", "trust_remote_code")):
     """What the LLM takes beyond the Executor's runtime settings (``runtime``, shared with the trtllm engine)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     runtime: TrtllmSettings = Field(default_factory=TrtllmSettings)
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"  # option.dtype
-    max_input_len: int | None = Field(None, ge=1)  # option.max_input_len
-    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output
-    trust_remote_code: bool = False  # option.trust_remote_code
+    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output (lmi_trt.stages)
 
 
 @dataclass(frozen=True)
@@ -194,8 +189,9 @@ def llm_plan(settings: LlmApiSettings) -> LlmPlan:
         "dtype": DTYPES[settings.dtype],
         "trust_remote_code": settings.trust_remote_code,
         "max_batch_size": batch,
-        "max_beam_width": rt.max_beam_width or 1,
+        "max_beam_width": rt.max_beam_width,
         "enable_chunked_prefill": rt.enable_chunked_context,
+        "max_input_len": settings.max_input_len,
         # /metrics reads the backend's iteration stats; they are only collected when asked for.
         "enable_iter_perf_stats": True,
         # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the
@@ -205,14 +201,14 @@ def llm_plan(settings: LlmApiSettings) -> LlmPlan:
     }
     for key, value in (
         ("max_num_tokens", rt.max_num_tokens),
-        ("max_input_len", settings.max_input_len),
         ("max_seq_len", settings.max_seq_len),
     ):
         if value is not None:
             keywords[key] = value
-    kv: dict[str, Any] = {"enable_block_reuse": rt.enable_kv_cache_reuse}
-    if rt.kv_cache_free_gpu_mem_fraction is not None:
-        kv["free_gpu_memory_fraction"] = rt.kv_cache_free_gpu_mem_fraction
+    kv: dict[str, Any] = {
+        "enable_block_reuse": rt.enable_kv_cache_reuse,
+        "free_gpu_memory_fraction": rt.kv_cache_free_gpu_mem_fraction,
+    }
     if rt.max_tokens_in_paged_kv_cache is not None:
         kv["max_tokens"] = rt.max_tokens_in_paged_kv_cache
     if rt.kv_cache_host_memory_bytes is not None:  # tensorrt_llm/llmapi/llm_args.py KvCacheConfig.host_cache_size
@@ -422,7 +418,7 @@ class LlmApiEngine:
         kw = self._plan.keywords
         self._limits = EngineLimits(
             max_batch_size=kw["max_batch_size"],
-            max_input_len=kw.get("max_input_len", LLM_DEFAULT_INPUT_LEN),
+            max_input_len=kw["max_input_len"],
             max_seq_len=kw.get("max_seq_len"),
             max_beam_width=kw["max_beam_width"],
             supports_logprobs=True,

@@ -19,8 +19,10 @@ from lmi_trt import stages
 from lmi_trt.compile.archs import _BAICHUAN_VERSIONS, _CHATGLM_VERSIONS, _GPT_VERSIONS
 from lmi_trt.compile.options import CompileOptions
 from lmi_trt.compile.plan import estimate_memory
-from lmi_trt.config import REGISTRY, ConfigError, LmiConfig, _BadValue, jsonable, load_config
+from lmi_trt.config import REGISTRY, ConfigError, LmiConfig, _BadValue, load_config
+from lmi_trt.engines.llmapi import LlmApiSettings
 from lmi_trt.engines.registry import BACKEND_NAMES, ENGINE_NAMES, ENTRIES
+from lmi_trt.engines.trtllm import TrtllmSettings
 from lmi_trt.stages import WIRING, SyntheticSettings, TorchSettings, settle
 from lmi_trt.vocabulary import Quantization
 
@@ -80,21 +82,39 @@ def test_a_field_declared_once_is_in_the_registry_once():
     assert set(attrs) == set(LmiConfig.model_fields) - {"model_dir"}  # model_dir: a CLI argument, not a key
 
 
-@pytest.mark.parametrize("name", [n for n in CompileOptions.model_fields if n != "max_batch_size"])
-def test_compile_options_are_typed_and_defaulted_like_the_configuration(name):
-    # Drift that shipped: use_fused_mlp (None vs false), awq_block_size (any int vs 64/128),
-    # smoothquant_alpha (0 allowed vs > 0).
-    assert name in LmiConfig.model_fields, f"CompileOptions.{name} is no configuration field"
-    spec = next(s for s in REGISTRY if s.attr == name)
-    assert jsonable(CompileOptions.model_fields[name].default) == jsonable(LmiConfig.model_fields[name].default)
-    for raw in _raws(spec, LmiConfig.model_fields[name]):
+VIEWS = (CompileOptions, TrtllmSettings, LlmApiSettings, TorchSettings, SyntheticSettings)
+# Fields a view declares itself although a key has their name: the wiring derives them from the key.
+DERIVED = {
+    (TrtllmSettings, "tensor_parallel_degree"): "option.tensor_parallel_degree, 'max' as None (the engine's)",
+    (LlmApiSettings, "max_seq_len"): "option.max_seq_len, else max_input_len + max_output_len",
+}
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=lambda v: v.__name__)
+def test_stage_settings_take_each_keys_type_and_default_from_its_declaration(view):
+    # 71 fields in these five classes restated their keys' types and defaults by hand, held equal by a test, and
+    # drifted before it (use_fused_mlp None vs false, awq_block_size any int vs 64/128, smoothquant_alpha 0
+    # allowed vs > 0): each is now its key's declaration (lmi_trt.keys.reads).
+    assert view.READS, f"{view.__name__} reads no key"
+    for name, attr in view.READS.items():
+        mine, declared = view.model_fields[name], LmiConfig.model_fields[attr]
+        assert (mine.annotation, mine.default) == (declared.annotation, declared.default), f"{view.__name__}.{name}"
+    restated = {n for n in set(view.model_fields) - set(view.READS) if n in LmiConfig.model_fields}
+    assert restated == {n for v, n in DERIVED if v is view}, f"{view.__name__} declares keys by hand: {restated}"
+
+
+@pytest.mark.parametrize(
+    ("view", "name"), [(v, n) for v in VIEWS for n in v.READS], ids=lambda x: getattr(x, "__name__", x)
+)
+def test_a_view_takes_what_its_key_takes_and_refuses_what_it_refuses(view, name):
+    spec = next(s for s in REGISTRY if s.attr == view.READS[name])
+    for raw in _raws(spec, LmiConfig.model_fields[spec.attr]):
         ok, value = _parsed(spec, raw)
-        value = str(value) if isinstance(value, Path) else value
         if ok:
-            assert _accepts(CompileOptions, name, value), f"{spec.key}={raw!r} is accepted but the planner refuses it"
+            assert _accepts(view, name, value), f"{spec.key}={raw!r} is accepted but {view.__name__} refuses it"
         elif raw.lstrip("-").replace(".", "", 1).isdigit():
             number = float(raw) if "." in raw else int(raw)
-            assert not _accepts(CompileOptions, name, number), f"{spec.key}={raw!r} is refused but the planner takes it"
+            assert not _accepts(view, name, number), f"{spec.key}={raw!r} is refused but {view.__name__} takes it"
 
 
 def test_the_planner_takes_every_variant_the_converter_knows():

@@ -365,6 +365,7 @@ def test_executor_config_1x(trt, monkeypatch):
 
     settings = TrtllmSettings(
         max_batch_size=8,
+        max_beam_width=2,
         kv_cache_free_gpu_mem_fraction=0.5,
         max_tokens_in_paged_kv_cache=4096,
         kv_cache_host_memory_bytes=2**30,
