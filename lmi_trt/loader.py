@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import logging
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from lmi_trt import stages
 from lmi_trt.config import LmiConfig
@@ -22,7 +18,7 @@ from lmi_trt.errors import StartupError
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
-from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
+from lmi_trt.sources import ModelArtifact, model_ref, read_config, resolve_model, resolve_tokenizer, tokenizer_ref
 from lmi_trt.sources.artifact import config_kind
 
 log = logging.getLogger(__name__)
@@ -67,52 +63,6 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
 # seconds and one line rather than a load, a traceback and a failed server.
 
 
-def _local_folder(name: str, key: str) -> Path | None:
-    """The folder ``name`` is, None for a hub id or s3:// URI; a path that cannot exist is an error."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise StartupError(key, name, "is a file", "name a folder holding the model (config.json and weights)")
-    if name.startswith(("/", "./", "../", "~")):
-        raise StartupError(key, name, f"no such folder ({path.resolve()})", "check the path")
-    return None
-
-
-def _hub_config(name: str, key: str, revision: str | None) -> Mapping[str, Any] | None:
-    """config.json of a hub model from the local cache; with HF_HUB_OFFLINE a model not in the cache
-    cannot load, so that is an error now. Online, the download decides (None)."""
-    if name.startswith("s3://"):
-        return None
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(name, "config.json", revision=revision)
-    except ValueError:  # not a valid repo id either
-        cached = None
-    if isinstance(cached, str):
-        return _read_json(Path(cached))
-    if not constants.HF_HUB_OFFLINE:
-        return None
-    folder = Path(name).resolve()
-    raise StartupError(
-        key,
-        name,
-        f"no such folder exists ({folder}), and it is not a Hugging Face model in the local hub cache "
-        "while HF_HUB_OFFLINE is set",
-        "give an existing folder (./path or an absolute path), download the model beforehand "
-        f"(`hf download {name}` with the same HF_HOME), or unset HF_HUB_OFFLINE",
-    )
-
-
-def _read_json(path: Path) -> Mapping[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # the sources stage reports an unreadable config.json with its own message
-    return data if isinstance(data, dict) else None
-
-
 def _check_engine_available(kind: EngineKind) -> None:
     if not entry(kind).needs_trtllm_gpu:
         return
@@ -138,24 +88,12 @@ def _check_engine_available(kind: EngineKind) -> None:
 def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     """Everything checkable before loading, in seconds: the engine can run here, the model and
     tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
-    Returns ``config`` resolved for the engine (``lmi_trt.stages.resolve``) as far as the model could be read."""
+    Returns ``config`` resolved for the engine (``lmi_trt.stages.resolve``) as far as the model could be read:
+    one not readable yet (S3, an uncached hub id) is resolved by ``load_model`` once downloaded."""
     _check_engine_available(kind)
-    if config.tokenizer_id is not None:
-        tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
-        if tokenizer is None:
-            _hub_config(config.tokenizer_id, "option.tokenizer_id", None)
-    hf_config = None
-    if entry(kind).uses_model or config.model_id is not None or config.model_dir is not None:
-        if config.model_id is None:
-            folder = config.model_dir
-            hf_config = _read_json(folder / "config.json") if folder is not None else None
-        else:
-            folder = _local_folder(config.model_id, "option.model_id")
-            hf_config = (
-                _read_json(folder / "config.json")
-                if folder is not None
-                else _hub_config(config.model_id, "option.model_id", config.revision)
-            )
-    # A model not readable yet (S3, an uncached hub id) is resolved by load_model once downloaded (pinning a
-    # guess here made an S3 engine folder a "checkpoint").
+    tokenizer = tokenizer_ref(config)
+    if tokenizer is not None:
+        read_config(tokenizer, config)
+    model = model_ref(config)
+    hf_config = read_config(model, config) if model is not None else None
     return stages.resolve(config, kind, config_kind(hf_config), hf_config)

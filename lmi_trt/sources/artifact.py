@@ -100,6 +100,15 @@ class _Folder:
         return data if isinstance(data, dict) else None
 
 
+def json_object(path: Path) -> dict | None:
+    """A JSON object file, or None where it is missing or not one (``detect_artifact`` reports it when it loads)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def is_hf_config(cfg: dict | None) -> bool:
     if not cfg or "build_config" in cfg:
         return False
