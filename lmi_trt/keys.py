@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, create_model
 
@@ -41,6 +41,9 @@ from lmi_trt.vocabulary import (
     TOOL_CALL_PARSERS,
     Quantization,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing's from Python 3.11; the 0.12 image runs 3.10
 
 # --------------------------------------------------------------------------------------------
 # Value types: each parses a stripped, non-empty string or raises _BadValue with the hint.
@@ -1015,7 +1018,7 @@ class Settings(BaseModel):
     READS: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
-    def of(cls, config: LmiConfig, *, only: Iterable[str] | None = None, **derived: Any) -> Any:
+    def of(cls, config: LmiConfig, *, only: Iterable[str] | None = None, **derived: Any) -> Self:
         """This view of ``config``: every key it reads (or ``only`` these fields of them), and the ``derived``
         fields as given."""
         names = cls.READS if only is None else [n for n in cls.READS if n in set(only)]
@@ -1028,12 +1031,13 @@ def reads(*keys: str, **renamed: str) -> type[Settings]:
     the declaration's type, bounds and default.
 
     ``class TorchSettings(reads("dtype", max_new_tokens="max_output_len")): ...``"""
+    mapping = {**{k: k for k in keys}, **renamed}
     fields: dict[str, Any] = {}
-    for name, attr in {**{k: k for k in keys}, **renamed}.items():
+    for name, attr in mapping.items():
         declared = LmiConfig.model_fields[attr]
         fields[name] = (declared.annotation, Field(declared.default, **dict(_BY_ATTR[attr].type.bounds)))
     base = create_model("Reads", __base__=Settings, **fields)
-    base.READS = {**{k: k for k in keys}, **renamed}
+    base.READS = mapping
     return base
 
 

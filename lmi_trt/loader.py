@@ -12,24 +12,15 @@ import logging
 from lmi_trt import stages
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines import EngineKind
-from lmi_trt.engines.base import Engine
-from lmi_trt.engines.registry import EngineEntry, entry
+from lmi_trt.engines.registry import entry
 from lmi_trt.errors import StartupError
-from lmi_trt.launch import LaunchPlan, Placement, build_copies
+from lmi_trt.launch import LaunchPlan, build_copies
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, model_ref, read_config, resolve_model, resolve_tokenizer, tokenizer_ref
 from lmi_trt.sources.artifact import config_kind
 
 log = logging.getLogger(__name__)
-
-
-def build_engine(
-    served: EngineEntry, config: LmiConfig, artifact: ModelArtifact, tokenizer, placement: Placement | None = None
-) -> Engine:
-    """Construct (not start) the engine for an artifact (``lmi_trt.stages``); mismatches are user errors.
-    ``placement`` (from the launch plan) puts one model copy on its GPUs."""
-    return stages.build_engine(served, config, artifact, tokenizer, _eos_ids(tokenizer, artifact), placement)
 
 
 def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
@@ -52,7 +43,11 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     artifact = await asyncio.to_thread(stages.compile_if_needed, served, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
-    engine = build_copies(plan, lambda placement: build_engine(served, config, artifact, tokenizer, placement))
+    eos = _eos_ids(tokenizer, artifact)
+    # One engine per copy of the launch plan (a placement puts it on its GPUs), constructed by the wiring.
+    engine = build_copies(
+        plan, lambda placement: stages.build_engine(served, config, artifact, tokenizer, eos, placement)
+    )
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
     return LoadedModel(engine=engine, tokenizer=tokenizer)

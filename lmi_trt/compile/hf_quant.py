@@ -43,7 +43,7 @@ class QuantizeJob(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    options: CompileOptions  # only its quantization and calibration fields are set (registry.quantize_job)
+    options: CompileOptions  # only its quantization and calibration fields are set (lmi_trt.stages.quantize_job)
     timeout_s: float  # option.compile_timeout: how long another replica's calibration is waited for
     cache_uri: str | None  # option.engine_cache_uri
     download_dir: Path  # download_dir (the local cache lives under it)

@@ -1,6 +1,6 @@
 """The compile stage as the serve and compile commands use it: a ``CompileJob`` + artifact → engine folder.
 
-The job is built from the configuration in one place (``lmi_trt.engines.registry.compile_job``);
+The job is built from the configuration in one place (``lmi_trt.stages.compile_job``);
 nothing here reads the configuration.
 
 ``prepare_plan`` is the planning half (no weights needed), ``ensure_engine`` the JIT path through
