@@ -17,8 +17,7 @@ from lmi_trt.errors import StartupError
 from lmi_trt.launch import LaunchPlan, build_copies
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
-from lmi_trt.sources import ModelArtifact, model_ref, read_config, resolve_model, resolve_tokenizer, tokenizer_ref
-from lmi_trt.sources.artifact import config_kind
+from lmi_trt.sources import ModelArtifact, peek, resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
-    config = stages.resolve(config, kind, artifact.kind, artifact.hf_config)
+    config = stages.resolve(config, kind, artifact)
     served = entry(kind, config.backend)
     artifact = await asyncio.to_thread(stages.compile_if_needed, served, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
@@ -86,9 +85,4 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     Returns ``config`` resolved for the engine (``lmi_trt.stages.resolve``) as far as the model could be read:
     one not readable yet (S3, an uncached hub id) is resolved by ``load_model`` once downloaded."""
     _check_engine_available(kind)
-    tokenizer = tokenizer_ref(config)
-    if tokenizer is not None:
-        read_config(tokenizer, config)
-    model = model_ref(config)
-    hf_config = read_config(model, config) if model is not None else None
-    return stages.resolve(config, kind, config_kind(hf_config), hf_config)
+    return stages.resolve(config, kind, peek(config))

@@ -41,7 +41,7 @@ from lmi_trt.engines.registry import (
 )
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, key_of, reads
-from lmi_trt.sources import ModelArtifact
+from lmi_trt.sources import ModelArtifact, ModelPeek
 
 if TYPE_CHECKING:
     from lmi_trt.compile.hf_quant import QuantizeJob
@@ -446,15 +446,16 @@ def with_backend(config: LmiConfig, artifact_kind: str) -> LmiConfig:
     return config if backend == config.backend else config.derived(why, backend=backend)
 
 
-def resolve(config: LmiConfig, kind: str, artifact: str | None, hf_config: Mapping[str, Any] | None) -> LmiConfig:
-    """The configuration as engine ``kind`` serves the model: ``artifact`` is the model's kind and ``hf_config``
-    its Hugging Face config.json, as far as they are known (None: not before the download). The four steps of
-    the module's docstring; those that need the model wait for it (``load_model`` calls this again then)."""
+def resolve(config: LmiConfig, kind: str, model: ModelArtifact | ModelPeek | None) -> LmiConfig:
+    """The configuration as engine ``kind`` serves ``model``: the downloaded artifact, or what preflight could read
+    of it (None: nothing yet). The four steps of the module's docstring; those that need the model wait for it
+    (``load_model`` calls this again with the artifact)."""
     config = settle(config, kind)
+    artifact = model.kind if model is not None else None
     if artifact is not None and has_backends(kind):  # TensorRT-LLM: the model's kind decides the backend
         config = with_backend(config, artifact)
     if is_chosen(kind, config.backend):
         refuse_ignored(entry(kind, config.backend), config)
     if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
         return config
-    return fit_lengths(config, hf_config, kind)
+    return fit_lengths(config, model.hf_config, kind)

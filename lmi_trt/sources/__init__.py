@@ -22,6 +22,7 @@ from .artifact import (
     EngineLayout,
     ModelArtifact,
     SourceError,
+    config_kind,
     detect_artifact,
     has_tokenizer,
     json_object,
@@ -36,6 +37,7 @@ __all__ = [
     "ArtifactSource",
     "EngineLayout",
     "ModelArtifact",
+    "ModelPeek",
     "ModelRef",
     "SourceError",
     "detect_artifact",
@@ -45,6 +47,7 @@ __all__ = [
     "locate",
     "model_ref",
     "parse_s3_uri",
+    "peek",
     "read_config",
     "resolve_model",
     "resolve_tokenizer",
@@ -124,6 +127,27 @@ def read_config(ref: ModelRef, config: LmiConfig, *, download: bool = False) -> 
     if ref.source == "s3":
         return s3_config(ref.name, ref.key) if download else None
     return hub_config(ref.name, ref.revision, _token(config), ref.key, download=download)
+
+
+@dataclass(frozen=True)
+class ModelPeek:
+    """What is known of a model before its download: its kind and config.json (``kind`` and ``hf_config``, as a
+    ``ModelArtifact`` states them once it is on disk)."""
+
+    kind: ArtifactKind | None  # None: config.json does not say
+    hf_config: dict | None
+
+
+def peek(config: LmiConfig) -> ModelPeek | None:
+    """The model as far as it can be read in seconds, before anything is downloaded (preflight): a tokenizer or
+    model id that cannot exist is an error now; None where the model is not readable yet (S3, an uncached hub id
+    online) or there is none (an engine that needs no model)."""
+    tokenizer = tokenizer_ref(config)
+    if tokenizer is not None:
+        read_config(tokenizer, config)
+    ref = model_ref(config)
+    found = read_config(ref, config) if ref is not None else None
+    return ModelPeek(config_kind(found), found) if found is not None else None
 
 
 def _fetch(
