@@ -9,12 +9,30 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from lmi_trt.engines.base import Engine, EngineLimits, EngineOutput, EngineStats, GenerationRequest
+from lmi_trt.engines.base import (
+    ADDITIVE_STATS,
+    SHARED_STATS,
+    Engine,
+    EngineLimits,
+    EngineOutput,
+    EngineStats,
+    GenerationRequest,
+)
 
 
 def least_loaded(stats: Sequence[EngineStats]) -> int:
     """Index of the copy with the fewest requests in flight (ties → lowest index)."""
     return min(range(len(stats)), key=lambda i: (stats[i].active_requests + stats[i].queued_requests, i))
+
+
+def merged_extra(parts: Sequence[EngineStats]) -> dict[str, float]:
+    """Pure: the copies' KV-cache and counter figures as one engine's (sums; shared settings once)."""
+    out = {key: sum(p.extra[key] for p in parts) for key in ADDITIVE_STATS if all(key in p.extra for p in parts)}
+    for key in SHARED_STATS:
+        values = {p.extra.get(key) for p in parts}
+        if len(values) == 1 and None not in values:
+            out[key] = values.pop()
+    return out
 
 
 class ReplicaSet:
@@ -96,6 +114,7 @@ class ReplicaSet:
         )
         for i, p in enumerate(parts):
             total.extra[f"copy{i}_active"] = float(p.active_requests + p.queued_requests)
+        total.extra |= merged_extra(parts)
         return total
 
     async def close(self) -> None:
