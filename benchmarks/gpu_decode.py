@@ -56,6 +56,7 @@ def summary(tokens: int, seconds: float, ttfts: list[float], itls: list[float]) 
         "ttft_p50_ms": ms(ttfts, 50),
         "ttft_p99_ms": ms(ttfts, 99),
         "itl_p50_ms": ms(itls, 50),
+        "itl_p90_ms": ms(itls, 90),
         "itl_p99_ms": ms(itls, 99),
     }
 
@@ -201,11 +202,13 @@ async def lmi_run(
         decoder = backend._decoder
         if decoder.fused_kernels:  # the Triton kernels against the torch operations, same inputs
             positions = torch.randint(0, plen + out_tokens - 1, (size,), device="cuda")
-            tokens_in = torch.randint(10, 32000, (size,), device="cuda")
             with torch.inference_mode():
-                fused = decoder.decode(tokens_in, positions)
+                # Random tokens at random positions of the rows' last block tables; nothing written.
+                backend._next[:size] = torch.randint(10, 32000, (size,), device="cuda")
+                backend._meta[0, :size], backend._meta[1, :size], backend._meta[2, :size] = positions, -1, positions + 1
+                fused = decoder.forward(backend._decode_batch(size))
                 decoder.fused_kernels = False
-                plain = decoder.decode(tokens_in, positions)
+                plain = decoder.forward(backend._decode_batch(size))
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     backend._decode_step(size, Mode.GREEDY)

@@ -541,7 +541,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.tokens_per_block",
             _choice({str(size): size for size in TOKENS_PER_BLOCK}),
-            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default",
+            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default (the torch engine's "
+            "built-in decode loop: 16)",
             compile_time=True,
         ),
     ] = None  # None → TensorRT-LLM's default
@@ -759,7 +760,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_tokens_in_paged_kv_cache",
             _integer(1, 65536),
-            "KV-cache size cap in tokens (the smaller of this and the fraction wins)",
+            "KV-cache size cap in tokens (the smaller of this and the fraction wins; the torch engine's "
+            "built-in decode loop: its size on CPU, its cap on a GPU)",
         ),
     ] = None
     kv_cache_host_memory_bytes: Annotated[
@@ -768,7 +770,10 @@ class LmiConfig(BaseModel):
     enable_kv_cache_reuse: Annotated[
         bool,
         KeySpec(
-            "option.enable_kv_cache_reuse", _BOOL, "prefix caching (needs paged context attention)", compile_time=True
+            "option.enable_kv_cache_reuse",
+            _BOOL,
+            "prefix caching (TensorRT-LLM: needs paged context attention; torch: the built-in decode loop)",
+            compile_time=True,
         ),
     ] = False
     batch_scheduler_policy: Annotated[
@@ -804,7 +809,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.enable_chunked_context",
             _BOOL,
-            "split long prompts over several steps",
+            "split long prompts over several steps (TensorRT-LLM; the torch engine's built-in decode loop)",
             aliases=_both("enable_chunked_prefill"),
         ),
     ] = False

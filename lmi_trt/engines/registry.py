@@ -60,6 +60,11 @@ class TorchSettings(BaseModel):
     max_num_tokens: int | None = Field(ge=1)
     batching: Literal["auto", "continuous", "static"]
     decode_loop: Literal["auto", "builtin", "transformers"]
+    # The built-in decode loop's paged KV cache and prompt chunks (refused where that loop does not run).
+    enable_kv_cache_reuse: bool
+    max_tokens_in_paged_kv_cache: int | None = Field(ge=1)
+    tokens_per_block: int | None = Field(ge=1)
+    enable_chunked_context: bool
 
 
 class SyntheticSettings(BaseModel):
@@ -225,6 +230,10 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         max_num_tokens=config.max_num_tokens,
         batching=config.torch_batching,
         decode_loop=config.torch_decode_loop,
+        enable_kv_cache_reuse=config.enable_kv_cache_reuse,
+        max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
+        tokens_per_block=config.tokens_per_block,
+        enable_chunked_context=config.enable_chunked_context,
     )
 
 
