@@ -807,6 +807,7 @@ class DecodeLoopBackend(QueuedBackend):
             slot = row.slot
             if status[column]:
                 slot.finished = True
+                row.broken = row.broken or status[column] == 1  # NaN/inf: its cache may hold them too
                 items.append((slot, error_output(slot.request.request_id, _ERRORS[int(status[column])], 424)))
                 continue
             token = int(tokens[column])
