@@ -297,7 +297,10 @@ class DecodeLoopBackend(QueuedBackend):
         self._free = list(range(self.slots - 1, -1, -1))  # pop() hands out the lowest slot
         self._rows: list[_Row] = []  # admitted, in admission order (the preemption order, reversed)
         self._waiting: deque[_Row] = deque()  # preempted, to resume before any new request
-        self._table_writes: list[tuple[int, int, int]] = []  # (slot, entry, block) not yet on the device
+        # Block-table entries (slot, entry) → block not yet on the device; a dict, so that a slot
+        # handed to another request in the same step keeps only its last value (a scatter with
+        # repeated indices writes any of them).
+        self._table_writes: dict[tuple[int, int], int] = {}
         self._inflight: list[_Launch] = []
         log.info(
             "built-in decode loop: KV cache of %d blocks of %d tokens = %d tokens (%.2f GiB, %s), "
@@ -451,9 +454,10 @@ class DecodeLoopBackend(QueuedBackend):
     def _write_tables(self) -> None:
         """Block-table entries assigned since the last step, to the device in one scatter."""
         if self._table_writes:
-            slot, entry, block = self._put(list(zip(*self._table_writes)))
+            writes = [(slot, entry, block) for (slot, entry), block in self._table_writes.items()]
+            slot, entry, block = self._put(list(zip(*writes)))
             self._tables[slot, entry] = block
-            self._table_writes = []
+            self._table_writes = {}
 
     def _launch_mixed(self, step: _Step) -> _Launch | None:
         """An eager step of decode tokens and prompt chunks; rows whose prompt ends in it sample
@@ -669,7 +673,7 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _grant(self, row: _Row, blocks: list[int]) -> None:
         for block in blocks:
-            self._table_writes.append((row.index, len(row.blocks), block))
+            self._table_writes[row.index, len(row.blocks)] = block
             row.blocks.append(block)
 
     def _plan(self) -> _Step:
