@@ -129,26 +129,28 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 
 
 def targets(report: dict) -> list[tuple[str, str, str]]:
-    """(target, figure, verdict) rows for the issue's targets, from the first budget's engines."""
+    """(target, figure, verdict) rows for the issue's targets: (a) at every budget, (b) and (c)
+    at the first."""
     rows = []
-    a, shapes = report["a"][0], report["shapes"]
-    long, short = a["long"], a["short"]
-    rows.append(
-        (
-            f"(a) {shapes['long'][0]:,}+{shapes['long'][1]} @ {long['streams']}, "
-            f"budget {a['settings']['max_num_tokens']}: ≥ 2 × {BASELINE_TOK_S:,} tok/s",
-            f"{long['tok_s']:,.0f} tok/s ({long['tok_s'] / BASELINE_TOK_S:.2f} ×)",
-            "met" if long["tok_s"] >= 2 * BASELINE_TOK_S else "not met",
+    shapes = report["shapes"]
+    for a in report["a"]:
+        long, short, budget = a["long"], a["short"], a["settings"]["max_num_tokens"]
+        rows.append(
+            (
+                f"(a) {shapes['long'][0]:,}+{shapes['long'][1]} @ {long['streams']}, "
+                f"budget {budget}: ≥ 2 × {BASELINE_TOK_S:,} tok/s",
+                f"{long['tok_s']:,.0f} tok/s ({long['tok_s'] / BASELINE_TOK_S:.2f} ×)",
+                "met" if long["tok_s"] >= 2 * BASELINE_TOK_S else "not met",
+            )
         )
-    )
-    rows.append(
-        (
-            f"(a) ITL p90 ≤ 2 × the {shapes['short'][0]}+{shapes['short'][1]} workload's",
-            f"{long['itl_p90_ms']:.1f} ms vs {short['itl_p90_ms']:.1f} ms "
-            f"({long['itl_p90_ms'] / short['itl_p90_ms']:.2f} ×)",
-            "met" if long["itl_p90_ms"] <= 2 * short["itl_p90_ms"] else "not met",
+        rows.append(
+            (
+                f"(a) budget {budget}: ITL p90 ≤ 2 × the {shapes['short'][0]}+{shapes['short'][1]} workload's",
+                f"{long['itl_p90_ms']:.1f} ms vs {short['itl_p90_ms']:.1f} ms "
+                f"({long['itl_p90_ms'] / short['itl_p90_ms']:.2f} ×)",
+                "met" if long["itl_p90_ms"] <= 2 * short["itl_p90_ms"] else "not met",
+            )
         )
-    )
     b = report["b"]
     off, cold, warm = b["off"]["shared"], b["on"]["cold"], b["on"]["warm"]
     ratio = cold["ttft_p50_ms"] / off["ttft_p50_ms"]
@@ -197,7 +199,7 @@ def main() -> None:
     if a.smoke:
         device, n, c_streams, long_prompt, short_prompt, out_tokens = "cpu", 8, 24, 64, 16, 8
         prefix_len, suffix_len, shared_out, shared_streams, positions = 64, 8, 4, 8, 256
-        budgets, shape, vocab = [64], {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}, 512
+        budgets, shape, vocab = [64, 128], {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}, 512
         shape |= {"intermediate_size": 128, "vocab_size": vocab}
         c_extra = {"max_tokens_in_paged_kv_cache": 512}  # CPU pools hold every request at full length otherwise
         torch.set_num_threads(1)
