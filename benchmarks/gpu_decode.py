@@ -148,10 +148,23 @@ def hf_continuous(model, batch: list[list[int]], out_tokens: int) -> dict:
     return result
 
 
+async def stream(engine, rid: str, ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
+    """One greedy request for ``tokens`` new tokens (ignore_eos): its tokens, and when each arrived."""
+    from lmi_trt.engines.base import GenerationRequest, SamplingParams
+
+    got, times = [], []
+    sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+    async for delta in engine.submit(GenerationRequest(rid, ids, sampling)):
+        if delta.error:
+            raise RuntimeError(delta.error)
+        got += delta.token_ids
+        times += [time.perf_counter()] * len(delta.token_ids)
+    return got, times
+
+
 async def lmi_run(
     model_dir: Path, batch: list[list[int]], out_tokens: int, max_num_tokens: int, profile_dir: Path | None
 ) -> dict:
-    from lmi_trt.engines.base import GenerationRequest, SamplingParams
     from lmi_trt.engines.torch import TorchEngine
     from lmi_trt.engines.torch.gpu_sampler import Mode
 
@@ -170,23 +183,12 @@ async def lmi_run(
     await engine.start()
     result: dict = {"startup_s": time.perf_counter() - started}
 
-    async def one(rid: str, ids: list[int], tokens: int, t0: float) -> tuple[list[int], list[float]]:
-        got, times = [], []
-        sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-        async for delta in engine.submit(GenerationRequest(rid, ids, sampling)):
-            if delta.error:
-                raise RuntimeError(delta.error)
-            got += delta.token_ids
-            times += [time.perf_counter()] * len(delta.token_ids)
-        return got, times
-
     backend = engine._backend
     try:
-        warm = time.perf_counter()
-        await asyncio.gather(*(one(f"w{i}", ids, 8, warm) for i, ids in enumerate(batch)))
+        await asyncio.gather(*(stream(engine, f"w{i}", ids, 8) for i, ids in enumerate(batch)))
         before = dict(backend.counters)
         t0 = time.perf_counter()
-        runs = await asyncio.gather(*(one(f"r{i}", ids, out_tokens, t0) for i, ids in enumerate(batch)))
+        runs = await asyncio.gather(*(stream(engine, f"r{i}", ids, out_tokens) for i, ids in enumerate(batch)))
         seconds = time.perf_counter() - t0
         counters = {k: backend.counters[k] - before[k] for k in before}
         ttfts = [times[0] - t0 for _, times in runs]

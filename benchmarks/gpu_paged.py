@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_decode import summary
+from gpu_decode import stream, summary
 from gpu_torch import build_model, prompts
 
 # The figures for today's loop (through HTTP, H100): 1,024 + 128 at 256 streams.
@@ -56,25 +56,13 @@ class KvLog(logging.Handler):
 
 
 async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str) -> dict:
-    from lmi_trt.engines.base import GenerationRequest, SamplingParams
-
-    async def one(rid: str, ids: list[int]) -> tuple[list[int], list[float]]:
-        got, times = [], []
-        sampling = SamplingParams(max_new_tokens=out_tokens, ignore_eos=True)
-        async for delta in engine.submit(GenerationRequest(rid, ids, sampling)):
-            if delta.error:
-                raise RuntimeError(delta.error)
-            got += delta.token_ids
-            times += [time.perf_counter()] * len(delta.token_ids)
-        return got, times
-
     backend = engine._backend
     peaks = ("peak_rows", "largest_step")  # maxima, reset per workload; the other counters are totals
     for name in peaks:
         backend.counters[name] = 0
     before = dict(backend.counters)
     t0 = time.perf_counter()
-    runs = await asyncio.gather(*(one(f"{tag}{i}", ids) for i, ids in enumerate(batch)))
+    runs = await asyncio.gather(*(stream(engine, f"{tag}{i}", ids, out_tokens) for i, ids in enumerate(batch)))
     seconds = time.perf_counter() - t0
     ttfts = [times[0] - t0 for _, times in runs]
     itls = [b - a for _, times in runs for a, b in zip(times, times[1:])]

@@ -84,6 +84,11 @@ def tokens(outs) -> list[int]:
 BUDGET = {"whole": 20, "chunked": 12}
 
 
+def small_engine(path: Path, **options) -> TorchEngine:
+    """3 slots, prompts of up to 20 tokens, up to 24 new ones."""
+    return TorchEngine(path, max_batch_size=3, max_input_len=20, max_new_tokens=24, **options)
+
+
 @pytest_asyncio.fixture(
     scope="module", loop_scope="module", params=[("qwen3", "whole"), ("llama", "chunked")], ids=lambda p: "-".join(p)
 )
@@ -93,14 +98,7 @@ async def small_steps(request, qwen3):
     decode tokens, and requests join as others leave."""
     arch, prompts = request.param
     path = qwen3 if arch == "qwen3" else tiny_model("llama")
-    engine = TorchEngine(
-        path,
-        max_batch_size=3,
-        max_input_len=20,
-        max_new_tokens=24,
-        max_num_tokens=BUDGET[prompts],
-        enable_chunked_context=prompts == "chunked",
-    )
+    engine = small_engine(path, max_num_tokens=BUDGET[prompts], enable_chunked_context=prompts == "chunked")
     await engine.start()
     yield path, engine
     await engine.close()
@@ -145,15 +143,7 @@ async def test_a_cache_too_small_for_every_request_preempts_and_resumes(arch, qw
     """6 blocks of 8 tokens: one request of 20 + 24 positions fits, three do not; requests that
     run out of blocks give them back and resume where they were, their streams unchanged."""
     path = qwen3 if arch == "qwen3" else tiny_model("llama")
-    engine = TorchEngine(
-        path,
-        max_batch_size=3,
-        max_input_len=20,
-        max_new_tokens=24,
-        max_num_tokens=20,
-        tokens_per_block=8,
-        max_tokens_in_paged_kv_cache=48,
-    )
+    engine = small_engine(path, max_num_tokens=20, tokens_per_block=8, max_tokens_in_paged_kv_cache=48)
     await engine.start()
     try:
         await run_all(engine, path)
