@@ -166,6 +166,19 @@ class GenerateParams(BaseModel):
         return bounded_words(v, "bad words")
 
 
+# What a request asks of each engine feature (the fields of engines.base.Capabilities), falsy for nothing:
+# a bool; for a counted feature how many, checked against its ``most``; for guided decoding its kind.
+# check_features refuses by this table, in its order: alternatives imply log-probs, so the field that asked
+# for alternatives is named before the one for log-probs.
+REQUESTED_FEATURES: dict[str, Callable[[GenerateParams], bool | int | str]] = {
+    "top_logprobs": lambda p: p.top_logprobs,
+    "prompt_logprobs": lambda p: p.prompt_logprobs,
+    "logit_bias": lambda p: bool(p.logit_bias),
+    "guided": lambda p: p.guided.kind if p.guided is not None else "",
+    "logprobs": lambda p: p.logprobs,
+}
+
+
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     """One clause per problem: ``field.path[i]: what is wrong (got value)``."""
     parts = []
@@ -634,9 +647,7 @@ class GenerationService:
             request = GenerationRequest(
                 request_id=request_id,
                 prompt_token_ids=ids,
-                sampling=sampling_params(
-                    params, max_new_tokens=max_new, logprobs=params.logprobs and self.engine.limits.supports_logprobs
-                ),
+                sampling=sampling_params(params, max_new_tokens=max_new, logprobs=params.logprobs),
                 stop_token_ids=[[i] for i in params.stop_token_ids],
                 bad_words_ids=await self._bad_words_ids(params.bad_words),
                 streaming=True,
@@ -654,39 +665,38 @@ class GenerationService:
         return GenerationStream(self, request_id, ids, params, max_new, it)
 
     def check_features(self, params: GenerateParams, names: Mapping[str, str]) -> None:
-        """A 400 naming the field and the engine for what the engine cannot honour: never ignored."""
-        limits, engine = self.engine.limits, self.engine.name
-        if params.top_logprobs > limits.max_top_logprobs:
-            field_name = names.get("top_logprobs", "top_logprobs")
-            can = (
-                f"at most {limits.max_top_logprobs}"
-                if limits.max_top_logprobs
-                else "none; ask only for the chosen token's log-prob"
+        """A 400 naming the field for what the engine refuses (its ``Capabilities``): never ignored."""
+        for feature, asked in REQUESTED_FEATURES.items():
+            amount = asked(params)
+            if not amount:
+                continue
+            field_name = names.get(feature, feature)
+            shown = (
+                field_name
+                if isinstance(amount, bool)
+                else f"{field_name} ({amount})"
+                if isinstance(amount, str)
+                else f"{field_name}={amount}"
             )
-            raise FeatureRefused(
-                field_name,
-                f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} alternatives per token",
-            )
-        if params.prompt_logprobs and not limits.supports_prompt_logprobs:
-            field_name = names.get("prompt_logprobs", "prompt_logprobs")
-            raise FeatureRefused(
-                field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; leave it out"
-            )
-        if params.logit_bias and not limits.supports_logit_bias:
-            field_name = names.get("logit_bias", "logit_bias")
-            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine cannot bias logits; leave it out")
+            capability = getattr(self.engine.capabilities, feature)
+            if not capability.honoured:
+                raise FeatureRefused(field_name, f"{shown}: {capability.reason}")
+            if isinstance(amount, int) and capability.most is not None and amount > capability.most:
+                raise FeatureRefused(
+                    field_name, f"{shown}: the {self.engine.name} engine honours at most {capability.most}"
+                )
         vocab = self.facts.vocab_size
         bad = next((i for i in params.logit_bias if not 0 <= i < vocab), None)
         if bad is not None:
             field_name = names.get("logit_bias", "logit_bias")
             raise FeatureRefused(field_name, f"{field_name} names token id {bad}; token ids must be in [0, {vocab})")
-        if params.guided is not None and not limits.supports_guided_decoding:
-            field_name = names.get("guided", "guided")
-            raise FeatureRefused(
-                field_name,
-                f"{field_name}: the {engine} engine has no constrained decoding "
-                f"({params.guided.kind}); leave it out or serve with option.rolling_batch=torch",
-            )
+
+    def require(self, feature: str, field_name: str, purpose: str = "") -> None:
+        """A 400 naming ``field_name`` when the engine refuses ``feature`` (a ``Capabilities`` field);
+        ``purpose`` says why the field needs it when that is not plain (best_of ranks by log-prob)."""
+        capability = getattr(self.engine.capabilities, feature)
+        if not capability.honoured:
+            raise FeatureRefused(field_name, f"{field_name}{purpose}: {capability.reason}")
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token-id sequences for bad words: each word as written and, for a word that does

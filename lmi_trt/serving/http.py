@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -89,6 +89,8 @@ class ServingContext:
     # Top-level body key → handler, consulted by the LMI /invocations route when "inputs" is absent.
     invocation_handlers: dict[str, InvocationHandler] = field(default_factory=dict)
     invocation_models: list[type[BaseModel]] = field(default_factory=list)  # their request models (register_invocation)
+    # Schema → its field for each engine feature it can ask for (register_feature_fields; /v1/capabilities).
+    feature_fields: dict[str, Mapping[str, str]] = field(default_factory=dict)
     uploads: UploadBudget = field(init=False)
     json_worker: JsonWorker | None = None
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
@@ -398,6 +400,12 @@ def add_post(
     if ROUTE_BODIES not in app:
         app[ROUTE_BODIES] = {}
     app[ROUTE_BODIES][path] = body
+
+
+def register_feature_fields(ctx: ServingContext, schema: str, names: Mapping[str, str]) -> None:
+    """``names`` (engine feature → the schema's field, what the schema passes to ``GenerationService.start``
+    for its 400s) as ``GET /v1/capabilities`` shows them."""
+    ctx.feature_fields[schema] = names
 
 
 def register_invocation(ctx: ServingContext, key: str, handler: InvocationHandler, *models: type[BaseModel]) -> None:
