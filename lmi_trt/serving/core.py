@@ -32,6 +32,7 @@ from lmi_trt.engines.base import (
     GuidedDecoding,
     SamplingParams,
 )
+from lmi_trt.log_context import REQUEST_ID
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
@@ -345,6 +346,7 @@ class GenerationStream:
         if self._done:
             raise StopAsyncIteration
         self._waiting_since = self._loop.time()
+        self._service.wait_begins()
         try:
             out = await self._it.__anext__()
         except StopAsyncIteration:
@@ -354,6 +356,7 @@ class GenerationStream:
             return await self._fail(ModelError(f"engine failure: {e}"))
         finally:
             self._waiting_since = None
+            self._service.wait_ends()
         delta = self._process(out)
         if self._cancel_pending:  # rare: an error, a stop string, a timeout
             self._cancel_pending = False
@@ -539,6 +542,13 @@ class GenerationService:
         self._token_caches = {flag: make_token_cache(tokenizer, flag) for flag in (True, False)}
         self._in_system = 0
         self._ids = itertools.count(1)
+        # The progress watchdog's bookkeeping (stalled_for): streams waiting on the engine now, the time
+        # streams waited before the current waiting period since the engine last produced a token, when
+        # that period began, and the engine's token count when last looked.
+        self._waiting = 0
+        self._owed = 0.0
+        self._owed_since = 0.0
+        self._tokens_seen = 0
         self._background: set[asyncio.Task[Any]] = set()
         # Big texts are tokenized here, off the event loop. A job still queued when its client
         # leaves is dropped (its future is cancelled); a running one is bounded by max_prompt_chars.
@@ -561,6 +571,32 @@ class GenerationService:
     def in_system(self) -> int:
         """Requests admitted and not finished (what job_queue_size bounds)."""
         return self._in_system
+
+    @property
+    def waiting_on_engine(self) -> int:
+        """Streams waiting for the engine's next output right now."""
+        return self._waiting
+
+    def wait_begins(self) -> None:
+        if not self._waiting:
+            self._owed_since = time.monotonic()
+        self._waiting += 1
+
+    def wait_ends(self) -> None:
+        self._waiting -= 1
+        if not self._waiting:
+            self._owed += time.monotonic() - self._owed_since
+
+    def stalled_for(self) -> float:
+        """Seconds streams have waited on the engine since it last produced a token (time nobody waited
+        does not count; a token anywhere resets it): what option.watchdog_timeout bounds. Polled (by
+        /ping and the health watcher): a change in the engine's token count since the last look is
+        the progress, so streams cut by option.predict_timeout do not hide a hung engine."""
+        now = time.monotonic()
+        tokens = self.engine.stats().total_generated_tokens
+        if tokens != self._tokens_seen:
+            self._tokens_seen, self._owed, self._owed_since = tokens, 0.0, now
+        return self._owed + (now - self._owed_since if self._waiting else 0.0)
 
     def decoder(self, skip_special_tokens: bool):
         return self._token_caches[skip_special_tokens].decode
@@ -643,7 +679,8 @@ class GenerationService:
             if params.truncate is not None and len(ids) > params.truncate:
                 ids = ids[-params.truncate :]
             max_new = self._check_limits(ids, params, field_name, max_tokens_field)
-            request_id = f"req-{next(self._ids)}"
+            # The HTTP request's id (X-Request-Id), so that the engine's own log lines name it too.
+            request_id = f"{REQUEST_ID.get() or 'req'}-{next(self._ids)}"
             request = GenerationRequest(
                 request_id=request_id,
                 prompt_token_ids=ids,

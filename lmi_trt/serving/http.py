@@ -94,22 +94,54 @@ class ServingContext:
     uploads: UploadBudget = field(init=False)
     json_worker: JsonWorker | None = None
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
+    _stalled: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.uploads = UploadBudget(self.config.max_upload_bytes)
 
     @property
     def status(self) -> ModelStatus:
-        if self.load_error is not None:
+        if self.dead:
             return ModelStatus.FAILED
         if self.service is None:
             return ModelStatus.PENDING
-        if not self.service.engine.healthy:
-            if not self._unhealthy_logged:
-                self._unhealthy_logged = True
-                log.error("engine %s reports unhealthy; /ping answers 503 FAILED", self.service.engine.name)
+        if self._watchdog_trips(self.service):
             return ModelStatus.FAILED
         return ModelStatus.HEALTHY
+
+    @property
+    def dead(self) -> bool:
+        """The load failed or the engine died: FAILED for good (the process exits, see app.serve)."""
+        if self.load_error is not None:
+            return True
+        if self.service is None or self.service.engine.healthy:
+            return False
+        if not self._unhealthy_logged:
+            self._unhealthy_logged = True
+            log.error("engine %s reports unhealthy; /ping answers 503 FAILED", self.service.engine.name)
+        return True
+
+    def _watchdog_trips(self, service: GenerationService) -> bool:
+        """option.watchdog_timeout: requests waited that long on the engine and no token came out of it.
+        FAILED until tokens flow again, so the platform's health check (SageMaker's /ping, a Kubernetes
+        liveness probe) replaces a hung container; unlike a dead engine it may recover, so the server
+        does not exit by itself. Each change is logged once."""
+        limit = self.config.watchdog_timeout
+        waited = service.stalled_for() if limit else 0.0
+        stalled = waited > limit if limit else False
+        if stalled and not self._stalled:
+            log.error(
+                "watchdog: requests have waited %.0f s on engine %s and no token came out of it "
+                "(option.watchdog_timeout=%d; %d waiting now); /ping answers 503 FAILED until tokens flow again",
+                waited,
+                service.engine.name,
+                limit,
+                service.waiting_on_engine,
+            )
+        elif self._stalled and not stalled:
+            log.warning("watchdog: engine %s produces tokens again; /ping answers 200", service.engine.name)
+        self._stalled = stalled
+        return stalled
 
     def require_service(self) -> GenerationService:
         """The request core, or 503 while the model is loading or after it failed."""

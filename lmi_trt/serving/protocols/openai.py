@@ -25,7 +25,6 @@ import asyncio
 import difflib
 import logging
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import FinishReason, GuidedDecoding
 from lmi_trt.serving import chat, tool_calls
+from lmi_trt.serving.access import current_request_id
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
@@ -423,7 +423,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     )
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
     render_error = error_response if at_invocations else openai_error
-    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    cid = f"chatcmpl-{current_request_id()}"  # the X-Request-Id, as vLLM names it
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     names = CHAT_NAMES if tools is None or tools.guided() is None else {**CHAT_NAMES, "guided": "tool_choice"}
@@ -633,7 +633,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
     params = req.generate_params()
     prompts = req.prompts()
     service = ctx.require_service()
-    cid = f"cmpl-{uuid.uuid4().hex}"
+    cid = f"cmpl-{current_request_id()}"
     created = int(time.time())
     base = {
         "id": cid,
