@@ -44,6 +44,7 @@ def describe(ctx: ServingContext) -> dict[str, Any]:
 
 
 async def capabilities(request: web.Request) -> web.Response:
+    """What this engine, on this release, honours and refuses, and each schema's field for it."""
     return json_response(describe(request.app[CONTEXT]))
 
 

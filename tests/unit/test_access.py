@@ -115,6 +115,19 @@ async def test_without_a_key_configured_nothing_asks_for_one():
     async with served() as (s, _):
         async with s.get("/v1/models") as r:
             assert r.status == 200
+        async with s.get("/openapi.json") as r:
+            assert "security" not in await r.json()
+
+
+async def test_the_openapi_document_says_which_routes_need_the_key():
+    async with served(api_key=KEYS[0]) as (s, _):
+        async with s.get("/openapi.json") as r:
+            doc = await r.json()
+    assert doc["security"] == [{"apiKey": []}]
+    assert doc["components"]["securitySchemes"]["apiKey"] == {"type": "http", "scheme": "bearer"}
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            assert (op.get("security") == []) == (path in PUBLIC_ROUTES), path
 
 
 async def test_the_request_id_comes_back_in_headers_and_openai_ids_streams_too():
