@@ -128,7 +128,7 @@ class ServingContext:
         does not exit by itself. Each change is logged once."""
         limit = self.config.watchdog_timeout
         waited = service.stalled_for() if limit else 0.0
-        stalled = waited > limit if limit else False
+        stalled = bool(limit) and waited > limit
         if stalled and not self._stalled:
             log.error(
                 "watchdog: requests have waited %.0f s on engine %s and no token came out of it "
