@@ -127,6 +127,11 @@ def launched(args: list[str], tmp_path: Path, env: dict[str, str]) -> Iterator[t
             proc.wait()
 
 
+def synthetic(*options: str) -> list[str]:
+    """`serve` arguments for the synthetic engine with the tiny Llama's tokenizer, and ``-o`` ``options``."""
+    return ["--model-id", str(tiny_model("llama")), "--engine", "synthetic", *(a for o in options for a in ("-o", o))]
+
+
 def _dies_cleanly(
     proc: subprocess.Popen,
     url: str,
@@ -172,14 +177,7 @@ def _dies_cleanly(
 
 
 def test_synthetic_engine_failure_ends_requests_turns_ping_503_and_exits_nonzero(tmp_path):
-    args = [
-        "--model-id",
-        str(tiny_model("llama")),
-        "--engine",
-        "synthetic",
-        "-o",
-        "option.synthetic_tokens_per_second=50",
-    ]
+    args = synthetic("option.synthetic_tokens_per_second=50")
     with launched(args, tmp_path, {"LMI_TEST_KILL": "synthetic", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
         body = {"inputs": "abc", "parameters": {"max_new_tokens": 400}}
         _dies_cleanly(proc, url, "llama", log, "/invocations", {**body, "stream": True}, "/invocations", body)
@@ -189,18 +187,7 @@ def test_a_stalled_engine_fails_ping_with_a_log_line_and_recovers_when_tokens_fl
     """option.watchdog_timeout: a stream waits on an engine that stops producing tokens (SIGUSR2 stops the
     synthetic engine's steps) → /ping 503 FAILED and a log line saying why, the process stays up; the
     steps resume → /ping 200 and the stream ends as asked."""
-    args = [
-        "--model-id",
-        str(tiny_model("llama")),
-        "--engine",
-        "synthetic",
-        "-o",
-        "option.synthetic_tokens_per_second=50",
-        "-o",
-        "option.watchdog_timeout=1",
-        "-o",
-        "option.max_output_len=300",
-    ]
+    args = synthetic("option.synthetic_tokens_per_second=50", "option.watchdog_timeout=1", "option.max_output_len=300")
     with launched(args, tmp_path, {"LMI_TEST_STALL": "synthetic", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
         body = {"inputs": "abc", "parameters": {"max_new_tokens": 300, "ignore_eos": True}, "stream": True}
         with requests.post(url + "/invocations", json=body, stream=True, timeout=60) as stream:
@@ -272,16 +259,7 @@ def test_sigterm_stops_accepting_drains_in_flight_streams_up_to_the_timeout_and_
     """Three streams that end within the shutdown timeout run to their end; one that would not is
     cut at the timeout; the listener closes at once; the exit code is 0."""
     timeout_s = 2.5
-    args = [
-        "--model-id",
-        str(tiny_model("llama")),
-        "--engine",
-        "synthetic",
-        "-o",
-        "option.synthetic_tokens_per_second=100",
-        "-o",
-        "option.max_output_len=4000",
-    ]
+    args = synthetic("option.synthetic_tokens_per_second=100", "option.max_output_len=4000")
     env = {"LMI_TEST_EXIT_AFTER": "10", "LMI_TEST_SHUTDOWN_TIMEOUT": str(timeout_s)}
     with launched(args, tmp_path, env) as (proc, url, log):
         outs = [{} for _ in range(4)]
