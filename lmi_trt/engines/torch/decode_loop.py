@@ -42,7 +42,7 @@ Out of blocks. A request that needs a block when none is free (none free, none c
 takes it from the most recently admitted request (vLLM v1's recompute preemption): that request's
 tokens so far are delivered, its blocks released, and it goes back to the front of the queue with
 its prompt and generated tokens as the prompt to prefill; its stream simply continues. New
-requests are admitted only while a small reserve of blocks stays free (vLLM's watermark, 1 %).
+requests are admitted only while a small reserve of blocks stays free (a watermark of 1 %).
 
 Prefix caching (``option.enable_kv_cache_reuse``). Full blocks of prompts are registered under a
 key naming their tokens and everything before them as the step that computes them is planned (so
@@ -81,13 +81,15 @@ from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupporte
 log = logging.getLogger(__name__)
 
 DECODE_LOOPS = ("auto", "builtin", "transformers")
-# vLLM's default block size on CUDA (vllm/config/cache.py); option.tokens_per_block sets another.
+# vLLM's default block size on CUDA (vllm/platforms/cuda.py, check_and_update_config); option.tokens_per_block
+# sets another.
 DEFAULT_BLOCK_SIZE = 16
 # Fraction of the free device memory the KV cache, the per-slot sampling state and the step's
 # activations may take; the rest is left for CUDA graphs and the allocator's slack.
 _MEMORY_FRACTION = 0.85
 # Blocks kept free when admitting a request, so that running ones can grow without preempting it
-# at once (vllm/v1/core/kv_cache_manager.py, watermark=0.01).
+# at once: vLLM's watermark ("to avoid frequent preemptions", vllm/v1/core/kv_cache_manager.py),
+# at the 1 % its v0 block manager defaulted to (vllm/core/block_manager.py; v1 defaults to 0).
 _WATERMARK = 0.01
 _ERRORS = {1: "the model produced NaN/inf logits", 2: "every token is excluded by bad_words_ids/min_new_tokens"}
 
