@@ -301,6 +301,8 @@ def _parse_values(chosen: Mapping[str, _Setting]) -> dict[str, Any]:
         raw = s.value.strip()
         if not raw:
             continue  # an empty value means the default, and still hides the same key from lower sources
+        if s.spec.refused:
+            raise ConfigError(f"{s.label}={s.shown_value!r} is not supported: {s.spec.refused}")
         try:
             value = s.spec.type.parse(raw)
         except _BadValue as e:
@@ -361,6 +363,7 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
             f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
             "the batch size the engine is built for; lower it or raise max_rolling_batch_size"
         )
+    _check_tls(get, name)
     if get("use_paged_context_fmha") is False:
         for needs in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if get(needs):
@@ -368,6 +371,36 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
                     f"{name(needs)}=true needs paged context attention, but "
                     f"{name('use_paged_context_fmha')}=false; drop one of them"
                 )
+
+
+def _check_tls(get: Callable[[str], Any], name: Callable[[str], str]) -> None:
+    """TLS keys that only work together: a certificate needs its key (and the key its certificate);
+    client verification needs the server's TLS, CA certificates and a requirement that uses them."""
+    cert, key, cas, reqs = (get(a) for a in ("certificate_file", "private_key_file", "ssl_ca_certs", "ssl_cert_reqs"))
+    if (cert is None) != (key is None):
+        given, missing = (
+            ("certificate_file", "private_key_file") if cert is not None else ("private_key_file", "certificate_file")
+        )
+        raise ConfigError(
+            f"{name(given)}={str(get(given))!r} needs {key_of(missing)} as well: HTTPS takes the certificate "
+            "and its private key; set both, or neither to serve plain HTTP"
+        )
+    if cert is None and (cas is not None or reqs is not None):
+        given = "ssl_ca_certs" if cas is not None else "ssl_cert_reqs"
+        raise ConfigError(
+            f"{name(given)} verifies client certificates, which needs HTTPS; set certificate_file and "
+            "private_key_file too, or remove it"
+        )
+    if cas is None and reqs in ("optional", "required"):
+        raise ConfigError(
+            f"{name('ssl_cert_reqs')}={reqs} needs option.ssl_ca_certs, the CA certificates clients are "
+            "verified against; set it, or remove option.ssl_cert_reqs"
+        )
+    if cas is not None and reqs == "none":
+        raise ConfigError(
+            f"{name('ssl_cert_reqs')}=none would leave {name('ssl_ca_certs')} unused (no client certificate "
+            "is asked for); set option.ssl_cert_reqs=optional or required, or remove option.ssl_ca_certs"
+        )
 
 
 _QUANT_KNOBS: tuple[tuple[tuple[str, ...], Callable[[Quantization | None], bool], str], ...] = (

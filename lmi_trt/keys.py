@@ -172,12 +172,24 @@ def _only_true(raw: str) -> bool:
     return True
 
 
+def _api_keys(raw: str) -> SecretStr:
+    """One key, or several separated by commas (vLLM takes several --api-key values: any of them is
+    accepted, for rotation); each as clients send it after ``Bearer ``: printable ASCII, no spaces."""
+    keys = [k.strip() for k in raw.split(",")]
+    if any(not k for k in keys):
+        raise _BadValue("has an empty key; set one key, or several separated by commas")
+    if any(not re.fullmatch(r"[\x21-\x7e]+", k) for k in keys):
+        raise _BadValue("has a key with a space or a character outside printable ASCII, which no HTTP header carries")
+    return SecretStr(",".join(keys))
+
+
 _TEXT = ValueType("string", _text_parse)
 _PATH = ValueType("path", _path_parse)
 _SECRET = ValueType("secret string", _secret_parse)
 _TP = ValueType("integer ≥ 1 or max", _parallel_degree)
 _CACHE_URI = ValueType("path or s3:// URI", _cache_uri)
 _TRUE_ONLY = ValueType("`true`", _only_true)
+_API_KEYS = ValueType("secret string(s), comma-separated", _api_keys)
 
 # DJL's other LMI backends: a clear refusal instead of "not one of".
 _OTHER_BACKENDS = {
@@ -228,6 +240,7 @@ class KeySpec:
     compile_time: bool = False  # changing it changes the TensorRT-LLM engine (engine-cache key)
     aliases: tuple[str, ...] = ()  # other names as written (Truss keys, older DJL names)
     ignored: str | None = None  # why a DJL key has no effect here; logged whenever it is set
+    refused: str | None = None  # why a DJL key cannot be served here and what to set instead; stops startup
     note: str | None = None  # logged (info) whenever it is set
     secret: bool = False
 
@@ -313,6 +326,19 @@ IGNORED_KEYS: tuple[KeySpec, ...] = (
         "DJL container feature list (SERVING_FEATURES)",
         ignored="lmi-trt picks its engine with option.rolling_batch",
     ),
+)
+
+
+# DJL keys lmi-trt cannot honour, whose effect matters: setting one stops startup with what to do instead.
+_NO_KEYSTORE = (
+    "lmi-trt does not read Java keystores; export the key and certificate as PEM (openssl pkcs12 -in "
+    "keystore.p12 -nodes -nocerts -out key.pem, and -nokeys -out cert.pem) and set private_key_file and "
+    "certificate_file"
+)
+REFUSED_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("keystore", _PATH, "DJL's TLS keystore file", refused=_NO_KEYSTORE),
+    KeySpec("keystore_pass", _SECRET, "DJL's TLS keystore password", refused=_NO_KEYSTORE, secret=True),
+    KeySpec("keystore_type", _TEXT, "DJL's TLS keystore type", refused=_NO_KEYSTORE),
 )
 
 
@@ -528,7 +554,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.tokens_per_block",
             _choice({str(size): size for size in TOKENS_PER_BLOCK}),
-            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default",
+            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default (the torch engine's "
+            "built-in decode loop: 16)",
             compile_time=True,
         ),
     ] = None  # None → TensorRT-LLM's default
@@ -746,7 +773,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_tokens_in_paged_kv_cache",
             _integer(1, 65536),
-            "KV-cache size cap in tokens (the smaller of this and the fraction wins)",
+            "KV-cache size cap in tokens (the smaller of this and the fraction wins; the torch engine's "
+            "built-in decode loop: its size on CPU, its cap on a GPU)",
         ),
     ] = None
     kv_cache_host_memory_bytes: Annotated[
@@ -755,7 +783,10 @@ class LmiConfig(BaseModel):
     enable_kv_cache_reuse: Annotated[
         bool,
         KeySpec(
-            "option.enable_kv_cache_reuse", _BOOL, "prefix caching (needs paged context attention)", compile_time=True
+            "option.enable_kv_cache_reuse",
+            _BOOL,
+            "prefix caching (TensorRT-LLM: needs paged context attention; torch: the built-in decode loop)",
+            compile_time=True,
         ),
     ] = False
     batch_scheduler_policy: Annotated[
@@ -791,7 +822,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.enable_chunked_context",
             _BOOL,
-            "split long prompts over several steps",
+            "split long prompts over several steps (TensorRT-LLM; the torch engine's built-in decode loop)",
             aliases=_both("enable_chunked_prefill"),
         ),
     ] = False
@@ -891,6 +922,68 @@ class LmiConfig(BaseModel):
             "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size",
         ),
     ] = 64
+    # --- serving: access (README "Deployment") ---
+    api_key: Annotated[
+        SecretStr | None,
+        KeySpec(
+            "option.api_key",
+            _API_KEYS,
+            "API key(s) every request must send as Authorization: Bearer KEY (vLLM's --api-key); several, "
+            "comma-separated, for rotation; the health routes and /metrics stay open; masked in logs",
+            secret=True,
+        ),
+    ] = None
+    certificate_file: Annotated[
+        Path | None,
+        KeySpec(
+            "certificate_file",
+            _PATH,
+            "serve HTTPS with this PEM certificate chain (DJL's key; vLLM's --ssl-certfile); with private_key_file",
+            aliases=_both("ssl_certfile"),
+        ),
+    ] = None
+    private_key_file: Annotated[
+        Path | None,
+        KeySpec(
+            "private_key_file",
+            _PATH,
+            "the PEM private key of certificate_file (DJL's key; vLLM's --ssl-keyfile)",
+            aliases=_both("ssl_keyfile"),
+        ),
+    ] = None
+    ssl_ca_certs: Annotated[
+        Path | None,
+        KeySpec(
+            "option.ssl_ca_certs",
+            _PATH,
+            "PEM CA certificates that client certificates are verified against (vLLM's --ssl-ca-certs); "
+            "with option.ssl_cert_reqs",
+            aliases=("ssl_ca_certs",),
+        ),
+    ] = None
+    ssl_cert_reqs: Annotated[
+        Literal["none", "optional", "required"] | None,
+        KeySpec(
+            "option.ssl_cert_reqs",
+            _choice(
+                {"0": "none", "1": "optional", "2": "required", **_same("none", "optional", "required")},
+                shown=("none", "optional", "required"),
+            ),
+            "client certificates (vLLM's --ssl-cert-reqs; 0/1/2 work too): required or optional verifies "
+            "them against option.ssl_ca_certs; unset: required when option.ssl_ca_certs is set",
+            aliases=("ssl_cert_reqs",),
+        ),
+    ] = None
+    # --- serving: health ---
+    watchdog_timeout: Annotated[
+        int,
+        KeySpec(
+            "option.watchdog_timeout",
+            _integer(0, 300),
+            "seconds requests may wait on the engine with no token coming out before /ping answers 503 "
+            "FAILED (SGLang's --watchdog-timeout); it answers 200 again once tokens flow; 0: off",
+        ),
+    ] = 300
     parse_special_tokens: Annotated[
         bool,
         KeySpec(
@@ -927,6 +1020,10 @@ class LmiConfig(BaseModel):
         argument), as opposed to a default or a value a later stage derived."""
         return attr in self.model_fields_set and attr not in self._derived
 
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys of option.api_key (none: the server asks for no key)."""
+        return tuple(self.api_key.get_secret_value().split(",")) if self.api_key is not None else ()
+
     def redacted(self) -> dict[str, Any]:
         """All attributes as JSON-friendly values, secrets masked."""
         return {name: jsonable(getattr(self, name)) for name in type(self).model_fields}
@@ -941,8 +1038,8 @@ def _declared_keys() -> tuple[KeySpec, ...]:
     return tuple(specs)
 
 
-# Every key: the fields' declarations, then the DJL keys accepted and ignored.
-REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS
+# Every key: the fields' declarations, then the DJL keys accepted and ignored, then those refused.
+REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS + REFUSED_KEYS
 
 
 @dataclass(frozen=True)
@@ -984,6 +1081,8 @@ ENV_ALIASES: tuple[EnvAlias, ...] = (
     EnvAlias("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout"),
     EnvAlias("PREDICT_TIMEOUT", "option.predict_timeout"),  # DJL image default variable
     EnvAlias("DJL_CACHE_DIR", "download_dir"),
+    # vLLM's variable for --api-key (vllm/envs.py); TGI's API_KEY is left out: too generic a name.
+    EnvAlias("VLLM_API_KEY", "option.api_key"),
 )
 
 _BY_NAME: dict[str, KeySpec] = {}

@@ -61,6 +61,11 @@ class TorchSettings(
         "max_input_len",
         "trust_remote_code",
         "max_num_tokens",
+        # The built-in decode loop's paged KV cache and prompt chunks (refused where that loop does not run).
+        "enable_kv_cache_reuse",
+        "max_tokens_in_paged_kv_cache",
+        "tokens_per_block",
+        "enable_chunked_context",
         max_new_tokens="max_output_len",
         batching="torch_batching",
         decode_loop="torch_decode_loop",

@@ -51,7 +51,7 @@ def test_the_issues_examples():
         assert "max_num_sequences" in stages.honoured(served, _runs(served))
     # A TensorRT-LLM knob on the torch engine, a torch knob on TensorRT-LLM, a build knob on the pytorch backend.
     for served, given, key in [
-        (TORCH, {"enable_kv_cache_reuse": True}, "option.enable_kv_cache_reuse"),
+        (TORCH, {"batch_scheduler_policy": "guaranteed_no_evict"}, "option.batch_scheduler_policy"),
         (TENSORRT, {"torch_batching": "static"}, "option.torch_batching"),
         (PYTORCH, {"use_fused_mlp": True}, "option.use_fused_mlp"),
     ]:

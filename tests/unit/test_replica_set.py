@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from lmi_trt.engines.base import EngineStats, GenerationRequest, SamplingParams
-from lmi_trt.engines.replicas import ReplicaSet, least_loaded
+from lmi_trt.engines.replicas import ReplicaSet, least_loaded, merged_extra
 from lmi_trt.engines.synthetic import SyntheticEngine
 
 
@@ -27,6 +27,21 @@ def test_least_loaded_counts_queued_and_breaks_ties_low():
     ]
     assert least_loaded(stats) == 2
     assert least_loaded([EngineStats(), EngineStats()]) == 0
+
+
+def test_the_copies_kv_cache_and_counters_add_up():
+    def copy(used: float, preempted: float) -> EngineStats:
+        extra = {"kv_cache_max_blocks": 100.0, "kv_cache_used_blocks": used, "kv_cache_block_size": 16.0}
+        return EngineStats(extra=extra | {"num_preemptions": preempted, "sampled_rows": 7.0})
+
+    merged = merged_extra([copy(10, 1), copy(30, 2)])
+    assert merged == {
+        "kv_cache_max_blocks": 200.0,
+        "kv_cache_used_blocks": 40.0,
+        "num_preemptions": 3.0,
+        "kv_cache_block_size": 16.0,
+    }
+    assert merged_extra([copy(1, 0), EngineStats()]) == {}  # a copy that does not report: nothing to add up
 
 
 async def test_requests_spread_over_copies_and_early_close_cancels_inside_the_copy():
