@@ -21,12 +21,18 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from lmi_trt.compile.hf_quant import QuantizeJob, ensure_quantized
+from lmi_trt.compile.jit import CompileJob, ensure_engine
+from lmi_trt.compile.options import CompileOptions
+from lmi_trt.compile.probe import detect_trtllm_version
 from lmi_trt.engines import probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.engines.guided import GuideVocab
+from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
 from lmi_trt.engines.registry import (
     ENTRIES,
     PYTORCH,
@@ -39,17 +45,12 @@ from lmi_trt.engines.registry import (
     has_backends,
     is_chosen,
 )
+from lmi_trt.engines.synthetic import SyntheticEngine
+from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, key_of, reads
+from lmi_trt.launch import Placement, trtllm_copy_settings
 from lmi_trt.sources import ModelArtifact, ModelPeek
-
-if TYPE_CHECKING:
-    from lmi_trt.compile.hf_quant import QuantizeJob
-    from lmi_trt.compile.jit import CompileJob
-    from lmi_trt.compile.options import CompileOptions
-    from lmi_trt.engines.llmapi import LlmApiSettings
-    from lmi_trt.engines.trtllm import TrtllmSettings
-    from lmi_trt.launch import Placement
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,6 @@ def _sequences(config: LmiConfig) -> int:
 
 def compile_options(config: LmiConfig) -> CompileOptions:
     """Every ``CompileOptions`` field from its key (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
-    from lmi_trt.compile.options import CompileOptions
 
     return CompileOptions.of(config)
 
@@ -130,8 +130,6 @@ QUANTIZE_OPTIONS = (
 
 def quantize_job(config: LmiConfig) -> QuantizeJob:
     """The pytorch backend's quantization stage input: the calibration options and the engine cache."""
-    from lmi_trt.compile.hf_quant import QuantizeJob
-    from lmi_trt.compile.options import CompileOptions
 
     return QuantizeJob(
         options=CompileOptions.of(config, only=QUANTIZE_OPTIONS),
@@ -143,7 +141,6 @@ def quantize_job(config: LmiConfig) -> QuantizeJob:
 
 def compile_job(config: LmiConfig) -> CompileJob:
     """The compile stage's input: the planner's options and how the build runs and is cached."""
-    from lmi_trt.compile.jit import CompileJob
 
     return CompileJob(
         options=compile_options(config),
@@ -159,7 +156,6 @@ def compile_job(config: LmiConfig) -> CompileJob:
 
 
 def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
-    from lmi_trt.engines.trtllm import TrtllmSettings
 
     # DJL: option.max_num_sequences, when set, caps the Executor's batch below the built one.
     key = "option.max_num_sequences" if config.max_num_sequences is not None else "option.max_rolling_batch_size"
@@ -175,7 +171,6 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 
 
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
-    from lmi_trt.engines.llmapi import LlmApiSettings
 
     return LlmApiSettings.of(
         config,
@@ -203,7 +198,6 @@ def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
 def _build_synthetic(
     settings: SyntheticSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
 ) -> Engine:
-    from lmi_trt.engines.synthetic import SyntheticEngine
 
     return SyntheticEngine(len(tokenizer), **settings.model_dump(), special_token_ids=tuple(tokenizer.all_special_ids))
 
@@ -228,9 +222,6 @@ def _build_torch(
 def _build_executor(
     settings: TrtllmSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
 ) -> Engine:
-    from lmi_trt.engines.guided import GuideVocab
-    from lmi_trt.engines.trtllm import TrtllmEngine
-    from lmi_trt.launch import trtllm_copy_settings
 
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
@@ -249,7 +240,6 @@ def _build_llm(
     settings: LlmApiSettings, artifact: ModelArtifact, tokenizer: Any, eos: list[int], placement: Placement | None
 ) -> Engine:
     """The pytorch backend: the LLM loads the checkpoint and starts its workers itself."""
-    from lmi_trt.engines.llmapi import LlmApiEngine
 
     return LlmApiEngine(artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
@@ -291,15 +281,11 @@ def compile_if_needed(served: EngineEntry, config: LmiConfig, artifact: ModelArt
     """The JIT stage: a checkpoint the entry builds an engine for becomes one (from the cache, or built once); one
     it calibrates under ``option.quantize`` becomes the calibrated checkpoint (from the cache, or calibrated once)."""
     if served.calibrates and config.quantize is not None and artifact.kind == "hf_checkpoint":
-        from lmi_trt.compile.hf_quant import ensure_quantized
-        from lmi_trt.compile.probe import detect_trtllm_version
-
         return ensure_quantized(
             quantize_job(config), artifact, trtllm_version=detect_trtllm_version() or "", progress=_progress
         )
     if not served.builds_engine or artifact.kind == "trtllm_engine":
         return artifact
-    from lmi_trt.compile.jit import ensure_engine
 
     return ensure_engine(compile_job(config), artifact, progress=_progress)
 
