@@ -6,7 +6,7 @@ C++ Executor over TensorRT engines; ``pytorch``, the LLM API's PyTorch backend).
 ``LLM`` takes the same shape: one argument class per backend over shared declarations (``TrtLlmArgs`` and
 ``TorchLlmArgs`` over ``BaseLlmArgs``, NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.0 and later).
 An entry says what that way of serving does (how it is launched, whether a checkpoint is compiled or
-calibrated first, which TensorRT-LLM releases, artifacts and quantizations it takes); every stage asks these
+calibrated first, which TensorRT-LLM releases and quantizations it takes); every stage asks these
 facts instead of comparing an engine's or a backend's name (tests/unit/test_arch_registry.py holds that).
 
 Which backend serves a model on a TensorRT-LLM release (``choose_backend``) is decided here too, from the
@@ -48,7 +48,6 @@ class EngineEntry:
     launch: LaunchRule
     builds_engine: bool  # a Hugging Face checkpoint is compiled into a TensorRT engine first (lmi_trt.compile)
     calibrates: bool  # option.quantize calibrates a Hugging Face checkpoint first (lmi_trt.compile.hf_quant)
-    loads_engine_folder: bool  # serves a precompiled TensorRT engine folder
     # On TensorRT-LLM: the first release that has it, and whether it needs the Executor binding (gone after 1.2:
     # NVIDIA/TensorRT-LLM PRs 15918, 16369).
     since: tuple[int, int] = (0, 0)
@@ -82,7 +81,6 @@ TENSORRT = EngineEntry(
     launch="mpi_ranks",
     builds_engine=True,
     calibrates=False,
-    loads_engine_folder=True,
     needs_executor=True,
 )
 # Since 1.0 the LLM API's default backend (tensorrt_llm/llmapi/llm.py, 1.0.0); it loads the checkpoint itself (as
@@ -93,7 +91,6 @@ PYTORCH = replace(
     launch="llm_workers",
     builds_engine=False,
     calibrates=True,
-    loads_engine_folder=False,
     since=(1, 0),
     needs_executor=False,
     quantizations=PYTORCH_QUANTIZATIONS,
@@ -108,7 +105,6 @@ TORCH = EngineEntry(
     launch="per_gpu",
     builds_engine=False,
     calibrates=False,
-    loads_engine_folder=False,
 )
 SYNTHETIC = replace(TORCH, engine="synthetic", default_batch=TRTLLM_DEFAULT_BATCH, uses_model=False, launch="none")
 
