@@ -104,7 +104,8 @@ class LLM:
                 from transformers import AutoTokenizer
 
                 self._tokenizer = AutoTokenizer.from_pretrained(
-                    str(given or folder), use_fast=self.args.tokenizer_mode != "slow",
+                    str(given or folder),
+                    use_fast=self.args.tokenizer_mode != "slow",
                     trust_remote_code=self.args.trust_remote_code,
                 )
             else:
