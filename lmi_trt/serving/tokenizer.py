@@ -42,12 +42,20 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, *, slow: b
 def _why_not(folder: Path, error: Exception, trust_remote_code: bool) -> str:
     import transformers
 
-    file = folder / "tokenizer_config.json"
+    from lmi_trt.sources.artifact import TOKENIZER_FILES
+    from lmi_trt.sources.transformers5 import source_of
+
+    shown = source_of(folder)  # a view of a transformers-5 folder names the user's files, not our copy
+    file = shown / "tokenizer_config.json"
     try:
-        declared = json.loads(file.read_text()).get("tokenizer_class")
+        declared = json.loads((folder / file.name).read_text()).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
-        file, declared = folder, None
-    said = " ".join(f"{type(error).__name__}: {error}".split())  # one line: transformers' messages span several
+        file, declared = shown, None
+    vocabularies = sorted(TOKENIZER_FILES - {"tokenizer_config.json"})
+    if not any((folder / name).is_file() for name in vocabularies):
+        said = f"it has no vocabulary file ({', '.join(vocabularies)})"
+    else:
+        said = " ".join(f"{type(error).__name__}: {error}".split())  # one line: transformers' messages span several
     what = f" (tokenizer_class {declared!r})" if declared else ""
     fix = [] if trust_remote_code else ["set option.trust_remote_code=true if the model ships its tokenizer code"]
     fix.append(f"point option.tokenizer_id at the same tokenizer saved by transformers {transformers.__version__}")
