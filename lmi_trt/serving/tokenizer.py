@@ -48,7 +48,7 @@ def _why_not(folder: Path, error: Exception, trust_remote_code: bool) -> str:
     shown = source_of(folder)  # a view of a transformers-5 folder names the user's files, not our copy
     file = shown / "tokenizer_config.json"
     try:
-        declared = json.loads((folder / file.name).read_text()).get("tokenizer_class")
+        declared = json.loads(file.read_text()).get("tokenizer_class")  # as the user's file has it
     except (OSError, ValueError, AttributeError):
         file, declared = shown, None
     vocabularies = sorted(TOKENIZER_FILES - {"tokenizer_config.json"})
