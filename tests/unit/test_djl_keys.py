@@ -264,3 +264,25 @@ def test_llm_configs_name_a_field_the_release_lacks():
         plan.options["not_a_field"] = "option.some_key"
         with pytest.raises(TrtllmConfigError, match="option.some_key: TensorRT-LLM 1.2.1's LLM has no not_a_field"):
             llm_configs(tensorrt_llm.llmapi, plan, "1.2.1")
+
+
+def test_tokenizer_revision_pins_the_tokenizer_repo_only(tmp_path):
+    """DJL's LLM(tokenizer_revision=): the revision of option.tokenizer's hub repo; without a separate tokenizer, or
+    for a folder or s3:// one, there is no repo to pin, and saying so beats ignoring it."""
+    from tinymodels import tiny_model
+
+    from lmi_trt.sources import SourceError, resolve_model, resolve_tokenizer
+
+    with pytest.raises(ConfigError, match="option.tokenizer_revision='v2' pins option.tokenizer_id's hub repo"):
+        load_config(overrides={"option.model_id": "m", "option.tokenizer_revision": "v2"})
+    folder = str(tiny_model("llama"))
+    config = load_config(
+        overrides={
+            "option.model_id": folder,
+            "option.tokenizer": folder,
+            "option.tokenizer_revision": "v2",
+            "download_dir": str(tmp_path),
+        }
+    )
+    with pytest.raises(SourceError, match="option.tokenizer_revision='v2' pins a Hugging Face repo"):
+        resolve_tokenizer(config, resolve_model(config))

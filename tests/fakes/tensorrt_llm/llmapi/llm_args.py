@@ -5,6 +5,7 @@ Only the fields lmi-trt maps are modelled; their names, order and defaults are t
 from __future__ import annotations
 
 import enum
+from os import PathLike
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -168,6 +169,15 @@ class TorchLlmArgs(_Strict):
     torch_compile_config: dict | None = None
     stream_interval: int = Field(1, gt=0)
     max_stats_len: int = 1000
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: Any) -> Any:
+        from transformers import PreTrainedTokenizerBase
+
+        if value is None or isinstance(value, (str, PathLike, PreTrainedTokenizerBase)):
+            return value
+        raise ValueError(f"Unrecognized tokenizer {value}")
 
     @field_validator("load_format", mode="before")
     @classmethod
