@@ -65,12 +65,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
+    Capabilities,
     EngineError,
     EngineLimits,
     EngineOutput,
     EngineStats,
     FinishReason,
     GenerationRequest,
+    can,
+    cannot,
     error_output,
 )
 from lmi_trt.engines.guided import warm_guide
@@ -89,6 +92,7 @@ FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (befor
 TOP_LOGPROBS_SERIES = (1, 1)  # top-k log probs on the PyTorch backend: PR 7756 (1.0 returns the top 1 only)
 LOGIT_BIAS_SERIES = (1, 1)  # the PyTorch sampler adds SamplingParams.embedding_bias: PR 6464
 PROMPT_LOGPROBS_SERIES = (1, 3)  # prompt log probs that always hold the prompt token's: PR 11235
+_NOT_STARTED = "the trtllm-pytorch engine has not started: what it honours depends on the TensorRT-LLM release"
 # TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
 LLM_DEFAULT_BATCH = 2048
 LLM_DEFAULT_INPUT_LEN = 1024
@@ -384,13 +388,32 @@ def checkpoint_vocab_size(model_dir: Path) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def release_limits(limits: EngineLimits, series: tuple[int, int], vocab_size: int | None) -> EngineLimits:
-    """Pure: what this release's PyTorch backend adds to the engine's limits (module docstring)."""
-    return dataclasses.replace(
-        limits,
-        max_top_logprobs=MAX_TOP_LOGPROBS if series >= TOP_LOGPROBS_SERIES else 0,
-        supports_prompt_logprobs=series >= PROMPT_LOGPROBS_SERIES,
-        supports_logit_bias=series >= LOGIT_BIAS_SERIES and vocab_size is not None,
+def release_capabilities(version: str, vocab_size: int | None) -> Capabilities:
+    """Pure: what this release's PyTorch backend honours (the module docstring gives the PRs)."""
+    series = llm_api_series(version)
+    engine = f"the trtllm-pytorch engine on TensorRT-LLM {version}"
+    return Capabilities(
+        release=f"TensorRT-LLM {version} (pytorch backend)",
+        logprobs=can(),
+        top_logprobs=can(most=MAX_TOP_LOGPROBS)
+        if series >= TOP_LOGPROBS_SERIES
+        else cannot(
+            f"{engine} returns the chosen token's log-prob only (alternatives from 1.1, NVIDIA/TensorRT-LLM "
+            "PR 7756); ask for logprobs without alternatives"
+        ),
+        prompt_logprobs=can()
+        if series >= PROMPT_LOGPROBS_SERIES
+        else cannot(
+            f"{engine} does not score the prompt tokens themselves (from 1.3, NVIDIA/TensorRT-LLM PR 11235); "
+            "leave it out"
+        ),
+        logit_bias=cannot(f"{engine} cannot bias logits (from 1.1, NVIDIA/TensorRT-LLM PR 6464); leave it out")
+        if series < LOGIT_BIAS_SERIES
+        else cannot(f"{engine} cannot bias logits: the checkpoint's config.json does not give its vocab_size")
+        if vocab_size is None
+        else can(),
+        # xgrammar through the LLM's guided_decoding_backend (llm_plan)
+        guided=can(),
     )
 
 
@@ -563,8 +586,14 @@ class LlmApiEngine:
             max_input_len=kw.get("max_input_len", LLM_DEFAULT_INPUT_LEN),
             max_seq_len=kw.get("max_seq_len"),
             max_beam_width=kw["max_beam_width"],
-            supports_logprobs=True,
-            supports_guided_decoding=True,
+        )
+        self._capabilities = Capabilities(
+            release="",
+            logprobs=can(),
+            top_logprobs=cannot(_NOT_STARTED),
+            prompt_logprobs=cannot(_NOT_STARTED),
+            logit_bias=cannot(_NOT_STARTED),
+            guided=can(),
         )
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
@@ -587,6 +616,10 @@ class LlmApiEngine:
     @property
     def limits(self) -> EngineLimits:
         return self._limits
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
 
     @property
     def healthy(self) -> bool:
@@ -622,14 +655,14 @@ class LlmApiEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
-        self._limits = release_limits(self._limits, llm_api_series(version), self._vocab_size)
+        self._capabilities = caps = release_capabilities(version, self._vocab_size)
         log.info(
             "TensorRT-LLM %s (pytorch backend) reports %s alternatives per token; prompt log-probs %s; logit_bias %s",
             version,
-            self._limits.max_top_logprobs or "no",
-            "on" if self._limits.supports_prompt_logprobs else "off (TensorRT-LLM 1.3+)",
+            caps.top_logprobs.most or "no",
+            "on" if caps.prompt_logprobs.honoured else "off (TensorRT-LLM 1.3+)",
             "on"
-            if self._limits.supports_logit_bias
+            if caps.logit_bias.honoured
             else ("off (TensorRT-LLM 1.1+)" if self._vocab_size else "off (config.json has no vocab_size)"),
         )
         tokenizer = self._llm.tokenizer

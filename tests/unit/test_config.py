@@ -645,8 +645,10 @@ def test_every_field_is_a_registry_key_and_back():
     assert set(attrs) == set(LmiConfig.model_fields) - {"model_dir"}
     for spec in REGISTRY:
         assert spec.description and spec.description[-1] != "."
-        # no field: a DJL key accepted and ignored, or one whose only value is what lmi-trt always does
-        assert (spec.attr is None) == (spec.ignored is not None or spec in FIXED_KEYS), spec.key
+        # no field: a DJL key accepted and ignored, refused, or one whose only value is what lmi-trt always does
+        assert (spec.attr is None) == (spec.ignored is not None or spec.refused is not None or spec in FIXED_KEYS), (
+            spec.key
+        )
         assert not (spec.compile_time and spec.attr is None), spec.key
 
 

@@ -42,11 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ...compat import dtype_kwargs, text_config
 from ..base import (
     MAX_TOP_LOGPROBS,
+    Capabilities,
     EngineError,
     EngineLimits,
     EngineOutput,
@@ -54,6 +56,8 @@ from ..base import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    can,
+    cannot,
     error_output,
     refused,
 )
@@ -226,11 +230,21 @@ class TorchEngine:
             max_seq_len=self.max_input_len + self.max_new_tokens,
             max_new_tokens=self.max_new_tokens,
             max_beam_width=1,
-            supports_logprobs=True,
-            max_top_logprobs=MAX_TOP_LOGPROBS,
-            supports_prompt_logprobs=True,
-            supports_guided_decoding=_HAS_XGRAMMAR,
-            supports_logit_bias=True,
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            release=f"transformers {transformers.__version__}, torch {torch.__version__}",
+            logprobs=can(),
+            top_logprobs=can(most=MAX_TOP_LOGPROBS),
+            prompt_logprobs=can(),
+            logit_bias=can(),
+            guided=can()
+            if _HAS_XGRAMMAR
+            else cannot(
+                "the torch engine constrains decoding with xgrammar, which is not installed (pip install xgrammar)"
+            ),
         )
 
     @property
