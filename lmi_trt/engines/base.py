@@ -113,6 +113,8 @@ class EngineLimits:
     max_top_logprobs: int = 0  # the most alternatives per token it reports (0: none)
     supports_prompt_logprobs: bool = False
     supports_guided_decoding: bool = False
+    # Without guided decoding: what would give it (the 400 says so); empty: another engine.
+    guided_decoding_fix: str = ""
     supports_logit_bias: bool = False
 
 

@@ -48,6 +48,7 @@ class ReplicaSet:
             max_top_logprobs=min(e.limits.max_top_logprobs for e in self._engines),
             supports_prompt_logprobs=all(e.limits.supports_prompt_logprobs for e in self._engines),
             supports_guided_decoding=all(e.limits.supports_guided_decoding for e in self._engines),
+            guided_decoding_fix=first.guided_decoding_fix,
             supports_logit_bias=all(e.limits.supports_logit_bias for e in self._engines),
         )
 

@@ -63,8 +63,10 @@ from .base import (
 from .guided import Grammars, allowed_tokens
 from .registry import ENGINES
 
-# Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
+# Constrained decoding needs xgrammar, a dependency of lmi-trt; a Python without it (an install with --no-deps, an
+# image that removed it) answers such requests with a 400 that says how to install it, and start() logs it.
 _HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
+XGRAMMAR_MISSING = 'xgrammar is not installed here: pip install "xgrammar>=0.1.21" and restart the server'
 
 try:
     from transformers.generation import ContinuousBatchingConfig
@@ -706,6 +708,7 @@ class TorchEngine:
             max_top_logprobs=MAX_TOP_LOGPROBS,
             supports_prompt_logprobs=True,
             supports_guided_decoding=_HAS_XGRAMMAR,
+            guided_decoding_fix="" if _HAS_XGRAMMAR else XGRAMMAR_MISSING,
             supports_logit_bias=True,
         )
 
@@ -719,6 +722,12 @@ class TorchEngine:
         self._loop = asyncio.get_running_loop()
         self._backend = await asyncio.to_thread(self._load)
         self.batching = self._backend.name
+        if not _HAS_XGRAMMAR:
+            log.warning(
+                "constrained decoding is off (OpenAI response_format and tool_choice required/named, TGI grammar, "
+                "LMI guided_json/regex/grammar answer 400): %s",
+                XGRAMMAR_MISSING,
+            )
         self._healthy = True
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:

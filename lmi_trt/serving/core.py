@@ -682,10 +682,10 @@ class GenerationService:
             raise FeatureRefused(field_name, f"{field_name} names token id {bad}; token ids must be in [0, {vocab})")
         if params.guided is not None and not limits.supports_guided_decoding:
             field_name = names.get("guided", "guided")
+            fix = limits.guided_decoding_fix or "leave it out or serve with option.rolling_batch=torch"
             raise FeatureRefused(
                 field_name,
-                f"{field_name}: the {engine} engine has no constrained decoding "
-                f"({params.guided.kind}); leave it out or serve with option.rolling_batch=torch",
+                f"{field_name}: the {engine} engine has no constrained decoding ({params.guided.kind}); {fix}",
             )
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
