@@ -242,6 +242,7 @@ def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
                 "is already a TensorRT-LLM engine",
                 "Serve it as it is; plan the HF checkpoint it was built from",
             )
+        config, job = fitted(config, model_config)
         checkpoint = "architecture" in model_config and "architectures" not in model_config
         gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
         version = args.trtllm_version or detect_trtllm_version()
@@ -275,6 +276,16 @@ def cmd_plan(args: argparse.Namespace, load_job: LoadJob) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def fitted(config: Any, model_config: dict[str, Any] | None) -> tuple[Any, CompileJob]:
+    """``config`` with unset max_input_len / max_output_len fitted to the model, as ``serve`` fits them (one
+    function for both: ``loader.fit_lengths``), and its CompileJob."""
+    from lmi_trt.engines import registry
+    from lmi_trt.loader import fit_lengths
+
+    config = fit_lengths(config, model_config, registry.COMPILING_ENGINE)
+    return config, registry.compile_job(config)
 
 
 def _wanted_gpus(opts: CompileOptions) -> int:
@@ -323,6 +334,7 @@ def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str)
     gpu, _ = target_gpu(args, detected)
     check_output(args.output)
     artifact = resolve_model(config)
+    config, job = fitted(config, artifact.hf_config)
     prepared = compile_to(
         job, artifact, args.output, gpu=gpu, trtllm_version=version, progress=lambda msg: log.info("compile: %s", msg)
     )
