@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).absolute().parent
 ROOT = HERE.parent
-MODEL = ROOT / "models" / "tiny-llama"  # README.md's Quick start makes it
+MODEL = Path.cwd() / "models" / "tiny-llama"  # README.md's Quick start makes it, in the repository root
 CELL_TIMEOUT_S = 120
 
 # mode="local" and what each notebook needs for it: the Quick start's model and lengths (its 512 positions);
