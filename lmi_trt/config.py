@@ -37,6 +37,7 @@ from lmi_trt.keys import (
 )
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
+from lmi_trt.spelling import did_you_mean, within_a_typo
 from lmi_trt.vocabulary import Quantization
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ def _settings_from(entries: Iterable[tuple[str, str, str]], origin: str, *, bare
             continue
         spec = _lookup(key, bare_means_option=bare_means_option)
         if spec is None:
+            _refuse_typo(written, key, origin)
             _warn_unknown(written, key, value, origin)
         else:
             out.append(_Setting(written, spec, value, origin))
@@ -169,6 +171,31 @@ def _env_settings(env: Mapping[str, str]) -> list[_Setting]:
 def _override_settings(overrides: Mapping[str, str]) -> list[_Setting]:
     # The CLI may leave out "option." (-o max_input_len=2048).
     return _settings_from(((k, k, v) for k, v in overrides.items()), "override", bare_means_option=True)
+
+
+def _refuse_typo(written: str, key: str, origin: str) -> None:
+    """A ConfigError for an unknown key within a typo of a key that has an effect: starting with that key's default
+    instead would hide the mistake. Other unknown keys (another container's, or a typo of a key accepted and
+    ignored or refused anyway, like DJL's SERVING_MIN_WORKERS for minWorkers) are warned about and ignored."""
+    bare = sorted({n.removeprefix("option.") for n, spec in _BY_NAME.items() if not (spec.ignored or spec.refused)})
+    near = within_a_typo(key.removeprefix("option."), bare)
+    if not near:
+        return
+    forms = [(f"option.{n}", n) if key.startswith("option.") else (n, f"option.{n}") for n in near]
+    keys = sorted({_as_written(next(f for f in pair if f in _BY_NAME), origin) for pair in forms})
+    name = written if written == key else f"{written} ({key})"
+    raise ConfigError(
+        f"unknown key {name} ({origin}) is within a typo of {did_you_mean(keys)}: "
+        f"spell it {did_you_mean(keys)}, or remove it"
+    )
+
+
+def _as_written(name: str, origin: str) -> str:
+    """A registry name as its source spells it: the variable for the environment; an alias with its key."""
+    spec = _BY_NAME[name]
+    if origin == "env" and spec.env_names():
+        return spec.env_names()[0]
+    return name if name == spec.key else f"{name} ({spec.key})"
 
 
 def _warn_unknown(written: str, key: str, value: str, origin: str) -> None:
@@ -254,6 +281,7 @@ def load_config(
     _warn_inapplicable(values, chosen)
     config = LmiConfig(model_dir=model_dir, **values)
     config._origins = {key: _origin_text(s) for key, s in chosen.items()}
+    config._labels = {key: s.label for key, s in chosen.items() if s.name != key}
     config._env_echo = echo_environment(env)
     return config
 
@@ -310,6 +338,9 @@ def _parse_values(chosen: Mapping[str, _Setting]) -> dict[str, Any]:
         if s.spec.ignored:
             log.warning("%s=%r is accepted for compatibility and ignored: %s", s.label, s.shown_value, s.spec.ignored)
             continue
+        if s.spec.attr is None:  # FIXED_KEYS: the type let only lmi-trt's own behaviour through
+            log.info("%s=%r: %s", s.label, s.shown_value, s.spec.description)
+            continue
         if s.spec.note:
             log.info("%s=%r: %s", s.label, s.shown_value, s.spec.note)
         values[s.spec.attr] = value
@@ -362,6 +393,12 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
         raise ConfigError(
             f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
             "the batch size the engine is built for; lower it or raise max_rolling_batch_size"
+        )
+    if get("tokenizer_revision") is not None and get("tokenizer_id") is None:
+        raise ConfigError(
+            f"{name('tokenizer_revision')}={get('tokenizer_revision')!r} pins option.tokenizer_id's hub repo, and "
+            "option.tokenizer_id is unset (the tokenizer comes with the model, at option.revision); set "
+            "option.tokenizer_id too, or use option.revision"
         )
     _check_tls(get, name)
     if get("use_paged_context_fmha") is False:

@@ -10,6 +10,7 @@ configuration, the engine registry, the launch plan or the wiring refuses), so t
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 
@@ -17,6 +18,11 @@ class LmiError(Exception):
     """An error lmi-trt raises on purpose; its message names the key or field, the value and what works."""
 
     exit_code = 2
+
+
+def as_written(value: Any) -> str:
+    """A key's value as a user writes it, quoted: an enum member by its value ('fp8', not <Quantization.FP8: 'fp8'>)."""
+    return repr(value.value if isinstance(value, enum.Enum) else value)
 
 
 class ConfigError(LmiError, ValueError):
@@ -30,4 +36,4 @@ class StartupError(ConfigError):
 
     def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
         self.key, self.value, self.problem, self.fix = key, value, problem, fix
-        super().__init__(f"{key}={value!r}: {problem}; {fix}")
+        super().__init__(f"{key}={as_written(value)}: {problem}; {fix}")

@@ -37,15 +37,19 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
-    config = stages.resolve(config, kind, artifact)
+    config = stages.resolve(config, kind, artifact, plan)
     served = entry(kind, config.backend)
     artifact = await asyncio.to_thread(stages.compile_if_needed, served, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
-    tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
+    tokenizer = await asyncio.to_thread(
+        load_tokenizer, tok_dir, config.trust_remote_code, slow=config.tokenizer_mode == "slow"
+    )
     eos = _eos_ids(tokenizer, artifact)
     # One engine per copy of the launch plan (a placement puts it on its GPUs), constructed by the wiring.
     engine = build_copies(
-        plan, lambda placement: stages.build_engine(served, config, artifact, tokenizer, eos, placement)
+        plan,
+        lambda placement: stages.build_engine(served, config, artifact, tokenizer, eos, placement),
+        parallel=config.parallel_loading,
     )
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
@@ -82,10 +86,31 @@ def _check_engine_available(kind: EngineKind) -> None:
         )
 
 
+def _check_device(config: LmiConfig, kind: EngineKind) -> None:
+    """option.device=cuda for an engine that reads it needs a torch that sees a CUDA GPU (else its first tensor
+    fails deep in the load with torch's own assertion)."""
+    if config.device != "cuda" or "device" not in stages.honoured(entry(kind), stages.settle(config, kind)):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    raise StartupError(
+        "option.device",
+        "cuda",
+        f"this torch ({torch.__version__}) is a CPU build"
+        if torch.version.cuda is None
+        else f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) sees no CUDA GPU",
+        "set option.device=cpu (or auto: a GPU when torch sees one), or install a CUDA build of torch "
+        "(PyPI's Linux wheels) and give the process a GPU",
+    )
+
+
 def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     """Everything checkable before loading, in seconds: the engine can run here, the model and
     tokenizer folders exist (or, offline, are in the hub cache), and the limits fit the model.
     Returns ``config`` resolved for the engine (``lmi_trt.stages.resolve``) as far as the model could be read:
     one not readable yet (S3, an uncached hub id) is resolved by ``load_model`` once downloaded."""
     _check_engine_available(kind)
+    _check_device(config, kind)
     return stages.resolve(config, kind, peek(config))

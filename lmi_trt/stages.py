@@ -32,7 +32,7 @@ from lmi_trt.compile.probe import detect_trtllm_version
 from lmi_trt.engines import probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.engines.guided import GuideVocab
-from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
+from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings, llm_configs, llm_plan, probe_llm_api
 from lmi_trt.engines.registry import (
     ENTRIES,
     PYTORCH,
@@ -48,8 +48,8 @@ from lmi_trt.engines.registry import (
 from lmi_trt.engines.synthetic import SyntheticEngine
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 from lmi_trt.errors import StartupError
-from lmi_trt.keys import LmiConfig, key_of, reads
-from lmi_trt.launch import Placement, trtllm_copy_settings
+from lmi_trt.keys import LmiConfig, reads
+from lmi_trt.launch import LaunchPlan, Placement, trtllm_copy_settings
 from lmi_trt.sources import ModelArtifact, ModelPeek
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,9 @@ def _build_llm(
 ) -> Engine:
     """The pytorch backend: the LLM loads the checkpoint and starts its workers itself."""
 
-    return LlmApiEngine(artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    return LlmApiEngine(
+        artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer
+    )
 
 
 @dataclass(frozen=True)
@@ -337,11 +339,26 @@ def refuse_ignored(served: EngineEntry, config: LmiConfig) -> None:
         users = [other.label for other, read in _reads_by_entry().items() if name in read]
         if users:
             raise StartupError(
-                key_of(name),
+                config.label(name),
                 getattr(config, name),
                 f"{served.title} does not use it",
                 f"leave it out, or serve with an engine that does: {', '.join(users)}",
             )
+
+
+def check_release(served: EngineEntry, config: LmiConfig) -> None:
+    """Where the entry's engine is the LLM API (its release installed, ``option.backend`` resolved), what the
+    installed release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before
+    anything loads (``lmi_trt.engines.llmapi.llm_configs``); nothing to check elsewhere."""
+    settings = WIRING[served].settings(config)
+    if not isinstance(settings, LlmApiSettings):
+        return
+    runtime = settings.runtime
+    if runtime.tensor_parallel_degree is None:  # max: the launch plan resolves it; the MoE split is checked then
+        split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
+        settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
+    llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
+    llm_configs(llmapi, llm_plan(settings), version)
 
 
 @functools.cache
@@ -437,16 +454,27 @@ def with_backend(config: LmiConfig, artifact_kind: str) -> LmiConfig:
     return config if backend == config.backend else config.derived(why, backend=backend)
 
 
-def resolve(config: LmiConfig, kind: str, model: ModelArtifact | ModelPeek | None) -> LmiConfig:
+def resolve(
+    config: LmiConfig, kind: str, model: ModelArtifact | ModelPeek | None, plan: LaunchPlan | None = None
+) -> LmiConfig:
     """The configuration as engine ``kind`` serves ``model``: the downloaded artifact, or what preflight could read
-    of it (None: nothing yet). The four steps of the module's docstring; those that need the model wait for it
-    (``load_model`` calls this again with the artifact)."""
+    of it (None: nothing yet). The steps of the module's docstring; those that need the model wait for it
+    (``load_model`` calls this again with the artifact and its launch ``plan``)."""
     config = settle(config, kind)
     artifact = model.kind if model is not None else None
     if artifact is not None and has_backends(kind):  # TensorRT-LLM: the model's kind decides the backend
         config = with_backend(config, artifact)
-    if is_chosen(kind, config.backend):
-        refuse_ignored(entry(kind, config.backend), config)
+    if not is_chosen(kind, config.backend):
+        return config
+    served = entry(kind, config.backend)
+    if plan is not None and config.tensor_parallel_degree == "max" and not served.builds_engine:
+        # DJL's default in its TensorRT-LLM image; the pytorch backend's LLM takes a count (a TensorRT engine
+        # build resolves max itself, and a built engine states its own)
+        config = config.derived(
+            f"option.tensor_parallel_degree=max on {plan.gpu_count} GPU(s)", tensor_parallel_degree=plan.tensor_parallel
+        )
+    refuse_ignored(served, config)
+    check_release(served, config)
     if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, model.hf_config, kind)

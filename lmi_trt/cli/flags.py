@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lmi_trt.engines.registry import ENGINE_NAMES
+
+if TYPE_CHECKING:
+    from lmi_trt.compile.jit import CompileJob
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 
@@ -65,4 +70,14 @@ def load_compile_job(args: argparse.Namespace):
     from lmi_trt.engines.registry import COMPILING_ENGINE
 
     config = stages.settle(load_cli_config(args), COMPILING_ENGINE)
+    return config, stages.compile_job(config)
+
+
+def fitted_job(config: Any, model_config: Mapping[str, Any] | None) -> tuple[Any, CompileJob]:
+    """``config`` with unset max_input_len / max_output_len fitted to the model's config.json as ``serve`` fits
+    them (one function for both: ``stages.fit_lengths``), and its CompileJob."""
+    from lmi_trt import stages
+    from lmi_trt.engines.registry import COMPILING_ENGINE
+
+    config = stages.fit_lengths(config, model_config, COMPILING_ENGINE)
     return config, stages.compile_job(config)

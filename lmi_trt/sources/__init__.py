@@ -10,6 +10,8 @@ artifact's own).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from .artifact import (
 )
 from .hf import download_hub, hub_config, select_hub_files
 from .s3 import DEFAULT_MAX_CONCURRENCY, download_s3, parse_s3_uri, s3_config
+from .transformers5 import for_installed_transformers
 
 __all__ = [
     "ArtifactKind",
@@ -43,6 +46,7 @@ __all__ = [
     "detect_artifact",
     "download_hub",
     "download_s3",
+    "hub_token",
     "local_fingerprint",
     "locate",
     "model_ref",
@@ -63,7 +67,7 @@ def _looks_like_path(model_id: str) -> bool:
     return model_id.startswith(("/", "./", "../", "~", ".\\")) or model_id in (".", "..")
 
 
-def _token(config: LmiConfig) -> str | None:
+def hub_token(config: LmiConfig) -> str | None:
     return config.hf_token.get_secret_value() if config.hf_token is not None else None
 
 
@@ -115,8 +119,18 @@ def model_ref(config: LmiConfig) -> ModelRef | None:
 
 
 def tokenizer_ref(config: LmiConfig) -> ModelRef | None:
-    """``option.tokenizer_id`` (a separate tokenizer repo is taken at its default branch); None: the model's own."""
-    return None if config.tokenizer_id is None else locate(config.tokenizer_id, "option.tokenizer_id")
+    """``option.tokenizer_id``, pinned by ``option.tokenizer_revision`` (a separate tokenizer repo is else taken at
+    its default branch; the model's own repo at ``option.revision``); None: the model's own tokenizer."""
+    if config.tokenizer_id is None:
+        return None
+    pinned = config.tokenizer_revision or (config.revision if config.tokenizer_id == config.model_id else None)
+    ref = locate(config.tokenizer_id, "option.tokenizer_id", pinned)
+    if config.tokenizer_revision is not None and ref.source != "hf":
+        raise SourceError(
+            f"option.tokenizer_revision={config.tokenizer_revision!r} pins a Hugging Face repo, and "
+            f"option.tokenizer_id {config.tokenizer_id!r} is not one; remove option.tokenizer_revision"
+        )
+    return ref
 
 
 def read_config(ref: ModelRef, config: LmiConfig, *, download: bool = False) -> dict | None:
@@ -126,7 +140,7 @@ def read_config(ref: ModelRef, config: LmiConfig, *, download: bool = False) -> 
         return json_object(ref.folder / "config.json")
     if ref.source == "s3":
         return s3_config(ref.name, ref.key) if download else None
-    return hub_config(ref.name, ref.revision, _token(config), ref.key, download=download)
+    return hub_config(ref.name, ref.revision, hub_token(config), ref.key, download=download)
 
 
 @dataclass(frozen=True)
@@ -162,7 +176,7 @@ def _fetch(
     path, sha = download_hub(
         ref.name,
         revision=ref.revision,
-        token=_token(config),
+        token=hub_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
         key=ref.key,
@@ -171,12 +185,33 @@ def _fetch(
 
 
 def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> ModelArtifact:
-    """Find, fetch if remote, and recognise the model ``config`` names."""
+    """Find, fetch if remote, and recognise the model ``config`` names; files transformers 5 wrote are read through
+    a view in the installed transformers' form (``transformers5``)."""
     ref = model_ref(config)
     if ref is None:
         raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or HF_MODEL_ID")
     path, source, fingerprint = _fetch(ref, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency)
-    return detect_artifact(path, model_id=ref.name, source=source, fingerprint=fingerprint)
+    return _readable(detect_artifact(path, model_id=ref.name, source=source, fingerprint=fingerprint), config)
+
+
+def _views(config: LmiConfig) -> Path:
+    return config.download_dir / "transformers4-views"
+
+
+def _readable(artifact: ModelArtifact, config: LmiConfig) -> ModelArtifact:
+    """``artifact`` with its checkpoint and tokenizer folders readable by the installed transformers."""
+    path = artifact.path
+    if artifact.kind == "hf_checkpoint":
+        path = for_installed_transformers(path, _views(config))
+    tokenizer_dir = artifact.tokenizer_dir
+    if tokenizer_dir is not None:
+        tokenizer_dir = (
+            path if tokenizer_dir == artifact.path else for_installed_transformers(tokenizer_dir, _views(config))
+        )
+    if (path, tokenizer_dir) == (artifact.path, artifact.tokenizer_dir):
+        return artifact
+    hf_config = json.loads((path / "config.json").read_text()) if path != artifact.path else artifact.hf_config
+    return dataclasses.replace(artifact, path=path, tokenizer_dir=tokenizer_dir, hf_config=hf_config)
 
 
 def _tokenizer_folder(root: Path) -> Path | None:
@@ -201,7 +236,7 @@ def resolve_tokenizer(
                 f"({', '.join(sorted(TOKENIZER_FILES))}) "
                 f"in {root} or a single sub-folder of it"
             )
-        return folder
+        return for_installed_transformers(folder, _views(config))
     if artifact.tokenizer_dir is not None:
         return artifact.tokenizer_dir
     if artifact.kind == "trtllm_engine":
