@@ -2,12 +2,14 @@
 
 Above the stages it wires (sources, compile, engines, launch) and below the two that run them: ``preflight``
 and ``load_model`` (``lmi_trt.loader``) each call ``resolve`` once, which settles the configuration for the
-engine in four steps, in order:
+engine in these steps, in order:
 
 1. ``settle``: the engine's default batch where ``option.max_rolling_batch_size`` is unset;
 2. ``with_backend``: TensorRT-LLM's backend, once the model's kind is known (``registry.choose_backend``);
-3. ``refuse_ignored``: an option the chosen entry would not read is a ``StartupError`` naming it;
-4. ``fit_lengths``: unset limits follow the model's positions (a Hugging Face config.json).
+3. with the launch plan, ``option.tensor_parallel_degree=max`` as a count for an entry that builds no engine;
+4. ``refuse_ignored``: an option the chosen entry would not read is a ``StartupError`` naming it, and
+   ``check_release``: what the installed TensorRT-LLM's LLM arguments lack or refuse, naming the option;
+5. ``fit_lengths``: unset limits follow the model's positions (a Hugging Face config.json).
 
 The settings views (``compile_options``, ``trtllm_settings``, ``llmapi_settings``, ``torch_settings``,
 ``synthetic_settings``) are built from a settled ``LmiConfig`` here and only here: every stage reads typed fields,
