@@ -60,6 +60,7 @@ class TorchSettings(BaseModel):
     max_num_tokens: int | None = Field(ge=1)
     batching: Literal["auto", "continuous", "static"]
     decode_loop: Literal["auto", "builtin", "transformers"]
+    grammar_compile_timeout: float = Field(gt=0)
 
 
 class SyntheticSettings(BaseModel):
@@ -225,6 +226,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         max_num_tokens=config.max_num_tokens,
         batching=config.torch_batching,
         decode_loop=config.torch_decode_loop,
+        grammar_compile_timeout=config.grammar_compile_timeout,
     )
 
 

@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
@@ -60,7 +60,7 @@ from .base import (
     error_output,
     refused,
 )
-from .guided import Grammars, allowed_tokens
+from .guided import Grammars, Guide, allowed_tokens
 from .registry import ENGINES
 
 # Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
@@ -82,6 +82,10 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 _BATCHING = ("auto", "continuous", "static")
+EXCLUDED = (
+    "every token is excluded: the constraint, bad_words and min_new_tokens together allow none at this step; "
+    "loosen one of them"
+)
 # transformers' default page size; flash-attention's paged decode kernel wants multiples of 256.
 _PAGE_SIZE = 256
 _CLOSE_TIMEOUT_S = 30.0
@@ -229,7 +233,7 @@ class _Slot:
     cancelled: bool = False
     closed: bool = False
     started: bool = False
-    matcher: Any = None  # xgrammar GrammarMatcher of a constrained request (engine thread only)
+    matcher: Guide | None = None  # a constrained request's grammar matcher (engine thread only)
     # Queue time: from the slot's creation (enqueued at once) to its first batch, set by the
     # engine thread and sent with the first output (EngineOutput.queue_time_s).
     created_at: float = field(default_factory=time.monotonic)
@@ -259,6 +263,13 @@ class _Pick:
     logprob: float | None = None
     error: str | None = None
     top: list[tuple[int, float]] | None = None  # with top_logprobs: the most likely tokens, best first
+    field: str | None = None  # with an error: the request field at fault (a 400), None for a model failure
+
+
+def excluded_field(slot: _Slot) -> str:
+    """The request field at fault when every token is excluded: the constraint the grammar, bad words and
+    min_new_tokens together cannot meet is the client's, a 400 (the grammar where there is one)."""
+    return "guided" if slot.matcher is not None else "bad_words"
 
 
 def _apply_history_processors(row: torch.Tensor, slot: _Slot) -> None:
@@ -308,6 +319,7 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
     logits = logits[:n]
     raw_logprobs = logits.log_softmax(-1) if any(s is not None and s.sampling.logprobs for s in slots) else None
     errors: list[str | None] = [None] * n
+    faults: list[str | None] = [None] * n  # the request field at fault for an error (_Pick.field)
     for i, slot in enumerate(slots):
         if slot is not None:
             try:
@@ -322,6 +334,9 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
         except Exception as exc:  # noqa: BLE001 - those rows fail, the batch goes on
             for i in guided:
                 errors[i] = f"constrained decoding failed: {exc}"
+        for i in guided:  # a grammar too slow to follow fails its own request (guided.STEP_CPU_S)
+            if slots[i].matcher.error is not None:
+                errors[i], faults[i] = slots[i].matcher.error, "guided"
     # NaN or +inf would poison the softmax of a whole batched draw: fail those rows instead.
     broken = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
     broken, all_masked = torch.stack((broken, ~torch.isfinite(logits).any(-1))).tolist()
@@ -329,7 +344,7 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
         if errors[i] is None and broken[i]:
             errors[i] = "the model produced NaN/inf logits"
         elif errors[i] is None and all_masked[i]:
-            errors[i] = "every token is excluded by bad_words_ids/min_new_tokens"
+            errors[i], faults[i] = EXCLUDED, excluded_field(slots[i])
 
     tokens = [0] * n
     ok = [i for i in range(n) if errors[i] is None]
@@ -372,7 +387,7 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[_Slot | None]) -> l
             for i, row_ids, row_values in zip(want, ids.tolist(), values.tolist()):
                 k = slots[i].sampling.top_logprobs
                 tops[i] = list(zip(row_ids[:k], row_values[:k]))
-    return [_Pick(tokens[i], logprobs[i], errors[i], tops[i]) for i in range(n)]
+    return [_Pick(tokens[i], logprobs[i], errors[i], tops[i], faults[i]) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -647,6 +662,7 @@ class TorchEngine:
         batching: str = "auto",
         max_num_tokens: int | None = None,
         decode_loop: str = "auto",
+        grammar_compile_timeout: float = 10.0,
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -673,6 +689,7 @@ class TorchEngine:
         self.trust_remote_code = trust_remote_code
         self.requested_batching = batching
         self.decode_loop = decode_loop  # auto | builtin | transformers (see decode_loop.py)
+        self.grammar_compile_timeout = grammar_compile_timeout  # seconds (guided.Grammars)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -732,17 +749,15 @@ class TorchEngine:
             self._check_ready()
             check_sampling(request.sampling, self.max_new_tokens)
             check_token_ids(request, self._vocab_size, self.max_input_len)
-            guided = request.sampling.guided
-            if guided is not None and request.sampling.ignore_eos:
+            if request.sampling.guided is not None and request.sampling.ignore_eos:
                 raise EngineError(
                     "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
                     "output with EOS; leave ignore_eos out",
                     code=400,
                 )
-            matcher = self._grammars.matcher(guided) if guided is not None else None
         except EngineError as exc:
             return refused(request.request_id, exc)
-        return self._stream(request, matcher)
+        return self._stream(request)
 
     async def cancel(self, request_id: str) -> None:
         slot = self._slots.get(request_id)
@@ -773,6 +788,8 @@ class TorchEngine:
         self._fail_open("the engine was shut down", 503)
         if self._backend is not None:
             await asyncio.to_thread(self._backend.close)
+        if self._grammars is not None:
+            self._grammars.close()
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -799,7 +816,10 @@ class TorchEngine:
         self._configure_tokens(model)
         self._check_positions(model)
         self._vocab_size = model.get_input_embeddings().num_embeddings
-        self._grammars = Grammars(self.model_path, self._vocab_size, self.eos_token_ids)
+        if _HAS_XGRAMMAR:
+            self._grammars = Grammars(
+                self.model_path, self._vocab_size, self.eos_token_ids, timeout_s=self.grammar_compile_timeout
+            )
         self._model_device = model.device
         self._model = model  # prompt log-probs score the prompt with it (_score_prompt)
         from .decode_loop import DecodeLoopBackend, choose_decode_loop  # it imports this module
@@ -889,7 +909,7 @@ class TorchEngine:
         if not self._healthy:
             raise EngineError("the torch engine has failed", code=503)
 
-    def _open(self, request: GenerationRequest, matcher: Any) -> _Slot:
+    def _open(self, request: GenerationRequest, matcher: Guide | None) -> _Slot:
         self._check_ready()
         if request.request_id in self._slots:
             raise EngineError(f"request_id {request.request_id!r} is already in flight", code=400)
@@ -922,11 +942,12 @@ class TorchEngine:
             del self._slots[slot.request.request_id]
         self._by_key.pop(slot.key, None)
 
-    async def _stream(self, request: GenerationRequest, matcher: Any) -> AsyncIterator[EngineOutput]:
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         try:  # checked again when first awaited: the engine may have closed, the id may be taken by now
-            slot = self._open(request, matcher)
+            guided = request.sampling.guided  # compiled off the event loop, within its time bound
+            slot = self._open(request, await self._grammars.guide(guided) if guided is not None else None)
         except EngineError as exc:
-            yield error_output(request.request_id, str(exc), exc.code)
+            yield error_output(request.request_id, str(exc), exc.code, exc.field)
             return
         prompt_lps: list[float | None] | None = None
         try:
@@ -1020,14 +1041,17 @@ class TorchEngine:
         for slot, pick in zip(slots, picks):
             if slot is None or slot.finished or slot.cancelled:
                 continue
+            if pick.error is None and slot.matcher is not None:
+                slot.matcher.accept(pick.token)
+                if slot.matcher.error is not None:
+                    pick = _Pick(pick.token, error=slot.matcher.error, field="guided")
             if pick.error is not None:
                 slot.finished = True
-                items.append((slot, error_output(slot.request.request_id, pick.error, 424)))
+                code = 424 if pick.field is None else 400
+                items.append((slot, error_output(slot.request.request_id, pick.error, code, pick.field)))
                 on_finished(slot, FinishReason.ERROR)
                 continue
             slot.generated.append(pick.token)
-            if slot.matcher is not None:
-                slot.matcher.accept_token(pick.token)
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             logprobs = [pick.logprob] if pick.logprob is not None else None
@@ -1050,9 +1074,9 @@ class TorchEngine:
         self._deliver(items)
         return [p.token for p in picks]
 
-    def fail(self, slot: _Slot, message: str, code: int) -> None:
+    def fail(self, slot: _Slot, message: str, code: int, field: str | None = None) -> None:
         slot.finished = True
-        self._deliver([(slot, error_output(slot.request.request_id, message, code))])
+        self._deliver([(slot, error_output(slot.request.request_id, message, code, field))])
 
     def die(self, message: str) -> None:
         log.error("torch engine is unhealthy: %s", message)

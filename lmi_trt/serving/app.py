@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from lmi_trt.config import LmiConfig
+from lmi_trt.log_redaction import loggable
 from lmi_trt.serving.core import GenerationService, LoadedModel
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.health_responder import HealthResponder
@@ -84,7 +85,7 @@ async def _errors_and_metrics(
         status = 499
         raise
     except Exception as e:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", request.method, loggable(request.path))
         body = {"error": f"internal error: {type(e).__name__}: {e}", "code": 500, "type": "InternalServerError"}
         return json_response(body, status=500)
     finally:
