@@ -252,7 +252,7 @@ class JsonWorker:
 
     def close(self) -> None:
         # Joined (a body being parsed finishes; nobody waits for it): the CLI's exit skips the
-        # interpreter's atexit joins (lmi_trt.cli._exit_stopped), so no worker is left behind.
+        # interpreter's atexit joins (lmi_trt.cli.serve._exit_stopped), so no worker is left behind.
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -37,20 +37,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
-from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
-from .guided import allowed_tokens
-from .llama_decoder import LlamaDecoder, unsupported_reason
-from .torch import (
+from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..guided import allowed_tokens
+from .backend import (
     EXCLUDED,
+    Host,
     QueuedBackend,
-    TorchEngine,
-    _Slot,
+    Slot,
     banned_next_tokens,
     default_max_num_tokens,
     excluded_field,
     finish_reason,
 )
+from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
+from .llama_decoder import LlamaDecoder, unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def graph_batch_sizes(slots: int) -> list[int]:
 class _Row:
     """A request holding a cache slot."""
 
-    slot: _Slot
+    slot: Slot
     index: int
     prompt: list[int]
     single_bad: list[int]
@@ -150,11 +150,11 @@ class _Plan:
 
 
 class DecodeLoopBackend(QueuedBackend):
-    """The ``_Backend`` of ``TorchEngine`` that runs the built-in loop (see the module docstring)."""
+    """The ``Backend`` of ``TorchEngine`` that runs the built-in loop (see the module docstring)."""
 
     name = "decode_loop"
 
-    def __init__(self, engine: TorchEngine, model: torch.nn.Module) -> None:
+    def __init__(self, engine: Host, model: torch.nn.Module) -> None:
         self._engine = engine
         self._device = model.device
         self._cuda = self._device.type == "cuda"
@@ -462,7 +462,7 @@ class DecodeLoopBackend(QueuedBackend):
             self._emit(launch)
 
     @staticmethod
-    def _row_error(slot: _Slot, status: int) -> EngineOutput:
+    def _row_error(slot: Slot, status: int) -> EngineOutput:
         """A row's failure: NaN logits are the model's (424); every token excluded, or a grammar too slow to
         follow, the request's constraint (a 400 naming it)."""
         request_id = slot.request.request_id
@@ -474,7 +474,7 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _emit(self, launch: _Launch) -> None:
         tokens, logprobs, status, *top = launch.host.tolist()
-        items: list[tuple[_Slot, EngineOutput]] = []
+        items: list[tuple[Slot, EngineOutput]] = []
         for column, row in enumerate(launch.rows):
             if row is None or row.done:
                 continue
@@ -509,5 +509,5 @@ class DecodeLoopBackend(QueuedBackend):
                     ),
                 )
             )
-        self._engine._sampled_rows += len(items)  # only this thread writes it
-        self._engine._deliver(items)
+        self._engine.sampled_rows += len(items)  # only this thread writes it
+        self._engine.deliver(items)
