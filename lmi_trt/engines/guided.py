@@ -7,9 +7,10 @@ EOS ids are the grammar's stop tokens, so a complete JSON value or match ends wi
 
 What one guide may cost is bounded (README "Reliability and limits"): its text (``MAX_GUIDE_CHARS``) and a
 JSON schema's nesting (``MAX_SCHEMA_DEPTH``) before anything is compiled (``guide_problem``, checked by the
-serving layer for every engine); on the torch engine the compile, off the event loop and first tried in a
-child process that is killed past the time bound (xgrammar's compile cannot be interrupted, and some small
-schemas take minutes: a thousand optional properties took 15 s with a 512-token vocabulary); the compiled
+serving layer for every engine); on the torch engine the compile, off the event loop and first done in a
+fork of a probe process, killed past ``option.grammar_compile_timeout`` (xgrammar's compile cannot be
+interrupted, and some small schemas take minutes: a thousand optional properties took 15 s with a 512-token
+vocabulary; a compile that crashes takes only that fork with it); the compiled
 grammars kept (``CACHE_BYTES``, xgrammar's own cache off); and each matcher call (``STEP_CPU_S`` of CPU per
 token: an ambiguous grammar's Earley chart grows with the output, to seconds a step), past which that request
 alone fails with a 400.
@@ -25,15 +26,19 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import multiprocessing
 import os
 import re
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -63,6 +68,7 @@ STEP_CPU_S = 0.05
 CACHE_BYTES = 128 * 2**20
 _REFUSED_KEPT = 1024  # grammars refused (too slow, not compilable): answered at once when sent again
 _PROBE_START_S = 300.0  # the probe process's start: importing xgrammar (torch, transformers) on a busy host
+_PROBE_SLACK_S = 30.0  # past the time bound: the probe process itself is stuck
 
 
 def refusal(message: str) -> EngineError:
@@ -178,69 +184,105 @@ def _cannot(kind: str, exc: BaseException) -> str:
 _XGRAMMAR_WHERE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
 
 
-def _probe_main(conn: Any, tokenizer_info: str) -> None:
-    """The probe process: compiles each guide it is sent, answers None (compiled) or why not."""
-    die_with_parent(os.getppid())  # the fork server, which ends when the server does
-    import xgrammar as xgr
+def probe_main() -> None:
+    """The probe process (``python -c``, ``_Probe``): each guide it is sent is compiled in a fork of it, which
+    it kills past the time bound; it answers ("ok" | "refused" | "timeout" | "crashed", xgrammar's message)."""
+    down, up = (int(fd) for fd in sys.argv[1:3])
+    die_with_parent(os.getppid())
+    receive, send = Connection(down, writable=False), Connection(up, readable=False)
+    info_json, timeout_s = receive.recv()
+    import xgrammar as xgr  # once: torch and transformers with it take seconds; a fork of this takes ms
 
-    info = xgr.TokenizerInfo.deserialize_json(tokenizer_info)
-    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-    conn.send(None)
+    info = xgr.TokenizerInfo.deserialize_json(info_json)
+    send.send(None)
     while True:
         try:
-            kind, value = conn.recv()
+            kind, value = receive.recv()
         except EOFError:  # the server closed the pipe
             return
+        send.send(_compile_in_a_fork(xgr, info, kind, value, timeout_s))
+
+
+def _compile_in_a_fork(xgr: Any, info: Any, kind: str, value: str, timeout_s: float) -> tuple[str, str | None]:
+    """In the probe process: the guide compiled by a child process, killed at ``timeout_s``."""
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:  # the compile; os._exit: no interpreter teardown in a fork
+        os.close(read_end)
+        die_with_parent(parent)
         try:
-            _compile(compiler, kind, value)
+            _compile(xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False), kind, value)
+            os.write(write_end, b"ok")
         except Exception as exc:  # noqa: BLE001 - whatever xgrammar refuses is the guide's problem
-            conn.send(_cannot(kind, exc))
-        else:
-            conn.send(None)
+            os.write(write_end, b"refused" + _cannot(kind, exc)[:4000].encode())
+        os._exit(0)
+    os.close(write_end)
+    try:
+        if not select.select([read_end], [], [], timeout_s)[0]:
+            os.kill(child, signal.SIGKILL)
+            return "timeout", None
+        answer = os.read(read_end, 8192).decode(errors="replace")
+    finally:
+        os.close(read_end)
+        os.waitpid(child, 0)
+    if answer.startswith("refused"):
+        return "refused", answer.removeprefix("refused")
+    return ("ok", None) if answer == "ok" else ("crashed", None)
 
 
 class _Probe:
-    """A child process that compiles a guide first, within the time bound: a grammar that takes longer is
-    killed with the process, which starts again for the next one. Used by one thread at a time."""
+    """The probe process, seen from the server: a guide is compiled there first, within the time bound (a
+    compile cannot be interrupted; a process can be killed). Started on the first guide (importing xgrammar,
+    which imports torch and transformers, took 8 s on a busy 2-core host), kept for the server's life. A
+    separate program rather than a multiprocessing child, which would run the server's main module again.
+    Used by one thread at a time."""
 
     def __init__(self, tokenizer_info: str, timeout_s: float) -> None:
         self._info = tokenizer_info
         self.timeout_s = timeout_s
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._send: Connection | None = None
+        self._receive: Connection | None = None
 
     def problem(self, kind: str, value: str) -> str | None:
         """Why the guide cannot be compiled (xgrammar's error, or the time bound), or None."""
-        if self._proc is None:
+        if self._proc is None or self._proc.poll() is not None:
             self._start()
+        what = kind.replace("_", " ")
         try:
-            self._conn.send((kind, value))
-            if self._conn.poll(self.timeout_s):
-                return self._conn.recv()
-        except (EOFError, OSError):  # the compile crashed the process: the guide's doing, not the server's
-            self.close()
-            return f"the {kind.replace('_', ' ')} crashed the grammar compiler"
-        self.close()
-        return (
-            f"the {kind.replace('_', ' ')} took more than option.grammar_compile_timeout={self.timeout_s:g} s to "
-            "compile for constrained decoding; simplify it (fewer optional properties or alternatives)"
-        )
+            self._send.send((kind, value))  # type: ignore[union-attr]
+            if self._receive.poll(self.timeout_s + _PROBE_SLACK_S):  # type: ignore[union-attr]
+                outcome, message = self._receive.recv()  # type: ignore[union-attr]
+                if outcome == "timeout":
+                    return (
+                        f"the {what} took more than option.grammar_compile_timeout={self.timeout_s:g} s to compile "
+                        "for constrained decoding; simplify it (fewer optional properties or alternatives)"
+                    )
+                if outcome == "crashed":
+                    return f"the {what} crashed the grammar compiler"
+                return message
+        except (EOFError, OSError):
+            pass
+        self.close()  # the probe itself failed: a new one for the next guide
+        raise EngineError("the grammar compiler process failed; retry", code=503)
 
     def _start(self) -> None:
-        # Not forked from the server (it runs threads), nor spawned afresh each time (importing xgrammar, which
-        # imports torch and transformers, took 8 s on a busy 2-core host): forked from multiprocessing's fork
-        # server, which imports xgrammar once; a probe killed for its time bound is back in 50 ms.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["xgrammar", __name__])
-        self._conn, theirs = context.Pipe()
-        self._proc = context.Process(
-            target=_probe_main, args=(theirs, self._info), name="lmi-grammar-probe", daemon=True
+        self.close()
+        down_read, down_write = os.pipe()
+        up_read, up_write = os.pipe()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", f"from {__name__} import probe_main; probe_main()", str(down_read), str(up_write)],
+            pass_fds=(down_read, up_write),
+            stdin=subprocess.DEVNULL,
         )
-        self._proc.start()
-        theirs.close()
+        os.close(down_read)
+        os.close(up_write)
+        self._send, self._receive = Connection(down_write, readable=False), Connection(up_read, writable=False)
         try:
-            if self._conn.poll(_PROBE_START_S):
-                self._conn.recv()
+            self._send.send((self._info, self.timeout_s))
+            if self._receive.poll(_PROBE_START_S):
+                self._receive.recv()
                 return
         except (EOFError, OSError):
             pass
@@ -248,11 +290,13 @@ class _Probe:
         raise EngineError("the grammar compiler process did not start; retry later", code=503)
 
     def close(self) -> None:
+        for end in (self._send, self._receive):
+            if end is not None:
+                end.close()
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join(10)
-            self._conn.close()
-        self._proc = self._conn = None
+            self._proc.wait(10)
+        self._proc = self._send = self._receive = None
 
 
 class Guide:
@@ -304,8 +348,7 @@ class Grammars:
         self._compiled: SizedLru[bytes, Any] = SizedLru(CACHE_BYTES)  # event loop only
         self._refused: OrderedDict[bytes, str] = OrderedDict()  # event loop only
         self._pending: dict[bytes, asyncio.Future[Any]] = {}
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="lmi-grammar")
-        self._lock = threading.Lock()  # the compile thread and close()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="lmi-grammar")  # one compile at a time
 
     async def guide(self, guided: GuidedDecoding) -> Guide:
         """A fresh matcher for one request; ``refusal`` (400) for a guide that cannot be compiled in time."""
@@ -337,16 +380,18 @@ class Grammars:
 
     def _compile_bounded(self, guided: GuidedDecoding) -> Any:
         """On the compile thread: the probe first (within the time bound), then the compile here."""
-        with self._lock:
-            if self._compiler is None:
-                self._start()
-            problem = self._probe.problem(guided.kind, guided.value)  # type: ignore[union-attr]
-            if problem is not None:
-                raise refusal(problem)
+        if self._compiler is None:
             try:
-                return _compile(self._compiler, guided.kind, guided.value)
-            except Exception as exc:  # noqa: BLE001 - the probe compiled it: not expected, still the guide's
-                raise refusal(_cannot(guided.kind, exc)) from exc
+                self._start()
+            except Exception as exc:  # noqa: BLE001 - the tokenizer's side: the server's failure, not the guide's
+                raise EngineError(f"constrained decoding could not start: {exc}", code=503) from exc
+        problem = self._probe.problem(guided.kind, guided.value)  # type: ignore[union-attr]
+        if problem is not None:
+            raise refusal(problem)
+        try:
+            return _compile(self._compiler, guided.kind, guided.value)
+        except Exception as exc:  # noqa: BLE001 - the probe compiled it: not expected, still the guide's
+            raise refusal(_cannot(guided.kind, exc)) from exc
 
     def _start(self) -> None:
         from transformers import AutoTokenizer
@@ -358,8 +403,8 @@ class Grammars:
         # xgrammar's own cache of compiled grammars has no size bound unless given one (GrammarCompiler's
         # cache_limit_bytes=-1 by default, xgrammar 0.2.8 python/xgrammar/compiler.py); ours (CACHE_BYTES) is
         # the one cache, so the compiler keeps none.
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._probe = _Probe(info.serialize_json(), self._timeout_s)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

@@ -33,16 +33,16 @@ PING_BOUND_S = 1.0  # /ping during an attack: it stalled 2.4-17 s on 4dccd9d; 10
 VICTIM = {"inputs": "victim one two ", "parameters": {"max_new_tokens": 24}}
 
 
-def _args(*options: str) -> list[str]:
+def _args(*options: str, max_input: int = MAX_INPUT, max_output: int = MAX_OUTPUT) -> list[str]:
     args = [
         "--model-id",
         str(tiny_model("llama")),
         "--engine",
         "synthetic",
         "-o",
-        f"option.max_input_len={MAX_INPUT}",
+        f"option.max_input_len={max_input}",
         "-o",
-        f"option.max_output_len={MAX_OUTPUT}",
+        f"option.max_output_len={max_output}",
         "-o",
         f"max_request_size={MAX_REQUEST}",
     ]
@@ -677,19 +677,7 @@ TOOL_TEMPLATE = """\
 def tool_server(tmp_path_factory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("tool-template")
     (tmp / "tools.jinja").write_text(TOOL_TEMPLATE)
-    args = [
-        "--model-id",
-        str(tiny_model("llama")),
-        "--engine",
-        "synthetic",
-        "-o",
-        "option.max_input_len=1024",
-        "-o",
-        "option.max_output_len=1024",
-        "-o",
-        f"option.chat_template={tmp / 'tools.jinja'}",
-    ]
-    with serve(args, tmp) as srv:
+    with serve(_args(f"option.chat_template={tmp / 'tools.jinja'}", max_input=1024, max_output=1024), tmp) as srv:
         yield srv
     assert "Traceback" not in srv.log(), srv.log()[-5000:]
 
