@@ -504,11 +504,12 @@ def _mpi4py_flavour(mpi: Any) -> MpiFlavour | None:
 def _label_logs(rank: int) -> None:
     """Name the rank in every log line (ranks share one output stream)."""
     from lmi_trt.config import process_environment
+    from lmi_trt.log_context import install_request_tag, log_format
     from lmi_trt.log_redaction import install_log_redaction
 
-    fmt = f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(fmt))
+        handler.setFormatter(logging.Formatter(log_format(f"rank{rank} ")))
+    install_request_tag()
     install_log_redaction(env=process_environment())  # wraps the new formatters again: secrets stay masked
 
 
@@ -668,8 +669,11 @@ def run_serve(
 # =============================================================================== model copies
 
 
-def build_copies(plan: LaunchPlan | None, make_engine: Callable[[Placement | None], Any]) -> Any:
-    """One engine per copy of the plan (not started); several sit behind one ``ReplicaSet``."""
+def build_copies(
+    plan: LaunchPlan | None, make_engine: Callable[[Placement | None], Any], *, parallel: bool = True
+) -> Any:
+    """One engine per copy of the plan (not started); several sit behind one ``ReplicaSet``, which starts them
+    at once or, with ``parallel=False`` (option.parallel_loading=false), one after another."""
     if plan is None:
         return make_engine(None)
     placements = plan.placements()
@@ -677,7 +681,7 @@ def build_copies(plan: LaunchPlan | None, make_engine: Callable[[Placement | Non
         return make_engine(placements[0])
     from lmi_trt.engines.replicas import ReplicaSet
 
-    return ReplicaSet([make_engine(p) for p in placements])
+    return ReplicaSet([make_engine(p) for p in placements], parallel=parallel)
 
 
 def trtllm_copy_settings(settings: TrtllmSettings, placement: Placement) -> TrtllmSettings:

@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve` re-executes it under mpirun for TP×PP
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from lmi_trt.log_context import install_request_tag, log_format
+
+    logging.basicConfig(level=args.log_level.upper(), format=log_format())
+    install_request_tag()  # a line logged while serving a request names it: [its X-Request-Id]
     from lmi_trt.config import process_environment
     from lmi_trt.log_redaction import install_log_redaction
 

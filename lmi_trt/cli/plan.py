@@ -93,6 +93,7 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
             "kv_cache_config": planned.kv_cache_config,
             "scheduler_config": planned.scheduler_config,
             "cuda_graph_config": planned.cuda_graph_config,
+            **({"moe_config": planned.moe_config} if planned.moe_config else {}),
         },
     )
 

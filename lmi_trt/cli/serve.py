@@ -41,9 +41,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from lmi_trt.log_redaction import install_log_redaction
     from lmi_trt.serving.app import build_app, run_app
     from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
+    from lmi_trt.serving.tls import check_tls
 
     try:
         config = load_cli_config(args)
+        check_tls(config)
         host = probe_host()
         kind, why = choose_engine(config.rolling_batch, host)
         if not args.under_mpi:  # MPI ranks: the launching process checked, and rank 0 binds the port
@@ -56,8 +58,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:  # a value a library refused before loading (e.g. a malformed model id)
         log.error("%s", e)
         return 2
-    if config.hf_token is not None:  # option.hf_token may come from serving.properties, not the environment
-        install_log_redaction([config.hf_token.get_secret_value()], env=process_environment())
+    # option.hf_token and option.api_key may come from serving.properties, not the environment
+    secrets = [*config.api_keys(), *([config.hf_token.get_secret_value()] if config.hf_token is not None else [])]
+    if secrets:
+        install_log_redaction(secrets, env=process_environment())
     log_effective_config(config, log)
     log.info("engine: %s (%s)", kind, why)
     log.info("launch: %s", plan.describe())

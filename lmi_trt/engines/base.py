@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, runtime_checkable
 
 from lmi_trt.errors import LmiError
@@ -105,18 +105,56 @@ class EngineOutput:
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What the loaded engine can honour; the serving layer validates requests against it."""
+    """The loaded engine's sizes; the serving layer validates requests against them (what it can
+    do at all is its ``Capabilities``)."""
 
     max_batch_size: int
     max_input_len: int
     max_seq_len: int | None = None  # prompt + output; None = only max_new_tokens bounds output
     max_new_tokens: int | None = None
     max_beam_width: int = 1
-    supports_logprobs: bool = False
-    max_top_logprobs: int = 0  # the most alternatives per token it reports (0: none)
-    supports_prompt_logprobs: bool = False
-    supports_guided_decoding: bool = False
-    supports_logit_bias: bool = False
+
+
+@dataclass(frozen=True)
+class Capability:
+    """How an engine treats one request feature: honoured (up to ``most`` where the feature is
+    counted), or refused because of ``reason``, a sentence that names the engine (or its release)
+    and what would work. The 400 that refuses the feature and ``GET /v1/capabilities`` both print it."""
+
+    honoured: bool
+    reason: str = ""  # refused: why; honoured: empty, or a note on how (shown by /v1/capabilities)
+    most: int | None = None  # a counted feature (alternatives per token): the largest value honoured
+
+
+def can(most: int | None = None, note: str = "") -> Capability:
+    return Capability(True, note, most)
+
+
+def cannot(reason: str) -> Capability:
+    return Capability(False, reason)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The request features that differ between engines and releases, one ``Capability`` each: every
+    engine declares all of them (a new feature is a new field, which no engine can leave out). The
+    request core refuses by this table (``GenerationService.check_features``) and ``GET /v1/capabilities``
+    publishes it, so the two cannot disagree. Field metadata ``doc`` says what the feature is."""
+
+    release: str  # what serves it, e.g. "TensorRT-LLM 1.1.0 (pytorch backend)"; "" when nothing to say
+    logprobs: Capability = field(metadata={"doc": "the log-prob of each generated token"})
+    top_logprobs: Capability = field(metadata={"doc": "the most likely alternatives of each generated token"})
+    prompt_logprobs: Capability = field(metadata={"doc": "the log-prob of each prompt token"})
+    logit_bias: Capability = field(metadata={"doc": "values added to chosen tokens' logits before sampling"})
+    guided: Capability = field(metadata={"doc": "output constrained to a JSON schema, regex or grammar"})
+
+    def features(self) -> dict[str, Capability]:
+        """Feature name → its capability, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "release"}
+
+    @staticmethod
+    def doc(feature: str) -> str:
+        return next(f.metadata["doc"] for f in fields(Capabilities) if f.name == feature)
 
 
 @dataclass
@@ -127,6 +165,20 @@ class EngineStats:
     total_requests: int = 0
     total_generated_tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+# EngineStats.extra keys that add up across model copies: the KV cache's blocks and the counters
+# /metrics exports (lmi_trt/serving/metrics.py); the block size is the same in every copy.
+ADDITIVE_STATS = (
+    "kv_cache_max_blocks",
+    "kv_cache_used_blocks",
+    "kv_cache_free_blocks",
+    "prefix_cache_blocks",
+    "num_preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
+SHARED_STATS = ("kv_cache_block_size",)
 
 
 class EngineError(LmiError, RuntimeError):
@@ -170,6 +222,11 @@ class Engine(Protocol):
 
     @property
     def limits(self) -> EngineLimits: ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The features it honours and refuses (once started: some depend on the release it found)."""
+        ...
 
     @property
     def healthy(self) -> bool:

@@ -7,9 +7,20 @@ copies share one HTTP server, admission queue and tokenizer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
-from lmi_trt.engines.base import Engine, EngineLimits, EngineOutput, EngineStats, GenerationRequest
+from lmi_trt.engines.base import (
+    ADDITIVE_STATS,
+    SHARED_STATS,
+    Capabilities,
+    Capability,
+    Engine,
+    EngineLimits,
+    EngineOutput,
+    EngineStats,
+    GenerationRequest,
+)
 
 
 def least_loaded(stats: Sequence[EngineStats]) -> int:
@@ -17,13 +28,41 @@ def least_loaded(stats: Sequence[EngineStats]) -> int:
     return min(range(len(stats)), key=lambda i: (stats[i].active_requests + stats[i].queued_requests, i))
 
 
+def merged_extra(parts: Sequence[EngineStats]) -> dict[str, float]:
+    """Pure: the copies' KV-cache and counter figures as one engine's (sums; shared settings once)."""
+    out = {key: sum(p.extra[key] for p in parts) for key in ADDITIVE_STATS if all(key in p.extra for p in parts)}
+    for key in SHARED_STATS:
+        values = {p.extra.get(key) for p in parts}
+        if len(values) == 1 and None not in values:
+            out[key] = values.pop()
+    return out
+
+
+def common_capabilities(copies: Sequence[Capabilities]) -> Capabilities:
+    """Pure: what every copy honours (a request may go to any of them): a feature one copy refuses is
+    refused with its reason; a counted one up to the smallest ``most``."""
+
+    def common(name: str) -> Capability:
+        caps = [getattr(c, name) for c in copies]
+        refusing = next((c for c in caps if not c.honoured), None)
+        if refusing is not None:
+            return refusing
+        counted = [c.most for c in caps if c.most is not None]
+        return dataclasses.replace(caps[0], most=min(counted) if counted else None)
+
+    return dataclasses.replace(copies[0], **{name: common(name) for name in copies[0].features()})
+
+
 class ReplicaSet:
     name: str
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], *, parallel: bool = True) -> None:
+        """``parallel``: start the copies at once (option.parallel_loading), else one after another, which holds
+        one copy's load in host memory at a time (DJL's reason for the key, configurations.md)."""
         if not engines:
             raise ValueError("ReplicaSet needs at least one engine")
         self._engines = list(engines)
+        self._parallel = parallel
         self.name = f"{self._engines[0].name}x{len(self._engines)}"
         self._owner: dict[str, Engine] = {}
 
@@ -44,12 +83,11 @@ class ReplicaSet:
             max_seq_len=first.max_seq_len,
             max_new_tokens=first.max_new_tokens,
             max_beam_width=min(e.limits.max_beam_width for e in self._engines),
-            supports_logprobs=all(e.limits.supports_logprobs for e in self._engines),
-            max_top_logprobs=min(e.limits.max_top_logprobs for e in self._engines),
-            supports_prompt_logprobs=all(e.limits.supports_prompt_logprobs for e in self._engines),
-            supports_guided_decoding=all(e.limits.supports_guided_decoding for e in self._engines),
-            supports_logit_bias=all(e.limits.supports_logit_bias for e in self._engines),
         )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return common_capabilities([e.capabilities for e in self._engines])
 
     @property
     def healthy(self) -> bool:
@@ -57,7 +95,16 @@ class ReplicaSet:
         return all(e.healthy for e in self._engines)
 
     async def start(self) -> None:
-        results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        if self._parallel:
+            results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        else:
+            results = []
+            for engine in self._engines:
+                try:
+                    results.append(await engine.start())
+                except Exception as exc:  # noqa: BLE001 — the copies that did start are closed below
+                    results.append(exc)
+                    break
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
             # Don't leave the copies that did start holding GPUs and threads.
@@ -96,6 +143,7 @@ class ReplicaSet:
         )
         for i, p in enumerate(parts):
             total.extra[f"copy{i}_active"] = float(p.active_requests + p.queued_requests)
+        total.extra |= merged_extra(parts)
         return total
 
     async def close(self) -> None:
