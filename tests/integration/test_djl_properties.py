@@ -124,11 +124,11 @@ def test_lmi_trt_serve_starts_from_djls_properties_and_answers(hf_dir, tmp_path)
 @pytest.mark.parametrize(
     ("changes", "release", "named"),
     [
-        # the torch engine has no TensorRT-LLM KV-cache manager (a file with the DJL key alone on it)
+        # the torch engine has no host offload for its KV cache (a file with the DJL key alone on it)
         (
-            {"text": "option.model_id={model}\noption.rolling_batch=torch\noption.enable_block_reuse=true"},
+            {"text": "option.model_id={model}\noption.rolling_batch=torch\noption.host_cache_size=1048576"},
             None,
-            "option.enable_block_reuse",
+            "option.host_cache_size",
         ),
         # the Executor (tensorrt) backend: a pytorch-backend-only key
         ({"option.backend": "tensorrt"}, "1.2.1", "option.max_attention_window"),

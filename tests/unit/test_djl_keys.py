@@ -210,7 +210,7 @@ def test_fixed_keys_take_lmi_trts_own_value_and_refuse_the_others(spec):
 @pytest.mark.parametrize(
     ("kind", "backend", "written", "value"),
     [
-        ("torch", None, "option.enable_block_reuse", "true"),
+        ("torch", None, "option.host_cache_size", "1024"),  # enable_block_reuse: the torch decode loop honours it
         ("torch", None, "option.kv_cache_dtype", "fp8"),
         ("trtllm", "tensorrt", "option.use_cuda_graph", "false"),
         ("trtllm", "tensorrt", "option.moe_expert_parallel_size", "2"),
