@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import logging
 import os
 import re
 import select
@@ -51,16 +50,16 @@ from .base import EngineError, GuidedDecoding
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger(__name__)
 
 JSON_KINDS = ("json_schema", "json_object")
-# A guide's text (schema, regex or grammar), in characters. OpenAI's structured outputs take up to 5000
-# properties and 120,000 characters of names and values ("Supported schemas", platform.openai.com/docs/
-# guides/structured-outputs); 128 Ki covers that and a tool_choice="required" schema of many tools.
+# A guide's text (schema, regex or grammar), in characters. OpenAI's structured outputs cap a schema's
+# properties, nesting and characters of names and values too ("Supported schemas", platform.openai.com/docs/
+# guides/structured-outputs; raised since launch); 128 Ki holds a tool_choice="required" schema of many tools.
 MAX_GUIDE_CHARS = 128 * 1024
 # Levels of JSON arrays and objects in a schema document. xgrammar's schema converter slows with the cube of
-# the nesting (200 levels of properties: 4.5 s, 400: 35 s); 64 levels hold OpenAI's 10 levels of nested
-# objects many times over (each level of an object schema is two here: the object and its "properties").
+# the nesting (200 levels of properties: 4.5 s, 400: 35 s); 64 levels hold the few levels of nested objects
+# OpenAI allows (5 at launch, raised since) many times over (each level of an object schema is two here: the
+# object and its "properties").
 MAX_SCHEMA_DEPTH = 64
 # CPU seconds one matcher call (the allowed-token mask, or taking the chosen token) may take.
 STEP_CPU_S = 0.05
