@@ -69,6 +69,7 @@ class TorchSettings(
         "max_tokens_in_paged_kv_cache",
         "tokens_per_block",
         "enable_chunked_context",
+        "grammar_compile_timeout",
         max_new_tokens="max_output_len",
         batching="torch_batching",
         decode_loop="torch_decode_loop",
