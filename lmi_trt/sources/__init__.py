@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import LmiConfig, speculation
 
 from .artifact import (
     TOKENIZER_FILES,
@@ -37,6 +37,7 @@ __all__ = [
     "download_s3",
     "local_fingerprint",
     "parse_s3_uri",
+    "resolve_draft_model",
     "resolve_model",
     "resolve_tokenizer",
     "safe_relpath",
@@ -55,11 +56,12 @@ def _token(config: LmiConfig) -> str | None:
 
 
 def _fetch(
-    name: str, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int
+    name: str, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int, key: str | None = None
 ) -> tuple[Path, ArtifactSource, str | None]:
     """Bring ``name`` to local disk: (folder, source, fingerprint or None for local folders).
 
-    ``config.revision`` pins the model's repo; a separate tokenizer repo is taken at its default branch.
+    ``config.revision`` pins the model's repo; a separate tokenizer (or draft model) repo is taken at its
+    default branch. ``key`` names the setting that named it, for errors (default: the model's or tokenizer's).
     """
     if name.startswith("s3://"):
         path, fingerprint = download_s3(name, config.download_dir, max_concurrency=s3_max_concurrency)
@@ -83,7 +85,7 @@ def _fetch(
         token=_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
-        key="option.tokenizer_id" if tokenizer_only else "option.model_id",
+        key=key or ("option.tokenizer_id" if tokenizer_only else "option.model_id"),
     )
     return path, "hf", "hf-" + sha
 
@@ -98,6 +100,25 @@ def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CO
         config.model_id, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency
     )
     return detect_artifact(path, model_id=config.model_id, source=source, fingerprint=fingerprint)
+
+
+def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path | None:
+    """The local folder of speculative decoding's draft model (None: no draft model), fetched like the
+    model (hub, s3://, folder); it must be a Hugging Face checkpoint."""
+    spec = speculation(config)
+    if spec is None or spec.draft_model is None:
+        return None
+    key = spec.key("draft_model")
+    path, source, fingerprint = _fetch(
+        spec.draft_model, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency, key=key
+    )
+    artifact = detect_artifact(path, model_id=spec.draft_model, source=source, fingerprint=fingerprint)
+    if artifact.kind != "hf_checkpoint":
+        raise SourceError(
+            f"{key}={spec.draft_model!r} is a {artifact.kind.replace('_', ' ')}; a draft model is a Hugging Face "
+            "checkpoint with the model's tokenizer"
+        )
+    return artifact.path
 
 
 def _tokenizer_folder(root: Path) -> Path | None:
