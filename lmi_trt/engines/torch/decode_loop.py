@@ -396,9 +396,10 @@ class DecodeLoopBackend(QueuedBackend):
                 f"{spec.max_matching_ngram_size} tokens)"
             )
         graphs = f"verification steps as CUDA graphs for {self._spec_sizes} requests" if self._spec_sizes else "eager"
+        limit = f"{spec.key('max_concurrency')}" if spec.max_concurrency else "the default"
         return (
             f"speculative decoding: {drafter}, up to {spec.max_draft_len} draft tokens a step, in steps of at most "
-            f"{self._spec_limit} requests ({spec.key('max_concurrency')}), {graphs}"
+            f"{self._spec_limit} requests ({limit}), {graphs}"
         )
 
     def stats(self) -> dict[str, float]:
