@@ -36,93 +36,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
-import logging
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from gpu_decode import stream, summary
-from gpu_paged import agreement
+from gpu_paged import KvLog, agreement, print_targets, run_batch, session
 from gpu_torch import build_model, prompts
 
 
-class SpecLog(logging.Handler):
-    """Keeps the decode loop's start-up line (its KV cache and what speculation it runs)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "built-in decode loop:" in message:
-            self.lines.append(message)
-
-
-SPEC_COUNTERS = (
-    "verify_steps",
-    "decode_steps",
-    "spec_decode_num_drafts",
-    "spec_decode_num_draft_tokens",
-    "spec_decode_num_accepted_tokens",
-)
-
-
-async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str) -> dict:
-    counters = engine._backend.counters
-    before = {k: counters[k] for k in SPEC_COUNTERS}
-    t0 = time.perf_counter()
-    runs = await asyncio.gather(*(stream(engine, f"{tag}{i}", ids, out_tokens) for i, ids in enumerate(batch)))
-    seconds = time.perf_counter() - t0
-    ttfts = [times[0] - t0 for _, times in runs]
-    itls = [b - a for _, times in runs for a, b in zip(times, times[1:])]
-    result = summary(sum(len(g) for g, _ in runs), seconds, ttfts, itls)
-    result["streams"] = len(batch)
-    loop = {k: counters[k] - before[k] for k in SPEC_COUNTERS}
-    drafted = loop["spec_decode_num_draft_tokens"]
-    loop["acceptance"] = loop["spec_decode_num_accepted_tokens"] / drafted if drafted else None
-    result["loop"] = loop
-    result["generated"] = [g for g, _ in runs]
-    return result
-
-
-async def session(model_dir: Path, device: str, settings: dict, workloads, log: SpecLog) -> dict:
-    """One engine: start it, warm it up, run each (name, prompts, output tokens, repetitions), close it.
-    ``workloads`` may be a coroutine function of the engine that returns them (it may run its own first)."""
-    from lmi_trt.engines.torch import TorchEngine
-
-    started = time.perf_counter()
-    engine = TorchEngine(
-        model_dir, dtype="bf16" if device == "cuda" else "fp32", device=device, decode_loop="builtin", **settings
-    )
-    await engine.start()
-    out: dict = {"startup_s": time.perf_counter() - started, "loop_line": log.lines[-1]}
-    try:
-        vocab = engine._vocab_size
-        await run_batch(engine, prompts(4, 32, seed=99, vocab=vocab), 16, "warm")  # allocator, kernels
-        if callable(workloads):
-            workloads = await workloads(engine)
-        for name, batch, out_tokens, reps in workloads:
-            runs = [await run_batch(engine, batch, out_tokens, f"{name}.{r}.") for r in range(reps)]
-            best = dict(runs[0])
-            best["tok_s"] = statistics.median(r["tok_s"] for r in runs)
-            best["tok_s_runs"] = [r["tok_s"] for r in runs]
-            out[name] = best
-            brief = {k: round(v, 1) for k, v in best.items() if isinstance(v, float)}
-            print(f"  {name}: {brief} loop={best['loop']}", flush=True)
-        out["stats"] = engine.stats().extra
-    finally:
-        await engine.close()
-    engine = None
-    gc.collect()  # the loop's graphs and cache, before the next engine sizes its pool from free memory
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    out["wall_s"] = time.perf_counter() - started
-    return out
+def acceptance(result: dict) -> float | None:
+    """Draft tokens kept ÷ draft tokens verified in a workload (None: nothing was drafted)."""
+    loop = result["loop"]
+    drafted = loop.get("spec_decode_num_draft_tokens", 0)
+    return loop["spec_decode_num_accepted_tokens"] / drafted if drafted else None
 
 
 def truncated_copy(model_dir: Path, out: Path, layers: int) -> int:
@@ -160,7 +88,7 @@ def targets(report: dict) -> list[tuple[str, str, str]]:
         (
             "single stream, repeating prompt: n-gram ≥ 2 × without",
             f"{ngram['repeat_1']['tok_s']:,.0f} vs {off['repeat_1']['tok_s']:,.0f} tok/s ({one:.2f} ×), "
-            f"acceptance {ngram['repeat_1']['loop']['acceptance'] or 0:.0%}",
+            f"acceptance {acceptance(ngram['repeat_1']) or 0:.0%}",
             "met" if one >= 2 else "not met",
         ),
         (
@@ -184,9 +112,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     a = ap.parse_args()
     clock = time.perf_counter()
-    log = SpecLog()
-    logging.getLogger("lmi_trt.engines.torch.decode_loop").addHandler(log)
-    logging.getLogger("lmi_trt.engines.torch.decode_loop").setLevel(logging.INFO)
+    log = KvLog.attached()
     if a.smoke:
         device, seed_len, continuation, cut, out, ordinary_len, many = "cpu", 16, 96, 48, 32, 16, 8
         shape = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
@@ -206,7 +132,7 @@ def main() -> None:
     }
 
     def save() -> None:
-        a.json.write_text(json.dumps(report, indent=2))
+        a.json.write_text(json.dumps(report, indent=2, default=str))
 
     from lmi_trt.speculative import Speculation
 
@@ -285,14 +211,11 @@ def main() -> None:
             if r is None:
                 cells.append("—")
                 continue
-            accepted = r["loop"]["acceptance"]
+            accepted = acceptance(r)
             rate = "" if name == "forced" else f", {accepted:.0%}" if accepted is not None else ", no drafts"
             cells.append(f"{r['tok_s']:,.0f} ({r['tok_s'] / off[workload]['tok_s']:.2f} ×{rate})")
         print(f"| {workload} | {len(batch)} | {off[workload]['tok_s']:,.0f} | " + " | ".join(cells) + " |")
-    print("\n| target | figure | |")
-    print("| --- | --- | --- |")
-    for target, figure, verdict in report["targets"]:
-        print(f"| {target} | {figure} | {verdict} |")
+    print_targets(report["targets"])
 
 
 if __name__ == "__main__":
