@@ -14,10 +14,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 VOCAB = 512
 SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# ChatML turns; with tools, a Hermes-style tool-use template (the format Hermes 2 Pro and Qwen 2.5 document: tools
+# listed in a system turn, calls as <tool_call>{"name", "arguments"}</tool_call>, results in <tool_response>), so
+# OpenAI tool calls can be tried on the tiny model. Without tools it renders exactly the plain ChatML turns.
+CHAT_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+<tools>{% for t in tools %}{{ t.function.name }}{{ (t.function.parameters or {}).properties | default({}) | tojson }}
+{%- endfor %}</tools>
+<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == "assistant" and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == "tool" %}<|im_start|>user
+<tool_response>{{ m.content }}</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
 
 # Multi-byte text on purpose: the detokenizer must never split a character.
 CORPUS = [
@@ -126,6 +144,8 @@ def build_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
     """Write a tiny ``arch`` model plus the shared tokenizer into ``out_dir``; return it."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
+        if _saved_template(out_dir) != CHAT_TEMPLATE:  # a folder made before the template changed
+            build_tokenizer(out_dir)
         return out_dir
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -142,6 +162,15 @@ def build_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
     model.save_pretrained(str(out_dir))
     build_tokenizer(out_dir)
     return out_dir
+
+
+def _saved_template(model_dir: Path) -> str | None:
+    """The chat template saved beside a tokenizer (its own file in newer transformers, else tokenizer_config)."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    config = model_dir / "tokenizer_config.json"
+    return json.loads(config.read_text()).get("chat_template") if config.exists() else None
 
 
 def cache_root() -> Path:
@@ -173,6 +202,49 @@ def make_hub_cache(
     return snap
 
 
+# A checkpoint as transformers 5 writes it (tests/fixtures/transformers5-llama, made by
+# `python tests/tinymodels.py --transformers5 tests/fixtures/transformers5-llama` under transformers 5): the shared
+# tokenizer and a tiny Llama config whose RoPE is not the default one, so a transformers 4 that misreads the v5
+# config.json (rope_parameters) would generate different tokens. Committed as transformers 5 wrote it: the release
+# legs run transformers 4.42-4.57, which cannot write it.
+TRANSFORMERS5_FIXTURE = Path(__file__).parent / "fixtures" / "transformers5-llama"
+TRANSFORMERS5_ROPE = {"rope_theta": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+
+
+def write_transformers5_fixture(out_dir: Path) -> Path:
+    """The committed fixture's files (no weights), written by the installed transformers, which must be 5.x."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise RuntimeError(f"transformers {transformers.__version__} installed: the fixture is transformers 5's")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = _config("llama")
+    # transformers 5 takes the 4.x spellings as keywords and writes them as rope_parameters.
+    config = type(config)(**{**config.to_dict(), **TRANSFORMERS5_ROPE, "dtype": "float32"})
+    config.save_pretrained(str(out_dir))
+    build_tokenizer(out_dir)
+    return out_dir
+
+
+def transformers5_checkpoint(out_dir: Path, seed: int = 0) -> Path:
+    """The committed transformers-5 fixture, as it is, plus random weights made here by the installed transformers
+    (their names and shapes do not depend on how RoPE is spelled; the weights file is all this adds)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    shutil.copytree(TRANSFORMERS5_FIXTURE, out_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(out_dir)))
+    state = {name: (t * 4.0 if t.dim() > 1 else t).contiguous() for name, t in model.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
 def model_config(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
@@ -185,5 +257,6 @@ if __name__ == "__main__":
     )
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--arch", default="llama", choices=ARCHS)
+    ap.add_argument("--transformers5", action="store_true", help="write the transformers-5 fixture's files instead")
     a = ap.parse_args()
-    print(build_model(a.arch, a.out_dir))
+    print(write_transformers5_fixture(a.out_dir) if a.transformers5 else build_model(a.arch, a.out_dir))

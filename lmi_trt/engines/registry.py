@@ -67,6 +67,7 @@ class TorchSettings(BaseModel):
     max_tokens_in_paged_kv_cache: int | None = Field(ge=1)
     tokens_per_block: int | None = Field(ge=1)
     enable_chunked_context: bool
+    grammar_compile_timeout: float = Field(gt=0)
     # Speculative decoding (the built-in decode loop: n-gram and draft-model drafts); the draft model's id
     # is a local folder by the time the engine is built (lmi_trt.loader resolves it).
     speculative: Speculation | None
@@ -214,7 +215,7 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 
 
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
-    from lmi_trt.engines.llmapi import LlmApiSettings
+    from lmi_trt.engines.llmapi import DJL_LLM_FIELDS, LlmApiSettings
 
     return LlmApiSettings(
         runtime=trtllm_settings(config),
@@ -222,6 +223,7 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         max_input_len=config.max_input_len,
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
         trust_remote_code=config.trust_remote_code,
+        **{name: getattr(config, name) for name in DJL_LLM_FIELDS},
     )
 
 
@@ -270,6 +272,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
         tokens_per_block=config.tokens_per_block,
         enable_chunked_context=config.enable_chunked_context,
+        grammar_compile_timeout=config.grammar_compile_timeout,
         speculative=torch_speculation(config),
     )
 
@@ -325,7 +328,9 @@ def _build_trtllm(
     from lmi_trt.launch import trtllm_copy_settings
 
     if isinstance(settings, LlmApiSettings):  # the pytorch backend: the LLM loads the checkpoint, starts its workers
-        return LlmApiEngine(artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+        return LlmApiEngine(
+            artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer
+        )
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
@@ -431,7 +436,7 @@ HONOURED_ELSEWHERE: dict[str, str] = {
 def refuse_ignored(kind: str, config: LmiConfig) -> None:
     """A StartupError for the first option the user set that engine ``kind`` would ignore: one that some
     engine's (or backend's) settings read and this one's do not. Every accepted option is honoured or refused."""
-    from lmi_trt.config import StartupError, key_of
+    from lmi_trt.config import StartupError
 
     used = honoured(kind, config)
     for name in type(config).model_fields:
@@ -445,11 +450,28 @@ def refuse_ignored(kind: str, config: LmiConfig) -> None:
         if users:
             where = f"the {kind} engine" + (f" on the {config.backend} backend" if kind == "trtllm" else "")
             raise StartupError(
-                key_of(name),
+                config.label(name),
                 getattr(config, name),
                 f"{where} does not use it",
                 f"leave it out, or serve with an engine that does: {', '.join(users)}",
             )
+
+
+def check_release(kind: str, config: LmiConfig) -> None:
+    """On TensorRT-LLM's pytorch backend (its release installed, ``option.backend`` resolved), what the installed
+    release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before anything loads
+    (``lmi_trt.engines.llmapi.llm_configs``); nothing to check on the other engines and backends."""
+    from lmi_trt.engines.llmapi import LlmApiSettings, llm_configs, llm_plan, probe_llm_api
+
+    settings = ENGINES[kind].settings(config)
+    if not isinstance(settings, LlmApiSettings):
+        return
+    runtime = settings.runtime
+    if runtime.tensor_parallel_degree is None:  # max: the launch plan resolves it; the MoE split is checked then
+        split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
+        settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
+    llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
+    llm_configs(llmapi, llm_plan(settings), version)
 
 
 def engine_backends() -> list[tuple[str, str | None]]:

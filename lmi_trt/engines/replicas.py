@@ -58,10 +58,13 @@ def common_capabilities(copies: Sequence[Capabilities]) -> Capabilities:
 class ReplicaSet:
     name: str
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], *, parallel: bool = True) -> None:
+        """``parallel``: start the copies at once (option.parallel_loading), else one after another, which holds
+        one copy's load in host memory at a time (DJL's reason for the key, configurations.md)."""
         if not engines:
             raise ValueError("ReplicaSet needs at least one engine")
         self._engines = list(engines)
+        self._parallel = parallel
         self.name = f"{self._engines[0].name}x{len(self._engines)}"
         self._owner: dict[str, Engine] = {}
 
@@ -94,7 +97,16 @@ class ReplicaSet:
         return all(e.healthy for e in self._engines)
 
     async def start(self) -> None:
-        results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        if self._parallel:
+            results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        else:
+            results = []
+            for engine in self._engines:
+                try:
+                    results.append(await engine.start())
+                except Exception as exc:  # noqa: BLE001 — the copies that did start are closed below
+                    results.append(exc)
+                    break
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
             # Don't leave the copies that did start holding GPUs and threads.

@@ -7,6 +7,8 @@ the folder to load the tokenizer from (``option.tokenizer_id`` first, then the a
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from lmi_trt.config import LmiConfig, speculation
@@ -25,6 +27,7 @@ from .artifact import (
 )
 from .hf import download_hub, select_hub_files
 from .s3 import DEFAULT_MAX_CONCURRENCY, download_s3, parse_s3_uri
+from .transformers5 import for_installed_transformers
 
 __all__ = [
     "ArtifactKind",
@@ -35,6 +38,7 @@ __all__ = [
     "detect_artifact",
     "download_hub",
     "download_s3",
+    "hub_token",
     "local_fingerprint",
     "parse_s3_uri",
     "resolve_draft_model",
@@ -51,7 +55,7 @@ def _looks_like_path(model_id: str) -> bool:
     return model_id.startswith(("/", "./", "../", "~", ".\\")) or model_id in (".", "..")
 
 
-def _token(config: LmiConfig) -> str | None:
+def hub_token(config: LmiConfig) -> str | None:
     return config.hf_token.get_secret_value() if config.hf_token is not None else None
 
 
@@ -60,17 +64,23 @@ def _fetch(
 ) -> tuple[Path, ArtifactSource, str | None]:
     """Bring ``name`` to local disk: (folder, source, fingerprint or None for local folders).
 
-    ``config.revision`` pins the model's repo; a separate tokenizer (or draft model) repo is taken at its
-    default branch. ``key`` names the setting that named it, for errors (default: the model's or tokenizer's).
+    ``config.revision`` pins the model's repo; a separate tokenizer repo ``config.tokenizer_revision``, else its
+    default branch (as a draft model's repo). ``key`` names the setting that named it, for errors (default: the
+    model's or tokenizer's).
     """
-    if name.startswith("s3://"):
-        path, fingerprint = download_s3(name, config.download_dir, max_concurrency=s3_max_concurrency)
-        return path, "s3", fingerprint
     local = Path(name).expanduser()
     try:
         is_dir, exists = local.is_dir(), local.exists()
     except OSError:  # a name no file system holds (ENAMETOOLONG): not a local folder
         is_dir = exists = False
+    if tokenizer_only and config.tokenizer_revision is not None and (name.startswith("s3://") or is_dir):
+        raise SourceError(
+            f"option.tokenizer_revision={config.tokenizer_revision!r} pins a Hugging Face repo, and "
+            f"option.tokenizer_id {name!r} is not one; remove option.tokenizer_revision"
+        )
+    if name.startswith("s3://"):
+        path, fingerprint = download_s3(name, config.download_dir, max_concurrency=s3_max_concurrency)
+        return path, "s3", fingerprint
     if is_dir:
         return local.resolve(), "local", None
     if exists:
@@ -81,8 +91,9 @@ def _fetch(
         raise SourceError(f"local folder {name!r} does not exist (resolved to {local.resolve()})")
     path, sha = download_hub(
         name,
-        revision=config.revision if name == config.model_id else None,
-        token=_token(config),
+        revision=(config.tokenizer_revision if tokenizer_only else None)
+        or (config.revision if name == config.model_id else None),
+        token=hub_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
         key=key or ("option.tokenizer_id" if tokenizer_only else "option.model_id"),
@@ -91,15 +102,36 @@ def _fetch(
 
 
 def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> ModelArtifact:
-    """Find, fetch if remote, and recognise the model ``config`` names."""
+    """Find, fetch if remote, and recognise the model ``config`` names; files transformers 5 wrote are read through
+    a view in the installed transformers' form (``transformers5``)."""
     if config.model_id is None:
         if config.model_dir is None:
             raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or HF_MODEL_ID")
-        return detect_artifact(config.model_dir, model_id=str(config.model_dir))
+        return _readable(detect_artifact(config.model_dir, model_id=str(config.model_dir)), config)
     path, source, fingerprint = _fetch(
         config.model_id, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency
     )
-    return detect_artifact(path, model_id=config.model_id, source=source, fingerprint=fingerprint)
+    return _readable(detect_artifact(path, model_id=config.model_id, source=source, fingerprint=fingerprint), config)
+
+
+def _views(config: LmiConfig) -> Path:
+    return config.download_dir / "transformers4-views"
+
+
+def _readable(artifact: ModelArtifact, config: LmiConfig) -> ModelArtifact:
+    """``artifact`` with its checkpoint and tokenizer folders readable by the installed transformers."""
+    path = artifact.path
+    if artifact.kind == "hf_checkpoint":
+        path = for_installed_transformers(path, _views(config))
+    tokenizer_dir = artifact.tokenizer_dir
+    if tokenizer_dir is not None:
+        tokenizer_dir = (
+            path if tokenizer_dir == artifact.path else for_installed_transformers(tokenizer_dir, _views(config))
+        )
+    if (path, tokenizer_dir) == (artifact.path, artifact.tokenizer_dir):
+        return artifact
+    hf_config = json.loads((path / "config.json").read_text()) if path != artifact.path else artifact.hf_config
+    return dataclasses.replace(artifact, path=path, tokenizer_dir=tokenizer_dir, hf_config=hf_config)
 
 
 def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path | None:
@@ -112,7 +144,9 @@ def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_
     path, source, fingerprint = _fetch(
         spec.draft_model, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency, key=key
     )
-    artifact = detect_artifact(path, model_id=spec.draft_model, source=source, fingerprint=fingerprint)
+    artifact = _readable(
+        detect_artifact(path, model_id=spec.draft_model, source=source, fingerprint=fingerprint), config
+    )
     if artifact.kind != "hf_checkpoint":
         raise SourceError(
             f"{key}={spec.draft_model!r} is a {artifact.kind.replace('_', ' ')}; a draft model is a Hugging Face "
@@ -142,7 +176,7 @@ def resolve_tokenizer(
                 f"({', '.join(sorted(TOKENIZER_FILES))}) "
                 f"in {root} or a single sub-folder of it"
             )
-        return folder
+        return for_installed_transformers(folder, _views(config))
     if artifact.tokenizer_dir is not None:
         return artifact.tokenizer_dir
     if artifact.kind == "trtllm_engine":

@@ -236,13 +236,35 @@ CODEC = Codec(decode=lambda ids: "|".join(map(str, ids)), encode=lambda text: [i
 
 
 def test_planned_keywords_are_listed_fields():
+    # with every DJL LLM-API key given (tests/unit/test_djl_keys.py): each lands on a listed field
+    djl = dict(
+        max_attention_window=(64,),
+        sink_token_length=0,
+        onboard_blocks=True,
+        cross_kv_cache_fraction=0.5,
+        secondary_offload_min_priority=30,
+        event_buffer_max_size=0,
+        kv_cache_dtype="fp8",
+        moe_tensor_parallel_size=1,
+        moe_expert_parallel_size=1,
+        enable_attention_dp=False,
+        load_format="auto",
+        iter_stats_max_iterations=1,
+        request_stats_max_iterations=1,
+        attn_backend="TRTLLM",
+        moe_backend="CUTLASS",
+        enable_overlap_scheduler=True,
+    )
     plan = llm_plan(
-        llmapi_settings(LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192))
+        llmapi_settings(
+            LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192, **djl)
+        )
     )
     assert set(plan.keywords) <= LLM_KEYWORDS
     assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
     assert set(plan.scheduler_config) <= ctor_names("SchedulerConfig")
     assert set(plan.cuda_graph_config) <= ctor_names("CudaGraphConfig")
+    assert set(plan.moe_config) == {"backend"} <= ctor_names("MoeConfig")
     assert plan.scheduler_config["capacity_scheduler_policy"] in API["CapacitySchedulerPolicy"]["members"]
     request = GenerationRequest(
         "r",

@@ -90,3 +90,28 @@ async def test_failed_start_closes_the_copies_that_started():
         await replicas.start()
     refusal = [out async for out in good.submit(_req(1))]
     assert refusal[0].error_code == 503 and "not running" in refusal[0].error
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+async def test_parallel_loading_starts_the_copies_at_once_or_one_after_another(parallel):
+    """option.parallel_loading (DJL's key): true loads every copy at once, false one after another (a copy's load
+    in host memory at a time); a failed start stops there and closes what started."""
+    loading: list[int] = []
+    most = 0
+
+    class Slow(SyntheticEngine):
+        async def start(self) -> None:
+            nonlocal most
+            loading.append(1)
+            most = max(most, len(loading))
+            await asyncio.sleep(0.05)  # an await inside the load: another copy's start may run now
+            loading.pop()
+            await super().start()
+
+    replicas = ReplicaSet([Slow(512), Slow(512), Slow(512)], parallel=parallel)
+    await replicas.start()
+    try:
+        assert most == (3 if parallel else 1)
+        assert all(e.healthy for e in replicas.engines)
+    finally:
+        await replicas.close()

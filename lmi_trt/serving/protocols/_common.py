@@ -14,6 +14,8 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from lmi_trt.serving.core import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
     Completion,
     Delta,
     GenerateParams,
@@ -22,9 +24,11 @@ from lmi_trt.serving.core import (
 )
 from lmi_trt.serving.errors import BadRequest, FieldError, LmiHttpError
 from lmi_trt.serving.http import CONTEXT, json_response, load_json, read_body
+from lmi_trt.spelling import did_you_mean, within_a_typo
 
 log = logging.getLogger(__name__)
 
+_MAX_WORD_LIST_CHARS = MAX_STOP_STRINGS * (MAX_STOP_CHARS + 3)  # each word quoted, and a comma
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -42,6 +46,21 @@ def validate_body(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
         for p in first:
             param = f"{param}[{p}]" if isinstance(p, int) else f"{param}.{p}" if param else str(p)
         raise FieldError(param or None, f"invalid request: {format_validation_error(e, prefix)}") from None
+
+
+def refuse_typos(extras: Iterable[str], known: Iterable[str], peers: Iterable[str] = (), prefix: str = "") -> None:
+    """A 400 for the first field the schema does not know that is within a typo of one it does (``temprature``:
+    did you mean temperature?), as OpenAI refuses an unrecognized argument; ``peers`` are fields other servers of the
+    schema accept, which are never taken for typos. Other unknown fields keep their schema's handling."""
+    allowed, known = frozenset(peers), sorted(known)
+    for name in extras:
+        near = [] if name in allowed else within_a_typo(name, known)
+        if near:
+            raise FieldError(
+                prefix + name,
+                f"{prefix}{name} is not a field of this request; did you mean "
+                f"{did_you_mean([prefix + n for n in near])}?",
+            )
 
 
 def neutral_params(names: dict[str, str] | None = None, **fields: Any) -> GenerateParams:
@@ -74,6 +93,12 @@ def word_list(value: Any, field: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
+        if len(value) > _MAX_WORD_LIST_CHARS:  # parsed on the event loop: bounded before it is
+            raise FieldError(
+                field,
+                f"{field} has {len(value)} characters, more than {MAX_STOP_STRINGS} words of {MAX_STOP_CHARS} "
+                f"characters can take ({_MAX_WORD_LIST_CHARS}); shorten it",
+            )
         try:
             return [w for row in csv.reader([value]) for w in row if w]
         except csv.Error as e:  # e.g. a bare carriage return inside an unquoted word

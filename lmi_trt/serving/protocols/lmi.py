@@ -35,6 +35,7 @@ from lmi_trt.serving.core import (
     GenerationStream,
     TokenOut,
     bounded_words,
+    schema_guide_text,
 )
 from lmi_trt.serving.errors import BadRequest, check_model
 from lmi_trt.serving.http import (
@@ -49,6 +50,7 @@ from lmi_trt.serving.http import (
     register_feature_fields,
     validate,
 )
+from lmi_trt.serving.protocols._common import refuse_typos
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,19 @@ CONTENT_TYPES: dict[str, str] = {
 _IGNORED_PARAMETERS = frozenset({"watermark", "typical_p", "adapter_id", "length_penalty", "early_stopping"})
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
+# Parameters DJL's LMI schema documents for its backends (djl-serving serving/docs/lmi/user_guides/
+# lmi_input_output_schema.md: GenerationParameters, vLLM's and TensorRT-LLM's additional ones) and TGI's
+# (router/src/lib.rs GenerateParameters): never taken for a typo of a parameter here, however close.
+PEER_PARAMETERS = frozenset(
+    {
+        "do_sample", "seed", "temperature", "repetition_penalty", "top_k", "top_p", "max_new_tokens", "details",
+        "return_full_text", "stop_sequences", "decoder_input_details", "min_p", "presence_penalty",
+        "frequency_penalty", "n", "best_of", "num_beams", "length_penalty", "early_stopping", "stop_token_ids",
+        "include_stop_str_in_output", "ignore_eos_token", "logprobs", "prompt_logprobs", "skip_special_tokens",
+        "spaces_between_special_tokens", "min_length", "bad_sequences", "stop", "truncate", "typical_p",
+        "watermark", "top_n_tokens", "grammar", "adapter_id",
+    }
+)  # fmt: skip
 _warned_unknown: set[str] = set()
 _MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -101,6 +116,7 @@ class LmiParameters(GenerateParams):
                     f"parameters.{name}={value!r} is not supported: this server returns one sequence; "
                     "use 1 or leave it out"
                 )
+        refuse_typos(extras, [*_KNOWN_PARAMETERS, *_IGNORED_PARAMETERS], PEER_PARAMETERS, "parameters.")
         for name in extras:
             if (
                 name not in _IGNORED_PARAMETERS
@@ -137,6 +153,11 @@ class LmiParameters(GenerateParams):
         )
         return GenerateParams.model_construct(**fields)
 
+    def field_names(self) -> dict[str, str]:
+        """``NAMES``, the constraint by the field this request sent it in."""
+        sent = next((f for f in _GUIDED_FIELDS if getattr(self, f) is not None), None)
+        return {**NAMES, "guided": f"parameters.{sent}"} if sent is not None else NAMES
+
     def _guided(self) -> GuidedDecoding | None:
         given = {
             k: v
@@ -152,7 +173,8 @@ class LmiParameters(GenerateParams):
         if not given:
             return None
         kind, value = given.popitem()
-        return GuidedDecoding(kind, value if isinstance(value, str) else orjson.dumps(value).decode())  # type: ignore[arg-type]
+        text = value if isinstance(value, str) else schema_guide_text(value, "parameters.guided_json")
+        return GuidedDecoding(kind, text)  # type: ignore[arg-type]
 
 
 _KNOWN_PARAMETERS = sorted(LmiParameters.model_fields)
@@ -195,7 +217,9 @@ NAMES = {
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.guided_json/guided_regex/guided_grammar",
+    "bad_words": "parameters.bad_words",
 }
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
 
 
 def token_dict(t: TokenOut | Alternative, tgi: bool) -> dict[str, Any]:
@@ -313,6 +337,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
             accepted = ", ".join(repr(k) for k in ("inputs", *ctx.invocation_handlers))
             raise BadRequest(f"invalid payload: the JSON object must contain {accepted}; got keys {sorted(body)!r}")
         req = validate(LmiRequest, body)
+        refuse_typos(req.model_extra or {}, LmiRequest.model_fields)
     params = req.parameters.to_generate()
     service = ctx.require_service()
     fmt = choose_format(ctx.config.output_formatter, req.stream, ctx.config.tgi_compat)
@@ -327,7 +352,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
     if fmt != "json" and service.engine.capabilities.logprobs.honoured:
         params = params.model_copy(update={"logprobs": True})  # DJL's streams carry every token's log_prob
-    async with await service.start(req.inputs, params, names=NAMES) as stream:
+    async with await service.start(req.inputs, params, names=req.parameters.field_names()) as stream:
         if fmt == "json":
             completion = await stream.collect(keep_tokens=shape.details)
             if completion.error is not None:
@@ -375,7 +400,13 @@ async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -
     try:
         for text in req.inputs:
             streams.append(
-                await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True, names=NAMES)
+                await service.start(
+                    text,
+                    params,
+                    field_name=f"inputs[{len(streams)}]",
+                    admitted=True,
+                    names=req.parameters.field_names(),
+                )
             )
         shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
         collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import re
 import time
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -42,6 +43,7 @@ from lmi_trt.serving.core import (
     GenerateParams,
     GenerationStream,
     TokenOut,
+    schema_guide_text,
 )
 from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
 from lmi_trt.serving.http import (
@@ -67,6 +69,7 @@ from lmi_trt.serving.protocols._common import (
     param_of,
     pump,
     pump_all,
+    refuse_typos,
     sse,
     start_n,
     validate_body,
@@ -82,6 +85,7 @@ FINISH = {
     FinishReason.CANCELLED: "abort",
 }
 DONE = b"data: [DONE]\n\n"
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 # Accepted and without effect on the output.
 _IGNORED = frozenset(
     {
@@ -101,6 +105,31 @@ _IGNORED = frozenset(
         "spaces_between_special_tokens",
     }
 )
+# Fields OpenAI's API (openai-python 3.57 types: chat/completion_create_params.py, completion_create_params.py) or
+# vLLM's OpenAI server (vllm/entrypoints/openai/protocol.py: ChatCompletionRequest, CompletionRequest) accept: never
+# taken for a typo of a field here, however close (``store`` / ``stop``). Those not served here are warned about.
+# fmt: off
+PEER_FIELDS = frozenset(
+    {
+        # OpenAI
+        "audio", "best_of", "echo", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model", "moderation", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt", "prompt_cache_key",
+        "prompt_cache_options", "prompt_cache_retention", "reasoning_effort", "response_format",
+        "safety_identifier", "seed", "service_tier", "stop", "store", "stream", "stream_options", "suffix",
+        "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+        # vLLM
+        "include_reasoning", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty",
+        "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
+        "bad_words", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+        "chat_template", "chat_template_kwargs", "mm_processor_kwargs", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "structural_tag", "guided_decoding_backend", "guided_whitespace_pattern",
+        "priority", "request_id", "logits_processors", "return_tokens_as_token_ids", "cache_salt",
+        "kv_transfer_params", "vllm_xargs", "prompt_embeds",
+    }
+)
+# fmt: on
 _warned: set[str] = set()
 _MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 
@@ -160,6 +189,7 @@ class _Base(BaseModel):
             raise FieldError("best_of", f"best_of={best_of!r} is a completions field; use n for several chat choices")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
+        refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED], PEER_FIELDS)
         for name in self.model_extra or {}:
             if name not in _IGNORED and name not in _warned and len(_warned) < _MAX_WARNED:
                 _warned.add(name)
@@ -199,13 +229,15 @@ class _Base(BaseModel):
         )
 
     def _logit_bias(self) -> dict[int, float]:
-        """OpenAI's ``{"token id": bias}``, bias in [-100, 100]."""
+        """OpenAI's ``{"token id": bias}``, bias in [-100, 100]; a key is ASCII digits (``str.isdigit`` also
+        takes "²", which ``int`` refuses), at most 10 of them (``int`` refuses past 4300)."""
         out: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit() or not -100 <= value <= 100:
+            if not _TOKEN_ID.fullmatch(key) or not -100 <= value <= 100:
                 raise FieldError(
                     "logit_bias",
-                    f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; got {key!r}: {value!r}",
+                    f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; got "
+                    f"{ascii(key[:20])}: {value!r}",
                 )
             out[int(key)] = float(value)
         return out
@@ -261,7 +293,7 @@ class ChatRequest(_Base):
             schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt.get("json_schema"), dict) else None
             if not isinstance(schema, dict):
                 raise FieldError("response_format", "response_format.json_schema.schema must be a JSON schema object")
-            return GuidedDecoding("json_schema", orjson.dumps(schema).decode())
+            return GuidedDecoding("json_schema", schema_guide_text(schema, "response_format"))
         raise FieldError(
             "response_format", f"response_format type {kind!r} is not one of text, json_object, json_schema"
         )

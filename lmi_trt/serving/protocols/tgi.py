@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,6 +37,7 @@ from lmi_trt.serving.core import (
     GenerateParams,
     TokenOut,
     sampling_params,
+    schema_guide_text,
 )
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.http import (
@@ -58,6 +58,7 @@ from lmi_trt.serving.protocols._common import (
     json_object,
     open_stream,
     pump,
+    refuse_typos,
     sse,
     validate_body,
 )
@@ -97,6 +98,7 @@ class TgiParameters(GenerateParams):
     adapter_id: str | None = None
 
     def to_generate(self) -> GenerateParams:
+        refuse_typos(self.model_extra or {}, type(self).model_fields, prefix="parameters.")
         for name, refused in _UNSUPPORTED.items():
             value = getattr(self, name)
             if refused(value):
@@ -126,7 +128,8 @@ class TgiParameters(GenerateParams):
         kind = g.get("type") if isinstance(g, dict) else None
         value = g.get("value") if isinstance(g, dict) else None
         if kind in ("json", "json_schema") and isinstance(value, (dict, str)):
-            return GuidedDecoding("json_schema", value if isinstance(value, str) else orjson.dumps(value).decode())
+            text = value if isinstance(value, str) else schema_guide_text(value, "parameters.grammar")
+            return GuidedDecoding("json_schema", text)
         if kind == "regex" and isinstance(value, str):
             return GuidedDecoding("regex", value)
         raise FieldError(
@@ -173,7 +176,9 @@ def _seed(p: GenerateParams) -> int | None:
 
 async def _parse(request: web.Request) -> TgiRequest:
     body = await json_object(request, '{"inputs": "Hello", "parameters": {"max_new_tokens": 20}}')
-    return validate_body(TgiRequest, body)
+    req = validate_body(TgiRequest, body)
+    refuse_typos(req.model_extra or {}, TgiRequest.model_fields)
+    return req
 
 
 async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> web.StreamResponse:
@@ -271,7 +276,12 @@ async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamR
 
 @errors_as(tgi_error)
 async def generate(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, await _parse(request), as_list=False)
+    req = await _parse(request)
+    # "stream": true is honoured here as at "/" (TGI's compat_generate, router/src/server.rs): huggingface_hub's
+    # InferenceClient(base_url=".../generate").text_generation(stream=True) posts it to this URL and reads SSE.
+    if req.stream:
+        return await _generate_stream(request, req)
+    return await _generate(request, req, as_list=False)
 
 
 @errors_as(tgi_error)

@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from lmi_trt.log_redaction import loggable
 from lmi_trt.serving.core import Delta, GenerateParams
 from lmi_trt.serving.errors import BadRequest
 from lmi_trt.serving.http import CONTEXT, ServingContext, error_response, json_response, register_invocation
@@ -34,6 +35,7 @@ from lmi_trt.serving.protocols._common import (
     neutral_params,
     open_stream,
     pump,
+    refuse_typos,
     validate_body,
     word_list,
 )
@@ -75,6 +77,7 @@ class TrussRequest(BaseModel):
     stream: bool | None = True
 
     def to_generate(self) -> GenerateParams:
+        refuse_typos(self.model_extra or {}, type(self).model_fields)
         if self.beam_width not in (None, 1):
             raise FieldError(
                 "beam_width", f"beam_width={self.beam_width} is not supported: this server decodes one beam; use 1"
@@ -127,7 +130,7 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
                 log.warning(
                     "truss stream %s failed after it started: %s; aborting the connection",
                     stream.request_id,
-                    d.error.message,
+                    loggable(d.error.message),
                 )
                 if request.transport is not None:
                     request.transport.abort()
