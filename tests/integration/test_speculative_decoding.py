@@ -188,6 +188,27 @@ async def test_stops_and_max_tokens_inside_accepted_drafts_end_there(llama, shal
         await e.close()
 
 
+async def test_requests_at_the_end_of_their_positions_draft_beside_others(llama):
+    """A request whose last positions leave room for fewer drafts than another's, in the same steps: the
+    draft model's passes past its last position write nothing and read within the tables."""
+    e = engine(llama, drafted(llama, k=6))  # its own draft: 7 tokens a step, so the long one reaches 30
+    await e.start()
+    ref = AutoModelForCausalLM.from_pretrained(str(llama)).eval()
+    try:
+        long = [1] + list(range(40, 63))  # 24 tokens: with 32 new ones, every one of the 56 positions
+        got: list[int] = []
+        late = None
+        async for out in e.submit(GenerationRequest("long", long, SamplingParams(max_new_tokens=32, ignore_eos=True))):
+            got += out.token_ids
+            if late is None and len(got) >= 12:  # it joins when the long one has 20 tokens or fewer to go
+                late = asyncio.create_task(run(e, "late", [1, 5], max_new_tokens=32, ignore_eos=True))
+        assert_greedy(got, reference(ref, long, 32, eos_token_id=None))
+        assert_greedy(tokens(await late), reference(ref, [1, 5], 32, eos_token_id=None))
+        assert spec_counters(e)["spec_decode_num_accepted_tokens"] > 0
+    finally:
+        await e.close()
+
+
 SAMPLING = [
     dict(repetition_penalty=1.8),
     dict(presence_penalty=1.5, frequency_penalty=0.7),

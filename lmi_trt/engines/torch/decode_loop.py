@@ -839,10 +839,11 @@ class DecodeLoopBackend(QueuedBackend):
             tokens.extend((row.prompt + row.slot.generated)[start : start + n])
         starts = layout["seq_start"].tolist()
         ends = [start + n - 1 for start, (r, n) in zip(starts, reading) if id(r) in drafting]
-        # Later passes: a token per drafting row at its next position, written only within its drafts.
+        # Later passes: a token per drafting row at its next position, written only within its drafts
+        # (past them, and past the last position, a row's token is padding).
         later: list[int] = []
         for j in range(1, max(proposal.counts, default=0)):
-            positions = [row.filled + j for _, row, _ in live]
+            positions = [min(row.filled + j, self._max_seq - 1) for _, row, _ in live]
             later += positions
             later += [
                 row.blocks[at // size] * size + at % size if j < k else -1 for (_, row, k), at in zip(live, positions)
