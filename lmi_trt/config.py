@@ -37,6 +37,7 @@ from lmi_trt.keys import (
 )
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
+from lmi_trt.speculative import FLAT_FIELDS, Speculation, SpeculationError, resolve
 from lmi_trt.spelling import did_you_mean, within_a_typo
 from lmi_trt.vocabulary import Quantization
 
@@ -401,6 +402,10 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
             "option.tokenizer_id too, or use option.revision"
         )
     _check_tls(get, name)
+    try:
+        _speculation(get, name)
+    except SpeculationError as e:
+        raise ConfigError(str(e)) from None
     if get("use_paged_context_fmha") is False:
         for needs in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if get(needs):
@@ -408,6 +413,31 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
                     f"{name(needs)}=true needs paged context attention, but "
                     f"{name('use_paged_context_fmha')}=false; drop one of them"
                 )
+
+
+def _speculation(get: Callable[[str], Any], name: Callable[[str], str]) -> Speculation | None:
+    flat = {field: (name(attr), get(attr)) for attr, field in FLAT_FIELDS.items() if get(attr)}
+    return resolve(get("speculative_config"), flat)
+
+
+def speculation(config: LmiConfig) -> Speculation | None:
+    """The speculative decoding ``config`` asks for (None: none), its keys merged and checked (load_config
+    has refused what cannot work). Reads each field through ``config``, so a settings view that calls it
+    counts them as honoured (``lmi_trt.stages.honoured``)."""
+    return _speculation(lambda attr: getattr(config, attr), key_of)
+
+
+def with_draft_model(config: LmiConfig, folder: Path) -> LmiConfig:
+    """``config`` with the speculative draft model's id replaced by the local ``folder`` it was resolved to,
+    wherever it was set (DJL does the same with option.speculative_draft_model after its download)."""
+    values: dict[str, Any] = {}
+    if config.speculative_draft_model is not None:
+        values["speculative_draft_model"] = str(folder)
+    raw = config.speculative_config or {}
+    members = [m for m in raw if m in ("speculative_model", "speculative_model_dir", "model")]
+    if members:
+        values["speculative_config"] = {**raw, **{m: str(folder) for m in members}}
+    return config.derived(f"the draft model, resolved to {folder}", **values) if values else config
 
 
 def _check_tls(get: Callable[[str], Any], name: Callable[[str], str]) -> None:

@@ -10,14 +10,14 @@ import importlib.util
 import logging
 
 from lmi_trt import stages
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import LmiConfig, with_draft_model
 from lmi_trt.engines import EngineKind
 from lmi_trt.engines.registry import entry
 from lmi_trt.errors import StartupError
 from lmi_trt.launch import LaunchPlan, build_copies
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
-from lmi_trt.sources import ModelArtifact, peek, resolve_model, resolve_tokenizer
+from lmi_trt.sources import ModelArtifact, peek, resolve_draft_model, resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
     config = stages.resolve(config, kind, artifact, plan)
     served = entry(kind, config.backend)
+    draft = await asyncio.to_thread(resolve_draft_model, config)
+    if draft is not None:
+        log.info("speculative decoding's draft model resolved to %s", draft)
+        config = with_draft_model(config, draft)
     artifact = await asyncio.to_thread(stages.compile_if_needed, served, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(

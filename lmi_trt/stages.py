@@ -20,6 +20,7 @@ registry entry's view and factory are its ``WIRING``.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from lmi_trt.compile.hf_quant import QuantizeJob, ensure_quantized
 from lmi_trt.compile.jit import CompileJob, ensure_engine
 from lmi_trt.compile.options import CompileOptions
 from lmi_trt.compile.probe import detect_trtllm_version
+from lmi_trt.config import speculation
 from lmi_trt.engines import probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.engines.guided import GuideVocab
@@ -53,6 +55,7 @@ from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
 from lmi_trt.launch import LaunchPlan, Placement, trtllm_copy_settings
 from lmi_trt.sources import ModelArtifact, ModelPeek
+from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, not_here
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,17 @@ class TorchSettings(
     that they match), less the tokenizer facts and the placement the loader adds."""
 
     max_batch_size: int = Field(TORCH.default_batch, ge=1)  # sequences in flight (``_sequences``)
+    # Speculative decoding (the built-in decode loop: n-gram and draft-model drafts), from its keys merged
+    # (``torch_speculation``); the draft model's id is a local folder by the time the engine is built (load_model).
+    speculative: Speculation | None = None
+
+
+# The speculative methods the torch engine's built-in decode loop runs, and the speculative_config
+# members it reads (lmi_trt.speculative.MEMBERS covers the rest; others are refused, never ignored).
+TORCH_SPECULATION = ("ngram", "draft_model")
+# TensorRT-LLM NGram members the loop's drafting matches at these values only: each request's own tokens
+# (no pool shared between requests), every earlier match a candidate (is_use_oldest picks which).
+_TORCH_SPECULATIVE_OPTIONS = {"is_public_pool": False, "is_keep_all": True}
 
 
 class SyntheticSettings(reads("max_input_len", max_new_tokens="max_output_len")):
@@ -182,8 +196,29 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     )
 
 
+def torch_speculation(config: LmiConfig) -> Speculation | None:
+    """The speculative decoding the torch engine is asked for, refused (naming the key) where it is a
+    method the engine does not run or a speculative_config member it does not use."""
+    spec = speculation(config)
+    if spec is None:
+        return None
+    if spec.method not in TORCH_SPECULATION:
+        raise not_here(spec, "torch", TORCH_SPECULATION)
+    for member, value in spec.options.items():
+        if _TORCH_SPECULATIVE_OPTIONS.get(member, object()) != value:
+            raise SpeculationError(
+                f"{JSON_KEY}.{member}",
+                value,
+                "is not something the torch engine's speculative decoding does",
+                f"set {json.dumps(_TORCH_SPECULATIVE_OPTIONS[member])} or leave it out"
+                if member in _TORCH_SPECULATIVE_OPTIONS
+                else "leave it out",
+            )
+    return spec
+
+
 def torch_settings(config: LmiConfig) -> TorchSettings:
-    return TorchSettings.of(config, max_batch_size=_sequences(config))
+    return TorchSettings.of(config, max_batch_size=_sequences(config), speculative=torch_speculation(config))
 
 
 def synthetic_settings(config: LmiConfig) -> SyntheticSettings:
@@ -219,7 +254,8 @@ def _build_torch(
 
     if placement is not None and placement.torch_device:
         settings = settings.model_copy(update={"device": placement.torch_device})
-    return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    # dict(), not model_dump(): the speculation stays a Speculation
+    return TorchEngine(artifact.path, **dict(settings), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
 
 def _build_executor(

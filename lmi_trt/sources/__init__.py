@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import LmiConfig, speculation
 
 from .artifact import (
     TOKENIZER_FILES,
@@ -53,6 +53,7 @@ __all__ = [
     "parse_s3_uri",
     "peek",
     "read_config",
+    "resolve_draft_model",
     "resolve_model",
     "resolve_tokenizer",
     "safe_relpath",
@@ -133,6 +134,14 @@ def tokenizer_ref(config: LmiConfig) -> ModelRef | None:
     return ref
 
 
+def draft_ref(config: LmiConfig) -> ModelRef | None:
+    """Speculative decoding's draft model (taken at its repo's default branch); None: no draft model."""
+    spec = speculation(config)
+    if spec is None or spec.draft_model is None:
+        return None
+    return locate(spec.draft_model, spec.key("draft_model"))
+
+
 def read_config(ref: ModelRef, config: LmiConfig, *, download: bool = False) -> dict | None:
     """What the model's config.json says, without its weights: a local folder's file (None where it has none); a
     hub model's from the hub cache, or fetched with ``download``; an S3 model's only with ``download``."""
@@ -156,9 +165,9 @@ def peek(config: LmiConfig) -> ModelPeek | None:
     """The model as far as it can be read in seconds, before anything is downloaded (preflight): a tokenizer or
     model id that cannot exist is an error now; None where the model is not readable yet (S3, an uncached hub id
     online) or there is none (an engine that needs no model)."""
-    tokenizer = tokenizer_ref(config)
-    if tokenizer is not None:
-        read_config(tokenizer, config)
+    for other in (tokenizer_ref(config), draft_ref(config)):  # found (or, offline, cached) like the model
+        if other is not None:
+            read_config(other, config)
     ref = model_ref(config)
     found = read_config(ref, config) if ref is not None else None
     return ModelPeek(config_kind(found), found) if found is not None else None
@@ -192,6 +201,22 @@ def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CO
         raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or HF_MODEL_ID")
     path, source, fingerprint = _fetch(ref, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency)
     return _readable(detect_artifact(path, model_id=ref.name, source=source, fingerprint=fingerprint), config)
+
+
+def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path | None:
+    """The local folder of speculative decoding's draft model (None: no draft model), fetched like the
+    model (hub, s3://, folder); it must be a Hugging Face checkpoint."""
+    ref = draft_ref(config)
+    if ref is None:
+        return None
+    path, source, fingerprint = _fetch(ref, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency)
+    artifact = _readable(detect_artifact(path, model_id=ref.name, source=source, fingerprint=fingerprint), config)
+    if artifact.kind != "hf_checkpoint":
+        raise SourceError(
+            f"{ref.key}={ref.name!r} is a {artifact.kind.replace('_', ' ')}; a draft model is a Hugging Face "
+            "checkpoint with the model's tokenizer"
+        )
+    return artifact.path
 
 
 def _views(config: LmiConfig) -> Path:
