@@ -174,9 +174,7 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
     # The options it reads count as honoured by the torch engine; TensorRT-LLM's engine does not read them
     # (yet), so there they are refused rather than ignored.
     cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
-    assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(
-        TORCH, cfg
-    )
+    assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
     stages.refuse_ignored(TORCH, cfg)
     trt = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
     with pytest.raises(StartupError, match="option.speculative_config.*serve with an engine that does: torch"):
