@@ -37,7 +37,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
     artifact = await asyncio.to_thread(resolve_model, config)
     log.info("model %s resolved: %s from %s at %s", artifact.model_id, artifact.kind, artifact.source, artifact.path)
-    config = stages.resolve(config, kind, artifact, plan)
+    config = stages.resolve(config, kind, lambda: artifact, plan)
     served = entry(kind, config.backend)
     draft = await asyncio.to_thread(resolve_draft_model, config)
     if draft is not None:
@@ -117,4 +117,4 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     one not readable yet (S3, an uncached hub id) is resolved by ``load_model`` once downloaded."""
     _check_engine_available(kind)
     _check_device(config, kind)
-    return stages.resolve(config, kind, peek(config))
+    return stages.resolve(config, kind, lambda: peek(config))

@@ -494,12 +494,20 @@ def with_backend(config: LmiConfig, artifact_kind: str) -> LmiConfig:
 
 
 def resolve(
-    config: LmiConfig, kind: str, model: ModelArtifact | ModelPeek | None, plan: LaunchPlan | None = None
+    config: LmiConfig,
+    kind: str,
+    read_model: Callable[[], ModelArtifact | ModelPeek | None],
+    plan: LaunchPlan | None = None,
 ) -> LmiConfig:
-    """The configuration as engine ``kind`` serves ``model``: the downloaded artifact, or what preflight could read
-    of it (None: nothing yet). The steps of the module's docstring; those that need the model wait for it
-    (``load_model`` calls this again with the artifact and its launch ``plan``)."""
+    """The configuration as engine ``kind`` serves the model ``read_model`` gives: the downloaded artifact, or what
+    preflight can read of it before a download (None: nothing yet; ``load_model`` resolves again once it has the
+    artifact, with its launch ``plan``). The steps of the module's docstring; what the configuration alone settles
+    is checked before the model is read, so an option no engine here can honour costs no model lookup."""
     config = settle(config, kind)
+    chosen = is_chosen(kind, config.backend)
+    if chosen:  # one way of serving, or option.backend given: what it ignores is known without the model
+        refuse_ignored(entry(kind, config.backend), config)
+    model = read_model()
     artifact = model.kind if model is not None else None
     if artifact is not None and has_backends(kind):  # TensorRT-LLM: the model's kind decides the backend
         config = with_backend(config, artifact)
@@ -512,7 +520,8 @@ def resolve(
         config = config.derived(
             f"option.tensor_parallel_degree=max on {plan.gpu_count} GPU(s)", tensor_parallel_degree=plan.tensor_parallel
         )
-    refuse_ignored(served, config)
+    if not chosen:
+        refuse_ignored(served, config)
     check_release(served, config)
     if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
         return config
