@@ -232,11 +232,125 @@ async def test_stop_words_bad_words_and_extra_eos(trt, model_dir, reference):
         odd = next(want[i : i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i : i + 2]))
         outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[odd]))
         assert tokens_of(outs) == want and outs[-1].finish_reason is FinishReason.LENGTH
-        bad = await collect(engine, req("bad2", PROMPTS[0], bad=[odd]))
-        assert bad[0].error_code == 400 and "cannot be banned on the pytorch backend" in bad[0].error
-        # a banned token never comes out: the output is the model's with that token banned
-        outs = await collect(engine, req("bad", PROMPTS[0], max_new_tokens=8, ignore_eos=True, bad=[[want[0]]]))
-        assert tokens_of(outs) == reference(PROMPTS[0], 8, eos=None, bad=[[want[0]]]) and want[0] not in tokens_of(outs)
+    finally:
+        await engine.close()
+
+
+# What each release's sampler does with the fields that TensorRT-LLM's samplers differ on (the fake cites the
+# sources, tests/fakes/tensorrt_llm/_llm_runtime.py): 1.0 is built with its TRTLLMSampler, the C++ decoder, which
+# honours them all; 1.1 and 1.2 run the TorchSampler, which ignores penalties, the request's seed and bad words and
+# counts the prompt into min_tokens, so a request with them is refused; main's TorchSampler honours them all.
+RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0")
+REFUSING = ("1.1.0", "1.2.1")
+HOT = {"do_sample": True, "temperature": 2.0, "top_k": 0, "top_p": 1.0, "ignore_eos": True, "max_new_tokens": 16}
+
+
+def refused(outs, field: str, release: str) -> bool:
+    """A single 400 naming the field and the release."""
+    return len(outs) == 1 and outs[0].error_code == 400 and field in outs[0].error and release in outs[0].error
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_a_sampled_request_samples_on_every_release(trt, monkeypatch, model_dir, reference, release):
+    """1.0's default TorchSampler takes the argmax for the whole batch: sampling there needs its TRTLLMSampler."""
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        greedy = reference(PROMPTS[0], 16, eos=None)
+        assert tokens_of(await collect(engine, req("hot", PROMPTS[0], **HOT))) != greedy
+        top1 = {**HOT, "top_k": 1}  # top_k 1 is greedy whatever the temperature
+        assert tokens_of(await collect(engine, req("top1", PROMPTS[0], **top1))) == greedy
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_seed_and_penalties_are_honoured_or_refused(trt, monkeypatch, model_dir, reference, release):
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        seeded = [tokens_of(await collect(engine, req(f"s{s}", PROMPTS[0], seed=s, **HOT))) for s in (5, 5, 6)]
+        if release in REFUSING:
+            assert refused(await collect(engine, req("seed", PROMPTS[0], seed=5, **HOT)), "seed", release)
+        else:
+            assert seeded[0] == seeded[1] != seeded[2]
+        greedy = reference(PROMPTS[0], 16, eos=None)
+        for field, value in (("repetition_penalty", 3.0), ("presence_penalty", 2.0), ("frequency_penalty", 2.0)):
+            outs = await collect(engine, req(field, PROMPTS[0], max_new_tokens=16, ignore_eos=True, **{field: value}))
+            if release in REFUSING:
+                assert refused(outs, field, release), outs
+            else:
+                assert tokens_of(outs) != greedy, field  # the tiny model repeats itself; a penalty breaks that
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_bans_work_or_are_refused(trt, monkeypatch, model_dir, reference, release):
+    """A one-token ban goes as bad_token_ids, a longer one as text the LLM tokenizes: both need a release whose
+    sampler applies bad words; a sequence whose text tokenizes differently cannot be banned on any."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(trt, "__version__", release)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    want = reference(PROMPTS[0], 12, eos=None)
+    pair = next(want[i : i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i : i + 2]))
+    odd = next(want[i : i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i : i + 2]))
+    engine = await started(model_dir)
+    try:
+        for ban in ([want[0]], pair):
+            outs = await collect(engine, req("ban", PROMPTS[0], max_new_tokens=12, ignore_eos=True, bad=[ban]))
+            if release in REFUSING:
+                assert refused(outs, "bad", release), outs
+            else:
+                assert tokens_of(outs) == reference(PROMPTS[0], 12, eos=None, bad=[ban]) != want
+        outs = await collect(engine, req("odd", PROMPTS[0], bad=[odd]))
+        assert outs[0].error_code == 400 and "bad" in outs[0].error
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_min_new_tokens_holds_back_the_end_id_or_is_refused(
+    trt, monkeypatch, model_dir, reference, release, tmp_path
+):
+    """On a model whose EOS is the first token it would write: the sequence ends at once, unless min_new_tokens
+    holds the EOS back; TensorRT-LLM holds back its one end id only, so a model with more EOS ids is refused."""
+    from tinymodels import with_eos
+
+    monkeypatch.setattr(trt, "__version__", release)
+    first = reference(PROMPTS[0], 1, eos=None)[0]
+    eos_dir = with_eos(model_dir, first, tmp_path / "eos")
+    engine = await started(eos_dir, eos_token_ids=[first])
+    try:
+        assert tokens_of(await collect(engine, req("plain", PROMPTS[0]))) == []
+        outs = await collect(engine, req("min", PROMPTS[0], min_new_tokens=4))
+        if release in REFUSING:
+            assert refused(outs, "min_new_tokens", release), outs
+        else:
+            assert len(tokens_of(outs)) >= 4 and first not in tokens_of(outs)[:4]
+    finally:
+        await engine.close()
+    engine = await started(eos_dir, eos_token_ids=[first, 2])
+    try:
+        outs = await collect(engine, req("two", PROMPTS[0], min_new_tokens=4))
+        assert outs[0].error_code == 400 and "min_new_tokens" in outs[0].error
+    finally:
+        await engine.close()
+
+
+async def test_stats_are_read_only_once_a_request_was_submitted(trt, model_dir, capfd):
+    """Before the first request the executor has no stats and prints so on every get_stats_async call
+    (tensorrt_llm/executor/executor.py aget_stats)."""
+    engine = await started(model_dir)
+    try:
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert "Iteration statistics are not available yet" not in capfd.readouterr().out
+        await collect(engine, req("first", PROMPTS[0], max_new_tokens=4))
+        stats = await wait_for_stats(engine)
+        assert stats.extra["kv_cache_max_blocks"] > 0
+        assert "Iteration statistics are not available yet" not in capfd.readouterr().out
     finally:
         await engine.close()
 
