@@ -481,7 +481,8 @@ class LmiConfig(BaseModel):
             "option.max_rolling_batch_size",
             _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: "
-            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
+            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model)
+            + " (trtllm's pytorch backend: TensorRT-LLM's own, 2048)",
             compile_time=True,
             aliases=_both("max_batch_size"),
         ),
@@ -751,7 +752,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.kv_cache_free_gpu_mem_fraction",
             _number(above=0, at_most=1, example=0.9),
-            "share of free GPU memory given to the KV cache",
+            "share of free GPU memory given to the KV cache (pytorch backend, unset: TensorRT-LLM's 0.9)",
         ),
     ] = KV_CACHE_FREE_GPU_MEM_FRACTION
     max_tokens_in_paged_kv_cache: Annotated[
@@ -768,7 +769,10 @@ class LmiConfig(BaseModel):
     enable_kv_cache_reuse: Annotated[
         bool,
         KeySpec(
-            "option.enable_kv_cache_reuse", _BOOL, "prefix caching (needs paged context attention)", compile_time=True
+            "option.enable_kv_cache_reuse",
+            _BOOL,
+            "prefix caching (needs paged context attention; pytorch backend, unset: TensorRT-LLM's, on)",
+            compile_time=True,
         ),
     ] = False
     batch_scheduler_policy: Annotated[
@@ -776,7 +780,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.batch_scheduler_policy",
             _choice(_same("max_utilization", "guaranteed_no_evict")),
-            "in-flight batch scheduling",
+            "in-flight batch scheduling (pytorch backend, unset: TensorRT-LLM's guaranteed_no_evict)",
         ),
     ] = "max_utilization"
     torch_batching: Annotated[

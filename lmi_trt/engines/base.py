@@ -8,7 +8,7 @@ yields ``EngineOutput`` deltas until one has ``finished=True``.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -114,6 +114,44 @@ class EngineLimits:
     supports_prompt_logprobs: bool = False
     supports_guided_decoding: bool = False
     supports_logit_bias: bool = False
+    # (feature, why): features (``features_used``) this engine refuses however it is built, the reason naming
+    # what refuses it (TensorRT-LLM's release and sampler, on the LLM API: lmi_trt/engines/llmapi_releases.py).
+    refused: tuple[tuple[str, str], ...] = ()
+
+
+def features_used(sampling: SamplingParams, *, bad_words: bool, stop_token_ids: bool) -> frozenset[str]:
+    """Pure: the request features an engine may refuse, named as ``GenerateParams``' fields (the serving layer
+    maps them to each protocol's names): the ones a request sets to something other than their no-op value."""
+    s = sampling
+    used = {
+        "sampling": s.do_sample,
+        "seed": s.do_sample and s.seed is not None,
+        "repetition_penalty": s.repetition_penalty != 1.0,
+        "presence_penalty": s.presence_penalty != 0.0,
+        "frequency_penalty": s.frequency_penalty != 0.0,
+        "min_new_tokens": s.min_new_tokens > 0,
+        "bad_words": bad_words,
+        # an explicit stop token while EOS is ignored (some releases drop every stop word then)
+        "stop_token_ids": stop_token_ids and s.ignore_eos,
+        "logprobs": s.logprobs,
+        "top_logprobs": s.top_logprobs > 0,
+        "prompt_logprobs": s.prompt_logprobs,
+        "logit_bias": bool(s.logit_bias),
+        "guided": s.guided is not None,
+        "beam_width": s.beam_width > 1,
+    }
+    return frozenset(name for name, on in used.items() if on)
+
+
+def refusal(refused: Iterable[tuple[str, str]], used: frozenset[str]) -> tuple[str, str] | None:
+    """Pure: the first (feature, why) of ``refused`` (``EngineLimits.refused``) that a request using ``used`` asks
+    for; a feature
+    ``a+b`` is the two together, reported as the last (``beam_width+logprobs``: logprobs, with beam search)."""
+    for name, why in refused:
+        parts = name.split("+")
+        if all(part in used for part in parts):
+            return parts[-1], why if len(parts) == 1 else f"with {' and '.join(parts[:-1])}: {why}"
+    return None
 
 
 @dataclass

@@ -195,6 +195,16 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     )
 
 
+# Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
+# free memory for the KV cache): on the pytorch backend an unset one is left to TensorRT-LLM (llmapi.llm_plan).
+LLM_RELEASE_DEFAULTED = (
+    "enable_kv_cache_reuse",
+    "batch_scheduler_policy",
+    "enable_chunked_context",
+    "kv_cache_free_gpu_mem_fraction",
+)
+
+
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     from lmi_trt.engines.llmapi import LlmApiSettings
 
@@ -204,6 +214,8 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         max_input_len=config.max_input_len,
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
         trust_remote_code=config.trust_remote_code,
+        # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
+        given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
     )
 
 

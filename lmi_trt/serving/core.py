@@ -31,6 +31,8 @@ from lmi_trt.engines.base import (
     GenerationRequest,
     GuidedDecoding,
     SamplingParams,
+    features_used,
+    refusal,
 )
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
@@ -656,6 +658,16 @@ class GenerationService:
     def check_features(self, params: GenerateParams, names: Mapping[str, str]) -> None:
         """A 400 naming the field and the engine for what the engine cannot honour: never ignored."""
         limits, engine = self.engine.limits, self.engine.name
+        if limits.refused:  # the engine's own reasons first: they name what refuses the field (a release, ...)
+            sampling = sampling_params(params, max_new_tokens=1, logprobs=params.logprobs or params.top_logprobs > 0)
+            used = features_used(sampling, bad_words=bool(params.bad_words), stop_token_ids=bool(params.stop_token_ids))
+            refused = refusal(limits.refused, used)
+            if refused is not None:
+                feature, why = refused
+                field_name = names.get(feature, feature)
+                value = getattr(params, feature, None)
+                shown = f"{field_name}={value!r}" if value is not None and not isinstance(value, bool) else field_name
+                raise FeatureRefused(field_name, f"{shown}: {why}; leave it out")
         if params.top_logprobs > limits.max_top_logprobs:
             field_name = names.get("top_logprobs", "top_logprobs")
             can = (

@@ -181,9 +181,11 @@ SURFACE = {
             "methods": ["abort", "aborted", "result", "aresult", "__aiter__", "__anext__", "__await__"],
         },
         "IterationResult": {
-            "source": "RES: tensorrt_llm/executor/result.py IterationResult (what get_stats_async returns)",
+            "source": "RES: tensorrt_llm/executor/result.py IterationResult (what get_stats_async returns); "
+            "set_timeout/mark_undone: called by tensorrt_llm/executor/executor.py aget_stats and "
+            "_maybe_initialize_iteration_results (copy id 697825693, 1.1/1.2 line)",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
-            "methods": ["__aiter__", "__anext__"],
+            "methods": ["__aiter__", "__anext__", "set_timeout", "mark_undone"],
         },
         "Logprob": {
             "source": "tensorrt_llm/executor/result.py (NamedTuple-like dataclass Logprob(logprob, rank))",

@@ -55,10 +55,12 @@ def reference(hf_model):
 
 
 def settings(batch: int = 4, **runtime) -> LlmApiSettings:
+    """The engine's settings with ``runtime`` as options the user set."""
     return LlmApiSettings(
         runtime=TrtllmSettings(max_batch_size=batch, max_batch_size_key="option.max_rolling_batch_size", **runtime),
         max_input_len=64,
         max_seq_len=200,
+        given=frozenset(runtime),
     )
 
 
@@ -355,10 +357,14 @@ async def test_stats_are_read_only_once_a_request_was_submitted(trt, model_dir, 
         await engine.close()
 
 
-async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir):
-    # 64 KV tokens = 2 blocks of 32; GUARANTEED_NO_EVICT admits a request only with room for prompt + max_tokens
-    config = settings(batch_scheduler_policy="guaranteed_no_evict", max_tokens_in_paged_kv_cache=64)
-    engine = await started(model_dir, config)
+@pytest.mark.parametrize("policy", [None, "max_utilization", "guaranteed_no_evict"])
+async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir, policy, caplog):
+    """64 KV tokens = 2 blocks of 32: GUARANTEED_NO_EVICT, TensorRT-LLM's default, admits a request only with room
+    for its prompt + max_tokens (the second waits); MAX_UTILIZATION, DJL's, on the prompt alone (both run). Unset,
+    the policy is the release's, and the start-up log says so."""
+    runtime = {"max_tokens_in_paged_kv_cache": 64} | ({"batch_scheduler_policy": policy} if policy else {})
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(model_dir, settings(**runtime))
     try:
         order: list[tuple[str, bool]] = []
 
@@ -368,9 +374,20 @@ async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir
 
         await asyncio.wait_for(asyncio.gather(run("a", PROMPTS[0]), run("b", PROMPTS[1])), 120)
         first_done = order.index((order[0][0], True))
-        assert {rid for rid, _ in order[: first_done + 1]} == {order[0][0]}  # the second waited for KV room
+        waited = {rid for rid, _ in order[: first_done + 1]} == {order[0][0]}
+        assert waited is (policy != "max_utilization")
         stats = await wait_for_stats(engine)
         assert stats.extra["kv_cache_max_blocks"] == 2.0
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        if policy is None:
+            defaults = report.split("'s defaults: ")[1]
+            assert "scheduler_config.capacity_scheduler_policy='GUARANTEED_NO_EVICT'" in defaults
+            keys = [item.split("=")[0] for item in defaults.split(", ")]
+            assert "kv_cache_config.enable_block_reuse=True" in defaults and "max_batch_size" not in keys  # ours: 4
+        else:
+            assert f"capacity_scheduler_policy='{policy.upper()}' (option.batch_scheduler_policy)" in report
+        assert "kv_cache_config.max_tokens=64 (option.max_tokens_in_paged_kv_cache)" in report
+        assert "enable_iter_perf_stats=True (/metrics" in report
     finally:
         await engine.close()
 

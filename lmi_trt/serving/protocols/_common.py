@@ -44,6 +44,23 @@ def validate_body(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
         raise FieldError(param or None, f"invalid request: {format_validation_error(e, prefix)}") from None
 
 
+# LMI's and TGI's ``parameters`` carry GenerateParams' own field names: the ones an engine may refuse
+# (lmi_trt.engines.base.features_used), as the request spells them.
+PARAMETERS_NAMES = {
+    name: f"parameters.{name}"
+    for name in (
+        "seed",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_new_tokens",
+        "bad_words",
+        "stop_token_ids",
+        "logit_bias",
+    )
+}
+
+
 def neutral_params(names: dict[str, str] | None = None, **fields: Any) -> GenerateParams:
     """``GenerateParams(**fields)``, its validation failures as a 400 that uses the adapter's
     field names (``names`` maps a neutral name, e.g. ``stop``, to the schema's, e.g. ``stop_words``)."""

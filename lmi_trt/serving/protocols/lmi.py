@@ -48,6 +48,7 @@ from lmi_trt.serving.http import (
     read_body,
     validate,
 )
+from lmi_trt.serving.protocols._common import PARAMETERS_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) 
 
 # --- encoding ---
 NAMES = {
+    **PARAMETERS_NAMES,
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.guided_json/guided_regex/guided_grammar",

@@ -323,8 +323,18 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-CHAT_NAMES = {"top_logprobs": "top_logprobs", "guided": "response_format", "logit_bias": "logit_bias"}
-COMPLETION_NAMES = {"top_logprobs": "logprobs", "logit_bias": "logit_bias", "prompt_logprobs": "echo"}
+CHAT_NAMES = {
+    "top_logprobs": "top_logprobs",
+    "guided": "response_format",
+    "logit_bias": "logit_bias",
+    "min_new_tokens": "min_tokens",
+}
+COMPLETION_NAMES = {
+    "top_logprobs": "logprobs",
+    "logit_bias": "logit_bias",
+    "prompt_logprobs": "echo",
+    "min_new_tokens": "min_tokens",
+}
 
 
 def _chat_logprobs(tokens: list[TokenOut]) -> dict[str, Any]:

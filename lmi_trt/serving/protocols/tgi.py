@@ -42,6 +42,7 @@ from lmi_trt.serving.core import (
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.protocols._common import (
+    PARAMETERS_NAMES,
     SSE_HEADERS,
     FieldError,
     best_n,
@@ -144,6 +145,7 @@ class TgiRequest(BaseModel):
 
 
 NAMES = {
+    **PARAMETERS_NAMES,
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.grammar",

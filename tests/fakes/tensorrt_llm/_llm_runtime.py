@@ -452,8 +452,8 @@ class LlmRuntime:
 def _logprob_entry(logprobs, token: int, k: int | None) -> dict[int, Logprob]:
     """A generated token's entry: the sampled token's log prob only (k None: 1.0.0's TorchSampler, PR 6097; the
     TRTLLMSampler, see the module docstring), else the top k (PR 7756)."""
-    if k is None:
-        return {token: Logprob(float(logprobs[token]), None)}
+    if k is None:  # 1.0's TorchSampler.handle_logits: {int(token): Logprob(logprob=logprob, rank=1)}
+        return {token: Logprob(float(logprobs[token]), 1)}
     return _top_entry(logprobs, k)
 
 

@@ -118,6 +118,7 @@ class LLM:
         self._executor = LlmRuntime(str(folder), self.args, self._tokenizer)
         self._next_id = 1
         self._submitted = False  # the real executor's _iter_stats_result exists from the first request on
+        self._stats = IterationResult(self._executor.next_stats, None)
 
     @property
     def tokenizer(self):
@@ -161,9 +162,14 @@ class LLM:
         result = RequestOutput._from_generation(self._next_id, prompt, sp, streaming, self._executor)
         self._next_id += 1
         self._submitted = True
+        self._stats.mark_undone()  # _maybe_initialize_iteration_results: more stats expected
         try:  # what the worker's _enqueue_request and the sampler read; a failure fails this request only
             bad_words, stop_words = sp._get_bad_words(), sp._get_stop_words()
             strategy = _Strategy.of(sp, self._executor.sampler, mixed=self.args.enable_mixed_sampler)
+            if sp.use_beam_search and sp.best_of > self.args.max_beam_width:
+                # the PyTorch _check_arguments has no beam check (it returns after max_num_tokens); what fails
+                # instead was not read: the fake fails the request
+                raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({self.args.max_beam_width})")
         except Exception as exc:  # noqa: BLE001 — the worker re-raises any of them as RequestError
             result._enqueue(_Response([], None, None, None, True, error=str(exc)))
             return result
@@ -175,7 +181,10 @@ class LLM:
                 end_id=-1 if sp.ignore_eos else sp.end_id,
                 sampling=strategy,
                 bad_words=bad_words if strategy.bans else [],
-                stop_words=stop_words,
+                # main drops every stop word of an ignore_eos request (executor/base_worker.py `stop_words=[] if
+                # request.sampling_params.ignore_eos else ...`, the newest copy read); 1.0–1.1 copies keep them, 1.2
+                # was not read (the fake keeps them there)
+                stop_words=[] if sp.ignore_eos and _state.series() >= (1, 3) else stop_words,
                 top_logprobs=sp.logprobs or 0,
                 # Prompt log probs on the PyTorch backend from 1.1 (PR 7580).
                 prompt_logprobs=(sp.prompt_logprobs or 0) if _state.series() >= (1, 1) else 0,
@@ -200,13 +209,9 @@ class LLM:
 
     def _check_arguments(self, prompt: list[int], sp: SamplingParams) -> None:
         args = self.args
-        if sp.logprobs and sp.logprobs > 1 and _state.series() < (1, 1):
-            raise ValueError(f"PyTorch backend currently supports only top-1 logprobs, got logprobs={sp.logprobs}")
         if sp.guided_decoding is not None and args.guided_decoding_backend is None:
             # What the real LLM does here was not read; the fake refuses rather than silently not guiding.
             raise ValueError("guided_decoding needs the LLM built with guided_decoding_backend")
-        if sp.use_beam_search and sp.best_of > args.max_beam_width:
-            raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({args.max_beam_width})")
         if not args.enable_chunked_prefill and args.max_num_tokens and len(prompt) > args.max_num_tokens:
             raise ValueError(
                 f"The sum of prompt length ({len(prompt)}) and query length (0) should not exceed "
@@ -222,7 +227,8 @@ class LLM:
                 flush=True,
             )
             return IterationResult(lambda: None, 0)
-        return IterationResult(self._executor.next_stats, timeout)
+        self._stats.set_timeout(timeout)
+        return self._stats
 
     def shutdown(self) -> None:
         if self._executor is not None:
