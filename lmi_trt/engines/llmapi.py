@@ -410,14 +410,14 @@ def plan_request(
     The checks, the DJL sampling rules and the stop words are the Executor path's (``map_request``); here they
     are spelled the LLM API's way. A stop sequence the LLM cannot match is left to the serving layer's text
     match; a banned sequence it cannot match is refused."""
+    # the LLM's end id first: the others stop as stop words (map_request)
+    eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
+    spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
     used = features_used(req.sampling, bad_words=any(req.bad_words_ids), stop_token_ids=any(req.stop_token_ids))
     refusing = refusal(refused, used)
     if refusing is not None:
         name, why = refusing
         raise EngineError(f"{name}: {why}; leave it out", code=400)
-    # the LLM's end id first: the others stop as stop words (map_request)
-    eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
-    spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
     p = req.sampling
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")

@@ -8,6 +8,7 @@ import pytest
 from tinymodels import tiny_model
 from trtllm_testing import fake_tensorrt_llm
 
+from lmi_trt.compat import dtype_kwargs
 from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
 from lmi_trt.engines.trtllm import TrtllmSettings
@@ -31,7 +32,7 @@ def hf_model(model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), **dtype_kwargs(torch.float32)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -212,28 +213,49 @@ def round_trips(tokenizer, ids: list[int]) -> bool:
     return tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
 
 
-async def test_stop_words_bad_words_and_extra_eos(trt, model_dir, reference):
+async def test_stop_words_and_extra_eos(trt, model_dir, reference):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     want = reference(PROMPTS[0], 20, eos=None)
+    assert 2 not in want  # the model's EOS does not come within these 20 tokens
     extra = want[3]  # a token the model will produce: declared a second EOS id
     engine = await started(model_dir, eos_token_ids=[2, extra])
     try:
         # a second EOS id ends like EOS and is not part of the output
         outs = await collect(engine, req("eos2", PROMPTS[0], max_new_tokens=20))
         assert tokens_of(outs) == want[: want.index(extra)] and outs[-1].finish_reason is FinishReason.EOS
+    finally:
+        await engine.close()
+    engine = await started(model_dir)
+    try:
         # a one-token stop word (stop_token_ids) and a two-token one (a stop string) stay in the output
-        outs = await collect(engine, req("stop1", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[[want[2]]]))
+        outs = await collect(engine, req("stop1", PROMPTS[0], max_new_tokens=20, stop=[[want[2]]]))
         assert tokens_of(outs) == want[: want.index(want[2]) + 1]
         assert outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
         pair = next(want[i : i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i : i + 2]))
-        outs = await collect(engine, req("stop2", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[pair]))
+        outs = await collect(engine, req("stop2", PROMPTS[0], max_new_tokens=20, stop=[pair]))
         assert tokens_of(outs)[-2:] == pair and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
         # one the LLM cannot match as text is left to the serving layer's text match: generation goes on
         odd = next(want[i : i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i : i + 2]))
-        outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[odd]))
+        outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, stop=[odd]))
         assert tokens_of(outs) == want and outs[-1].finish_reason is FinishReason.LENGTH
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0", "1.2.1", "1.3.0"])
+async def test_stop_tokens_with_ignore_eos_stop_or_are_refused(trt, monkeypatch, model_dir, reference, release):
+    """main's worker drops every stop word of an ignore_eos request (base_worker.py); 1.2 was not read."""
+    monkeypatch.setattr(trt, "__version__", release)
+    want = reference(PROMPTS[0], 20, eos=None)
+    engine = await started(model_dir)
+    try:
+        outs = await collect(engine, req("stop", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[[want[2]]]))
+        if release in ("1.2.1", "1.3.0"):
+            assert outs[0].error_code == 400 and "stop_token_ids" in outs[0].error and release in outs[0].error
+        else:
+            assert tokens_of(outs) == want[:3] and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
     finally:
         await engine.close()
 
@@ -366,16 +388,16 @@ async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir
     with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
         engine = await started(model_dir, settings(**runtime))
     try:
-        order: list[tuple[str, bool]] = []
+        done: list[str] = []
 
-        async def run(rid: str, prompt: list[int]) -> None:
-            async for out in engine.submit(req(rid, prompt, max_new_tokens=40, ignore_eos=True)):
-                order.append((rid, out.finished))
+        async def run(rid: str, prompt: list[int], n: int) -> None:
+            # one output each (not streamed): the order they are read in is the order they were produced
+            await collect(engine, req(rid, prompt, streaming=False, max_new_tokens=n, ignore_eos=True))
+            done.append(rid)
 
-        await asyncio.wait_for(asyncio.gather(run("a", PROMPTS[0]), run("b", PROMPTS[1])), 120)
-        first_done = order.index((order[0][0], True))
-        waited = {rid for rid, _ in order[: first_done + 1]} == {order[0][0]}
-        assert waited is (policy != "max_utilization")
+        # "a" takes 100 steps: "b" (4) ends first unless it waits for "a"'s KV room
+        await asyncio.wait_for(asyncio.gather(run("a", PROMPTS[0], 100), run("b", PROMPTS[1], 4)), 120)
+        assert done == (["b", "a"] if policy == "max_utilization" else ["a", "b"])
         stats = await wait_for_stats(engine)
         assert stats.extra["kv_cache_max_blocks"] == 2.0
         report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())

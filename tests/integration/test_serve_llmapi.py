@@ -16,6 +16,8 @@ from s3server import s3_server  # noqa: F401 — a pytest fixture
 from tinymodels import tiny_model, with_eos
 from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
+from lmi_trt.compat import dtype_kwargs
+
 pytestmark = pytest.mark.slow
 
 # The one hardware seam, in the server process: no GPU here, the fake needs none.
@@ -50,7 +52,7 @@ def reference(hf_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
 
     def generate(prompt: str, n: int, k: int = 1) -> tuple[list[int], list[float], list[list[float]]]:
         """Greedy tokens, their log probs and the k best log probs per step."""
