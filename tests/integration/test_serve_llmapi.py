@@ -253,6 +253,9 @@ def test_every_sampling_field_is_honoured_or_refused_per_release(release_server)
     assert refused(r, "bad_words") if release in REFUSING else word not in out(r)[0], r.text
     r = complete(temperature=0, min_tokens=4)
     assert refused(r, "min_tokens") if release in REFUSING else out(r)[1] >= 4, r.text
+    r = complete(temperature=0, ignore_eos=True, stop_token_ids=[eos])  # the EOS token, written first, stops it
+    stops = release in ("1.0.0", "1.1.0")  # main drops stop words under ignore_eos; 1.2 was not read
+    assert out(r)[1] == 1 if stops else refused(r, "stop_token_ids"), r.text
     r = complete(temperature=0, logit_bias={str(eos): -100})
     assert refused(r, "logit_bias") if release == "1.0.0" else out(r)[1] == 12, r.text
     r = complete(temperature=0, ignore_eos=True, logprobs=2)
