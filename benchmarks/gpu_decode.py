@@ -151,8 +151,8 @@ async def lmi_run(
     model_dir: Path, batch: list[list[int]], out_tokens: int, max_num_tokens: int, profile_dir: Path | None
 ) -> dict:
     from lmi_trt.engines.base import GenerationRequest, SamplingParams
-    from lmi_trt.engines.gpu_sampler import Mode
     from lmi_trt.engines.torch import TorchEngine
+    from lmi_trt.engines.torch.gpu_sampler import Mode
 
     n, plen = len(batch), len(batch[0])
     started = time.perf_counter()
@@ -245,7 +245,7 @@ def profile_step(backend, size: int, out: Path) -> list[dict]:
     """Kernel time of one eager decode step by operator (a graph replays the same kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lmi_trt.engines.gpu_sampler import Mode
+    from lmi_trt.engines.torch.gpu_sampler import Mode
 
     with torch.inference_mode():
         backend._decode_step(size, Mode.GREEDY)

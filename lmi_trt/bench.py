@@ -1400,7 +1400,7 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
-    """Register `bench` on the `lmi-trt` sub-parsers (cli.py calls this)."""
+    """Register `bench` on the `lmi-trt` sub-parsers (lmi_trt/cli/__init__.py calls this)."""
     p = subparsers.add_parser(
         "bench",
         help="streaming load generator: tokens/s, TTFT, ITL vs concurrency (LMI, OpenAI or TGI routes)",

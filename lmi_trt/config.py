@@ -185,12 +185,24 @@ def _only_true(raw: str) -> bool:
     return True
 
 
+def _api_keys(raw: str) -> SecretStr:
+    """One key, or several separated by commas (vLLM takes several --api-key values: any of them is
+    accepted, for rotation); each as clients send it after ``Bearer ``: printable ASCII, no spaces."""
+    keys = [k.strip() for k in raw.split(",")]
+    if any(not k for k in keys):
+        raise _BadValue("has an empty key; set one key, or several separated by commas")
+    if any(not re.fullmatch(r"[\x21-\x7e]+", k) for k in keys):
+        raise _BadValue("has a key with a space or a character outside printable ASCII, which no HTTP header carries")
+    return SecretStr(",".join(keys))
+
+
 _TEXT = ValueType("string", _text_parse)
 _PATH = ValueType("path", _path_parse)
 _SECRET = ValueType("secret string", _secret_parse)
 _TP = ValueType("integer ≥ 1 or max", _parallel_degree)
 _CACHE_URI = ValueType("path or s3:// URI", _cache_uri)
 _TRUE_ONLY = ValueType("`true`", _only_true)
+_API_KEYS = ValueType("secret string(s), comma-separated", _api_keys)
 
 # DJL's other LMI backends: a clear refusal instead of "not one of".
 _OTHER_BACKENDS = {
@@ -241,6 +253,7 @@ class KeySpec:
     compile_time: bool = False  # changing it changes the TensorRT-LLM engine (engine-cache key)
     aliases: tuple[str, ...] = ()  # other names as written (Truss keys, older DJL names)
     ignored: str | None = None  # why a DJL key has no effect here; logged whenever it is set
+    refused: str | None = None  # why a DJL key cannot be served here and what to set instead; stops startup
     note: str | None = None  # logged (info) whenever it is set
     secret: bool = False
 
@@ -326,6 +339,19 @@ IGNORED_KEYS: tuple[KeySpec, ...] = (
         "DJL container feature list (SERVING_FEATURES)",
         ignored="lmi-trt picks its engine with option.rolling_batch",
     ),
+)
+
+
+# DJL keys lmi-trt cannot honour, whose effect matters: setting one stops startup with what to do instead.
+_NO_KEYSTORE = (
+    "lmi-trt does not read Java keystores; export the key and certificate as PEM (openssl pkcs12 -in "
+    "keystore.p12 -nodes -nocerts -out key.pem, and -nokeys -out cert.pem) and set private_key_file and "
+    "certificate_file"
+)
+REFUSED_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("keystore", _PATH, "DJL's TLS keystore file", refused=_NO_KEYSTORE),
+    KeySpec("keystore_pass", _SECRET, "DJL's TLS keystore password", refused=_NO_KEYSTORE, secret=True),
+    KeySpec("keystore_type", _TEXT, "DJL's TLS keystore type", refused=_NO_KEYSTORE),
 )
 
 
@@ -908,6 +934,68 @@ class LmiConfig(BaseModel):
             "prompts in one batch request (LMI inputs list, OpenAI prompt list); each counts against job_queue_size",
         ),
     ] = 64
+    # --- serving: access (README "Deployment") ---
+    api_key: Annotated[
+        SecretStr | None,
+        KeySpec(
+            "option.api_key",
+            _API_KEYS,
+            "API key(s) every request must send as Authorization: Bearer KEY (vLLM's --api-key); several, "
+            "comma-separated, for rotation; the health routes and /metrics stay open; masked in logs",
+            secret=True,
+        ),
+    ] = None
+    certificate_file: Annotated[
+        Path | None,
+        KeySpec(
+            "certificate_file",
+            _PATH,
+            "serve HTTPS with this PEM certificate chain (DJL's key; vLLM's --ssl-certfile); with private_key_file",
+            aliases=_both("ssl_certfile"),
+        ),
+    ] = None
+    private_key_file: Annotated[
+        Path | None,
+        KeySpec(
+            "private_key_file",
+            _PATH,
+            "the PEM private key of certificate_file (DJL's key; vLLM's --ssl-keyfile)",
+            aliases=_both("ssl_keyfile"),
+        ),
+    ] = None
+    ssl_ca_certs: Annotated[
+        Path | None,
+        KeySpec(
+            "option.ssl_ca_certs",
+            _PATH,
+            "PEM CA certificates that client certificates are verified against (vLLM's --ssl-ca-certs); "
+            "with option.ssl_cert_reqs",
+            aliases=("ssl_ca_certs",),
+        ),
+    ] = None
+    ssl_cert_reqs: Annotated[
+        Literal["none", "optional", "required"] | None,
+        KeySpec(
+            "option.ssl_cert_reqs",
+            _choice(
+                {"0": "none", "1": "optional", "2": "required", **_same("none", "optional", "required")},
+                shown=("none", "optional", "required"),
+            ),
+            "client certificates (vLLM's --ssl-cert-reqs; 0/1/2 work too): required or optional verifies "
+            "them against option.ssl_ca_certs; unset: required when option.ssl_ca_certs is set",
+            aliases=("ssl_cert_reqs",),
+        ),
+    ] = None
+    # --- serving: health ---
+    watchdog_timeout: Annotated[
+        int,
+        KeySpec(
+            "option.watchdog_timeout",
+            _integer(0, 300),
+            "seconds requests may wait on the engine with no token coming out before /ping answers 503 "
+            "FAILED (SGLang's --watchdog-timeout); it answers 200 again once tokens flow; 0: off",
+        ),
+    ] = 300
     parse_special_tokens: Annotated[
         bool,
         KeySpec(
@@ -944,6 +1032,10 @@ class LmiConfig(BaseModel):
         argument), as opposed to a default or a value a later stage derived."""
         return attr in self.model_fields_set and attr not in self._derived
 
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys of option.api_key (none: the server asks for no key)."""
+        return tuple(self.api_key.get_secret_value().split(",")) if self.api_key is not None else ()
+
     def redacted(self) -> dict[str, Any]:
         """All attributes as JSON-friendly values, secrets masked."""
         return {name: jsonable(getattr(self, name)) for name in type(self).model_fields}
@@ -958,8 +1050,8 @@ def _declared_keys() -> tuple[KeySpec, ...]:
     return tuple(specs)
 
 
-# Every key: the fields' declarations, then the DJL keys accepted and ignored.
-REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS
+# Every key: the fields' declarations, then the DJL keys accepted and ignored, then those refused.
+REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS + REFUSED_KEYS
 
 
 @dataclass(frozen=True)
@@ -1001,6 +1093,8 @@ ENV_ALIASES: tuple[EnvAlias, ...] = (
     EnvAlias("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout"),
     EnvAlias("PREDICT_TIMEOUT", "option.predict_timeout"),  # DJL image default variable
     EnvAlias("DJL_CACHE_DIR", "download_dir"),
+    # vLLM's variable for --api-key (vllm/envs.py); TGI's API_KEY is left out: too generic a name.
+    EnvAlias("VLLM_API_KEY", "option.api_key"),
 )
 
 # Truss nests these; in a properties file they are a JSON object: plugin_configuration={"paged_kv_cache": true}
@@ -1270,6 +1364,8 @@ def _parse_values(chosen: Mapping[str, _Setting]) -> dict[str, Any]:
         raw = s.value.strip()
         if not raw:
             continue  # an empty value means the default, and still hides the same key from lower sources
+        if s.spec.refused:
+            raise ConfigError(f"{s.label}={s.shown_value!r} is not supported: {s.spec.refused}")
         try:
             value = s.spec.type.parse(raw)
         except _BadValue as e:
@@ -1330,6 +1426,7 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
             f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
             "the batch size the engine is built for; lower it or raise max_rolling_batch_size"
         )
+    _check_tls(get, name)
     if get("use_paged_context_fmha") is False:
         for needs in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if get(needs):
@@ -1337,6 +1434,36 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
                     f"{name(needs)}=true needs paged context attention, but "
                     f"{name('use_paged_context_fmha')}=false; drop one of them"
                 )
+
+
+def _check_tls(get: Callable[[str], Any], name: Callable[[str], str]) -> None:
+    """TLS keys that only work together: a certificate needs its key (and the key its certificate);
+    client verification needs the server's TLS, CA certificates and a requirement that uses them."""
+    cert, key, cas, reqs = (get(a) for a in ("certificate_file", "private_key_file", "ssl_ca_certs", "ssl_cert_reqs"))
+    if (cert is None) != (key is None):
+        given, missing = (
+            ("certificate_file", "private_key_file") if cert is not None else ("private_key_file", "certificate_file")
+        )
+        raise ConfigError(
+            f"{name(given)}={str(get(given))!r} needs {key_of(missing)} as well: HTTPS takes the certificate "
+            "and its private key; set both, or neither to serve plain HTTP"
+        )
+    if cert is None and (cas is not None or reqs is not None):
+        given = "ssl_ca_certs" if cas is not None else "ssl_cert_reqs"
+        raise ConfigError(
+            f"{name(given)} verifies client certificates, which needs HTTPS; set certificate_file and "
+            "private_key_file too, or remove it"
+        )
+    if cas is None and reqs in ("optional", "required"):
+        raise ConfigError(
+            f"{name('ssl_cert_reqs')}={reqs} needs option.ssl_ca_certs, the CA certificates clients are "
+            "verified against; set it, or remove option.ssl_cert_reqs"
+        )
+    if cas is not None and reqs == "none":
+        raise ConfigError(
+            f"{name('ssl_cert_reqs')}=none would leave {name('ssl_ca_certs')} unused (no client certificate "
+            "is asked for); set option.ssl_cert_reqs=optional or required, or remove option.ssl_ca_certs"
+        )
 
 
 _QUANT_KNOBS: tuple[tuple[tuple[str, ...], Callable[[Quantization | None], bool], str], ...] = (

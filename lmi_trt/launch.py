@@ -504,11 +504,12 @@ def _mpi4py_flavour(mpi: Any) -> MpiFlavour | None:
 def _label_logs(rank: int) -> None:
     """Name the rank in every log line (ranks share one output stream)."""
     from lmi_trt.config import process_environment
+    from lmi_trt.log_context import install_request_tag, log_format
     from lmi_trt.log_redaction import install_log_redaction
 
-    fmt = f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(fmt))
+        handler.setFormatter(logging.Formatter(log_format(f"rank{rank} ")))
+    install_request_tag()
     install_log_redaction(env=process_environment())  # wraps the new formatters again: secrets stay masked
 
 

@@ -82,6 +82,9 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     engine = build_copies(plan, lambda placement: build_engine(kind, config, artifact, tokenizer, placement))
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
+    refusing = [name for name, c in engine.capabilities.features().items() if not c.honoured]
+    if refusing:  # each with its reason at GET /v1/capabilities and in the 400 of a request that asks
+        log.info("engine %s refuses requests for: %s (see GET /v1/capabilities)", engine.name, ", ".join(refusing))
     return LoadedModel(engine=engine, tokenizer=tokenizer)
 
 

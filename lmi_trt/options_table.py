@@ -42,6 +42,8 @@ def _describe(spec: KeySpec) -> str:
     text = spec.description[0].upper() + spec.description[1:] + "."
     if spec.ignored:
         text = f"Ignored: {spec.ignored}. ({text})"
+    if spec.refused:
+        text = f"Refused (startup error): {spec.refused}. ({text})"
     text += f" {spec.type.summary[0].upper()}{spec.type.summary[1:]}."
     if spec.aliases:
         text += " Also: " + ", ".join(f"`{a}`" for a in spec.aliases) + "."

@@ -21,19 +21,32 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log_path: Path):
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        port: int,
+        log_path: Path,
+        ca: Path | None = None,
+        client_cert: tuple[str, str] | None = None,
+    ):
         self.proc = proc
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{port}"
         self.log_path = log_path
+        self.verify: str | bool = str(ca) if ca else True  # HTTPS: the CA that signed the server's certificate
+        self.cert = client_cert  # (certificate, key) when the server asks clients for one
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def post(self, path: str, json=None, **kw) -> requests.Response:
+        kw.setdefault("verify", self.verify)
+        kw.setdefault("cert", self.cert)
         return requests.post(self.url + path, json=json, timeout=kw.pop("timeout", 60), **kw)
 
     def get(self, path: str, **kw) -> requests.Response:
+        kw.setdefault("verify", self.verify)
+        kw.setdefault("cert", self.cert)
         return requests.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)
 
 
@@ -53,9 +66,18 @@ def wait_ready(server: Server, timeout: float = 120.0) -> None:
 
 @contextmanager
 def serve(
-    args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, ready: bool = True, cwd: Path | None = None
+    args: list[str],
+    tmp_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    ready: bool = True,
+    cwd: Path | None = None,
+    ca: Path | None = None,
+    client_cert: tuple[str, str] | None = None,
 ):
-    """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit."""
+    """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit. With
+    ``ca`` the server serves HTTPS (ARGS set its certificate) and the Server's requests verify it by ``ca``
+    (and show ``client_cert`` when the server asks for one)."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_"))}
@@ -69,7 +91,7 @@ def serve(
             env=full_env,
             cwd=cwd,
         )
-    server = Server(proc, port, log_path)
+    server = Server(proc, port, log_path, ca, client_cert)
     try:
         if ready:
             wait_ready(server)

@@ -32,8 +32,10 @@ def tiny_tokenizer() -> Any:
     return load_tokenizer(tokenizer_dir())
 
 
-def synthetic_engine(tokenizer: Any, **kwargs: Any) -> SyntheticEngine:
-    return SyntheticEngine(
+def synthetic_engine(
+    tokenizer: Any, engine_class: type[SyntheticEngine] = SyntheticEngine, **kwargs: Any
+) -> SyntheticEngine:
+    return engine_class(
         len(tokenizer), eos_token_id=tokenizer.eos_token_id, special_token_ids=tokenizer.all_special_ids, **kwargs
     )
 

@@ -2,8 +2,10 @@
 
 Modules: ``options`` (CompileOptions), ``archs`` (architecture registry), ``plan`` (BuildPlan,
 memory estimate), ``quant`` (quantization + modelopt calibration), ``cache`` (engine cache),
-``build`` (execution through TensorRT-LLM), ``jit`` (serve/compile entry points), ``commands``
-(``lmi-trt plan`` / ``lmi-trt compile``). Only the light, pure parts are re-exported here.
+``build`` (execution through TensorRT-LLM), ``jit`` (serve/compile entry points), ``hf_quant``
+(the pytorch backend's calibrated checkpoint), ``probe`` (this host's GPU and TensorRT-LLM).
+``lmi-trt plan`` / ``lmi-trt compile`` are ``lmi_trt/cli/plan.py`` and ``compile.py``.
+Only the light, pure parts are re-exported here.
 """
 
 from .errors import BuildError, CacheError, PlanError

@@ -8,8 +8,8 @@ yields ``EngineOutput`` deltas until one has ``finished=True``.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, runtime_checkable
 
 from lmi_trt.errors import LmiError
@@ -102,56 +102,75 @@ class EngineOutput:
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What the loaded engine can honour; the serving layer validates requests against it."""
+    """The loaded engine's sizes; the serving layer validates requests against them (what it can
+    do at all is its ``Capabilities``)."""
 
     max_batch_size: int
     max_input_len: int
     max_seq_len: int | None = None  # prompt + output; None = only max_new_tokens bounds output
     max_new_tokens: int | None = None
     max_beam_width: int = 1
-    supports_logprobs: bool = False
-    max_top_logprobs: int = 0  # the most alternatives per token it reports (0: none)
-    supports_prompt_logprobs: bool = False
-    supports_guided_decoding: bool = False
-    supports_logit_bias: bool = False
-    # (feature, why): features (``features_used``) this engine refuses however it is built, the reason naming
-    # what refuses it (TensorRT-LLM's release and sampler, on the LLM API: lmi_trt/engines/llmapi_releases.py).
-    refused: tuple[tuple[str, str], ...] = ()
 
 
-def features_used(sampling: SamplingParams, *, bad_words: bool, stop_token_ids: bool) -> frozenset[str]:
-    """Pure: the request features an engine may refuse, named as ``GenerateParams``' fields (the serving layer
-    maps them to each protocol's names): the ones a request sets to something other than their no-op value."""
-    s = sampling
-    used = {
-        "sampling": s.do_sample,
-        "seed": s.do_sample and s.seed is not None,
-        "repetition_penalty": s.repetition_penalty != 1.0,
-        "presence_penalty": s.presence_penalty != 0.0,
-        "frequency_penalty": s.frequency_penalty != 0.0,
-        "min_new_tokens": s.min_new_tokens > 0,
-        "bad_words": bad_words,
-        # an explicit stop token while EOS is ignored (some releases drop every stop word then)
-        "stop_token_ids": stop_token_ids and s.ignore_eos,
-        "logprobs": s.logprobs,
-        "top_logprobs": s.top_logprobs > 0,
-        "prompt_logprobs": s.prompt_logprobs,
-        "logit_bias": bool(s.logit_bias),
-        "guided": s.guided is not None,
-        "beam_width": s.beam_width > 1,
-    }
-    return frozenset(name for name, on in used.items() if on)
+@dataclass(frozen=True)
+class Capability:
+    """How an engine treats one request feature: honoured (up to ``most`` where the feature is
+    counted), or refused because of ``reason``, a sentence that names the engine (or its release)
+    and what would work. The 400 that refuses the feature and ``GET /v1/capabilities`` both print it."""
+
+    honoured: bool
+    reason: str = ""  # refused: why; honoured: empty, or a note on how (shown by /v1/capabilities)
+    most: int | None = None  # a counted feature (alternatives per token): the largest value honoured
 
 
-def refusal(refused: Iterable[tuple[str, str]], used: frozenset[str]) -> tuple[str, str] | None:
-    """Pure: the first (feature, why) of ``refused`` (``EngineLimits.refused``) that a request using ``used`` asks
-    for; a feature
-    ``a+b`` is the two together, reported as the last (``beam_width+logprobs``: logprobs, with beam search)."""
-    for name, why in refused:
-        parts = name.split("+")
-        if all(part in used for part in parts):
-            return parts[-1], why if len(parts) == 1 else f"with {' and '.join(parts[:-1])}: {why}"
-    return None
+def can(most: int | None = None, note: str = "") -> Capability:
+    return Capability(True, note, most)
+
+
+def cannot(reason: str) -> Capability:
+    return Capability(False, reason)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The request features that differ between engines and releases, one ``Capability`` each: every
+    engine declares all of them (a new feature is a new field, which no engine can leave out). The
+    request core refuses by this table (``GenerationService.check_features``) and ``GET /v1/capabilities``
+    publishes it, so the two cannot disagree. Field metadata ``doc`` says what the feature is."""
+
+    release: str  # what serves it, e.g. "TensorRT-LLM 1.1.0 (pytorch backend)"; "" when nothing to say
+    logprobs: Capability = field(metadata={"doc": "the log-prob of each generated token"})
+    top_logprobs: Capability = field(metadata={"doc": "the most likely alternatives of each generated token"})
+    prompt_logprobs: Capability = field(metadata={"doc": "the log-prob of each prompt token"})
+    logit_bias: Capability = field(metadata={"doc": "values added to chosen tokens' logits before sampling"})
+    guided: Capability = field(metadata={"doc": "output constrained to a JSON schema, regex or grammar"})
+    seed: Capability = field(metadata={"doc": "the seed a sampled request draws its tokens with"})
+    repetition_penalty: Capability = field(metadata={"doc": "logits of tokens already seen divided or multiplied"})
+    presence_penalty: Capability = field(metadata={"doc": "a penalty on tokens already generated"})
+    frequency_penalty: Capability = field(metadata={"doc": "a penalty per occurrence of a generated token"})
+    min_new_tokens: Capability = field(metadata={"doc": "the end of sequence held back for this many tokens"})
+    bad_words: Capability = field(metadata={"doc": "token sequences never generated"})
+    stop_token_ids: Capability = field(metadata={"doc": "stop tokens of a request that ignores the end of sequence"})
+
+    def features(self) -> dict[str, Capability]:
+        """Feature name → its capability, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "release"}
+
+    @staticmethod
+    def doc(feature: str) -> str:
+        return next(f.metadata["doc"] for f in fields(Capabilities) if f.name == feature)
+
+
+# The Capabilities a sampler applies or ignores (the samplers of TensorRT-LLM's LLM API differ by release).
+SAMPLING_FEATURES = (
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_new_tokens",
+    "bad_words",
+    "stop_token_ids",
+)
 
 
 @dataclass
@@ -194,6 +213,11 @@ class Engine(Protocol):
 
     @property
     def limits(self) -> EngineLimits: ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The features it honours and refuses (once started: some depend on the release it found)."""
+        ...
 
     @property
     def healthy(self) -> bool:

@@ -68,7 +68,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -79,18 +79,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
+    SAMPLING_FEATURES,
+    Capabilities,
     EngineError,
     EngineLimits,
     EngineOutput,
     EngineStats,
     FinishReason,
     GenerationRequest,
+    can,
+    cannot,
     error_output,
-    features_used,
-    refusal,
 )
 from lmi_trt.engines.guided import warm_guide
-from lmi_trt.engines.llmapi_releases import ENABLE_TRTLLM_SAMPLER, TRTLLM, Sampler, llm_sampler, refused
+from lmi_trt.engines.llmapi_releases import (
+    ENABLE_TRTLLM_SAMPLER,
+    TRTLLM,
+    Sampler,
+    first_unsupported,
+    llm_sampler,
+    not_applied,
+    requested,
+)
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -103,6 +113,7 @@ from lmi_trt.engines.trtllm import (
 log = logging.getLogger(__name__)
 
 FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
+_NOT_STARTED = "the trtllm-pytorch engine has not started: what it honours depends on the TensorRT-LLM release"
 # TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
 LLM_DEFAULT_BATCH = 2048
 LLM_DEFAULT_INPUT_LEN = 1024
@@ -330,29 +341,45 @@ def checkpoint_vocab_size(model_dir: Path) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def release_limits(
-    limits: EngineLimits, version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
-) -> EngineLimits:
-    """Pure: what this release's sampler adds to the engine's limits (``llmapi_releases``' table), and what no
-    release can do for this model: hold back more than one EOS id for min_tokens (the samplers hold back their
-    one end id: TorchSampler ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
-    series = llm_api_series(version)
-    no = {name for name, _ in refused(version, series, sampler)}
-    why = list(refused(version, series, sampler))
+def release_refusals(
+    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+) -> dict[str, str]:
+    """Pure: feature → why, for what this release's sampler does not apply (``llmapi_releases``' table; engine-only
+    features such as beam search with log probs too), and what no release can do for this model: bias logits
+    without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
+    ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
+    no = not_applied(version, llm_api_series(version), sampler)
     if len(eos_token_ids) > 1:
-        why.append(
-            (
-                "min_new_tokens",
-                f"TensorRT-LLM holds back one end id ({eos_token_ids[0]}) for min_tokens, and this model also ends "
-                f"on {list(eos_token_ids[1:])} (generation_config.json)",
-            )
+        no.setdefault(
+            "min_new_tokens",
+            f"TensorRT-LLM holds back one end id ({eos_token_ids[0]}) for min_tokens, and this model also ends on "
+            f"{list(eos_token_ids[1:])} (generation_config.json); leave it out",
         )
-    return dataclasses.replace(
-        limits,
-        max_top_logprobs=0 if "top_logprobs" in no else MAX_TOP_LOGPROBS,
-        supports_prompt_logprobs="prompt_logprobs" not in no,
-        supports_logit_bias="logit_bias" not in no and vocab_size is not None,
-        refused=tuple(why),
+    if vocab_size is None:
+        no.setdefault(
+            "logit_bias",
+            "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
+        )
+    return no
+
+
+def release_capabilities(
+    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+) -> Capabilities:
+    """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities)."""
+    no = release_refusals(version, sampler, vocab_size, eos_token_ids)
+
+    def capability(feature: str, **honoured: Any) -> Any:
+        return cannot(no[feature]) if feature in no else can(**honoured)
+
+    return Capabilities(
+        release=f"TensorRT-LLM {version} (pytorch backend, {sampler})",
+        logprobs=capability("logprobs"),
+        top_logprobs=capability("top_logprobs", most=MAX_TOP_LOGPROBS),
+        prompt_logprobs=capability("prompt_logprobs"),
+        logit_bias=capability("logit_bias"),
+        guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
+        **{feature: capability(feature) for feature in SAMPLING_FEATURES},
     )
 
 
@@ -401,29 +428,31 @@ def plan_request(
     max_beam_width: int,
     seed: int,
     codec: Codec,
-    refused: Sequence[tuple[str, str]] = (),
+    unsupported: Mapping[str, str] | None = None,
 ) -> RequestPlan:
     """Pure: a protocol request as ``SamplingParams`` keywords; ``EngineError(400)`` for what cannot be served.
 
     ``end_id`` is the one the LLM's ``SamplingParams._setup`` takes from its tokenizer (None: it has none, so
-    the request names one and no stop/ban goes as text). ``refused``: (feature, why) the release does not apply.
+    the request names one and no stop/ban goes as text). ``unsupported``: feature → why, what the release does not
+    apply (``release_refusals``).
     The checks, the DJL sampling rules and the stop words are the Executor path's (``map_request``); here they
     are spelled the LLM API's way. A stop sequence the LLM cannot match is left to the serving layer's text
     match; a banned sequence it cannot match is refused."""
     # the LLM's end id first: the others stop as stop words (map_request)
     eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
     spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
-    used = features_used(req.sampling, bad_words=any(req.bad_words_ids), stop_token_ids=any(req.stop_token_ids))
-    refusing = refusal(refused, used)
+    unsupported = unsupported or {}
+    used = requested(req.sampling, bad_words=any(req.bad_words_ids), stop_token_ids=any(req.stop_token_ids))
+    refusing = first_unsupported(unsupported, used)
     if refusing is not None:
         name, why = refusing
-        raise EngineError(f"{name}: {why}; leave it out", code=400)
+        raise EngineError(f"{name}: {why}", code=400)
     p = req.sampling
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")
     if beam_width > 1:
         sampling.update(use_beam_search=True, best_of=beam_width, n=1)
-    if any(name == "seed" for name, _ in refused):  # the sampler draws from its own generator: send none
+    if "seed" in unsupported:  # the sampler draws from its own generator: send none
         sampling.pop("seed", None)
     texts = end_id is not None  # only _setup tokenizes them
     stop_ids, stop_texts, _ = split_words(spec.request["stop_words"] or [], codec if texts else None)
@@ -537,9 +566,16 @@ class LlmApiEngine:
             max_input_len=self.settings.max_input_len or LLM_DEFAULT_INPUT_LEN,
             max_seq_len=self.settings.max_seq_len,
             max_beam_width=rt.max_beam_width or 1,
-            supports_logprobs=True,
-            supports_guided_decoding=True,
         )
+        self._capabilities = Capabilities(  # until start() finds the release
+            release="",
+            logprobs=can(),
+            guided=can(),
+            **dict.fromkeys(
+                ("top_logprobs", "prompt_logprobs", "logit_bias", *SAMPLING_FEATURES), cannot(_NOT_STARTED)
+            ),
+        )
+        self._unsupported: dict[str, str] = {}
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
         self._vocab_size = checkpoint_vocab_size(self._model_dir)
@@ -561,6 +597,10 @@ class LlmApiEngine:
     @property
     def limits(self) -> EngineLimits:
         return self._limits
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
 
     @property
     def healthy(self) -> bool:
@@ -589,16 +629,13 @@ class LlmApiEngine:
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
         log.info("%s", settings_report(plan, self._llm.args, version, sampler))
-        self._limits = release_limits(self._limits, version, sampler, self._vocab_size, self._eos)
+        self._capabilities = release_capabilities(version, sampler, self._vocab_size, self._eos)
+        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos)
         log.info(
-            "TensorRT-LLM %s (pytorch backend, %s) reports %s alternatives per token; prompt log-probs %s; logit_bias "
-            "%s; refused per request: %s",
+            "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",
             version,
             sampler,
-            self._limits.max_top_logprobs or "no",
-            "on" if self._limits.supports_prompt_logprobs else "off",
-            "on" if self._limits.supports_logit_bias else "off",
-            ", ".join(name for name, _ in self._limits.refused) or "nothing",
+            ", ".join(self._unsupported) or "nothing",
         )
         tokenizer = self._llm.tokenizer
         self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
@@ -681,7 +718,7 @@ class LlmApiEngine:
                 max_beam_width=self._limits.max_beam_width,
                 seed=random.getrandbits(63),
                 codec=self._codec,
-                refused=self._limits.refused,
+                unsupported=self._unsupported,
             )
             guide = llmapi.GuidedDecodingParams(**plan.guide) if plan.guide is not None else None
             bias = trtllm_engine.embedding_bias(plan.bias, self._vocab_size) if plan.bias else None

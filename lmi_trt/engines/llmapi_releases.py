@@ -25,9 +25,12 @@ sampled token's log prob was not read: refused until someone reads it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from lmi_trt.engines.base import SamplingParams
 
 Sampler = Literal["TorchSampler", "TRTLLMSampler"]
 TORCH: Sampler = "TorchSampler"
@@ -177,14 +180,46 @@ _ALIASES = {
 }
 
 
-def refused(version: str, series: Series, sampler: Sampler) -> tuple[tuple[str, str], ...]:
-    """Pure: (feature, why) for every feature the release's ``sampler`` does not apply, why naming the release."""
-    out = []
+def not_applied(version: str, series: Series, sampler: Sampler) -> dict[str, str]:
+    """Pure: feature → why, for every feature the release's ``sampler`` does not apply, why naming the release."""
+    out = {}
     for feature in (*_BY_FEATURE, *_ALIASES):
         support = _BY_FEATURE[_ALIASES.get(feature, feature)]
         if not support.honoured(series, sampler):
-            out.append((feature, f"TensorRT-LLM {version}'s {sampler} does not support it ({support.source})"))
-    return tuple(out)
+            out[feature] = f"TensorRT-LLM {version}'s {sampler} does not support it ({support.source}); leave it out"
+    return out
+
+
+def requested(sampling: SamplingParams, *, bad_words: bool, stop_token_ids: bool) -> frozenset[str]:
+    """Pure: the table's features an engine request uses (set to something other than their no-op value)."""
+    s = sampling
+    used = {
+        "sampling": s.do_sample,
+        "seed": s.do_sample and s.seed is not None,
+        "repetition_penalty": s.repetition_penalty != 1.0,
+        "presence_penalty": s.presence_penalty != 0.0,
+        "frequency_penalty": s.frequency_penalty != 0.0,
+        "min_new_tokens": s.min_new_tokens > 0,
+        "bad_words": bad_words,
+        "stop_token_ids": stop_token_ids and s.ignore_eos,
+        "logprobs": s.logprobs,
+        "top_logprobs": s.top_logprobs > 0,
+        "prompt_logprobs": s.prompt_logprobs,
+        "logit_bias": bool(s.logit_bias),
+        "guided": s.guided is not None,
+        "beam_width": s.beam_width > 1,
+    }
+    return frozenset(name for name, on in used.items() if on)
+
+
+def first_unsupported(unsupported: Mapping[str, str], used: frozenset[str]) -> tuple[str, str] | None:
+    """Pure: the first (feature, why) of ``unsupported`` a request using ``used`` asks for; ``a+b`` is the two
+    together, reported as the last (``beam_width+logprobs``: logprobs, with beam search)."""
+    for name, why in unsupported.items():
+        parts = name.split("+")
+        if all(part in used for part in parts):
+            return parts[-1], why if len(parts) == 1 else f"with {' and '.join(parts[:-1])}: {why}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ README table

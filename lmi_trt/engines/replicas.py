@@ -7,14 +7,38 @@ copies share one HTTP server, admission queue and tokenizer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
-from lmi_trt.engines.base import Engine, EngineLimits, EngineOutput, EngineStats, GenerationRequest
+from lmi_trt.engines.base import (
+    Capabilities,
+    Capability,
+    Engine,
+    EngineLimits,
+    EngineOutput,
+    EngineStats,
+    GenerationRequest,
+)
 
 
 def least_loaded(stats: Sequence[EngineStats]) -> int:
     """Index of the copy with the fewest requests in flight (ties → lowest index)."""
     return min(range(len(stats)), key=lambda i: (stats[i].active_requests + stats[i].queued_requests, i))
+
+
+def common_capabilities(copies: Sequence[Capabilities]) -> Capabilities:
+    """Pure: what every copy honours (a request may go to any of them): a feature one copy refuses is
+    refused with its reason; a counted one up to the smallest ``most``."""
+
+    def common(name: str) -> Capability:
+        caps = [getattr(c, name) for c in copies]
+        refusing = next((c for c in caps if not c.honoured), None)
+        if refusing is not None:
+            return refusing
+        counted = [c.most for c in caps if c.most is not None]
+        return dataclasses.replace(caps[0], most=min(counted) if counted else None)
+
+    return dataclasses.replace(copies[0], **{name: common(name) for name in copies[0].features()})
 
 
 class ReplicaSet:
@@ -44,12 +68,11 @@ class ReplicaSet:
             max_seq_len=first.max_seq_len,
             max_new_tokens=first.max_new_tokens,
             max_beam_width=min(e.limits.max_beam_width for e in self._engines),
-            supports_logprobs=all(e.limits.supports_logprobs for e in self._engines),
-            max_top_logprobs=min(e.limits.max_top_logprobs for e in self._engines),
-            supports_prompt_logprobs=all(e.limits.supports_prompt_logprobs for e in self._engines),
-            supports_guided_decoding=all(e.limits.supports_guided_decoding for e in self._engines),
-            supports_logit_bias=all(e.limits.supports_logit_bias for e in self._engines),
         )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return common_capabilities([e.capabilities for e in self._engines])
 
     @property
     def healthy(self) -> bool:

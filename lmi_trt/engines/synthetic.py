@@ -18,12 +18,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
 from lmi_trt.engines.base import (
+    Capabilities,
     EngineError,
     EngineLimits,
     EngineOutput,
     EngineStats,
     FinishReason,
     GenerationRequest,
+    can,
+    cannot,
     refused,
 )
 from lmi_trt.engines.registry import ENGINES
@@ -118,6 +121,27 @@ class _Sequence:
                 w.set_result(None)
 
 
+_NO_MODEL = "the synthetic engine has no model"
+CAPABILITIES = Capabilities(
+    release="",
+    logprobs=can(note="made-up values (-0.25, -0.5, -0.75, -1.0, repeating): there is no model"),
+    top_logprobs=cannot(f"{_NO_MODEL}, so no alternatives; ask for the chosen token's log-prob only"),
+    prompt_logprobs=cannot(f"{_NO_MODEL} to score the prompt; leave it out"),
+    logit_bias=cannot(f"{_NO_MODEL} whose logits could be biased; leave it out"),
+    guided=cannot(
+        f"{_NO_MODEL} to constrain (it echoes the prompt); leave it out or serve with option.rolling_batch=torch"
+    ),
+    seed=can(note="nothing is drawn: the output echoes the prompt whatever the sampling fields say"),
+    **dict.fromkeys(
+        ("repetition_penalty", "presence_penalty", "frequency_penalty"),
+        cannot(f"{_NO_MODEL} whose logits a penalty could change; leave it out"),
+    ),
+    min_new_tokens=can(),
+    bad_words=cannot(f"{_NO_MODEL}: it echoes the prompt, banned words included; leave it out"),
+    stop_token_ids=can(),
+)
+
+
 class SyntheticEngine:
     name = "synthetic"
 
@@ -148,7 +172,6 @@ class SyntheticEngine:
             max_input_len=max_input_len,
             max_seq_len=max_seq_len,
             max_new_tokens=max_new_tokens,
-            supports_logprobs=True,
         )
         excluded = set(special_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
         # Used when the prompt gives nothing to echo: plain (non-special) ids.
@@ -167,6 +190,10 @@ class SyntheticEngine:
     @property
     def limits(self) -> EngineLimits:
         return self._limits
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
 
     @property
     def healthy(self) -> bool:

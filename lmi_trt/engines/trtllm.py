@@ -28,7 +28,6 @@ AST scan can check every name and keyword this file uses against the real API li
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -48,6 +47,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmi_trt.engines.base import (
+    SAMPLING_FEATURES,
+    Capabilities,
+    Capability,
     EngineError,
     EngineLimits,
     EngineOutput,
@@ -55,6 +57,8 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    can,
+    cannot,
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
@@ -505,7 +509,7 @@ def build_executor_config(
                 f"it is a build option and the engine was built with multi_block_mode="
                 f"{str(facts.multi_block_mode).lower()}; rebuild to change it"
             )
-    if guide_vocab is not None and hasattr(tle, "GuidedDecodingConfig"):
+    if guide_vocab is not None and guided_capability(tle, guide_vocab).honoured:
         vocab = guide_vocab()
         extra["guided_decoding_config"] = tle.GuidedDecodingConfig(
             tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,
@@ -628,6 +632,47 @@ def map_request(
         backend_guide(p.guided) if p.guided is not None else None,
         dict(p.logit_bias),
     )
+
+
+def executor_capabilities(release: str, has_vocab_size: bool, guided: Capability) -> Capabilities:
+    """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
+    (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
+    (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2).
+    logit_bias is the request's embedding bias, [vocab_size] (every release's Request has it)."""
+    return Capabilities(
+        release=release,
+        logprobs=can(),
+        top_logprobs=cannot(
+            "the trtllm engine (TensorRT-LLM's Executor) returns the chosen token's log-prob only, no "
+            "alternatives; ask for logprobs without alternatives"
+        ),
+        prompt_logprobs=cannot(
+            "the trtllm engine (TensorRT-LLM's Executor) does not score the prompt: that needs context logits "
+            "gathered when the engine is built; leave it out"
+        ),
+        logit_bias=can()
+        if has_vocab_size
+        else cannot("the trtllm engine cannot bias logits: the engine's config.json does not give its vocab_size"),
+        guided=guided,
+        # the C++ decoder applies the request's SamplingConfig (randomSeed, repetition/presence/frequencyPenalty,
+        # minTokens) and its Request's badWords/stopWords, end id -1 or not (executor.h)
+        **dict.fromkeys(SAMPLING_FEATURES, can()),
+    )
+
+
+def guided_capability(tle: ModuleType, guide_vocab: Callable[[], GuideVocab] | None) -> Capability:
+    """Constrained decoding on the Executor: its GuidedDecodingConfig (1.x, not 0.12) with the tokenizer's
+    vocabulary (``build_executor_config`` passes one exactly when both are there)."""
+    if not hasattr(tle, "GuidedDecodingConfig"):
+        return cannot(
+            "the trtllm engine has no constrained decoding on this TensorRT-LLM (its Executor has none before 1.0); "
+            "leave it out"
+        )
+    if guide_vocab is None:
+        return cannot(
+            "the trtllm engine was started without the tokenizer's vocabulary, which constrained decoding needs"
+        )
+    return can()
 
 
 # executor.h GuidedDecodingParams::GuideType for the two forms backend_guide gives.
@@ -788,13 +833,9 @@ class TrtllmEngine:
             max_input_len=self.facts.max_input_len,
             max_seq_len=self.facts.max_seq_len,
             max_beam_width=effective_beam_width(self.settings, self.facts),
-            # The Executor's OutputConfig returns the chosen token's log-prob only (returnLogProbs);
-            # alternatives and prompt log-probs would need logits gathered at build time
-            # (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2):
-            # max_top_logprobs and supports_prompt_logprobs stay off, and the core refuses them.
-            supports_logprobs=True,
-            # logit_bias as the request's embedding bias, [vocab_size] (every release's Request has it).
-            supports_logit_bias=self.facts.vocab_size is not None,
+        )
+        self._capabilities = executor_capabilities(
+            "", self.facts.vocab_size is not None, cannot("the trtllm engine has not started yet")
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -824,6 +865,10 @@ class TrtllmEngine:
         return self._limits
 
     @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
     def healthy(self) -> bool:
         return self._healthy
 
@@ -844,7 +889,6 @@ class TrtllmEngine:
             self._owned_scratch = self._scratch = Path(tempfile.mkdtemp(prefix="lmi-trt-engine-"))
         engine_dir = prepare_engine_dir(self._engine_dir, self.facts, self._scratch)
         config, warnings = build_executor_config(tle, self.settings, self.facts, self._guide_vocab)
-        guided = getattr(config, "guided_decoding_config", None) is not None
         for warning in warnings:
             log.warning("%s", warning)
         log.info(
@@ -875,7 +919,11 @@ class TrtllmEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._tle, self._spec, self._executor = tle, spec, executor
-        self._limits = dataclasses.replace(self._limits, supports_guided_decoding=guided)
+        self._capabilities = executor_capabilities(
+            f"TensorRT-LLM {spec.version} (tensorrt backend)",
+            self.facts.vocab_size is not None,
+            guided_capability(tle, self._guide_vocab),
+        )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
         if self._leader:

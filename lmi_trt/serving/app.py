@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from lmi_trt.config import LmiConfig
+from lmi_trt.serving import access, tls
 from lmi_trt.serving.core import GenerationService, LoadedModel
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.health_responder import HealthResponder
@@ -126,7 +127,13 @@ def build_app(
         lambda: ctx.service.in_system if ctx.service else 0,
         lambda: ctx.service.engine.stats() if ctx.service else None,
     )
-    app = web.Application(client_max_size=config.max_request_size, middlewares=[_errors_and_metrics])
+    # request_context outermost: a 401 and an error response carry X-Request-Id too, and the log lines
+    # of everything below name the request; the key check inside the error handling (a 401 is counted).
+    middlewares: list[Any] = [access.request_context, _errors_and_metrics]
+    if config.api_key is not None:
+        middlewares.append(access.api_key_guard(config.api_keys()))
+    app = web.Application(client_max_size=config.max_request_size, middlewares=middlewares)
+    app.on_response_prepare.append(access.echo_request_id)
     app[CONTEXT] = ctx
     app.router.add_get("/ping", _ping)
     app.router.add_get("/metrics", _metrics)
@@ -164,11 +171,14 @@ def build_app(
     return app
 
 
-async def _exit_when_failed(ctx: ServingContext, stop: asyncio.Event, grace: float) -> bool:
-    """Once the model is FAILED (load error, engine died), keep answering 503 FAILED for
-    ``grace`` seconds so health checks and logs see why, then stop: a restart is the fix."""
-    while ctx.status is not ModelStatus.FAILED:
+async def _watch_health(ctx: ServingContext, stop: asyncio.Event, grace: float | None) -> bool:
+    """Look at the model's status twice a second, so that what changes it is logged when it happens
+    (the progress watchdog too, not only when a probe asks). Once the model is dead (load error, engine
+    died), keep answering 503 FAILED for ``grace`` seconds so health checks and logs see why, then stop:
+    a restart is the fix (``grace`` None: serve 503 FAILED for ever). True when it stopped the server."""
+    while not ctx.dead or grace is None:
         await asyncio.sleep(0.5)
+        _ = ctx.status
     log.error("model %r is FAILED (%s); exiting in %.0f s", ctx.model_name, ctx.load_error or "engine unhealthy", grace)
     await asyncio.sleep(grace)
     stop.set()
@@ -341,12 +351,14 @@ async def serve(
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
     """
     ctx = app[CONTEXT]
+    files = tls.tls_files(ctx.config)  # HTTPS when certificate_file is set (checked at startup: cli)
+    ssl_context = files.context() if files is not None else None
     # Forked first, while the process has no other thread and no listening socket to inherit.
     ctx.json_worker = JsonWorker()
     # The socket, and the responder answering on it, come before runner.setup() starts the load: a load
     # that holds the GIL from its first steps would keep this coroutine from starting them later.
     sock = _listen(host, port)
-    responder = HealthResponder(sock, ctx.model_name) if ctx.status is ModelStatus.PENDING else None
+    responder = HealthResponder(sock, ctx.model_name, files) if ctx.status is ModelStatus.PENDING else None
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -382,10 +394,19 @@ async def serve(
             ),
             sock=sock,
             backlog=1024,
+            ssl=ssl_context,
+            # The TLS handshake comes before the request line: the same bound (asyncio's default is 60 s).
+            ssl_handshake_timeout=float(ctx.config.header_read_timeout) if ssl_context is not None else None,
         )
-        log.info("listening on http://%s:%d (at most %d connections)", host, port, guard.max_connections)
-        if exit_on_failure_after is not None:  # from the moment this server answers
-            watcher = loop.create_task(_exit_when_failed(ctx, stop, exit_on_failure_after))
+        log.info(
+            "listening on %s://%s:%d (at most %d connections%s)",
+            "https" if ssl_context is not None else "http",
+            host,
+            port,
+            guard.max_connections,
+            "; clients need an API key" if ctx.config.api_key is not None else "",
+        )
+        watcher = loop.create_task(_watch_health(ctx, stop, exit_on_failure_after))  # from the moment it answers
         if responder is not None:
             # Stopped only once this server accepts too: a connection queued meanwhile is taken by one
             # of the two, both of which answer it.

@@ -31,9 +31,8 @@ from lmi_trt.engines.base import (
     GenerationRequest,
     GuidedDecoding,
     SamplingParams,
-    features_used,
-    refusal,
 )
+from lmi_trt.log_context import REQUEST_ID
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
@@ -166,6 +165,27 @@ class GenerateParams(BaseModel):
     @classmethod
     def _bad_words_non_empty(cls, v: list[str]) -> list[str]:
         return bounded_words(v, "bad words")
+
+
+# What a request asks of each engine feature (the fields of engines.base.Capabilities), falsy for nothing:
+# a bool; for a counted feature how many, checked against its ``most``; for guided decoding its kind.
+# check_features refuses by this table, in its order: alternatives imply log-probs, so the field that asked
+# for alternatives is named before the one for log-probs.
+REQUESTED_FEATURES: dict[str, Callable[[GenerateParams], bool | int | str]] = {
+    "top_logprobs": lambda p: p.top_logprobs,
+    "prompt_logprobs": lambda p: p.prompt_logprobs,
+    "logit_bias": lambda p: bool(p.logit_bias),
+    "guided": lambda p: p.guided.kind if p.guided is not None else "",
+    "logprobs": lambda p: p.logprobs,
+    # a seed matters to a sampled request only (greedy has nothing to draw)
+    "seed": lambda p: p.seed is not None and sampling_params(p, max_new_tokens=1, logprobs=False).do_sample,
+    "repetition_penalty": lambda p: p.repetition_penalty not in (None, 1.0),
+    "presence_penalty": lambda p: p.presence_penalty != 0.0,
+    "frequency_penalty": lambda p: p.frequency_penalty != 0.0,
+    "min_new_tokens": lambda p: p.min_new_tokens,
+    "bad_words": lambda p: bool(p.bad_words),
+    "stop_token_ids": lambda p: bool(p.stop_token_ids) and p.ignore_eos,  # some releases drop them then
+}
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -334,6 +354,7 @@ class GenerationStream:
         if self._done:
             raise StopAsyncIteration
         self._waiting_since = self._loop.time()
+        self._service.wait_begins()
         try:
             out = await self._it.__anext__()
         except StopAsyncIteration:
@@ -343,6 +364,7 @@ class GenerationStream:
             return await self._fail(ModelError(f"engine failure: {e}"))
         finally:
             self._waiting_since = None
+            self._service.wait_ends()
         delta = self._process(out)
         if self._cancel_pending:  # rare: an error, a stop string, a timeout
             self._cancel_pending = False
@@ -528,6 +550,13 @@ class GenerationService:
         self._token_caches = {flag: make_token_cache(tokenizer, flag) for flag in (True, False)}
         self._in_system = 0
         self._ids = itertools.count(1)
+        # The progress watchdog's bookkeeping (stalled_for): streams waiting on the engine now, the time
+        # streams waited before the current waiting period since the engine last produced a token, when
+        # that period began, and the engine's token count when last looked.
+        self._waiting = 0
+        self._owed = 0.0
+        self._owed_since = 0.0
+        self._tokens_seen = 0
         self._background: set[asyncio.Task[Any]] = set()
         # Big texts are tokenized here, off the event loop. A job still queued when its client
         # leaves is dropped (its future is cancelled); a running one is bounded by max_prompt_chars.
@@ -550,6 +579,32 @@ class GenerationService:
     def in_system(self) -> int:
         """Requests admitted and not finished (what job_queue_size bounds)."""
         return self._in_system
+
+    @property
+    def waiting_on_engine(self) -> int:
+        """Streams waiting for the engine's next output right now."""
+        return self._waiting
+
+    def wait_begins(self) -> None:
+        if not self._waiting:
+            self._owed_since = time.monotonic()
+        self._waiting += 1
+
+    def wait_ends(self) -> None:
+        self._waiting -= 1
+        if not self._waiting:
+            self._owed += time.monotonic() - self._owed_since
+
+    def stalled_for(self) -> float:
+        """Seconds streams have waited on the engine since it last produced a token (time nobody waited
+        does not count; a token anywhere resets it): what option.watchdog_timeout bounds. Polled (by
+        /ping and the health watcher): a change in the engine's token count since the last look is
+        the progress, so streams cut by option.predict_timeout do not hide a hung engine."""
+        now = time.monotonic()
+        tokens = self.engine.stats().total_generated_tokens
+        if tokens != self._tokens_seen:
+            self._tokens_seen, self._owed, self._owed_since = tokens, 0.0, now
+        return self._owed + (now - self._owed_since if self._waiting else 0.0)
 
     def decoder(self, skip_special_tokens: bool):
         return self._token_caches[skip_special_tokens].decode
@@ -632,13 +687,12 @@ class GenerationService:
             if params.truncate is not None and len(ids) > params.truncate:
                 ids = ids[-params.truncate :]
             max_new = self._check_limits(ids, params, field_name, max_tokens_field)
-            request_id = f"req-{next(self._ids)}"
+            # The HTTP request's id (X-Request-Id), so that the engine's own log lines name it too.
+            request_id = f"{REQUEST_ID.get() or 'req'}-{next(self._ids)}"
             request = GenerationRequest(
                 request_id=request_id,
                 prompt_token_ids=ids,
-                sampling=sampling_params(
-                    params, max_new_tokens=max_new, logprobs=params.logprobs and self.engine.limits.supports_logprobs
-                ),
+                sampling=sampling_params(params, max_new_tokens=max_new, logprobs=params.logprobs),
                 stop_token_ids=[[i] for i in params.stop_token_ids],
                 bad_words_ids=await self._bad_words_ids(params.bad_words),
                 streaming=True,
@@ -656,49 +710,38 @@ class GenerationService:
         return GenerationStream(self, request_id, ids, params, max_new, it)
 
     def check_features(self, params: GenerateParams, names: Mapping[str, str]) -> None:
-        """A 400 naming the field and the engine for what the engine cannot honour: never ignored."""
-        limits, engine = self.engine.limits, self.engine.name
-        if limits.refused:  # the engine's own reasons first: they name what refuses the field (a release, ...)
-            sampling = sampling_params(params, max_new_tokens=1, logprobs=params.logprobs or params.top_logprobs > 0)
-            used = features_used(sampling, bad_words=bool(params.bad_words), stop_token_ids=bool(params.stop_token_ids))
-            refused = refusal(limits.refused, used)
-            if refused is not None:
-                feature, why = refused
-                field_name = names.get(feature, feature)
-                value = getattr(params, feature, None)
-                shown = f"{field_name}={value!r}" if value is not None and not isinstance(value, bool) else field_name
-                raise FeatureRefused(field_name, f"{shown}: {why}; leave it out")
-        if params.top_logprobs > limits.max_top_logprobs:
-            field_name = names.get("top_logprobs", "top_logprobs")
-            can = (
-                f"at most {limits.max_top_logprobs}"
-                if limits.max_top_logprobs
-                else "none; ask only for the chosen token's log-prob"
+        """A 400 naming the field for what the engine refuses (its ``Capabilities``): never ignored."""
+        for feature, asked in REQUESTED_FEATURES.items():
+            amount = asked(params)
+            if not amount:
+                continue
+            field_name = names.get(feature, feature)
+            shown = (
+                field_name
+                if isinstance(amount, bool)
+                else f"{field_name} ({amount})"
+                if isinstance(amount, str)
+                else f"{field_name}={amount}"
             )
-            raise FeatureRefused(
-                field_name,
-                f"{field_name}={params.top_logprobs}: the {engine} engine reports {can} alternatives per token",
-            )
-        if params.prompt_logprobs and not limits.supports_prompt_logprobs:
-            field_name = names.get("prompt_logprobs", "prompt_logprobs")
-            raise FeatureRefused(
-                field_name, f"{field_name}: the {engine} engine does not compute prompt log-probs; leave it out"
-            )
-        if params.logit_bias and not limits.supports_logit_bias:
-            field_name = names.get("logit_bias", "logit_bias")
-            raise FeatureRefused(field_name, f"{field_name}: the {engine} engine cannot bias logits; leave it out")
+            capability = getattr(self.engine.capabilities, feature)
+            if not capability.honoured:
+                raise FeatureRefused(field_name, f"{shown}: {capability.reason}")
+            if isinstance(amount, int) and capability.most is not None and amount > capability.most:
+                raise FeatureRefused(
+                    field_name, f"{shown}: the {self.engine.name} engine honours at most {capability.most}"
+                )
         vocab = self.facts.vocab_size
         bad = next((i for i in params.logit_bias if not 0 <= i < vocab), None)
         if bad is not None:
             field_name = names.get("logit_bias", "logit_bias")
             raise FeatureRefused(field_name, f"{field_name} names token id {bad}; token ids must be in [0, {vocab})")
-        if params.guided is not None and not limits.supports_guided_decoding:
-            field_name = names.get("guided", "guided")
-            raise FeatureRefused(
-                field_name,
-                f"{field_name}: the {engine} engine has no constrained decoding "
-                f"({params.guided.kind}); leave it out or serve with option.rolling_batch=torch",
-            )
+
+    def require(self, feature: str, field_name: str, purpose: str = "") -> None:
+        """A 400 naming ``field_name`` when the engine refuses ``feature`` (a ``Capabilities`` field);
+        ``purpose`` says why the field needs it when that is not plain (best_of ranks by log-prob)."""
+        capability = getattr(self.engine.capabilities, feature)
+        if not capability.honoured:
+            raise FeatureRefused(field_name, f"{field_name}{purpose}: {capability.reason}")
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token-id sequences for bad words: each word as written and, for a word that does

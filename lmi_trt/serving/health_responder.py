@@ -7,7 +7,8 @@ An orchestrator whose liveness probe gets no answer kills the container.
 
 So while the model is PENDING, ``HealthResponder`` runs this file as a small child process (the
 standard library only, no lmi_trt import, so it starts in a fraction of a second) that alone accepts
-on the server's listening socket: ``GET /ping`` gets ``503 {"<model>": {"status": "PENDING"}}``,
+on the server's listening socket, over TLS when the server serves HTTPS (``TlsFiles``, whose context
+the server uses too): ``GET /ping`` gets ``503 {"<model>": {"status": "PENDING"}}``,
 anything else ``503`` "still loading" with ``Retry-After``, the same answers the server gives while
 loading. The server does not watch the socket meanwhile (an event loop frozen by the GIL could still
 accept in C, uvloop's does, and leave the connection unanswered). Once the model is ready (or failed),
@@ -22,9 +23,11 @@ import json
 import os
 import selectors
 import socket
+import ssl
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 
 HEAD_LIMIT = 16 * 1024  # request line + headers read before answering
 BODY_DRAIN_LIMIT = 1 << 20  # a body up to this is read (and dropped) so closing does not reset the answer
@@ -32,14 +35,50 @@ IO_TIMEOUT_S = 2.0  # per connection: a slow client cannot hold the responder
 RETRY_AFTER_S = 5
 
 
+_CLIENT_CERTS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The server side of HTTPS: PEM certificate chain and key; CA certificates and whether clients must
+    show a certificate they signed (``client_certs``: none, optional, required)."""
+
+    certfile: str
+    keyfile: str
+    cafile: str | None = None
+    client_certs: str = "none"
+
+    def context(self) -> ssl.SSLContext:
+        """The server's context, for the server and this responder alike (TLS 1.2+, the default ciphers:
+        ``create_default_context``). Raises OSError / ssl.SSLError for files that do not load."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        # No password: without this callback OpenSSL would prompt on the terminal for an encrypted key.
+        context.load_cert_chain(self.certfile, self.keyfile, password=_no_password)
+        if self.cafile is not None:
+            context.load_verify_locations(self.cafile)
+        context.verify_mode = _CLIENT_CERTS[self.client_certs]
+        return context
+
+
+def _no_password() -> str:
+    raise ValueError("the private key is encrypted; give it unencrypted (openssl pkey -in KEY -out PLAIN_KEY)")
+
+
 class HealthResponder:
     """The child process, started and stopped by the serving process (see the module docstring)."""
 
-    def __init__(self, listener: socket.socket, model_name: str) -> None:
+    def __init__(self, listener: socket.socket, model_name: str, tls: TlsFiles | None = None) -> None:
         read_end, control = os.pipe()
         self._control: int | None = control
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, str(listener.fileno()), str(read_end), model_name],
+            [
+                sys.executable,
+                __file__,
+                str(listener.fileno()),
+                str(read_end),
+                model_name,
+                json.dumps(asdict(tls) if tls is not None else None),
+            ],
             pass_fds=(listener.fileno(), read_end),
             stdin=subprocess.DEVNULL,
         )
@@ -96,11 +135,13 @@ def _content_length(head: bytes) -> int:
     return 0
 
 
-def _serve_one(conn: socket.socket, model_name: str) -> None:
+def _serve_one(conn: socket.socket, model_name: str, tls: ssl.SSLContext | None) -> None:
     deadline = time.monotonic() + IO_TIMEOUT_S
     conn.settimeout(IO_TIMEOUT_S)
     data = b""
     try:
+        if tls is not None:  # the handshake within the same bound (ssl.SSLError is an OSError)
+            conn = tls.wrap_socket(conn, server_side=True)
         while b"\r\n\r\n" not in data and len(data) < HEAD_LIMIT and time.monotonic() < deadline:
             chunk = conn.recv(4096)
             if not chunk:
@@ -120,7 +161,8 @@ def _serve_one(conn: socket.socket, model_name: str) -> None:
         conn.close()
 
 
-def run(listener_fd: int, control_fd: int, model_name: str) -> None:
+def run(listener_fd: int, control_fd: int, model_name: str, tls: TlsFiles | None = None) -> None:
+    context = tls.context() if tls is not None else None
     listener = socket.socket(fileno=listener_fd)
     listener.setblocking(False)  # shared with the server, which takes queued connections at the handover
     selector = selectors.DefaultSelector()
@@ -134,8 +176,9 @@ def run(listener_fd: int, control_fd: int, model_name: str) -> None:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             continue  # the server took it (at the handover) or the client gave up
-        _serve_one(conn, model_name)
+        _serve_one(conn, model_name, context)
 
 
 if __name__ == "__main__":
-    run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    files = json.loads(sys.argv[4])
+    run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], TlsFiles(**files) if files is not None else None)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -89,25 +89,59 @@ class ServingContext:
     # Top-level body key → handler, consulted by the LMI /invocations route when "inputs" is absent.
     invocation_handlers: dict[str, InvocationHandler] = field(default_factory=dict)
     invocation_models: list[type[BaseModel]] = field(default_factory=list)  # their request models (register_invocation)
+    # Schema → its field for each engine feature it can ask for (register_feature_fields; /v1/capabilities).
+    feature_fields: dict[str, Mapping[str, str]] = field(default_factory=dict)
     uploads: UploadBudget = field(init=False)
     json_worker: JsonWorker | None = None
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
+    _stalled: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.uploads = UploadBudget(self.config.max_upload_bytes)
 
     @property
     def status(self) -> ModelStatus:
-        if self.load_error is not None:
+        if self.dead:
             return ModelStatus.FAILED
         if self.service is None:
             return ModelStatus.PENDING
-        if not self.service.engine.healthy:
-            if not self._unhealthy_logged:
-                self._unhealthy_logged = True
-                log.error("engine %s reports unhealthy; /ping answers 503 FAILED", self.service.engine.name)
+        if self._watchdog_trips(self.service):
             return ModelStatus.FAILED
         return ModelStatus.HEALTHY
+
+    @property
+    def dead(self) -> bool:
+        """The load failed or the engine died: FAILED for good (the process exits, see app.serve)."""
+        if self.load_error is not None:
+            return True
+        if self.service is None or self.service.engine.healthy:
+            return False
+        if not self._unhealthy_logged:
+            self._unhealthy_logged = True
+            log.error("engine %s reports unhealthy; /ping answers 503 FAILED", self.service.engine.name)
+        return True
+
+    def _watchdog_trips(self, service: GenerationService) -> bool:
+        """option.watchdog_timeout: requests waited that long on the engine and no token came out of it.
+        FAILED until tokens flow again, so the platform's health check (SageMaker's /ping, a Kubernetes
+        liveness probe) replaces a hung container; unlike a dead engine it may recover, so the server
+        does not exit by itself. Each change is logged once."""
+        limit = self.config.watchdog_timeout
+        waited = service.stalled_for() if limit else 0.0
+        stalled = bool(limit) and waited > limit
+        if stalled and not self._stalled:
+            log.error(
+                "watchdog: requests have waited %.0f s on engine %s and no token came out of it "
+                "(option.watchdog_timeout=%d; %d waiting now); /ping answers 503 FAILED until tokens flow again",
+                waited,
+                service.engine.name,
+                limit,
+                service.waiting_on_engine,
+            )
+        elif self._stalled and not stalled:
+            log.warning("watchdog: engine %s produces tokens again; /ping answers 200", service.engine.name)
+        self._stalled = stalled
+        return stalled
 
     def require_service(self) -> GenerationService:
         """The request core, or 503 while the model is loading or after it failed."""
@@ -252,7 +286,7 @@ class JsonWorker:
 
     def close(self) -> None:
         # Joined (a body being parsed finishes; nobody waits for it): the CLI's exit skips the
-        # interpreter's atexit joins (lmi_trt.cli._exit_stopped), so no worker is left behind.
+        # interpreter's atexit joins (lmi_trt.cli.serve._exit_stopped), so no worker is left behind.
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -398,6 +432,12 @@ def add_post(
     if ROUTE_BODIES not in app:
         app[ROUTE_BODIES] = {}
     app[ROUTE_BODIES][path] = body
+
+
+def register_feature_fields(ctx: ServingContext, schema: str, names: Mapping[str, str]) -> None:
+    """``names`` (engine feature → the schema's field, what the schema passes to ``GenerationService.start``
+    for its 400s) as ``GET /v1/capabilities`` shows them."""
+    ctx.feature_fields[schema] = names
 
 
 def register_invocation(ctx: ServingContext, key: str, handler: InvocationHandler, *models: type[BaseModel]) -> None:

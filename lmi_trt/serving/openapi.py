@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from lmi_trt import __version__
+from lmi_trt.serving.access import PUBLIC_ROUTES
 from lmi_trt.serving.http import CONTEXT, ROUTE_BODIES, Body, ServingContext
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,14 @@ def build_spec(app: web.Application) -> dict[str, Any]:
             if body.text:
                 content["text/plain"] = {"schema": {"type": "string", "minLength": 1}}
             op["requestBody"] = {"required": True, "content": content}
+        if ctx.config.api_key is not None and path in PUBLIC_ROUTES:
+            op["security"] = []  # open without the key
         paths.setdefault(path, {})[method.lower()] = op
+    components: dict[str, Any] = {"schemas": schemas}
+    security: dict[str, Any] = {}
+    if ctx.config.api_key is not None:  # option.api_key: Authorization: Bearer <key> (serving.access)
+        components["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        security["security"] = [{"apiKey": []}]
     return {
         "openapi": "3.1.0",
         "info": {
@@ -162,7 +170,8 @@ def build_spec(app: web.Application) -> dict[str, Any]:
             "Triton generate and Truss schemas.",
         },
         "paths": dict(sorted(paths.items())),
-        "components": {"schemas": schemas},
+        "components": components,
+        **security,
     }
 
 

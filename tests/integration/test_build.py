@@ -494,7 +494,7 @@ def test_compile_on_a_release_without_the_executor(tiny, tmp_path, capsys, monke
     import tensorrt_llm
 
     monkeypatch.setattr(tensorrt_llm, "__version__", "1.3.0")
-    monkeypatch.setattr("lmi_trt.compile.commands.detect_trtllm_version", lambda: "1.3.0")
+    monkeypatch.setattr("lmi_trt.cli.compile.detect_trtllm_version", lambda: "1.3.0")
     rc = _cli(
         "compile",
         "--model-id",

@@ -1,4 +1,4 @@
-"""The torch engine's built-in decode loop (lmi_trt/engines/decode_loop.py) on CPU.
+"""The torch engine's built-in decode loop (lmi_trt/engines/torch/decode_loop.py) on CPU.
 
 test_torch_engine.py already runs every protocol test through this loop for the tiny Llama,
 Qwen2 and Mistral models (it is what ``auto`` picks for them). Here: Qwen3 (per-head q/k norms),
@@ -19,9 +19,9 @@ from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams
-from lmi_trt.engines.decode_loop import choose_decode_loop, graph_batch_sizes, plan_slots
-from lmi_trt.engines.llama_decoder import LlamaDecoder, unsupported_reason
 from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.engines.torch.decode_loop import choose_decode_loop, graph_batch_sizes, plan_slots
+from lmi_trt.engines.torch.llama_decoder import LlamaDecoder, unsupported_reason
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

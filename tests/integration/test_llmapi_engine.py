@@ -499,12 +499,15 @@ async def test_options_the_backend_cannot_honour_name_the_key(trt, model_dir):
         ("1.3.0", 20, True, True),  # prompt entries hold the prompt token (PR 11235)
     ],
 )
-async def test_what_each_release_serves_is_in_the_limits(trt, monkeypatch, model_dir, release, top, prompt_lps, bias):
+async def test_what_each_release_serves_is_in_its_capabilities(
+    trt, monkeypatch, model_dir, release, top, prompt_lps, bias
+):
     monkeypatch.setattr(trt, "__version__", release)
     engine = await started(model_dir)
     try:
-        limits = engine.limits
-        assert (limits.max_top_logprobs, limits.supports_prompt_logprobs, limits.supports_logit_bias) == (
+        caps = engine.capabilities
+        alternatives = caps.top_logprobs.most if caps.top_logprobs.honoured else 0
+        assert (alternatives, caps.prompt_logprobs.honoured, caps.logit_bias.honoured) == (
             top,
             prompt_lps,
             bias,

@@ -4,12 +4,15 @@
   loop raising a CUDA error): in-flight requests end with an error record (streamed) or a 424
   (not streamed), /ping turns 503 FAILED, new requests get 503, and the process exits non-zero on
   its own — no hang.
+* A stalled synthetic engine (no token for option.watchdog_timeout with a request waiting): /ping 503
+  FAILED with a log line saying why, and 200 again once tokens flow; the process stays up.
 * SIGTERM: the listener closes at once, in-flight streams run to their end, and the process exits 0;
   a stream longer than the shutdown timeout is cut at the timeout and the process still exits 0.
 
-The server runs through ``LAUNCHER``: the real CLI (``lmi_trt.cli.main``) with a test hook that
-kills the engine on SIGUSR1, and shorter waits than the CLI defaults (10 s before exiting once
-FAILED, 30 s of draining) so the tests do not sit through them; the code paths are the same.
+The server runs through ``LAUNCHER``: the real CLI (``lmi_trt.cli.main``) with test hooks that
+kill the engine on SIGUSR1 or stop and restart its steps on SIGUSR2, and shorter waits than the
+CLI defaults (10 s before exiting once FAILED, 30 s of draining) so the tests do not sit through
+them; the code paths are the same.
 """
 
 from __future__ import annotations
@@ -46,6 +49,19 @@ app_module.run_app = functools.partial(
     exit_on_failure_after=float(os.environ["LMI_TEST_EXIT_AFTER"]),
     shutdown_timeout=float(os.environ.get("LMI_TEST_SHUTDOWN_TIMEOUT", "30")),
 )
+if os.environ.get("LMI_TEST_STALL") == "synthetic":
+    # SIGUSR2 stops and restarts the synthetic engine's steps: requests stay in flight, no token comes.
+    from lmi_trt.engines.synthetic import SyntheticEngine
+    start = SyntheticEngine.start
+    def toggle(engine):
+        if "_step" in vars(engine):
+            del engine._step
+        else:
+            engine._step = lambda active: None
+    async def started(self):
+        await start(self)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, toggle, self)
+    SyntheticEngine.start = started
 kind = os.environ.get("LMI_TEST_KILL")
 if kind == "synthetic":
     from lmi_trt.engines.synthetic import SyntheticEngine
@@ -111,6 +127,11 @@ def launched(args: list[str], tmp_path: Path, env: dict[str, str]) -> Iterator[t
             proc.wait()
 
 
+def synthetic(*options: str) -> list[str]:
+    """`serve` arguments for the synthetic engine with the tiny Llama's tokenizer, and ``-o`` ``options``."""
+    return ["--model-id", str(tiny_model("llama")), "--engine", "synthetic", *(a for o in options for a in ("-o", o))]
+
+
 def _dies_cleanly(
     proc: subprocess.Popen,
     url: str,
@@ -156,17 +177,40 @@ def _dies_cleanly(
 
 
 def test_synthetic_engine_failure_ends_requests_turns_ping_503_and_exits_nonzero(tmp_path):
-    args = [
-        "--model-id",
-        str(tiny_model("llama")),
-        "--engine",
-        "synthetic",
-        "-o",
-        "option.synthetic_tokens_per_second=50",
-    ]
+    args = synthetic("option.synthetic_tokens_per_second=50")
     with launched(args, tmp_path, {"LMI_TEST_KILL": "synthetic", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
         body = {"inputs": "abc", "parameters": {"max_new_tokens": 400}}
         _dies_cleanly(proc, url, "llama", log, "/invocations", {**body, "stream": True}, "/invocations", body)
+
+
+def test_a_stalled_engine_fails_ping_with_a_log_line_and_recovers_when_tokens_flow(tmp_path):
+    """option.watchdog_timeout: a stream waits on an engine that stops producing tokens (SIGUSR2 stops the
+    synthetic engine's steps) → /ping 503 FAILED and a log line saying why, the process stays up; the
+    steps resume → /ping 200 and the stream ends as asked."""
+    args = synthetic("option.synthetic_tokens_per_second=50", "option.watchdog_timeout=1", "option.max_output_len=300")
+    with launched(args, tmp_path, {"LMI_TEST_STALL": "synthetic", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
+        body = {"inputs": "abc", "parameters": {"max_new_tokens": 300, "ignore_eos": True}, "stream": True}
+        with requests.post(url + "/invocations", json=body, stream=True, timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line)
+            os.kill(proc.pid, signal.SIGUSR2)
+            _wait_for_ping(url, 503, {"llama": {"status": "FAILED"}})
+            assert "watchdog: requests have waited" in log.read_text() and proc.poll() is None
+            os.kill(proc.pid, signal.SIGUSR2)
+            _wait_for_ping(url, 200, {"llama": {"status": "Healthy"}})
+            rest = [json.loads(line) for line in lines if line]
+        assert rest[-1]["generated_text"] and "error" not in rest[-1], rest[-1]
+        assert "produces tokens again" in log.read_text() and proc.poll() is None
+
+
+def _wait_for_ping(url: str, status: int, body: dict) -> None:
+    deadline = time.monotonic() + 60  # a bound that holds on a loaded machine, not a timing assertion
+    while True:
+        r = requests.get(url + "/ping", timeout=10)
+        if (r.status_code, r.json()) == (status, body):
+            return
+        assert time.monotonic() < deadline, (r.status_code, r.text)
+        time.sleep(0.1)
 
 
 def test_trtllm_executor_failure_ends_requests_turns_ping_503_and_exits_nonzero(tmp_path):
@@ -215,16 +259,7 @@ def test_sigterm_stops_accepting_drains_in_flight_streams_up_to_the_timeout_and_
     """Three streams that end within the shutdown timeout run to their end; one that would not is
     cut at the timeout; the listener closes at once; the exit code is 0."""
     timeout_s = 2.5
-    args = [
-        "--model-id",
-        str(tiny_model("llama")),
-        "--engine",
-        "synthetic",
-        "-o",
-        "option.synthetic_tokens_per_second=100",
-        "-o",
-        "option.max_output_len=4000",
-    ]
+    args = synthetic("option.synthetic_tokens_per_second=100", "option.max_output_len=4000")
     env = {"LMI_TEST_EXIT_AFTER": "10", "LMI_TEST_SHUTDOWN_TIMEOUT": str(timeout_s)}
     with launched(args, tmp_path, env) as (proc, url, log):
         outs = [{} for _ in range(4)]

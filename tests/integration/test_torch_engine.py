@@ -19,14 +19,14 @@ import torch
 from tinymodels import ARCHS, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from lmi_trt.engines import torch as torch_engine
 from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.engines.torch.continuous import CB_IMPORT_ERROR
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 # Without transformers' continuous batching API (the 0.12 and 1.0 images' transformers) the transformers path is static.
-_CB = "continuous" if torch_engine._CB_IMPORT_ERROR is None else "static"
+_CB = "continuous" if CB_IMPORT_ERROR is None else "static"
 # The other architectures take transformers' continuous batching where their model class supports its attention
 # backends, which transformers releases add over time (GPT-J gained it in the 5.x line, Falcon has not).
 DECODE_LOOP_ARCHS = ("llama", "qwen2", "mistral")
@@ -185,7 +185,7 @@ async def test_path_and_limits(bundle):
     if expected == "decode_loop":
         # The built-in loop needs transformers' shared rotary module (model.model.rotary_emb); older
         # transformers (the 0.12 image's 4.42) keep one per layer, and the engine takes its transformers path.
-        from lmi_trt.engines.llama_decoder import unsupported_reason
+        from lmi_trt.engines.torch.llama_decoder import unsupported_reason
 
         ref = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model(bundle.arch)))
         if unsupported_reason(ref, MAX_INPUT + MAX_NEW) is not None:
@@ -194,7 +194,7 @@ async def test_path_and_limits(bundle):
     assert bundle.engine.healthy
     limits = bundle.engine.limits
     assert (limits.max_batch_size, limits.max_input_len, limits.max_new_tokens) == (MAX_BATCH, MAX_INPUT, MAX_NEW)
-    assert limits.supports_logprobs and limits.max_beam_width == 1
+    assert bundle.engine.capabilities.logprobs.honoured and limits.max_beam_width == 1
 
 
 async def test_greedy_matches_generate_concurrently(bundle):

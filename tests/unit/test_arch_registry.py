@@ -169,7 +169,11 @@ def _compares_to_engine_name(tree: ast.AST) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("module", ["config.py", "cli.py", "launch.py", "loader.py", "engines/__init__.py"])
+@pytest.mark.parametrize(
+    "module",
+    ["config.py", "launch.py", "loader.py", "engines/__init__.py"]
+    + sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "cli").glob("*.py")),
+)
 def test_no_stage_branches_on_an_engine_name(module):
     # Engine-specific rules live on the registry's entries (launch rule, compiles, uses_model, ...).
     tree = ast.parse((PACKAGE / module).read_text())

@@ -11,9 +11,9 @@ import transformers
 from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM
 
-from lmi_trt.engines import torch as torch_engine
 from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
 from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.engines.torch.continuous import CB_IMPORT_ERROR
 
 pytestmark = pytest.mark.asyncio
 
@@ -43,7 +43,7 @@ async def test_fp32_load_and_greedy_generation_match_transformers(caplog):
             torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=[2], pad_token_id=0
         )[0, len(prompt) :].tolist()
         assert [t for o in outs for t in o.token_ids] == expected
-        if torch_engine._CB_IMPORT_ERROR is not None:  # transformers without the continuous batching API
+        if CB_IMPORT_ERROR is not None:  # transformers without the continuous batching API
             assert engine.batching == "static"
             assert any(
                 "static batching because this transformers has no usable continuous batching API" in r.getMessage()
@@ -55,7 +55,7 @@ async def test_fp32_load_and_greedy_generation_match_transformers(caplog):
         await engine.close()
 
 
-@pytest.mark.skipif(torch_engine._CB_IMPORT_ERROR is None, reason="this transformers has continuous batching")
+@pytest.mark.skipif(CB_IMPORT_ERROR is None, reason="this transformers has continuous batching")
 async def test_continuous_batching_asked_for_without_the_api_names_the_reason():
     with pytest.raises(EngineError) as err:
         await TorchEngine(tiny_model("llama"), max_input_len=16, max_new_tokens=4, batching="continuous").start()

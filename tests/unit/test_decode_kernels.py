@@ -14,7 +14,7 @@ from pathlib import Path
 CHECK = """
 import torch
 import torch.nn.functional as F
-from lmi_trt.engines.decode_kernels import decode_attention, rotary_into_cache, silu_mul
+from lmi_trt.engines.torch.decode_kernels import decode_attention, rotary_into_cache, silu_mul
 torch.manual_seed(0)
 b, heads, kv_heads, s, d = 5, 8, 2, 150, 16
 
@@ -55,7 +55,7 @@ torch.testing.assert_close(silu_mul(gate_up), F.silu(gate_up[:, :1500]) * gate_u
 # The whole forward pass with the kernels on (forced, on CPU) against torch operations only.
 from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM
-from lmi_trt.engines.llama_decoder import LlamaDecoder
+from lmi_trt.engines.torch.llama_decoder import LlamaDecoder
 model = AutoModelForCausalLM.from_pretrained(str(tiny_model("qwen2"))).eval()  # q/k/v biases too
 decoder = LlamaDecoder(model, slots=4, max_seq_len=40)
 prompts = torch.tensor([[1, 5, 9, 10, 11, 12, 40, 41], [1, 7, 8, 9, 0, 0, 0, 0]])

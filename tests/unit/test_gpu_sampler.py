@@ -18,8 +18,8 @@ from transformers.generation.logits_process import (
 )
 
 from lmi_trt.engines.base import SamplingParams
-from lmi_trt.engines.gpu_sampler import Mode, SamplerState, process, row_mode, sample, uniforms, warp
-from lmi_trt.engines.torch import banned_next_tokens
+from lmi_trt.engines.torch.backend import banned_next_tokens
+from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, process, row_mode, sample, uniforms, warp
 
 VOCAB = 97
 EOS = [2, 5]

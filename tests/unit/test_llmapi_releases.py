@@ -7,8 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from lmi_trt.engines.base import SamplingParams, features_used, refusal
-from lmi_trt.engines.llmapi_releases import TORCH, TRTLLM, llm_sampler, refused, render_table, replace_table
+from lmi_trt.engines.base import SAMPLING_FEATURES, Capabilities, SamplingParams
+from lmi_trt.engines.llmapi import release_capabilities, release_refusals
+from lmi_trt.engines.llmapi_releases import (
+    TORCH,
+    TRTLLM,
+    first_unsupported,
+    llm_sampler,
+    not_applied,
+    render_table,
+    replace_table,
+    requested,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 IGNORED_BY_TORCH_SAMPLER = {"seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_new_tokens"}
@@ -47,21 +57,36 @@ def test_the_sampler_per_release():
     ],
 )
 def test_what_each_release_refuses(version, series, sampler, expected):
-    why = dict(refused(version, series, sampler))
+    why = not_applied(version, series, sampler)
     penalties_with_beams = {f"beam_width+{p}" for p in ("repetition_penalty", "presence_penalty", "frequency_penalty")}
     assert set(why) - penalties_with_beams == expected
     assert (penalties_with_beams <= set(why)) is (sampler == TORCH)
     assert all(f"TensorRT-LLM {version}'s {sampler}" in reason for reason in why.values())
 
 
+def test_the_serving_layer_refuses_from_the_same_table():
+    """The engine's Capabilities (what the server's 400s and /v1/capabilities show) are the table's, plus one
+    rule of the model: min_tokens holds back one end id, so a model with several is refused on every release."""
+    caps, no = release_capabilities("1.2.1", TORCH, 512, [2]), release_refusals("1.2.1", TORCH, 512, [2])
+    assert isinstance(caps, Capabilities) and caps.release == "TensorRT-LLM 1.2.1 (pytorch backend, TorchSampler)"
+    for feature, capability in caps.features().items():
+        assert capability.honoured is (feature not in no), feature
+        assert capability.honoured or capability.reason == no[feature]
+    assert {f for f in SAMPLING_FEATURES if not caps.features()[f].honoured} == set(SAMPLING_FEATURES)
+    caps = release_capabilities("1.3.0", TORCH, None, [2, 7])
+    assert not caps.min_new_tokens.honoured and "[7]" in caps.min_new_tokens.reason
+    assert not caps.logit_bias.honoured and "vocab_size" in caps.logit_bias.reason  # no vocab_size in config.json
+    assert caps.seed.honoured and caps.bad_words.honoured and caps.top_logprobs.most == 20
+
+
 def test_a_requests_features_and_the_first_refusal():
     plain = SamplingParams()
-    assert features_used(plain, bad_words=False, stop_token_ids=True) == frozenset()  # stops count with ignore_eos
+    assert requested(plain, bad_words=False, stop_token_ids=True) == frozenset()  # stops count with ignore_eos
     hot = SamplingParams(do_sample=True, seed=3, repetition_penalty=1.1, min_new_tokens=2, beam_width=2, logprobs=True)
-    used = features_used(hot, bad_words=True, stop_token_ids=False)
+    used = requested(hot, bad_words=True, stop_token_ids=False)
     assert used == {"sampling", "seed", "repetition_penalty", "min_new_tokens", "bad_words", "beam_width", "logprobs"}
-    assert "seed" not in features_used(SamplingParams(seed=3), bad_words=False, stop_token_ids=False)  # greedy
-    rules = (("top_logprobs", "a"), ("beam_width+logprobs", "b"), ("seed", "c"))
-    assert refusal(rules, used) == ("logprobs", "with beam_width: b")
-    assert refusal(rules[2:], used) == ("seed", "c")
-    assert refusal(rules[:1], used) is None
+    assert "seed" not in requested(SamplingParams(seed=3), bad_words=False, stop_token_ids=False)  # greedy
+    rules = {"top_logprobs": "a", "beam_width+logprobs": "b", "seed": "c"}
+    assert first_unsupported(rules, used) == ("logprobs", "with beam_width: b")
+    assert first_unsupported({"seed": "c"}, used) == ("seed", "c")
+    assert first_unsupported({"top_logprobs": "a"}, used) is None

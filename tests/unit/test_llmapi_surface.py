@@ -431,11 +431,11 @@ def test_requests_map_onto_sampling_params():
     }
     assert sampled.sampling["ignore_eos"] and sampled.sampling["stop_token_ids"] is None and sampled.end_id == -1
     # where the release's sampler draws from its own generator, no seed is sent for an unseeded request
-    why = (("seed", "TorchSampler's one generator"),)
-    unseeded = plan_request(GenerationRequest("u", [1], SamplingParams(do_sample=True)), **PLAN, refused=why)
+    why = {"seed": "TorchSampler's one generator; leave it out"}
+    unseeded = plan_request(GenerationRequest("u", [1], SamplingParams(do_sample=True)), **PLAN, unsupported=why)
     assert "seed" not in unseeded.sampling
     with pytest.raises(EngineError, match="seed: TorchSampler's one generator; leave it out") as err:
-        plan_request(GenerationRequest("s", [1], hot), **PLAN, refused=why)
+        plan_request(GenerationRequest("s", [1], hot), **PLAN, unsupported=why)
     assert err.value.code == 400
     beam = plan_request(
         GenerationRequest("b", [1], SamplingParams(beam_width=3), streaming=False), **{**PLAN, "max_beam_width": 4}

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import torch
 
-from lmi_trt.engines import torch as torch_engine
+from lmi_trt.engines.torch import backend as torch_backend
+from lmi_trt.engines.torch.static import StaticBackend
 
 
 class _GatherProbe(threading.Condition):
@@ -32,7 +33,7 @@ class _GatherProbe(threading.Condition):
         return super().wait(timeout)
 
 
-class _Recording(torch_engine._StaticBackend):
+class _Recording(StaticBackend):
     def __init__(self, engine, model) -> None:
         self.batches: list[list] = []
         self.decoded = threading.Event()
@@ -44,7 +45,7 @@ class _Recording(torch_engine._StaticBackend):
 
 
 class _Request:
-    """What the backend's queue handles of a request (torch_engine._Slot's queue-time hook)."""
+    """What the backend's queue handles of a request (torch_backend.Slot's queue-time hook)."""
 
     def scheduled(self) -> None:
         pass
@@ -60,7 +61,7 @@ def _until(condition, bound_s: float = 60.0) -> bool:
 def test_a_request_cancelled_while_its_batch_gathers_leaves_the_thread_serving(monkeypatch):
     """The client of the only pending request leaves while the batch gathers: the batch is empty.
     The thread used to take that for "stopping" and exit, so every later request waited forever."""
-    monkeypatch.setattr(torch_engine, "threading", SimpleNamespace(Condition=_GatherProbe, Thread=threading.Thread))
+    monkeypatch.setattr(torch_backend, "threading", SimpleNamespace(Condition=_GatherProbe, Thread=threading.Thread))
     died: list[str] = []
     engine = SimpleNamespace(max_batch_size=4, die=died.append, fail=lambda *a: died.append(a))
     backend = _Recording(engine, SimpleNamespace(device=torch.device("cpu")))

@@ -56,7 +56,6 @@ PARAMETERS_NAMES = {
         "min_new_tokens",
         "bad_words",
         "stop_token_ids",
-        "logit_bias",
     )
 }
 

@@ -46,6 +46,7 @@ from lmi_trt.serving.http import (
     json_response,
     load_json,
     read_body,
+    register_feature_fields,
     validate,
 )
 from lmi_trt.serving.protocols._common import PARAMETERS_NAMES
@@ -192,6 +193,7 @@ def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) 
 # --- encoding ---
 NAMES = {
     **PARAMETERS_NAMES,
+    "logprobs": "parameters.details",
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.guided_json/guided_regex/guided_grammar",
@@ -325,7 +327,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
             )
         return await _batch(ctx, req, params)
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
-    if fmt != "json" and service.engine.limits.supports_logprobs:
+    if fmt != "json" and service.engine.capabilities.logprobs.honoured:
         params = params.model_copy(update={"logprobs": True})  # DJL's streams carry every token's log_prob
     async with await service.start(req.inputs, params, names=NAMES) as stream:
         if fmt == "json":
@@ -411,3 +413,4 @@ def install(app: web.Application, ctx: ServingContext) -> None:
     add_post(app, "/invocations", invocations, INVOCATIONS_BODY)
     add_post(app, "/predictions/{model}", predictions, INVOCATIONS_BODY)
     add_post(app, "/predictions/{model}/{version}", predictions, INVOCATIONS_BODY)
+    register_feature_fields(ctx, "lmi", NAMES)

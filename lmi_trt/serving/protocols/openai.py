@@ -25,7 +25,6 @@ import asyncio
 import difflib
 import logging
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import FinishReason, GuidedDecoding
 from lmi_trt.serving import chat, tool_calls
+from lmi_trt.serving.access import current_request_id
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
@@ -51,6 +51,7 @@ from lmi_trt.serving.http import (
     add_post,
     error_response,
     json_response,
+    register_feature_fields,
     register_invocation,
 )
 from lmi_trt.serving.protocols._common import (
@@ -323,17 +324,24 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+# The sampling features an engine may refuse (engines.base.Capabilities), as both OpenAI schemas spell them.
+OPENAI_SAMPLING_NAMES = {
+    name: name
+    for name in ("seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "bad_words", "stop_token_ids")
+} | {"min_new_tokens": "min_tokens"}
 CHAT_NAMES = {
+    "logprobs": "logprobs",
     "top_logprobs": "top_logprobs",
-    "guided": "response_format",
+    "guided": "response_format",  # or tool_choice, when it names a function (_chat)
     "logit_bias": "logit_bias",
-    "min_new_tokens": "min_tokens",
+    **OPENAI_SAMPLING_NAMES,
 }
 COMPLETION_NAMES = {
+    "logprobs": "logprobs",
     "top_logprobs": "logprobs",
     "logit_bias": "logit_bias",
     "prompt_logprobs": "echo",
-    "min_new_tokens": "min_tokens",
+    **OPENAI_SAMPLING_NAMES,
 }
 
 
@@ -382,13 +390,6 @@ class _CompletionLogprobs:
         }
 
 
-def _check_logprobs(ctx: ServingContext, wanted: bool, param: str) -> None:
-    if wanted and not ctx.require_service().engine.limits.supports_logprobs:
-        raise FieldError(
-            param, f"{param} was asked for, but the {ctx.require_service().engine.name} engine does not report logprobs"
-        )
-
-
 # --- chat ---
 ChatFormat = Literal["json", "sse", "jsonlines"]
 
@@ -419,7 +420,6 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
         template=chat.template_text(service.tokenizer, ctx.config.chat_template),
     )
     params = req.generate_params(tools)
-    _check_logprobs(ctx, params.logprobs, "logprobs")
     prompt = await chat.prompt_for(
         service,
         req.messages,
@@ -430,7 +430,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     )
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
     render_error = error_response if at_invocations else openai_error
-    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    cid = f"chatcmpl-{current_request_id()}"  # the X-Request-Id, as vLLM names it
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     names = CHAT_NAMES if tools is None or tools.guided() is None else {**CHAT_NAMES, "guided": "tool_choice"}
@@ -640,8 +640,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
     params = req.generate_params()
     prompts = req.prompts()
     service = ctx.require_service()
-    _check_logprobs(ctx, params.logprobs, "logprobs")
-    cid = f"cmpl-{uuid.uuid4().hex}"
+    cid = f"cmpl-{current_request_id()}"
     created = int(time.time())
     base = {
         "id": cid,
@@ -670,7 +669,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
     if not req.stream:
         best_of = max(req.best_of or 1, req.n or 1)
         if best_of > (req.n or 1):  # ranked by the sequences' log-probs: the engine must report them
-            _check_logprobs(ctx, True, "best_of")
+            service.require("logprobs", "best_of", " ranks the sequences by log-prob")
         ranked = params if best_of == (req.n or 1) else params.model_copy(update={"logprobs": True})
         cs = await collect_n(
             service, prompt, ranked, best_of, field_name="prompt", max_tokens_field="max_tokens", names=COMPLETION_NAMES
@@ -863,3 +862,5 @@ def install(app: web.Application, ctx: ServingContext) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     register_invocation(ctx, "messages", chat_at_invocations, ChatRequest)
+    register_feature_fields(ctx, "openai.chat", CHAT_NAMES)
+    register_feature_fields(ctx, "openai.completions", COMPLETION_NAMES)

@@ -40,7 +40,15 @@ from lmi_trt.serving.core import (
     sampling_params,
 )
 from lmi_trt.serving.errors import LmiHttpError
-from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
+from lmi_trt.serving.http import (
+    CONTEXT,
+    Body,
+    ModelStatus,
+    ServingContext,
+    add_post,
+    json_response,
+    register_feature_fields,
+)
 from lmi_trt.serving.protocols._common import (
     PARAMETERS_NAMES,
     SSE_HEADERS,
@@ -146,6 +154,7 @@ class TgiRequest(BaseModel):
 
 NAMES = {
     **PARAMETERS_NAMES,
+    "logprobs": "parameters.details",
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.grammar",
@@ -175,12 +184,7 @@ async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> 
     service = ctx.require_service()
     best_of = req.parameters.best_of or 1
     if best_of > 1:  # the best by log-prob per token, as TGI picks it; the engine must report log-probs
-        if not service.engine.limits.supports_logprobs:
-            raise FieldError(
-                "parameters.best_of",
-                f"parameters.best_of={best_of}: the {service.engine.name} engine "
-                "does not report the log-probs the best is chosen by; leave it out",
-            )
+        service.require("logprobs", "parameters.best_of", " picks the best by log-prob")
         params = params.model_copy(update={"logprobs": True})
     cs = await collect_n(service, req.inputs, params, best_of, "parameters.best_of", names=NAMES)
     err = next((c.error for c in cs if c.error is not None), None)
@@ -336,3 +340,4 @@ def install(app: web.Application, ctx: ServingContext) -> None:
     add_post(app, "/", compat_generate, Body((TgiRequest,)))
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
+    register_feature_fields(ctx, "tgi", NAMES)

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..guided import allowed_tokens
+from .backend import Host, QueuedBackend, Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
-from .guided import allowed_tokens
 from .llama_decoder import LlamaDecoder, unsupported_reason
-from .torch import QueuedBackend, TorchEngine, _Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def graph_batch_sizes(slots: int) -> list[int]:
 class _Row:
     """A request holding a cache slot."""
 
-    slot: _Slot
+    slot: Slot
     index: int
     prompt: list[int]
     single_bad: list[int]
@@ -141,11 +141,11 @@ class _Plan:
 
 
 class DecodeLoopBackend(QueuedBackend):
-    """The ``_Backend`` of ``TorchEngine`` that runs the built-in loop (see the module docstring)."""
+    """The ``Backend`` of ``TorchEngine`` that runs the built-in loop (see the module docstring)."""
 
     name = "decode_loop"
 
-    def __init__(self, engine: TorchEngine, model: torch.nn.Module) -> None:
+    def __init__(self, engine: Host, model: torch.nn.Module) -> None:
         self._engine = engine
         self._device = model.device
         self._cuda = self._device.type == "cuda"
@@ -454,7 +454,7 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _emit(self, launch: _Launch) -> None:
         tokens, logprobs, status, *top = launch.host.tolist()
-        items: list[tuple[_Slot, EngineOutput]] = []
+        items: list[tuple[Slot, EngineOutput]] = []
         for column, row in enumerate(launch.rows):
             if row is None or row.done:
                 continue
@@ -485,5 +485,5 @@ class DecodeLoopBackend(QueuedBackend):
                     ),
                 )
             )
-        self._engine._sampled_rows += len(items)  # only this thread writes it
-        self._engine._deliver(items)
+        self._engine.sampled_rows += len(items)  # only this thread writes it
+        self._engine.deliver(items)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .base import SamplingParams
+from ..base import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 # Multipliers below 2**31, so that a 32-bit value times one fits an int64 without overflow.

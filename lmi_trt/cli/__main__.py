@@ -1,0 +1,5 @@
+import sys
+
+from lmi_trt.cli import main
+
+sys.exit(main())

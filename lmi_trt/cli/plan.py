@@ -1,0 +1,194 @@
+"""``lmi-trt plan [--json] [--gpu NAME] [--gpu-sm N] [--gpu-memory-gib N] [--gpu-count N] [--trtllm-version V]``
+prints the BuildPlan and the memory estimate. It reads only config.json (local folder, s3:// or the HF hub), never
+weights, and needs no GPU: without one it plans for ``--gpu`` (default h100)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from lmi_trt.compile.errors import PlanError
+from lmi_trt.compile.options import CompileOptions
+from lmi_trt.compile.plan import check_fits
+from lmi_trt.compile.probe import detect_gpu, detect_trtllm_version
+from lmi_trt.vocabulary import quantization_name
+
+from .flags import add_config_flags, load_compile_job
+from .target import DEFAULT_PLAN_TRTLLM_VERSION, add_target_flags, checkpoint_backend, target_gpu
+
+MAX_TP_ASSUMED_GPUS = 8  # tensor_parallel_degree=max on an assumed host: one 8-GPU node
+GiB = 1024**3
+
+
+def add_parser(subparsers: Any) -> None:
+    plan = subparsers.add_parser("plan", help="print the engine build plan and memory estimate (no weights, no GPU)")
+    add_config_flags(plan)
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    add_target_flags(plan, for_compile=False)
+    plan.set_defaults(func=cmd_plan)
+
+
+def fetch_hf_config(config: Any) -> dict[str, Any]:
+    """config.json of the model ``config`` names (HF or TensorRT-LLM checkpoint), without its weights."""
+    from lmi_trt.sources import SourceError
+
+    model_id = config.model_id or (str(config.model_dir) if config.model_dir else None)
+    if model_id is None:
+        raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or --model-id")
+    if model_id.startswith("s3://"):
+        from lmi_trt.sources.s3 import make_client, parse_s3_uri
+
+        uri = parse_s3_uri(model_id)
+        try:
+            body = make_client().get_object(Bucket=uri.bucket, Key=f"{uri.prefix}config.json")["Body"].read()
+        except Exception as e:
+            raise SourceError(f"option.model_id={model_id!r}: cannot read {uri}config.json ({e})") from e
+        return json.loads(body)
+    local = Path(model_id).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        if not path.is_file():
+            raise SourceError(f"option.model_id={model_id!r}: {path} does not exist")
+        return json.loads(path.read_text())
+    from huggingface_hub import hf_hub_download
+
+    token = config.hf_token.get_secret_value() if config.hf_token is not None else None
+    try:
+        return json.loads(
+            Path(hf_hub_download(model_id, "config.json", revision=config.revision, token=token)).read_text()
+        )
+    except Exception as e:
+        raise SourceError(
+            f"option.model_id={model_id!r}: cannot fetch config.json from the Hugging Face hub "
+            f"({type(e).__name__}: {e})"
+        ) from e
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | None]:
+    """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and on the
+    pytorch backend the ``LLM`` keywords (no engine build)."""
+    from lmi_trt.engines import registry
+
+    backend, why = checkpoint_backend(config, version)
+    if backend != "pytorch":
+        return backend, why, None
+    from lmi_trt.engines.llmapi import llm_api_series, llm_plan
+
+    # ``config`` is settled for the compiling engine (lmi_trt.cli.load_compile_job); 'max' is the launcher's
+    tp = config.tensor_parallel_degree
+    settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
+    planned = llm_plan(settings, llm_api_series(version))
+    nested = {"kv_cache_config": planned.kv_cache_config, "scheduler_config": planned.scheduler_config}
+    return backend, why, {**planned.keywords, **{k: v for k, v in nested.items() if v}}
+
+
+def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, dict[str, Any] | None]) -> str:
+    plan, mem, gpu = prepared.plan, prepared.memory, prepared.gpu
+    name, why, llm_keywords = backend
+    q = plan.quant
+    quant = (
+        "none"
+        if q.quant_algo is None and q.kv_cache_quant_algo is None
+        else f"{quantization_name(q.quantize)}: quant_algo={q.quant_algo}, "
+        f"kv_cache_quant_algo={q.kv_cache_quant_algo} ({q.method})"
+    )
+    plugins = ", ".join(f"{k}={v}" for k, v in plan.plugins.plugin_config_kwargs().items())
+    lines = [
+        f"Plan: {plan.architecture} ({plan.family} → {plan.converter.trtllm_class}), TensorRT-LLM "
+        f"{plan.trtllm_version}, {gpu.count}× {gpu.name} (SM {gpu.sm / 10:.1f}, {gpu.memory_gib:.0f} GiB)",
+        f"  dtype          {plan.dtype}",
+        f"  lengths        max_input_len {plan.max_input_len}, max_output_len {plan.max_output_len} (new tokens), "
+        f"max_seq_len {plan.max_seq_len}",
+        f"  batch          max_batch_size {plan.max_batch_size}, max_num_tokens {plan.max_num_tokens}, "
+        f"max_beam_width {plan.max_beam_width}",
+        f"  parallelism    TP {plan.tp_size} × PP {plan.pp_size}",
+        f"  backend        {name} ({why})",
+    ]
+    if llm_keywords is None:
+        lines += [
+            f"  quantization   {quant}",
+            f"  plugins        {plugins}",
+            f"  converter      {json.dumps(plan.converter.kwargs)}"
+            + (
+                f", config.json overrides {json.dumps(plan.converter.hf_config_overrides)}"
+                if plan.converter.hf_config_overrides
+                else ""
+            ),
+        ]
+    else:  # no TensorRT engine: the LLM loads the checkpoint with these keywords
+        lines.append(f"  LLM keywords   {json.dumps(llm_keywords)}")
+    lines += [
+        "Memory per GPU (estimate):",
+        f"  weights        {_gib(mem.weight_bytes_per_gpu)} (all ranks: {_gib(mem.weight_bytes_total)})",
+        f"  activations    {_gib(mem.activation_reserve_bytes)} reserved",
+        f"  KV cache       {mem.kv_bytes_per_token:,} bytes/token; {_gib(mem.kv_cache_bytes)} at fraction "
+        f"{mem.kv_cache_fraction} → {mem.max_kv_tokens:,} tokens",
+        f"  concurrency    {mem.max_concurrent_sequences:,} sequences of {plan.max_seq_len} tokens at once",
+    ]
+    notes = ([assumption] if assumption else []) + list(plan.notes) + list(mem.notes)
+    if notes:
+        lines.append("Notes:")
+        lines += [f"  - {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from lmi_trt.compile.jit import prepare_plan
+    from lmi_trt.engines.base import EngineError
+    from lmi_trt.sources import SourceError
+
+    try:
+        config, job = load_compile_job(args)
+        model_config = fetch_hf_config(config)
+        if "build_config" in model_config:
+            raise PlanError(
+                "option.model_id",
+                config.model_id,
+                "is already a TensorRT-LLM engine",
+                "Serve it as it is; plan the HF checkpoint it was built from",
+            )
+        checkpoint = "architecture" in model_config and "architectures" not in model_config
+        gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
+        version = args.trtllm_version or detect_trtllm_version()
+        if version is None:
+            version = DEFAULT_PLAN_TRTLLM_VERSION
+            assumption = "; ".join(filter(None, [assumption, f"TensorRT-LLM not installed; planning for {version}"]))
+        prepared = prepare_plan(job, model_config, gpu, version, checkpoint=checkpoint, require_fit=False)
+        backend = plan_backend(config, version)
+    except (PlanError, SourceError, ValueError, EngineError) as e:  # EngineError: a key the LLM cannot take
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        name, why, llm_keywords = backend
+        print(
+            json.dumps(
+                {
+                    "plan": prepared.plan.model_dump(mode="json"),
+                    "memory": prepared.memory.model_dump(mode="json"),
+                    "gpu": gpu.model_dump(mode="json"),
+                    "assumption": assumption,
+                    "backend": {"name": name, "why": why, "llm_keywords": llm_keywords},
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(render_plan(prepared, assumption, backend))
+    try:
+        check_fits(prepared.plan, prepared.memory)
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _wanted_gpus(opts: CompileOptions) -> int:
+    tp = opts.tensor_parallel_degree
+    return (tp if isinstance(tp, int) else MAX_TP_ASSUMED_GPUS) * opts.pipeline_parallel_degree
