@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from lmi_trt.engines.base import SAMPLING_FEATURES
 from lmi_trt.serving.core import (
     Completion,
     Delta,
@@ -44,20 +45,9 @@ def validate_body(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
         raise FieldError(param or None, f"invalid request: {format_validation_error(e, prefix)}") from None
 
 
-# LMI's and TGI's ``parameters`` carry GenerateParams' own field names: the ones an engine may refuse
-# (lmi_trt.engines.base.features_used), as the request spells them.
-PARAMETERS_NAMES = {
-    name: f"parameters.{name}"
-    for name in (
-        "seed",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "min_new_tokens",
-        "bad_words",
-        "stop_token_ids",
-    )
-}
+# LMI's and TGI's ``parameters`` carry GenerateParams' own field names for the sampling features an engine may
+# refuse (lmi_trt.engines.base.Capabilities), as the request spells them.
+PARAMETERS_NAMES = {name: f"parameters.{name}" for name in SAMPLING_FEATURES}
 
 
 def neutral_params(names: dict[str, str] | None = None, **fields: Any) -> GenerateParams:
