@@ -549,3 +549,29 @@ async def test_logit_bias_is_the_samplers_embedding_bias(trt, monkeypatch, model
         assert tokens_of(away) != [first]
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, model_dir, hf_model, release):
+    """option.max_beam_width > 1: 1.0 and 1.1/1.2 run every request on the TRTLLMSampler (built without the overlap
+    scheduler and CUDA graphs, as it needs), main on its TorchSampler; what that sampler lacks is refused."""
+    import torch
+
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir, settings(max_beam_width=2))
+    try:
+        outs = await collect(engine, req("beam", PROMPTS[0], streaming=False, max_new_tokens=6, beam_width=2))
+        with torch.no_grad():
+            want = hf_model.generate(torch.tensor([PROMPTS[0]]), num_beams=2, max_new_tokens=6, do_sample=False)
+        assert tokens_of(outs) == want[0, len(PROMPTS[0]) :].tolist()
+        pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
+        if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
+            assert pen[0].error_code == 400 and "presence_penalty" in pen[0].error and "beam_width" in pen[0].error
+        else:
+            assert pen[-1].error is None
+        lps = await collect(engine, req("lp", PROMPTS[0], False, max_new_tokens=4, beam_width=2, logprobs=True))
+        assert lps[0].error_code == 400 and "logprobs" in lps[0].error and release in lps[0].error
+        top = engine.capabilities.top_logprobs
+        assert top.honoured is (release == "1.3.0")  # the TRTLLMSampler's: the sampled token's only
+    finally:
+        await engine.close()
