@@ -17,10 +17,11 @@ Which sampler runs a request decides most of it; the LLM has one for every reque
 
 The ``TRTLLMSampler`` applies temperature, top-k/top-p, a request's seed, the repetition/presence/frequency
 penalties, min length, bad words and beam search (the C++ decoder set up from each request's ``SamplingConfig``,
-``TRTLLMSampler.setup_sampler_step``; docs features/sampling.md of 1.0.0: "temperature, top-k and top-p sampling,
-beam search, stop words, bad words, penalty, ... log probability, guided decoding"; PR 8127's thread: "Only trtllm
-sampler in torch path supports these penalties"). Whether it adds ``embedding_bias`` or reports more than the
-sampled token's log prob was not read: refused until someone reads it.
+``TRTLLMSampler.setup_sampler_step``, whose batch config keeps ``randomSeed``, the penalties and ``minLength`` per
+request: cpp/include/tensorrt_llm/runtime/samplingConfig.h; docs features/sampling.md of 1.0.0: "temperature,
+top-k and top-p sampling, beam search, stop words, bad words, penalty, ... log probability, guided decoding"; PR
+8127's thread: "Only trtllm sampler in torch path supports these penalties"). Whether it adds ``embedding_bias``
+or reports more than the sampled token's log prob was not read: refused until someone reads it.
 """
 
 from __future__ import annotations
