@@ -56,6 +56,7 @@ def summary(tokens: int, seconds: float, ttfts: list[float], itls: list[float]) 
         "ttft_p50_ms": ms(ttfts, 50),
         "ttft_p99_ms": ms(ttfts, 99),
         "itl_p50_ms": ms(itls, 50),
+        "itl_p90_ms": ms(itls, 90),
         "itl_p99_ms": ms(itls, 99),
     }
 
@@ -147,10 +148,23 @@ def hf_continuous(model, batch: list[list[int]], out_tokens: int) -> dict:
     return result
 
 
+async def stream(engine, rid: str, ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
+    """One greedy request for ``tokens`` new tokens (ignore_eos): its tokens, and when each arrived."""
+    from lmi_trt.engines.base import GenerationRequest, SamplingParams
+
+    got, times = [], []
+    sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+    async for delta in engine.submit(GenerationRequest(rid, ids, sampling)):
+        if delta.error:
+            raise RuntimeError(delta.error)
+        got += delta.token_ids
+        times += [time.perf_counter()] * len(delta.token_ids)
+    return got, times
+
+
 async def lmi_run(
     model_dir: Path, batch: list[list[int]], out_tokens: int, max_num_tokens: int, profile_dir: Path | None
 ) -> dict:
-    from lmi_trt.engines.base import GenerationRequest, SamplingParams
     from lmi_trt.engines.torch import TorchEngine
     from lmi_trt.engines.torch.gpu_sampler import Mode
 
@@ -169,23 +183,12 @@ async def lmi_run(
     await engine.start()
     result: dict = {"startup_s": time.perf_counter() - started}
 
-    async def one(rid: str, ids: list[int], tokens: int, t0: float) -> tuple[list[int], list[float]]:
-        got, times = [], []
-        sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-        async for delta in engine.submit(GenerationRequest(rid, ids, sampling)):
-            if delta.error:
-                raise RuntimeError(delta.error)
-            got += delta.token_ids
-            times += [time.perf_counter()] * len(delta.token_ids)
-        return got, times
-
     backend = engine._backend
     try:
-        warm = time.perf_counter()
-        await asyncio.gather(*(one(f"w{i}", ids, 8, warm) for i, ids in enumerate(batch)))
+        await asyncio.gather(*(stream(engine, f"w{i}", ids, 8) for i, ids in enumerate(batch)))
         before = dict(backend.counters)
         t0 = time.perf_counter()
-        runs = await asyncio.gather(*(one(f"r{i}", ids, out_tokens, t0) for i, ids in enumerate(batch)))
+        runs = await asyncio.gather(*(stream(engine, f"r{i}", ids, out_tokens) for i, ids in enumerate(batch)))
         seconds = time.perf_counter() - t0
         counters = {k: backend.counters[k] - before[k] for k in before}
         ttfts = [times[0] - t0 for _, times in runs]
@@ -201,11 +204,13 @@ async def lmi_run(
         decoder = backend._decoder
         if decoder.fused_kernels:  # the Triton kernels against the torch operations, same inputs
             positions = torch.randint(0, plen + out_tokens - 1, (size,), device="cuda")
-            tokens_in = torch.randint(10, 32000, (size,), device="cuda")
             with torch.inference_mode():
-                fused = decoder.decode(tokens_in, positions)
+                # Random tokens at random positions of the rows' last block tables; nothing written.
+                backend._next[:size] = torch.randint(10, 32000, (size,), device="cuda")
+                backend._meta[0, :size], backend._meta[1, :size], backend._meta[2, :size] = positions, -1, positions + 1
+                fused = decoder.forward(backend._decode_batch(size))
                 decoder.fused_kernels = False
-                plain = decoder.decode(tokens_in, positions)
+                plain = decoder.forward(backend._decode_batch(size))
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     backend._decode_step(size, Mode.GREEDY)

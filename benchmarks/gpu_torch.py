@@ -23,30 +23,35 @@ from pathlib import Path
 import torch
 
 
-def build_model(out: Path, *, layers: int, dtype: torch.dtype) -> int:
+def build_model(out: Path, *, layers: int, dtype: torch.dtype, device: str = "cuda", **shape) -> int:
+    """The ~1.1B Llama-shaped model (``shape`` overrides its config: a tiny one for CPU checks)."""
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
 
     cfg = LlamaConfig(
-        hidden_size=2048,
+        **{
+            "hidden_size": 2048,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 8192,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+        }
+        | shape,
         num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=8192,
-        vocab_size=32000,
-        max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
         dtype="bfloat16",
     )
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(out)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return weight_bytes
 
 
@@ -69,9 +74,9 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     return 2 * nbytes / seconds
 
 
-def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+def prompts(n: int, length: int, seed: int = 0, vocab: int = 32000) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(10, 32000, (n, length), generator=g).tolist()
+    return torch.randint(10, vocab, (n, length), generator=g).tolist()
 
 
 def hf_generate(model_dir: Path, batch: list[list[int]], out_tokens: int) -> float:

@@ -185,6 +185,48 @@ def _only_true(raw: str) -> bool:
     return True
 
 
+def _only(value: str, why: str) -> ValueType:
+    """A DJL key whose one accepted value is what lmi-trt always does; any other is refused with ``why``
+    (``why`` reads after the value: "is ...")."""
+
+    def parse(raw: str) -> str:
+        same = raw.lower() == value
+        if not same and value in ("true", "false"):
+            try:
+                same = parse_bool(raw) == (value == "true")
+            except _BadValue:
+                pass
+        if not same and value.isdigit() and re.fullmatch(r"[+-]?\d+", raw):
+            same = int(raw) == int(value)
+        if not same:
+            raise _BadValue(f"{why}; set {value} or remove the key")
+        return value
+
+    return ValueType(f"`{value}` only", parse)
+
+
+def _positive_ints(raw: str) -> tuple[int, ...]:
+    """A JSON list of positive integers, read with ``json.loads`` as DJL reads option.max_attention_window."""
+    what = "a non-empty JSON list of positive integers such as [4096] or [4096, 32768]"
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise _BadValue(f"is not JSON; set {what}") from None
+    if not (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        raise _BadValue(f"is not {what}")
+    return tuple(value)
+
+
+def _name_upper(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", raw):
+        raise _BadValue("is not a backend name; set e.g. CUTLASS")
+    return raw.upper()
+
+
 def _api_keys(raw: str) -> SecretStr:
     """One key, or several separated by commas (vLLM takes several --api-key values: any of them is
     accepted, for rotation); each as clients send it after ``Bearer ``: printable ASCII, no spaces."""
@@ -202,6 +244,8 @@ _SECRET = ValueType("secret string", _secret_parse)
 _TP = ValueType("integer ≥ 1 or max", _parallel_degree)
 _CACHE_URI = ValueType("path or s3:// URI", _cache_uri)
 _TRUE_ONLY = ValueType("`true`", _only_true)
+_INT_LIST = ValueType("JSON list of positive integers", _positive_ints)
+_BACKEND_NAME = ValueType("name (upper case)", _name_upper)
 _API_KEYS = ValueType("secret string(s), comma-separated", _api_keys)
 
 # DJL's other LMI backends: a clear refusal instead of "not one of".
@@ -339,6 +383,71 @@ IGNORED_KEYS: tuple[KeySpec, ...] = (
         "DJL container feature list (SERVING_FEATURES)",
         ignored="lmi-trt picks its engine with option.rolling_batch",
     ),
+    # DJL's own meaning: djl_python/properties_manager/properties.py validate_enable_streaming only warns that
+    # "streaming is deprecated. rolling batch supports streaming by default and you can use stream input parameter".
+    KeySpec(
+        "option.enable_streaming",
+        _choice(_same("true", "false", "huggingface")),
+        "DJL's deprecated streaming switch",
+        ignored="as in DJL, streaming is chosen per request (the stream parameter); the key is deprecated there too",
+    ),
+)
+
+# DJL keys lmi-trt accepts with the one value that is what it always does, and refuses with any other (no field).
+# DJL's LLM-API handler reads them (djl-serving engines/python/setup/djl_python/properties_manager/
+# trt_properties.py TensorRtLlmProperties and properties.py Properties, read at master d21927c4, 2026-06-24, the
+# same on the latest release branch 0.36.0-lmi27-dlc; the file last changed in db778683, 2025-11-10).
+FIXED_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "option.skip_tokenizer_init",
+        _only("false", "is not possible here: lmi-trt tokenizes prompts and detokenizes output itself"),
+        "DJL's LLM(skip_tokenizer_init=); lmi-trt always loads the tokenizer",
+    ),
+    KeySpec(
+        "option.context_parallel_size",
+        _only("1", "is not supported: lmi-trt places TP×PP ranks per model copy, without context parallelism"),
+        "DJL's LLM(context_parallel_size=); lmi-trt runs without context parallelism",
+    ),
+    KeySpec(
+        "option.cluster_size",
+        _only("1", "is not supported: lmi-trt serves a model copy on one host"),
+        "DJL's multi-node cluster size; lmi-trt runs on one host",
+    ),
+    KeySpec(
+        "option.guided_decoding_backend",
+        _only("xgrammar", "is not supported: lmi-trt compiles guides (response_format, grammars) for xgrammar"),
+        "DJL's LLM(guided_decoding_backend=); lmi-trt always guides through xgrammar",
+    ),
+    KeySpec(
+        "option.auto_parallel",
+        _only("false", "is not supported: TensorRT-LLM's auto parallelism is gone since 1.0; set the degrees"),
+        "DJL's LLM(auto_parallel=); lmi-trt takes option.tensor_parallel_degree and pipeline_parallel_degree",
+    ),
+    KeySpec(
+        "option.fast_build",
+        _only("false", "is not supported: lmi-trt builds TensorRT engines with trtllm-build's defaults"),
+        "DJL's LLM(fast_build=) (a TensorRT-engine build option)",
+    ),
+    KeySpec(
+        "option.enable_build_cache",
+        _only("true", "cannot be turned off: lmi-trt always keeps what it builds in its engine cache"),
+        "DJL's LLM(enable_build_cache=); lmi-trt always caches builds (option.engine_cache_uri)",
+    ),
+    KeySpec(
+        "option.batching_type",
+        _only("inflight", "is not supported: every engine here batches in flight"),
+        "DJL's LLM(batching_type=); lmi-trt always batches in flight",
+    ),
+    KeySpec(
+        "option.normalize_log_probs",
+        _only("false", "is not supported: log probs are the model's own, unnormalized"),
+        "DJL's LLM(normalize_log_probs=)",
+    ),
+    KeySpec(
+        "option.gather_generation_logits",
+        _only("false", "is not supported: no protocol here returns generation logits"),
+        "DJL's LLM(gather_generation_logits=)",
+    ),
 )
 
 
@@ -352,6 +461,26 @@ REFUSED_KEYS: tuple[KeySpec, ...] = (
     KeySpec("keystore", _PATH, "DJL's TLS keystore file", refused=_NO_KEYSTORE),
     KeySpec("keystore_pass", _SECRET, "DJL's TLS keystore password", refused=_NO_KEYSTORE, secret=True),
     KeySpec("keystore_type", _TEXT, "DJL's TLS keystore type", refused=_NO_KEYSTORE),
+    # DJL's LLM-API handler passes these to LLM(...) (trt_properties.py get_llm_kwargs; see FIXED_KEYS).
+    KeySpec(
+        "option.auto_parallel_world_size",
+        _TEXT,
+        "DJL's LLM(auto_parallel_world_size=)",
+        refused="TensorRT-LLM's auto parallelism is gone since 1.0; set option.tensor_parallel_degree",
+    ),
+    KeySpec(
+        "option.embedding_parallel_mode",
+        _TEXT,
+        "DJL's LLM(embedding_parallel_mode=)",
+        refused="a TensorRT-engine build option of DJL's handler, which neither lmi-trt's engine build nor the "
+        "pytorch backend's LLM takes; remove the key",
+    ),
+    KeySpec(
+        "option.extended_runtime_perf_knob_config",
+        _TEXT,
+        "DJL's LLM(extended_runtime_perf_knob_config=)",
+        refused="DJL takes no value for it either (its type is None); set option.multi_block_mode for that knob",
+    ),
 )
 
 
@@ -389,9 +518,25 @@ class LmiConfig(BaseModel):
             "option.tokenizer_id",
             _TEXT,
             "tokenizer source when it differs from the model (id, s3:// or path)",
-            aliases=_both("tokenizer_repository"),
+            aliases=_both("tokenizer_repository") + ("option.tokenizer",),  # DJL: LLM(tokenizer=)
         ),
     ] = None
+    tokenizer_revision: Annotated[
+        str | None,
+        KeySpec(
+            "option.tokenizer_revision",
+            _TEXT,
+            "Hugging Face revision of option.tokenizer_id (DJL's LLM(tokenizer_revision=))",
+        ),
+    ] = None
+    tokenizer_mode: Annotated[
+        Literal["auto", "slow"],
+        KeySpec(
+            "option.tokenizer_mode",
+            _choice(_same("auto", "slow")),
+            "auto: the fast tokenizer where the model has one; slow: the Python one (DJL's LLM(tokenizer_mode=))",
+        ),
+    ] = "auto"
     download_dir: Annotated[Path, KeySpec("download_dir", _PATH, "where downloads and local engine builds go")] = Path(
         "/tmp/.lmi-trt"
     )
@@ -489,7 +634,8 @@ class LmiConfig(BaseModel):
             _integer(1, 2),
             "pipeline-parallel ranks",
             compile_time=True,
-            aliases=_both("pipeline_parallel_count"),
+            aliases=_both("pipeline_parallel_count")
+            + ("option.pipeline_parallel_size",),  # DJL: LLM(pipeline_parallel_size=)
         ),
     ] = 1
     synthetic_tokens_per_second: Annotated[
@@ -568,7 +714,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.tokens_per_block",
             _choice({str(size): size for size in TOKENS_PER_BLOCK}),
-            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default",
+            "paged KV-cache block size in tokens; unset: TensorRT-LLM's default (the torch engine's "
+            "built-in decode loop: 16)",
             compile_time=True,
         ),
     ] = None  # None → TensorRT-LLM's default
@@ -779,6 +926,7 @@ class LmiConfig(BaseModel):
             "option.kv_cache_free_gpu_mem_fraction",
             _number(above=0, at_most=1, example=0.9),
             "share of free GPU memory given to the KV cache (pytorch backend, unset: TensorRT-LLM's 0.9)",
+            aliases=("option.free_gpu_memory_fraction",),  # DJL: KvCacheConfig(free_gpu_memory_fraction=)
         ),
     ] = KV_CACHE_FREE_GPU_MEM_FRACTION
     max_tokens_in_paged_kv_cache: Annotated[
@@ -786,19 +934,29 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_tokens_in_paged_kv_cache",
             _integer(1, 65536),
-            "KV-cache size cap in tokens (the smaller of this and the fraction wins)",
+            "KV-cache size cap in tokens (the smaller of this and the fraction wins; the torch engine's "
+            "built-in decode loop: its size on CPU, its cap on a GPU)",
+            aliases=("option.max_tokens",),  # DJL: KvCacheConfig(max_tokens=)
         ),
     ] = None
     kv_cache_host_memory_bytes: Annotated[
-        int | None, KeySpec("option.kv_cache_host_memory_bytes", _integer(1, 2**30), "host memory for KV-cache offload")
+        int | None,
+        KeySpec(
+            "option.kv_cache_host_memory_bytes",
+            _integer(1, 2**30),
+            "host memory for KV-cache offload",
+            aliases=("option.host_cache_size",),  # DJL: KvCacheConfig(host_cache_size=)
+        ),
     ] = None
     enable_kv_cache_reuse: Annotated[
         bool,
         KeySpec(
             "option.enable_kv_cache_reuse",
             _BOOL,
-            "prefix caching (needs paged context attention; pytorch backend, unset: TensorRT-LLM's, on)",
+            "prefix caching (TensorRT-LLM: needs paged context attention, pytorch backend unset: TensorRT-LLM's, "
+            "on; torch: the built-in decode loop)",
             compile_time=True,
+            aliases=("option.enable_block_reuse",),  # DJL: KvCacheConfig(enable_block_reuse=)
         ),
     ] = False
     batch_scheduler_policy: Annotated[
@@ -834,7 +992,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.enable_chunked_context",
             _BOOL,
-            "split long prompts over several steps",
+            "split long prompts over several steps (TensorRT-LLM; the torch engine's built-in decode loop)",
             aliases=_both("enable_chunked_prefill"),
         ),
     ] = False
@@ -855,6 +1013,156 @@ class LmiConfig(BaseModel):
             "runtime cap on sequences in flight (≤ max_rolling_batch_size); unset: max_rolling_batch_size",
         ),
     ] = None  # None → max_rolling_batch_size
+    parallel_loading: Annotated[
+        bool,
+        KeySpec(
+            "option.parallel_loading",
+            _BOOL,
+            "load several model copies at once (DJL's key); false: one after another, for less host memory",
+        ),
+    ] = True
+    # --- TensorRT-LLM's LLM API (the pytorch backend), under the LLM's own names as DJL LMI's handler reads them
+    # (djl-serving djl_python/properties_manager/trt_properties.py get_kv_cache_config / get_pytorch_config /
+    # get_llm_kwargs); unset: TensorRT-LLM's default. Fields of tensorrt_llm/llmapi/llm_args.py (KvCacheConfig,
+    # BaseLlmArgs, TorchLlmArgs, MoeConfig) in every copy read, 1.0 to main; the release's own classes check the
+    # values at startup (lmi_trt.engines.llmapi.check_release). ---
+    max_attention_window: Annotated[
+        tuple[int, ...] | None,
+        KeySpec(
+            "option.max_attention_window",
+            _INT_LIST,
+            "KV tokens kept per sequence, per layer (repeated over the layers): sliding-window attention "
+            "(KvCacheConfig.max_attention_window)",
+        ),
+    ] = None
+    sink_token_length: Annotated[
+        int | None,
+        KeySpec(
+            "option.sink_token_length",
+            _integer(0, 4),
+            "tokens always kept in the attention window (KvCacheConfig.sink_token_length)",
+        ),
+    ] = None
+    onboard_blocks: Annotated[
+        bool | None,
+        KeySpec(
+            "option.onboard_blocks",
+            _BOOL,
+            "bring offloaded KV blocks back to the GPU for reuse (KvCacheConfig.onboard_blocks)",
+        ),
+    ] = None
+    cross_kv_cache_fraction: Annotated[
+        float | None,
+        KeySpec(
+            "option.cross_kv_cache_fraction",
+            _number(above=0, at_most=1, example=0.5),
+            "share of the KV cache for cross attention, encoder-decoder models (KvCacheConfig.cross_kv_cache_fraction)",
+        ),
+    ] = None
+    secondary_offload_min_priority: Annotated[
+        int | None,
+        KeySpec(
+            "option.secondary_offload_min_priority",
+            _integer(0, 35),
+            "only KV blocks above this priority are offloaded to host memory "
+            "(KvCacheConfig.secondary_offload_min_priority)",
+        ),
+    ] = None
+    event_buffer_max_size: Annotated[
+        int | None,
+        KeySpec(
+            "option.event_buffer_max_size",
+            _integer(0, 1024),
+            "KV-cache event buffer size; 0: no events (KvCacheConfig.event_buffer_max_size)",
+        ),
+    ] = None
+    kv_cache_dtype: Annotated[
+        Literal["auto", "fp8"] | None,
+        KeySpec(
+            "option.kv_cache_dtype",
+            _choice(_same("auto", "fp8")),
+            "KV-cache precision; auto: the model's (KvCacheConfig.dtype; TorchLlmArgs maps fp8 to the FP8 KV cache)",
+        ),
+    ] = None
+    moe_tensor_parallel_size: Annotated[
+        int | None,
+        KeySpec(
+            "option.moe_tensor_parallel_size",
+            _integer(1, 1),
+            "tensor-parallel ranks of the MoE experts; with option.moe_expert_parallel_size their product is "
+            "option.tensor_parallel_degree",
+        ),
+    ] = None
+    moe_expert_parallel_size: Annotated[
+        int | None,
+        KeySpec(
+            "option.moe_expert_parallel_size",
+            _integer(1, 8),
+            "expert-parallel ranks of the MoE experts; with option.moe_tensor_parallel_size their product is "
+            "option.tensor_parallel_degree",
+        ),
+    ] = None
+    enable_attention_dp: Annotated[
+        bool | None,
+        KeySpec("option.enable_attention_dp", _BOOL, "data-parallel attention across the tensor-parallel ranks"),
+    ] = None
+    load_format: Annotated[
+        Literal["auto", "dummy"] | None,
+        KeySpec(
+            "option.load_format",
+            _choice(_same("auto", "dummy")),
+            "auto: the checkpoint's weights; dummy: random weights (benchmarks)",
+        ),
+    ] = None
+    iter_stats_max_iterations: Annotated[
+        int | None,
+        KeySpec(
+            "option.iter_stats_max_iterations",
+            _integer(0, 1000),
+            "iteration statistics TensorRT-LLM keeps (they feed /metrics; 0: none)",
+        ),
+    ] = None
+    request_stats_max_iterations: Annotated[
+        int | None,
+        KeySpec("option.request_stats_max_iterations", _integer(0, 1000), "per-request statistics TensorRT-LLM keeps"),
+    ] = None
+    enable_overlap_scheduler: Annotated[
+        bool | None,
+        KeySpec(
+            "option.enable_overlap_scheduler",
+            _BOOL,
+            "overlap the next step's scheduling with this step's compute (TorchLlmArgs.disable_overlap_scheduler, "
+            "inverted)",
+        ),
+    ] = None
+    use_cuda_graph: Annotated[
+        bool | None,
+        KeySpec(
+            "option.use_cuda_graph",
+            _BOOL,
+            "CUDA graphs for decoding steps; unset or true: graphs up to the batch size, false: none "
+            "(TorchLlmArgs.cuda_graph_config)",
+        ),
+    ] = None
+    attn_backend: Annotated[
+        Literal["TRTLLM", "VANILLA", "FLASHINFER", "FLASHINFER_STAR_ATTENTION"] | None,
+        KeySpec(
+            "option.attn_backend",
+            _choice(
+                {name.lower(): name for name in ("TRTLLM", "VANILLA", "FLASHINFER", "FLASHINFER_STAR_ATTENTION")},
+                shown=("TRTLLM", "VANILLA", "FLASHINFER", "FLASHINFER_STAR_ATTENTION"),
+            ),
+            "attention kernels (TorchLlmArgs.attn_backend)",
+        ),
+    ] = None
+    moe_backend: Annotated[
+        str | None,
+        KeySpec(
+            "option.moe_backend",
+            _BACKEND_NAME,
+            "MoE kernels, e.g. CUTLASS, TRTLLM, DEEPGEMM (MoeConfig.backend: the release's own list)",
+        ),
+    ] = None
     # --- serving ---
     job_queue_size: Annotated[
         int, KeySpec("job_queue_size", _integer(1, 1000), "queued requests beyond which the server answers 503")
@@ -1011,6 +1319,7 @@ class LmiConfig(BaseModel):
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
     _env_echo: dict[str, str] = PrivateAttr(default_factory=dict)
     _derived: frozenset[str] = PrivateAttr(default_factory=frozenset)  # attributes a later stage filled in
+    _labels: dict[str, str] = PrivateAttr(default_factory=dict)  # key → as written, when an alias or variable
 
     def compile_time_values(self) -> dict[str, Any]:
         """Every compile-time key's effective value (registry key → JSON-friendly value).
@@ -1032,6 +1341,12 @@ class LmiConfig(BaseModel):
         argument), as opposed to a default or a value a later stage derived."""
         return attr in self.model_fields_set and attr not in self._derived
 
+    def label(self, attr: str) -> str:
+        """``attr``'s key as the user wrote it (``option.enable_block_reuse (option.enable_kv_cache_reuse)``), for
+        errors: a DJL user finds the line they wrote."""
+        key = _BY_ATTR[attr].key
+        return self._labels.get(key, key)
+
     def api_keys(self) -> tuple[str, ...]:
         """The keys of option.api_key (none: the server asks for no key)."""
         return tuple(self.api_key.get_secret_value().split(",")) if self.api_key is not None else ()
@@ -1050,8 +1365,9 @@ def _declared_keys() -> tuple[KeySpec, ...]:
     return tuple(specs)
 
 
-# Every key: the fields' declarations, then the DJL keys accepted and ignored, then those refused.
-REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS + REFUSED_KEYS
+# Every key: the fields' declarations, then the DJL keys accepted and ignored, those refused, and those
+# with one value.
+REGISTRY: tuple[KeySpec, ...] = _declared_keys() + IGNORED_KEYS + REFUSED_KEYS + FIXED_KEYS
 
 
 @dataclass(frozen=True)
@@ -1317,6 +1633,7 @@ def load_config(
     _warn_inapplicable(values, chosen)
     config = LmiConfig(model_dir=model_dir, **values)
     config._origins = {key: _origin_text(s) for key, s in chosen.items()}
+    config._labels = {key: s.label for key, s in chosen.items() if s.name != key}
     config._env_echo = echo_environment(env)
     return config
 
@@ -1373,6 +1690,9 @@ def _parse_values(chosen: Mapping[str, _Setting]) -> dict[str, Any]:
         if s.spec.ignored:
             log.warning("%s=%r is accepted for compatibility and ignored: %s", s.label, s.shown_value, s.spec.ignored)
             continue
+        if s.spec.attr is None:  # FIXED_KEYS: the type let only lmi-trt's own behaviour through
+            log.info("%s=%r: %s", s.label, s.shown_value, s.spec.description)
+            continue
         if s.spec.note:
             log.info("%s=%r: %s", s.label, s.shown_value, s.spec.note)
         values[s.spec.attr] = value
@@ -1425,6 +1745,12 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
         raise ConfigError(
             f"{name('max_num_sequences')}={sequences} exceeds {name('max_rolling_batch_size')}={batch}, "
             "the batch size the engine is built for; lower it or raise max_rolling_batch_size"
+        )
+    if get("tokenizer_revision") is not None and get("tokenizer_id") is None:
+        raise ConfigError(
+            f"{name('tokenizer_revision')}={get('tokenizer_revision')!r} pins option.tokenizer_id's hub repo, and "
+            "option.tokenizer_id is unset (the tokenizer comes with the model, at option.revision); set "
+            "option.tokenizer_id too, or use option.revision"
         )
     _check_tls(get, name)
     if get("use_paged_context_fmha") is False:

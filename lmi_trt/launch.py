@@ -669,8 +669,11 @@ def run_serve(
 # =============================================================================== model copies
 
 
-def build_copies(plan: LaunchPlan | None, make_engine: Callable[[Placement | None], Any]) -> Any:
-    """One engine per copy of the plan (not started); several sit behind one ``ReplicaSet``."""
+def build_copies(
+    plan: LaunchPlan | None, make_engine: Callable[[Placement | None], Any], *, parallel: bool = True
+) -> Any:
+    """One engine per copy of the plan (not started); several sit behind one ``ReplicaSet``, which starts them
+    at once or, with ``parallel=False`` (option.parallel_loading=false), one after another."""
     if plan is None:
         return make_engine(None)
     placements = plan.placements()
@@ -678,7 +681,7 @@ def build_copies(plan: LaunchPlan | None, make_engine: Callable[[Placement | Non
         return make_engine(placements[0])
     from lmi_trt.engines.replicas import ReplicaSet
 
-    return ReplicaSet([make_engine(p) for p in placements])
+    return ReplicaSet([make_engine(p) for p in placements], parallel=parallel)
 
 
 def trtllm_copy_settings(settings: TrtllmSettings, placement: Placement) -> TrtllmSettings:

@@ -75,11 +75,24 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     if registry.ENGINES[kind].needs_trtllm_gpu:  # on TensorRT-LLM: preflight chose by what it could read;
         # the resolved folder decides
         config = with_backend(config, artifact.kind)
+    if plan is not None and config.tensor_parallel_degree == "max" and not registry.compiles(kind, config):
+        # DJL's default in its TensorRT-LLM image; the pytorch backend's LLM takes a count (a TensorRT engine
+        # build resolves max itself, and a built engine states its own)
+        config = config.derived(
+            f"option.tensor_parallel_degree=max on {plan.gpu_count} GPU(s)", tensor_parallel_degree=plan.tensor_parallel
+        )
     registry.refuse_ignored(kind, config)
+    registry.check_release(kind, config)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
-    tokenizer = await asyncio.to_thread(load_tokenizer, tok_dir, config.trust_remote_code)
-    engine = build_copies(plan, lambda placement: build_engine(kind, config, artifact, tokenizer, placement))
+    tokenizer = await asyncio.to_thread(
+        load_tokenizer, tok_dir, config.trust_remote_code, slow=config.tokenizer_mode == "slow"
+    )
+    engine = build_copies(
+        plan,
+        lambda placement: build_engine(kind, config, artifact, tokenizer, placement),
+        parallel=config.parallel_loading,
+    )
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
     refusing = [name for name, c in engine.capabilities.features().items() if not c.honoured]
@@ -251,7 +264,7 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     if config.tokenizer_id is not None:
         tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
         if tokenizer is None:
-            _hub_config(config.tokenizer_id, "option.tokenizer_id", None)
+            _hub_config(config.tokenizer_id, "option.tokenizer_id", config.tokenizer_revision)
     if not registry.ENGINES[kind].uses_model and config.model_id is None and config.model_dir is None:
         return config
     if config.model_id is None:
@@ -269,6 +282,7 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         # load_model once resolved (pinning a guess here made an S3 engine folder a "checkpoint")
         config = with_backend(config, "trtllm_engine" if "build_config" in hf_config else "hf_checkpoint")
         registry.refuse_ignored(kind, config)
+        registry.check_release(kind, config)
     if not is_hf_config(hf_config):  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, hf_config, kind)

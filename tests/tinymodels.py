@@ -191,6 +191,49 @@ def with_eos(model_dir: Path, eos_token_id: int, out_dir: Path) -> Path:
     return out_dir
 
 
+# A checkpoint as transformers 5 writes it (tests/fixtures/transformers5-llama, made by
+# `python tests/tinymodels.py --transformers5 tests/fixtures/transformers5-llama` under transformers 5): the shared
+# tokenizer and a tiny Llama config whose RoPE is not the default one, so a transformers 4 that misreads the v5
+# config.json (rope_parameters) would generate different tokens. Committed as transformers 5 wrote it: the release
+# legs run transformers 4.42-4.57, which cannot write it.
+TRANSFORMERS5_FIXTURE = Path(__file__).parent / "fixtures" / "transformers5-llama"
+TRANSFORMERS5_ROPE = {"rope_theta": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+
+
+def write_transformers5_fixture(out_dir: Path) -> Path:
+    """The committed fixture's files (no weights), written by the installed transformers, which must be 5.x."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise RuntimeError(f"transformers {transformers.__version__} installed: the fixture is transformers 5's")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = _config("llama")
+    # transformers 5 takes the 4.x spellings as keywords and writes them as rope_parameters.
+    config = type(config)(**{**config.to_dict(), **TRANSFORMERS5_ROPE, "dtype": "float32"})
+    config.save_pretrained(str(out_dir))
+    build_tokenizer(out_dir)
+    return out_dir
+
+
+def transformers5_checkpoint(out_dir: Path, seed: int = 0) -> Path:
+    """The committed transformers-5 fixture, as it is, plus random weights made here by the installed transformers
+    (their names and shapes do not depend on how RoPE is spelled; the weights file is all this adds)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    shutil.copytree(TRANSFORMERS5_FIXTURE, out_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(out_dir)))
+    state = {name: (t * 4.0 if t.dim() > 1 else t).contiguous() for name, t in model.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
 def model_config(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
@@ -203,5 +246,6 @@ if __name__ == "__main__":
     )
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--arch", default="llama", choices=ARCHS)
+    ap.add_argument("--transformers5", action="store_true", help="write the transformers-5 fixture's files instead")
     a = ap.parse_args()
-    print(build_model(a.arch, a.out_dir))
+    print(write_transformers5_fixture(a.out_dir) if a.transformers5 else build_model(a.arch, a.out_dir))

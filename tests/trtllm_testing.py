@@ -63,3 +63,17 @@ def make_engine_dir(
         config = BuildConfig(**build_config, plugin_config=plugins)
         build(model, config).save(str(out_dir))
     return Path(out_dir)
+
+
+# The one hardware seam of a server process on this GPU-less host: TensorRT-LLM's GPU probe answers yes.
+GPU_SEAM = "import lmi_trt.engines.trtllm as _trt\n_trt.cuda_available = lambda: True\n"
+
+
+def fake_server_env(site_dir: Path, version: str | None = None) -> dict[str, str]:
+    """Environment for an `lmi-trt serve` process that imports the fake TensorRT-LLM (as ``version``, else the
+    release ``LMI_TRT_FAKE_RELEASE`` names) and sees a GPU: ``site_dir`` gets the seam as its sitecustomize."""
+    import os
+
+    (site_dir / "sitecustomize.py").write_text(GPU_SEAM)
+    path = os.pathsep.join([str(site_dir), str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {"PYTHONPATH": path, **({"LMI_TRT_FAKE_RELEASE": version} if version else {})}

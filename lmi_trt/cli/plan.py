@@ -85,7 +85,11 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
     tp = config.tensor_parallel_degree
     settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
     planned = llm_plan(settings, llm_api_series(version))
-    nested = {"kv_cache_config": planned.kv_cache_config, "scheduler_config": planned.scheduler_config}
+    nested = {
+        "kv_cache_config": planned.kv_cache_config,
+        "scheduler_config": planned.scheduler_config,
+        "moe_config": planned.moe_config,
+    }
     return backend, why, {**planned.keywords, **{k: v for k, v in nested.items() if v}}
 
 

@@ -183,6 +183,20 @@ class EngineStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+# EngineStats.extra keys that add up across model copies: the KV cache's blocks and the counters
+# /metrics exports (lmi_trt/serving/metrics.py); the block size is the same in every copy.
+ADDITIVE_STATS = (
+    "kv_cache_max_blocks",
+    "kv_cache_used_blocks",
+    "kv_cache_free_blocks",
+    "prefix_cache_blocks",
+    "num_preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
+SHARED_STATS = ("kv_cache_block_size",)
+
+
 class EngineError(LmiError, RuntimeError):
     """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with.
 

@@ -63,6 +63,7 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -190,9 +191,56 @@ class LlmApiSettings(BaseModel):
     max_input_len: int | None = Field(None, ge=1)  # option.max_input_len
     max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output
     trust_remote_code: bool = False  # option.trust_remote_code
+    # DJL LMI's keys under the LLM's own names (DJL_LLM_FIELDS; lmi_trt.config: option.<name>); None: not given,
+    # TensorRT-LLM's default.
+    max_attention_window: tuple[int, ...] | None = None
+    sink_token_length: int | None = Field(None, ge=0)
+    onboard_blocks: bool | None = None
+    cross_kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    secondary_offload_min_priority: int | None = None
+    event_buffer_max_size: int | None = Field(None, ge=0)
+    kv_cache_dtype: Literal["auto", "fp8"] | None = None
+    moe_tensor_parallel_size: int | None = Field(None, ge=1)
+    moe_expert_parallel_size: int | None = Field(None, ge=1)
+    enable_attention_dp: bool | None = None
+    load_format: Literal["auto", "dummy"] | None = None
+    iter_stats_max_iterations: int | None = Field(None, ge=0)
+    request_stats_max_iterations: int | None = Field(None, ge=0)
+    attn_backend: Literal["TRTLLM", "VANILLA", "FLASHINFER", "FLASHINFER_STAR_ATTENTION"] | None = None
+    moe_backend: str | None = None
+    enable_overlap_scheduler: bool | None = None
+    use_cuda_graph: bool | None = None
     # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
     # (registry.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
     given: frozenset[str] = frozenset()
+
+
+# Where DJL's keys go (djl-serving djl_python/properties_manager/trt_properties.py get_kv_cache_config /
+# get_pytorch_config / get_llm_kwargs): (the nested config, or None for an LLM keyword; its field). The fields are
+# KvCacheConfig's, BaseLlmArgs'/TorchLlmArgs' and MoeConfig's in tensorrt_llm/llmapi/llm_args.py, in every copy read
+# from 1.0 to main; DJL's PyTorchConfig keys are TorchLlmArgs fields since 1.0 (kv_cache_dtype: KvCacheConfig.dtype,
+# "a pure python field ... only for the Pytorch backend"; moe_backend: MoeConfig.backend).
+_DJL_TARGETS: dict[str, tuple[str | None, str]] = {
+    "max_attention_window": ("kv_cache_config", "max_attention_window"),
+    "sink_token_length": ("kv_cache_config", "sink_token_length"),
+    "onboard_blocks": ("kv_cache_config", "onboard_blocks"),
+    "cross_kv_cache_fraction": ("kv_cache_config", "cross_kv_cache_fraction"),
+    "secondary_offload_min_priority": ("kv_cache_config", "secondary_offload_min_priority"),
+    "event_buffer_max_size": ("kv_cache_config", "event_buffer_max_size"),
+    "kv_cache_dtype": ("kv_cache_config", "dtype"),
+    "moe_tensor_parallel_size": (None, "moe_tensor_parallel_size"),
+    "moe_expert_parallel_size": (None, "moe_expert_parallel_size"),
+    "enable_attention_dp": (None, "enable_attention_dp"),
+    "load_format": (None, "load_format"),
+    "iter_stats_max_iterations": (None, "iter_stats_max_iterations"),
+    "request_stats_max_iterations": (None, "request_stats_max_iterations"),
+    "attn_backend": (None, "attn_backend"),
+    "moe_backend": ("moe_config", "backend"),
+}
+# Every LlmApiSettings field the configuration fills under its own name (lmi_trt.engines.registry.llmapi_settings):
+# the above, plus DJL's enable_overlap_scheduler (TorchLlmArgs.disable_overlap_scheduler, inverted) and
+# use_cuda_graph (false: TorchLlmArgs.cuda_graph_config=None, "pass None to disable").
+DJL_LLM_FIELDS: tuple[str, ...] = (*_DJL_TARGETS, "enable_overlap_scheduler", "use_cuda_graph")
 
 
 @dataclass(frozen=True)
@@ -203,7 +251,14 @@ class LlmPlan:
     keywords: dict[str, Any]
     kv_cache_config: dict[str, Any]
     scheduler_config: dict[str, Any]
-    origins: dict[str, str]
+    moe_config: dict[str, Any]
+    cuda_graph_config: dict[str, Any] | None  # None: no CUDA graphs; built only when an option or lmi-trt set it
+    origins: dict[str, str]  # keyword (nested: "kv_cache_config.dtype") → an option key, or "lmi-trt: why"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The keywords options set, and which option (named in errors)."""
+        return {k: v for k, v in self.origins.items() if not v.startswith("lmi-trt: ")}
 
 
 def check_settings(settings: LlmApiSettings) -> None:
@@ -228,6 +283,7 @@ def check_settings(settings: LlmApiSettings) -> None:
             "several model copies per host (option.tensor_parallel_degree below the GPU count) are not "
             "supported on the pytorch backend yet; set option.tensor_parallel_degree to the GPU count"
         )
+    _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
 
 
 def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
@@ -272,10 +328,6 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
             "lmi-trt: 1.0's default TorchSampler takes the argmax for every request; its TRTLLMSampler samples "
             "(docs/source/features/sampling.md of 1.0.0)",
         )
-    if beams > 1 and llm_sampler(series, beams) == TRTLLM:
-        why = "lmi-trt: beam search on the TRTLLMSampler needs it (docs/source/features/sampling.md, 1.0.0 and 1.2)"
-        put("disable_overlap_scheduler", True, why)
-        put("cuda_graph_config", None, why)
     kv: dict[str, Any] = {}
     reuse = rt.enable_kv_cache_reuse if "enable_kv_cache_reuse" in given else None  # the release's default: on
     fraction = rt.kv_cache_free_gpu_mem_fraction if "kv_cache_free_gpu_mem_fraction" in given else None  # its: 0.9
@@ -292,19 +344,39 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
     if "batch_scheduler_policy" in given:
         scheduler["capacity_scheduler_policy"] = POLICIES[rt.batch_scheduler_policy]
         origins["scheduler_config.capacity_scheduler_policy"] = "option.batch_scheduler_policy"
-    return LlmPlan(keywords, kv, scheduler, origins)
-
-
-def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan) -> Any:
-    """Construct the LLM (loads the weights; blocking)."""
-    nested: dict[str, Any] = {}
-    if plan.kv_cache_config:
-        nested["kv_cache_config"] = llmapi.KvCacheConfig(**plan.kv_cache_config)
-    if plan.scheduler_config:
-        nested["scheduler_config"] = llmapi.SchedulerConfig(
-            capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
-        )
-    return llmapi.LLM(str(model_dir), **nested, **plan.keywords)
+    # DJL's LLM API keys, each given one onto its field (_DJL_TARGETS)
+    nested: dict[str, dict[str, Any]] = {"kv_cache_config": kv, "moe_config": {}}
+    for name, (config, field) in _DJL_TARGETS.items():
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        value = list(value) if isinstance(value, tuple) else value
+        if config is None:
+            put(field, value, f"option.{name}")
+        else:
+            nested[config][field], origins[f"{config}.{field}"] = value, f"option.{name}"
+    if settings.enable_overlap_scheduler is not None:
+        put("disable_overlap_scheduler", not settings.enable_overlap_scheduler, "option.enable_overlap_scheduler")
+    graphs: dict[str, Any] | None = {}  # CudaGraphConfig(): the release's default, CUDA graphs on
+    if settings.use_cuda_graph is not None:
+        graphs = {} if settings.use_cuda_graph else None
+        origins["cuda_graph_config"] = "option.use_cuda_graph"
+    if beams > 1 and llm_sampler(series, beams) == TRTLLM:
+        # beam search on the TRTLLMSampler wants both off (docs/source/features/sampling.md, 1.0.0 and 1.2)
+        for option, on in (
+            ("enable_overlap_scheduler", settings.enable_overlap_scheduler),
+            ("use_cuda_graph", settings.use_cuda_graph),
+        ):
+            if on:
+                raise TrtllmConfigError(
+                    f"option.{option}=true with option.max_beam_width={beams}: beam search on TensorRT-LLM's "
+                    "TRTLLMSampler needs the overlap scheduler and CUDA graphs off (docs/source/features/sampling.md); "
+                    f"remove option.{option}, or set option.max_beam_width=1"
+                )
+        why = "lmi-trt: beam search on the TRTLLMSampler needs it (docs/source/features/sampling.md, 1.0.0 and 1.2)"
+        put("disable_overlap_scheduler", True, why)
+        graphs, origins["cuda_graph_config"] = None, why
+    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins)
 
 
 def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) -> str:
@@ -313,6 +385,9 @@ def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) ->
     ours = dict(plan.keywords)
     ours.update({f"kv_cache_config.{k}": v for k, v in plan.kv_cache_config.items()})
     ours.update({f"scheduler_config.{k}": v for k, v in plan.scheduler_config.items()})
+    ours.update({f"moe_config.{k}": v for k, v in plan.moe_config.items()})
+    if "cuda_graph_config" in plan.origins:
+        ours["cuda_graph_config"] = plan.cuda_graph_config
     mine = {k for k in ours if plan.origins[k].startswith("lmi-trt: ")}
     users = [f"{k}={ours[k]!r} ({plan.origins[k]})" for k in ours if k not in mine]
     lmis = [f"{k}={ours[k]!r} ({plan.origins[k].removeprefix('lmi-trt: ')})" for k in ours if k in mine]
@@ -328,6 +403,84 @@ def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) ->
         f"TensorRT-LLM {version} LLM: sampler {sampler}; set from options: {', '.join(users) or 'none'}; set by "
         f"lmi-trt: {', '.join(lmis)}; TensorRT-LLM {version}'s defaults: {', '.join(releases)}"
     )
+
+
+def _check_moe_split(tp: int, moe_tp: int | None, moe_ep: int | None) -> None:
+    """Pure: TensorRT-LLM splits the tensor-parallel ranks between MoE tensor and expert parallelism, the one not
+    given being TP ÷ the other, and refuses a split whose product is not TP (tensorrt_llm/mapping.py MappingBase:
+    "moe_tp_size * moe_ep_size * moe_cluster_size must equal to moe_world_size"). Checked here to name the keys."""
+    if moe_tp is None and moe_ep is None:
+        return
+    tp_part = moe_tp if moe_tp is not None else tp // moe_ep
+    ep_part = moe_ep if moe_ep is not None else tp // moe_tp
+    if tp_part * ep_part != tp:
+        given = " × ".join(
+            f"option.{name}={value}"
+            for name, value in (("moe_tensor_parallel_size", moe_tp), ("moe_expert_parallel_size", moe_ep))
+            if value is not None
+        )
+        raise TrtllmConfigError(
+            f"{given} does not split option.tensor_parallel_degree={tp}: the MoE tensor- and expert-parallel sizes "
+            f"multiply to the tensor-parallel degree; set them so (e.g. option.moe_expert_parallel_size={tp})"
+        )
+
+
+def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, Any]:
+    """The plan's nested configs as this release's own classes, which validate them (pydantic), and every given field
+    checked against this release's ``TorchLlmArgs``: what the release lacks or refuses is a ``TrtllmConfigError`` naming
+    the option. Run at startup (``lmi_trt.engines.registry.check_release``) and again when the LLM is built."""
+    fields = llmapi.TorchLlmArgs.model_fields
+    for target, option in plan.options.items():
+        if target.split(".")[0] not in fields:
+            raise TrtllmConfigError(
+                f"{option}: TensorRT-LLM {version}'s LLM has no {target} (tensorrt_llm/llmapi/llm_args.py "
+                "TorchLlmArgs); remove the key, or use a release that has it"
+            )
+    if str(plan.keywords.get("attn_backend", "")).startswith("FLASHINFER") and not importlib.util.find_spec(
+        "flashinfer"
+    ):
+        # tensorrt_llm/_torch/attention_backend/utils.py get_attention_backend falls back to TRTLLM attention
+        # when flashinfer does not import (IS_FLASHINFER_AVAILABLE): refused rather than silently replaced.
+        raise TrtllmConfigError(
+            f"option.attn_backend={plan.keywords['attn_backend']} needs the flashinfer package, which is not "
+            "installed (TensorRT-LLM would silently use TRTLLM attention instead); install flashinfer-python, or "
+            "set option.attn_backend=TRTLLM"
+        )
+    built: dict[str, Any] = {}
+    if plan.scheduler_config:  # none given: the release's own SchedulerConfig
+        built["scheduler_config"] = llmapi.SchedulerConfig(
+            capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
+        )
+    for name, make, values in (
+        ("kv_cache_config", llmapi.KvCacheConfig, plan.kv_cache_config),
+        ("cuda_graph_config", llmapi.CudaGraphConfig, plan.cuda_graph_config),
+        ("moe_config", llmapi.MoeConfig, plan.moe_config),
+    ):
+        if values is None:
+            built[name] = None
+            continue
+        if not values and name not in plan.origins:  # none given: the release's own
+            continue
+        try:
+            built[name] = make(**values)
+        except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            errors = exc.errors() if hasattr(exc, "errors") else []
+            field = str(errors[0]["loc"][0]) if errors and errors[0].get("loc") else ""
+            option = plan.options.get(f"{name}.{field}", f"{name}.{field}" if field else name)
+            raise TrtllmConfigError(
+                f"{option}: TensorRT-LLM {version} refuses {name}"
+                + (f".{field}={values.get(field)!r}" if field else "")
+                + f": {exc}; set a value this release takes, or remove the key"
+            ) from exc
+    return built
+
+
+def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan, version: str, tokenizer: Any = None) -> Any:
+    """Construct the LLM (loads the weights; blocking). ``tokenizer``: ours (lmi_trt.serving.tokenizer), so the LLM
+    does not load the checkpoint's tokenizer files itself: ``BaseLlmArgs.tokenizer`` takes a
+    ``PreTrainedTokenizerBase`` and ``tokenizer_factory`` wraps it as it is (tensorrt_llm/llmapi/tokenizer.py, every
+    copy read from 1.0 to main)."""
+    return llmapi.LLM(str(model_dir), tokenizer=tokenizer, **llm_configs(llmapi, plan, version), **plan.keywords)
 
 
 def checkpoint_vocab_size(model_dir: Path) -> int | None:
@@ -553,6 +706,7 @@ class LlmApiEngine:
         eos_token_ids: Sequence[int],
         pad_token_id: int | None = None,
         gpu_available: Callable[[], bool] | None = None,
+        tokenizer: Any = None,
     ) -> None:
         require_eos(eos_token_ids)
         self._model_dir = Path(model_dir)
@@ -580,6 +734,7 @@ class LlmApiEngine:
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
         self._vocab_size = checkpoint_vocab_size(self._model_dir)
         self._gpu_available = gpu_available
+        self._tokenizer = tokenizer  # ours, handed to the LLM (make_llm); None: the LLM loads the checkpoint's
         self._llm: Any = None
         self._llmapi: ModuleType | None = None
         self._codec: Codec | None = None
@@ -615,7 +770,9 @@ class LlmApiEngine:
         sampler = llm_sampler(series, self._limits.max_beam_width)
         log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)
         try:
-            self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, plan)
+            self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, plan, version, self._tokenizer)
+        except TrtllmConfigError:  # an option this release lacks or refuses (llm_configs), already named
+            raise
         except ValueError as exc:  # pydantic's ValidationError is one too
             raise TrtllmConfigError(
                 f"TensorRT-LLM {version} refused the settings for {self._model_dir}: {exc}"

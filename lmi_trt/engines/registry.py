@@ -60,6 +60,11 @@ class TorchSettings(BaseModel):
     max_num_tokens: int | None = Field(ge=1)
     batching: Literal["auto", "continuous", "static"]
     decode_loop: Literal["auto", "builtin", "transformers"]
+    # The built-in decode loop's paged KV cache and prompt chunks (refused where that loop does not run).
+    enable_kv_cache_reuse: bool
+    max_tokens_in_paged_kv_cache: int | None = Field(ge=1)
+    tokens_per_block: int | None = Field(ge=1)
+    enable_chunked_context: bool
 
 
 class SyntheticSettings(BaseModel):
@@ -206,7 +211,7 @@ LLM_RELEASE_DEFAULTED = (
 
 
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
-    from lmi_trt.engines.llmapi import LlmApiSettings
+    from lmi_trt.engines.llmapi import DJL_LLM_FIELDS, LlmApiSettings
 
     return LlmApiSettings(
         runtime=trtllm_settings(config),
@@ -214,6 +219,7 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         max_input_len=config.max_input_len,
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
         trust_remote_code=config.trust_remote_code,
+        **{name: getattr(config, name) for name in DJL_LLM_FIELDS},
         # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
         given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
     )
@@ -237,6 +243,10 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         max_num_tokens=config.max_num_tokens,
         batching=config.torch_batching,
         decode_loop=config.torch_decode_loop,
+        enable_kv_cache_reuse=config.enable_kv_cache_reuse,
+        max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
+        tokens_per_block=config.tokens_per_block,
+        enable_chunked_context=config.enable_chunked_context,
     )
 
 
@@ -291,7 +301,9 @@ def _build_trtllm(
     from lmi_trt.launch import trtllm_copy_settings
 
     if isinstance(settings, LlmApiSettings):  # the pytorch backend: the LLM loads the checkpoint, starts its workers
-        return LlmApiEngine(artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+        return LlmApiEngine(
+            artifact.path, settings, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer
+        )
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
     if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
@@ -397,7 +409,7 @@ HONOURED_ELSEWHERE: dict[str, str] = {
 def refuse_ignored(kind: str, config: LmiConfig) -> None:
     """A StartupError for the first option the user set that engine ``kind`` would ignore: one that some
     engine's (or backend's) settings read and this one's do not. Every accepted option is honoured or refused."""
-    from lmi_trt.config import StartupError, key_of
+    from lmi_trt.config import StartupError
 
     used = honoured(kind, config)
     for name in type(config).model_fields:
@@ -411,11 +423,28 @@ def refuse_ignored(kind: str, config: LmiConfig) -> None:
         if users:
             where = f"the {kind} engine" + (f" on the {config.backend} backend" if kind == "trtllm" else "")
             raise StartupError(
-                key_of(name),
+                config.label(name),
                 getattr(config, name),
                 f"{where} does not use it",
                 f"leave it out, or serve with an engine that does: {', '.join(users)}",
             )
+
+
+def check_release(kind: str, config: LmiConfig) -> None:
+    """On TensorRT-LLM's pytorch backend (its release installed, ``option.backend`` resolved), what the installed
+    release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before anything loads
+    (``lmi_trt.engines.llmapi.llm_configs``); nothing to check on the other engines and backends."""
+    from lmi_trt.engines.llmapi import LlmApiSettings, llm_api_series, llm_configs, llm_plan, probe_llm_api
+
+    settings = ENGINES[kind].settings(config)
+    if not isinstance(settings, LlmApiSettings):
+        return
+    runtime = settings.runtime
+    if runtime.tensor_parallel_degree is None:  # max: the launch plan resolves it; the MoE split is checked then
+        split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
+        settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
+    llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
+    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
 
 
 def engine_backends() -> list[tuple[str, str | None]]:

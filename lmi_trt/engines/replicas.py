@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 from lmi_trt.engines.base import (
+    ADDITIVE_STATS,
+    SHARED_STATS,
     Capabilities,
     Capability,
     Engine,
@@ -24,6 +26,16 @@ from lmi_trt.engines.base import (
 def least_loaded(stats: Sequence[EngineStats]) -> int:
     """Index of the copy with the fewest requests in flight (ties → lowest index)."""
     return min(range(len(stats)), key=lambda i: (stats[i].active_requests + stats[i].queued_requests, i))
+
+
+def merged_extra(parts: Sequence[EngineStats]) -> dict[str, float]:
+    """Pure: the copies' KV-cache and counter figures as one engine's (sums; shared settings once)."""
+    out = {key: sum(p.extra[key] for p in parts) for key in ADDITIVE_STATS if all(key in p.extra for p in parts)}
+    for key in SHARED_STATS:
+        values = {p.extra.get(key) for p in parts}
+        if len(values) == 1 and None not in values:
+            out[key] = values.pop()
+    return out
 
 
 def common_capabilities(copies: Sequence[Capabilities]) -> Capabilities:
@@ -44,10 +56,13 @@ def common_capabilities(copies: Sequence[Capabilities]) -> Capabilities:
 class ReplicaSet:
     name: str
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], *, parallel: bool = True) -> None:
+        """``parallel``: start the copies at once (option.parallel_loading), else one after another, which holds
+        one copy's load in host memory at a time (DJL's reason for the key, configurations.md)."""
         if not engines:
             raise ValueError("ReplicaSet needs at least one engine")
         self._engines = list(engines)
+        self._parallel = parallel
         self.name = f"{self._engines[0].name}x{len(self._engines)}"
         self._owner: dict[str, Engine] = {}
 
@@ -80,7 +95,16 @@ class ReplicaSet:
         return all(e.healthy for e in self._engines)
 
     async def start(self) -> None:
-        results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        if self._parallel:
+            results = await asyncio.gather(*(e.start() for e in self._engines), return_exceptions=True)
+        else:
+            results = []
+            for engine in self._engines:
+                try:
+                    results.append(await engine.start())
+                except Exception as exc:  # noqa: BLE001 — the copies that did start are closed below
+                    results.append(exc)
+                    break
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
             # Don't leave the copies that did start holding GPUs and threads.
@@ -119,6 +143,7 @@ class ReplicaSet:
         )
         for i, p in enumerate(parts):
             total.extra[f"copy{i}_active"] = float(p.active_requests + p.queued_requests)
+        total.extra |= merged_extra(parts)
         return total
 
     async def close(self) -> None:

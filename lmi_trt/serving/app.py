@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from lmi_trt.config import LmiConfig
+from lmi_trt.errors import LmiError
 from lmi_trt.serving import access, tls
 from lmi_trt.serving.core import GenerationService, LoadedModel
 from lmi_trt.serving.errors import LmiHttpError
@@ -146,6 +147,10 @@ def build_app(
             loaded = await load()
         except asyncio.CancelledError:
             raise
+        except LmiError as e:  # a failure lmi-trt explains (the file or key, and what to do): one line
+            ctx.load_error = str(e)
+            log.error("loading model %r failed: %s; /ping answers 503 FAILED", model_name, e)
+            return
         except Exception as e:
             ctx.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from lmi_trt.engines.base import EngineStats
@@ -102,6 +102,16 @@ _FINISHED_REASON = {
 }
 
 
+# Engine figures that only grow (EngineStats.extra keys), exported as counters under vLLM's names
+# (vllm/v1/metrics/loggers.py: vllm:num_preemptions, vllm:prefix_cache_queries and
+# vllm:prefix_cache_hits, the last two counted in prompt tokens).
+_ENGINE_COUNTERS = {
+    "num_preemptions": "Requests preempted (their KV blocks taken back; they resume by recomputing)",
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
+    "prefix_cache_hits": "Prompt tokens found in the prefix cache (not computed again)",
+}
+
+
 class _LiveGauges(Collector):
     """Gauges computed on scrape, so the request path never touches them."""
 
@@ -117,7 +127,7 @@ class _LiveGauges(Collector):
         g.add_metric([self._model_name], value)
         return g
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield GaugeMetricFamily(
             "lmi_requests_in_system", "Generation requests admitted and not finished", value=self._in_system()
         )
@@ -129,6 +139,18 @@ class _LiveGauges(Collector):
         used, total = stats.extra.get("kv_cache_used_blocks"), stats.extra.get("kv_cache_max_blocks")
         if used is not None and total:  # engines that report their KV cache (TensorRT-LLM's KvCacheStats)
             yield self._gauge("lmi_kv_cache_usage_perc", "KV-cache usage, 1 = full", used / total)
+        block_size = stats.extra.get("kv_cache_block_size")
+        if block_size is not None and total:  # vLLM's cache_config_info: a gauge of 1 whose labels describe the cache
+            info = GaugeMetricFamily(
+                "lmi_cache_config_info", "The KV cache's configuration", labels=[MODEL, "block_size", "num_gpu_blocks"]
+            )
+            info.add_metric([self._model_name, str(int(block_size)), str(int(total))], 1)
+            yield info
+        for key, doc in _ENGINE_COUNTERS.items():
+            if key in stats.extra:
+                counter = CounterMetricFamily(f"lmi_{key}", doc, labels=[MODEL])
+                counter.add_metric([self._model_name], stats.extra[key])
+                yield counter
         yield GaugeMetricFamily(
             "lmi_engine_active_requests", "Requests the engine is generating for", value=stats.active_requests
         )
@@ -137,7 +159,8 @@ class _LiveGauges(Collector):
         )
         yield GaugeMetricFamily("lmi_engine_max_batch_size", "Engine batch capacity", value=stats.max_batch_size)
         for key, value in sorted(stats.extra.items()):
-            yield GaugeMetricFamily(f"lmi_engine_{key}", f"Engine statistic {key}", value=value)
+            if key not in _ENGINE_COUNTERS:
+                yield GaugeMetricFamily(f"lmi_engine_{key}", f"Engine statistic {key}", value=value)
 
 
 class Metrics:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmi_trt.errors import LmiError
+
 log = logging.getLogger(__name__)
 
 
@@ -21,15 +23,45 @@ class TokenizerFacts:
     has_chat_template: bool
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False, revision: str | None = None) -> Any:
-    """Load with ``AutoTokenizer`` (fast tokenizers preferred); errors name the path."""
+class TokenizerError(LmiError, RuntimeError):
+    """The tokenizer files cannot be loaded: one line naming the file, what transformers said, and what to do."""
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, *, slow: bool = False) -> Any:
+    """Load with ``AutoTokenizer``: the fast tokenizer where the model has one, the Python one with ``slow``
+    (option.tokenizer_mode=slow). Files transformers 5 wrote reach here already in the installed transformers' form
+    (lmi_trt.sources.transformers5); what still cannot load is a ``TokenizerError`` naming the file."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code, revision=revision)
-    except Exception as e:  # transformers raises OSError/ValueError/ImportError depending on what is missing
-        hint = "" if trust_remote_code else " (if it ships custom tokenizer code, set option.trust_remote_code=true)"
-        raise RuntimeError(f"could not load a tokenizer from {str(path)!r}: {e}{hint}") from e
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code, use_fast=not slow)
+    except Exception as e:  # transformers raises OSError/ValueError/ImportError/AttributeError by what is wrong
+        raise TokenizerError(_why_not(Path(path), e, trust_remote_code)) from None
+
+
+def _why_not(folder: Path, error: Exception, trust_remote_code: bool) -> str:
+    import transformers
+
+    from lmi_trt.sources.artifact import TOKENIZER_FILES
+    from lmi_trt.sources.transformers5 import source_of
+
+    shown = source_of(folder)  # a view of a transformers-5 folder names the user's files, not our copy
+    file = shown / "tokenizer_config.json"
+    try:
+        declared = json.loads(file.read_text()).get("tokenizer_class")  # as the user's file has it
+    except (OSError, ValueError, AttributeError):
+        file, declared = shown, None
+    vocabularies = sorted(TOKENIZER_FILES - {"tokenizer_config.json"})
+    if not any((folder / name).is_file() for name in vocabularies):
+        said = f"it has no vocabulary file ({', '.join(vocabularies)})"
+    else:
+        said = " ".join(f"{type(error).__name__}: {error}".split())  # one line: transformers' messages span several
+    what = f" (tokenizer_class {declared!r})" if declared else ""
+    fix = [] if trust_remote_code else ["set option.trust_remote_code=true if the model ships its tokenizer code"]
+    fix.append(f"point option.tokenizer_id at the same tokenizer saved by transformers {transformers.__version__}")
+    return f"{file}: transformers {transformers.__version__} cannot load this tokenizer{what}: {said}; " + ", or ".join(
+        fix
+    )
 
 
 def _generation_config_eos(path: str | Path | None) -> list[int]:

@@ -7,6 +7,8 @@ the folder to load the tokenizer from (``option.tokenizer_id`` first, then the a
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from lmi_trt.config import LmiConfig
@@ -25,6 +27,7 @@ from .artifact import (
 )
 from .hf import download_hub, select_hub_files
 from .s3 import DEFAULT_MAX_CONCURRENCY, download_s3, parse_s3_uri
+from .transformers5 import for_installed_transformers
 
 __all__ = [
     "ArtifactKind",
@@ -59,16 +62,22 @@ def _fetch(
 ) -> tuple[Path, ArtifactSource, str | None]:
     """Bring ``name`` to local disk: (folder, source, fingerprint or None for local folders).
 
-    ``config.revision`` pins the model's repo; a separate tokenizer repo is taken at its default branch.
+    ``config.revision`` pins the model's repo; a separate tokenizer repo ``config.tokenizer_revision``, else its
+    default branch.
     """
-    if name.startswith("s3://"):
-        path, fingerprint = download_s3(name, config.download_dir, max_concurrency=s3_max_concurrency)
-        return path, "s3", fingerprint
     local = Path(name).expanduser()
     try:
         is_dir, exists = local.is_dir(), local.exists()
     except OSError:  # a name no file system holds (ENAMETOOLONG): not a local folder
         is_dir = exists = False
+    if tokenizer_only and config.tokenizer_revision is not None and (name.startswith("s3://") or is_dir):
+        raise SourceError(
+            f"option.tokenizer_revision={config.tokenizer_revision!r} pins a Hugging Face repo, and "
+            f"option.tokenizer_id {name!r} is not one; remove option.tokenizer_revision"
+        )
+    if name.startswith("s3://"):
+        path, fingerprint = download_s3(name, config.download_dir, max_concurrency=s3_max_concurrency)
+        return path, "s3", fingerprint
     if is_dir:
         return local.resolve(), "local", None
     if exists:
@@ -79,7 +88,8 @@ def _fetch(
         raise SourceError(f"local folder {name!r} does not exist (resolved to {local.resolve()})")
     path, sha = download_hub(
         name,
-        revision=config.revision if name == config.model_id else None,
+        revision=(config.tokenizer_revision if tokenizer_only else None)
+        or (config.revision if name == config.model_id else None),
         token=_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
@@ -89,15 +99,36 @@ def _fetch(
 
 
 def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> ModelArtifact:
-    """Find, fetch if remote, and recognise the model ``config`` names."""
+    """Find, fetch if remote, and recognise the model ``config`` names; files transformers 5 wrote are read through
+    a view in the installed transformers' form (``transformers5``)."""
     if config.model_id is None:
         if config.model_dir is None:
             raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or HF_MODEL_ID")
-        return detect_artifact(config.model_dir, model_id=str(config.model_dir))
+        return _readable(detect_artifact(config.model_dir, model_id=str(config.model_dir)), config)
     path, source, fingerprint = _fetch(
         config.model_id, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency
     )
-    return detect_artifact(path, model_id=config.model_id, source=source, fingerprint=fingerprint)
+    return _readable(detect_artifact(path, model_id=config.model_id, source=source, fingerprint=fingerprint), config)
+
+
+def _views(config: LmiConfig) -> Path:
+    return config.download_dir / "transformers4-views"
+
+
+def _readable(artifact: ModelArtifact, config: LmiConfig) -> ModelArtifact:
+    """``artifact`` with its checkpoint and tokenizer folders readable by the installed transformers."""
+    path = artifact.path
+    if artifact.kind == "hf_checkpoint":
+        path = for_installed_transformers(path, _views(config))
+    tokenizer_dir = artifact.tokenizer_dir
+    if tokenizer_dir is not None:
+        tokenizer_dir = (
+            path if tokenizer_dir == artifact.path else for_installed_transformers(tokenizer_dir, _views(config))
+        )
+    if (path, tokenizer_dir) == (artifact.path, artifact.tokenizer_dir):
+        return artifact
+    hf_config = json.loads((path / "config.json").read_text()) if path != artifact.path else artifact.hf_config
+    return dataclasses.replace(artifact, path=path, tokenizer_dir=tokenizer_dir, hf_config=hf_config)
 
 
 def _tokenizer_folder(root: Path) -> Path | None:
@@ -121,7 +152,7 @@ def resolve_tokenizer(
                 f"({', '.join(sorted(TOKENIZER_FILES))}) "
                 f"in {root} or a single sub-folder of it"
             )
-        return folder
+        return for_installed_transformers(folder, _views(config))
     if artifact.tokenizer_dir is not None:
         return artifact.tokenizer_dir
     if artifact.kind == "trtllm_engine":

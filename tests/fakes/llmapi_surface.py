@@ -52,6 +52,7 @@ SURFACE = {
             "GuidedDecodingParams",
             "KvCacheConfig",
             "CudaGraphConfig",
+            "MoeConfig",
             "SchedulerConfig",
             "CapacitySchedulerPolicy",
             "ContextChunkingPolicy",
@@ -377,6 +378,15 @@ SURFACE = {
             "ctor": [["*", "batch_sizes=None", "max_batch_size=0", "enable_padding=False"]],
             "props_rw": ["batch_sizes", "max_batch_size", "enable_padding"],
         },
+        "MoeConfig": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class MoeConfig(StrictBaseModel) (1.0, 1.1, 1.2 and main "
+            "copies); exported by tensorrt_llm.llmapi (examples/llm-api/quickstart_advanced.py imports it from there)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only (pydantic); backend is a Literal of the release's MoE backends (default CUTLASS, "
+            "AUTO from 1.2); max_num_tokens, load_balancer and later fields not modelled",
+            "ctor": [["*", "backend='CUTLASS'"]],
+            "props_rw": ["backend"],
+        },
         "SchedulerConfig": {
             "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class SchedulerConfig(StrictBaseModel, PybindMirror)",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
@@ -401,6 +411,13 @@ SURFACE = {
             "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class ContextChunkingPolicy(StrEnum)",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
             "members": ["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"],
+        },
+        "LoadFormat": {
+            "source": "ARGS: tensorrt_llm/llmapi/llm_args.py class LoadFormat(Enum); TorchLlmArgs.load_format takes "
+            "a member or its name in any case (convert_load_format)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "members": ["AUTO", "DUMMY"],
+            "notes": "VISION_ONLY (1.1 on) not modelled: lmi_trt sends auto or dummy",
         },
         "TorchLlmArgs": {
             "source": "ARGS: tensorrt_llm/llmapi/llm_args.py TorchLlmArgs(BaseLlmArgs); the LLM keywords lmi_trt maps",
@@ -433,12 +450,17 @@ SURFACE = {
                     "pipeline_parallel_size=1",
                     "context_parallel_size=1",
                     "gpus_per_node=None",
+                    "moe_tensor_parallel_size=None",
+                    "moe_expert_parallel_size=None",
                     "enable_attention_dp=False",
+                    "load_format=LoadFormat.AUTO",
                     "enable_lora=False",
                     "lora_config=None",
                     "kv_cache_config=KvCacheConfig()",
                     "enable_chunked_prefill=False",
                     "guided_decoding_backend=None",
+                    "iter_stats_max_iterations=None",
+                    "request_stats_max_iterations=None",
                     "scheduler_config=SchedulerConfig()",
                     "max_batch_size=2048",
                     "max_input_len=1024",
@@ -452,6 +474,7 @@ SURFACE = {
                     "return_perf_metrics=False",
                     "cuda_graph_config=CudaGraphConfig()",
                     "disable_overlap_scheduler=False",
+                    "moe_config=MoeConfig()",
                     "attn_backend='TRTLLM'",
                     # sampler keys by release: "releases_of"
                     "enable_mixed_sampler=False  # 1.0 only",
@@ -475,9 +498,11 @@ SURFACE = {
             "exports": [
                 "KvCacheConfig",
                 "CudaGraphConfig",
+                "MoeConfig",
                 "SchedulerConfig",
                 "CapacitySchedulerPolicy",
                 "ContextChunkingPolicy",
+                "LoadFormat",
                 "TorchLlmArgs",
             ],
         },

@@ -2,8 +2,11 @@
 
 test_torch_engine.py already runs every protocol test through this loop for the tiny Llama,
 Qwen2 and Mistral models (it is what ``auto`` picks for them). Here: Qwen3 (per-head q/k norms),
-prompts that share prefill steps under a small ``max_num_tokens`` while other requests decode,
-which path runs for which model and option, and failures inside a step.
+prompts cut into chunks under a small ``max_num_tokens`` and mixed into steps with other requests'
+decode tokens, a KV cache too small for every request at once (preemption), prefix caching (reuse
+and eviction), which path runs for which model and option, failures inside a step, and the
+cache's figures on a real server's /metrics. Greedy outputs must equal ``model.generate``'s
+wherever its choice is clear (test_torch_engine.py's MARGIN rule).
 """
 
 from __future__ import annotations
@@ -14,13 +17,18 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
-from test_torch_engine import one_torch_thread  # noqa: F401 - the same module-wide thread limit
+from cliserver import serve
+from test_torch_engine import (
+    assert_greedy,
+    one_torch_thread,  # noqa: F401 - the same module-wide thread limit
+    reference,
+)
 from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.torch import TorchEngine
-from lmi_trt.engines.torch.decode_loop import choose_decode_loop, graph_batch_sizes, plan_slots
+from lmi_trt.engines.torch.decode_loop import choose_decode_loop, graph_batch_sizes, plan_blocks
 from lmi_trt.engines.torch.llama_decoder import LlamaDecoder, unsupported_reason
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -33,6 +41,7 @@ PROMPTS = [
     [1] + list(range(200, 216)),
     [1, 3],
     [1] + list(range(300, 310)),
+    [1] + list(range(400, 419)),
 ]
 
 
@@ -64,11 +73,6 @@ def qwen3(tmp_path_factory) -> Path:
     return out
 
 
-def generate(ref, prompt: list[int], n: int) -> list[int]:
-    out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt) :].tolist()
-
-
 async def run(engine: TorchEngine, rid: str, prompt: list[int], **sampling) -> list:
     return [o async for o in engine.submit(GenerationRequest(rid, prompt, SamplingParams(**sampling)))]
 
@@ -77,43 +81,152 @@ def tokens(outs) -> list[int]:
     return [t for o in outs for t in o.token_ids]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["qwen3", "llama"])
+BUDGET = {"whole": 20, "chunked": 12}
+
+
+def small_engine(path: Path, **options) -> TorchEngine:
+    """3 slots, prompts of up to 20 tokens, up to 24 new ones."""
+    return TorchEngine(path, max_batch_size=3, max_input_len=20, max_new_tokens=24, **options)
+
+
+@pytest_asyncio.fixture(
+    scope="module", loop_scope="module", params=[("qwen3", "whole"), ("llama", "chunked")], ids=lambda p: "-".join(p)
+)
 async def small_steps(request, qwen3):
-    """3 slots for 7 requests, and prefill steps of at most 20 tokens: prompts are spread over
-    several steps while earlier requests decode, and requests join as others leave."""
-    path = qwen3 if request.param == "qwen3" else tiny_model("llama")
-    engine = TorchEngine(path, max_batch_size=3, max_input_len=20, max_new_tokens=24, max_num_tokens=20)
+    """3 slots for 8 requests, in steps of at most 20 tokens (prompts whole) or 12 (prompts cut
+    into chunks, option.enable_chunked_context): prompts join steps that carry other requests'
+    decode tokens, and requests join as others leave."""
+    arch, prompts = request.param
+    path = qwen3 if arch == "qwen3" else tiny_model("llama")
+    engine = small_engine(path, max_num_tokens=BUDGET[prompts], enable_chunked_context=prompts == "chunked")
     await engine.start()
     yield path, engine
     await engine.close()
 
 
-async def test_greedy_equals_generate_with_shared_prefill_steps(small_steps):
+LENGTHS = [24, 3, 17, 9, 24, 1, 12, 10]
+
+
+async def run_all(engine: TorchEngine, path: Path, prompts=PROMPTS, lengths=LENGTHS) -> None:
+    """Every prompt at once, greedy: each stream has one token per delta, ends on its length, and
+    equals model.generate wherever its choice is clear."""
+    ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    results = await asyncio.gather(
+        *(run(engine, f"r{i}", p, max_new_tokens=n, ignore_eos=True) for i, (p, n) in enumerate(zip(prompts, lengths)))
+    )
+    for prompt, n, outs in zip(prompts, lengths, results):
+        assert [len(o.token_ids) for o in outs] == [1] * n  # nothing repeated, nothing skipped
+        assert outs[-1].finish_reason == FinishReason.LENGTH
+        assert_greedy(tokens(outs), reference(ref, prompt, n, eos_token_id=None))
+
+
+async def test_greedy_equals_generate_with_prompt_chunks_mixed_into_decode_steps(small_steps):
     path, engine = small_steps
     assert engine.batching == "decode_loop"
-    ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-    lengths = [24, 3, 17, 9, 24, 1, 12]
-    results = await asyncio.gather(
-        *(run(engine, f"r{i}", p, max_new_tokens=n, ignore_eos=True) for i, (p, n) in enumerate(zip(PROMPTS, lengths)))
+    engine._backend.counters["largest_step"] = 0  # a maximum, the others are totals
+    before = dict(engine._backend.counters)
+    await run_all(engine, path)
+    counters = {k: v - before[k] for k, v in engine._backend.counters.items()}
+    # 8 prompts of up to 20 tokens: some steps carry other requests' decode tokens too; nothing
+    # is computed twice (the cache holds them all).
+    assert counters["mixed_steps"] >= 1 and counters["num_preemptions"] == 0
+    assert counters["prompt_tokens"] == sum(len(p) for p in PROMPTS)
+    budget = engine.max_num_tokens
+    if engine.enable_chunked_context:  # a step never exceeds the budget; 20-token prompts span steps
+        assert counters["largest_step"] <= budget and counters["prefill_steps"] >= sum(map(len, PROMPTS)) / budget
+    else:  # whole prompts; a step exceeds the budget only by the decode tokens of the 2 other slots
+        assert counters["largest_step"] <= budget + 2
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+async def test_a_cache_too_small_for_every_request_preempts_and_resumes(arch, qwen3):
+    """6 blocks of 8 tokens: one request of 20 + 24 positions fits, three do not; requests that
+    run out of blocks give them back and resume where they were, their streams unchanged."""
+    path = qwen3 if arch == "qwen3" else tiny_model("llama")
+    engine = small_engine(path, max_num_tokens=20, tokens_per_block=8, max_tokens_in_paged_kv_cache=48)
+    await engine.start()
+    try:
+        await run_all(engine, path)
+        stats = engine.stats().extra
+        assert stats["num_preemptions"] > 0
+        assert stats["kv_cache_max_blocks"] == 6 and stats["kv_cache_used_blocks"] == 0
+    finally:
+        await engine.close()
+
+
+SHARED = [1] + list(range(60, 83))  # 24 tokens: three blocks of 8
+
+
+async def test_prefix_caching_reuses_evicts_and_keeps_outputs():
+    """Blocks of 8 in a pool of 12 (96 tokens); a request of 31 + 12 positions needs 6."""
+    path = tiny_model("llama")
+    engine = TorchEngine(
+        path,
+        max_batch_size=3,
+        max_input_len=48,
+        max_new_tokens=12,
+        max_num_tokens=64,
+        tokens_per_block=8,
+        max_tokens_in_paged_kv_cache=96,
+        enable_kv_cache_reuse=True,
     )
-    for prompt, n, outs in zip(PROMPTS, lengths, results):
-        assert tokens(outs) == generate(ref, prompt, n)
-        assert outs[-1].finish_reason == FinishReason.LENGTH
+    await engine.start()
     backend = engine._backend
-    assert backend.counters["prefill_steps"] >= 3  # 7 prompts of up to 17 tokens in 20-token steps
+    ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+
+    async def greedy(rid: str, prompt: list[int], n: int = 12) -> tuple[int, int]:
+        """Runs it; returns the prompt tokens found in the cache and the prompt tokens computed."""
+        before = dict(backend.counters)
+        outs = await run(engine, rid, prompt, max_new_tokens=n, ignore_eos=True)
+        assert_greedy(tokens(outs), reference(ref, prompt, n, eos_token_id=None))
+        after = backend.counters
+        return after["prefix_cache_hits"] - before["prefix_cache_hits"], after["prompt_tokens"] - before[
+            "prompt_tokens"
+        ]
+
+    try:
+        assert await greedy("first", SHARED + [5, 6]) == (0, 26)
+        # The same 24-token prefix, another suffix: its three blocks are found, two tokens computed.
+        assert await greedy("again", SHARED + [7, 8]) == (24, 2)
+        # A prompt of exactly the cached blocks still computes its last token (its logits are needed).
+        assert await greedy("whole", SHARED) == (16, 8)
+        # Several at once with a new shared prefix: the first computes it, the others reuse its
+        # blocks in the same step (each layer writes the step's keys before reading any).
+        fresh = [1] + list(range(120, 143))
+        before = backend.counters["prefix_cache_hits"]
+        results = await asyncio.gather(
+            *(run(engine, f"s{i}", fresh + [9 + i], max_new_tokens=4, ignore_eos=True) for i in range(3))
+        )
+        for i, outs in enumerate(results):
+            assert_greedy(tokens(outs), reference(ref, fresh + [9 + i], 4, eos_token_id=None))
+        assert backend.counters["prefix_cache_hits"] - before == 2 * 24
+        # Generated tokens are cached when a request ends: a follow-up turn finds them.
+        turn = SHARED + [5, 6]
+        outs = await run(engine, "turn1", turn, max_new_tokens=12, ignore_eos=True)
+        hits, _ = await greedy("turn2", turn + tokens(outs) + [3])
+        assert hits == 32  # 26 + 12 tokens, of which the first 37 were written: four full blocks
+        # Eviction, least recently used first: unrelated prompts that need the whole pool push the
+        # oldest cached blocks out, while the newest survive.
+        for i in range(2):
+            await greedy(f"other{i}", [1] + list(range(200 + 31 * i, 230 + 31 * i)))
+        assert (await greedy("evicted", fresh + [9]))[0] == 0
+        assert (await greedy("kept", [1] + list(range(231, 254)) + [4]))[0] == 24
+        assert engine.stats().extra["kv_cache_used_blocks"] == 0
+    finally:
+        await engine.close()
 
 
 async def test_prefill_failure_fails_its_requests_only(small_steps, monkeypatch):
     _, engine = small_steps
     poison = 13
-    original = LlamaDecoder.prefill
+    original = LlamaDecoder.forward
 
-    def prefill(self, tokens, *args):
-        if bool((tokens == poison).any()):
+    def forward(self, batch):
+        if batch.max_q > 1 and bool((batch.tokens == poison).any()):  # a step with the poisoned prompt's chunk
             raise RuntimeError("injected prefill failure")
-        return original(self, tokens, *args)
+        return original(self, batch)
 
-    monkeypatch.setattr(LlamaDecoder, "prefill", prefill)
+    monkeypatch.setattr(LlamaDecoder, "forward", forward)
     bystander = asyncio.create_task(run(engine, "by", [1, 5, 6], max_new_tokens=24, ignore_eos=True))
     while not engine.stats().active_requests:
         await asyncio.sleep(0.01)  # the bystander is decoding before the poisoned prompt arrives
@@ -128,18 +241,18 @@ async def test_prefill_failure_fails_its_requests_only(small_steps, monkeypatch)
 async def test_decode_failure_fails_that_step_and_the_engine_lives_on(small_steps, monkeypatch):
     _, engine = small_steps
     calls = {"n": 0}
-    original = LlamaDecoder.decode
+    original = LlamaDecoder.forward
 
-    def decode(self, *args):
+    def forward(self, batch):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 3:  # the prompt's step, a decode step, then this one
             raise RuntimeError("injected decode failure")
-        return original(self, *args)
+        return original(self, batch)
 
-    monkeypatch.setattr(LlamaDecoder, "decode", decode)
+    monkeypatch.setattr(LlamaDecoder, "forward", forward)
     failed = await run(engine, "f", [1, 5, 6], max_new_tokens=10, ignore_eos=True)
     assert failed[-1].finish_reason == FinishReason.ERROR and "injected decode failure" in failed[-1].error
-    monkeypatch.setattr(LlamaDecoder, "decode", original)
+    monkeypatch.setattr(LlamaDecoder, "forward", original)
     again = await run(engine, "after", [1, 5, 6], max_new_tokens=10, ignore_eos=True)
     assert len(tokens(again)) == 10 and engine.healthy
 
@@ -160,6 +273,23 @@ async def test_which_path_runs():
     with pytest.raises(EngineError, match="model_type 'gpt2'") as err:
         await TorchEngine(gpt2, max_input_len=16, max_new_tokens=8, decode_loop="builtin").start()
     assert err.value.code == 400
+    # The paged cache's options configure the built-in loop only: elsewhere they are refused.
+    for path, kwargs in [(gpt2, {}), (llama, {"decode_loop": "transformers"})]:
+        refused = "option.enable_kv_cache_reuse=true, option.tokens_per_block=8, option.enable_chunked_context=true"
+        with pytest.raises(EngineError, match=refused) as err:
+            await TorchEngine(
+                path,
+                max_input_len=16,
+                max_new_tokens=8,
+                enable_kv_cache_reuse=True,
+                tokens_per_block=8,
+                enable_chunked_context=True,
+                **kwargs,
+            ).start()
+        assert err.value.code == 400
+    with pytest.raises(EngineError, match="option.max_tokens_in_paged_kv_cache=20") as err:
+        await TorchEngine(llama, max_input_len=16, max_new_tokens=8, max_tokens_in_paged_kv_cache=20).start()
+    assert err.value.code == 400 and "fewer than one sequence" in str(err.value)
 
 
 async def test_choice_and_planning_rules():
@@ -175,11 +305,48 @@ async def test_choice_and_planning_rules():
     model.config.hidden_act = "gelu"
     assert "hidden_act" in unsupported_reason(model, 32)
 
-    assert plan_slots(8, 100, None, 0) == 8  # CPU: no device memory to size against
-    assert plan_slots(8, 100, 1000, 50) == 8  # 0.85 × 1000 − 50 = 800 bytes: all 8 fit
-    assert plan_slots(8, 100, 500, 50) == 3  # (425 − 50) // 100
-    with pytest.raises(EngineError, match="max_input_len"):
-        plan_slots(8, 1000, 500, 50)
+    def blocks(free: int | None, max_tokens: int | None = None, caching: bool = False) -> int:
+        # blocks of 16 tokens, 100 bytes each; 8 slots of up to 40 positions (3 blocks each)
+        shape = dict(block_bytes=100, block_size=16, max_seq_len=40, slots=8, reserved_bytes=50)
+        return plan_blocks(**shape, caching=caching, free_bytes=free, max_tokens=max_tokens)[0]
+
+    assert blocks(None) == 24  # CPU: every slot at full length
+    assert blocks(None, max_tokens=100) == 6  # ... or what option.max_tokens_in_paged_kv_cache says
+    assert blocks(10_000) == 24  # 0.85 × 10000 − 50 = 8450 bytes hold 84 blocks, no use for more than 24
+    assert blocks(10_000, caching=True) == 84  # unless they hold a prefix cache
+    assert blocks(10_000, max_tokens=320, caching=True) == 20
+    assert blocks(1_000) == 8  # (850 − 50) // 100: two sequences at full length, more when shorter
+    with pytest.raises(EngineError, match="fewer than one sequence"):
+        blocks(400)  # (340 − 50) // 100 = 2 blocks of the 3 one sequence needs
     assert graph_batch_sizes(1) == [1]
     assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert graph_batch_sizes(64)[-3:] == [32, 48, 64]
+
+
+async def test_the_cache_on_a_real_servers_metrics(tmp_path):
+    """option.* keys → the engine → /metrics: a prompt sent twice is found in the prefix cache the
+    second time, and the cache's usage, block size and preemption count are exported."""
+    args = ["--engine", "torch", "--model-id", str(tiny_model("llama")), "--model-name", "tiny"]
+    for key, value in [
+        ("max_input_len", 64),
+        ("max_output_len", 8),
+        ("enable_kv_cache_reuse", "true"),
+        ("tokens_per_block", 8),
+        ("max_tokens_in_paged_kv_cache", 256),
+    ]:
+        args += ["-o", f"option.{key}={value}"]
+    with serve(args, tmp_path) as server:
+        assert "KV cache of 32 blocks of 8 tokens = 256 tokens" in server.log()
+        prompt = "The quick brown fox jumps over the lazy dog. " * 3
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 4}}
+        first, second = (server.post("/invocations", json=body) for _ in range(2))
+        assert first.status_code == second.status_code == 200 and first.json() == second.json()
+        metrics = server.get("/metrics").text
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("lmi_") and "{" in line
+    }
+    assert values["lmi_prefix_cache_hits_total"] >= 8 and values["lmi_prefix_cache_queries_total"] > 0
+    assert values["lmi_num_preemptions_total"] == 0 and values["lmi_kv_cache_usage_perc"] == 0
+    assert 'lmi_cache_config_info{block_size="8",model_name="tiny",num_gpu_blocks="32"} 1.0' in metrics

@@ -552,14 +552,20 @@ async def test_logit_bias_is_the_samplers_embedding_bias(trt, monkeypatch, model
 
 
 @pytest.mark.parametrize("release", RELEASES)
-async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, model_dir, hf_model, release):
+async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, model_dir, hf_model, release, caplog):
     """option.max_beam_width > 1: 1.0 and 1.1/1.2 run every request on the TRTLLMSampler (built without the overlap
     scheduler and CUDA graphs, as it needs), main on its TorchSampler; what that sampler lacks is refused."""
     import torch
 
     monkeypatch.setattr(trt, "__version__", release)
-    engine = await started(model_dir, settings(max_beam_width=2))
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(model_dir, settings(max_beam_width=2))
     try:
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        assert "max_beam_width=2 (option.max_beam_width)" in report
+        if release != "1.3.0":
+            assert "cuda_graph_config=None (beam search on the TRTLLMSampler" in report
+            assert "disable_overlap_scheduler=True (beam search on the TRTLLMSampler" in report
         outs = await collect(engine, req("beam", PROMPTS[0], streaming=False, max_new_tokens=6, beam_width=2))
         with torch.no_grad():
             want = hf_model.generate(torch.tensor([PROMPTS[0]]), num_beams=2, max_new_tokens=6, do_sample=False)

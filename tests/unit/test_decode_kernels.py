@@ -1,4 +1,5 @@
-"""The decode loop's Triton kernels against the torch operations they replace, in Triton's CPU interpreter.
+"""The decode loop's Triton kernels (paged attention, rotary + KV write, SiLU·up) against the torch
+operations they replace, in Triton's CPU interpreter.
 
 Triton comes with the test extra (PyPI's wheel installs beside the CPU torch); the kernels run
 interpreted in a subprocess (TRITON_INTERPRET is read when kernels are defined).
@@ -14,61 +15,115 @@ from pathlib import Path
 CHECK = """
 import torch
 import torch.nn.functional as F
-from lmi_trt.engines.torch.decode_kernels import decode_attention, rotary_into_cache, silu_mul
+from lmi_trt.engines.torch.decode_kernels import block_rows, paged_attention, rotary_into_cache, silu_mul, tile_plan
 torch.manual_seed(0)
-b, heads, kv_heads, s, d = 5, 8, 2, 150, 16
+heads, kv_heads, d, page, blocks = 8, 2, 16, 8, 40
+group = heads // kv_heads
 
-# Attention over each slot's first `length` positions, grouped-query heads.
-qk = torch.randn(b, heads + kv_heads, d)
+# Causal attention through block tables: decode tokens (one query) and prompt chunks (several),
+# contexts across block boundaries, blocks scattered over the cache.
+k_cache, v_cache = torch.randn(blocks, kv_heads, page, d), torch.randn(blocks, kv_heads, page, d)
+seqs = [(1, 1), (1, 13), (5, 5), (17, 70), (3, 150)]  # (queries this pass, context after it)
+order, tables = torch.randperm(blocks), torch.zeros(len(seqs), 19, dtype=torch.long)
+used = 0
+for s, (_, context) in enumerate(seqs):
+    n = -(-context // page)
+    tables[s, :n] = order[used : used + n]
+    used += n
+total = sum(n for n, _ in seqs)
+qk = torch.randn(total, heads + kv_heads, d)
 q = qk[:, :heads]  # a strided view, as the decoder passes it
-k, v = torch.randn(7, kv_heads, s, d), torch.randn(7, kv_heads, s, d)
-lengths = torch.tensor([1, 5, 150, 64, 65])
-out = decode_attention(q, k, v, lengths, 0.25)
-for i in range(b):
-    n = int(lengths[i])
-    kk = k[i, :, :n].repeat_interleave(heads // kv_heads, 0)
-    vv = v[i, :, :n].repeat_interleave(heads // kv_heads, 0)
-    ref = torch.stack([torch.softmax(kk[h] @ q[i, h] * 0.25, -1) @ vv[h] for h in range(heads)])
-    torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)
+starts = torch.tensor([0, 1, 2, 7, 24])
+seq_len, context = torch.tensor([n for n, _ in seqs]), torch.tensor([c for _, c in seqs])
+for max_q in (17, 1):  # a mixed step's tiles, then a decode step's (the sequences of one query)
+    pick = [s for s, (n, _) in enumerate(seqs) if n <= max_q]
+    block_m = block_rows(group, max_q)
+    tile_seq, tile_row = tile_plan([seqs[s][0] for s in pick], group, block_m)
+    index = torch.tensor(pick)
+    out = paged_attention(
+        q, k_cache, v_cache, tables[index], starts[index], seq_len[index], context[index],
+        (torch.tensor(tile_seq), torch.tensor(tile_row)), block_m, 0.25,
+    )
+    for s in pick:
+        n, c = seqs[s]
+        keys = k_cache[tables[s, : -(-c // page)]].transpose(0, 1).flatten(1, 2)[:, :c].repeat_interleave(group, 0)
+        values = v_cache[tables[s, : -(-c // page)]].transpose(0, 1).flatten(1, 2)[:, :c].repeat_interleave(group, 0)
+        for i in range(n):
+            t, seen = int(starts[s]) + i, c - n + i + 1
+            ref = torch.stack(
+                [torch.softmax(keys[h, :seen] @ q[t, h] * 0.25, -1) @ values[h, :seen] for h in range(heads)]
+            )
+            torch.testing.assert_close(out[t], ref, rtol=1e-5, atol=1e-5)
 
-# Rotary on q and k (transformers' rotate_half form) and the cache writes of k and v.
-t = 6
+# Rotary on q and k (transformers' rotate_half form) and the cache writes of k and v at each
+# token's cache slot (block * page + offset; -1: not written).
+t, s = 6, 150
 qkv = torch.randn(t, (heads + 2 * kv_heads) * d)
 angles = torch.rand(s, d // 2) * 6
 cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
 signed = torch.cat((-sin[:, : d // 2], sin[:, d // 2:]), -1)
-positions, rows = torch.tensor([0, 3, 149, 7, 7, 20]), torch.tensor([0, 0, 6, 2, 3, 4])
-k_cache, v_cache = torch.zeros(7, kv_heads, s, d), torch.zeros(7, kv_heads, s, d)
-q_out = rotary_into_cache(qkv, cos, signed, positions, rows, k_cache, v_cache, heads)
+positions, slots = torch.tensor([0, 3, 149, 7, 7, 20]), torch.tensor([0, 3, 317, -1, 58, 161])
+k_cache, v_cache = torch.zeros(blocks, kv_heads, page, d), torch.zeros(blocks, kv_heads, page, d)
+q_out = rotary_into_cache(qkv, cos, signed, positions, slots, k_cache, v_cache, heads)
 x = qkv.view(t, heads + 2 * kv_heads, d)
 half = d // 2
 rotated = x * cos[positions, None] + torch.cat((-x[..., half:], x[..., :half]), -1) * sin[positions, None]
 torch.testing.assert_close(q_out, rotated[:, :heads], rtol=1e-5, atol=1e-5)
 for i in range(t):
-    torch.testing.assert_close(k_cache[rows[i], :, positions[i]], rotated[i, heads:heads + kv_heads])
-    torch.testing.assert_close(v_cache[rows[i], :, positions[i]], x[i, heads + kv_heads:])
+    if slots[i] >= 0:
+        block, offset = divmod(int(slots[i]), page)
+        torch.testing.assert_close(k_cache[block, :, offset], rotated[i, heads:heads + kv_heads])
+        torch.testing.assert_close(v_cache[block, :, offset], x[i, heads + kv_heads:])
+assert int((k_cache != 0).any(-1).sum()) == 5 * kv_heads  # the -1 token wrote nothing
 
 # silu(gate) * up over a width that is not a multiple of the block.
 gate_up = torch.randn(3, 2 * 1500)
 torch.testing.assert_close(silu_mul(gate_up), F.silu(gate_up[:, :1500]) * gate_up[:, 1500:], rtol=1e-5, atol=1e-5)
 
-# The whole forward pass with the kernels on (forced, on CPU) against torch operations only.
+# The whole forward pass with the kernels on (forced, on CPU) against torch operations only: a
+# prompt whole and another's first chunk, then its second chunk beside the first's decode token,
+# then a decode step with an idle slot (cache slot -1, as the decode loop's graphs run them).
 from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM
-from lmi_trt.engines.torch.llama_decoder import LlamaDecoder
+from lmi_trt.engines.torch.llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout
 model = AutoModelForCausalLM.from_pretrained(str(tiny_model("qwen2"))).eval()  # q/k/v biases too
-decoder = LlamaDecoder(model, slots=4, max_seq_len=40)
-prompts = torch.tensor([[1, 5, 9, 10, 11, 12, 40, 41], [1, 7, 8, 9, 0, 0, 0, 0]])
-positions = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 40, 40, 40, 40]])  # 40: padding
+decoder = LlamaDecoder(model, num_blocks=12, block_size=4, max_seq_len=40)
+a_table, b_table = [5, 2, 9], [0, 7, 3]
+a, b = [1, 5, 9, 10, 11, 12, 40, 41], [1, 7, 8, 9, 20, 21, 22, 23]
+
+def flat(spans, tokens, logits_at):
+    layout, sizes = batch_layout(spans, 4, decoder.group)
+    width = max(len(t) for t, _, _ in spans)
+    tables = torch.tensor([t + [0] * (width - len(t)) for t, _, _ in spans])
+    named = {name: layout[name] for name in LAYOUT}
+    return Batch(tokens=torch.tensor(tokens), tables=tables, logits_at=torch.tensor(logits_at), **named, **sizes)
+
 results = []
 for fused in (False, True):
     decoder.fused_kernels = fused
     for cache in decoder.k_cache + decoder.v_cache:
         cache.zero_()
     with torch.no_grad():
-        first = decoder.prefill(prompts, positions, torch.tensor([2, 0]), 8, torch.tensor([7, 11]))
-        step = decoder.decode(torch.tensor([5, 6, 7]), torch.tensor([4, 40, 8]))[[0, 2]]  # slot 1 idle
-    results.append((first, step))
+        first = decoder.forward(flat([(a_table, 0, 8), (b_table, 0, 3)], a + b[:3], [7]))
+        second = decoder.forward(flat([(a_table, 8, 1), (b_table, 3, 5)], [50] + b[3:], [0, 5]))
+        rows = torch.arange(3)
+        idle = Batch(
+            tokens=torch.tensor([51, 0, 52]),
+            positions=torch.tensor([9, 0, 8]),
+            slots=torch.tensor([9 * 4 + 1, -1, 3 * 4]),
+            seq_start=rows,
+            seq_len=torch.ones(3, dtype=torch.long),
+            context=torch.tensor([10, 1, 9]),
+            tables=torch.tensor([a_table, b_table, b_table]),
+            tile_seq=rows,
+            tile_row=torch.zeros(3, dtype=torch.long),
+            max_q=1,
+            max_context=12,
+            block_m=block_rows(decoder.group, 1),
+        )
+        idle.tables[1] = torch.tensor([4, 4, 4])  # a stale table: read, never written
+        third = decoder.forward(idle)[[0, 2]]
+    results.append((first, second, third))
 torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
 print("ok")
 """

@@ -52,7 +52,7 @@ def test_the_issues_examples():
         assert "max_num_sequences" in registry.honoured(kind, _runs(kind, backend))
     # A TensorRT-LLM knob on the torch engine, a torch knob on TensorRT-LLM, a build knob on the pytorch backend.
     for kind, backend, given, key in [
-        ("torch", None, {"enable_kv_cache_reuse": True}, "option.enable_kv_cache_reuse"),
+        ("torch", None, {"batch_scheduler_policy": "guaranteed_no_evict"}, "option.batch_scheduler_policy"),
         ("trtllm", "tensorrt", {"torch_batching": "static"}, "option.torch_batching"),
         ("trtllm", "pytorch", {"use_fused_mlp": True}, "option.use_fused_mlp"),
     ]:

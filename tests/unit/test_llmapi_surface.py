@@ -264,6 +264,26 @@ def release_fields(release: str) -> set[str]:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_planned_keywords_are_the_releases_fields(release):
+    # with every DJL LLM-API key given (tests/unit/test_djl_keys.py): each lands on a listed field
+    djl = dict(
+        max_attention_window=(64,),
+        sink_token_length=0,
+        onboard_blocks=True,
+        cross_kv_cache_fraction=0.5,
+        secondary_offload_min_priority=30,
+        event_buffer_max_size=0,
+        kv_cache_dtype="fp8",
+        moe_tensor_parallel_size=1,
+        moe_expert_parallel_size=1,
+        enable_attention_dp=False,
+        load_format="auto",
+        iter_stats_max_iterations=1,
+        request_stats_max_iterations=1,
+        attn_backend="TRTLLM",
+        moe_backend="CUTLASS",
+        enable_overlap_scheduler=False,  # beam search on the TRTLLMSampler (up to 1.2) wants it off
+        use_cuda_graph=False,
+    )
     config = LmiConfig(
         max_rolling_batch_size=16,
         max_num_tokens=4096,
@@ -271,14 +291,19 @@ def test_planned_keywords_are_the_releases_fields(release):
         enable_kv_cache_reuse=False,
         batch_scheduler_policy="max_utilization",
         max_beam_width=2,
+        **djl,
     )
     plan = llm_plan(llmapi_settings(config), llm_api_series(release))
     assert set(plan.keywords) <= release_fields(release)
     assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
     assert set(plan.scheduler_config) <= ctor_names("SchedulerConfig")
+    assert plan.cuda_graph_config is None  # option.use_cuda_graph=false
+    assert set(plan.moe_config) == {"backend"} <= ctor_names("MoeConfig")
     assert plan.scheduler_config["capacity_scheduler_policy"] in API["CapacitySchedulerPolicy"]["members"]
-    assert set(plan.origins) == set(plan.keywords) | {f"kv_cache_config.{k}" for k in plan.kv_cache_config} | {
-        f"scheduler_config.{k}" for k in plan.scheduler_config
+    nested = {"kv_cache_config": plan.kv_cache_config, "scheduler_config": plan.scheduler_config}
+    nested["moe_config"] = plan.moe_config
+    assert set(plan.origins) == set(plan.keywords) | {"cuda_graph_config"} | {
+        f"{name}.{k}" for name, values in nested.items() for k in values
     }
     request = GenerationRequest(
         "r",
@@ -366,13 +391,13 @@ def test_options_map_onto_llm_keywords():
     # 1.0: the TRTLLMSampler (its TorchSampler is greedy only), which beam search wants without the overlap
     # scheduler and CUDA graphs; 1.1/1.2 pick it themselves for beams, and want the same
     ten = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 0))
-    assert {
-        k: ten.keywords[k] for k in ("enable_trtllm_sampler", "disable_overlap_scheduler", "cuda_graph_config")
-    } == {
+    assert {k: ten.keywords[k] for k in ("enable_trtllm_sampler", "disable_overlap_scheduler")} == {
         "enable_trtllm_sampler": True,
         "disable_overlap_scheduler": True,
-        "cuda_graph_config": None,
     }
+    assert ten.cuda_graph_config is None and ten.origins["cuda_graph_config"].startswith("lmi-trt: beam search")
+    # the nested configs are built by llm_configs, never keywords too (LLM() would get them twice)
+    assert not set(ten.keywords) & {"kv_cache_config", "scheduler_config", "moe_config", "cuda_graph_config"}
     twelve = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 2))
     assert "enable_trtllm_sampler" not in twelve.keywords and twelve.keywords["disable_overlap_scheduler"] is True
     # unset options are TensorRT-LLM's: no batch size, no block reuse or scheduler policy (DJL's defaults differ)

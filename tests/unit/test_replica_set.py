@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from lmi_trt.engines.base import EngineStats, GenerationRequest, SamplingParams
-from lmi_trt.engines.replicas import ReplicaSet, least_loaded
+from lmi_trt.engines.replicas import ReplicaSet, least_loaded, merged_extra
 from lmi_trt.engines.synthetic import SyntheticEngine
 
 
@@ -27,6 +27,21 @@ def test_least_loaded_counts_queued_and_breaks_ties_low():
     ]
     assert least_loaded(stats) == 2
     assert least_loaded([EngineStats(), EngineStats()]) == 0
+
+
+def test_the_copies_kv_cache_and_counters_add_up():
+    def copy(used: float, preempted: float) -> EngineStats:
+        extra = {"kv_cache_max_blocks": 100.0, "kv_cache_used_blocks": used, "kv_cache_block_size": 16.0}
+        return EngineStats(extra=extra | {"num_preemptions": preempted, "sampled_rows": 7.0})
+
+    merged = merged_extra([copy(10, 1), copy(30, 2)])
+    assert merged == {
+        "kv_cache_max_blocks": 200.0,
+        "kv_cache_used_blocks": 40.0,
+        "num_preemptions": 3.0,
+        "kv_cache_block_size": 16.0,
+    }
+    assert merged_extra([copy(1, 0), EngineStats()]) == {}  # a copy that does not report: nothing to add up
 
 
 async def test_requests_spread_over_copies_and_early_close_cancels_inside_the_copy():
@@ -75,3 +90,28 @@ async def test_failed_start_closes_the_copies_that_started():
         await replicas.start()
     refusal = [out async for out in good.submit(_req(1))]
     assert refusal[0].error_code == 503 and "not running" in refusal[0].error
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+async def test_parallel_loading_starts_the_copies_at_once_or_one_after_another(parallel):
+    """option.parallel_loading (DJL's key): true loads every copy at once, false one after another (a copy's load
+    in host memory at a time); a failed start stops there and closes what started."""
+    loading: list[int] = []
+    most = 0
+
+    class Slow(SyntheticEngine):
+        async def start(self) -> None:
+            nonlocal most
+            loading.append(1)
+            most = max(most, len(loading))
+            await asyncio.sleep(0.05)  # an await inside the load: another copy's start may run now
+            loading.pop()
+            await super().start()
+
+    replicas = ReplicaSet([Slow(512), Slow(512), Slow(512)], parallel=parallel)
+    await replicas.start()
+    try:
+        assert most == (3 if parallel else 1)
+        assert all(e.healthy for e in replicas.engines)
+    finally:
+        await replicas.close()

@@ -101,6 +101,8 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+    def stats(self) -> dict[str, float]: ...
+
 
 class Host(Protocol):
     """What a backend needs from the engine that owns it (``TorchEngine``), called from the backend's thread."""
@@ -109,6 +111,11 @@ class Host(Protocol):
     max_input_len: int
     max_new_tokens: int
     max_num_tokens: int | None
+    # The built-in decode loop's paged KV cache and prompt chunks (refused for the other backends).
+    enable_kv_cache_reuse: bool
+    max_tokens_in_paged_kv_cache: int | None
+    tokens_per_block: int | None
+    enable_chunked_context: bool
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
     sampled_rows: int  # engine-side work, written by the one engine thread
@@ -158,3 +165,7 @@ class QueuedBackend:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout=CLOSE_TIMEOUT_S)
+
+    def stats(self) -> dict[str, float]:
+        """Backend figures for ``EngineStats.extra`` (none unless a backend has its own)."""
+        return {}

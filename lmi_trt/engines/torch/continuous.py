@@ -130,6 +130,9 @@ class ContinuousBackend:
         self._manager.destroy()
         self._pump.join(timeout=CLOSE_TIMEOUT_S)
 
+    def stats(self) -> dict[str, float]:
+        return {}
+
     def _scheduled(self, keys: list[str]) -> None:
         for key in keys:
             slot = self._engine.slot_by_key(key)

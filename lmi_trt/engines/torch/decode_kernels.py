@@ -1,11 +1,14 @@
 """Triton kernels of the built-in decode loop's forward pass, on CUDA.
 
-* ``decode_attention`` — one program per (slot, KV head): the group of query heads that share the
-  KV head (grouped-query attention) against that slot's cache row, block by block up to the row's
-  length, with an online softmax (flash-decoding without the split over the sequence). Each KV
-  byte is read once and only up to each slot's length; the scores never reach device memory.
+* ``paged_attention`` — causal attention of a flat batch (a decode token per sequence, or prompt
+  chunks, or both) against the paged KV cache, read through each sequence's block table. One
+  program per (tile, KV head): a tile is up to ``block_rows`` (query token, query head sharing the
+  KV head) rows of one sequence, so a decode token's grouped-query heads read each KV byte once;
+  keys are visited 64 positions at a time up to the tile's last query, with an online softmax
+  (flash-decoding without the split over the sequence); the scores never reach device memory.
 * ``rotary_into_cache`` — rotary positions on q and k (transformers' ``rotate_half`` form) and the
-  cache writes of k and v, one program per (token, head): five kernels of the torch path in one.
+  cache writes of k and v at each token's cache slot (block, offset), one program per (token,
+  head): five kernels of the torch path in one.
 * ``silu_mul`` — ``silu(gate) * up`` of the fused gate/up projection in one pass.
 
 The torch operations in ``llama_decoder`` stay the reference and the CPU path; these compute in
@@ -36,56 +39,78 @@ def available(device: torch.device, head_dim: int) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _decode_attention_kernel(
+    def _paged_attention_kernel(
         q_ptr,
         k_ptr,
         v_ptr,
         out_ptr,
-        lengths_ptr,
+        tables_ptr,
+        seq_start_ptr,
+        seq_len_ptr,
+        context_ptr,
+        tile_seq_ptr,
+        tile_row_ptr,
         scale,
-        stride_qb,
+        stride_qt,
         stride_qh,
         stride_kb,
         stride_kh,
         stride_ks,
-        stride_ob,
+        stride_ot,
         stride_oh,
+        stride_table,
         GROUP: tl.constexpr,
-        BLOCK_G: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr,
     ):
-        slot = tl.program_id(0)
+        # A tile is BLOCK_M (query token, head of the KV head's group) rows of one sequence.
+        tile = tl.program_id(0)
         kv_head = tl.program_id(1)
-        length = tl.load(lengths_ptr + slot)
-        g = tl.arange(0, BLOCK_G)
+        seq = tl.load(tile_seq_ptr + tile)
+        first = tl.load(tile_row_ptr + tile)
+        start = tl.load(seq_start_ptr + seq)
+        count = tl.load(seq_len_ptr + seq)
+        context = tl.load(context_ptr + seq)
+        rows = count * GROUP
+        r = first + tl.arange(0, BLOCK_M)
+        live = r < rows
+        token = r // GROUP
+        heads = kv_head * GROUP + r % GROUP
+        # Each query sees the keys up to its own position; padding rows see the whole context (no empty row).
+        seen = tl.where(live, context - count + token, context - 1)
         d = tl.arange(0, HEAD_DIM)
-        heads = kv_head * GROUP + g
-        in_group = (g < GROUP)[:, None]
-        q = tl.load(q_ptr + slot * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=in_group, other=0.0)
-        k_row = k_ptr + slot * stride_kb + kv_head * stride_kh
-        v_row = v_ptr + slot * stride_kb + kv_head * stride_kh
-        best = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-        for start in range(0, length, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            valid = n < length
-            k = tl.load(k_row + n[:, None] * stride_ks + d[None, :], mask=valid[:, None], other=0.0)
+        q = tl.load(
+            q_ptr + (start + token)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+            mask=live[:, None],
+            other=0.0,
+        )
+        end = context - count + (tl.minimum(first + BLOCK_M, rows) - 1) // GROUP + 1  # keys the tile reads
+        table = tables_ptr + seq * stride_table
+        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for n0 in range(0, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            valid = n < end
+            page = tl.load(table + n // PAGE, mask=valid, other=0).to(tl.int64)
+            where = page * stride_kb + kv_head * stride_kh + (n % PAGE) * stride_ks
+            k = tl.load(k_ptr + where[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             scores = tl.dot(q, tl.trans(k)) * scale
-            scores = tl.where(valid[None, :], scores, float("-inf"))
+            scores = tl.where(valid[None, :] & (n[None, :] <= seen[:, None]), scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, 1))
             p = tl.exp(scores - new_best[:, None])
             rescale = tl.exp(best - new_best)
             total = total * rescale + tl.sum(p, 1)
-            v = tl.load(v_row + n[:, None] * stride_ks + d[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + where[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
             best = new_best
         out = acc / total[:, None]
         tl.store(
-            out_ptr + slot * stride_ob + heads[:, None] * stride_oh + d[None, :],
+            out_ptr + (start + token)[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
             out.to(out_ptr.dtype.element_ty),
-            mask=in_group,
+            mask=live[:, None],
         )
 
     @triton.jit
@@ -94,7 +119,7 @@ if triton is not None:
         cos_ptr,
         sin_ptr,
         positions_ptr,
-        rows_ptr,
+        slots_ptr,
         q_ptr,
         k_ptr,
         v_ptr,
@@ -106,14 +131,17 @@ if triton is not None:
         HEADS: tl.constexpr,
         KV_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
     ):
         token = tl.program_id(0)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         position = tl.load(positions_ptr + token)
-        row = tl.load(rows_ptr + token)
+        slot = tl.load(slots_ptr + token)  # block * PAGE + offset; < 0: not written
         d = tl.arange(0, HEAD_DIM)
         source = qkv_ptr + token * stride_t + head * HEAD_DIM
         x = tl.load(source + d).to(tl.float32)
+        block = slot // PAGE
+        cell = block * stride_cb + (slot - block * PAGE) * stride_cs
         if head < HEADS + KV_HEADS:
             swapped = tl.load(source + (d + HEAD_DIM // 2) % HEAD_DIM).to(tl.float32)
             cos = tl.load(cos_ptr + position * HEAD_DIM + d).to(tl.float32)
@@ -121,11 +149,11 @@ if triton is not None:
             y = x * cos + swapped * sin
             if head < HEADS:
                 tl.store(q_ptr + token * stride_qt + head * HEAD_DIM + d, y.to(q_ptr.dtype.element_ty))
-            else:
-                target = k_ptr + row * stride_cb + (head - HEADS) * stride_ch + position * stride_cs
+            elif slot >= 0:
+                target = k_ptr + cell + (head - HEADS) * stride_ch
                 tl.store(target + d, y.to(k_ptr.dtype.element_ty))
-        else:
-            target = v_ptr + row * stride_cb + (head - HEADS - KV_HEADS) * stride_ch + position * stride_cs
+        elif slot >= 0:
+            target = v_ptr + cell + (head - HEADS - KV_HEADS) * stride_ch
             tl.store(target + d, x.to(v_ptr.dtype.element_ty))
 
     @triton.jit
@@ -144,23 +172,24 @@ def rotary_into_cache(
     cos: torch.Tensor,
     sin: torch.Tensor,
     positions: torch.Tensor,
-    rows: torch.Tensor,
+    slots: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     heads: int,
 ) -> torch.Tensor:
     """``qkv`` [T, (heads + 2 kv_heads) · D] (rows contiguous); ``cos``/``sin`` [S, D] tables (``sin``
-    with its first half negated); token t goes to cache slot ``rows[t]`` at ``positions[t]`` (caches
-    [slots, kv_heads, S, D] contiguous, alike). Returns the rotated queries [T, heads, D]."""
+    with its first half negated); token t is at ``positions[t]`` and its k and v go to cache slot
+    ``slots[t]`` (block · block size + offset; negative: not written) of the caches
+    [blocks, kv_heads, block size, D] (contiguous, alike). Returns the rotated queries [T, heads, D]."""
     tokens = qkv.size(0)
-    kv_heads, head_dim = k_cache.size(1), k_cache.size(3)
+    kv_heads, page, head_dim = k_cache.size(1), k_cache.size(2), k_cache.size(3)
     q = torch.empty((tokens, heads, head_dim), device=qkv.device, dtype=qkv.dtype)
     _rotary_into_cache_kernel[(tokens, heads + 2 * kv_heads)](
         qkv,
         cos,
         sin,
         positions,
-        rows,
+        slots,
         q,
         k_cache,
         v_cache,
@@ -172,6 +201,7 @@ def rotary_into_cache(
         HEADS=heads,
         KV_HEADS=kv_heads,
         HEAD_DIM=head_dim,
+        PAGE=page,
     )
     return q
 
@@ -186,22 +216,40 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    seq_start: torch.Tensor,
+    seq_len: torch.Tensor,
+    context: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor],
+    block_m: int,
+    scale: float,
 ) -> torch.Tensor:
-    """``q`` [B, heads, D] (last dim contiguous), caches [≥B, kv_heads, S, D] contiguous, ``lengths``
-    [B] (≥ 1, ≤ S): softmax(q kᵀ · scale) v over each slot's first ``length`` positions → [B, heads, D].
-    The value cache must have the key cache's strides."""
-    b, heads, head_dim = q.shape
-    kv_heads = k_cache.size(1)
-    group = heads // kv_heads
-    out = torch.empty((b, heads, head_dim), device=q.device, dtype=q.dtype)
-    _decode_attention_kernel[(b, kv_heads)](
+    """Causal attention of a flat batch of queries against the paged cache.
+
+    ``q`` [T, heads, D] (last dim contiguous): sequence s owns rows ``seq_start[s]`` onwards,
+    ``seq_len[s]`` of them, the last at position ``context[s] - 1``; its keys are the first
+    ``context[s]`` positions of the blocks listed in ``tables[s]``. Caches [blocks, kv_heads, block
+    size, D] contiguous, alike. ``tiles`` (``tile_plan``) splits each sequence's (token, grouped
+    head) rows into programs of ``block_m`` rows. Returns [T, heads, D]."""
+    tokens, heads, head_dim = q.shape
+    kv_heads, page = k_cache.size(1), k_cache.size(2)
+    out = torch.empty((tokens, heads, head_dim), device=q.device, dtype=q.dtype)
+    tile_seq, tile_row = tiles
+    _paged_attention_kernel[(tile_seq.size(0), kv_heads)](
         q,
         k_cache,
         v_cache,
         out,
-        lengths,
+        tables,
+        seq_start,
+        seq_len,
+        context,
+        tile_seq,
+        tile_row,
         scale,
         q.stride(0),
         q.stride(1),
@@ -210,9 +258,30 @@ def decode_attention(
         k_cache.stride(2),
         out.stride(0),
         out.stride(1),
-        GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        tables.stride(0),
+        GROUP=heads // kv_heads,
+        PAGE=page,
+        BLOCK_M=block_m,
         BLOCK_N=_BLOCK_N,
         HEAD_DIM=head_dim,
     )
     return out
+
+
+def block_rows(group: int, max_q: int) -> int:
+    """Pure: rows per attention program, a power of two of at least 16 (what tl.dot takes): one
+    decode token's grouped heads when every sequence has one query, else 64 (several tokens of a
+    prompt chunk per program)."""
+    rows = group if max_q == 1 else max(group, 64)
+    return max(16, 1 << (rows - 1).bit_length())
+
+
+def tile_plan(seq_len: list[int], group: int, block_m: int) -> tuple[list[int], list[int]]:
+    """Pure: the (sequence, first row) of every attention program, each sequence's ``seq_len × group``
+    rows cut into ``block_m``-row tiles."""
+    tile_seq, tile_row = [], []
+    for s, count in enumerate(seq_len):
+        for first in range(0, count * group, block_m):
+            tile_seq.append(s)
+            tile_row.append(first)
+    return tile_seq, tile_row

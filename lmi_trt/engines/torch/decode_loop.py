@@ -1,30 +1,61 @@
 """The torch engine's built-in decode loop for Llama-shaped models: continuous batching on its own
-forward pass (``llama_decoder``) and sampler (``gpu_sampler``), decode steps as CUDA graphs.
+forward pass (``llama_decoder``) and sampler (``gpu_sampler``) over a paged KV cache (``kv_blocks``),
+decode steps as CUDA graphs.
+
+Memory. The KV cache is a pool of fixed-size blocks (``option.tokens_per_block``, 16 by default,
+vLLM's default); each request holds the blocks its positions need, listed in its block table, and
+takes another as it grows. The pool is sized in tokens: on CUDA from the device memory free once
+the weights are loaded, on CPU for every request at full length, both capped by
+``option.max_tokens_in_paged_kv_cache``. How many requests run at once is therefore set by the
+tokens they hold, not by ``max_rolling_batch_size`` × the longest sequence.
 
 One thread runs the loop. Each iteration it
 
-1. frees the cache slots of requests that finished, were cancelled or failed, and admits waiting
-   requests into free slots (their sampling state is written to the device in one batch);
-2. launches at most one prefill step: waiting prompts, whole (``max_num_tokens`` ≥
-   ``max_input_len``, so one always fits), as many as keep prompts × padded length within
-   ``max_num_tokens``; each samples its first token;
-3. launches one decode step for every request that has a token to extend, as the CUDA graph of the
-   smallest captured batch size covering the highest slot in use (idle slots inside it write to a
-   scratch cache position and are ignored);
+1. frees the blocks and batch slots of requests that finished, were cancelled or failed;
+2. plans one step under the ``max_num_tokens`` budget (vLLM's chunked-prefill scheduler, in
+   vllm/v1/core/sched/scheduler.py, is the model): first a decode token for every request whose
+   prompt is in the cache, then the next chunk of prompts being prefilled, oldest first, then new
+   requests while a batch slot, budget and blocks are free. With ``option.enable_chunked_context``
+   a prompt longer than what is left of the budget is cut into chunks over several steps (and
+   ``max_num_tokens`` may be below ``max_input_len``), so a step, and the gap it puts between the
+   running streams' tokens, is bounded by the budget whatever the prompts; without it a prompt
+   runs whole (the first of a step even past the budget, by at most the decode tokens), as
+   TensorRT-LLM does without chunked context. Requests resumed after preemption are recomputed
+   in chunks either way;
+3. launches it: a step of decode tokens only runs as the CUDA graph of the smallest captured
+   batch size covering the highest slot in use (idle slots inside it write nothing and are
+   ignored); a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
+   and prompt chunks together (its shapes change every step, and it is dominated by the chunk's
+   matmuls, for which a graph would save nothing); requests whose prompt ends in the step sample
+   their first token in it;
 4. only then waits for the *previous* iteration's tokens (a pinned device→host copy and an event)
    and hands them to the server.
 
-The GPU therefore always has the next step queued while the host turns the last one into
-outputs; the only synchronisation is that copy of finished tokens. Stop conditions (EOS, stop
-sequences) are seen one step late, so a finishing request costs one discarded token of work;
-``max_new_tokens`` is known in advance and costs nothing. Multi-token bad words need the newest
-token before the next step can ban anything, so while such a request decodes the loop waits for
-each step before launching the next.
+The GPU therefore always has the next step queued while the host turns the last one into outputs;
+the only synchronisation is that copy of finished tokens. Stop conditions (EOS, stop sequences)
+are seen one step late, so a finishing request costs one discarded token of work;
+``max_new_tokens`` is known in advance and costs nothing. Multi-token bad words and grammars need
+the newest token before the next step can ban anything, so while such a request decodes the loop
+waits for each step before planning the next.
+
+Out of blocks. A request that needs a block when none is free (none free, none cached to evict)
+takes it from the most recently admitted request (vLLM v1's recompute preemption): that request's
+tokens so far are delivered, its blocks released, and it goes back to the front of the queue with
+its prompt and generated tokens as the prompt to prefill; its stream simply continues. New
+requests are admitted only while a small reserve of blocks stays free (a watermark of 1 %).
+
+Prefix caching (``option.enable_kv_cache_reuse``). Full blocks of prompts are registered under a
+key naming their tokens and everything before them as the step that computes them is planned (so
+a request later in the same step reuses them: each layer writes the step's keys before it reads
+any), and a finished request's full blocks are registered too; a new request starts from the
+longest cached prefix of its prompt (less the last token, whose logits it needs) and computes the
+rest. Released blocks stay cached until evicted, least recently used first (see ``kv_blocks``).
 
 Failures: a row whose logits are NaN/inf or whose every token is banned ends with an error, the
-rest of its batch carries on (the sampler reports a status per row). An exception in a prefill
-step fails the requests whose prompts were in it; in a decode step, the requests in that step;
-the engine lives on. An exception elsewhere in the loop marks the engine unhealthy.
+rest of its batch carries on (the sampler reports a status per row). An exception in a step with
+prompt tokens fails the requests whose prompts were in it, and the step's decode tokens run again
+alone; in a decode step, the requests in that step; the engine lives on. An exception elsewhere in
+the loop marks the engine unhealthy.
 """
 
 from __future__ import annotations
@@ -32,6 +63,8 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,16 +72,25 @@ import torch
 
 from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
 from ..guided import allowed_tokens
+from . import decode_kernels
 from .backend import Host, QueuedBackend, Slot, banned_next_tokens, default_max_num_tokens, finish_reason
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
-from .llama_decoder import LlamaDecoder, unsupported_reason
+from .kv_blocks import BlockPool
+from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
 
 log = logging.getLogger(__name__)
 
 DECODE_LOOPS = ("auto", "builtin", "transformers")
-# Fraction of the free device memory the KV cache and the per-slot sampling state may take; the
-# rest is left for activations, CUDA graphs and the allocator's slack.
+# vLLM's default block size on CUDA (vllm/platforms/cuda.py, check_and_update_config); option.tokens_per_block
+# sets another.
+DEFAULT_BLOCK_SIZE = 16
+# Fraction of the free device memory the KV cache, the per-slot sampling state and the step's
+# activations may take; the rest is left for CUDA graphs and the allocator's slack.
 _MEMORY_FRACTION = 0.85
+# Blocks kept free when admitting a request, so that running ones can grow without preempting it
+# at once: vLLM's watermark ("to avoid frequent preemptions", vllm/v1/core/kv_cache_manager.py),
+# at the 1 % its v0 block manager defaulted to (vllm/core/block_manager.py; v1 defaults to 0).
+_WATERMARK = 0.01
 _ERRORS = {1: "the model produced NaN/inf logits", 2: "every token is excluded by bad_words_ids/min_new_tokens"}
 
 
@@ -72,19 +114,41 @@ def choose_decode_loop(requested: str, batching: str, model: torch.nn.Module, ma
     return False, f"the built-in decode loop cannot serve it: {problem}"
 
 
-def plan_slots(max_batch_size: int, bytes_per_slot: int, free_bytes: int | None, workspace_bytes: int) -> int:
-    """Pure: how many requests get a cache slot. ``free_bytes`` None (CPU): all of them."""
+def plan_blocks(
+    *,
+    block_bytes: int,
+    block_size: int,
+    max_seq_len: int,
+    slots: int,
+    caching: bool,
+    free_bytes: int | None,
+    reserved_bytes: int,
+    max_tokens: int | None,
+) -> tuple[int, str]:
+    """Pure: how many KV blocks the pool gets, and what set that number (logged). On CUDA what
+    fits in the free memory after the step's own needs (``reserved_bytes``), no more than every
+    slot at full length unless the blocks are kept for prefix caching; on CPU (``free_bytes``
+    None) every slot at full length; both capped by ``max_tokens``
+    (option.max_tokens_in_paged_kv_cache). At least one sequence of ``max_seq_len`` must fit."""
+    per_sequence = -(-max_seq_len // block_size)
+    everyone = slots * per_sequence, "every request at its full length"
     if free_bytes is None:
-        return max_batch_size
-    fits = int((free_bytes * _MEMORY_FRACTION - workspace_bytes) // bytes_per_slot)
-    if fits < 1:
+        blocks, why = everyone
+    else:
+        fits = max(0, int((free_bytes * _MEMORY_FRACTION - reserved_bytes) // block_bytes))
+        blocks, why = fits, f"{_MEMORY_FRACTION:.0%} of the free device memory, less the steps' needs"
+        if not caching and everyone[0] < blocks:
+            blocks, why = everyone
+    if max_tokens is not None and (free_bytes is None or max_tokens // block_size < blocks):
+        blocks, why = max_tokens // block_size, f"option.max_tokens_in_paged_kv_cache={max_tokens}"
+    if blocks < per_sequence:
         raise EngineError(
-            f"the KV cache of one sequence needs {bytes_per_slot / 2**20:.0f} MiB and only "
-            f"{free_bytes / 2**20:.0f} MiB of device memory is free: lower option.max_input_len + "
-            "option.max_output_len, or set option.torch_decode_loop=transformers",
+            f"the KV cache holds {blocks * block_size} tokens ({why}), fewer than one sequence of "
+            f"option.max_input_len + option.max_output_len = {max_seq_len} tokens: raise "
+            "option.max_tokens_in_paged_kv_cache (or free device memory), or lower the lengths",
             code=400,
         )
-    return min(max_batch_size, fits)
+    return blocks, why
 
 
 def graph_batch_sizes(slots: int) -> list[int]:
@@ -95,27 +159,46 @@ def graph_batch_sizes(slots: int) -> list[int]:
 
 @dataclass(eq=False)
 class _Row:
-    """A request holding a cache slot."""
+    """A request of the loop, from admission to its end (across preemptions)."""
 
     slot: Slot
-    index: int
     prompt: list[int]
     single_bad: list[int]
     multi_bad: list[list[int]]
-    prefilled: bool = False  # the prompt is in the cache
-    launched: int = 0  # tokens whose sampling has been launched
-
-    @property
-    def done(self) -> bool:
-        return self.slot.finished or self.slot.cancelled or self.slot.closed
+    seed: int
+    index: int = -1  # its batch slot while admitted
+    seq: list[int] = field(default_factory=list)  # tokens to prefill: the prompt, or prompt + generated when resumed
+    filled: int = 0  # positions whose k and v are written (or being written by a launched step)
+    launched: int = 0  # tokens whose sampling has been launched (delivered or in flight)
+    blocks: list[int] = field(default_factory=list)  # its block table
+    keys: list[bytes] = field(default_factory=list)  # prefix keys of seq's first full blocks
+    registered: int = 0  # leading blocks findable in the prefix cache
+    broken: bool = False  # a failed step wrote its cache: never register its blocks
 
     def __post_init__(self) -> None:
+        self.seq = list(self.prompt)
         # The mode once min_new_tokens is behind it; computed once, read every step.
         self.settled = row_mode(
             self.slot.sampling,
             self.slot.sampling.min_new_tokens,
             bool(self.single_bad or self.multi_bad or self.slot.matcher is not None),
         )
+
+    @property
+    def done(self) -> bool:
+        return self.slot.finished or self.slot.cancelled or self.slot.closed
+
+    @property
+    def prefilled(self) -> bool:
+        return self.filled >= len(self.seq)
+
+    @property
+    def needs_newest(self) -> bool:
+        """Its next step's bans depend on the token it generated last."""
+        return bool(self.multi_bad) or self.slot.matcher is not None
+
+    def decodable(self) -> bool:
+        return not self.done and self.prefilled and self.launched < self.slot.sampling.max_new_tokens
 
     def mode(self) -> Mode:
         if self.launched >= self.slot.sampling.min_new_tokens:
@@ -135,9 +218,12 @@ class _Launch:
 
 
 @dataclass
-class _Plan:
-    rows: list[_Row] = field(default_factory=list)  # whole prompts, padded to ``width``
-    width: int = 0
+class _Step:
+    """What one step computes: a token for each decoding row, then prompt chunks (row, first position, count)."""
+
+    decode: list[_Row] = field(default_factory=list)
+    chunks: list[tuple[_Row, int, int]] = field(default_factory=list)
+    keyed: list[int] = field(default_factory=list)  # blocks registered while planning it (undone if it fails)
 
 
 class DecodeLoopBackend(QueuedBackend):
@@ -151,65 +237,143 @@ class DecodeLoopBackend(QueuedBackend):
         self._cuda = self._device.type == "cuda"
         self._max_seq = engine.max_input_len + engine.max_new_tokens
         self._budget = engine.max_num_tokens or default_max_num_tokens(engine.max_batch_size, engine.max_input_len)
+        self._chunked = engine.enable_chunked_context
+        self.slots = engine.max_batch_size
+        block_size = engine.tokens_per_block or DEFAULT_BLOCK_SIZE
         vocab = model.lm_head.out_features
+        config = model.config
         free = None
         if self._cuda:
             torch.cuda.set_device(self._device)
             free = torch.cuda.mem_get_info(self._device)[0]
-        config = model.config
-        per_slot = LlamaDecoder.cache_bytes_per_slot(model, self._max_seq) + SamplerState.bytes_per_slot(vocab)
-        # Prefill activations (hidden, q/k/v, MLP, expanded K/V) and a few fp32 [slots, vocab] temporaries.
-        workspace = self._budget * (6 * config.hidden_size + 3 * config.intermediate_size) * 2 * 2
-        self.slots = plan_slots(engine.max_batch_size, per_slot + 16 * vocab, free, workspace)
-        if self.slots < engine.max_batch_size:
-            log.warning(
-                "built-in decode loop: device memory holds %d of option.max_rolling_batch_size=%d sequences "
-                "of %d positions; the rest wait for a free slot",
-                self.slots,
-                engine.max_batch_size,
-                self._max_seq,
-            )
-        self._decoder = LlamaDecoder(model, slots=self.slots, max_seq_len=self._max_seq)
+        position_bytes = LlamaDecoder.block_bytes(model, 1)
+        # Step activations (hidden, q/k/v, MLP), the per-slot sampling state and a few fp32
+        # [slots, vocab] temporaries; the torch attention path also gathers one layer's rows.
+        reserved = self._budget * (6 * config.hidden_size + 3 * config.intermediate_size) * 2 * 2
+        reserved += self.slots * (SamplerState.bytes_per_slot(vocab) + 16 * vocab)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if not decode_kernels.available(self._device, head_dim):
+            reserved += 2 * self.slots * self._max_seq * position_bytes // config.num_hidden_layers
+        num_blocks, sized_by = plan_blocks(
+            block_bytes=LlamaDecoder.block_bytes(model, block_size),
+            block_size=block_size,
+            max_seq_len=self._max_seq,
+            slots=self.slots,
+            caching=engine.enable_kv_cache_reuse,
+            free_bytes=free,
+            reserved_bytes=reserved,
+            max_tokens=engine.max_tokens_in_paged_kv_cache,
+        )
+        self._pool = BlockPool(num_blocks, block_size, caching=engine.enable_kv_cache_reuse)
+        self._watermark = int(_WATERMARK * num_blocks)
+        self._decoder = LlamaDecoder(model, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
         self._state = SamplerState(self.slots, vocab, self._device, engine.eos_token_ids)
-        self._pad = engine.pad_token_id or 0
+        self._width = -(-self._max_seq // block_size)  # block-table entries per slot
         # Device buffers the decode graphs read and write at fixed addresses.
+        self._tables = torch.zeros(self.slots, self._width, dtype=torch.long, device=self._device)
         self._next = torch.zeros(self.slots, dtype=torch.long, device=self._device)  # next input token per slot
-        self._step = torch.zeros(2, self.slots, dtype=torch.long, device=self._device)  # positions, generated
-        self._step[0] = self._decoder.scratch
+        # Per slot: position, cache slot (< 0: idle, nothing written), context, tokens generated.
+        self._meta = torch.tensor([[0], [-1], [1], [0]], device=self._device).repeat(1, self.slots)
         self._out = torch.zeros(3 + 2 * MAX_TOP_LOGPROBS, self.slots, dtype=torch.float32, device=self._device)
+        self._arange = torch.arange(self.slots, device=self._device)
+        self._ones, self._zeros = torch.ones_like(self._arange), torch.zeros_like(self._arange)
         self._sizes = graph_batch_sizes(self.slots) if self._cuda else []
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
         if self._cuda:
             self._capture()
-        # Where the loop's time goes (read by benchmarks/gpu_decode.py): steps launched, rows they
-        # decoded, seconds spent waiting for the device versus everything else.
-        self.counters = {"prefill_steps": 0, "decode_steps": 0, "decode_rows": 0, "wait_s": 0.0}
-        self._free = list(range(self.slots))
-        self._rows: list[_Row] = []  # admission order
+        # Where the loop's time goes (read by benchmarks): steps launched and what they carried,
+        # seconds spent waiting for the device; and what /metrics reports (stats()).
+        self.counters = {
+            "prefill_steps": 0,  # steps with prompt tokens
+            "mixed_steps": 0,  # steps with prompt tokens and decode tokens
+            "decode_steps": 0,  # steps with decode tokens only
+            "largest_step": 0,  # tokens
+            "decode_rows": 0,
+            "prompt_tokens": 0,
+            "wait_s": 0.0,
+            "peak_rows": 0,
+            "num_preemptions": 0,
+            "prefix_cache_queries": 0,
+            "prefix_cache_hits": 0,
+        }
+        self._free = list(range(self.slots - 1, -1, -1))  # pop() hands out the lowest slot
+        self._rows: list[_Row] = []  # admitted, in admission order (the preemption order, reversed)
+        self._waiting: deque[_Row] = deque()  # preempted, to resume before any new request
+        # Block-table entries (slot, entry) → block not yet on the device; a dict, so that a slot
+        # handed to another request in the same step keeps only its last value (a scatter with
+        # repeated indices writes any of them).
+        self._table_writes: dict[tuple[int, int], int] = {}
         self._inflight: list[_Launch] = []
         log.info(
-            "built-in decode loop: %d slots of %d positions, %d tokens per prefill step, %s, %s",
-            self.slots,
+            "built-in decode loop: KV cache of %d blocks of %d tokens = %d tokens (%.2f GiB, %s), "
+            "%d sequences of the full %d positions; up to %d requests at once, %d tokens per step, "
+            "prefix caching %s, %s, %s",
+            num_blocks,
+            block_size,
+            num_blocks * block_size,
+            num_blocks * LlamaDecoder.block_bytes(model, block_size) / 2**30,
+            sized_by,
+            num_blocks * block_size // self._max_seq,
             self._max_seq,
+            self.slots,
             self._budget,
+            "on" if engine.enable_kv_cache_reuse else "off",
             f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)",
             "Triton kernels" if self._decoder.fused_kernels else "torch operations only",
         )
         self._start("torch-engine-decode-loop")
 
+    def stats(self) -> dict[str, float]:
+        """KV-cache and scheduler figures for /metrics (read on the event loop: plain numbers)."""
+        pool = self._pool
+        return {
+            "kv_cache_max_blocks": float(pool.num_blocks),
+            "kv_cache_used_blocks": float(pool.used),
+            "kv_cache_free_blocks": float(pool.free),
+            "kv_cache_block_size": float(pool.block_size),
+            "prefix_cache_blocks": float(pool.cached),
+            "num_preemptions": float(self.counters["num_preemptions"]),
+            "prefix_cache_queries": float(self.counters["prefix_cache_queries"]),
+            "prefix_cache_hits": float(self.counters["prefix_cache_hits"]),
+        }
+
     # -- the device steps ------------------------------------------------------------------------
 
-    def _decode_step(self, size: int, mode: Mode, top: bool = False, bias: torch.Tensor | None = None) -> None:
+    def _decode_batch(self, size: int, max_context: int | None = None) -> Batch:
+        """Slots ``0..size-1`` one token each, read from the fixed buffers (graph-capturable)."""
+        rows = self._arange[:size]
+        return Batch(
+            tokens=self._next[:size],
+            positions=self._meta[0, :size],
+            slots=self._meta[1, :size],
+            seq_start=rows,
+            seq_len=self._ones[:size],
+            context=self._meta[2, :size],
+            tables=self._tables[:size],
+            tile_seq=rows,
+            tile_row=self._zeros[:size],
+            max_q=1,
+            max_context=max_context or self._width * self._pool.block_size,
+            block_m=decode_kernels.block_rows(self._decoder.group, 1),
+        )
+
+    def _decode_step(
+        self,
+        size: int,
+        mode: Mode,
+        top: bool = False,
+        bias: torch.Tensor | None = None,
+        max_context: int | None = None,
+    ) -> None:
         """Everything a decode step does on the device, for slots ``0..size-1`` (graph-capturable).
         ``top``: also the top log-probs; ``bias``: logit_bias per slot (eager steps only: few
         requests ask, the graphs stay lean)."""
-        positions, generated = self._step[0, :size], self._step[1, :size]
-        valid = positions < self._decoder.scratch
-        logits = self._decoder.decode(self._next[:size], positions)
+        logits = self._decoder.forward(self._decode_batch(size, max_context))
+        valid = self._meta[1, :size] >= 0
         tokens, logprobs, status = sample(
-            logits, self._state.rows(slice(0, size)), generated, self._state.eos, mode, bias
+            logits, self._state.rows(slice(0, size)), self._meta[3, :size], self._state.eos, mode, bias
         )
-        self._record(torch.arange(size, device=self._device), tokens, valid)
+        self._record(self._arange[:size], tokens, valid)
         self._out[:3, :size] = torch.stack((tokens.float(), logprobs, status.float()))
         if top:
             self._out[3:, :size] = top_logprobs(logits, MAX_TOP_LOGPROBS)
@@ -242,8 +406,8 @@ class DecodeLoopBackend(QueuedBackend):
                     self._graphs[size, mode] = graph
             torch.cuda.synchronize()
 
-    def _put(self, values: list) -> torch.Tensor:
-        cpu = torch.tensor(values, dtype=torch.long)
+    def _put(self, values) -> torch.Tensor:
+        cpu = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
         if self._cuda:
             return cpu.pin_memory().to(self._device, non_blocking=True)
         return cpu
@@ -285,42 +449,96 @@ class DecodeLoopBackend(QueuedBackend):
             bans = [banned_next_tokens(r.prompt + r.slot.generated, r.multi_bad) for r in rows]
             self._state.mark(self._state.banned_now, [r.index for r in rows], bans, value)
 
-    def _launch_prefill(self, plan: _Plan) -> _Launch:
-        scratch, width, ending = self._decoder.scratch, plan.width, plan.rows
-        tokens = [row.prompt + [self._pad] * (width - len(row.prompt)) for row in ending]
-        positions = [list(range(len(row.prompt))) + [scratch] * (width - len(row.prompt)) for row in ending]
-        last = self._put([i * width + len(row.prompt) - 1 for i, row in enumerate(ending)])
-        slots = self._put([row.index for row in ending])
-        keys = max(len(row.prompt) for row in ending)
-        logits = self._decoder.prefill(self._put(tokens), self._put(positions), slots, keys, last)
-        self.counters["prefill_steps"] += 1
-        for row in ending:
-            row.prefilled = True
-        self._step_bans(ending, True)
-        generated = torch.zeros(len(ending), dtype=torch.long, device=self._device)
-        mode = max(row.mode() for row in ending)
-        tokens_out, logprobs, status = sample(
-            logits, self._state.rows(slots), generated, self._state.eos, mode, self._bias(ending)
+    def _cache_slot(self, row: _Row, position: int) -> int:
+        size = self._pool.block_size
+        return row.blocks[position // size] * size + position % size
+
+    def _write_tables(self) -> None:
+        """Block-table entries assigned since the last step, to the device in one scatter."""
+        if self._table_writes:
+            writes = [(slot, entry, block) for (slot, entry), block in self._table_writes.items()]
+            slot, entry, block = self._put(list(zip(*writes)))
+            self._tables[slot, entry] = block
+            self._table_writes = {}
+
+    def _launch_mixed(self, step: _Step) -> _Launch | None:
+        """An eager step of decode tokens and prompt chunks; rows whose prompt ends in it sample
+        their first token. None when no row samples (chunks of longer prompts only)."""
+        decode, chunks = step.decode, step.chunks
+        spans = [(r.blocks, r.filled, 1) for r in decode] + [(row.blocks, first, count) for row, first, count in chunks]
+        layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
+        starts = layout["seq_start"].tolist()
+        sampled = [(r, i) for i, r in enumerate(decode)]
+        sampled += [
+            (row, starts[len(decode) + j] + count - 1)
+            for j, (row, first, count) in enumerate(chunks)
+            if first + count == len(row.seq)
+        ]
+        rows = [r for r, _ in sampled]
+        chunk_tokens = array("q")
+        for row, first, count in chunks:
+            chunk_tokens.extend(row.seq[first : first + count])
+        parts = layout | {
+            "chunk_tokens": torch.frombuffer(chunk_tokens, dtype=torch.long),
+            "rows": torch.tensor([r.index for r in decode] + [row.index for row, _, _ in chunks]),
+            "logits_at": torch.tensor([i for _, i in sampled], dtype=torch.long),
+            "sampled": torch.tensor([r.index for r in rows], dtype=torch.long),
+            "generated": torch.tensor([r.launched for r in rows], dtype=torch.long),
+        }
+        # One upload: every index the step needs, packed.
+        packed = self._put(torch.cat(list(parts.values()))).split([len(v) for v in parts.values()])
+        device = dict(zip(parts, packed))
+        self._write_tables()
+        batch = Batch(
+            tokens=torch.cat((self._next[device["rows"][: len(decode)]], device["chunk_tokens"])),
+            tables=self._tables[device["rows"]],
+            logits_at=device["logits_at"],
+            **{name: device[name] for name in LAYOUT},
+            **sizes,
         )
-        self._record(slots, tokens_out, torch.ones_like(slots, dtype=torch.bool))
-        self._step_bans(ending, False)
-        for row in ending:
-            row.launched = 1
-        out = torch.stack((tokens_out.float(), logprobs, status.float()))
-        if any(row.slot.sampling.top_logprobs for row in ending):
-            out = torch.cat((out, top_logprobs(logits, MAX_TOP_LOGPROBS)))
-        return self._to_host(out, list(ending))
+        self._step_bans(rows, True)
+        logits = self._decoder.forward(batch)
+        launch = None
+        if rows:
+            index = device["sampled"]
+            mode = max(r.mode() for r in rows)
+            tokens, logprobs, status = sample(
+                logits, self._state.rows(index), device["generated"], self._state.eos, mode, self._bias(rows)
+            )
+            out = torch.stack((tokens.float(), logprobs, status.float()))
+            if any(r.slot.sampling.top_logprobs for r in rows):
+                out = torch.cat((out, top_logprobs(logits, MAX_TOP_LOGPROBS)))
+            # Last: until here the step's decode rows are unchanged, and can run again if it fails.
+            self._record(index, tokens, torch.ones_like(index, dtype=torch.bool))
+            launch = self._to_host(out, list(rows))
+        self._step_bans(rows, False)
+        for r in decode:
+            r.filled += 1
+        for row, first, count in chunks:
+            row.filled = first + count
+            self.counters["prompt_tokens"] += count
+        for r in rows:
+            r.launched += 1
+        self.counters["prefill_steps"] += 1
+        self.counters["mixed_steps"] += bool(decode)
+        tokens_in_step = len(decode) + sum(count for _, _, count in chunks)
+        self.counters["largest_step"] = max(self.counters["largest_step"], tokens_in_step)
+        self.counters["decode_rows"] += len(decode)
+        return launch
 
     def _launch_decode(self, rows: list[_Row]) -> _Launch:
         top = max(r.index for r in rows) + 1
         size = next(s for s in self._sizes if s >= top) if self._cuda else top
-        step = [[self._decoder.scratch] * size, [0] * size]
+        meta = [[0] * size, [-1] * size, [1] * size, [0] * size]
         columns: list[_Row | None] = [None] * size
         for r in rows:
-            step[0][r.index] = len(r.prompt) + r.launched - 1
-            step[1][r.index] = r.launched
+            meta[0][r.index] = r.filled
+            meta[1][r.index] = self._cache_slot(r, r.filled)
+            meta[2][r.index] = r.filled + 1
+            meta[3][r.index] = r.launched
             columns[r.index] = r
-        self._step[:, :size].copy_(self._put(step), non_blocking=True)
+        self._meta[:, :size].copy_(self._put(meta), non_blocking=True)
+        self._write_tables()
         mode = max(r.mode() for r in rows)
         self._step_bans(rows, True)
         top = any(r.slot.sampling.top_logprobs for r in rows)
@@ -329,9 +547,10 @@ class DecodeLoopBackend(QueuedBackend):
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(size, mode, top, bias)
+            self._decode_step(size, mode, top, bias, max(meta[2]))
         self._step_bans(rows, False)
         for r in rows:
+            r.filled += 1
             r.launched += 1
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(rows)
@@ -352,95 +571,228 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _wait_for_work(self) -> bool:
         with self._wake:
-            while not (self._stopping or self._pending or self._rows or self._inflight):
+            while not (self._stopping or self._pending or self._rows or self._waiting or self._inflight):
                 self._wake.wait()
             return not self._stopping
 
     def _iterate(self) -> None:
+        if any(r.needs_newest and r.decodable() for r in self._rows):
+            self._drain([])  # the bans and grammars need the newest token of each row
         self._reap()
-        self._admit()
+        step = self._plan()
         launched: list[_Launch] = []
-        plan = self._plan_prefill()
-        if plan.rows:
-            launched += self._guarded(self._launch_prefill, plan, plan.rows, "prefill")
-        decoding = self._decodable()
-        if decoding and any(r.multi_bad or r.slot.matcher is not None for r in decoding):
-            self._drain(launched)  # the bans and grammars need the newest token of each row
-            launched = []
-            decoding = self._decodable()
-        if decoding:
-            launched += self._guarded(self._launch_decode, decoding, decoding, "decode")
+        if step.chunks:
+            launched = self._launch_guarded(step)
+        elif step.decode:
+            launched = self._guarded(self._launch_decode, step.decode, "decode")
         self._drain([])
         self._inflight = launched
+        self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self._rows))
 
-    def _guarded(self, launch, argument, rows: Sequence[_Row], what: str) -> list[_Launch]:
+    def _guarded(self, launch, rows: list[_Row], what: str) -> list[_Launch]:
         try:
-            result = launch(argument)
+            result = launch(rows)
         except Exception as exc:  # noqa: BLE001 - the step's requests fail, the loop goes on
             log.exception("a %s step of %d requests failed", what, len(rows))
-            for row in rows:
-                if not row.done:
-                    self._engine.fail(row.slot, f"generation failed: {exc}", 424)
+            self._fail(rows, exc)
             return []
         return [result]
 
-    def _decodable(self) -> list[_Row]:
-        return [r for r in self._rows if not r.done and 0 < r.launched < r.slot.sampling.max_new_tokens]
+    def _launch_guarded(self, step: _Step) -> list[_Launch]:
+        """A step with prompt tokens; if it fails, its prompts' requests fail and its decode tokens
+        run again on their own (they did not change: the sampled tokens are recorded last)."""
+        try:
+            launch = self._launch_mixed(step)
+        except Exception as exc:  # noqa: BLE001 - the step's prompts fail, the loop goes on
+            log.exception("a step of %d prompt chunks and %d decode tokens failed", len(step.chunks), len(step.decode))
+            for block in step.keyed:
+                self._pool.unregister(block)
+            self._fail([row for row, _, _ in step.chunks], exc)
+            return self._guarded(self._launch_decode, step.decode, "decode") if step.decode else []
+        return [launch] if launch is not None else []
+
+    def _fail(self, rows: list[_Row], exc: Exception) -> None:
+        for row in rows:
+            row.broken = True
+            if not row.done:
+                self._engine.fail(row.slot, f"generation failed: {exc}", 424)
+
+    # -- blocks and planning -----------------------------------------------------------------------
 
     def _reap(self) -> None:
         keep = []
         for row in self._rows:
             if row.done:
-                self._free.append(row.index)
+                self._retire(row)
             else:
                 keep.append(row)
         self._rows = keep
-        self._free.sort(reverse=True)  # pop() hands out the lowest slot: the batch stays compact
 
-    def _admit(self) -> None:
-        admitted: list[_Row] = []
+    def _retire(self, row: _Row) -> None:
+        """Give back the row's blocks (caching the full ones of known tokens) and its batch slot."""
+        if self._pool.caching and not row.broken:
+            known = row.prompt + row.slot.generated
+            full = min(row.filled, len(known)) // self._pool.block_size  # blocks whose tokens are known and written
+            keys = self._pool.keys(known, row.keys, full)
+            for i in range(row.registered, full):
+                self._pool.register(row.blocks[i], keys[i])
+        self._pool.release(row.blocks)
+        row.blocks, row.registered, row.filled = [], 0, 0
+        self._free.append(row.index)
+        self._free.sort(reverse=True)
+        row.index = -1
+
+    def _preempt(self, row: _Row) -> None:
+        """Take the row's blocks: its tokens so far reach its client, then it waits at the front
+        of the queue to be prefilled again with them."""
+        self._drain([])
+        self._rows.remove(row)
+        self._retire(row)
+        if row.done:
+            return
+        row.seq = row.prompt + row.slot.generated
+        row.launched = len(row.slot.generated)
+        self._waiting.appendleft(row)
+        self.counters["num_preemptions"] += 1
+
+    def _grow(self, row: _Row, want: int, spare: set[int]) -> int:
+        """Give ``row`` blocks for up to its first ``want`` positions, as many as are free; only
+        when not even its next position fits, take blocks from rows admitted after it (newest
+        first) that are not in ``spare`` (planned into this step already). Returns how many
+        positions it has room for."""
+        size = self._pool.block_size
+        while True:
+            need = -(-want // size) - len(row.blocks)
+            if need > 0 and self._pool.free:
+                self._grant(row, self._pool.allocate(min(need, self._pool.free)))
+            room = min(want, len(row.blocks) * size)
+            if room > row.filled or need <= 0:
+                return room
+            victims = [r for r in self._rows[self._rows.index(row) + 1 :] if id(r) not in spare]
+            if not victims:
+                return room
+            self._preempt(victims[-1])
+
+    def _grant(self, row: _Row, blocks: list[int]) -> None:
+        for block in blocks:
+            self._table_writes[row.index, len(row.blocks)] = block
+            row.blocks.append(block)
+
+    def _plan(self) -> _Step:
+        step = _Step()
+        planned: set[int] = set()
+        # 1. a decode token for every row whose prompt is in the cache, oldest first; a row that
+        #    cannot get a block takes one from a newer row, or gives its own back.
+        for row in list(self._rows):
+            if row.index < 0 or not row.decodable():
+                continue
+            if self._grow(row, row.filled + 1, planned) > row.filled:
+                step.decode.append(row)
+                planned.add(id(row))
+            elif row.index >= 0:
+                self._preempt(row)
+        budget = self._budget - len(step.decode)
+        # 2. the next chunk of every prompt being prefilled, oldest first.
+        for row in list(self._rows):
+            if budget <= 0:
+                break
+            if row.index < 0 or row.done or row.prefilled:
+                continue
+            room = self._grow(row, min(len(row.seq), row.filled + budget), planned)
+            if room <= row.filled:
+                break
+            budget -= self._chunk(step, row, room - row.filled)
+            planned.add(id(row))
+        # 3. new requests (preempted ones first) while a batch slot, budget and blocks are free.
+        #    Without option.enable_chunked_context a prompt runs whole, and the first one of a step
+        #    even past the budget (by at most the decode tokens), so that none waits for ever.
+        admitted = []
+        while self._free:
+            row = self._next_waiting()
+            if row is None:
+                break
+            whole = not self._chunked and not row.slot.generated  # a prompt, not a request resumed
+            room = max(budget, len(row.seq)) if whole and not step.chunks else budget
+            count = self._admit(row, room, whole) if room > 0 else 0
+            if not count:
+                self._waiting.appendleft(row)
+                break
+            admitted.append(row)
+            budget -= self._chunk(step, row, count)
+        if admitted:
+            self._state.admit(
+                [r.index for r in admitted],
+                [r.slot.sampling for r in admitted],
+                [r.seed for r in admitted],
+                [bool(r.slot.eos_ids) for r in admitted],
+                [r.prompt for r in admitted],
+                [r.single_bad for r in admitted],
+                [r.slot.generated for r in admitted],
+            )
+        return step
+
+    def _chunk(self, step: _Step, row: _Row, count: int) -> int:
+        """Plan ``count`` prompt tokens of ``row`` into the step, and make the full blocks they
+        complete findable (rows planned after it in this step may reuse them)."""
+        step.chunks.append((row, row.filled, count))
+        if self._pool.caching:
+            full = (row.filled + count) // self._pool.block_size
+            keys = self._pool.keys(row.seq, row.keys, full)
+            for i in range(row.registered, full):
+                if self._pool.register(row.blocks[i], keys[i]):
+                    step.keyed.append(row.blocks[i])
+            row.registered = max(row.registered, full)
+        return count
+
+    def _next_waiting(self) -> _Row | None:
+        """The next request to admit: a preempted one, else a new one (its queue time ends)."""
+        while self._waiting:
+            row = self._waiting.popleft()
+            if not row.done:
+                return row
         with self._wake:
-            while self._pending and self._free:
+            while self._pending:
                 slot = self._pending.popleft()
                 if slot.cancelled or slot.closed:
                     continue
-                slot.scheduled()
                 bad = slot.request.bad_words_ids
-                admitted.append(
-                    _Row(
-                        slot,
-                        self._free.pop(),
-                        list(slot.request.prompt_token_ids),
-                        single_bad=[w[0] for w in bad if len(w) == 1],
-                        multi_bad=[list(w) for w in bad if len(w) > 1],
-                    )
+                seed = slot.sampling.seed if slot.sampling.seed is not None else secrets.randbits(63)
+                return _Row(
+                    slot,
+                    list(slot.request.prompt_token_ids),
+                    single_bad=[w[0] for w in bad if len(w) == 1],
+                    multi_bad=[list(w) for w in bad if len(w) > 1],
+                    seed=seed,
                 )
-        if not admitted:
-            return
-        seeds = [r.slot.sampling.seed if r.slot.sampling.seed is not None else secrets.randbits(63) for r in admitted]
-        self._state.admit(
-            [r.index for r in admitted],
-            [r.slot.sampling for r in admitted],
-            seeds,
-            [bool(r.slot.eos_ids) for r in admitted],
-            [r.prompt for r in admitted],
-            [r.single_bad for r in admitted],
-        )
-        self._rows += admitted
+        return None
 
-    def _plan_prefill(self) -> _Plan:
-        plan = _Plan()
-        for row in self._rows:
-            if row.done or row.prefilled:
-                continue
-            # A whole prompt always fits (max_num_tokens >= max_input_len); prompts share a step
-            # while prompts × padded length stays within it.
-            width = max(plan.width, len(row.prompt))
-            if plan.rows and (len(plan.rows) + 1) * width > self._budget:
-                break
-            plan.rows.append(row)
-            plan.width = width
-        return plan
+    def _admit(self, row: _Row, budget: int, whole: bool) -> int:
+        """Give ``row`` a batch slot, the cached blocks of its longest known prefix and blocks for
+        the next ``budget`` tokens at most (``whole``: for all of them, or nothing), keeping the
+        watermark free; returns the tokens planned (0: it does not fit now, nothing taken). Its
+        sampling state is written by the caller."""
+        size, pool = self._pool.block_size, self._pool
+        hits: list[int] = []
+        if pool.caching:  # never the whole sequence: its last token's logits are needed (vLLM does the same)
+            hits = pool.match(pool.keys(row.seq, row.keys, (len(row.seq) - 1) // size))
+        start = len(hits) * size
+        room = (pool.free - self._watermark) * size
+        count = min(len(row.seq) - start, budget, room)
+        if count <= 0 or (whole and count < len(row.seq) - start):
+            pool.release(hits)
+            return 0
+        row.slot.scheduled()
+        row.index = self._free.pop()
+        self._grant(row, hits)
+        self._grant(row, pool.allocate(-(-(start + count) // size) - len(hits)))
+        row.filled, row.registered = start, len(hits)
+        if pool.caching:
+            self.counters["prefix_cache_queries"] += len(row.seq)
+            self.counters["prefix_cache_hits"] += start
+        self._rows.append(row)
+        return count
+
+    # -- delivery ----------------------------------------------------------------------------------
 
     def _drain(self, more: list[_Launch]) -> None:
         """Hand the tokens of every launch in flight (then of ``more``) to the server, in order."""
@@ -461,6 +813,7 @@ class DecodeLoopBackend(QueuedBackend):
             slot = row.slot
             if status[column]:
                 slot.finished = True
+                row.broken = row.broken or status[column] == 1  # NaN/inf: its cache may hold them too
                 items.append((slot, error_output(slot.request.request_id, _ERRORS[int(status[column])], 424)))
                 continue
             token = int(tokens[column])

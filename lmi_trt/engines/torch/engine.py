@@ -134,6 +134,25 @@ def check_sampling(params: SamplingParams, max_new_tokens: int) -> None:
         raise EngineError("; ".join(problems), code=400)
 
 
+def decode_loop_options(
+    enable_kv_cache_reuse: bool,
+    max_tokens_in_paged_kv_cache: int | None,
+    tokens_per_block: int | None,
+    enable_chunked_context: bool,
+) -> list[str]:
+    """Pure: the options set that only the built-in decode loop honours."""
+    given = []
+    if enable_kv_cache_reuse:
+        given.append("option.enable_kv_cache_reuse=true")
+    if max_tokens_in_paged_kv_cache is not None:
+        given.append(f"option.max_tokens_in_paged_kv_cache={max_tokens_in_paged_kv_cache}")
+    if tokens_per_block is not None:
+        given.append(f"option.tokens_per_block={tokens_per_block}")
+    if enable_chunked_context:
+        given.append("option.enable_chunked_context=true")
+    return given
+
+
 def check_token_ids(request: GenerationRequest, vocab_size: int, max_input_len: int) -> None:
     prompt = request.prompt_token_ids
     if not prompt:
@@ -176,6 +195,10 @@ class TorchEngine:
         batching: str = "auto",
         max_num_tokens: int | None = None,
         decode_loop: str = "auto",
+        enable_kv_cache_reuse: bool = False,
+        max_tokens_in_paged_kv_cache: int | None = None,
+        tokens_per_block: int | None = None,
+        enable_chunked_context: bool = False,
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -183,6 +206,8 @@ class TorchEngine:
             ("max_batch_size", max_batch_size),
             ("max_input_len", max_input_len),
             ("max_new_tokens", max_new_tokens),
+            ("max_tokens_in_paged_kv_cache", max_tokens_in_paged_kv_cache or 1),
+            ("tokens_per_block", tokens_per_block or 1),
         ):
             if value < 1:
                 raise EngineError(f"{option}={value} must be >= 1", code=400)
@@ -192,16 +217,23 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.max_input_len = max_input_len
         self.max_new_tokens = max_new_tokens
-        if max_num_tokens is not None and max_num_tokens < max_input_len:
+        if max_num_tokens is not None and max_num_tokens < max_input_len and not enable_chunked_context:
             raise EngineError(
                 f"option.max_num_tokens={max_num_tokens} is below option.max_input_len={max_input_len}: "
-                "a prompt of max_input_len tokens could never be scheduled; raise it",
+                "a prompt of max_input_len tokens could never be scheduled; raise it, or set "
+                "option.enable_chunked_context=true",
                 code=400,
             )
         self.max_num_tokens = max_num_tokens
         self.trust_remote_code = trust_remote_code
         self.requested_batching = batching
         self.decode_loop = decode_loop  # auto | builtin | transformers (see decode_loop.py)
+        # The built-in decode loop's paged KV cache (prefix caching, its size in tokens, its block
+        # size) and its prompt chunks.
+        self.enable_kv_cache_reuse = enable_kv_cache_reuse
+        self.max_tokens_in_paged_kv_cache = max_tokens_in_paged_kv_cache
+        self.tokens_per_block = tokens_per_block
+        self.enable_chunked_context = enable_chunked_context
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -302,7 +334,8 @@ class TorchEngine:
             extra={
                 "continuous_batching": float(self.batching in ("continuous", "decode_loop")),
                 "sampled_rows": self.sampled_rows,
-            },
+            }
+            | (self._backend.stats() if self._backend is not None else {}),
         )
 
     async def close(self) -> None:
@@ -355,6 +388,19 @@ class TorchEngine:
                 why,
             )
             return DecodeLoopBackend(self, model)
+        given = decode_loop_options(
+            self.enable_kv_cache_reuse,
+            self.max_tokens_in_paged_kv_cache,
+            self.tokens_per_block,
+            self.enable_chunked_context,
+        )
+        if given:
+            raise EngineError(
+                f"{', '.join(given)} configure{'s' if len(given) == 1 else ''} the torch engine's built-in "
+                f"decode loop (its paged KV cache, its prompt chunks), which does not run here ({why}); leave "
+                f"{'it' if len(given) == 1 else 'them'} out",
+                code=400,
+            )
         batching, reason = self._choose_batching(model)
         log.info(
             "torch engine: %s on %s (%s), transformers %s batching because %s; not the built-in decode loop: %s",

@@ -123,8 +123,10 @@ class SamplerState(Rows):
         eos_applies: Sequence[bool],
         prompts: Sequence[Sequence[int]],
         single_bans: Sequence[Sequence[int]],
+        generated: Sequence[Sequence[int]] = (),
     ) -> None:
-        """Reset the state of ``slots`` for new requests (a handful of batched device writes)."""
+        """Reset the state of ``slots`` for new requests (a handful of batched device writes);
+        ``generated``: the tokens each has generated already (a request resumed after preemption)."""
         index = self._put(torch.tensor(slots))
         floats = self._put(
             torch.tensor(
@@ -159,13 +161,23 @@ class SamplerState(Rows):
             table[index] = 0
         self.mark(self.prompt_seen, slots, prompts, True)
         self.mark(self.banned, slots, single_bans, True)
+        index = self._pairs(slots, generated)
+        if index is not None:
+            self.counts.index_put_(index, torch.ones(index[0].size(0), device=self.device), accumulate=True)
 
     def mark(self, table: torch.Tensor, slots: Sequence[int], tokens: Sequence[Sequence[int]], value: bool) -> None:
         """``table[slot, token] = value`` for every token listed for each slot."""
+        index = self._pairs(slots, tokens)
+        if index is not None:
+            table[index] = value
+
+    def _pairs(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (slot, token) index of every token listed for each slot, on the device; None when none is."""
         rows = [s for s, ids in zip(slots, tokens) for _ in ids]
-        if rows:
-            cols = [t for ids in tokens for t in ids]
-            table[self._put(torch.tensor(rows)), self._put(torch.tensor(cols))] = value
+        if not rows:
+            return None
+        cols = [t for ids in tokens for t in ids]
+        return self._put(torch.tensor(rows)), self._put(torch.tensor(cols))
 
     def _put(self, cpu: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":  # pinned: an asynchronous copy that never waits for the GPU

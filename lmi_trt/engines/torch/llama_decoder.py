@@ -1,18 +1,20 @@
-"""A Llama-shaped decoder forward pass over a transformers model's own weights, with a per-slot KV cache.
+"""A Llama-shaped decoder forward pass over a transformers model's own weights, with a paged KV cache.
 
 Llama, Mistral, Qwen2 and Qwen3 share one block: RMSNorm → attention with rotary positions and
 grouped KV heads (Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm on q and k) → RMSNorm →
-SiLU-gated MLP. This module runs that block over a flat list of tokens, each tagged with the cache
-slot (row) and position it belongs to, so one function serves both:
+SiLU-gated MLP. This module runs that block over a flat list of tokens (a ``Batch``) grouped into
+sequences: each sequence brings the tokens it adds this step (one for a decode step, a chunk of
+its prompt, or more when several tokens are checked at once) and attends to every earlier position
+of its own, read through its block table. One function therefore serves decode steps (one token per
+slot for slots ``0..B-1``: fixed shapes, captured as a CUDA graph per batch size) and steps that mix
+decode tokens with prompt chunks (run eagerly).
 
-* **decode** — one token per slot for slots ``0..B-1``; fixed shapes, so a step can be captured
-  as a CUDA graph per batch size. Attention: on CUDA the fused kernel of ``decode_kernels``
-  (each slot's row up to its length); elsewhere matmuls over each whole row under a length mask.
-* **prefill** — prompts padded to one length; attention through SDPA over the slots' rows up to
-  the longest prompt.
+The KV cache is ``num_blocks`` blocks of ``block_size`` positions per layer, ``[blocks, kv_heads,
+block_size, head_dim]``; a token's k and v go to its cache slot (block · block_size + offset), and
+one extra block is scratch, where the torch path writes tokens that must not be kept (idle slots).
+Attention: on CUDA the Triton kernel of ``decode_kernels`` (reads the blocks in place); elsewhere
+each sequence's blocks are gathered into a row and SDPA runs under a causal mask.
 
-The KV cache is one row of ``max_seq_len + 1`` positions (rounded up to 16) per slot and layer;
-position ``max_seq_len`` is scratch, where padding tokens and idle slots write so that they never touch real entries.
 The math follows transformers' modeling_llama / modeling_qwen3 (release 5.x): RMSNorm in fp32,
 cos/sin tables from the model's own rotary module (so every static RoPE scaling type is honoured),
 ``rotate_half`` rotation, scaling ``head_dim ** -0.5``, repeat_kv head order (query head h reads
@@ -21,6 +23,8 @@ KV head h // group).
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,10 +102,69 @@ def _fuse(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-class LlamaDecoder:
-    """The forward pass and the KV cache of ``slots`` sequences of up to ``max_seq_len`` positions."""
+@dataclass
+class Batch:
+    """One forward pass: ``T`` tokens in ``S`` sequences, each sequence's tokens consecutive."""
 
-    def __init__(self, model: nn.Module, *, slots: int, max_seq_len: int) -> None:
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] cache slot of each token's k and v (block · block_size + offset); < 0: not kept
+    seq_start: torch.Tensor  # [S] index of the sequence's first token in the batch
+    seq_len: torch.Tensor  # [S] its tokens in this pass
+    context: torch.Tensor  # [S] its positions once this pass is written (its last token's keys)
+    tables: torch.Tensor  # [S, M] block tables (int64)
+    tile_seq: torch.Tensor  # the Triton attention programs: sequence and first row (decode_kernels.tile_plan)
+    tile_row: torch.Tensor
+    max_q: int  # the largest seq_len
+    max_context: int  # an upper bound of context: how far the torch path gathers
+    block_m: int  # rows per attention program (decode_kernels.block_rows)
+    pad_index: torch.Tensor | None = None  # [T] each token's row in [S, max_q] (needed when max_q > 1)
+    logits_at: torch.Tensor | None = None  # tokens to compute logits for; None: every token
+
+
+# Batch's index tensors that batch_layout plans on the host, and its sizes.
+LAYOUT = ("positions", "slots", "seq_start", "seq_len", "context", "tile_seq", "tile_row", "pad_index")
+
+
+def batch_layout(
+    spans: Sequence[tuple[Sequence[int], int, int]], block_size: int, group: int
+) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Pure: the ``LAYOUT`` tensors (host, int64) and sizes (``max_q``, ``max_context``,
+    ``block_m``) of a batch whose sequences are given as (block table, first position, token
+    count), each adding ``count`` tokens at positions ``first..first+count-1``. Built in ``array``s
+    from ranges: a step of thousands of tokens costs the host a few hundred microseconds."""
+    seq_len = [count for _, _, count in spans]
+    max_q = max(seq_len)
+    block_m = decode_kernels.block_rows(group, max_q)
+    tile_seq, tile_row = decode_kernels.tile_plan(seq_len, group, block_m)
+    out = {name: array("q") for name in LAYOUT}
+    start = 0
+    for s, (table, first, count) in enumerate(spans):
+        end = first + count
+        out["positions"].extend(range(first, end))
+        position = first
+        while position < end:  # one run of cache slots per block the span touches
+            block, offset = divmod(position, block_size)
+            run = min(end - position, block_size - offset)
+            cell = table[block] * block_size + offset
+            out["slots"].extend(range(cell, cell + run))
+            position += run
+        out["pad_index"].extend(range(s * max_q, s * max_q + count))
+        out["seq_start"].append(start)
+        out["context"].append(end)
+        start += count
+    out["seq_len"].extend(seq_len)
+    out["tile_seq"].extend(tile_seq)
+    out["tile_row"].extend(tile_row)
+    tensors = {name: torch.frombuffer(values, dtype=torch.long) for name, values in out.items()}
+    return tensors, {"max_q": max_q, "max_context": max(out["context"]), "block_m": block_m}
+
+
+class LlamaDecoder:
+    """The forward pass and the paged KV cache (``num_blocks`` blocks of ``block_size`` positions)
+    for sequences of up to ``max_seq_len`` positions."""
+
+    def __init__(self, model: nn.Module, *, num_blocks: int, block_size: int, max_seq_len: int) -> None:
         config = model.config
         body = model.model
         self.device = model.device
@@ -114,9 +177,10 @@ class LlamaDecoder:
         self.scale = self.head_dim**-0.5
         self.eps = config.rms_norm_eps
         self.vocab = model.lm_head.out_features
-        self.slots = slots
+        self.num_blocks = num_blocks
+        self.block_size = block_size
         self.max_seq_len = max_seq_len
-        self.scratch = max_seq_len  # the extra cache position
+        self.scratch_slot = num_blocks * block_size  # the extra block's first position
         self.embed = body.embed_tokens.weight
         self.final_norm = body.norm.weight
         self.lm_head = model.lm_head.weight
@@ -143,32 +207,30 @@ class LlamaDecoder:
                     k_norm=k_norm.weight if k_norm is not None else None,
                 )
             )
-        # Cache rows of max_seq_len + 1 positions (the last is scratch), rounded up so that each
-        # row starts 16-element aligned: an odd row length sends cuBLAS to slow unaligned kernels.
-        length = -(-(max_seq_len + 1) // 16) * 16
-        positions = torch.arange(length, device=self.device).unsqueeze(0)
+        positions = torch.arange(max_seq_len, device=self.device).unsqueeze(0)
         with torch.no_grad():
             probe = torch.empty(1, device=self.device, dtype=self.dtype)
             cos, sin = body.rotary_emb(probe, positions)
         # rotate_half(x) * sin == swap_halves(x) * sin_signed, with sin's first half negated.
         half = self.head_dim // 2
-        self.cos = cos[0].contiguous()  # [length, head_dim]
+        self.cos = cos[0].contiguous()  # [max_seq_len, head_dim]
         self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
-        shape = (slots, self.kv_heads, length, self.head_dim)
+        # Zeroed: the torch path reads whole blocks (masked), and a masked weight times NaN is still NaN.
+        shape = (num_blocks + 1, self.kv_heads, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.key_positions = torch.arange(length, device=self.device)
         # The Triton kernels where they can run (CUDA); torch operations otherwise (CPU, CI).
         self.fused_kernels = decode_kernels.available(self.device, self.head_dim)
 
     @staticmethod
-    def cache_bytes_per_slot(model: nn.Module, max_seq_len: int) -> int:
+    def block_bytes(model: nn.Module, block_size: int) -> int:
+        """Device memory of one KV block, every layer's k and v."""
         config = model.config
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         itemsize = torch.empty(0, dtype=model.dtype).element_size()
-        return 2 * config.num_hidden_layers * kv_heads * (max_seq_len + 16) * head_dim * itemsize
+        return 2 * config.num_hidden_layers * kv_heads * block_size * head_dim * itemsize
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -187,18 +249,27 @@ class LlamaDecoder:
         return torch.addcmul(x * cos, swapped, sin)
 
     def _queries(
-        self, layer: _Layer, index: int, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+        self, layer: _Layer, index: int, x: torch.Tensor, batch: Batch, cells: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
-        """Project and rotate; k and v go into the cache at (``rows``, ``positions``); q [T, heads, D]."""
+        """Project and rotate; k and v go into the cache at the tokens' slots (``cells``: block and
+        offset, the torch path's); q [T, heads, D]."""
         if self.fused_kernels and layer.q_norm is None:
             qkv = F.linear(self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias)
             return decode_kernels.rotary_into_cache(
-                qkv, self.cos, self.sin, positions, rows, self.k_cache[index], self.v_cache[index], self.heads
+                qkv,
+                self.cos,
+                self.sin,
+                batch.positions,
+                batch.slots,
+                self.k_cache[index],
+                self.v_cache[index],
+                self.heads,
             )
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        cos, sin = self.cos[batch.positions].unsqueeze(1), self.sin[batch.positions].unsqueeze(1)
         q, k, v = self._qkv(layer, x, cos, sin)
-        self.k_cache[index][rows, :, positions] = k
-        self.v_cache[index][rows, :, positions] = v
+        blocks, offsets = cells
+        self.k_cache[index][blocks, :, offsets] = k
+        self.v_cache[index][blocks, :, offsets] = v
         return q
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
@@ -213,6 +284,57 @@ class LlamaDecoder:
             return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
         qk = self._rotate(qkv[:, :k_end].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
         return qk[:, : self.heads], qk[:, self.heads :], v
+
+    def _masks(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch path's masks, shared by every layer: the gathered positions each sequence
+        wrote [S, L], and the keys hidden from each query [S, 1, 1, max_q, L]."""
+        keys = torch.arange(batch.max_context, device=batch.context.device)
+        written = keys < batch.context.unsqueeze(1)
+        queries = torch.arange(batch.max_q, device=keys.device)
+        seen = (batch.context - batch.seq_len).unsqueeze(1) + queries  # each query's position
+        hidden = (keys > seen.unsqueeze(2)) | ~written.unsqueeze(1)
+        return written, hidden[:, None, None]
+
+    def _attend(
+        self, index: int, q: torch.Tensor, batch: Batch, masks: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """[T, heads, D] attention outputs of the batch's queries."""
+        k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+        if masks is None:
+            return decode_kernels.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                batch.tables,
+                batch.seq_start,
+                batch.seq_len,
+                batch.context,
+                (batch.tile_seq, batch.tile_row),
+                batch.block_m,
+                self.scale,
+            )
+        # Each sequence's blocks gathered into a row [S, kv_heads, L, D]; a KV head's group of query
+        # heads (and a chunk's queries) share one matmul against it, so keys are never expanded.
+        written, hidden = masks
+        s, width, length = batch.tables.size(0), batch.max_q, batch.max_context
+        pages = batch.tables[:, : -(-length // self.block_size)]
+        keys = k_cache[pages].transpose(1, 2).flatten(2, 3)[:, :, :length]
+        values = v_cache[pages].transpose(1, 2).flatten(2, 3)[:, :, :length]
+        # Positions a sequence never wrote hold whatever the block held before; a weight of 0
+        # times NaN would still be NaN (their scores are masked below, which replaces NaN).
+        values = torch.where(written[:, None, :, None], values, 0.0)
+        shape = (s, self.kv_heads, self.group, width, self.head_dim)
+        if width == 1:
+            queries = q.reshape(shape)
+        else:
+            padded = q.new_zeros(s * width, self.heads, self.head_dim).index_copy_(0, batch.pad_index, q)
+            queries = padded.view(s, width, self.kv_heads, self.group, self.head_dim).permute(0, 2, 3, 1, 4)
+        scores = torch.matmul(queries.flatten(2, 3), keys.transpose(-1, -2)) * self.scale
+        scores = scores.view(s, self.kv_heads, self.group, width, length).masked_fill(hidden, float("-inf"))
+        probs = scores.softmax(-1)  # accumulates in fp32 whatever the input dtype
+        out = torch.matmul(probs.flatten(2, 3), values).view(shape)
+        out = out.permute(0, 3, 1, 2, 4).reshape(s * width, self.heads, self.head_dim)
+        return out if width == 1 else out[batch.pad_index]
 
     @staticmethod
     def _add_linear(
@@ -233,65 +355,22 @@ class LlamaDecoder:
             hidden = F.silu(gate) * up
         return self._add_linear(x, hidden, layer.down, layer.down_bias)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    # -- the pass --------------------------------------------------------------------------------
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Writes the batch's k and v into the cache and returns fp32 logits ``[L, vocab]`` for the
+        tokens ``batch.logits_at`` (every token when None). Shapes depend on T, S and the tables'
+        width only: a decode step of fixed size is capturable as a CUDA graph."""
+        cells = None
+        if not (self.fused_kernels and all(layer.q_norm is None for layer in self.layers)):
+            kept = torch.where(batch.slots >= 0, batch.slots, self.scratch_slot)
+            cells = (kept // self.block_size, kept % self.block_size)
+        masks = None if self.fused_kernels else self._masks(batch)
+        x = F.embedding(batch.tokens, self.embed)
+        for index, layer in enumerate(self.layers):
+            q = self._queries(layer, index, x, batch, cells)
+            attn = self._attend(index, q, batch, masks)
+            x = self._mlp_residual(layer, x, attn.reshape(x.size(0), self.heads * self.head_dim))
+        if batch.logits_at is not None:
+            x = x[batch.logits_at]
         return F.linear(self._norm(x, self.final_norm), self.lm_head, self.lm_head_bias).float()
-
-    # -- the two passes --------------------------------------------------------------------------
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One token for each of slots ``0..B-1`` at ``positions`` (``scratch`` for idle slots).
-
-        Returns fp32 logits ``[B, vocab]``. Shapes depend on B only: capturable as a CUDA graph.
-        """
-        b = tokens.size(0)
-        rows = torch.arange(b, device=tokens.device)
-        if self.fused_kernels:
-            lengths = positions + 1
-        else:
-            # Additive mask over each slot's cache row, shared by every layer: [B * kv_heads, group, S].
-            visible = self.key_positions.unsqueeze(0) <= positions.unsqueeze(1)
-            bias = torch.zeros(visible.shape, device=tokens.device, dtype=self.dtype)
-            bias = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
-            bias = bias.expand(b, self.kv_heads, self.group, -1).reshape(b * self.kv_heads, self.group, -1)
-        x = F.embedding(tokens, self.embed)
-        for index, layer in enumerate(self.layers):
-            q = self._queries(layer, index, x, positions, rows)
-            k_cache, v_cache = self.k_cache[index][:b], self.v_cache[index][:b]
-            if self.fused_kernels:
-                attn = decode_kernels.decode_attention(q, k_cache, v_cache, lengths, self.scale)
-            else:
-                n, s = b * self.kv_heads, k_cache.size(2)
-                scores = torch.baddbmm(
-                    bias,
-                    q.reshape(n, self.group, self.head_dim),
-                    k_cache.view(n, s, self.head_dim).transpose(1, 2),
-                    alpha=self.scale,
-                )
-                probs = scores.softmax(-1)  # accumulates in fp32 whatever the input dtype
-                attn = torch.bmm(probs, v_cache.view(n, s, self.head_dim))  # [(B, kv head), group, D]
-            x = self._mlp_residual(layer, x, attn.reshape(b, self.heads * self.head_dim))
-        return self._logits(x)
-
-    def prefill(
-        self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, keys: int, last: torch.Tensor
-    ) -> torch.Tensor:
-        """Prompts: ``tokens``/``positions`` ``[n, L]`` (padding at position ``scratch``), one cache
-        slot per prompt in ``rows`` ``[n]``, ``keys`` = 1 + the largest real position. Returns fp32
-        logits ``[len(last), vocab]`` at the flat token indices ``last`` (each prompt's last token)."""
-        n, length = tokens.shape
-        flat_pos = positions.reshape(-1)
-        flat_rows = rows.repeat_interleave(length)
-        key_pos = self.key_positions[:keys]
-        mask = key_pos.view(1, 1, 1, keys) <= positions.view(n, 1, length, 1)  # padding sees all: no NaN
-        x = F.embedding(tokens.reshape(-1), self.embed)
-        for index, layer in enumerate(self.layers):
-            q = self._queries(layer, index, x, flat_pos, flat_rows)
-            keys_k = self.k_cache[index][rows, :, :keys]
-            keys_v = self.v_cache[index][rows, :, :keys]
-            if self.group > 1:  # expanded copies keep SDPA on its fused, mask-capable kernels
-                keys_k = keys_k.repeat_interleave(self.group, dim=1)
-                keys_v = keys_v.repeat_interleave(self.group, dim=1)
-            q = q.view(n, length, self.heads, self.head_dim).transpose(1, 2)
-            attn = F.scaled_dot_product_attention(q, keys_k, keys_v, attn_mask=mask, scale=self.scale)
-            x = self._mlp_residual(layer, x, attn.transpose(1, 2).reshape(n * length, self.heads * self.head_dim))
-        return self._logits(x[last])

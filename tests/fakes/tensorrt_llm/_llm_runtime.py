@@ -190,7 +190,8 @@ class LlmRuntime:
         self.args = args
         self.sampler = sampler_of(args)
         self._generator = torch.Generator().manual_seed(GLOBAL_SEED)  # the samplers' one shared generator
-        self._model = _load_checkpoint(hf_dir)
+        # load_format=dummy: "Initialize all weights randomly" (llm_args.py LoadFormat.DUMMY).
+        self._model = _random_model(hf_dir) if args.load_format.name == "DUMMY" else _load_checkpoint(hf_dir)
         self._grammars = None
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
@@ -467,6 +468,15 @@ def _top_entry(logprobs, k: int, token: int | None = None) -> dict[int, Logprob]
     if token is not None and token not in entry:
         entry[token] = Logprob(float(logprobs[token]), int((logprobs > logprobs[token]).sum()) + 1)
     return entry
+
+
+def _random_model(hf_dir: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lmi_trt.compat import dtype_kwargs
+
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir), **dtype_kwargs(torch.float32)).eval()
 
 
 def _load_checkpoint(hf_dir: str):

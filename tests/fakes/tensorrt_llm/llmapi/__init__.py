@@ -8,6 +8,7 @@ from tensorrt_llm.llmapi.llm_args import (
     ContextChunkingPolicy,
     CudaGraphConfig,
     KvCacheConfig,
+    MoeConfig,
     SchedulerConfig,
     TorchLlmArgs,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "GuidedDecodingParams",
     "KvCacheConfig",
     "CudaGraphConfig",
+    "MoeConfig",
     "SchedulerConfig",
     "CapacitySchedulerPolicy",
     "ContextChunkingPolicy",

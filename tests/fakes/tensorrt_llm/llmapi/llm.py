@@ -107,9 +107,20 @@ class LLM:
             raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
         self._tokenizer = None
         if not skip_tokenizer_init:
-            from transformers import AutoTokenizer
+            # BaseLlmArgs.validate_and_init_tokenizer → tokenizer_factory (tensorrt_llm/llmapi/tokenizer.py): a path
+            # is loaded with use_fast = tokenizer_mode != 'slow'; a tokenizer object is used as it is (the real one
+            # wraps it in TransformersTokenizer, which forwards encode/decode), nothing loaded from the folder.
+            given = self.args.tokenizer
+            if given is None or isinstance(given, (str, Path)):
+                from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer or str(folder))
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    str(given or folder),
+                    use_fast=self.args.tokenizer_mode != "slow",
+                    trust_remote_code=self.args.trust_remote_code,
+                )
+            else:
+                self._tokenizer = given
         if self.args.guided_decoding_backend is not None:
             if self._tokenizer is None:
                 raise ValueError("guided decoding needs the tokenizer (skip_tokenizer_init=True)")

@@ -15,9 +15,10 @@ The sampler keys differ by release (``_RELEASE_FIELDS``); a key the release lack
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from os import PathLike
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tensorrt_llm import _state
 
@@ -72,15 +73,69 @@ class CudaGraphConfig(_Strict):
         return self
 
 
+# MoeConfig.backend's choices by release, as the copies of llm_args.py read list them (dated by content: the 1.0 copy
+# still has enable_mixed_sampler, which PR 7294 removed in 1.1; the 1.1 copy adds sampler_type and TRITON; the 1.2
+# copy adds AUTO as the default; main adds DENSEGEMM, MARLIN and MEGAMOE_DEEPGEMM).
+_MOE_BACKENDS = {
+    (1, 0): ("CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "VANILLA"),
+    (1, 1): ("CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "VANILLA", "TRITON"),
+    (1, 2): ("AUTO", "CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "VANILLA", "TRITON"),
+    (1, 3): (
+        "AUTO",
+        "CUTLASS",
+        "CUTEDSL",
+        "WIDEEP",
+        "TRTLLM",
+        "DEEPGEMM",
+        "DENSEGEMM",
+        "VANILLA",
+        "TRITON",
+        "MARLIN",
+        "MEGAMOE_DEEPGEMM",
+    ),
+}
+
+
+class MoeConfig(_Strict):
+    """The real one is a StrictBaseModel whose ``backend`` is a Literal of the release's choices (default CUTLASS,
+    AUTO from 1.2); a name the release lacks is a ValidationError. Only ``backend`` is modelled."""
+
+    backend: str = "CUTLASS"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _release_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "backend" not in data and _state.series() >= (1, 2):
+            return {**data, "backend": "AUTO"}
+        return data
+
+    @field_validator("backend")
+    @classmethod
+    def _release_choices(cls, value: str) -> str:
+        choices = _MOE_BACKENDS[min(_state.series(), (1, 3))]
+        if value not in choices:
+            raise ValueError(f"Input should be {', '.join(repr(c) for c in choices)}")
+        return value
+
+
 class SchedulerConfig(_Strict):
     capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
     context_chunking_policy: ContextChunkingPolicy | None = None
     dynamic_batch_config: dict | None = None
 
 
+class LoadFormat(enum.Enum):
+    AUTO = 0
+    DUMMY = 1  # "Initialize all weights randomly."
+
+
 class TorchLlmArgs(_Strict):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     model: str
-    tokenizer: str | None = None
+    # A path, or a tokenizer object (BaseLlmArgs: Union[str, Path, TokenizerBase, PreTrainedTokenizerBase]), which
+    # tokenizer_factory uses as it is (wrapped in TransformersTokenizer; the fake keeps the object).
+    tokenizer: Any = None
     tokenizer_mode: Literal["auto", "slow"] = "auto"
     skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
@@ -91,12 +146,17 @@ class TorchLlmArgs(_Strict):
     pipeline_parallel_size: int = 1
     context_parallel_size: int = 1
     gpus_per_node: int | None = None
+    moe_tensor_parallel_size: int | None = None
+    moe_expert_parallel_size: int | None = None
     enable_attention_dp: bool = False
+    load_format: Any = LoadFormat.AUTO
     enable_lora: bool = False
     lora_config: dict | None = None
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     enable_chunked_prefill: bool = False
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
+    iter_stats_max_iterations: int | None = None
+    request_stats_max_iterations: int | None = None
     scheduler_config: SchedulerConfig = Field(default_factory=SchedulerConfig)
     max_batch_size: int | None = 2048
     max_input_len: int | None = 1024
@@ -110,6 +170,7 @@ class TorchLlmArgs(_Strict):
     return_perf_metrics: bool = False
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
     disable_overlap_scheduler: bool = False
+    moe_config: MoeConfig = Field(default_factory=MoeConfig)
     attn_backend: str = "TRTLLM"
     enable_mixed_sampler: bool = False
     enable_trtllm_sampler: bool = False
@@ -120,6 +181,39 @@ class TorchLlmArgs(_Strict):
     torch_compile_config: dict | None = None
     stream_interval: int = Field(1, gt=0)
     max_stats_len: int = 1000
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: Any) -> Any:
+        from transformers import PreTrainedTokenizerBase
+
+        if value is None or isinstance(value, (str, PathLike, PreTrainedTokenizerBase)):
+            return value
+        raise ValueError(f"Unrecognized tokenizer {value}")
+
+    @field_validator("load_format", mode="before")
+    @classmethod
+    def _load_format(cls, value: Any) -> LoadFormat:
+        # TorchLlmArgs.convert_load_format: LoadFormat[v.upper()], else ValueError("Invalid LoadFormat: ...").
+        if isinstance(value, LoadFormat):
+            return value
+        if str(value).upper() not in LoadFormat.__members__:
+            raise ValueError(f"Invalid LoadFormat: {value}")
+        return LoadFormat[str(value).upper()]
+
+    @model_validator(mode="after")
+    def _moe_split(self) -> TorchLlmArgs:
+        # tensorrt_llm/mapping.py MappingBase: the unset MoE size is TP ÷ the other, and the product must be TP.
+        tp, moe_tp, moe_ep = self.tensor_parallel_size, self.moe_tensor_parallel_size, self.moe_expert_parallel_size
+        if moe_tp is not None or moe_ep is not None:
+            moe_tp = moe_tp if moe_tp is not None else tp // moe_ep
+            moe_ep = moe_ep if moe_ep is not None else tp // moe_tp
+            if moe_tp * moe_ep != tp:
+                raise ValueError(
+                    "moe_tp_size * moe_ep_size * moe_cluster_size must equal to moe_world_size, "
+                    f"but got {moe_tp * moe_ep} != {tp}"
+                )
+        return self
 
     @model_validator(mode="before")
     @classmethod

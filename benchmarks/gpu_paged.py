@@ -1,0 +1,291 @@
+"""The built-in decode loop's paged KV cache on a GPU (issue 30), in one process and one command.
+
+The ~1.1B Llama-shaped bf16 random-weight model of gpu_torch.py / gpu_decode.py; every request
+greedy, ignore_eos, all submitted at once through TorchEngine's engine protocol (no HTTP). Engines
+have the issue's 4,096-position limits (max_input_len 3968 + max_output_len 128) and cut prompts
+into chunks (option.enable_chunked_context), so option.max_num_tokens bounds every step.
+
+  (a) 256 streams of 1,024 prompt + 128 output tokens, and of 128 + 128 (the ITL reference), at
+      each option.max_num_tokens in --budgets (the step budget decode tokens and prompt chunks share):
+      tok/s, TTFT p50/p99, ITL p50/p90/p99, and the loop's step counts;
+  (b) 64 streams of one shared 1,024-token prefix + distinct 64-token suffixes, 32 output tokens:
+      TTFT without prefix caching, then with option.enable_kv_cache_reuse on a cold cache (the first
+      request computes the prefix, the others reuse it in the same step) and warm (a second round);
+      the outputs compared row by row; plus (a)'s 1,024 + 128 with caching on (distinct prompts);
+  (c) --c-streams streams (1,024) of 1,024 + 128 with max_rolling_batch_size as large: the pool
+      sized from free memory, the tokens slots × 4,096 positions would take, and how many streams
+      ran at once (the loop's peak), with preemptions.
+
+    PYTHONPATH=$PWD:$PWD/benchmarks python3 benchmarks/gpu_paged.py --json gpu_paged.json
+
+--smoke runs the same on the CPU with a tiny random model and small counts (checks the script).
+The JSON is written after every workload; a short table of the issue's targets is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from gpu_decode import stream, summary
+from gpu_torch import build_model, prompts
+
+# The issue's figures for today's loop (through HTTP, H100): 1,024 + 128 at 256 streams.
+BASELINE_TOK_S = 12_734
+
+
+class KvLog(logging.Handler):
+    """Keeps the decode loop's start-up line (the pool's size, and what set it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "KV cache of" in message:
+            self.lines.append(message)
+
+
+async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str) -> dict:
+    backend = engine._backend
+    peaks = ("peak_rows", "largest_step")  # maxima, reset per workload; the other counters are totals
+    for name in peaks:
+        backend.counters[name] = 0
+    before = dict(backend.counters)
+    t0 = time.perf_counter()
+    runs = await asyncio.gather(*(stream(engine, f"{tag}{i}", ids, out_tokens) for i, ids in enumerate(batch)))
+    seconds = time.perf_counter() - t0
+    ttfts = [times[0] - t0 for _, times in runs]
+    itls = [b - a for _, times in runs for a, b in zip(times, times[1:])]
+    result = summary(sum(len(g) for g, _ in runs), seconds, ttfts, itls)
+    result["streams"] = len(batch)
+    result["loop"] = {k: v if k in peaks else v - before[k] for k, v in backend.counters.items()}
+    result["generated"] = [g for g, _ in runs]
+    return result
+
+
+async def session(model_dir: Path, device: str, settings: dict, workloads: list[tuple], log: KvLog) -> dict:
+    """One engine: start it, warm it up, run each (name, prompts, output tokens), close it."""
+    from lmi_trt.engines.torch import TorchEngine
+
+    started = time.perf_counter()
+    engine = TorchEngine(
+        model_dir, dtype="bf16" if device == "cuda" else "fp32", device=device, decode_loop="builtin", **settings
+    )
+    await engine.start()
+    out: dict = {"settings": settings, "startup_s": time.perf_counter() - started, "kv_cache": log.lines[-1]}
+    try:
+        vocab = engine._vocab_size
+        await run_batch(engine, prompts(8, 32, seed=99, vocab=vocab), 8, "warm")  # graphs, allocator, kernels
+        for name, batch, out_tokens in workloads:
+            out[name] = await run_batch(engine, batch, out_tokens, name)
+            brief = {k: round(v, 1) for k, v in out[name].items() if isinstance(v, float)}
+            print(f"  {name}: {brief} loop={out[name]['loop']}", flush=True)
+        out["stats"] = engine.stats().extra
+    finally:
+        await engine.close()
+    engine = None
+    gc.collect()  # the loop's graphs and cache, before the next engine sizes its pool from free memory
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    def common(x: list[int], y: list[int]) -> int:
+        k = 0
+        while k < min(len(x), len(y)) and x[k] == y[k]:
+            k += 1
+        return k
+
+    return {
+        "rows": len(a),
+        "rows_identical": sum(x == y for x, y in zip(a, b)),
+        "first_tokens_identical": sum(x[:1] == y[:1] for x, y in zip(a, b)),
+        "mean_common_prefix": statistics.mean(common(x, y) for x, y in zip(a, b)),
+    }
+
+
+def targets(report: dict) -> list[tuple[str, str, str]]:
+    """(target, figure, verdict) rows for the issue's targets: (a) at every budget, (b) and (c)
+    at the first."""
+    rows = []
+    shapes = report["shapes"]
+    for a in report["a"]:
+        long, short, budget = a["long"], a["short"], a["settings"]["max_num_tokens"]
+        rows.append(
+            (
+                f"(a) {shapes['long'][0]:,}+{shapes['long'][1]} @ {long['streams']}, "
+                f"budget {budget}: ≥ 2 × {BASELINE_TOK_S:,} tok/s",
+                f"{long['tok_s']:,.0f} tok/s ({long['tok_s'] / BASELINE_TOK_S:.2f} ×)",
+                "met" if long["tok_s"] >= 2 * BASELINE_TOK_S else "not met",
+            )
+        )
+        rows.append(
+            (
+                f"(a) budget {budget}: ITL p90 ≤ 2 × the {shapes['short'][0]}+{shapes['short'][1]} workload's",
+                f"{long['itl_p90_ms']:.1f} ms vs {short['itl_p90_ms']:.1f} ms "
+                f"({long['itl_p90_ms'] / short['itl_p90_ms']:.2f} ×)",
+                "met" if long["itl_p90_ms"] <= 2 * short["itl_p90_ms"] else "not met",
+            )
+        )
+    b = report["b"]
+    off, cold, warm = b["off"]["shared"], b["on"]["cold"], b["on"]["warm"]
+    ratio = cold["ttft_p50_ms"] / off["ttft_p50_ms"]
+    rows.append(
+        (
+            "(b) TTFT p50 with caching ≤ 0.5 × without",
+            f"{cold['ttft_p50_ms']:.0f} ms cold, {warm['ttft_p50_ms']:.0f} ms warm vs {off['ttft_p50_ms']:.0f} ms "
+            f"({ratio:.2f} ×)",
+            "met" if ratio <= 0.5 else "not met",
+        )
+    )
+    same = b["cold_vs_off"]
+    rows.append(
+        (
+            "(b) identical outputs",
+            f"{same['rows_identical']}/{same['rows']} rows, {same['first_tokens_identical']} first tokens, "
+            f"{same['mean_common_prefix']:.1f} tokens in common on average",
+            "met" if same["rows_identical"] == same["rows"] else "see note",
+        )
+    )
+    c = report["c"]
+    rows.append(
+        (
+            "(c) streams at once set by tokens in use",
+            f"{c['run']['loop']['peak_rows']} running at once; the pool holds {c['pool_tokens']:,} tokens = "
+            f"{c['full_length_sequences']} sequences of {c['max_positions']:,} positions",
+            "met" if c["run"]["loop"]["peak_rows"] > c["full_length_sequences"] else "not met",
+        )
+    )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, required=True, help="where the results go")
+    ap.add_argument("--smoke", action="store_true", help="CPU, a tiny random model, small counts")
+    ap.add_argument("--budgets", default="2048,8192", help="option.max_num_tokens values for (a)")
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--c-streams", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=16)
+    a = ap.parse_args()
+    clock = time.perf_counter()
+    log = KvLog()
+    logging.getLogger("lmi_trt.engines.torch.decode_loop").addHandler(log)
+    logging.getLogger("lmi_trt.engines.torch.decode_loop").setLevel(logging.INFO)
+    if a.smoke:
+        device, n, c_streams, long_prompt, short_prompt, out_tokens = "cpu", 8, 24, 64, 16, 8
+        prefix_len, suffix_len, shared_out, shared_streams, positions = 64, 8, 4, 8, 256
+        budgets, shape, vocab = [64, 128], {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}, 512
+        shape |= {"intermediate_size": 128, "vocab_size": vocab}
+        c_extra = {"max_tokens_in_paged_kv_cache": 512}  # CPU pools hold every request at full length otherwise
+        torch.set_num_threads(1)
+    else:
+        device, n, c_streams, long_prompt, short_prompt, out_tokens = "cuda", a.streams, a.c_streams, 1024, 128, 128
+        prefix_len, suffix_len, shared_out, shared_streams, positions = 1024, 64, 32, 64, 4096
+        budgets, shape, vocab, c_extra = [int(x) for x in a.budgets.split(",")], {}, 32000, {}
+    limits = {"max_input_len": positions - out_tokens, "max_new_tokens": out_tokens}
+    report: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "shapes": {
+            "long": [long_prompt, out_tokens],
+            "short": [short_prompt, out_tokens],
+            "shared": [prefix_len, suffix_len, shared_out],
+            "max_positions": positions,
+        },
+    }
+
+    def save() -> None:
+        a.json.write_text(json.dumps(report, indent=2))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "llama"
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        report["weight_bytes"] = build_model(
+            model_dir, layers=2 if a.smoke else a.layers, dtype=dtype, device=device, **shape
+        )
+        long_batch = prompts(n, long_prompt, seed=1, vocab=vocab)
+        short_batch = prompts(n, short_prompt, seed=2, vocab=vocab)
+        prefix = prompts(1, prefix_len, seed=3, vocab=vocab)[0]
+        shared = [prefix + s for s in prompts(shared_streams, suffix_len, seed=4, vocab=vocab)]
+        # Chunked prompts: the budget bounds every step, below max_input_len too.
+        base = {"max_batch_size": n, **limits, "enable_chunked_context": True}
+
+        print("(a) long prompts mixed into decode steps; (b) without prefix caching", flush=True)
+        report["a"] = []
+        for i, budget in enumerate(budgets):
+            workloads = [("short", short_batch, out_tokens), ("long", long_batch, out_tokens)]
+            if i == 0:
+                workloads.append(("shared", shared, shared_out))
+            result = asyncio.run(session(model_dir, device, base | {"max_num_tokens": budget}, workloads, log))
+            report["a"].append(result)
+            save()
+
+        print("(b) with prefix caching", flush=True)
+        cached = base | {"max_num_tokens": budgets[0], "enable_kv_cache_reuse": True}
+        workloads = [("cold", shared, shared_out), ("warm", shared, shared_out), ("long", long_batch, out_tokens)]
+        on = asyncio.run(session(model_dir, device, cached, workloads, log))
+        off = report["a"][0]
+        report["b"] = {
+            "off": {"shared": off["shared"]},
+            "on": on,
+            "cold_vs_off": agreement(on["cold"]["generated"], off["shared"]["generated"]),
+            "warm_vs_off": agreement(on["warm"]["generated"], off["shared"]["generated"]),
+            "long_cached_vs_off": agreement(on["long"]["generated"], off["long"]["generated"]),
+        }
+        save()
+
+        print(f"(c) {c_streams} streams with {positions:,}-position limits", flush=True)
+        many = prompts(c_streams, long_prompt, seed=5, vocab=vocab)
+        settings = base | {"max_batch_size": c_streams, "max_num_tokens": budgets[0], **c_extra}
+        c = asyncio.run(session(model_dir, device, settings, [("run", many, out_tokens)], log))
+        stats = c["stats"]
+        pool_tokens = int(stats["kv_cache_max_blocks"] * stats["kv_cache_block_size"])
+        report["c"] = {
+            "session": c,
+            "run": c["run"],
+            "pool_tokens": pool_tokens,
+            "max_positions": positions,
+            "full_length_sequences": pool_tokens // positions,
+            "slots_times_max_length_tokens": c_streams * positions,
+        }
+        save()
+
+    for part in report["a"] + [on, c]:
+        for value in part.values():
+            if isinstance(value, dict):
+                value.pop("generated", None)
+    report["wall_s"] = time.perf_counter() - clock
+    report["targets"] = targets(report)
+    save()
+    print(f"\n{report['device']}, {report['wall_s']:.0f} s; KV pools: " + " | ".join(log.lines), flush=True)
+    print("| workload | budget | tok/s | TTFT p50 / p99 ms | ITL p50 / p90 / p99 ms |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for part in report["a"]:
+        for name in ("short", "long"):
+            r = part[name]
+            print(
+                f"| {name} ({r['streams']} streams) | {part['settings']['max_num_tokens']} | {r['tok_s']:,.0f} | "
+                f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
+                f"{r['itl_p50_ms']:.1f} / {r['itl_p90_ms']:.1f} / {r['itl_p99_ms']:.1f} |"
+            )
+    print("\n| target | figure | |")
+    print("| --- | --- | --- |")
+    for target, figure, verdict in report["targets"]:
+        print(f"| {target} | {figure} | {verdict} |")
+
+
+if __name__ == "__main__":
+    main()
