@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -1157,6 +1158,21 @@ def _render(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def first_level_failed(level: dict[str, Any]) -> str:
+    """One line for a first level whose every request failed: the server's first answer and what to change."""
+    first = next(iter(level["error_samples"]), "no answer")
+    hint = (
+        " (--prompt-tokens and --output-tokens size the requests: keep them within the server's "
+        "option.max_input_len and option.max_output_len)"
+        if first.startswith("HTTP 400")
+        else ""
+    )
+    return (
+        f"every request of the first level (concurrency {level['concurrency']}, {level['errors']} requests) failed, "
+        f"so no other level was run; the first answer: {first}{hint}"
+    )
+
+
 def client_warnings(levels: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in levels:
@@ -1170,6 +1186,20 @@ def client_warnings(levels: list[dict[str, Any]]) -> list[str]:
         if r["errors"]:
             samples = "; ".join(f"{k} (x{v})" for k, v in list(r["error_samples"].items())[:3])
             out.append(f"concurrency {r['concurrency']}: {r['errors']} failed request(s): {samples}")
+        mismatches = r.get("token_count_mismatches")
+        if mismatches:
+            fewer = r["streamed_records"] < r["output_tokens"]
+            why = (
+                "fewer records than tokens: the server sent several tokens in one record (a token ending inside a "
+                "UTF-8 character is held back and sent with the next, and a server that falls behind merges tokens)"
+                if fewer
+                else "more records than tokens: the server sent records that carry no new token"
+            )
+            out.append(
+                f"concurrency {r['concurrency']}: in {mismatches} of {r['ok']} streams the records counted differ "
+                f"from the server's own token count (details.generated_tokens / usage.completion_tokens), {why}; "
+                "tokens/s uses the server's count, ITL and TPOT the records"
+            )
     return out
 
 
@@ -1412,6 +1442,13 @@ def add_subcommand(subparsers) -> argparse.ArgumentParser:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
+        print(
+            f'error: --plot {args.plot} needs matplotlib, which is not installed: pip install "matplotlib>=3.8" '
+            "(or the development install), or leave --plot out",
+            file=sys.stderr,
+        )
+        return 2
     if cfg.client_cpus:
         try:
             os.sched_setaffinity(0, set(cfg.client_cpus))
@@ -1442,6 +1479,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for conc in cfg.concurrency:
             res = run_series(url, cfg, wl, conc, server_pid)
             levels.append(res)
+            if len(levels) == 1 and res["ok"] == 0 and res["errors"]:  # the others would fail alike: say why, once
+                print(f"error: {first_level_failed(res)}", file=sys.stderr)
+                break
             print(
                 f"  concurrency {conc}: {res['output_tokens_per_s']:,.0f} tok/s, {res['requests_per_s']:.1f} req/s, "
                 f"{res['errors']} errors",
@@ -1451,9 +1491,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    print(format_table(levels))
-    for w in client_warnings(levels):
-        print("note: " + w)
+    stopped = len(levels) < len(cfg.concurrency)
+    if not stopped:
+        print(format_table(levels))
+        for w in client_warnings(levels):
+            print("note: " + w)
     if args.json:
         write_json(
             args.json,
@@ -1468,7 +1510,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "levels": levels,
             },
         )
-    if args.plot:
+    if args.plot and not stopped:
         plot_throughput(
             args.plot,
             {args.label: levels},

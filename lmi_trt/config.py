@@ -29,9 +29,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
 
 from lmi_trt.engines.registry import ENGINE_NAMES, ENGINES
-from lmi_trt.errors import LmiError
+from lmi_trt.errors import LmiError, as_written
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
+from lmi_trt.spelling import did_you_mean, within_a_typo
 from lmi_trt.vocabulary import (
     AWQ_BLOCK_SIZES,
     BAICHUAN_VERSIONS,
@@ -60,7 +61,7 @@ class StartupError(ConfigError):
 
     def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
         self.key, self.value, self.problem, self.fix = key, value, problem, fix
-        super().__init__(f"{key}={value!r}: {problem}; {fix}")
+        super().__init__(f"{key}={as_written(value)}: {problem}; {fix}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1484,6 +1485,7 @@ def _settings_from(entries: Iterable[tuple[str, str, str]], origin: str, *, bare
             continue
         spec = _lookup(key, bare_means_option=bare_means_option)
         if spec is None:
+            _refuse_typo(written, key, origin)
             _warn_unknown(written, key, value, origin)
         else:
             out.append(_Setting(written, spec, value, origin))
@@ -1548,6 +1550,31 @@ def _env_settings(env: Mapping[str, str]) -> list[_Setting]:
 def _override_settings(overrides: Mapping[str, str]) -> list[_Setting]:
     # The CLI may leave out "option." (-o max_input_len=2048).
     return _settings_from(((k, k, v) for k, v in overrides.items()), "override", bare_means_option=True)
+
+
+def _refuse_typo(written: str, key: str, origin: str) -> None:
+    """A ConfigError for an unknown key within a typo of a key that has an effect: starting with that key's default
+    instead would hide the mistake. Other unknown keys (another container's, or a typo of a key accepted and
+    ignored or refused anyway, like DJL's SERVING_MIN_WORKERS for minWorkers) are warned about and ignored."""
+    bare = sorted({n.removeprefix("option.") for n, spec in _BY_NAME.items() if not (spec.ignored or spec.refused)})
+    near = within_a_typo(key.removeprefix("option."), bare)
+    if not near:
+        return
+    forms = [(f"option.{n}", n) if key.startswith("option.") else (n, f"option.{n}") for n in near]
+    keys = sorted({_as_written(next(f for f in pair if f in _BY_NAME), origin) for pair in forms})
+    name = written if written == key else f"{written} ({key})"
+    raise ConfigError(
+        f"unknown key {name} ({origin}) is within a typo of {did_you_mean(keys)}: "
+        f"spell it {did_you_mean(keys)}, or remove it"
+    )
+
+
+def _as_written(name: str, origin: str) -> str:
+    """A registry name as its source spells it: the variable for the environment; an alias with its key."""
+    spec = _BY_NAME[name]
+    if origin == "env" and spec.env_names():
+        return spec.env_names()[0]
+    return name if name == spec.key else f"{name} ({spec.key})"
 
 
 def _warn_unknown(written: str, key: str, value: str, origin: str) -> None:

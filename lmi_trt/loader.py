@@ -19,7 +19,7 @@ from lmi_trt.engines.base import Engine
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
-from lmi_trt.sources import ModelArtifact, resolve_model, resolve_tokenizer
+from lmi_trt.sources import ModelArtifact, hub_token, resolve_model, resolve_tokenizer
 from lmi_trt.sources.artifact import is_hf_config
 
 log = logging.getLogger(__name__)
@@ -188,12 +188,14 @@ def _local_folder(name: str, key: str) -> Path | None:
     return None
 
 
-def _hub_config(name: str, key: str, revision: str | None) -> Mapping[str, Any] | None:
-    """config.json of a hub model from the local cache; with HF_HUB_OFFLINE a model not in the cache
-    cannot load, so that is an error now. Online, the download decides (None)."""
+def _hub_config(name: str, key: str, revision: str | None, token: str | None) -> Mapping[str, Any] | None:
+    """config.json of a hub model from the local cache. A model not in the cache cannot load with HF_HUB_OFFLINE, nor
+    where the hub cannot give it (one quick request), so either is an error now; else the download decides (None)."""
     if name.startswith("s3://"):
         return None
     from huggingface_hub import constants, try_to_load_from_cache
+
+    from lmi_trt.sources.hf import hub_problem
 
     try:
         cached = try_to_load_from_cache(name, "config.json", revision=revision)
@@ -201,13 +203,17 @@ def _hub_config(name: str, key: str, revision: str | None) -> Mapping[str, Any] 
         cached = None
     if isinstance(cached, str):
         return _read_json(Path(cached))
-    if not constants.HF_HUB_OFFLINE:
-        return None
     folder = Path(name).resolve()
+    if not constants.HF_HUB_OFFLINE:
+        found = hub_problem(name, revision, token)
+        if found is None:
+            return None
+        problem, fix = found
+        raise StartupError(key, name, f"no such local folder exists ({folder}), and {problem}", fix)
     raise StartupError(
         key,
         name,
-        f"no such folder exists ({folder}), and it is not a Hugging Face model in the local hub cache "
+        f"no such local folder exists ({folder}), and it is not a Hugging Face model in the local hub cache "
         "while HF_HUB_OFFLINE is set",
         "give an existing folder (./path or an absolute path), download the model beforehand "
         f"(`hf download {name}` with the same HF_HOME), or unset HF_HUB_OFFLINE",
@@ -244,6 +250,26 @@ def _check_engine_available(kind: EngineKind) -> None:
         )
 
 
+def _check_device(config: LmiConfig, kind: EngineKind) -> None:
+    """option.device=cuda for an engine that reads it needs a torch that sees a CUDA GPU (else its first tensor
+    fails deep in the load with torch's own assertion)."""
+    if config.device != "cuda" or "device" not in registry.honoured(kind, config):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    raise StartupError(
+        "option.device",
+        "cuda",
+        f"this torch ({torch.__version__}) is a CPU build"
+        if torch.version.cuda is None
+        else f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) sees no CUDA GPU",
+        "set option.device=cpu (or auto: a GPU when torch sees one), or install a CUDA build of torch "
+        "(PyPI's Linux wheels) and give the process a GPU",
+    )
+
+
 def with_backend(config: LmiConfig, artifact_kind: ArtifactKind) -> LmiConfig:
     """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
     a combination this release cannot serve is a StartupError naming option.backend."""
@@ -259,12 +285,13 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
     Returns ``config`` settled for the engine (``registry.settle``), unset limits following the model."""
     _check_engine_available(kind)
     config = registry.settle(config, kind)
+    _check_device(config, kind)
     if not registry.ENGINES[kind].needs_trtllm_gpu or config.backend != "auto":  # else: once the backend is known
         registry.refuse_ignored(kind, config)
     if config.tokenizer_id is not None:
         tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
         if tokenizer is None:
-            _hub_config(config.tokenizer_id, "option.tokenizer_id", config.tokenizer_revision)
+            _hub_config(config.tokenizer_id, "option.tokenizer_id", config.tokenizer_revision, hub_token(config))
     if not registry.ENGINES[kind].uses_model and config.model_id is None and config.model_dir is None:
         return config
     if config.model_id is None:
@@ -275,7 +302,7 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         hf_config = (
             _read_json(folder / "config.json")
             if folder is not None
-            else _hub_config(config.model_id, "option.model_id", config.revision)
+            else _hub_config(config.model_id, "option.model_id", config.revision, hub_token(config))
         )
     if registry.ENGINES[kind].needs_trtllm_gpu and hf_config is not None:  # on TensorRT-LLM, a model read
         # here decides the backend now; one not readable yet (S3, an uncached hub id) is decided by

@@ -14,6 +14,7 @@ needs a GPU and a supported TensorRT-LLM (no download: the model is made up on t
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -156,6 +157,23 @@ async def _serve(engine: Engine, what: str, step) -> None:
         await step("one stream", one_stream)
     finally:
         await engine.close()
+
+
+def unmet_needs(gpu_available: Callable[[], bool] | None = None) -> str | None:
+    """One line saying what this host lacks for the self test and what to run instead; None when it has both."""
+    from lmi_trt.engines.trtllm import cuda_available
+
+    if importlib.util.find_spec("tensorrt_llm") is None:  # said without importing torch for the GPU probe (seconds)
+        lacks = "TensorRT-LLM is not installed"
+    elif not (gpu_available or cuda_available)():
+        lacks = "no CUDA GPU is visible"
+    else:
+        return None
+    return (
+        f"lmi-trt selftest checks TensorRT-LLM on an NVIDIA GPU, and here {lacks}: run it where both "
+        "are, e.g. `docker run --rm --gpus all lmi-trt:trtllm lmi-trt selftest` (docker/README.md); to try the "
+        "embedded torch engine on this host, follow README.md's Quick start"
+    )
 
 
 def run_selftest(

@@ -14,10 +14,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 VOCAB = 512
 SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# ChatML turns; with tools, a Hermes-style tool-use template (the format Hermes 2 Pro and Qwen 2.5 document: tools
+# listed in a system turn, calls as <tool_call>{"name", "arguments"}</tool_call>, results in <tool_response>), so
+# OpenAI tool calls can be tried on the tiny model. Without tools it renders exactly the plain ChatML turns.
+CHAT_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+<tools>{% for t in tools %}{{ t.function.name }}{{ (t.function.parameters or {}).properties | default({}) | tojson }}
+{%- endfor %}</tools>
+<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == "assistant" and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == "tool" %}<|im_start|>user
+<tool_response>{{ m.content }}</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
 
 # Multi-byte text on purpose: the detokenizer must never split a character.
 CORPUS = [
@@ -126,6 +144,8 @@ def build_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
     """Write a tiny ``arch`` model plus the shared tokenizer into ``out_dir``; return it."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
+        if _saved_template(out_dir) != CHAT_TEMPLATE:  # a folder made before the template changed
+            build_tokenizer(out_dir)
         return out_dir
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -142,6 +162,15 @@ def build_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
     model.save_pretrained(str(out_dir))
     build_tokenizer(out_dir)
     return out_dir
+
+
+def _saved_template(model_dir: Path) -> str | None:
+    """The chat template saved beside a tokenizer (its own file in newer transformers, else tokenizer_config)."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    config = model_dir / "tokenizer_config.json"
+    return json.loads(config.read_text()).get("chat_template") if config.exists() else None
 
 
 def cache_root() -> Path:

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FAKES = Path(__file__).parent / "fakes"
+# On PYTHONPATH before FAKES: lmi-trt processes take the GPU check as passed (fake_gpu/sitecustomize.py).
+FAKE_GPU = Path(__file__).parent / "fake_gpu"
 
 
 @contextmanager

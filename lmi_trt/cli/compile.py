@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from lmi_trt.compile.errors import BuildError, CacheError, PlanError
 from lmi_trt.compile.probe import detect_gpu, detect_trtllm_version
 
-from .flags import add_config_flags, load_compile_job
+from .flags import add_config_flags, fitted_job, load_compile_job
 from .target import add_target_flags, checkpoint_backend, release_facts, target_gpu
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str)
     gpu, _ = target_gpu(args, detected)
     check_output(args.output)
     artifact = resolve_model(config)
+    config, job = fitted_job(config, artifact.hf_config)
     prepared = compile_to(
         job, artifact, args.output, gpu=gpu, trtllm_version=version, progress=lambda msg: log.info("compile: %s", msg)
     )

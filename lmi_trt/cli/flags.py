@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lmi_trt.engines.registry import ENGINE_NAMES
+
+if TYPE_CHECKING:
+    from lmi_trt.compile.jit import CompileJob
 
 DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 
@@ -64,4 +69,14 @@ def load_compile_job(args: argparse.Namespace):
     from lmi_trt.engines import registry
 
     config = registry.settle(load_cli_config(args), registry.COMPILING_ENGINE)
+    return config, registry.compile_job(config)
+
+
+def fitted_job(config: Any, model_config: Mapping[str, Any] | None) -> tuple[Any, CompileJob]:
+    """``config`` with unset max_input_len / max_output_len fitted to the model's config.json as ``serve`` fits
+    them (one function for both: ``loader.fit_lengths``), and its CompileJob."""
+    from lmi_trt.engines import registry
+    from lmi_trt.loader import fit_lengths
+
+    config = fit_lengths(config, model_config, registry.COMPILING_ENGINE)
     return config, registry.compile_job(config)

@@ -16,7 +16,7 @@ from lmi_trt.compile.plan import check_fits
 from lmi_trt.compile.probe import detect_gpu, detect_trtllm_version
 from lmi_trt.vocabulary import quantization_name
 
-from .flags import add_config_flags, load_compile_job
+from .flags import add_config_flags, fitted_job, load_compile_job
 from .target import DEFAULT_PLAN_TRTLLM_VERSION, add_target_flags, checkpoint_backend, target_gpu
 
 MAX_TP_ASSUMED_GPUS = 8  # tensor_parallel_degree=max on an assumed host: one 8-GPU node
@@ -158,6 +158,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "is already a TensorRT-LLM engine",
                 "Serve it as it is; plan the HF checkpoint it was built from",
             )
+        config, job = fitted_job(config, model_config)
         checkpoint = "architecture" in model_config and "architectures" not in model_config
         gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
         version = args.trtllm_version or detect_trtllm_version()

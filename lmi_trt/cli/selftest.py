@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -20,6 +21,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from lmi_trt.selftest import run_selftest
+    from lmi_trt import selftest
 
-    return 0 if run_selftest(backend=args.backend) else 1
+    unmet = selftest.unmet_needs()
+    if unmet is not None:  # one line, not a FAIL step after imports and a model written for nothing
+        print(f"error: {unmet}", file=sys.stderr)
+        return 2
+    return 0 if selftest.run_selftest(backend=args.backend) else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmi_trt.errors import LmiError
+from lmi_trt.errors import LmiError, as_written
 
 
 class PlanError(LmiError, ValueError):
@@ -12,7 +12,7 @@ class PlanError(LmiError, ValueError):
 
     def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
         self.key, self.value, self.problem, self.fix = key, value, problem, fix
-        super().__init__(f"{key}={value!r}: {problem}. {fix}")
+        super().__init__(f"{key}={as_written(value)}: {problem}. {fix}")
 
 
 class BuildError(LmiError, RuntimeError):

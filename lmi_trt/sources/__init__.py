@@ -38,6 +38,7 @@ __all__ = [
     "detect_artifact",
     "download_hub",
     "download_s3",
+    "hub_token",
     "local_fingerprint",
     "parse_s3_uri",
     "resolve_model",
@@ -53,7 +54,7 @@ def _looks_like_path(model_id: str) -> bool:
     return model_id.startswith(("/", "./", "../", "~", ".\\")) or model_id in (".", "..")
 
 
-def _token(config: LmiConfig) -> str | None:
+def hub_token(config: LmiConfig) -> str | None:
     return config.hf_token.get_secret_value() if config.hf_token is not None else None
 
 
@@ -90,7 +91,7 @@ def _fetch(
         name,
         revision=(config.tokenizer_revision if tokenizer_only else None)
         or (config.revision if name == config.model_id else None),
-        token=_token(config),
+        token=hub_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
         key="option.tokenizer_id" if tokenizer_only else "option.model_id",

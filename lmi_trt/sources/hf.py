@@ -162,6 +162,41 @@ def _explain(repo_id: str, revision: str | None, error: Exception, key: str) -> 
     return SourceError(f"{key} {repo_id!r}{rev}: hub download failed: {type(error).__name__}: {error}")
 
 
+# One metadata request before a download: an unreachable hub then costs one line within seconds, not
+# huggingface_hub's retries of every file request (5 with backoff, ~35 s, each logged).
+HUB_CHECK_TIMEOUT_S = 5.0
+
+
+def hub_problem(
+    repo_id: str, revision: str | None, token: str | None, timeout: float = HUB_CHECK_TIMEOUT_S
+) -> tuple[str, str] | None:
+    """Why the hub cannot give ``repo_id`` (the problem, the fix), from one request without retries; None when
+    it can, or when only the download can tell (the hub answered an error of its own, e.g. a 5xx)."""
+    from huggingface_hub import constants
+
+    rev = f" at revision {revision!r}" if revision else ""
+    try:
+        HfApi(token=token).model_info(repo_id, revision=revision, timeout=timeout)
+    except HFValidationError as e:
+        return f"it is not a valid Hugging Face repo id either ({e})", "give an existing folder (./path or /path)"
+    except RepositoryNotFoundError:
+        return (
+            f"the Hugging Face hub has no model {repo_id!r} (or it is private)",
+            "give an existing folder (./path or /path), fix the id, or set HF_TOKEN to a token that can read it",
+        )
+    except RevisionNotFoundError:
+        return f"the Hugging Face hub has no revision {revision!r} of {repo_id!r}", "fix option.revision"
+    except HfHubHTTPError:
+        return None
+    except Exception as e:  # noqa: BLE001 - the transport's errors: requests' in huggingface_hub 0.x, httpx's later
+        return (
+            f"the Hugging Face hub ({constants.ENDPOINT}) cannot be reached{rev} ({type(e).__name__}: {e})",
+            "give an existing folder (./path or /path), check the network and HF_ENDPOINT, or download the model "
+            f"beforehand (`hf download {repo_id}`) and set HF_HUB_OFFLINE=1",
+        )
+    return None
+
+
 def download_hub(
     repo_id: str,
     *,

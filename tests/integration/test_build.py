@@ -308,6 +308,20 @@ def test_plan_command_json_and_text(tiny, capsys):
     assert "--gpu h100" in text  # the assumption is stated
 
 
+def test_plan_fits_unset_lengths_to_the_model_as_serve_does(tiny, capsys):
+    """The tiny model has 512 positions, fewer than the 1024 + 512 defaults: plan follows the model with serve's own
+    function (loader.fit_lengths), as serve does (test_first_run: 384 + 128), where it failed on the defaults."""
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.loader import preflight
+
+    assert _cli("plan", "--model-id", str(tiny), "--json", "--gpu", "h100") == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    served = preflight(LmiConfig(model_id=str(tiny), rolling_batch="torch"), "torch")
+    assert (
+        (plan["max_input_len"], plan["max_output_len"]) == (served.max_input_len, served.max_output_len) == (384, 128)
+    )
+
+
 def test_plan_command_needs_only_config_json_and_reports_what_does_not_fit(tmp_path, capsys):
     model = tmp_path / "mixtral"  # config.json only: no weights, no tokenizer
     model.mkdir()

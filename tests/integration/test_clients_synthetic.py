@@ -133,6 +133,18 @@ def test_huggingface_hub_text_generation_stream_with_details(srv, tok, hf_online
     assert client.text_generation("ab", max_new_tokens=echo_len(tok, "ab")) == "ab"
 
 
+@pytest.mark.parametrize("path", ["", "/generate"])
+def test_huggingface_hub_streams_from_the_root_or_generate_url(srv, tok, hf_online, path):
+    """InferenceClient posts {"inputs", "parameters", "stream": true} to the URL it is given and reads SSE; at
+    /generate that returned [] silently, as the route answered JSON (TGI's POST / follows "stream")."""
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=srv.url + path)
+    n = echo_len(tok, "ab")
+    assert "".join(client.text_generation("ab", max_new_tokens=n, stream=True)) == "ab"
+    assert client.text_generation("ab", max_new_tokens=n) == "ab"
+
+
 def test_huggingface_hub_errors_and_chat_completion(srv, tok, hf_online):
     from huggingface_hub import InferenceClient
     from huggingface_hub.errors import ValidationError

@@ -124,10 +124,9 @@ def test_lmi_trt_serve_starts_from_djls_properties_and_answers(hf_dir, tmp_path)
 @pytest.mark.parametrize(
     ("changes", "release", "named"),
     [
-        # the torch engine has no host KV-cache tier (a file with the DJL key alone on it); enable_block_reuse: its
-        # decode loop honours it (prefix caching)
+        # the torch engine has no host offload for its KV cache (a file with the DJL key alone on it)
         (
-            {"text": "option.model_id={model}\noption.rolling_batch=torch\noption.host_cache_size=1024"},
+            {"text": "option.model_id={model}\noption.rolling_batch=torch\noption.host_cache_size=1048576"},
             None,
             "option.host_cache_size",
         ),

@@ -39,6 +39,13 @@ def _start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> sub
     )
 
 
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound and released: connecting to it is refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _one_line_exit_2(proc: subprocess.CompletedProcess) -> str:
     out = proc.stdout + proc.stderr
     errors = [line for line in out.splitlines() if " ERROR " in line]
@@ -59,6 +66,9 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess) -> str:
         "trtllm_no_gpu",
         "lengths_over_positions",
         "input_over_positions",
+        "hub_unreachable",
+        "device_cuda_without_cuda",
+        "key_typo",
     ],
 )
 def test_what_can_be_checked_before_loading_fails_with_one_line_and_exit_2(case, llama, tmp_path):
@@ -67,7 +77,7 @@ def test_what_can_be_checked_before_loading_fails_with_one_line_and_exit_2(case,
         "bare_relative_path": (
             ["--model-id", "models/no-such-model"],
             {},
-            ["option.model_id", "no such folder exists", "hub cache", "HF_HUB_OFFLINE"],
+            ["option.model_id", "no such local folder exists", "hub cache", "HF_HUB_OFFLINE"],
         ),
         "hub_id_offline": (
             ["--model-id", "acme/not-downloaded"],
@@ -95,10 +105,50 @@ def test_what_can_be_checked_before_loading_fails_with_one_line_and_exit_2(case,
             {},
             ["option.max_input_len=512", "512 positions"],
         ),
+        # Online, a hub that cannot be reached: one request decides (it took 35 s of retries and 224 lines).
+        "hub_unreachable": (
+            ["--model-id", "models/no-such-model"],
+            {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "", "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"},
+            [
+                "option.model_id='models/no-such-model'",
+                "no such local folder exists",
+                "cannot be reached",
+                "HF_ENDPOINT",
+            ],
+        ),
+        # This machine's torch is a CPU build (it ended in torch's own AssertionError after the load).
+        "device_cuda_without_cuda": (
+            ["--model-id", str(llama), "-o", "option.device=cuda"],
+            {},
+            ["option.device='cuda'", "set option.device=cpu"],
+        ),
+        "key_typo": (
+            ["--model-id", str(llama), "-o", "option.max_imput_len=100"],
+            {},
+            ["option.max_imput_len", "within a typo of option.max_input_len"],
+        ),
     }[case]
     line = _one_line_exit_2(_start(args, tmp_path, env))
     for text in expect:
         assert text in line, line
+
+
+def test_without_xgrammar_structured_output_is_a_400_naming_the_install_and_start_up_says_so(llama, tmp_path):
+    """A Python where xgrammar cannot be imported (sys.modules["xgrammar"] = None, as importlib reads a module that
+    is not there): the torch engine logs that constrained decoding is off, and response_format is a 400 with the pip
+    command, not "serve with option.rolling_batch=torch" (the engine already running)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('import sys\nsys.modules["xgrammar"] = None\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    args = ["--model-id", str(llama), "--engine", "torch", "-o", "max_input_len=64", "-o", "max_output_len=16"]
+    with serve(args, tmp_path, env=env) as srv:
+        body = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}
+        r = srv.post("/v1/chat/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+        message = r.json()["error"]["message"]
+        assert 'pip install "xgrammar>=0.1.21"' in message and "rolling_batch" not in message, message
+        assert "constrained decoding is off" in srv.log()
 
 
 def test_port_in_use_is_one_line_naming_port(llama, tmp_path):

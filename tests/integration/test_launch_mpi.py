@@ -18,7 +18,7 @@ import pytest
 import requests
 from cliserver import free_port
 from tinymodels import tiny_model
-from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
+from trtllm_testing import FAKE_GPU, FAKES, fake_tensorrt_llm, make_engine_dir
 
 # The waits below (readiness, then END_S for the job to end) are bounds that hold under load; the
 # per-test limit covers both.
@@ -30,12 +30,6 @@ if shutil.which("mpiexec", path=str(BIN)) is None:
 
 READY_S = 90.0  # two ranks importing torch on a shared 2-core machine
 END_S = 180.0  # the job must be gone this long after a stop or a failure (a bound that holds under load)
-
-# The one hardware seam, in every process of the job: this machine has no GPU, the fake Executor needs none.
-SITECUSTOMIZE = """\
-import lmi_trt.engines.trtllm as _trt
-_trt.cuda_available = lambda: True
-"""
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +51,8 @@ def engine_dir(hf_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def site_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("site")
-    (d / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    return d
+def site_dir():
+    return FAKE_GPU  # the one hardware seam, in every process of the job: this machine has no GPU
 
 
 def _env(site_dir: Path) -> dict[str, str]:

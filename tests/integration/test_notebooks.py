@@ -1,21 +1,21 @@
 """The deployment notebooks, executed headless (nbclient) in their local mode: moto for SageMaker and
 S3, a local ``lmi-trt serve`` for the endpoint (through its SageMaker runtime routes), the fake
-TensorRT-LLM for the ahead-of-time compile. Parameters are injected after the ``parameters`` cell,
-as papermill does."""
+TensorRT-LLM for the ahead-of-time compile. notebooks/run_local.py runs them (README.md's local runs use it too):
+its local parameters, then the test's, are injected after the ``parameters`` cell, as papermill does."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from tinymodels import tiny_model
-from trtllm_testing import FAKES
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("sagemaker")
 pytest.importorskip("moto")
@@ -23,9 +23,8 @@ pytest.importorskip("moto")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-CELL_TIMEOUT_S = 120
-# The one hardware seam for the served fake TensorRT-LLM engine: this machine has no GPU.
-SITECUSTOMIZE = "import lmi_trt.engines.trtllm as _trt\n_trt.cuda_available = lambda: True\n"
+sys.path.insert(0, str(NOTEBOOKS))
+import run_local  # noqa: E402 - notebooks/run_local.py: what README's local runs use, parameters and all
 
 
 def _processes_under(folder: Path) -> list[int]:
@@ -44,19 +43,10 @@ def _processes_under(folder: Path) -> list[int]:
 
 
 def run_notebook(name: str, tmp_path: Path, **params) -> dict:
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in params.items()))
-    injected.metadata["tags"] = ["injected-parameters"]
-    nb.cells.insert(at + 1, injected)
     workdir = Path(params["workdir"])
-    client = nbclient.NotebookClient(
-        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
     try:
-        client.execute()
+        nb = run_local.execute(name, {**run_local.LOCAL[name], **params}, tmp_path / name, cwd=tmp_path)
     finally:
-        nbformat.write(nb, tmp_path / name)  # the executed notebook, for a failure's post-mortem
         leftovers = _processes_under(workdir)
         for pid in leftovers:  # a failed run leaves its server behind; stop only what it started
             try:
@@ -93,7 +83,6 @@ def test_sagemaker_deploy(tmp_path):
     nb = run_notebook(
         "sagemaker_deploy.ipynb",
         tmp_path,
-        mode="local",
         local_model_dir=str(tiny_model("llama")),
         workdir=str(tmp_path / "work"),
         **SMALL,
@@ -113,7 +102,6 @@ def test_local_docker(tmp_path):
     nb = run_notebook(
         "local_docker.ipynb",
         tmp_path,
-        mode="local",
         model_id=str(tiny_model("llama")),
         workdir=str(tmp_path / "work"),
         **SMALL,
@@ -130,18 +118,12 @@ def test_local_docker(tmp_path):
 
 
 def test_aot_compile(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     t0 = time.monotonic()
     nb = run_notebook(
         "aot_compile.ipynb",
         tmp_path,
-        mode="local",
         local_model_dir=str(tiny_model("llama")),
-        local_pythonpath=os.pathsep.join([str(site), str(FAKES)]),
         workdir=str(tmp_path / "work"),
-        max_batch_size=4,
         **SMALL,
     )
     listing = outputs(nb, "list_objects_v2")

@@ -1,7 +1,7 @@
 """Tool calls with the real ``openai`` client against the server as a process (torch engine, tiny Llama).
 
-The chat template is a Hermes-style one (the format Hermes 2 Pro and Qwen 2.5 document: tools listed in
-the system turn, calls as ``<tool_call>{"name", "arguments"}</tool_call>``, results in ``<tool_response>``).
+The tiny model's own chat template is a Hermes-style one (``tinymodels.CHAT_TEMPLATE``: tools listed in the
+system turn, calls as ``<tool_call>{"name", "arguments"}</tool_call>``, results in ``<tool_response>``).
 The model is random: only constrained decoding makes a named or required call's arguments valid for the
 function's schema, so every call here must validate.
 """
@@ -17,25 +17,6 @@ from tinymodels import tiny_model
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-<tools>{% for t in tools %}{{ t.function.name }}{{ t.function.parameters.properties | tojson }}{% endfor %}</tools>
-<|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == "assistant" and m.tool_calls %}<|im_start|>assistant
-{% for c in m.tool_calls %}<tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif m.role == "tool" %}<|im_start|>user
-<tool_response>{{ m.content }}</tool_response><|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
 PARAMS = {
     "type": "object",
     "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -50,8 +31,6 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tools")
-    template = tmp / "hermes.jinja"
-    template.write_text(TEMPLATE)
     with serve(
         [
             "--engine",
@@ -64,8 +43,6 @@ def srv(tmp_path_factory):
             "option.max_input_len=448",
             "-o",
             "option.max_output_len=64",
-            "-o",
-            f"option.chat_template={template}",
             "-o",
             "option.enable_auto_tool_choice=true",
         ],

@@ -422,9 +422,12 @@ def test_selftest_goes_through_lmi_trt_compile_and_exits_by_its_result(trt, tmp_
     assert main(["selftest", "--backend", "tensorrt"]) == 1
 
 
-def test_selftest_exits_non_zero_when_it_fails(tmp_path):
-    """Through the command as a process: the fake TensorRT-LLM, no GPU here → FAIL, exit status 1."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")])}
+@pytest.mark.parametrize("with_trtllm", [True, False])
+def test_selftest_on_a_host_without_a_gpu_or_tensorrt_llm_says_what_it_needs_in_one_line(tmp_path, with_trtllm):
+    """Through the command as a process, on this machine (no GPU), with the fake TensorRT-LLM or none: one line
+    naming what is missing and what to run instead, exit status 2 (it printed a FAIL step before)."""
+    path = [str(FAKES)] if with_trtllm else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "lmi_trt", "selftest"],
         env=env,
@@ -433,5 +436,8 @@ def test_selftest_exits_non_zero_when_it_fails(tmp_path):
         text=True,
         timeout=300,
     )
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "FAIL  TensorRT-LLM and a GPU" in done.stdout and done.stdout.rstrip().endswith("selftest FAILED")
+    out = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and "\n" not in out, out
+    missing = "no CUDA GPU is visible" if with_trtllm else "TensorRT-LLM is not installed"
+    assert out.startswith("error: lmi-trt selftest checks TensorRT-LLM on an NVIDIA GPU") and missing in out, out
+    assert "lmi-trt:trtllm lmi-trt selftest" in out and "Quick start" in out, out

@@ -379,11 +379,43 @@ def test_bench_duration_mode_plot_and_client_procs(bare_server, tmp_path):
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bench_reports_http_errors(bare_server, tmp_path):
+def test_bench_reports_http_errors_and_stops_after_a_first_level_that_failed_whole(bare_server, tmp_path, capsys):
+    """Every request of the first level failed: the others would too, so one line says why and the run ends
+    (it ran every level, printed the table and ended in the plot)."""
     out = tmp_path / "r.json"
     rc = bench.main(
-        ["--url", bare_server.url + "/nope", "-c", "1", "-n", "2", "--output-tokens", "2", "--json", str(out)]
+        ["--url", bare_server.url + "/nope", "-c", "1,2,4", "-n", "2", "--output-tokens", "2", "--json", str(out)]
     )
     assert rc == 1
-    r = json.loads(out.read_text())["levels"][0]
+    levels = json.loads(out.read_text())["levels"]
+    assert len(levels) == 1, levels
+    r = levels[0]
     assert r["ok"] == 0 and r["errors"] == 2 and any("HTTP 404" in k for k in r["error_samples"])
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith("error: every request of the first level (concurrency 1, 2 requests) failed")
+    assert "HTTP 404" in captured.err
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_the_run(bare_server, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what importlib sees where it is not installed
+    rc = bench.main(["--url", bare_server.url, "-c", "1", "-n", "2", "--plot", str(tmp_path / "p.png")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and 'pip install "matplotlib>=3.8"' in err, err
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_a_note_says_when_streamed_records_and_the_servers_count_differ():
+    level = {
+        "concurrency": 16,
+        "ok": 128,
+        "errors": 0,
+        "client_cpu_cores": 0.1,
+        "client_procs": 1,
+        "token_count_mismatches": 123,
+        "streamed_records": 7000,
+        "output_tokens": 8000,
+    }
+    (note,) = bench.client_warnings([level])
+    assert note.startswith("concurrency 16: in 123 of 128 streams the records counted differ")
+    assert "fewer records than tokens" in note and "UTF-8" in note

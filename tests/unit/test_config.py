@@ -65,10 +65,11 @@ def test_option_env_sets_the_key(tmp_path):
     assert (config.max_input_len, config.rolling_batch) == (2048, "torch")
 
 
-def test_mixed_case_option_env_is_not_lowercased(tmp_path, config_log):
-    config = load(tmp_path, env={"OPTION_Max_Input_Len": "2048"})
-    assert config.max_input_len == 1024
-    assert "option.Max_Input_Len" in config_log.text
+def test_mixed_case_option_env_is_not_lowercased(tmp_path):
+    """DJL's rule keeps the case (option.Max_Input_Len is not option.max_input_len); being a typo of that key, it
+    stops startup naming the variable to set rather than start with the default."""
+    with pytest.raises(ConfigError, match=r"OPTION_Max_Input_Len \(option.Max_Input_Len\).*OPTION_MAX_INPUT_LEN"):
+        load(tmp_path, env={"OPTION_Max_Input_Len": "2048"})
 
 
 def test_option_engine_sets_engine_and_mpi_mode(tmp_path):
@@ -519,7 +520,6 @@ def test_cross_field_combinations_that_work(tmp_path):
             "(env) is ignored; did you mean option.kv_cache_free_gpu_mem_fraction?",
         ),
         ({"SERVING_JOB_QUEUE": "5"}, "", None, "did you mean job_queue_size?"),
-        ({}, "", {"option.max_bach_size": "5"}, "did you mean option.max_batch_size (option.max_rolling_batch_size)?"),
         (
             {},
             "option.zzzz=1\n",
@@ -533,6 +533,60 @@ def test_unknown_keys_warn_with_the_nearest_key(tmp_path, caplog, env, text, ove
     assert config.max_input_len == 1024
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert expected in "\n".join(warnings)
+
+
+@pytest.mark.parametrize(
+    "env, text, overrides, expected",
+    [
+        ({}, "option.max_imput_len=100\n", None, "option.max_imput_len (serving.properties) is within a typo of "
+         "option.max_input_len: spell it option.max_input_len"),
+        ({}, "", {"option.max_bach_size": "5"}, "within a typo of option.max_batch_size"),
+        ({}, "", {"max_ouput_len": "5"}, "unknown key max_ouput_len (override) is within a typo of "
+         "option.max_output_len"),
+        ({"OPTION_TENSOR_PARALEL_DEGREE": "2"}, "", None, "spell it OPTION_TENSOR_PARALLEL_DEGREE"),
+        ({}, "option.rolling_bach=torch\n", None, "option.rolling_batch"),
+    ],
+)  # fmt: skip
+def test_a_key_within_a_typo_of_a_known_key_stops_startup_naming_it(tmp_path, env, text, overrides, expected):
+    """Starting with the default instead would hide the mistake (the key looked set, and was not)."""
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, "option.model_id=x\n" + text, env=env, overrides=overrides)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+# Keys and variables DJL-Serving's LMI documentation uses (deepjavalibrary/djl-serving serving/docs/lmi/**/*.md and
+# serving/docs/*.md, snapshot of 2026-06-24) that lmi-trt does not know: another container's keys, warned about and
+# ignored, never taken for typos (SERVING_MIN_WORKERS is DJL's variable for minWorkers, which is accepted).
+DJL_KEYS_UNKNOWN_HERE = [
+    "option.async_mode", "option.cpu_offload_gb", "option.cpu_offload_gb_per_gpu", "option.enable_lora",
+    "option.enable_prefix_caching", "option.enable_streaming", "option.gpu_memory_utilization",
+    "option.kv_transfer_config", "option.limit_mm_per_prompt", "option.long_lora_scaling_factors",
+    "option.lora_extra_vocab_size", "option.low_cpu_mem_usage", "option.max_cpu_loras", "option.max_lora_rank",
+    "option.max_loras", "option.max_model_len", "option.max_num_batched_tokens", "option.normalize",
+    "option.parallel_loading", "option.quantization", "option.speculative_config", "option.task",
+    "option.tokenizer_mode", "option.save_mp_checkpoint_path", "option.speculative_draft_model",
+]  # fmt: skip
+DJL_VARIABLES_UNKNOWN_HERE = [
+    "OPTION_DEVICE_MAP", "OPTION_ENABLE_EXPERT_PARALLEL", "OPTION_ENABLE_STATEFUL_SESSIONS", "OPTION_ENTRY_POINT",
+    "OPTION_FULLY_SHARDED_LORAS", "OPTION_LMCACHE_AUTO_CONFIG", "OPTION_LMCACHE_CONFIG_FILE", "OPTION_LORA_DTYPE",
+    "OPTION_MODEL_FORMAT", "OPTION_SESSIONS_EXPIRATION", "OPTION_SESSIONS_PATH", "OPTION_SKOPS_TRUSTED_TYPES",
+    "OPTION_TRUST_INSECURE_MODEL_FILES", "OPTION_USE_PASSIVE_WORKERS", "SERVING_CACHE_BATCH",
+    "SERVING_CACHE_MULTITENANT", "SERVING_DDB_CACHE", "SERVING_DDB_TABLE_NAME", "SERVING_FAIL_FAST",
+    "SERVING_HEALTH_CHECK_OVERRIDE", "SERVING_LOAD_MODEL", "SERVING_MAX_WORKERS", "SERVING_MEMORY_CACHE_CAPACITY",
+    "SERVING_MIN_WORKERS", "SERVING_OPTS", "SERVING_PROMETHEUS", "SERVING_RETRY_THRESHOLD", "SERVING_VERSION",
+]  # fmt: skip
+
+
+def test_djl_keys_this_server_does_not_know_are_not_taken_for_typos(tmp_path, caplog):
+    known = {name for spec in REGISTRY for name in (spec.key, *spec.aliases)}
+    keys = [k for k in DJL_KEYS_UNKNOWN_HERE if k not in known]  # those not declared since
+    variables = [v for v in DJL_VARIABLES_UNKNOWN_HERE if env_key(v) not in known]
+    assert keys and variables
+    text = "".join(f"{key}=1\n" for key in keys)
+    load(tmp_path, "option.model_id=x\n" + text, env={var: "1" for var in variables})
+    warned = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    for name in keys + variables:
+        assert f"unknown key {name}" in warned, name
 
 
 def test_nearest_key():
@@ -748,10 +802,12 @@ def test_secret_values_are_masked_in_errors(tmp_path):
     assert "tok_a" not in str(info.value) and "tok_b" not in str(info.value)
 
 
-def test_secret_values_are_masked_in_warnings(tmp_path, caplog):
-    load(tmp_path, env={"OPTION_HF_TOKEN_X": "tok_c"}, overrides={"option.hf_tokn": "tok_e"})
-    assert "OPTION_HF_TOKEN_X" in caplog.text and "option.hf_tokn" in caplog.text
-    assert "tok_c" not in caplog.text and "tok_e" not in caplog.text
+def test_secret_values_are_masked_in_warnings_and_left_out_of_errors(tmp_path, caplog):
+    load(tmp_path, env={"OPTION_HF_TOKEN_EXTRA": "tok_c"})
+    assert "OPTION_HF_TOKEN_EXTRA" in caplog.text and "tok_c" not in caplog.text
+    with pytest.raises(ConfigError) as err:  # a typo of option.hf_token: refused, and its value never shown
+        load(tmp_path, overrides={"option.hf_tokn": "tok_e"})
+    assert "option.hf_tokn" in str(err.value) and "tok_e" not in str(err.value) + caplog.text
 
 
 # ------------------------------------------------------------------ README table

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from lmi_trt.config import REGISTRY, StartupError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lmi_trt"
@@ -57,3 +59,19 @@ def test_startup_error_names_key_value_problem_and_fix():
     )
     assert str(e) == "option.max_input_len=600: the model has 512 positions; set it below 512"
     assert isinstance(e, ValueError)
+
+
+def test_a_value_is_shown_as_written_not_as_its_python_enum():
+    """option.quantize=fp8 on the torch engine said option.quantize=<Quantization.FP8: 'fp8'>."""
+    from lmi_trt.compile.errors import PlanError
+    from lmi_trt.config import LmiConfig, Quantization
+    from lmi_trt.engines import registry
+
+    for error in (
+        StartupError("option.quantize", Quantization.FP8, "p", "f"),
+        PlanError("option.quantize", Quantization.FP8, "p", "f"),
+    ):
+        assert str(error).startswith("option.quantize='fp8': p"), str(error)
+    config = registry.settle(LmiConfig(quantize="fp8"), "torch")
+    with pytest.raises(StartupError, match=r"^option\.quantize='fp8': the torch engine does not use it"):
+        registry.refuse_ignored("torch", config)

@@ -49,3 +49,24 @@ def test_the_test_extra_has_what_the_notebook_and_plot_tests_import():
                 pending.extend(re.search(r"\[(.*)\]", spec).group(1).split(","))
             names.add(name)
     assert {"nbformat", "nbclient", "ipykernel", "matplotlib", "sagemaker", "moto"} <= names
+
+
+def test_the_quick_start_install_has_constrained_decoding():
+    """`-e .` installs xgrammar (response_format, tool_choice, TGI grammar failed with a 400 after the Quick start),
+    at the floor the torch engine's 400 and start-up notice name when it is missing."""
+    import tomllib
+
+    from lmi_trt.engines.torch.engine import XGRAMMAR_MISSING
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (xgrammar,) = [d for d in dependencies if d.startswith("xgrammar")]
+    assert f'pip install "{xgrammar}"' in XGRAMMAR_MISSING
+
+
+def test_the_quick_start_says_what_the_installs_share_and_what_pytest_needs():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme[readme.index("## Quick start") : readme.index("## Configuration")]
+    installs = quick[quick.index("To develop") : quick.index("Get a model folder")]
+    assert "same `.venv`" in installs
+    before_pytest = quick[: quick.index("```bash\npytest\n```")].rstrip()
+    assert "need the development install" in before_pytest[before_pytest.rindex("\n\n") :]

@@ -159,11 +159,6 @@ async def test_chat_stream_sse_usage_and_logprobs():
             "tools",
             "function.name",
         ),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"},
-            "tools",
-            "does not render tools",
-        ),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
         ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
@@ -186,6 +181,15 @@ async def test_chat_refusals_in_openai_shape(body, param, words):
         assert status == 400, raw
         assert err["param"] == param and words in err["message"]
         assert err["type"] == "invalid_request_error" and err["code"] == 400
+
+
+async def test_tools_with_a_template_that_leaves_them_out_is_400_naming_tools():
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    async with serve(LmiConfig(chat_template=plain)) as (s, _):
+        body = {"model": "tiny", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}
+        status, _, raw = await post(s, "/v1/chat/completions", {**body, "tool_choice": "none"})
+        err = orjson.loads(raw)["error"]
+        assert status == 400 and err["param"] == "tools" and "does not render tools" in err["message"], raw
 
 
 async def test_chat_without_a_template_is_400_and_option_chat_template_fixes_it():

@@ -70,8 +70,10 @@ from .decode_loop import DecodeLoopBackend, choose_decode_loop
 from .sampler import sample_next_tokens
 from .static import StaticBackend
 
-# Constrained decoding needs xgrammar (the torch extra); without it such requests get a 400.
+# Constrained decoding needs xgrammar, a dependency of lmi-trt; a Python without it (an install with --no-deps, an
+# image that removed it) answers such requests with a 400 that says how to install it, and start() logs it.
 _HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
+XGRAMMAR_MISSING = 'xgrammar is not installed here: pip install "xgrammar>=0.1.21" and restart the server'
 
 log = logging.getLogger(__name__)
 
@@ -275,9 +277,7 @@ class TorchEngine:
             logit_bias=can(),
             guided=can()
             if _HAS_XGRAMMAR
-            else cannot(
-                "the torch engine constrains decoding with xgrammar, which is not installed (pip install xgrammar)"
-            ),
+            else cannot(f"the torch engine constrains decoding with xgrammar, and {XGRAMMAR_MISSING}"),
             # its own sampler applies them all (gpu_sampler.py, sampler.py)
             **dict.fromkeys(SAMPLING_FEATURES, can()),
         )
@@ -292,6 +292,12 @@ class TorchEngine:
         self._loop = asyncio.get_running_loop()
         self._backend = await asyncio.to_thread(self._load)
         self.batching = self._backend.name
+        if not _HAS_XGRAMMAR:
+            log.warning(
+                "constrained decoding is off (OpenAI response_format and tool_choice required/named, TGI grammar, "
+                "LMI guided_json/regex/grammar answer 400): %s",
+                XGRAMMAR_MISSING,
+            )
         self._healthy = True
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:

@@ -23,6 +23,7 @@ from lmi_trt.serving.core import (
 )
 from lmi_trt.serving.errors import BadRequest, FieldError, LmiHttpError
 from lmi_trt.serving.http import CONTEXT, json_response, load_json, read_body
+from lmi_trt.spelling import did_you_mean, within_a_typo
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,21 @@ def validate_body(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
 # LMI's and TGI's ``parameters`` carry GenerateParams' own field names for the sampling features an engine may
 # refuse (lmi_trt.engines.base.Capabilities), as the request spells them.
 PARAMETERS_NAMES = {name: f"parameters.{name}" for name in SAMPLING_FEATURES}
+
+
+def refuse_typos(extras: Iterable[str], known: Iterable[str], peers: Iterable[str] = (), prefix: str = "") -> None:
+    """A 400 for the first field the schema does not know that is within a typo of one it does (``temprature``:
+    did you mean temperature?), as OpenAI refuses an unrecognized argument; ``peers`` are fields other servers of the
+    schema accept, which are never taken for typos. Other unknown fields keep their schema's handling."""
+    allowed, known = frozenset(peers), sorted(known)
+    for name in extras:
+        near = [] if name in allowed else within_a_typo(name, known)
+        if near:
+            raise FieldError(
+                prefix + name,
+                f"{prefix}{name} is not a field of this request; did you mean "
+                f"{did_you_mean([prefix + n for n in near])}?",
+            )
 
 
 def neutral_params(names: dict[str, str] | None = None, **fields: Any) -> GenerateParams:

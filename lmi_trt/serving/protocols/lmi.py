@@ -49,7 +49,7 @@ from lmi_trt.serving.http import (
     register_feature_fields,
     validate,
 )
-from lmi_trt.serving.protocols._common import PARAMETERS_NAMES
+from lmi_trt.serving.protocols._common import PARAMETERS_NAMES, refuse_typos
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,19 @@ CONTENT_TYPES: dict[str, str] = {
 _IGNORED_PARAMETERS = frozenset({"watermark", "typical_p", "adapter_id", "length_penalty", "early_stopping"})
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
+# Parameters DJL's LMI schema documents for its backends (djl-serving serving/docs/lmi/user_guides/
+# lmi_input_output_schema.md: GenerationParameters, vLLM's and TensorRT-LLM's additional ones) and TGI's
+# (router/src/lib.rs GenerateParameters): never taken for a typo of a parameter here, however close.
+PEER_PARAMETERS = frozenset(
+    {
+        "do_sample", "seed", "temperature", "repetition_penalty", "top_k", "top_p", "max_new_tokens", "details",
+        "return_full_text", "stop_sequences", "decoder_input_details", "min_p", "presence_penalty",
+        "frequency_penalty", "n", "best_of", "num_beams", "length_penalty", "early_stopping", "stop_token_ids",
+        "include_stop_str_in_output", "ignore_eos_token", "logprobs", "prompt_logprobs", "skip_special_tokens",
+        "spaces_between_special_tokens", "min_length", "bad_sequences", "stop", "truncate", "typical_p",
+        "watermark", "top_n_tokens", "grammar", "adapter_id",
+    }
+)  # fmt: skip
 _warned_unknown: set[str] = set()
 _MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -102,6 +115,7 @@ class LmiParameters(GenerateParams):
                     f"parameters.{name}={value!r} is not supported: this server returns one sequence; "
                     "use 1 or leave it out"
                 )
+        refuse_typos(extras, [*_KNOWN_PARAMETERS, *_IGNORED_PARAMETERS], PEER_PARAMETERS, "parameters.")
         for name in extras:
             if (
                 name not in _IGNORED_PARAMETERS
@@ -315,6 +329,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
             accepted = ", ".join(repr(k) for k in ("inputs", *ctx.invocation_handlers))
             raise BadRequest(f"invalid payload: the JSON object must contain {accepted}; got keys {sorted(body)!r}")
         req = validate(LmiRequest, body)
+        refuse_typos(req.model_extra or {}, LmiRequest.model_fields)
     params = req.parameters.to_generate()
     service = ctx.require_service()
     fmt = choose_format(ctx.config.output_formatter, req.stream, ctx.config.tgi_compat)

@@ -67,6 +67,7 @@ from lmi_trt.serving.protocols._common import (
     param_of,
     pump,
     pump_all,
+    refuse_typos,
     sse,
     start_n,
     validate_body,
@@ -101,6 +102,31 @@ _IGNORED = frozenset(
         "spaces_between_special_tokens",
     }
 )
+# Fields OpenAI's API (openai-python 3.57 types: chat/completion_create_params.py, completion_create_params.py) or
+# vLLM's OpenAI server (vllm/entrypoints/openai/protocol.py: ChatCompletionRequest, CompletionRequest) accept: never
+# taken for a typo of a field here, however close (``store`` / ``stop``). Those not served here are warned about.
+# fmt: off
+PEER_FIELDS = frozenset(
+    {
+        # OpenAI
+        "audio", "best_of", "echo", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model", "moderation", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt", "prompt_cache_key",
+        "prompt_cache_options", "prompt_cache_retention", "reasoning_effort", "response_format",
+        "safety_identifier", "seed", "service_tier", "stop", "store", "stream", "stream_options", "suffix",
+        "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+        # vLLM
+        "include_reasoning", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty",
+        "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
+        "bad_words", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+        "chat_template", "chat_template_kwargs", "mm_processor_kwargs", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "structural_tag", "guided_decoding_backend", "guided_whitespace_pattern",
+        "priority", "request_id", "logits_processors", "return_tokens_as_token_ids", "cache_salt",
+        "kv_transfer_params", "vllm_xargs", "prompt_embeds",
+    }
+)
+# fmt: on
 _warned: set[str] = set()
 _MAX_WARNED = 256  # names are client-chosen: bound the set (and the log lines) they can grow
 
@@ -160,6 +186,7 @@ class _Base(BaseModel):
             raise FieldError("best_of", f"best_of={best_of!r} is a completions field; use n for several chat choices")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
+        refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED], PEER_FIELDS)
         for name in self.model_extra or {}:
             if name not in _IGNORED and name not in _warned and len(_warned) < _MAX_WARNED:
                 _warned.add(name)

@@ -59,6 +59,7 @@ from lmi_trt.serving.protocols._common import (
     json_object,
     open_stream,
     pump,
+    refuse_typos,
     sse,
     validate_body,
 )
@@ -98,6 +99,7 @@ class TgiParameters(GenerateParams):
     adapter_id: str | None = None
 
     def to_generate(self) -> GenerateParams:
+        refuse_typos(self.model_extra or {}, type(self).model_fields, prefix="parameters.")
         for name, refused in _UNSUPPORTED.items():
             value = getattr(self, name)
             if refused(value):
@@ -175,7 +177,9 @@ def _seed(p: GenerateParams) -> int | None:
 
 async def _parse(request: web.Request) -> TgiRequest:
     body = await json_object(request, '{"inputs": "Hello", "parameters": {"max_new_tokens": 20}}')
-    return validate_body(TgiRequest, body)
+    req = validate_body(TgiRequest, body)
+    refuse_typos(req.model_extra or {}, TgiRequest.model_fields)
+    return req
 
 
 async def _generate(request: web.Request, req: TgiRequest, *, as_list: bool) -> web.StreamResponse:
@@ -273,7 +277,12 @@ async def _generate_stream(request: web.Request, req: TgiRequest) -> web.StreamR
 
 @errors_as(tgi_error)
 async def generate(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, await _parse(request), as_list=False)
+    req = await _parse(request)
+    # "stream": true is honoured here as at "/" (TGI's compat_generate, router/src/server.rs): huggingface_hub's
+    # InferenceClient(base_url=".../generate").text_generation(stream=True) posts it to this URL and reads SSE.
+    if req.stream:
+        return await _generate_stream(request, req)
+    return await _generate(request, req, as_list=False)
 
 
 @errors_as(tgi_error)

@@ -35,6 +35,7 @@ from lmi_trt.serving.protocols._common import (
     neutral_params,
     open_stream,
     pump,
+    refuse_typos,
     sse,
     validate_body,
     word_list,
@@ -45,6 +46,11 @@ TRITON_MODEL_NAMES = ("ensemble", "tensorrt_llm_bls")
 NAMES = {"min_new_tokens": "min_tokens"}
 _LISTS = ("bad_words", "stop_words", "text_input")
 _REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
+# Inputs of the TensorRT-LLM backend's older ensemble (triton-inference-server/tensorrtllm_backend
+# all_models/inflight_batcher_llm/ensemble/config.pbtxt at 039e5b4): never taken for a typo of a field here.
+PEER_FIELDS = frozenset(
+    {"runtime_top_k", "runtime_top_p", "len_penalty", "streaming", "input_lengths", "request_output_len"}
+)
 _IGNORED = frozenset(
     {
         "pad_id",
@@ -100,6 +106,7 @@ class TritonRequest(BaseModel):
         for name in ("return_context_logits", "return_generation_logits"):
             if getattr(self, name):
                 raise FieldError(name, f"{name} is not supported: logits are not returned by this server")
+        refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED], PEER_FIELDS)
         for name in self.model_extra or {}:
             if name.startswith(_REFUSED_PREFIXES):
                 raise FieldError(

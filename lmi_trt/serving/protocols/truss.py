@@ -34,6 +34,7 @@ from lmi_trt.serving.protocols._common import (
     neutral_params,
     open_stream,
     pump,
+    refuse_typos,
     validate_body,
     word_list,
 )
@@ -75,6 +76,7 @@ class TrussRequest(BaseModel):
     stream: bool | None = True
 
     def to_generate(self) -> GenerateParams:
+        refuse_typos(self.model_extra or {}, type(self).model_fields)
         if self.beam_width not in (None, 1):
             raise FieldError(
                 "beam_width", f"beam_width={self.beam_width} is not supported: this server decodes one beam; use 1"
