@@ -988,6 +988,15 @@ class LmiConfig(BaseModel):
             "auto: builtin where the model is Llama-shaped and option.torch_batching is auto",
         ),
     ] = "auto"
+    grammar_compile_timeout: Annotated[
+        float,
+        KeySpec(
+            "option.grammar_compile_timeout",
+            _number(above=0, at_most=600, example=10),
+            "torch engine: seconds a constrained request's grammar (JSON schema, regex, EBNF, tool schema) may "
+            "take to compile, in a process killed past it; the request then gets a 400 naming its field",
+        ),
+    ] = 10.0
     enable_chunked_context: Annotated[
         bool,
         KeySpec(

@@ -1,5 +1,6 @@
 """Secrets out of every log line (libraries log too: botocore's DEBUG request dumps carry
-x-amz-security-token, an exception may quote a URL with a token in it).
+x-amz-security-token, an exception may quote a URL with a token in it), and lines a client cannot forge
+(``loggable``).
 
 Process-wide: ``install_log_redaction`` wraps the root logger's handlers. The environment it takes
 secrets from is passed in (``lmi_trt.config.process_environment``); this module reads none.
@@ -59,3 +60,11 @@ def is_secret_name(name: str) -> bool:
     TOKEN and KEY count only at the end of a word, SECRET and PASSWORD anywhere."""
     words = re.split(r"[^A-Z0-9]+", name.upper())
     return any(w.endswith(("TOKEN", "KEY")) or "SECRET" in w or "PASSWORD" in w or "PASSWD" in w for w in words)
+
+
+def loggable(value: object, limit: int = 200) -> str:
+    """A client's value (a URL path, a name, an error message quoting a request) as a log line may hold it:
+    control and other unprintable characters escaped as Python writes them in a repr (a decoded ``%0A`` in a
+    path would otherwise start a forged line), at most ``limit`` characters."""
+    text = repr(str(value))[1:-1]
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -95,6 +95,9 @@ class EngineOutput:
     error: str | None = None
     # HTTP-ish code for errors: 400 bad request, 424 model-side failure, 503 overloaded.
     error_code: int | None = None
+    # With a 400: the request field at fault, by its SamplingParams name ("guided", "bad_words"); the serving
+    # layer answers with the client's own name for it.
+    error_field: str | None = None
     # Seconds the request waited in the engine's queue for a batch slot: on its first output, from
     # engines that know it (None otherwise).
     queue_time_s: float | None = None
@@ -198,25 +201,36 @@ SHARED_STATS = ("kv_cache_block_size",)
 
 
 class EngineError(LmiError, RuntimeError):
-    """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with.
+    """An engine-side failure a user can act on; ``code`` is the HTTP status to answer with, ``field`` the
+    request field at fault (as ``EngineOutput.error_field``).
 
     Raised by construction and ``start()`` (the server does not start); never out of ``submit()``
     or a request's iterator, where it becomes the request's final output (``error_output``)."""
 
-    def __init__(self, message: str, code: int = 424) -> None:
+    def __init__(self, message: str, code: int = 424, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.field = field
 
 
-def error_output(request_id: str, message: str, code: int) -> EngineOutput:
-    """A request's final output for a failure: ``code`` 400 (the request cannot be served as asked),
-    424 (the model failed it), 503 (the engine is not running or is shutting down)."""
-    return EngineOutput(request_id, [], finished=True, finish_reason=FinishReason.ERROR, error=message, error_code=code)
+def error_output(request_id: str, message: str, code: int, field: str | None = None) -> EngineOutput:
+    """A request's final output for a failure: ``code`` 400 (the request cannot be served as asked; ``field``
+    the part of it at fault where known), 424 (the model failed it), 503 (the engine is not running or is
+    shutting down)."""
+    return EngineOutput(
+        request_id,
+        [],
+        finished=True,
+        finish_reason=FinishReason.ERROR,
+        error=message,
+        error_code=code,
+        error_field=field,
+    )
 
 
 async def refused(request_id: str, error: EngineError) -> AsyncIterator[EngineOutput]:
     """The iterator ``submit()`` returns for a request it refuses up front: one final error output."""
-    yield error_output(request_id, str(error), error.code)
+    yield error_output(request_id, str(error), error.code, error.field)
 
 
 @runtime_checkable

@@ -65,6 +65,7 @@ class TorchSettings(BaseModel):
     max_tokens_in_paged_kv_cache: int | None = Field(ge=1)
     tokens_per_block: int | None = Field(ge=1)
     enable_chunked_context: bool
+    grammar_compile_timeout: float = Field(gt=0)
 
 
 class SyntheticSettings(BaseModel):
@@ -247,6 +248,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         max_tokens_in_paged_kv_cache=config.max_tokens_in_paged_kv_cache,
         tokens_per_block=config.tokens_per_block,
         enable_chunked_context=config.enable_chunked_context,
+        grammar_compile_timeout=config.grammar_compile_timeout,
     )
 
 

@@ -24,6 +24,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.errors import LmiError
+from lmi_trt.log_redaction import loggable
 from lmi_trt.serving import access, tls
 from lmi_trt.serving.core import GenerationService, LoadedModel
 from lmi_trt.serving.errors import LmiHttpError
@@ -86,7 +87,7 @@ async def _errors_and_metrics(
         status = 499
         raise
     except Exception as e:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", request.method, loggable(request.path))
         body = {"error": f"internal error: {type(e).__name__}: {e}", "code": 500, "type": "InternalServerError"}
         return json_response(body, status=500)
     finally:

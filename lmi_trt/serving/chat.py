@@ -5,21 +5,23 @@ holding one), else the tokenizer's own. Neither → a 400 that says what to set.
 as a list of parts is reduced to its text parts joined with newlines (DJL's behaviour), so
 text-only templates work with clients that always send parts; other part types are refused.
 
-A client's message content is text: special-token text in it (``<|im_end|>``, ``</s>``) is
-tokenized as plain characters, never as the control tokens the template itself writes, unless
-``option.parse_special_tokens``. Client ``chat_template_kwargs`` are limited to ``TEMPLATE_KWARGS``.
-Big chats are rendered and tokenized off the event loop.
+What a client sends is text: special-token text (``<|im_end|>``, ``</s>``) in message content, roles,
+names, tool calls and tool definitions is tokenized as plain characters, never as the control tokens the
+template itself writes, unless ``option.parse_special_tokens``. Client ``chat_template_kwargs`` are
+limited to ``TEMPLATE_KWARGS``. Big chats are rendered and tokenized off the event loop.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 import uuid
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmi_trt.engines.guided import json_extent
 from lmi_trt.serving.errors import FieldError
 from lmi_trt.serving.tool_calls import template_messages
 
@@ -38,9 +40,12 @@ NO_TEMPLATE = (
 # arguments (tokenize, chat_template, return_*) or a template's internals.
 TEMPLATE_KWARGS: dict[str, type] = {"enable_thinking": bool, "thinking": bool, "reasoning_effort": str}
 _MAX_KWARG_TEXT = 64
-# Chats this big (characters of content, or messages) are rendered off the event loop.
+# Chats this big (characters of text, or messages) are rendered off the event loop.
 _THREAD_CHARS = 16_384
 _THREAD_MESSAGES = 256
+# Levels of arrays and objects in one message, tool or tool call's arguments: the template's JSON writer
+# (transformers' tojson, json.dumps) recurses, and deeper values are no one's real request.
+MAX_NESTING = 64
 
 
 class ChatError(FieldError):
@@ -189,8 +194,10 @@ async def prompt_for(
     tools: list[dict[str, Any]] | None = None,
 ) -> str | list[int]:
     """The chat's prompt: the rendered text (its special tokens are the template's), or token ids
-    where a client's content holds special-token text that must stay text. Bounded before any
-    work that grows with the chat: messages (one token each at least) and content characters."""
+    where a client's text holds special-token text that must stay text. Bounded before any work
+    that grows with the chat: messages (one token each at least), and the characters of every string
+    the client sent in messages and tools (content, roles, names, tool calls and their arguments,
+    tool definitions), which also decide whether the chat is rendered off the event loop."""
     kwargs = check_template_kwargs(template_kwargs)
     max_len = service.engine.limits.max_input_len
     if isinstance(raw_messages, list) and len(raw_messages) > max_len:
@@ -199,21 +206,37 @@ async def prompt_for(
             "could hold; shorten the chat",
             "messages",
         )
-    messages = template_messages(normalize_messages(raw_messages))
-    chars = sum(len(m["content"] or "") for m in messages)
-    if chars > service.max_prompt_chars:
+    messages = normalize_messages(raw_messages)
+    chars = {"messages": _text_chars(messages, "messages"), "tools": _text_chars(tools or [], "tools")}
+    if sum(chars.values()) > service.max_prompt_chars:
+        field = max(chars, key=chars.__getitem__)
         raise ChatError(
-            f"messages has {chars} characters of content, more than any prompt of option.max_input_len="
-            f"{max_len} tokens can have ({service.max_prompt_chars}); shorten the chat",
-            "messages",
+            f"{field} holds {chars[field]} characters of text (messages and tools together "
+            f"{sum(chars.values())}), more than any prompt of option.max_input_len={max_len} tokens can have "
+            f"({service.max_prompt_chars}); shorten the chat",
+            field,
         )
     protect = None if service.config.parse_special_tokens else service.special_text
     job = functools.partial(
         _prompt, service.tokenizer, messages, template_option, add_generation_prompt, kwargs, protect, tools
     )
-    if chars > _THREAD_CHARS or len(messages) > _THREAD_MESSAGES:
+    if sum(chars.values()) > _THREAD_CHARS or len(messages) > _THREAD_MESSAGES:
         return await service.off_loop(job)
     return job()
+
+
+def _text_chars(items: list[Any], where: str) -> int:
+    """Characters of the strings (keys too) in ``items``; a 400 naming an item nested past ``MAX_NESTING``,
+    which the template's JSON writer (``tojson``) could not follow."""
+    total = 0
+    for i, item in enumerate(items):
+        depth, chars = json_extent(item, MAX_NESTING)
+        if depth > MAX_NESTING:
+            raise ChatError(
+                f"{where}[{i}] nests more than {MAX_NESTING} levels of objects and arrays; flatten it", f"{where}[{i}]"
+            )
+        total += chars
+    return total
 
 
 def _prompt(
@@ -222,45 +245,69 @@ def _prompt(
     template_option: str | None,
     add_generation_prompt: bool,
     kwargs: dict[str, Any],
-    protect: Any,
+    protect: re.Pattern[str] | None,
     tools: list[dict[str, Any]] | None,
 ) -> str | list[int]:
-    if protect is None or not any(protect.search(m["content"] or "") for m in messages):
-        return render(
-            tokenizer,
-            messages,
-            template_option=template_option,
-            add_generation_prompt=add_generation_prompt,
-            template_kwargs=kwargs,
-            tools=tools,
-        )
-    # Mark each content with markers the client cannot guess, render, then tokenize the template's
-    # text with its special tokens and the clients' text with special-token text split into plain tokens.
+    """Render (and, where special-token text must stay text, tokenize) the chat: off the event loop when big."""
+    messages = template_messages(messages)
+    for i, m in enumerate(messages):  # arguments sent as JSON text are parsed here: bound what they nest to
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and json_extent(fn.get("arguments"), MAX_NESTING)[0] > MAX_NESTING:
+                where = f"messages[{i}].tool_calls[{j}].function.arguments"
+                raise ChatError(f"{where} nests more than {MAX_NESTING} levels of objects and arrays", where)
+    # Special-token text in anything the client sent (content, roles, names, tool calls, tool definitions:
+    # keys and values) is swapped for placeholders the client cannot guess; the template renders those, and
+    # each is tokenized back as plain characters, never as the control token the template writes.
     tag = uuid.uuid4().hex
-    start, end = f"\ue000{tag}", f"{tag}\ue001"
-    marked = [{**m, "content": start + m["content"] + end} if m["content"] else m for m in messages]
+    originals: list[str] = []
+    if protect is not None:
+        messages = _shielded(messages, protect, tag, originals)
+        tools = _shielded(tools, protect, tag, originals) if tools else tools
     text = render(
         tokenizer,
-        marked,
+        messages,
         template_option=template_option,
         add_generation_prompt=add_generation_prompt,
         template_kwargs=kwargs,
         tools=tools,
     )
+    return _ids_with_text(tokenizer, text, tag, originals) if originals else text
+
+
+def _shielded(value: Any, protect: re.Pattern[str], tag: str, originals: list[str]) -> Any:
+    """``value`` with each special-token text in its strings and keys replaced by a placeholder naming its
+    place in ``originals`` (recursive: the chat's nesting is bounded by ``MAX_NESTING``)."""
+    if isinstance(value, str):
+
+        def placeholder(match: re.Match[str]) -> str:
+            originals.append(match.group(0))
+            return f"\ue000{tag}{len(originals) - 1:x}\ue001"
+
+        return protect.sub(placeholder, value)
+    if isinstance(value, dict):
+        return {_shielded(k, protect, tag, originals): _shielded(v, protect, tag, originals) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shielded(v, protect, tag, originals) for v in value]
+    return value
+
+
+def _ids_with_text(tokenizer: Any, text: str, tag: str, originals: list[str]) -> list[int]:
+    """The rendered chat's token ids: the template's text with its special tokens, each placeholder as the
+    client's special-token text split into plain tokens."""
     ids: list[int] = []
-    rest = text
-    while rest:
-        head, found, rest = rest.partition(start)
-        if head:
-            ids += tokenizer.encode(head, add_special_tokens=False)
-        if not found:
-            break
-        content, closed, rest = rest.partition(end)
-        if not closed:
-            raise ChatError(
-                "the chat template changed a message's content in a way this server cannot keep apart "
-                "from the template's own text; remove special-token text from the messages",
-                "messages",
-            )
-        ids += tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
+    pos, found = 0, 0
+    for match in re.finditer(f"\ue000{tag}([0-9a-f]+)\ue001", text):
+        if match.start() > pos:
+            ids += tokenizer.encode(text[pos : match.start()], add_special_tokens=False)
+        ids += tokenizer.encode(originals[int(match.group(1), 16)], add_special_tokens=False, split_special_tokens=True)
+        pos, found = match.end(), found + 1
+    if text.count(tag) != found:  # the template changed a placeholder (escaped it, cut it)
+        raise ChatError(
+            "the chat template changed special-token text sent in the messages or tools in a way this server "
+            "cannot keep apart from the template's own text; remove special-token text from them",
+            "messages",
+        )
+    if pos < len(text):
+        ids += tokenizer.encode(text[pos:], add_special_tokens=False)
     return ids

@@ -32,10 +32,12 @@ from lmi_trt.engines.base import (
     GuidedDecoding,
     SamplingParams,
 )
+from lmi_trt.engines.guided import guide_problem, schema_text
 from lmi_trt.log_context import REQUEST_ID
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
+    FieldError,
     LmiHttpError,
     ModelError,
     ServiceUnavailable,
@@ -54,6 +56,8 @@ MAX_STOP_STRINGS = 64
 # most this many UTF-8 bytes. Their cost per request (matcher, tokenization) is linear in these.
 MAX_STOP_CHARS = 1024
 MAX_WORDS_BYTES = 16 * 1024
+# logit_bias entries: each is applied at every step of the request.
+MAX_LOGIT_BIAS = 1024
 # Longer texts are tokenized on the tokenizer pool so one big request cannot stall every stream.
 THREAD_TOKENIZE_CHARS = 16_384
 # Sampling values the arithmetic carries. Below MIN_TEMPERATURE, float32 logits / temperature
@@ -81,6 +85,15 @@ def bounded_words(v: list[str], what: str) -> list[str]:
     if total > MAX_WORDS_BYTES:
         raise ValueError(f"{what} must be at most {MAX_WORDS_BYTES} bytes together (UTF-8), got {total}")
     return v
+
+
+def schema_guide_text(schema: Any, field_name: str) -> str:
+    """A JSON schema a client sent as a JSON value, as its guide's text; a 400 naming the field for one nested
+    past the bound (which JSON writers cannot take either)."""
+    try:
+        return schema_text(schema)
+    except ValueError as e:
+        raise FieldError(field_name, f"{field_name}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,7 @@ class GenerateParams(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)  # checked every step
     # Words that must never be generated; tokenized here into the engine's bad_words_ids.
     bad_words: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     ignore_eos: bool = False
@@ -130,7 +143,7 @@ class GenerateParams(BaseModel):
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token; implies logprobs
     prompt_logprobs: bool = False
     guided: GuidedDecoding | None = None  # constrained decoding (response_format, grammar, guided_*)
-    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id → added to its logit
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS)  # token id → its logit's bias
     truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
 
     @field_validator("stop", mode="before")
@@ -310,6 +323,7 @@ class GenerationStream:
         params: GenerateParams,
         max_new_tokens: int,
         engine_iter: AsyncIterator[EngineOutput],
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -319,6 +333,7 @@ class GenerationStream:
         self.generated_tokens = 0
         self._service = service
         self._it = engine_iter
+        self._names = names or {}  # the adapter's names for the fields an engine error may name
         self._detok = IncrementalDetokenizer(
             service.tokenizer, prompt_token_ids, cache=service.token_cache(params.skip_special_tokens)
         )
@@ -413,7 +428,7 @@ class GenerationStream:
         if out.queue_time_s is not None:  # engines send it once, with the request's first output
             self._service.observe_queue_time(out.queue_time_s)
         if out.error is not None or out.finish_reason is FinishReason.ERROR:
-            return self._failed(error_from_code(out.error or "engine error", out.error_code))
+            return self._failed(self._engine_error(out))
         tokens: list[TokenOut] = []
         texts: list[str] = []
         stops = self._stops
@@ -472,6 +487,14 @@ class GenerationStream:
             if not out.finished:  # a stop string ended it while the engine is still generating
                 self._cancel_pending = True
         return delta
+
+    def _engine_error(self, out: EngineOutput) -> LmiHttpError:
+        """An engine's error output as the answer: a 400 about a request field names it as the client does."""
+        message = out.error or "engine error"
+        if out.error_code == 400 and out.error_field is not None:
+            field_name = self._names.get(out.error_field, out.error_field)
+            return FieldError(field_name, f"{field_name}: {message}")
+        return error_from_code(message, out.error_code)
 
     def _token_text(self, token_id: int) -> str:
         return self._service.token_cache(self.params.skip_special_tokens).decode([token_id])
@@ -707,7 +730,7 @@ class GenerationService:
             raise
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(ids))
-        return GenerationStream(self, request_id, ids, params, max_new, it)
+        return GenerationStream(self, request_id, ids, params, max_new, it, names)
 
     def check_features(self, params: GenerateParams, names: Mapping[str, str]) -> None:
         """A 400 naming the field for what the engine refuses (its ``Capabilities``): never ignored."""
@@ -735,6 +758,11 @@ class GenerationService:
         if bad is not None:
             field_name = names.get("logit_bias", "logit_bias")
             raise FeatureRefused(field_name, f"{field_name} names token id {bad}; token ids must be in [0, {vocab})")
+        if params.guided is not None:
+            problem = guide_problem(params.guided)
+            if problem is not None:
+                field_name = names.get("guided", "guided")
+                raise FeatureRefused(field_name, f"{field_name}: {problem}")
 
     def require(self, feature: str, field_name: str, purpose: str = "") -> None:
         """A 400 naming ``field_name`` when the engine refuses ``feature`` (a ``Capabilities`` field);

@@ -12,8 +12,6 @@ import enum
 import json
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +21,9 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from lmi_trt.child_process import die_with_parent
 from lmi_trt.config import LmiConfig
+from lmi_trt.log_redaction import loggable
 from lmi_trt.serving.core import GenerationService, format_validation_error
 from lmi_trt.serving.errors import (
     BadRequest,
@@ -201,7 +201,7 @@ async def read_body(request: web.Request) -> bytes:
             "a request body took longer than body_read_timeout=%d s (408): %s %s",
             config.body_read_timeout,
             request.method,
-            request.path,
+            loggable(request.path),
         )
         raise LmiHttpError(
             f"the request body did not arrive within body_read_timeout={config.body_read_timeout} s",
@@ -268,7 +268,7 @@ class JsonWorker:
         from concurrent.futures import ProcessPoolExecutor
 
         self._pool = ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("fork"), initializer=_die_with_parent, initargs=(os.getpid(),)
+            1, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent, initargs=(os.getpid(),)
         )
         self._pool.submit(int).result()  # fork now, while the process has no other thread
 
@@ -288,19 +288,6 @@ class JsonWorker:
         # Joined (a body being parsed finishes; nobody waits for it): the CLI's exit skips the
         # interpreter's atexit joins (lmi_trt.cli.serve._exit_stopped), so no worker is left behind.
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the worker: end with the server, however it ends. A forked worker holds copies of the server's
-    stdout/stderr and of its own queue's pipes, so it would outlive a server killed by SIGKILL (or an
-    MPI abort), and an MPI launcher waiting for the rank's output to close would wait for ever
-    (PR_SET_PDEATHSIG, prctl(2); Linux only, elsewhere the worker ends with its queue)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    if os.getppid() != parent:  # the server died before the line above took effect
-        os._exit(0)
 
 
 def _parse_bounded(raw: bytes, max_values: int) -> tuple[bool, Any]:

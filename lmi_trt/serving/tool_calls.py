@@ -35,12 +35,16 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_trt.engines.base import GuidedDecoding
+from lmi_trt.engines.guided import schema_problem
+from lmi_trt.serving.core import schema_guide_text
 from lmi_trt.serving.errors import FieldError
 from lmi_trt.vocabulary import TOOL_CALL_PARSERS
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["none", "auto", "required", "named"]
+# Tools in one request: OpenAI's bound ("A max of 128 functions are supported", the chat API reference's tools).
+MAX_TOOLS = 128
 
 
 class FunctionSpec(BaseModel):
@@ -88,7 +92,7 @@ def _json_values(text: str, sep: str) -> list[Any] | None:
             return values
         try:
             value, pos = decoder.raw_decode(text, pos)
-        except ValueError:
+        except (ValueError, RecursionError):  # output nested past Python's recursion limit is no call either
             return None
         values.append(value)
 
@@ -223,10 +227,12 @@ class ToolPlan:
     def guided(self) -> GuidedDecoding | None:
         if self.mode == "named":
             tool = next(t for t in self.tools if t.function.name == self.name)
-            return GuidedDecoding("json_schema", orjson.dumps(tool.function.parameters or {"type": "object"}).decode())
-        if self.mode == "required":
-            return GuidedDecoding("json_schema", orjson.dumps(_required_schema(self.tools, self.parallel)).decode())
-        return None
+            schema = tool.function.parameters or {"type": "object"}
+        elif self.mode == "required":
+            schema = _required_schema(self.tools, self.parallel)
+        else:
+            return None
+        return GuidedDecoding("json_schema", schema_guide_text(schema, "tools"))
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """The answer's content (None when the calls are all there is) and calls."""
@@ -298,6 +304,8 @@ def plan_tools(
                 "tool_choice", f"tool_choice={tool_choice!r} needs tools; send tools or leave tool_choice out"
             )
         return None
+    if len(tools) > MAX_TOOLS:
+        raise FieldError("tools", f"tools has {len(tools)} tools; send at most {MAX_TOOLS} (OpenAI's bound)")
     try:
         specs = [ToolSpec.model_validate(t) for t in tools]
     except ValidationError as e:
@@ -308,6 +316,10 @@ def plan_tools(
             f'tools: each tool must be {{"type": "function", "function": {{"name": ..., '
             f'"parameters": {{...}}}}}}; {where}: {first["msg"]}',
         ) from None
+    for i, spec in enumerate(specs):
+        problem = schema_problem(spec.function.parameters)
+        if problem is not None:
+            raise FieldError(f"tools[{i}].function.parameters", f"tools[{i}].function.parameters: {problem}")
     names = [t.function.name for t in specs]
     if len(set(names)) != len(names):
         raise FieldError("tools", f"tools: function names must be unique, got {names}")
@@ -364,8 +376,8 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 fn = c.get("function") if isinstance(c, dict) else None
                 if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                     try:
-                        c = {**c, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
-                    except ValueError:
+                        c = {**c, "function": {**fn, "arguments": orjson.loads(fn["arguments"])}}
+                    except orjson.JSONDecodeError:  # orjson: nested past 1024 levels too, not a RecursionError
                         pass  # not JSON: the template gets the text as sent
                 fixed.append(c)
             m = {**m, "tool_calls": fixed}

@@ -385,13 +385,13 @@ async def test_bad_requests_are_rejected_and_isolated(bundle):
         assert len(refusal) == 1 and refusal[0].finish_reason == FinishReason.ERROR
         assert refusal[0].error_code == 400 and needle in refusal[0].error
     # A failure inside the step, next to a good request in the same batch: every token but EOS
-    # is banned and EOS is forbidden by min_new_tokens.
+    # is banned and EOS is forbidden by min_new_tokens, a constraint no token meets: the client's (400).
     everything = [[t] for t in range(512) if t not in bundle.eos]
     doomed = await collect(
         engine, req("doomed", PROMPTS[3], max_new_tokens=12, min_new_tokens=3, bad_words_ids=everything)
     )
-    assert doomed[-1].finish_reason == FinishReason.ERROR and doomed[-1].error_code == 424
-    assert "bad_words_ids" in doomed[-1].error
+    assert doomed[-1].finish_reason == FinishReason.ERROR and doomed[-1].error_code == 400
+    assert doomed[-1].error_field == "bad_words" and "every token is excluded" in doomed[-1].error
     bundle.assert_greedy(tokens_of(await good), PROMPTS[3], 12, eos_token_id=None)
     assert engine.healthy
     await wait_idle(engine)

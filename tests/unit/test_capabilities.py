@@ -138,7 +138,10 @@ async def test_the_route_shows_what_the_400s_refuse_and_the_fields_they_name(eng
                     assert status == 200, (schema, feature, raw)
                 else:
                     text = message(raw)
-                    assert status == 400 and text.startswith(field) and entry["reason"] in text, (schema, raw)
+                    # "parameters.guided_json/guided_regex/guided_grammar": the 400 names the one sent
+                    head, _, tail = field.rpartition(".")
+                    sent = tuple(f"{head}.{name}" if head else name for name in tail.split("/"))
+                    assert status == 400 and text.startswith(sent) and entry["reason"] in text, (schema, raw)
                     tried += 1
         assert tried >= 10
 

@@ -70,3 +70,12 @@ def test_botocore_request_dumps_stay_out_even_at_debug(root_log):
     logging.getLogger("lmi_trt.x").debug("our own debug line")
     text = root_log.getvalue()
     assert "ROLE" not in text and "our own debug line" in text
+
+
+def test_client_values_are_logged_on_one_line():
+    """A decoded %0A, a carriage return, an ANSI escape, a Unicode line separator: none starts a forged line."""
+    from lmi_trt.log_redaction import loggable
+
+    text = loggable("/p\n2099-01-01 ERROR forged\r\x1b[2K\u2028x\\n")
+    assert text == "/p\\n2099-01-01 ERROR forged\\r\\x1b[2K\\u2028x\\\\n"
+    assert loggable("é" * 300, limit=10) == "é" * 10 + "..."  # printable text is kept, and bounded

@@ -14,13 +14,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from ..base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from ..guided import Guide
 
 CLOSE_TIMEOUT_S = 30.0
+EXCLUDED = (
+    "every token is excluded: the constraint, bad_words and min_new_tokens together allow none at this step; "
+    "loosen one of them"
+)
 
 
 def ends_with_any(tokens: Sequence[int], sequences: Sequence[Sequence[int]]) -> bool:
@@ -41,6 +46,12 @@ def finish_reason(generated: Sequence[int], eos_ids: Sequence[int], request: Gen
     if len(generated) >= request.sampling.max_new_tokens:
         return FinishReason.LENGTH
     return None
+
+
+def excluded_field(slot: Slot) -> str:
+    """The request field at fault when every token is excluded (``EXCLUDED``): a constraint the grammar, bad
+    words and min_new_tokens together cannot meet is the client's, a 400 naming the grammar where there is one."""
+    return "guided" if slot.matcher is not None else "bad_words"
 
 
 def default_max_num_tokens(max_batch_size: int, max_input_len: int) -> int:
@@ -66,7 +77,7 @@ class Slot:
     cancelled: bool = False
     closed: bool = False
     started: bool = False
-    matcher: Any = None  # xgrammar GrammarMatcher of a constrained request (engine thread only)
+    matcher: Guide | None = None  # a constrained request's grammar matcher (engine thread only)
     # Queue time: from the slot's creation (enqueued at once) to its first batch, set by the
     # engine thread and sent with the first output (EngineOutput.queue_time_s).
     created_at: float = field(default_factory=time.monotonic)
@@ -131,7 +142,7 @@ class Host(Protocol):
 
     def deliver(self, items: list[tuple[Slot, EngineOutput]]) -> None: ...
 
-    def fail(self, slot: Slot, message: str, code: int) -> None: ...
+    def fail(self, slot: Slot, message: str, code: int, field: str | None = None) -> None: ...
 
     def die(self, message: str) -> None: ...
 

@@ -73,7 +73,16 @@ import torch
 from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
 from ..guided import allowed_tokens
 from . import decode_kernels
-from .backend import Host, QueuedBackend, Slot, banned_next_tokens, default_max_num_tokens, finish_reason
+from .backend import (
+    EXCLUDED,
+    Host,
+    QueuedBackend,
+    Slot,
+    banned_next_tokens,
+    default_max_num_tokens,
+    excluded_field,
+    finish_reason,
+)
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
@@ -91,7 +100,7 @@ _MEMORY_FRACTION = 0.85
 # at once: vLLM's watermark ("to avoid frequent preemptions", vllm/v1/core/kv_cache_manager.py),
 # at the 1 % its v0 block manager defaulted to (vllm/core/block_manager.py; v1 defaults to 0).
 _WATERMARK = 0.01
-_ERRORS = {1: "the model produced NaN/inf logits", 2: "every token is excluded by bad_words_ids/min_new_tokens"}
+_NAN_LOGITS, _EXCLUDED_STATUS = 1, 2  # gpu_sampler.sample's row status
 
 
 def choose_decode_loop(requested: str, batching: str, model: torch.nn.Module, max_seq_len: int) -> tuple[bool, str]:
@@ -804,6 +813,17 @@ class DecodeLoopBackend(QueuedBackend):
                 self.counters["wait_s"] += time.perf_counter() - started
             self._emit(launch)
 
+    @staticmethod
+    def _row_error(slot: Slot, status: int) -> EngineOutput:
+        """A row's failure: NaN logits are the model's (424); every token excluded, or a grammar too slow to
+        follow, the request's constraint (a 400 naming it)."""
+        request_id = slot.request.request_id
+        if status == _NAN_LOGITS:
+            return error_output(request_id, "the model produced NaN/inf logits", 424)
+        if status == _EXCLUDED_STATUS:
+            return error_output(request_id, EXCLUDED, 400, excluded_field(slot))
+        return error_output(request_id, slot.matcher.error, 400, "guided")  # type: ignore[union-attr]
+
     def _emit(self, launch: _Launch) -> None:
         tokens, logprobs, status, *top = launch.host.tolist()
         items: list[tuple[Slot, EngineOutput]] = []
@@ -811,15 +831,19 @@ class DecodeLoopBackend(QueuedBackend):
             if row is None or row.done:
                 continue
             slot = row.slot
-            if status[column]:
+            if status[column] or (slot.matcher is not None and slot.matcher.error is not None):
                 slot.finished = True
-                row.broken = row.broken or status[column] == 1  # NaN/inf: its cache may hold them too
-                items.append((slot, error_output(slot.request.request_id, _ERRORS[int(status[column])], 424)))
+                row.broken = row.broken or status[column] == _NAN_LOGITS  # NaN/inf: its cache may hold them too
+                items.append((slot, self._row_error(slot, int(status[column]))))
                 continue
             token = int(tokens[column])
-            slot.generated.append(token)
             if slot.matcher is not None:
-                slot.matcher.accept_token(token)
+                slot.matcher.accept(token)
+                if slot.matcher.error is not None:  # too slow to take it: this request fails alone
+                    slot.finished = True
+                    items.append((slot, self._row_error(slot, 0)))
+                    continue
+            slot.generated.append(token)
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             k = slot.sampling.top_logprobs

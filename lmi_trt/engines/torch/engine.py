@@ -39,7 +39,6 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 import transformers
@@ -62,12 +61,12 @@ from ..base import (
     error_output,
     refused,
 )
-from ..guided import Grammars
+from ..guided import Grammars, Guide
 from ..registry import ENGINES
 from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
-from .sampler import sample_next_tokens
+from .sampler import Pick, sample_next_tokens
 from .static import StaticBackend
 
 # Constrained decoding needs xgrammar, a dependency of lmi-trt; a Python without it (an install with --no-deps, an
@@ -201,6 +200,7 @@ class TorchEngine:
         max_tokens_in_paged_kv_cache: int | None = None,
         tokens_per_block: int | None = None,
         enable_chunked_context: bool = False,
+        grammar_compile_timeout: float = 10.0,
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -236,6 +236,7 @@ class TorchEngine:
         self.max_tokens_in_paged_kv_cache = max_tokens_in_paged_kv_cache
         self.tokens_per_block = tokens_per_block
         self.enable_chunked_context = enable_chunked_context
+        self.grammar_compile_timeout = grammar_compile_timeout  # seconds (guided.Grammars)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -311,17 +312,15 @@ class TorchEngine:
             self._check_ready()
             check_sampling(request.sampling, self.max_new_tokens)
             check_token_ids(request, self._vocab_size, self.max_input_len)
-            guided = request.sampling.guided
-            if guided is not None and request.sampling.ignore_eos:
+            if request.sampling.guided is not None and request.sampling.ignore_eos:
                 raise EngineError(
                     "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
                     "output with EOS; leave ignore_eos out",
                     code=400,
                 )
-            matcher = self._grammars.matcher(guided) if guided is not None else None
         except EngineError as exc:
             return refused(request.request_id, exc)
-        return self._stream(request, matcher)
+        return self._stream(request)
 
     async def cancel(self, request_id: str) -> None:
         slot = self._slots.get(request_id)
@@ -353,6 +352,8 @@ class TorchEngine:
         self._fail_open("the engine was shut down", 503)
         if self._backend is not None:
             await asyncio.to_thread(self._backend.close)
+        if self._grammars is not None:
+            self._grammars.close()
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -379,7 +380,10 @@ class TorchEngine:
         self._configure_tokens(model)
         self._check_positions(model)
         self._vocab_size = model.get_input_embeddings().num_embeddings
-        self._grammars = Grammars(self.model_path, self._vocab_size, self.eos_token_ids)
+        if _HAS_XGRAMMAR:
+            self._grammars = Grammars(
+                self.model_path, self._vocab_size, self.eos_token_ids, timeout_s=self.grammar_compile_timeout
+            )
         self._model_device = model.device
         self._model = model  # prompt log-probs score the prompt with it (_score_prompt)
         builtin, why = choose_decode_loop(
@@ -480,7 +484,7 @@ class TorchEngine:
         if not self._healthy:
             raise EngineError("the torch engine has failed", code=503)
 
-    def _open(self, request: GenerationRequest, matcher: Any) -> Slot:
+    def _open(self, request: GenerationRequest, matcher: Guide | None) -> Slot:
         self._check_ready()
         if request.request_id in self._slots:
             raise EngineError(f"request_id {request.request_id!r} is already in flight", code=400)
@@ -513,11 +517,12 @@ class TorchEngine:
             del self._slots[slot.request.request_id]
         self._by_key.pop(slot.key, None)
 
-    async def _stream(self, request: GenerationRequest, matcher: Any) -> AsyncIterator[EngineOutput]:
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         try:  # checked again when first awaited: the engine may have closed, the id may be taken by now
-            slot = self._open(request, matcher)
+            guided = request.sampling.guided  # compiled off the event loop, within its time bound
+            slot = self._open(request, await self._grammars.guide(guided) if guided is not None else None)  # type: ignore[union-attr]
         except EngineError as exc:
-            yield error_output(request.request_id, str(exc), exc.code)
+            yield error_output(request.request_id, str(exc), exc.code, exc.field)
             return
         prompt_lps: list[float | None] | None = None
         try:
@@ -611,14 +616,17 @@ class TorchEngine:
         for slot, pick in zip(slots, picks):
             if slot is None or slot.finished or slot.cancelled:
                 continue
+            if pick.error is None and slot.matcher is not None:
+                slot.matcher.accept(pick.token)
+                if slot.matcher.error is not None:  # too slow to take it: this request fails alone
+                    pick = Pick(pick.token, error=slot.matcher.error, field="guided")
             if pick.error is not None:
                 slot.finished = True
-                items.append((slot, error_output(slot.request.request_id, pick.error, 424)))
+                code = 424 if pick.field is None else 400
+                items.append((slot, error_output(slot.request.request_id, pick.error, code, pick.field)))
                 on_finished(slot, FinishReason.ERROR)
                 continue
             slot.generated.append(pick.token)
-            if slot.matcher is not None:
-                slot.matcher.accept_token(pick.token)
             reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
             slot.finished = reason is not None
             logprobs = [pick.logprob] if pick.logprob is not None else None
@@ -641,9 +649,9 @@ class TorchEngine:
         self.deliver(items)
         return [p.token for p in picks]
 
-    def fail(self, slot: Slot, message: str, code: int) -> None:
+    def fail(self, slot: Slot, message: str, code: int, field: str | None = None) -> None:
         slot.finished = True
-        self.deliver([(slot, error_output(slot.request.request_id, message, code))])
+        self.deliver([(slot, error_output(slot.request.request_id, message, code, field))])
 
     def die(self, message: str) -> None:
         log.error("torch engine is unhealthy: %s", message)

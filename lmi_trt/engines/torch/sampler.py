@@ -11,7 +11,7 @@ import torch
 
 from ..base import SamplingParams
 from ..guided import allowed_tokens
-from .backend import Slot, banned_next_tokens
+from .backend import EXCLUDED, Slot, banned_next_tokens, excluded_field
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class Pick:
     logprob: float | None = None
     error: str | None = None
     top: list[tuple[int, float]] | None = None  # with top_logprobs: the most likely tokens, best first
+    field: str | None = None  # with an error: the request field at fault (a 400), None for a model failure
 
 
 def _apply_history_processors(row: torch.Tensor, slot: Slot) -> None:
@@ -69,6 +70,7 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[Slot | None]) -> li
     logits = logits[:n]
     raw_logprobs = logits.log_softmax(-1) if any(s is not None and s.sampling.logprobs for s in slots) else None
     errors: list[str | None] = [None] * n
+    faults: list[str | None] = [None] * n  # the request field at fault for an error (Pick.field)
     for i, slot in enumerate(slots):
         if slot is not None:
             try:
@@ -83,6 +85,9 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[Slot | None]) -> li
         except Exception as exc:  # noqa: BLE001 - those rows fail, the batch goes on
             for i in guided:
                 errors[i] = f"constrained decoding failed: {exc}"
+        for i in guided:  # a grammar too slow to follow fails its own request (guided.STEP_CPU_S)
+            if slots[i].matcher.error is not None:
+                errors[i], faults[i] = slots[i].matcher.error, "guided"
     # NaN or +inf would poison the softmax of a whole batched draw: fail those rows instead.
     broken = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
     broken, all_masked = torch.stack((broken, ~torch.isfinite(logits).any(-1))).tolist()
@@ -90,7 +95,7 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[Slot | None]) -> li
         if errors[i] is None and broken[i]:
             errors[i] = "the model produced NaN/inf logits"
         elif errors[i] is None and all_masked[i]:
-            errors[i] = "every token is excluded by bad_words_ids/min_new_tokens"
+            errors[i], faults[i] = EXCLUDED, excluded_field(slots[i])
 
     tokens = [0] * n
     ok = [i for i in range(n) if errors[i] is None]
@@ -133,4 +138,4 @@ def sample_next_tokens(logits: torch.Tensor, slots: Sequence[Slot | None]) -> li
             for i, row_ids, row_values in zip(want, ids.tolist(), values.tolist()):
                 k = slots[i].sampling.top_logprobs
                 tops[i] = list(zip(row_ids[:k], row_values[:k]))
-    return [Pick(tokens[i], logprobs[i], errors[i], tops[i]) for i in range(n)]
+    return [Pick(tokens[i], logprobs[i], errors[i], tops[i], faults[i]) for i in range(n)]

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from lmi_trt.engines.base import SAMPLING_FEATURES
 from lmi_trt.serving.core import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
     Completion,
     Delta,
     GenerateParams,
@@ -27,6 +29,7 @@ from lmi_trt.spelling import did_you_mean, within_a_typo
 
 log = logging.getLogger(__name__)
 
+_MAX_WORD_LIST_CHARS = MAX_STOP_STRINGS * (MAX_STOP_CHARS + 3)  # each word quoted, and a comma
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -96,6 +99,12 @@ def word_list(value: Any, field: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
+        if len(value) > _MAX_WORD_LIST_CHARS:  # parsed on the event loop: bounded before it is
+            raise FieldError(
+                field,
+                f"{field} has {len(value)} characters, more than {MAX_STOP_STRINGS} words of {MAX_STOP_CHARS} "
+                f"characters can take ({_MAX_WORD_LIST_CHARS}); shorten it",
+            )
         try:
             return [w for row in csv.reader([value]) for w in row if w]
         except csv.Error as e:  # e.g. a bare carriage return inside an unquoted word

@@ -35,6 +35,7 @@ from lmi_trt.serving.core import (
     GenerationStream,
     TokenOut,
     bounded_words,
+    schema_guide_text,
 )
 from lmi_trt.serving.errors import BadRequest, check_model
 from lmi_trt.serving.http import (
@@ -152,6 +153,11 @@ class LmiParameters(GenerateParams):
         )
         return GenerateParams.model_construct(**fields)
 
+    def field_names(self) -> dict[str, str]:
+        """``NAMES``, the constraint by the field this request sent it in."""
+        sent = next((f for f in _GUIDED_FIELDS if getattr(self, f) is not None), None)
+        return {**NAMES, "guided": f"parameters.{sent}"} if sent is not None else NAMES
+
     def _guided(self) -> GuidedDecoding | None:
         given = {
             k: v
@@ -167,7 +173,8 @@ class LmiParameters(GenerateParams):
         if not given:
             return None
         kind, value = given.popitem()
-        return GuidedDecoding(kind, value if isinstance(value, str) else orjson.dumps(value).decode())  # type: ignore[arg-type]
+        text = value if isinstance(value, str) else schema_guide_text(value, "parameters.guided_json")
+        return GuidedDecoding(kind, text)  # type: ignore[arg-type]
 
 
 _KNOWN_PARAMETERS = sorted(LmiParameters.model_fields)
@@ -211,7 +218,9 @@ NAMES = {
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.guided_json/guided_regex/guided_grammar",
+    "bad_words": "parameters.bad_words",
 }
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
 
 
 def token_dict(t: TokenOut | Alternative, tgi: bool) -> dict[str, Any]:
@@ -344,7 +353,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
     if fmt != "json" and service.engine.capabilities.logprobs.honoured:
         params = params.model_copy(update={"logprobs": True})  # DJL's streams carry every token's log_prob
-    async with await service.start(req.inputs, params, names=NAMES) as stream:
+    async with await service.start(req.inputs, params, names=req.parameters.field_names()) as stream:
         if fmt == "json":
             completion = await stream.collect(keep_tokens=shape.details)
             if completion.error is not None:
@@ -392,7 +401,13 @@ async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -
     try:
         for text in req.inputs:
             streams.append(
-                await service.start(text, params, field_name=f"inputs[{len(streams)}]", admitted=True, names=NAMES)
+                await service.start(
+                    text,
+                    params,
+                    field_name=f"inputs[{len(streams)}]",
+                    admitted=True,
+                    names=req.parameters.field_names(),
+                )
             )
         shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
         collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))

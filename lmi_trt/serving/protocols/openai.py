@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import re
 import time
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -42,6 +43,7 @@ from lmi_trt.serving.core import (
     GenerateParams,
     GenerationStream,
     TokenOut,
+    schema_guide_text,
 )
 from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
 from lmi_trt.serving.http import (
@@ -83,6 +85,7 @@ FINISH = {
     FinishReason.CANCELLED: "abort",
 }
 DONE = b"data: [DONE]\n\n"
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 # Accepted and without effect on the output.
 _IGNORED = frozenset(
     {
@@ -226,13 +229,15 @@ class _Base(BaseModel):
         )
 
     def _logit_bias(self) -> dict[int, float]:
-        """OpenAI's ``{"token id": bias}``, bias in [-100, 100]."""
+        """OpenAI's ``{"token id": bias}``, bias in [-100, 100]; a key is ASCII digits (``str.isdigit`` also
+        takes "²", which ``int`` refuses), at most 10 of them (``int`` refuses past 4300)."""
         out: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit() or not -100 <= value <= 100:
+            if not _TOKEN_ID.fullmatch(key) or not -100 <= value <= 100:
                 raise FieldError(
                     "logit_bias",
-                    f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; got {key!r}: {value!r}",
+                    f"logit_bias must map token ids (as strings) to numbers in [-100, 100]; got "
+                    f"{ascii(key[:20])}: {value!r}",
                 )
             out[int(key)] = float(value)
         return out
@@ -288,7 +293,7 @@ class ChatRequest(_Base):
             schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt.get("json_schema"), dict) else None
             if not isinstance(schema, dict):
                 raise FieldError("response_format", "response_format.json_schema.schema must be a JSON schema object")
-            return GuidedDecoding("json_schema", orjson.dumps(schema).decode())
+            return GuidedDecoding("json_schema", schema_guide_text(schema, "response_format"))
         raise FieldError(
             "response_format", f"response_format type {kind!r} is not one of text, json_object, json_schema"
         )

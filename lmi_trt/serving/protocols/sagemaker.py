@@ -34,6 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from lmi_trt.log_redaction import loggable
 from lmi_trt.serving.errors import PayloadTooLarge
 from lmi_trt.serving.http import (
     CUSTOM_ATTRIBUTES_HEADER,
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 EVENTSTREAM_CONTENT_TYPE = "application/vnd.amazon.eventstream"
 VARIANT = "AllTraffic"
 MAX_PART = 256 * 1024  # bytes per PayloadPart; a bigger container chunk is split
-_ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+_ENDPOINT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # fullmatch: "$" would let a final newline in
 _FORWARDED = (
     "Content-Type",
     CUSTOM_ATTRIBUTES_HEADER,
@@ -160,7 +161,7 @@ def _container_url(request: web.Request) -> str:
 
 async def _forward(request: web.Request, accept_header: str) -> tuple[str, bytes, dict[str, str]] | web.Response:
     name = request.match_info["endpoint"]
-    if not _ENDPOINT_NAME.match(name):
+    if not _ENDPOINT_NAME.fullmatch(name):
         return validation_error(
             f"1 validation error detected: Value '{name}' at 'endpointName' failed to satisfy constraint: "
             "Member must satisfy regular expression pattern: ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
@@ -223,7 +224,7 @@ async def invoke_endpoint_with_response_stream(request: web.Request) -> web.Stre
                 if held:
                     await response.write(payload_part(held))
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-                log.warning("endpoint %s: the container's stream broke: %s", name, e)
+                log.warning("endpoint %s: the container's stream broke: %s", loggable(name), e)
                 await response.write(
                     exception_event(
                         "ModelStreamError", f"the model container's response stream broke: {e}", "StreamBroken"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,6 +37,7 @@ from lmi_trt.serving.core import (
     GenerateParams,
     TokenOut,
     sampling_params,
+    schema_guide_text,
 )
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.http import (
@@ -129,7 +129,8 @@ class TgiParameters(GenerateParams):
         kind = g.get("type") if isinstance(g, dict) else None
         value = g.get("value") if isinstance(g, dict) else None
         if kind in ("json", "json_schema") and isinstance(value, (dict, str)):
-            return GuidedDecoding("json_schema", value if isinstance(value, str) else orjson.dumps(value).decode())
+            text = value if isinstance(value, str) else schema_guide_text(value, "parameters.grammar")
+            return GuidedDecoding("json_schema", text)
         if kind == "regex" and isinstance(value, str):
             return GuidedDecoding("regex", value)
         raise FieldError(

@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from lmi_trt.log_redaction import loggable
 from lmi_trt.serving.core import Delta, GenerateParams
 from lmi_trt.serving.errors import BadRequest
 from lmi_trt.serving.http import CONTEXT, ServingContext, error_response, json_response, register_invocation
@@ -132,7 +133,7 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
                 log.warning(
                     "truss stream %s failed after it started: %s; aborting the connection",
                     stream.request_id,
-                    d.error.message,
+                    loggable(d.error.message),
                 )
                 if request.transport is not None:
                     request.transport.abort()
