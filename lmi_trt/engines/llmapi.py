@@ -598,8 +598,8 @@ def plan_request(
     used = requested(req.sampling, bad_words=any(req.bad_words_ids), stop_token_ids=any(req.stop_token_ids))
     refusing = first_unsupported(unsupported, used)
     if refusing is not None:
-        name, why = refusing
-        raise EngineError(f"{name}: {why}", code=400)
+        name, why = refusing  # the serving layer names the field as the client wrote it (EngineOutput.error_field)
+        raise EngineError(why, code=400, field=name)
     p = req.sampling
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")
@@ -616,6 +616,7 @@ def plan_request(
             f"bad word sequence {unbannable[0]} cannot be banned on the pytorch backend: {why}, and "
             f"{codec.decode(unbannable[0])!r} tokenizes differently; ban single tokens instead",
             code=400,
+            field="bad_words",
         )
     sampling.update(
         max_tokens=p.max_new_tokens,
@@ -885,7 +886,7 @@ class LlmApiEngine:
                 streaming=request.streaming,
             )
         except EngineError as exc:
-            return error_output(rid, str(exc), exc.code)
+            return error_output(rid, str(exc), exc.code, exc.field)
         except (llmapi.RequestError, ValueError, TypeError) as exc:
             return error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
         except RuntimeError as exc:
