@@ -196,7 +196,12 @@ ADDITIVE_STATS = (
     "num_preemptions",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
 )
+# Counters with a key per draft position (…_per_pos_0, _1, ...): additive as well.
+ACCEPTED_PER_POSITION = "spec_decode_num_accepted_tokens_per_pos_"
 SHARED_STATS = ("kv_cache_block_size",)
 
 

@@ -19,6 +19,7 @@ This module imports neither the configuration nor an engine implementation at im
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, not_here
 from lmi_trt.vocabulary import TRTLLM_DEFAULT_BATCH
 
 if TYPE_CHECKING:  # the configuration imports this module; at run time views get an LmiConfig
@@ -66,6 +68,17 @@ class TorchSettings(BaseModel):
     tokens_per_block: int | None = Field(ge=1)
     enable_chunked_context: bool
     grammar_compile_timeout: float = Field(gt=0)
+    # Speculative decoding (the built-in decode loop: n-gram and draft-model drafts); the draft model's id
+    # is a local folder by the time the engine is built (lmi_trt.loader resolves it).
+    speculative: Speculation | None
+
+
+# The speculative methods the torch engine's built-in decode loop runs, and the speculative_config
+# members it reads (lmi_trt.speculative.MEMBERS covers the rest; others are refused, never ignored).
+TORCH_SPECULATION = ("ngram", "draft_model")
+# TensorRT-LLM NGram members the loop's drafting matches at these values only: each request's own tokens
+# (no pool shared between requests), every earlier match a candidate (is_use_oldest picks which).
+_TORCH_SPECULATIVE_OPTIONS = {"is_public_pool": False, "is_keep_all": True}
 
 
 class SyntheticSettings(BaseModel):
@@ -233,6 +246,29 @@ def trtllm_backend_settings(config: LmiConfig) -> TrtllmSettings | LlmApiSetting
     return llmapi_settings(config) if config.backend == "pytorch" else trtllm_settings(config)
 
 
+def torch_speculation(config: LmiConfig) -> Speculation | None:
+    """The speculative decoding the torch engine is asked for, refused (naming the key) where it is a
+    method the engine does not run or a speculative_config member it does not use."""
+    from lmi_trt.config import speculation
+
+    spec = speculation(config)
+    if spec is None:
+        return None
+    if spec.method not in TORCH_SPECULATION:
+        raise not_here(spec, "torch", TORCH_SPECULATION)
+    for member, value in spec.options.items():
+        if _TORCH_SPECULATIVE_OPTIONS.get(member, object()) != value:
+            raise SpeculationError(
+                f"{JSON_KEY}.{member}",
+                value,
+                "is not something the torch engine's speculative decoding does",
+                f"set {json.dumps(_TORCH_SPECULATIVE_OPTIONS[member])} or leave it out"
+                if member in _TORCH_SPECULATIVE_OPTIONS
+                else "leave it out",
+            )
+    return spec
+
+
 def torch_settings(config: LmiConfig) -> TorchSettings:
     return TorchSettings(
         dtype=config.dtype,
@@ -249,6 +285,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         tokens_per_block=config.tokens_per_block,
         enable_chunked_context=config.enable_chunked_context,
         grammar_compile_timeout=config.grammar_compile_timeout,
+        speculative=torch_speculation(config),
     )
 
 
@@ -287,7 +324,7 @@ def _build_torch(
 
     if placement is not None and placement.torch_device:
         settings = settings.model_copy(update={"device": placement.torch_device})
-    return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    return TorchEngine(artifact.path, **dict(settings), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
 
 def _build_trtllm(

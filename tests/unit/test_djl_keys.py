@@ -92,9 +92,11 @@ DJL_BASE = {
     "bedrock_compat": "false",
 }
 DJL_DOCS = {"parallel_loading": "false"}  # configurations.md
-EVERY_KEY = {**DJL_FIELDS, **DJL_KV_CACHE, **DJL_PYTORCH, **DJL_BASE, **DJL_DOCS}
-# Left to their issues (LoRA: 27, speculative decoding: 29): Properties' enable_lora, draft_model_id, spec_length;
-# and waiting_steps / lmcache_auto_config, which DJL's other handlers read.
+# Properties' speculative-decoding fields (draft_model_id, spec_length: 0 is its default, off).
+DJL_SPECULATION = {"draft_model_id": "/models/draft", "spec_length": "0"}
+EVERY_KEY = {**DJL_FIELDS, **DJL_KV_CACHE, **DJL_PYTORCH, **DJL_BASE, **DJL_DOCS, **DJL_SPECULATION}
+# Left to their issue (LoRA: 27): Properties' enable_lora; and waiting_steps / lmcache_auto_config, which DJL's
+# other handlers read.
 
 
 def _key(name: str) -> str:
