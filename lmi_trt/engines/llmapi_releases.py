@@ -149,7 +149,15 @@ TABLE: tuple[Support, ...] = (
         None,
         "TorchSampler: SamplingParams.embedding_bias from PR 6464 (1.1); the TRTLLMSampler's: not read",
     ),
-    Support("guided", "constrained decoding", ALL, ALL, "xgrammar beside the overlap scheduler: PR 6000 (1.0)"),
+    # _torch/pyexecutor/py_executor.py's executor loops: guided_decoder.execute(batch_outputs['logits']) before
+    # _sample_async, so the mask holds whichever sampler then runs (copies of the 1.0-1.2 line and main)
+    Support(
+        "guided",
+        "constrained decoding",
+        ALL,
+        ALL,
+        "xgrammar beside the overlap scheduler: PR 6000 (1.0); the PyExecutor masks the logits before any sampler",
+    ),
     Support(
         "beam_width",
         "beam search",
