@@ -651,7 +651,8 @@ class LmiConfig(BaseModel):
             "option.max_rolling_batch_size",
             _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: "
-            + ", ".join(f"{name} {entry(name).default_batch}" for name in ENGINE_NAMES if entry(name).uses_model),
+            + ", ".join(f"{name} {entry(name).default_batch}" for name in ENGINE_NAMES if entry(name).uses_model)
+            + " (trtllm's pytorch backend: TensorRT-LLM's own, 2048)",
             compile_time=True,
             aliases=_both("max_batch_size"),
         ),
@@ -927,7 +928,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.kv_cache_free_gpu_mem_fraction",
             _number(above=0, at_most=1, example=0.9),
-            "share of free GPU memory given to the KV cache",
+            "share of free GPU memory given to the KV cache (pytorch backend, unset: TensorRT-LLM's 0.9)",
             aliases=("option.free_gpu_memory_fraction",),  # DJL: KvCacheConfig(free_gpu_memory_fraction=)
         ),
     ] = KV_CACHE_FREE_GPU_MEM_FRACTION
@@ -955,7 +956,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.enable_kv_cache_reuse",
             _BOOL,
-            "prefix caching (TensorRT-LLM: needs paged context attention; torch: the built-in decode loop)",
+            "prefix caching (TensorRT-LLM: needs paged context attention, pytorch backend unset: TensorRT-LLM's, "
+            "on; torch: the built-in decode loop)",
             compile_time=True,
             aliases=("option.enable_block_reuse",),  # DJL: KvCacheConfig(enable_block_reuse=)
         ),
@@ -965,7 +967,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.batch_scheduler_policy",
             _choice(_same("max_utilization", "guaranteed_no_evict")),
-            "in-flight batch scheduling",
+            "in-flight batch scheduling (pytorch backend, unset: TensorRT-LLM's guaranteed_no_evict)",
         ),
     ] = "max_utilization"
     torch_batching: Annotated[

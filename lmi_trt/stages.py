@@ -36,7 +36,14 @@ from lmi_trt.config import speculation
 from lmi_trt.engines import probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.engines.guided import GuideVocab
-from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings, llm_configs, llm_plan, probe_llm_api
+from lmi_trt.engines.llmapi import (
+    LlmApiEngine,
+    LlmApiSettings,
+    llm_api_series,
+    llm_configs,
+    llm_plan,
+    probe_llm_api,
+)
 from lmi_trt.engines.registry import (
     ENTRIES,
     PYTORCH,
@@ -187,12 +194,23 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     )
 
 
-def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
+# Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
+# free memory for the KV cache): on the pytorch backend an unset one is left to TensorRT-LLM (llmapi.llm_plan).
+LLM_RELEASE_DEFAULTED = (
+    "enable_kv_cache_reuse",
+    "batch_scheduler_policy",
+    "enable_chunked_context",
+    "kv_cache_free_gpu_mem_fraction",
+)
 
+
+def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     return LlmApiSettings.of(
         config,
         runtime=trtllm_settings(config),
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
+        # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
+        given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
     )
 
 
@@ -397,7 +415,7 @@ def check_release(served: EngineEntry, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
 
 
 @functools.cache

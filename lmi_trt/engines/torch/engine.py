@@ -48,6 +48,7 @@ from ...compat import dtype_kwargs, text_config
 from ...speculative import Speculation, SpeculationError
 from ..base import (
     MAX_TOP_LOGPROBS,
+    SAMPLING_FEATURES,
     Capabilities,
     EngineError,
     EngineLimits,
@@ -286,6 +287,8 @@ class TorchEngine:
             guided=can()
             if _HAS_XGRAMMAR
             else cannot(f"the torch engine constrains decoding with xgrammar, and {XGRAMMAR_MISSING}"),
+            # its own sampler applies them all (gpu_sampler.py, sampler.py)
+            **dict.fromkeys(SAMPLING_FEATURES, can()),
         )
 
     @property
