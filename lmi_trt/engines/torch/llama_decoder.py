@@ -115,9 +115,8 @@ class Batch:
     tables: torch.Tensor  # [S, M] block tables (int64)
     tile_seq: torch.Tensor  # the Triton attention programs: sequence and first row (decode_kernels.tile_plan)
     tile_row: torch.Tensor
-    max_q: int  # the largest seq_len
+    max_q: int  # the largest seq_len (decode_kernels.config_for: the programs' tiles)
     max_context: int  # an upper bound of context: how far the torch path gathers
-    block_m: int  # rows per attention program (decode_kernels.block_rows)
     pad_index: torch.Tensor | None = None  # [T] each token's row in [S, max_q] (needed when max_q > 1)
     logits_at: torch.Tensor | None = None  # tokens to compute logits for; None: every token
 
@@ -129,14 +128,13 @@ LAYOUT = ("positions", "slots", "seq_start", "seq_len", "context", "tile_seq", "
 def batch_layout(
     spans: Sequence[tuple[Sequence[int], int, int]], block_size: int, group: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Pure: the ``LAYOUT`` tensors (host, int64) and sizes (``max_q``, ``max_context``,
-    ``block_m``) of a batch whose sequences are given as (block table, first position, token
-    count), each adding ``count`` tokens at positions ``first..first+count-1``. Built in ``array``s
-    from ranges: a step of thousands of tokens costs the host a few hundred microseconds."""
+    """Pure: the ``LAYOUT`` tensors (host, int64) and sizes (``max_q``, ``max_context``) of a batch
+    whose sequences are given as (block table, first position, token count), each adding
+    ``count`` tokens at positions ``first..first+count-1``. Built in ``array``s from ranges: a step
+    of thousands of tokens costs the host a few hundred microseconds."""
     seq_len = [count for _, _, count in spans]
     max_q = max(seq_len)
-    block_m = decode_kernels.block_rows(group, max_q)
-    tile_seq, tile_row = decode_kernels.tile_plan(seq_len, group, block_m)
+    tile_seq, tile_row = decode_kernels.tile_plan(seq_len, group, decode_kernels.config_for(max_q))
     out = {name: array("q") for name in LAYOUT}
     start = 0
     for s, (table, first, count) in enumerate(spans):
@@ -157,7 +155,7 @@ def batch_layout(
     out["tile_seq"].extend(tile_seq)
     out["tile_row"].extend(tile_row)
     tensors = {name: torch.frombuffer(values, dtype=torch.long) for name, values in out.items()}
-    return tensors, {"max_q": max_q, "max_context": max(out["context"]), "block_m": block_m}
+    return tensors, {"max_q": max_q, "max_context": max(out["context"])}
 
 
 class LlamaDecoder:
@@ -310,7 +308,7 @@ class LlamaDecoder:
                 batch.seq_len,
                 batch.context,
                 (batch.tile_seq, batch.tile_row),
-                batch.block_m,
+                decode_kernels.config_for(batch.max_q),
                 self.scale,
             )
         # Each sequence's blocks gathered into a row [S, kv_heads, L, D]; a KV head's group of query
