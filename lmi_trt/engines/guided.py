@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import select
@@ -46,6 +47,8 @@ import orjson
 from lmi_trt.child_process import die_with_parent
 
 from .base import EngineError, GuidedDecoding
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -266,6 +269,12 @@ class _Probe:
         self.close()  # the probe itself failed: a new one for the next guide
         raise EngineError("the grammar compiler process failed; retry", code=503)
 
+    def _start_early(self) -> None:
+        try:
+            self._start()
+        except Exception:  # noqa: BLE001 - the first guided request starts it again and answers 503 with why
+            log.debug("constrained decoding's early start failed; the first guided request retries", exc_info=True)
+
     def _start(self) -> None:
         self.close()
         down_read, down_write = os.pipe()
@@ -348,6 +357,9 @@ class Grammars:
         self._refused: OrderedDict[bytes, str] = OrderedDict()  # event loop only
         self._pending: dict[bytes, asyncio.Future[Any]] = {}
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lmi-grammar")  # one compile at a time
+        # The probe process starts now, beside the model's load, not at the first guided request: its start
+        # (importing xgrammar, which imports torch) takes seconds that request would otherwise wait.
+        self._thread.submit(self._start_early)
 
     async def guide(self, guided: GuidedDecoding) -> Guide:
         """A fresh matcher for one request; ``refusal`` (400) for a guide that cannot be compiled in time."""
@@ -391,6 +403,12 @@ class Grammars:
             return _compile(self._compiler, guided.kind, guided.value)
         except Exception as exc:  # noqa: BLE001 - the probe compiled it: not expected, still the guide's
             raise refusal(_cannot(guided.kind, exc)) from exc
+
+    def _start_early(self) -> None:
+        try:
+            self._start()
+        except Exception:  # noqa: BLE001 - the first guided request starts it again and answers 503 with why
+            log.debug("constrained decoding's early start failed; the first guided request retries", exc_info=True)
 
     def _start(self) -> None:
         from transformers import AutoTokenizer
