@@ -21,7 +21,9 @@ into chunks (option.enable_chunked_context), so option.max_num_tokens bounds eve
       sequences of the full 4,096 positions the pool holds, and preemptions.
 
 --profile also runs each budget's long workload again under torch.profiler (CUDA activity only):
-the device's busy time against the wall time, and the kernels that took it.
+the device's busy time against the wall time, and the kernels that took it; at the first budget
+also under torch.profiler with CPU activity (the host's operators and CUDA calls) and under
+cProfile in the decode loop's thread.
 
     PYTHONPATH=$PWD:$PWD/benchmarks python3 benchmarks/gpu_paged.py --json gpu_paged.json [--profile]
 
@@ -33,9 +35,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
+import io
 import json
 import logging
+import pstats
 import statistics
 import tempfile
 import time
@@ -71,36 +76,70 @@ class KvLog(logging.Handler):
         return handler
 
 
-async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str, profile: bool = False) -> dict:
+async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str, profile: str | None = None) -> dict:
+    """The requests at once; ``profile``: "device" (torch.profiler, CUDA activity: busy time and
+    kernels), "host" (CPU and CUDA activity: the host's operators and CUDA calls by their own
+    time) or "python" (cProfile in the decode loop's thread: its functions by their own time)."""
     backend = engine._backend
     peaks = ("peak_rows", "largest_step")  # maxima, reset per workload; the other counters are totals
     for name in peaks:
         backend.counters[name] = 0
     before = dict(backend.counters)
-    profiler = None
-    if profile:
+    profiler = python = None
+    if profile in ("device", "host"):
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
 
-        profiler = torch_profile(activities=[ProfilerActivity.CUDA])
+        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if profile == "host" else [])
+        extra = {}
+        if profile == "host":  # the loop's own thread, and the CUDA calls that wait for the device
+            try:
+                config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True, enable_cuda_sync_events=True)
+                extra = {"experimental_config": config}
+            except (AttributeError, TypeError):  # a torch without them: the CUDA runtime calls still show
+                pass
+        profiler = torch_profile(activities=activities, **extra)
         profiler.__enter__()
+    elif profile == "python":
+        python = cProfile.Profile()
+        iterate = backend._iterate
+
+        def traced() -> None:  # enabled in the loop's own thread: cProfile follows one thread
+            python.enable()
+            try:
+                iterate()
+            finally:
+                python.disable()
+
+        backend._iterate = traced
     t0 = time.perf_counter()
     runs = await asyncio.gather(*(stream(engine, f"{tag}{i}", ids, out_tokens) for i, ids in enumerate(batch)))
     seconds = time.perf_counter() - t0
     if profiler is not None:
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         profiler.__exit__(None, None, None)
+    if python is not None:
+        del backend._iterate
     ttfts = [times[0] - t0 for _, times in runs]
     itls = [b - a for _, times in runs for a, b in zip(times, times[1:])]
     result = summary(sum(len(g) for g, _ in runs), seconds, ttfts, itls)
     result["streams"] = len(batch)
     result["loop"] = {k: v if k in peaks else v - before[k] for k, v in backend.counters.items()}
     result["generated"] = [g for g, _ in runs]
-    if profiler is not None:
-        try:
+    try:
+        if profile == "device":
             result["profile"] = device_time(profiler, seconds)
-        except Exception as exc:  # noqa: BLE001 - a profiler that reports otherwise: the run still counts
-            result["profile"] = {"wall_s": seconds, "device_busy_s": 0.0, "kernels": 0, "top": [], "error": repr(exc)}
+        elif profile == "host":
+            result["profile"] = host_time(profiler)
+        elif profile == "python":
+            text = io.StringIO()
+            stats = pstats.Stats(python, stream=text)
+            stats.sort_stats("tottime").print_stats(35)
+            stats.sort_stats("cumulative").print_stats(25)
+            result["profile"] = {"text": text.getvalue()}
+    except Exception as exc:  # noqa: BLE001 - a profiler that reports otherwise: the run still counts
+        result["profile"] = {"error": repr(exc)}
     return result
 
 
@@ -123,6 +162,12 @@ def device_time(profiler, seconds: float) -> dict:
     }
 
 
+def host_time(profiler) -> dict:
+    """The host-side operators and CUDA runtime calls that took the most time of their own."""
+    events = sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:40]
+    return {"top": [{"op": e.key[:100], "count": e.count, "self_ms": e.self_cpu_time_total / 1e3} for e in events]}
+
+
 async def session(
     model_dir: Path,
     device: str,
@@ -134,8 +179,8 @@ async def session(
 ) -> dict:
     """One engine: start it, warm it up, run each (name, prompts, output tokens[, repetitions: the
     median tok/s counts]), close it. ``workloads`` may be a coroutine function of the engine that
-    returns them (it may run workloads of its own first); those named in ``profile`` run once
-    more under the profiler."""
+    returns them (it may run workloads of its own first); "long" runs again under each profiler
+    named in ``profile`` (run_batch)."""
     from lmi_trt.engines.torch import TorchEngine
 
     started = time.perf_counter()
@@ -156,17 +201,10 @@ async def session(
             brief = {k: round(v, 1) for k, v in out[name].items() if isinstance(v, float)}
             loop = {k: round(v, 3) if isinstance(v, float) else v for k, v in out[name]["loop"].items()}
             print(f"  {name}: {brief} loop={loop}", flush=True)
-            if name in profile and device == "cuda":
-                traced = await run_batch(engine, batch, out_tokens, f"{name}p", profile=True)
-                out[f"{name}_profiled"] = {k: v for k, v in traced.items() if k != "generated"}
-                p = traced["profile"]
-                print(
-                    f"  {name} again, profiled: {traced['tok_s']:,.0f} tok/s; device busy "
-                    f"{p['device_busy_s']:.3f} s of {p['wall_s']:.3f} s, {p['kernels']} kernels",
-                    flush=True,
-                )
-                for row in p["top"]:
-                    print(f"    {row['ms']:9.1f} ms {row['count']:6d}× {row['kernel']}", flush=True)
+            for mode in profile if name == "long" and device == "cuda" else ():
+                traced = await run_batch(engine, batch, out_tokens, f"{name}.{mode}.", profile=mode)
+                out[f"{name}_{mode}_profile"] = {k: v for k, v in traced.items() if k != "generated"}
+                show_profile(name, mode, traced)
         out["stats"] = engine.stats().extra
     finally:
         await engine.close()
@@ -176,6 +214,22 @@ async def session(
         torch.cuda.empty_cache()
     out["wall_s"] = time.perf_counter() - started
     return out
+
+
+def show_profile(name: str, mode: str, traced: dict) -> None:
+    p = traced["profile"]
+    print(f"  {name} again, {mode} profile: {traced['tok_s']:,.0f} tok/s, loop={traced['loop']}", flush=True)
+    if "error" in p:
+        print(f"    {p['error']}", flush=True)
+    elif mode == "device":
+        print(f"    device busy {p['device_busy_s']:.3f} s of {p['wall_s']:.3f} s, {p['kernels']} kernels", flush=True)
+        for row in p["top"]:
+            print(f"    {row['ms']:9.1f} ms {row['count']:6d}× {row['kernel']}", flush=True)
+    elif mode == "host":
+        for row in p["top"]:
+            print(f"    {row['self_ms']:9.1f} ms {row['count']:7d}× {row['op']}", flush=True)
+    else:
+        print(p["text"], flush=True)
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
@@ -309,7 +363,7 @@ def main() -> None:
             workloads = [("short", short_batch, out_tokens), ("long", long_batch, out_tokens)]
             if i == 0:
                 workloads.append(("shared", shared, shared_out))
-            profile = ("long",) if a.profile else ()
+            profile = (("device", "host", "python") if i == 0 else ("device",)) if a.profile else ()
             settings = base | {"max_num_tokens": budget}
             result = asyncio.run(session(model_dir, device, settings, workloads, log, profile=profile))
             report["a"].append(result)

@@ -136,20 +136,31 @@ def batch_layout(
     max_q = max(seq_len)
     tile_seq, tile_row = decode_kernels.tile_plan(seq_len, group, decode_kernels.config_for(max_q))
     out = {name: array("q") for name in LAYOUT}
+    positions, slots, pad_index = out["positions"], out["slots"], out["pad_index"]
+    seq_start, context = out["seq_start"], out["context"]
     start = 0
     for s, (table, first, count) in enumerate(spans):
         end = first + count
-        out["positions"].extend(range(first, end))
+        if count == 1:  # a decode token: most spans of a step, so the short way
+            block, offset = divmod(first, block_size)
+            positions.append(first)
+            slots.append(table[block] * block_size + offset)
+            pad_index.append(s * max_q)
+            seq_start.append(start)
+            context.append(end)
+            start += 1
+            continue
+        positions.extend(range(first, end))
         position = first
         while position < end:  # one run of cache slots per block the span touches
             block, offset = divmod(position, block_size)
             run = min(end - position, block_size - offset)
             cell = table[block] * block_size + offset
-            out["slots"].extend(range(cell, cell + run))
+            slots.extend(range(cell, cell + run))
             position += run
-        out["pad_index"].extend(range(s * max_q, s * max_q + count))
-        out["seq_start"].append(start)
-        out["context"].append(end)
+        pad_index.extend(range(s * max_q, s * max_q + count))
+        seq_start.append(start)
+        context.append(end)
         start += count
     out["seq_len"].extend(seq_len)
     out["tile_seq"].extend(tile_seq)
@@ -338,9 +349,11 @@ class LlamaDecoder:
     def _add_linear(
         residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``residual + x @ weight.T (+ bias)``; without a bias the add rides on the matmul (addmm)."""
+        """``residual + x @ weight.T (+ bias)``; without a bias the add rides on the matmul, into
+        ``residual`` itself (the residual stream is the pass's own tensor, read by nothing after
+        this: an out-of-place addmm copied it first, 2 copies a layer)."""
         if bias is None:
-            return torch.addmm(residual, x, weight.t())
+            return residual.addmm_(x, weight.t())
         return residual + F.linear(x, weight, bias)
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
