@@ -25,14 +25,17 @@ One thread runs the loop. Each iteration it
 3. launches it: a step of decode tokens only runs as the CUDA graph of the smallest captured
    batch size covering the highest slot in use (idle slots inside it write nothing and are
    ignored); a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
-   and prompt chunks together (its shapes change every step, and it is dominated by the chunk's
-   matmuls, for which a graph would save nothing); requests whose prompt ends in the step sample
-   their first token in it;
-4. only then waits for the *previous* iteration's tokens (a pinned device→host copy and an event)
-   and hands them to the server.
+   and prompt chunks together (its shapes change every step; vLLM captures such steps as
+   piecewise graphs around attention, docs/design/cuda_graphs.md, which would spare the host its
+   ~200 launches, about as long as the device's 2,048-token step on an H100); requests whose
+   prompt ends in the step sample their first token in it;
+4. only then hands the tokens emitted last iteration to the event loop (which turns them into
+   responses while this thread waits, not while it plans: both need the GIL), waits for the
+   *previous* iteration's tokens (a pinned device→host copy and an event) and emits them.
 
 The GPU therefore always has the next step queued while the host turns the last one into outputs;
-the only synchronisation is that copy of finished tokens. Stop conditions (EOS, stop sequences)
+the only synchronisation is that copy of finished tokens (benchmarks/gpu_syncs.py lists any other
+call that waits for the device: one would let the device run dry). Stop conditions (EOS, stop sequences)
 are seen one step late, so a finishing request costs one discarded token of work;
 ``max_new_tokens`` is known in advance and costs nothing. Multi-token bad words and grammars need
 the newest token before the next step can ban anything, so while such a request decodes the loop
@@ -558,7 +561,8 @@ class DecodeLoopBackend(QueuedBackend):
         spans = [(scratch, 0, 1), (scratch, 0, 64)]
         layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
         device = self._upload(layout | {"tokens": torch.zeros(65, dtype=torch.long)})
-        tables = torch.tensor([scratch, scratch], device=self._device)
+        # As wide as the real steps' tables: Triton specializes on their stride too.
+        tables = torch.full((2, self._tables.size(1)), self._pool.num_blocks, device=self._device)
         self._decoder.forward(Batch(tokens=device.pop("tokens"), tables=tables, **device, **sizes))
 
     def _capture(self) -> None:
@@ -629,7 +633,7 @@ class DecodeLoopBackend(QueuedBackend):
             if r is not None and r.slot.sampling.logit_bias:
                 ids, values = zip(*r.slot.sampling.logit_bias)
                 dense[i, list(ids)] = torch.tensor(values)
-        return dense.to(self._device)
+        return self._put(dense)
 
     def _step_bans(self, rows: Sequence[_Row], value: bool) -> None:
         """Set (before a step) or clear (after it) the bans of multi-token bad words whose prefix
@@ -642,7 +646,7 @@ class DecodeLoopBackend(QueuedBackend):
                 allowed = allowed_tokens([r.slot.matcher for r in guided], self._state.vocab)
                 self._state.banned_now[index] = ~allowed.to(self._device)
             else:
-                self._state.banned_now[index] = False
+                self._state.banned_now.index_fill_(0, index, False)  # a Python value: no wait for the device
         rows = [r for r in rows if r.multi_bad]
         if rows:
             bans = [banned_next_tokens(r.prompt + r.slot.generated, r.multi_bad) for r in rows]
