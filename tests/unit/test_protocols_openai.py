@@ -162,6 +162,19 @@ async def test_chat_stream_sse_usage_and_logprobs():
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
         ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
+        # vLLM's constraints, named by the field they came in (the synthetic engine has no model to constrain)
+        ({"structured_outputs": {"regex": "yes|no"}}, "structured_outputs.regex", "synthetic engine"),
+        ({"guided_choice": ["yes", "no"]}, "guided_choice", "synthetic engine"),
+        ({"guided_json": {"type": "object"}}, "guided_json", "synthetic engine"),
+        ({"structured_outputs": {"json_object": True}}, "structured_outputs.json_object", "synthetic engine"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice", "exclude each other"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "not served here"),
+        ({"guided_choice": []}, "guided_choice", "non-empty list"),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+            "guided_regex",
+            "cannot be combined with response_format",
+        ),
         ({"temperature": 2.5}, "temperature", "temperature"),
         ({"presence_penalty": -3}, "presence_penalty", "presence_penalty"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens"),
@@ -228,6 +241,17 @@ async def test_chat_stop_and_bad_json():
 
 
 # --- /v1/completions ---
+async def test_completions_take_vllms_constraints_by_their_field():
+    async with serve() as (s, _):
+        for body, param in (
+            ({"guided_regex": "a|b"}, "guided_regex"),
+            ({"structured_outputs": {"grammar": 'root ::= "a"'}}, "structured_outputs.grammar"),
+        ):
+            status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": "Hi", **body})
+            err = orjson.loads(raw)["error"]
+            assert status == 400 and err["param"] == param and "synthetic engine" in err["message"], raw
+
+
 async def test_completions_json_stream_echo_and_logprobs():
     async with serve() as (s, _):
         n = n_tokens(MULTI)

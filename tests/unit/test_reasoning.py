@@ -215,3 +215,52 @@ async def test_template_keyword_arguments_reach_a_template_that_reads_them_and_a
         status, _, raw = await post(s, "/v1/chat/completions", _chat("Hi", reasoning_effort="low"))
         err = orjson.loads(raw)["error"]
         assert status == 400 and err["param"] == "reasoning_effort" and "does not read" in err["message"], raw
+
+
+def test_the_constraint_after_the_reasoning_is_one_grammar_every_engine_takes():
+    """The grammar TensorRT-LLM's xgrammar gets (``backend_guide``) and the torch engine compiles: any text up to
+    the first ``</think>``, then the constraint; the text may hold everything but the closing tag."""
+    import re
+
+    import xgrammar as xgr
+    from serverproc import tiny_tokenizer
+
+    from lmi_trt.engines.guided import _compile, backend_guide, free_text_until
+
+    pattern = re.compile(free_text_until("</think>"))
+    for thought in ("", "plain", "a < b </ c </th <</think", "<think>again"):
+        assert pattern.fullmatch(thought + "</think>"), thought
+    for bad in ("no end", "x</think>y</think>", "</think></think>"):
+        assert not pattern.fullmatch(bad), bad
+    kind, grammar = backend_guide(GuidedDecoding("regex", "(yes|no)", after="</think>"))
+    tokenizer = tiny_tokenizer()
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    for compiled in (compiler.compile_grammar(grammar), _compile(compiler, "regex", "(yes|no)", "</think>")):
+        matcher = xgr.GrammarMatcher(compiled)
+        assert all(matcher.accept_token(t) for t in tokenizer.encode("hm <x</think>no", add_special_tokens=False))
+        assert matcher.accept_token(tokenizer.eos_token_id) and matcher.is_terminated()
+        matcher = xgr.GrammarMatcher(compiled)
+        assert not all(matcher.accept_token(t) for t in tokenizer.encode("</think>maybe", add_special_tokens=False))
+    assert kind == "grammar"
+
+
+def test_enable_reasoning_true_needs_a_parser_and_false_excludes_one():
+    from serverproc import tiny_tokenizer
+
+    from lmi_trt.config import ConfigError, StartupError, load_config
+    from lmi_trt.loader import check_reasoning
+
+    with pytest.raises(StartupError) as err:  # the tiny model's ChatML template is no reasoning family's
+        check_reasoning(LmiConfig(enable_reasoning=True), tiny_tokenizer())
+    assert err.value.key == "option.enable_reasoning" and "option.reasoning_parser" in str(err.value)
+    check_reasoning(LmiConfig(enable_reasoning=True, reasoning_parser="qwen3"), tiny_tokenizer())
+    with pytest.raises(ConfigError, match="option.enable_reasoning=false"):
+        load_config(
+            overrides={
+                "option.model_id": "m",
+                "option.enable_reasoning": "false",
+                "option.reasoning_parser": "deepseek_r1",
+            },
+            env={},
+        )

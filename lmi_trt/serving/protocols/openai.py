@@ -95,12 +95,11 @@ DONE = b"data: [DONE]\n\n"
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
-def _is_json(text: str) -> bool:
+def _json_or_none(text: str) -> Any:
     try:
-        orjson.loads(text)
+        return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return False
-    return True
+        return None
 
 
 def _ebnf_string(text: str) -> str:
@@ -237,7 +236,9 @@ class _Base(BaseModel):
         if kind == "object":
             return GuidedDecoding("json_object"), field
         if kind == "json":
-            schema = orjson.loads(value) if isinstance(value, str) and _is_json(value) else value
+            schema = _json_or_none(value) if isinstance(value, str) else value
+            if not isinstance(schema, dict):
+                raise FieldError(field, f"{field} must be a JSON schema: an object, or its JSON text")
             return GuidedDecoding("json_schema", schema_guide_text(schema, field)), field
         if kind == "choice":
             if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
