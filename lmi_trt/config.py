@@ -33,6 +33,9 @@ from lmi_trt.errors import LmiError, as_written
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
 from lmi_trt.serving import reasoning_parsers, tool_parsers
+from lmi_trt.speculative import FLAT_FIELDS, Speculation, SpeculationError, parse_json_object, resolve
+from lmi_trt.speculative import METHODS as SPECULATIVE_METHODS
+from lmi_trt.speculative import SPELLINGS as SPECULATIVE_SPELLINGS
 from lmi_trt.spelling import did_you_mean, within_a_typo
 from lmi_trt.vocabulary import (
     AWQ_BLOCK_SIZES,
@@ -178,6 +181,13 @@ def _cache_uri(raw: str) -> str:
             raise _BadValue("is not an s3://bucket/prefix URI or a local path; set e.g. s3://my-bucket/engines")
         return raw.rstrip("/")
     return str(Path(raw).expanduser())
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    try:
+        return parse_json_object(raw)
+    except ValueError as e:
+        raise _BadValue(f'{e}; write one object, e.g. {{"decoding_type": "NGram", "max_draft_len": 4}}') from None
 
 
 def _only_true(raw: str) -> bool:
@@ -654,7 +664,8 @@ class LmiConfig(BaseModel):
             "option.max_rolling_batch_size",
             _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: "
-            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
+            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model)
+            + " (trtllm's pytorch backend: TensorRT-LLM's own, 2048)",
             compile_time=True,
             aliases=_both("max_batch_size"),
         ),
@@ -706,7 +717,12 @@ class LmiConfig(BaseModel):
     max_draft_len: Annotated[
         int,
         KeySpec(
-            "option.max_draft_len", _integer(0, 4), "speculative-decoding draft tokens per step", compile_time=True
+            "option.max_draft_len",
+            _integer(0, 4),
+            "speculative decoding: most draft tokens per step (TensorRT-LLM's name; DJL lmi-dist's "
+            "speculative_length, vLLM's num_speculative_tokens); unset with a method: 4",
+            compile_time=True,
+            aliases=("option.speculative_length", "option.spec_length", "option.num_speculative_tokens"),
         ),
     ] = 0
     tokens_per_block: Annotated[
@@ -925,7 +941,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.kv_cache_free_gpu_mem_fraction",
             _number(above=0, at_most=1, example=0.9),
-            "share of free GPU memory given to the KV cache",
+            "share of free GPU memory given to the KV cache (pytorch backend, unset: TensorRT-LLM's 0.9)",
             aliases=("option.free_gpu_memory_fraction",),  # DJL: KvCacheConfig(free_gpu_memory_fraction=)
         ),
     ] = KV_CACHE_FREE_GPU_MEM_FRACTION
@@ -953,7 +969,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.enable_kv_cache_reuse",
             _BOOL,
-            "prefix caching (TensorRT-LLM: needs paged context attention; torch: the built-in decode loop)",
+            "prefix caching (TensorRT-LLM: needs paged context attention, pytorch backend unset: TensorRT-LLM's, "
+            "on; torch: the built-in decode loop)",
             compile_time=True,
             aliases=("option.enable_block_reuse",),  # DJL: KvCacheConfig(enable_block_reuse=)
         ),
@@ -963,7 +980,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.batch_scheduler_policy",
             _choice(_same("max_utilization", "guaranteed_no_evict")),
-            "in-flight batch scheduling",
+            "in-flight batch scheduling (pytorch backend, unset: TensorRT-LLM's guaranteed_no_evict)",
         ),
     ] = "max_utilization"
     torch_batching: Annotated[
@@ -1004,6 +1021,64 @@ class LmiConfig(BaseModel):
             aliases=_both("enable_chunked_prefill"),
         ),
     ] = False
+    # --- speculative decoding (lmi_trt.speculative: the three vocabularies, merged and checked) ---
+    speculative_config: Annotated[
+        dict[str, Any] | None,
+        KeySpec(
+            "option.speculative_config",
+            ValueType("JSON object", _json_object),
+            "speculative decoding as one JSON object: TensorRT-LLM's speculative_config (decoding_type, "
+            "max_draft_len, speculative_model, max_matching_ngram_size, ...) or vLLM's (method, "
+            "num_speculative_tokens, model, prompt_lookup_max, ...)",
+        ),
+    ] = None
+    speculative_decoding_mode: Annotated[
+        Literal[tuple(SPECULATIVE_METHODS)] | None,
+        KeySpec(
+            "option.speculative_decoding_mode",
+            _choice(SPECULATIVE_SPELLINGS, shown=tuple(SPECULATIVE_METHODS)),
+            "speculative decoding's drafter (trtllm-build's flag; TensorRT-LLM's and vLLM's spellings work "
+            "too); the torch engine runs ngram and draft_model",
+        ),
+    ] = None
+    speculative_draft_model: Annotated[
+        str | None,
+        KeySpec(
+            "option.speculative_draft_model",
+            _TEXT,
+            "draft model for speculative decoding: Hugging Face id, s3:// URI or folder, with the model's "
+            "tokenizer (DJL's key; turns on draft-model speculation)",
+            aliases=("option.draft_model_id", "option.speculative_model", "option.speculative_model_dir"),
+        ),
+    ] = None
+    max_matching_ngram_size: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_matching_ngram_size",
+            _integer(1, 2),
+            "n-gram speculation: the longest n-gram looked up (TensorRT-LLM's name, vLLM's prompt_lookup_max); "
+            "unset: 2",
+            aliases=("option.prompt_lookup_max", "option.ngram_prompt_lookup_max"),
+        ),
+    ] = None
+    prompt_lookup_min: Annotated[
+        int | None,
+        KeySpec(
+            "option.prompt_lookup_min",
+            _integer(1, 1),
+            "n-gram speculation: the shortest n-gram looked up (vLLM's name); unset: 1",
+            aliases=("option.ngram_prompt_lookup_min",),
+        ),
+    ] = None
+    speculative_disable_by_batch_size: Annotated[
+        int | None,
+        KeySpec(
+            "option.speculative_disable_by_batch_size",
+            _integer(1, 32),
+            "no speculation in steps with more running requests than this (vLLM's name, TensorRT-LLM's "
+            "max_concurrency); unset: the engine's default (torch: 32)",
+        ),
+    ] = None
     multi_block_mode: Annotated[
         bool | None,
         KeySpec(
@@ -1813,6 +1888,10 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
             "option.tokenizer_id too, or use option.revision"
         )
     _check_tls(get, name)
+    try:
+        _speculation(get, name)
+    except SpeculationError as e:
+        raise ConfigError(str(e)) from None
     if get("use_paged_context_fmha") is False:
         for needs in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if get(needs):
@@ -1820,6 +1899,31 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
                     f"{name(needs)}=true needs paged context attention, but "
                     f"{name('use_paged_context_fmha')}=false; drop one of them"
                 )
+
+
+def _speculation(get: Callable[[str], Any], name: Callable[[str], str]) -> Speculation | None:
+    flat = {field: (name(attr), get(attr)) for attr, field in FLAT_FIELDS.items() if get(attr)}
+    return resolve(get("speculative_config"), flat)
+
+
+def speculation(config: LmiConfig) -> Speculation | None:
+    """The speculative decoding ``config`` asks for (None: none), its keys merged and checked (load_config
+    has refused what cannot work). Reads each field through ``config``, so a settings view that calls it
+    counts them as honoured (``lmi_trt.engines.registry.honoured``)."""
+    return _speculation(lambda attr: getattr(config, attr), key_of)
+
+
+def with_draft_model(config: LmiConfig, folder: Path) -> LmiConfig:
+    """``config`` with the speculative draft model's id replaced by the local ``folder`` it was resolved to,
+    wherever it was set (DJL does the same with option.speculative_draft_model after its download)."""
+    values: dict[str, Any] = {}
+    if config.speculative_draft_model is not None:
+        values["speculative_draft_model"] = str(folder)
+    raw = config.speculative_config or {}
+    members = [m for m in raw if m in ("speculative_model", "speculative_model_dir", "model")]
+    if members:
+        values["speculative_config"] = {**raw, **{m: str(folder) for m in members}}
+    return config.derived(f"the draft model, resolved to {folder}", **values) if values else config
 
 
 def _check_tls(get: Callable[[str], Any], name: Callable[[str], str]) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lmi_trt.config import LmiConfig, StartupError
+from lmi_trt.config import LmiConfig, StartupError, speculation, with_draft_model
 from lmi_trt.engines import ArtifactKind, EngineKind, choose_backend, probe_trtllm, registry
 from lmi_trt.engines.base import Engine
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
@@ -21,7 +21,7 @@ from lmi_trt.serving import reasoning_parsers
 from lmi_trt.serving.chat import template_text
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
-from lmi_trt.sources import ModelArtifact, hub_token, resolve_model, resolve_tokenizer
+from lmi_trt.sources import ModelArtifact, hub_token, resolve_draft_model, resolve_model, resolve_tokenizer
 from lmi_trt.sources.artifact import is_hf_config
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
         )
     registry.refuse_ignored(kind, config)
     registry.check_release(kind, config)
+    draft = await asyncio.to_thread(resolve_draft_model, config)
+    if draft is not None:
+        log.info("speculative decoding's draft model resolved to %s", draft)
+        config = with_draft_model(config, draft)
     artifact = await asyncio.to_thread(compile_if_needed, kind, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(
@@ -307,6 +311,11 @@ def preflight(config: LmiConfig, kind: EngineKind) -> LmiConfig:
         tokenizer = _local_folder(config.tokenizer_id, "option.tokenizer_id")
         if tokenizer is None:
             _hub_config(config.tokenizer_id, "option.tokenizer_id", config.tokenizer_revision, hub_token(config))
+    spec = speculation(config)
+    if spec is not None and spec.draft_model is not None:  # found (or, offline, cached) like the model
+        draft_key = spec.key("draft_model")
+        if _local_folder(spec.draft_model, draft_key) is None:
+            _hub_config(spec.draft_model, draft_key, None, hub_token(config))
     if not registry.ENGINES[kind].uses_model and config.model_id is None and config.model_dir is None:
         return config
     if config.model_id is None:

@@ -150,6 +150,13 @@ class Capabilities:
     prompt_logprobs: Capability = field(metadata={"doc": "the log-prob of each prompt token"})
     logit_bias: Capability = field(metadata={"doc": "values added to chosen tokens' logits before sampling"})
     guided: Capability = field(metadata={"doc": "output constrained to a JSON schema, regex or grammar"})
+    seed: Capability = field(metadata={"doc": "the seed a sampled request draws its tokens with"})
+    repetition_penalty: Capability = field(metadata={"doc": "logits of tokens already seen divided or multiplied"})
+    presence_penalty: Capability = field(metadata={"doc": "a penalty on tokens already generated"})
+    frequency_penalty: Capability = field(metadata={"doc": "a penalty per occurrence of a generated token"})
+    min_new_tokens: Capability = field(metadata={"doc": "the end of sequence held back for this many tokens"})
+    bad_words: Capability = field(metadata={"doc": "token sequences never generated"})
+    stop_token_ids: Capability = field(metadata={"doc": "stop tokens of a request that ignores the end of sequence"})
 
     def features(self) -> dict[str, Capability]:
         """Feature name → its capability, in declaration order."""
@@ -158,6 +165,18 @@ class Capabilities:
     @staticmethod
     def doc(feature: str) -> str:
         return next(f.metadata["doc"] for f in fields(Capabilities) if f.name == feature)
+
+
+# The Capabilities a sampler applies or ignores (the samplers of TensorRT-LLM's LLM API differ by release).
+SAMPLING_FEATURES = (
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_new_tokens",
+    "bad_words",
+    "stop_token_ids",
+)
 
 
 @dataclass
@@ -180,7 +199,12 @@ ADDITIVE_STATS = (
     "num_preemptions",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
 )
+# Counters with a key per draft position (…_per_pos_0, _1, ...): additive as well.
+ACCEPTED_PER_POSITION = "spec_decode_num_accepted_tokens_per_pos_"
 SHARED_STATS = ("kv_cache_block_size",)
 
 

@@ -19,6 +19,7 @@ This module imports neither the configuration nor an engine implementation at im
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmi_trt.engines.base import Engine, EngineError
+from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, not_here
 from lmi_trt.vocabulary import TRTLLM_DEFAULT_BATCH
 
 if TYPE_CHECKING:  # the configuration imports this module; at run time views get an LmiConfig
@@ -66,6 +68,17 @@ class TorchSettings(BaseModel):
     tokens_per_block: int | None = Field(ge=1)
     enable_chunked_context: bool
     grammar_compile_timeout: float = Field(gt=0)
+    # Speculative decoding (the built-in decode loop: n-gram and draft-model drafts); the draft model's id
+    # is a local folder by the time the engine is built (lmi_trt.loader resolves it).
+    speculative: Speculation | None
+
+
+# The speculative methods the torch engine's built-in decode loop runs, and the speculative_config
+# members it reads (lmi_trt.speculative.MEMBERS covers the rest; others are refused, never ignored).
+TORCH_SPECULATION = ("ngram", "draft_model")
+# TensorRT-LLM NGram members the loop's drafting matches at these values only: each request's own tokens
+# (no pool shared between requests), every earlier match a candidate (is_use_oldest picks which).
+_TORCH_SPECULATIVE_OPTIONS = {"is_public_pool": False, "is_keep_all": True}
 
 
 class SyntheticSettings(BaseModel):
@@ -201,6 +214,16 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     )
 
 
+# Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
+# free memory for the KV cache): on the pytorch backend an unset one is left to TensorRT-LLM (llmapi.llm_plan).
+LLM_RELEASE_DEFAULTED = (
+    "enable_kv_cache_reuse",
+    "batch_scheduler_policy",
+    "enable_chunked_context",
+    "kv_cache_free_gpu_mem_fraction",
+)
+
+
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     from lmi_trt.engines.llmapi import DJL_LLM_FIELDS, LlmApiSettings
 
@@ -211,6 +234,8 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
         trust_remote_code=config.trust_remote_code,
         **{name: getattr(config, name) for name in DJL_LLM_FIELDS},
+        # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
+        given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
     )
 
 
@@ -219,6 +244,29 @@ def trtllm_backend_settings(config: LmiConfig) -> TrtllmSettings | LlmApiSetting
     ``lmi_trt.engines.choose_backend`` before the engine is built): the LLM API's settings on pytorch,
     the Executor's on tensorrt."""
     return llmapi_settings(config) if config.backend == "pytorch" else trtllm_settings(config)
+
+
+def torch_speculation(config: LmiConfig) -> Speculation | None:
+    """The speculative decoding the torch engine is asked for, refused (naming the key) where it is a
+    method the engine does not run or a speculative_config member it does not use."""
+    from lmi_trt.config import speculation
+
+    spec = speculation(config)
+    if spec is None:
+        return None
+    if spec.method not in TORCH_SPECULATION:
+        raise not_here(spec, "torch", TORCH_SPECULATION)
+    for member, value in spec.options.items():
+        if _TORCH_SPECULATIVE_OPTIONS.get(member, object()) != value:
+            raise SpeculationError(
+                f"{JSON_KEY}.{member}",
+                value,
+                "is not something the torch engine's speculative decoding does",
+                f"set {json.dumps(_TORCH_SPECULATIVE_OPTIONS[member])} or leave it out"
+                if member in _TORCH_SPECULATIVE_OPTIONS
+                else "leave it out",
+            )
+    return spec
 
 
 def torch_settings(config: LmiConfig) -> TorchSettings:
@@ -237,6 +285,7 @@ def torch_settings(config: LmiConfig) -> TorchSettings:
         tokens_per_block=config.tokens_per_block,
         enable_chunked_context=config.enable_chunked_context,
         grammar_compile_timeout=config.grammar_compile_timeout,
+        speculative=torch_speculation(config),
     )
 
 
@@ -275,7 +324,7 @@ def _build_torch(
 
     if placement is not None and placement.torch_device:
         settings = settings.model_copy(update={"device": placement.torch_device})
-    return TorchEngine(artifact.path, **settings.model_dump(), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    return TorchEngine(artifact.path, **dict(settings), eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
 
 
 def _build_trtllm(
@@ -424,7 +473,7 @@ def check_release(kind: str, config: LmiConfig) -> None:
     """On TensorRT-LLM's pytorch backend (its release installed, ``option.backend`` resolved), what the installed
     release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before anything loads
     (``lmi_trt.engines.llmapi.llm_configs``); nothing to check on the other engines and backends."""
-    from lmi_trt.engines.llmapi import LlmApiSettings, llm_configs, llm_plan, probe_llm_api
+    from lmi_trt.engines.llmapi import LlmApiSettings, llm_api_series, llm_configs, llm_plan, probe_llm_api
 
     settings = ENGINES[kind].settings(config)
     if not isinstance(settings, LlmApiSettings):
@@ -434,7 +483,7 @@ def check_release(kind: str, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
 
 
 def engine_backends() -> list[tuple[str, str | None]]:

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 from lmi_trt.engines.base import (
+    ACCEPTED_PER_POSITION,
     ADDITIVE_STATS,
     SHARED_STATS,
     Capabilities,
@@ -30,7 +31,8 @@ def least_loaded(stats: Sequence[EngineStats]) -> int:
 
 def merged_extra(parts: Sequence[EngineStats]) -> dict[str, float]:
     """Pure: the copies' KV-cache and counter figures as one engine's (sums; shared settings once)."""
-    out = {key: sum(p.extra[key] for p in parts) for key in ADDITIVE_STATS if all(key in p.extra for p in parts)}
+    additive = [*ADDITIVE_STATS, *(key for key in parts[0].extra if key.startswith(ACCEPTED_PER_POSITION))]
+    out = {key: sum(p.extra[key] for p in parts) for key in additive if all(key in p.extra for p in parts)}
     for key in SHARED_STATS:
         values = {p.extra.get(key) for p in parts}
         if len(values) == 1 and None not in values:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from lmi_trt.engines.base import EngineStats
+from lmi_trt.engines.base import ACCEPTED_PER_POSITION, EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -104,11 +104,16 @@ _FINISHED_REASON = {
 
 # Engine figures that only grow (EngineStats.extra keys), exported as counters under vLLM's names
 # (vllm/v1/metrics/loggers.py: vllm:num_preemptions, vllm:prefix_cache_queries and
-# vllm:prefix_cache_hits, the last two counted in prompt tokens).
+# vllm:prefix_cache_hits, the last two counted in prompt tokens; vllm/v1/spec_decode/metrics.py
+# SpecDecodingProm: vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens and
+# _num_accepted_tokens_per_pos{position}).
 _ENGINE_COUNTERS = {
     "num_preemptions": "Requests preempted (their KV blocks taken back; they resume by recomputing)",
     "prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
     "prefix_cache_hits": "Prompt tokens found in the prefix cache (not computed again)",
+    "spec_decode_num_drafts": "Speculative decoding drafts verified (one request's draft tokens in one step)",
+    "spec_decode_num_draft_tokens": "Draft tokens verified",
+    "spec_decode_num_accepted_tokens": "Draft tokens accepted",
 }
 
 
@@ -151,6 +156,7 @@ class _LiveGauges(Collector):
                 counter = CounterMetricFamily(f"lmi_{key}", doc, labels=[MODEL])
                 counter.add_metric([self._model_name], stats.extra[key])
                 yield counter
+        yield from self._speculation(stats.extra)
         yield GaugeMetricFamily(
             "lmi_engine_active_requests", "Requests the engine is generating for", value=stats.active_requests
         )
@@ -159,8 +165,34 @@ class _LiveGauges(Collector):
         )
         yield GaugeMetricFamily("lmi_engine_max_batch_size", "Engine batch capacity", value=stats.max_batch_size)
         for key, value in sorted(stats.extra.items()):
-            if key not in _ENGINE_COUNTERS:
+            if key not in _ENGINE_COUNTERS and not key.startswith(ACCEPTED_PER_POSITION):
                 yield GaugeMetricFamily(f"lmi_engine_{key}", f"Engine statistic {key}", value=value)
+
+    def _speculation(self, extra: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Drafts accepted per draft position (vLLM's counter, labelled ``position``) and the share of
+        draft tokens accepted so far (vLLM 0.x's gauge vllm:spec_decode_draft_acceptance_rate; v1 leaves
+        the ratio to PromQL: rate(accepted) / rate(draft tokens))."""
+        positions = sorted(
+            (int(k.removeprefix(ACCEPTED_PER_POSITION)), v)
+            for k, v in extra.items()
+            if k.startswith(ACCEPTED_PER_POSITION)
+        )
+        if positions:
+            counter = CounterMetricFamily(
+                "lmi_spec_decode_num_accepted_tokens_per_pos",
+                "Draft tokens accepted at each draft position",
+                labels=[MODEL, "position"],
+            )
+            for position, value in positions:
+                counter.add_metric([self._model_name, str(position)], value)
+            yield counter
+        drafted = extra.get("spec_decode_num_draft_tokens")
+        if drafted:
+            yield self._gauge(
+                "lmi_spec_decode_draft_acceptance_rate",
+                "Share of draft tokens accepted since start (1 = every draft token kept)",
+                extra["spec_decode_num_accepted_tokens"] / drafted,
+            )
 
 
 class Metrics:

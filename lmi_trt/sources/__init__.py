@@ -11,7 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import LmiConfig, speculation
 
 from .artifact import (
     TOKENIZER_FILES,
@@ -41,6 +41,7 @@ __all__ = [
     "hub_token",
     "local_fingerprint",
     "parse_s3_uri",
+    "resolve_draft_model",
     "resolve_model",
     "resolve_tokenizer",
     "safe_relpath",
@@ -59,12 +60,13 @@ def hub_token(config: LmiConfig) -> str | None:
 
 
 def _fetch(
-    name: str, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int
+    name: str, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int, key: str | None = None
 ) -> tuple[Path, ArtifactSource, str | None]:
     """Bring ``name`` to local disk: (folder, source, fingerprint or None for local folders).
 
     ``config.revision`` pins the model's repo; a separate tokenizer repo ``config.tokenizer_revision``, else its
-    default branch.
+    default branch (as a draft model's repo). ``key`` names the setting that named it, for errors (default: the
+    model's or tokenizer's).
     """
     local = Path(name).expanduser()
     try:
@@ -94,7 +96,7 @@ def _fetch(
         token=hub_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
-        key="option.tokenizer_id" if tokenizer_only else "option.model_id",
+        key=key or ("option.tokenizer_id" if tokenizer_only else "option.model_id"),
     )
     return path, "hf", "hf-" + sha
 
@@ -130,6 +132,27 @@ def _readable(artifact: ModelArtifact, config: LmiConfig) -> ModelArtifact:
         return artifact
     hf_config = json.loads((path / "config.json").read_text()) if path != artifact.path else artifact.hf_config
     return dataclasses.replace(artifact, path=path, tokenizer_dir=tokenizer_dir, hf_config=hf_config)
+
+
+def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path | None:
+    """The local folder of speculative decoding's draft model (None: no draft model), fetched like the
+    model (hub, s3://, folder); it must be a Hugging Face checkpoint."""
+    spec = speculation(config)
+    if spec is None or spec.draft_model is None:
+        return None
+    key = spec.key("draft_model")
+    path, source, fingerprint = _fetch(
+        spec.draft_model, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency, key=key
+    )
+    artifact = _readable(
+        detect_artifact(path, model_id=spec.draft_model, source=source, fingerprint=fingerprint), config
+    )
+    if artifact.kind != "hf_checkpoint":
+        raise SourceError(
+            f"{key}={spec.draft_model!r} is a {artifact.kind.replace('_', ' ')}; a draft model is a Hugging Face "
+            "checkpoint with the model's tokenizer"
+        )
+    return artifact.path
 
 
 def _tokenizer_folder(root: Path) -> Path | None:

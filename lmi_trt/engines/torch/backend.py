@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from ...speculative import Speculation
 from ..base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
 from ..guided import Guide
 
@@ -127,6 +128,7 @@ class Host(Protocol):
     max_tokens_in_paged_kv_cache: int | None
     tokens_per_block: int | None
     enable_chunked_context: bool
+    speculative: Speculation | None  # the built-in decode loop's speculative decoding
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
     sampled_rows: int  # engine-side work, written by the one engine thread

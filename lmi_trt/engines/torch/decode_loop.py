@@ -60,6 +60,7 @@ the loop marks the engine unhealthy.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -86,6 +87,7 @@ from .backend import (
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
+from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,7 @@ class _Row:
     keys: list[bytes] = field(default_factory=list)  # prefix keys of seq's first full blocks
     registered: int = 0  # leading blocks findable in the prefix cache
     broken: bool = False  # a failed step wrote its cache: never register its blocks
+    drafting: Drafting | None = None  # its speculation state, when speculation is on
 
     def __post_init__(self) -> None:
         self.seq = list(self.prompt)
@@ -221,9 +224,22 @@ class _Launch:
 
     rows: list[_Row | None]
     # [3, n] f32: token, raw log-probability, status; with top log-probs 2 * MAX_TOP_LOGPROBS more
-    # rows (gpu_sampler.top_logprobs).
+    # rows (gpu_sampler.top_logprobs). A verification step has ``width`` positions per row (n = rows ×
+    # width) and a fourth row, the tokens each row emits (on its first position), before the top ones.
     host: torch.Tensor
     event: torch.cuda.Event | None = None
+    width: int = 1
+    proposed: list[int] | None = None  # a verification step: the drafts each row proposed
+
+
+@dataclass
+class _Proposal:
+    """A step's drafting, per decoding row: drafts to verify, their tokens (n-gram; the draft model's
+    are drafted on the device), and tokens the draft model reads first (its backlog)."""
+
+    counts: list[int] = field(default_factory=list)
+    drafts: list[list[int]] = field(default_factory=list)
+    catch_up: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -240,7 +256,8 @@ class DecodeLoopBackend(QueuedBackend):
 
     name = "decode_loop"
 
-    def __init__(self, engine: Host, model: torch.nn.Module) -> None:
+    def __init__(self, engine: Host, model: torch.nn.Module, draft: torch.nn.Module | None = None) -> None:
+        """``draft``: the draft model of draft-model speculation (engine.speculative says which runs)."""
         self._engine = engine
         self._device = model.device
         self._cuda = self._device.type == "cuda"
@@ -263,8 +280,18 @@ class DecodeLoopBackend(QueuedBackend):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if not decode_kernels.available(self._device, head_dim):
             reserved += 2 * self.slots * self._max_seq * position_bytes // config.num_hidden_layers
+        spec = self._spec = engine.speculative
+        self._draft_len = spec.max_draft_len if spec is not None else 0
+        # Requests above which no step drafts; a verification step's per-position sampler temporaries
+        # (counts, bans, scores: fp32 [rows × (k + 1), vocab], a handful of them).
+        self._spec_limit = min(self.slots, (spec.max_concurrency or DEFAULT_MAX_CONCURRENCY) if spec else 0)
+        reserved += self._spec_limit * (self._draft_len + 1) * vocab * 4 * 8
+        # The draft model's cache shares the target's block tables: a block holds both models' k and v.
+        block_bytes = LlamaDecoder.block_bytes(model, block_size)
+        if draft is not None:
+            block_bytes += LlamaDecoder.block_bytes(draft, block_size)
         num_blocks, sized_by = plan_blocks(
-            block_bytes=LlamaDecoder.block_bytes(model, block_size),
+            block_bytes=block_bytes,
             block_size=block_size,
             max_seq_len=self._max_seq,
             slots=self.slots,
@@ -276,11 +303,19 @@ class DecodeLoopBackend(QueuedBackend):
         self._pool = BlockPool(num_blocks, block_size, caching=engine.enable_kv_cache_reuse)
         self._watermark = int(_WATERMARK * num_blocks)
         self._decoder = LlamaDecoder(model, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
-        self._state = SamplerState(self.slots, vocab, self._device, engine.eos_token_ids)
+        self._drafter = (
+            LlamaDecoder(draft, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
+            if draft is not None
+            else None
+        )
+        # One slot more than requests: the slot a verification step's padding rows point at.
+        self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
-        # Device buffers the decode graphs read and write at fixed addresses.
-        self._tables = torch.zeros(self.slots, self._width, dtype=torch.long, device=self._device)
-        self._next = torch.zeros(self.slots, dtype=torch.long, device=self._device)  # next input token per slot
+        # Device buffers the decode graphs read and write at fixed addresses. The tables have spare
+        # entries (block 0) past a slot's last: a verification step's padding queries read there.
+        spare = -(-self._draft_len // block_size) + 1 if spec else 0
+        self._tables = torch.zeros(self.slots + 1, self._width + spare, dtype=torch.long, device=self._device)
+        self._next = torch.zeros(self.slots + 1, dtype=torch.long, device=self._device)  # next input token per slot
         # Per slot: position, cache slot (< 0: idle, nothing written), context, tokens generated.
         self._meta = torch.tensor([[0], [-1], [1], [0]], device=self._device).repeat(1, self.slots)
         self._out = torch.zeros(3 + 2 * MAX_TOP_LOGPROBS, self.slots, dtype=torch.float32, device=self._device)
@@ -288,6 +323,21 @@ class DecodeLoopBackend(QueuedBackend):
         self._ones, self._zeros = torch.ones_like(self._arange), torch.zeros_like(self._arange)
         self._sizes = graph_batch_sizes(self.slots) if self._cuda else []
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
+        # Verification steps (speculation): rows packed at positions 0..n-1, each with k + 1 tokens,
+        # read from these buffers; a padding row points at the spare slot and proposes -1 drafts.
+        limit, width = max(self._spec_limit, 1), self._draft_len + 1
+        self._spec_index = torch.full((limit,), self.slots, dtype=torch.long, device=self._device)  # its slot
+        # Per row: its first position, the drafts it proposes (-1: padding), the tokens it generated so far.
+        self._spec_plan = torch.tensor([[0], [-1], [0]], device=self._device).repeat(1, limit)
+        self._spec_drafts = torch.zeros(limit, max(self._draft_len, 1), dtype=torch.long, device=self._device)
+        self._spec_out = torch.zeros(4, limit, width, dtype=torch.float32, device=self._device)
+        self._spec_j = torch.arange(width, device=self._device)
+        self._spec_start = torch.arange(limit, device=self._device) * width
+        self._spec_len = torch.full((limit,), width, dtype=torch.long, device=self._device)
+        self._spec_pad = torch.arange(limit * width, device=self._device)
+        self._spec_sizes = graph_batch_sizes(self._spec_limit) if self._cuda and spec is not None else []
+        self._spec_tiles = {size: self._tile_plan(size) for size in self._spec_sizes}
+        self._spec_graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
         if self._cuda:
             self._capture()
         # Where the loop's time goes (read by benchmarks): steps launched and what they carried,
@@ -304,7 +354,14 @@ class DecodeLoopBackend(QueuedBackend):
             "num_preemptions": 0,
             "prefix_cache_queries": 0,
             "prefix_cache_hits": 0,
+            # Speculation, vLLM's figures (vllm/v1/spec_decode/metrics.py SpecDecodingStats): drafts
+            # verified (a row's proposal in a step), draft tokens in them, drafts kept; and steps.
+            "spec_decode_num_drafts": 0,
+            "spec_decode_num_draft_tokens": 0,
+            "spec_decode_num_accepted_tokens": 0,
+            "verify_steps": 0,
         }
+        self.accepted_per_position = [0] * self._draft_len  # drafts kept at each draft position
         self._free = list(range(self.slots - 1, -1, -1))  # pop() hands out the lowest slot
         self._rows: list[_Row] = []  # admitted, in admission order (the preemption order, reversed)
         self._waiting: deque[_Row] = deque()  # preempted, to resume before any new request
@@ -316,7 +373,7 @@ class DecodeLoopBackend(QueuedBackend):
         log.info(
             "built-in decode loop: KV cache of %d blocks of %d tokens = %d tokens (%.2f GiB, %s), "
             "%d sequences of the full %d positions; up to %d requests at once, %d tokens per step, "
-            "prefix caching %s, %s, %s",
+            "prefix caching %s, %s, %s; %s",
             num_blocks,
             block_size,
             num_blocks * block_size,
@@ -329,8 +386,30 @@ class DecodeLoopBackend(QueuedBackend):
             "on" if engine.enable_kv_cache_reuse else "off",
             f"CUDA graphs for batch sizes {self._sizes}" if self._cuda else "eager (no CUDA graphs on CPU)",
             "Triton kernels" if self._decoder.fused_kernels else "torch operations only",
+            self._speculation_line(draft),
         )
         self._start("torch-engine-decode-loop")
+
+    def _speculation_line(self, draft: torch.nn.Module | None) -> str:
+        spec = self._spec
+        if spec is None:
+            return "no speculative decoding"
+        if draft is not None:
+            drafter = (
+                f"a draft model ({type(draft).__name__}, {sum(p.numel() for p in draft.parameters()):,} parameters)"
+            )
+        else:
+            look = "the first" if spec.use_oldest else "the latest"
+            drafter = (
+                f"n-gram prompt lookup ({look} match of the last {spec.min_matching_ngram_size}–"
+                f"{spec.max_matching_ngram_size} tokens)"
+            )
+        graphs = f"verification steps as CUDA graphs for {self._spec_sizes} requests" if self._spec_sizes else "eager"
+        limit = f"{spec.key('max_concurrency')}" if spec.max_concurrency else "the default"
+        return (
+            f"speculative decoding: {drafter}, up to {spec.max_draft_len} draft tokens a step, in steps of at most "
+            f"{self._spec_limit} requests ({limit}), {graphs}"
+        )
 
     def stats(self) -> dict[str, float]:
         """KV-cache and scheduler figures for /metrics (read on the event loop: plain numbers)."""
@@ -344,7 +423,17 @@ class DecodeLoopBackend(QueuedBackend):
             "num_preemptions": float(self.counters["num_preemptions"]),
             "prefix_cache_queries": float(self.counters["prefix_cache_queries"]),
             "prefix_cache_hits": float(self.counters["prefix_cache_hits"]),
+        } | self._speculation_stats()
+
+    def _speculation_stats(self) -> dict[str, float]:
+        if self._spec is None:
+            return {}
+        names = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+        out = {name: float(self.counters[name]) for name in names}
+        out |= {
+            f"spec_decode_num_accepted_tokens_per_pos_{i}": float(n) for i, n in enumerate(self.accepted_per_position)
         }
+        return out
 
     # -- the device steps ------------------------------------------------------------------------
 
@@ -387,6 +476,70 @@ class DecodeLoopBackend(QueuedBackend):
         if top:
             self._out[3:, :size] = top_logprobs(logits, MAX_TOP_LOGPROBS)
 
+    def _tile_plan(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention programs of a verification step of ``size`` rows of k + 1 tokens."""
+        width = self._draft_len + 1
+        block_m = decode_kernels.block_rows(self._decoder.group, width)
+        tiles = decode_kernels.tile_plan([width] * size, self._decoder.group, block_m)
+        return tuple(torch.tensor(t, dtype=torch.long, device=self._device) for t in tiles)
+
+    def _spec_step(
+        self, size: int, mode: Mode, top: bool = False, bias: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Everything a verification step does on the device, for packed rows ``0..size-1`` of the
+        ``_spec_*`` buffers (graph-capturable): the last token and the drafts of each row through the
+        model, the target's token at each position (``speculation.verify``), the emitted tokens
+        recorded in the slot's history and its next input. Padding positions (past a row's drafts)
+        write no cache and their tokens are never kept. Returns the top log-probs of every position
+        with ``top`` (eager steps only)."""
+        width, size_block = self._draft_len + 1, self._pool.block_size
+        index = self._spec_index[:size]
+        first, proposed, generated = self._spec_plan[:, :size]
+        drafts = self._spec_drafts[:size, : self._draft_len]
+        j = self._spec_j
+        # Padding positions past the sequence limit read its last table entry and rotary row (never kept).
+        at = (first.unsqueeze(1) + j).clamp(max=self._max_seq - 1)
+        tables = self._tables[index]
+        cells = tables.gather(1, at // size_block) * size_block + at % size_block
+        kept = j.unsqueeze(0) <= proposed.unsqueeze(1)
+        tiles = self._spec_tiles.get(size) or self._tile_plan(size)
+        logits = self._decoder.forward(
+            Batch(
+                tokens=torch.cat((self._next[index].unsqueeze(1), drafts), 1).flatten(),
+                positions=at.flatten(),
+                slots=torch.where(kept, cells, -1).flatten(),
+                seq_start=self._spec_start[:size],
+                seq_len=self._spec_len[:size],
+                context=first + width,
+                tables=tables,
+                tile_seq=tiles[0],
+                tile_row=tiles[1],
+                max_q=width,
+                max_context=self._width * size_block,
+                block_m=decode_kernels.block_rows(self._decoder.group, width),
+                pad_index=self._spec_pad[: size * width],
+            )
+        )
+        each = index.unsqueeze(1).expand(size, width).flatten()  # every position's slot
+        rows = None if mode == Mode.GREEDY else position_rows(self._state.rows(each), drafts, proposed)
+        position_generated = (generated.unsqueeze(1) + j).flatten()
+        tokens, logprobs, status, emitted = verify(
+            logits, rows, drafts, proposed, position_generated, self._state.eos, mode, bias
+        )
+        # The emitted tokens join the slot's history, the last one is its next input (real rows only).
+        real = proposed >= 0
+        last = tokens.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)
+        self._next[index] = torch.where(real, last, self._next[index])
+        taken = (j.unsqueeze(0) < emitted.unsqueeze(1)) & real.unsqueeze(1)
+        vocab = self._state.vocab
+        self._state.counts.view(-1).scatter_add_(
+            0, (index.unsqueeze(1) * vocab + tokens).flatten(), taken.flatten().float()
+        )
+        out = self._spec_out[:, :size]
+        out[0], out[1], out[2] = tokens.float(), logprobs, status.float()
+        out[3] = emitted.unsqueeze(1).float()
+        return top_logprobs(logits, MAX_TOP_LOGPROBS) if top else None
+
     def _record(self, slots: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """The sampled token becomes the slot's next input and joins its history (valid rows only)."""
         self._next[slots] = torch.where(valid, tokens, self._next[slots])
@@ -394,26 +547,37 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _capture(self) -> None:
         with torch.inference_mode():
-            for mode in Mode:  # warm-up: cuBLAS handles and lazy initialisation stay out of capture
-                self._decode_step(self.slots, mode)
-            torch.cuda.synchronize()
-            pool = None
-            for mode in Mode:
-                for size in reversed(self._sizes):  # largest first: smaller graphs reuse its memory
-                    graph = torch.cuda.CUDAGraph()
-                    try:
-                        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                            self._decode_step(size, mode)
-                    except RuntimeError:
-                        # Such steps then run eagerly: slower, still correct.
-                        log.warning(
-                            "built-in decode loop: %s steps cannot be captured as CUDA graphs", mode.name, exc_info=True
-                        )
-                        torch.cuda.synchronize()
-                        break
-                    pool = graph.pool()
-                    self._graphs[size, mode] = graph
-            torch.cuda.synchronize()
+            pool = self._capture_steps(self._decode_step, self._sizes, self._graphs, "decode", None)
+            # The verification buffers hold padding rows only: capturing writes nothing.
+            self._capture_steps(self._spec_step, self._spec_sizes, self._spec_graphs, "verification", pool)
+
+    def _capture_steps(self, step, sizes: list[int], graphs: dict, what: str, pool):
+        """A CUDA graph of ``step(size, mode)`` for each size and mode, into ``graphs``; a mode that
+        cannot be captured runs eagerly (slower, still correct). Returns the memory pool, shared."""
+        if not sizes:
+            return pool
+        for mode in Mode:  # warm-up: cuBLAS handles and lazy initialisation stay out of capture
+            step(sizes[-1], mode)
+        torch.cuda.synchronize()
+        for mode in Mode:
+            for size in reversed(sizes):  # largest first: smaller graphs reuse its memory
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                        step(size, mode)
+                except RuntimeError:
+                    log.warning(
+                        "built-in decode loop: %s %s steps cannot be captured as CUDA graphs",
+                        mode.name,
+                        what,
+                        exc_info=True,
+                    )
+                    torch.cuda.synchronize()
+                    break
+                pool = graph.pool()
+                graphs[size, mode] = graph
+        torch.cuda.synchronize()
+        return pool
 
     def _put(self, values) -> torch.Tensor:
         cpu = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
@@ -565,6 +729,195 @@ class DecodeLoopBackend(QueuedBackend):
         self.counters["decode_rows"] += len(rows)
         return self._to_host(self._out[:, :size] if top else self._out[:3, :size], columns)
 
+    # -- speculation ---------------------------------------------------------------------------------
+
+    def _may_speculate(self) -> bool:
+        """Whether this step may verify drafts: few enough requests decode, and one of them drafts."""
+        rows = [r for r in self._rows if r.decodable()]
+        return 0 < len(rows) <= self._spec_limit and any(r.drafting.eligible and not r.needs_newest for r in rows)
+
+    def _propose(self, rows: list[_Row]) -> _Proposal:
+        """What each decoding row drafts this step (n-gram: the tokens; draft model: how many, drafted on
+        the device at launch), within its remaining max_new_tokens, the step's token budget and the
+        blocks free now (never by preempting). The draft model first reads what its cache lacks for the
+        row (the tokens since it last ran), within the budget too: a row whose backlog does not fit
+        reads part of it and drafts in a later step."""
+        budget = backlog = self._budget - len(rows)
+        spare = {id(r) for r in rows}
+        proposal = _Proposal()
+        for row in rows:
+            state, drafts, catch_up = row.drafting, [], 0
+            k = min(self._draft_len, row.slot.sampling.max_new_tokens - row.launched - 1, budget)
+            if k <= 0 or not state.eligible or row.needs_newest:
+                k = 0
+            elif self._drafter is None:
+                drafts = self._ngram(row).propose(k)
+                if not drafts:
+                    state.missed()
+                k = len(drafts)
+            else:
+                need = row.filled + 1 - state.draft_filled
+                catch_up = min(need, backlog)
+                backlog -= catch_up
+                if catch_up < need:
+                    k = 0  # it reads part of its backlog, and drafts in a later step
+            if k > 0:
+                k = min(k, self._grow(row, row.filled + 1 + k, spare) - row.filled - 1)
+                drafts = drafts[:k]
+            budget -= k
+            proposal.counts.append(k)
+            proposal.drafts.append(drafts)
+            proposal.catch_up.append(catch_up)
+        return proposal
+
+    def _ngram(self, row: _Row) -> NgramIndex:
+        """The row's n-gram index, up to its newest token (built on its first use)."""
+        state, spec = row.drafting, self._spec
+        if state.ngram is None:
+            state.ngram = NgramIndex(spec.min_matching_ngram_size, spec.max_matching_ngram_size, spec.use_oldest)
+            state.ngram.extend(row.prompt)
+        state.ngram.extend(row.slot.generated[len(state.ngram.tokens) - len(row.prompt) :])
+        return state.ngram
+
+    def _launch_spec(self, rows: list[_Row], proposal: _Proposal) -> _Launch:
+        """A verification step: every decoding row's last token and drafts (none for some), packed."""
+        n, width, counts = len(rows), self._draft_len + 1, proposal.counts
+        size = next(s for s in self._spec_sizes if s >= n) if self._spec_sizes else n
+        pad = size - n
+        plan = [
+            [r.index for r in rows] + [self.slots] * pad,
+            [r.filled for r in rows] + [0] * pad,
+            counts + [-1] * pad,
+            [r.launched for r in rows] + [0] * pad,
+        ]
+        if self._drafter is None:
+            drafts = [(d + [0] * self._draft_len)[: self._draft_len] for d in proposal.drafts]
+            plan += drafts + [[0] * self._draft_len] * pad
+        packed = self._put([v for part in plan for v in part])
+        self._spec_index[:size].copy_(packed[:size], non_blocking=True)
+        self._spec_plan[:, :size].copy_(packed[size : 4 * size].view(3, size), non_blocking=True)
+        if self._drafter is None:
+            self._spec_drafts[:size, : self._draft_len].copy_(packed[4 * size :].view(size, -1), non_blocking=True)
+        self._write_tables()
+        if self._drafter is not None:
+            self._draft(rows, proposal)
+        mode = max(r.mode() for r in rows)
+        self._step_bans(rows, True)
+        top = any(r.slot.sampling.top_logprobs for r in rows)
+        bias = self._bias(rows + [None] * pad)
+        graph = None if top or bias is not None else self._spec_graphs.get((size, mode))
+        if graph is not None:
+            graph.replay()
+            alternatives = None
+        else:
+            bias = bias.repeat_interleave(width, 0) if bias is not None else None
+            alternatives = self._spec_step(size, mode, top, bias)
+        self._step_bans(rows, False)
+        out = self._spec_out[:, :size].reshape(4, size * width)
+        if alternatives is not None:
+            out = torch.cat((out, alternatives))
+        self.counters["verify_steps"] += 1
+        self.counters["decode_rows"] += n
+        launch = self._to_host(out, list(rows) + [None] * pad)
+        launch.width, launch.proposed = width, counts + [0] * pad
+        return launch
+
+    def _draft(self, rows: list[_Row], proposal: _Proposal) -> None:
+        """The draft model's tokens for the rows that draft, into ``_spec_drafts`` at their packed
+        position (device only): one pass over what its cache lacks (the tokens since it last ran, up
+        to the newest; rows that read only part of that backlog this step come along), then one pass
+        per further draft, each feeding the draft before it."""
+        drafter, size = self._drafter, self._pool.block_size
+        reading = [(r, n) for r, n in zip(rows, proposal.catch_up) if n > 0]
+        live = [(c, r, k) for c, (r, k) in enumerate(zip(rows, proposal.counts)) if k > 0]
+        drafting = {id(r) for _, r, _ in live}  # each of them reads its whole backlog, in `reading` order
+        spans = [(r.blocks, r.drafting.draft_filled, n) for r, n in reading]
+        layout, sizes = batch_layout(spans, size, drafter.group)
+        tokens = array("q")
+        for row, n in reading:
+            start = row.drafting.draft_filled
+            tokens.extend((row.prompt + row.slot.generated)[start : start + n])
+        starts = layout["seq_start"].tolist()
+        ends = [start + n - 1 for start, (r, n) in zip(starts, reading) if id(r) in drafting]
+        # Later passes: a token per drafting row at its next position, written only within its drafts
+        # (past them, and past the last position, a row's token is padding).
+        later: list[int] = []
+        for j in range(1, max(proposal.counts, default=0)):
+            positions = [min(row.filled + j, self._max_seq - 1) for _, row, _ in live]
+            later += positions
+            later += [
+                row.blocks[at // size] * size + at % size if j < k else -1 for (_, row, k), at in zip(live, positions)
+            ]
+            later += [at + 1 for at in positions]
+        parts = layout | {
+            "tokens": torch.frombuffer(tokens, dtype=torch.long),
+            "ends": torch.tensor(ends, dtype=torch.long),
+            "reading": torch.tensor([r.index for r, _ in reading], dtype=torch.long),
+            "drafting": torch.tensor([r.index for _, r, _ in live], dtype=torch.long),
+            "columns": torch.tensor([c for c, _, _ in live], dtype=torch.long),
+            "later": torch.tensor(later, dtype=torch.long),
+        }
+        device = dict(zip(parts, self._put(torch.cat(list(parts.values()))).split([len(v) for v in parts.values()])))
+        batch = Batch(
+            tokens=device["tokens"],
+            tables=self._tables[device["reading"]],
+            logits_at=device["ends"],
+            **{name: device[name] for name in LAYOUT},
+            **sizes,
+        )
+        logits = drafter.forward(batch)
+        for row, n in reading:
+            if id(row) not in drafting:
+                row.drafting.draft_filled += n
+        if not live:
+            return
+        columns, m = device["columns"], len(live)
+        self._spec_drafts[columns, 0] = logits.argmax(-1)
+        tables = self._tables[device["drafting"]]
+        ones, ordinal = torch.ones_like(columns), torch.arange(m, device=self._device)
+        for j, (positions, cells, context) in enumerate(device["later"].view(-1, 3, m), start=1):
+            batch = Batch(
+                tokens=self._spec_drafts[columns, j - 1],
+                positions=positions,
+                slots=cells,
+                seq_start=ordinal,
+                seq_len=ones,
+                context=context,
+                tables=tables,
+                tile_seq=ordinal,
+                tile_row=torch.zeros_like(ordinal),
+                max_q=1,
+                max_context=self._width * size,
+                block_m=decode_kernels.block_rows(drafter.group, 1),
+            )
+            self._spec_drafts[columns, j] = drafter.forward(batch).argmax(-1)
+
+    def _read_backlog(self, rows: list[_Row], proposal: _Proposal) -> _Launch:
+        """A decode step after the draft model read (part of) some rows' backlog, none drafting."""
+        self._write_tables()
+        self._draft(rows, proposal)
+        return self._launch_decode(rows)
+
+    def _verified(self, row: _Row, proposed: int, emitted: int) -> None:
+        """A verification step's outcome for ``row``: the positions it wrote and kept, the blocks of its
+        rejected drafts given back, its drafting policy and the speculation counters."""
+        accepted, before = emitted - 1, row.filled
+        row.filled += emitted
+        row.launched += emitted
+        keep = row.filled // self._pool.block_size + 1  # the block its next token goes to, at most
+        if len(row.blocks) > keep:
+            self._pool.release(row.blocks[keep:])
+            del row.blocks[keep:]
+        if proposed <= 0:
+            return
+        row.drafting.verified(proposed, accepted)
+        row.drafting.draft_filled = before + 1 + min(accepted, proposed - 1)
+        self.counters["spec_decode_num_drafts"] += 1
+        self.counters["spec_decode_num_draft_tokens"] += proposed
+        self.counters["spec_decode_num_accepted_tokens"] += accepted
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
     # -- the loop ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -585,15 +938,31 @@ class DecodeLoopBackend(QueuedBackend):
             return not self._stopping
 
     def _iterate(self) -> None:
-        if any(r.needs_newest and r.decodable() for r in self._rows):
-            self._drain([])  # the bans and grammars need the newest token of each row
+        speculate = self._spec is not None and self._may_speculate()
+        # Bans, grammars and drafts need the newest token of each row; a verification step's outcome
+        # (how many tokens each row kept) is known only once it is drained.
+        if speculate or any(launch.proposed is not None for launch in self._inflight):
+            self._drain([])
+        elif any(r.needs_newest and r.decodable() for r in self._rows):
+            self._drain([])
         self._reap()
         step = self._plan()
         launched: list[_Launch] = []
+        if self._spec is not None:
+            for row in step.decode:
+                row.drafting.stepped()
         if step.chunks:
             launched = self._launch_guarded(step)
         elif step.decode:
-            launched = self._guarded(self._launch_decode, step.decode, "decode")
+            proposal = self._propose(step.decode) if speculate else _Proposal()
+            if any(proposal.counts):
+                launch = functools.partial(self._launch_spec, proposal=proposal)
+                launched = self._guarded(launch, step.decode, "verification")
+            elif any(proposal.catch_up):
+                launch = functools.partial(self._read_backlog, proposal=proposal)
+                launched = self._guarded(launch, step.decode, "decode")
+            else:
+                launched = self._guarded(self._launch_decode, step.decode, "decode")
         self._drain([])
         self._inflight = launched
         self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self._rows))
@@ -647,6 +1016,8 @@ class DecodeLoopBackend(QueuedBackend):
                 self._pool.register(row.blocks[i], keys[i])
         self._pool.release(row.blocks)
         row.blocks, row.registered, row.filled = [], 0, 0
+        if row.drafting is not None:
+            row.drafting.draft_filled = 0
         self._free.append(row.index)
         self._free.sort(reverse=True)
         row.index = -1
@@ -772,6 +1143,7 @@ class DecodeLoopBackend(QueuedBackend):
                     single_bad=[w[0] for w in bad if len(w) == 1],
                     multi_bad=[list(w) for w in bad if len(w) > 1],
                     seed=seed,
+                    drafting=Drafting() if self._spec is not None else None,
                 )
         return None
 
@@ -825,42 +1197,58 @@ class DecodeLoopBackend(QueuedBackend):
         return error_output(request_id, slot.matcher.error, 400, "guided")  # type: ignore[union-attr]
 
     def _emit(self, launch: _Launch) -> None:
-        tokens, logprobs, status, *top = launch.host.tolist()
+        tokens, logprobs, status, *more = launch.host.tolist()
+        emitted, top = (more[0], more[1:]) if launch.proposed is not None else (None, more)
         items: list[tuple[Slot, EngineOutput]] = []
         for column, row in enumerate(launch.rows):
             if row is None or row.done:
                 continue
+            first, count = column * launch.width, 1
+            if emitted is not None:
+                count = int(emitted[first])
+                self._verified(row, launch.proposed[column], count)
             slot = row.slot
-            if status[column] or (slot.matcher is not None and slot.matcher.error is not None):
-                slot.finished = True
-                row.broken = row.broken or status[column] == _NAN_LOGITS  # NaN/inf: its cache may hold them too
-                items.append((slot, self._row_error(slot, int(status[column]))))
-                continue
-            token = int(tokens[column])
-            if slot.matcher is not None:
-                slot.matcher.accept(token)
-                if slot.matcher.error is not None:  # too slow to take it: this request fails alone
-                    slot.finished = True
-                    items.append((slot, self._row_error(slot, 0)))
-                    continue
-            slot.generated.append(token)
-            reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
-            slot.finished = reason is not None
             k = slot.sampling.top_logprobs
-            alternatives = [[(int(top[j][column]), top[MAX_TOP_LOGPROBS + j][column]) for j in range(k)]] if k else None
-            items.append(
-                (
-                    slot,
-                    EngineOutput(
-                        slot.request.request_id,
-                        [token],
-                        [logprobs[column]] if slot.sampling.logprobs else None,
-                        alternatives,
-                        finished=slot.finished,
-                        finish_reason=reason,
-                        queue_time_s=slot.take_queue_time(),
-                    ),
+            new: list[int] = []
+            lps: list[float] = []
+            alternatives: list[list[tuple[int, float]]] = []
+            reason = failure = None
+            # A stop, EOS or max_new_tokens among the kept tokens ends the request there.
+            for position in range(first, first + count):
+                if status[position] or (slot.matcher is not None and slot.matcher.error is not None):
+                    failure = int(status[position])
+                    break
+                token = int(tokens[position])
+                if slot.matcher is not None:
+                    slot.matcher.accept(token)
+                    if slot.matcher.error is not None:  # too slow to take it: this request fails alone
+                        failure = 0
+                        break
+                slot.generated.append(token)
+                new.append(token)
+                lps.append(logprobs[position])
+                if k:
+                    alternatives.append(
+                        [(int(top[j][position]), top[MAX_TOP_LOGPROBS + j][position]) for j in range(k)]
+                    )
+                reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
+                if reason is not None:
+                    break
+            if new:
+                slot.finished = reason is not None
+                output = EngineOutput(
+                    slot.request.request_id,
+                    new,
+                    lps if slot.sampling.logprobs else None,
+                    alternatives if k else None,
+                    finished=slot.finished,
+                    finish_reason=reason,
+                    queue_time_s=slot.take_queue_time(),
                 )
-            )
+                items.append((slot, output))
+            if failure is not None:
+                slot.finished = True
+                row.broken = row.broken or failure == _NAN_LOGITS  # NaN/inf: its cache may hold them too
+                items.append((slot, self._row_error(slot, failure)))
         self._engine.sampled_rows += len(items)  # only this thread writes it
         self._engine.deliver(items)

@@ -45,8 +45,10 @@ import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ...compat import dtype_kwargs, text_config
+from ...speculative import Speculation, SpeculationError
 from ..base import (
     MAX_TOP_LOGPROBS,
+    SAMPLING_FEATURES,
     Capabilities,
     EngineError,
     EngineLimits,
@@ -65,6 +67,7 @@ from ..registry import ENGINES
 from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
+from .llama_decoder import unsupported_reason
 from .sampler import Pick, sample_next_tokens
 from .static import StaticBackend
 
@@ -139,9 +142,12 @@ def decode_loop_options(
     max_tokens_in_paged_kv_cache: int | None,
     tokens_per_block: int | None,
     enable_chunked_context: bool,
+    speculative: Speculation | None = None,
 ) -> list[str]:
     """Pure: the options set that only the built-in decode loop honours."""
     given = []
+    if speculative is not None:
+        given.append(f"{speculative.key('method')}={speculative.method} (speculative decoding)")
     if enable_kv_cache_reuse:
         given.append("option.enable_kv_cache_reuse=true")
     if max_tokens_in_paged_kv_cache is not None:
@@ -200,6 +206,7 @@ class TorchEngine:
         tokens_per_block: int | None = None,
         enable_chunked_context: bool = False,
         grammar_compile_timeout: float = 10.0,
+        speculative: Speculation | None = None,
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -236,6 +243,8 @@ class TorchEngine:
         self.tokens_per_block = tokens_per_block
         self.enable_chunked_context = enable_chunked_context
         self.grammar_compile_timeout = grammar_compile_timeout  # seconds (guided.Grammars)
+        # Speculative decoding (n-gram or a draft model, whose id is a local folder by now).
+        self.speculative = speculative
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -278,6 +287,8 @@ class TorchEngine:
             guided=can()
             if _HAS_XGRAMMAR
             else cannot(f"the torch engine constrains decoding with xgrammar, and {XGRAMMAR_MISSING}"),
+            # its own sampler applies them all (gpu_sampler.py, sampler.py)
+            **dict.fromkeys(SAMPLING_FEATURES, can()),
         )
 
     @property
@@ -394,12 +405,13 @@ class TorchEngine:
                 model.dtype,
                 why,
             )
-            return DecodeLoopBackend(self, model)
+            return DecodeLoopBackend(self, model, self._load_draft(model, dtype, kwargs))
         given = decode_loop_options(
             self.enable_kv_cache_reuse,
             self.max_tokens_in_paged_kv_cache,
             self.tokens_per_block,
             self.enable_chunked_context,
+            self.speculative,
         )
         if given:
             raise EngineError(
@@ -427,6 +439,37 @@ class TorchEngine:
                 raise EngineError(f"continuous batching could not be set up: {exc}", code=424) from exc
             log.warning("continuous batching could not be set up (%s): using static batching", exc, exc_info=True)
             return StaticBackend(self, model)
+
+    def _load_draft(
+        self, model: PreTrainedModel, dtype: torch.dtype | str, kwargs: dict[str, str]
+    ) -> PreTrainedModel | None:
+        """The draft model of draft-model speculation, on the target's device and dtype; it must be
+        Llama-shaped (the loop runs it on its own forward pass) and share the target's vocabulary."""
+        spec = self.speculative
+        if spec is None or spec.method != "draft_model":
+            return None
+        key, folder = spec.key("draft_model"), Path(spec.draft_model)
+        if not (folder / "config.json").is_file():
+            raise SpeculationError(key, spec.draft_model, "has no config.json", "name a Hugging Face model folder")
+        with _LOAD_LOCK:
+            draft = AutoModelForCausalLM.from_pretrained(
+                str(folder), **dtype_kwargs(dtype), trust_remote_code=self.trust_remote_code, **kwargs
+            ).eval()
+        problem = unsupported_reason(draft, self.max_input_len + self.max_new_tokens)
+        if problem is not None:
+            raise SpeculationError(
+                key, spec.draft_model, f"the decode loop cannot run it: {problem}", "use a Llama-shaped draft model"
+            )
+        vocab, draft_vocab = model.lm_head.out_features, draft.lm_head.out_features
+        if draft_vocab != vocab or draft.get_input_embeddings().num_embeddings != self._vocab_size:
+            raise SpeculationError(
+                key,
+                spec.draft_model,
+                f"its vocabulary has {draft_vocab} tokens, the model's {vocab} (a draft model shares its tokenizer)",
+                "use a draft model of the same family and tokenizer",
+            )
+        log.info("torch engine: draft model %s (%s) loaded from %s", type(draft).__name__, key, folder)
+        return draft
 
     def _configure_tokens(self, model: PreTrainedModel) -> None:
         """EOS and pad ids: explicit options, else generation_config.json, else config.json."""

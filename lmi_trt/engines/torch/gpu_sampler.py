@@ -235,7 +235,7 @@ def top_logprobs(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def sample(
     logits: torch.Tensor,
-    rows: Rows,
+    rows: Rows | None,
     generated: torch.Tensor,
     eos: torch.Tensor,
     mode: Mode,
@@ -246,7 +246,7 @@ def sample(
     Status 0 is fine, 1 means NaN/+inf logits, 2 means every token is banned; the token of a row
     with a non-zero status is meaningless. Log-probabilities are the raw model's (vLLM's default
     ``raw_logprobs``), before penalties, bans and warping. ``bias`` ([n, vocab]) is added to the
-    scores the token is chosen from (OpenAI logit_bias).
+    scores the token is chosen from (OpenAI logit_bias). GREEDY mode reads no ``rows`` (None will do).
     """
     total = logits.logsumexp(-1)
     broken = total.isnan() | (total == float("inf"))

@@ -35,7 +35,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lmi_trt.engines.base import FinishReason, GuidedDecoding
+from lmi_trt.engines.base import SAMPLING_FEATURES, FinishReason, GuidedDecoding
 from lmi_trt.serving import chat, reasoning_parsers, tool_calls
 from lmi_trt.serving.access import current_request_id
 from lmi_trt.serving.chat_answer import Answer, AnswerReader, Part, Reasoning
@@ -442,17 +442,21 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+# The sampling features an engine may refuse (engines.base.Capabilities), as both OpenAI schemas spell them.
+OPENAI_SAMPLING_NAMES = {name: name for name in SAMPLING_FEATURES} | {"min_new_tokens": "min_tokens"}
 CHAT_NAMES = {
     "logprobs": "logprobs",
     "top_logprobs": "top_logprobs",
     "guided": "response_format",  # or the field the request's constraint came in (_chat)
     "logit_bias": "logit_bias",
+    **OPENAI_SAMPLING_NAMES,
 }
 COMPLETION_NAMES = {
     "logprobs": "logprobs",
     "top_logprobs": "logprobs",
     "logit_bias": "logit_bias",
     "prompt_logprobs": "echo",
+    **OPENAI_SAMPLING_NAMES,
 }
 
 
