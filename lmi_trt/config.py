@@ -389,6 +389,11 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
             "so the longest prompt would not fit in one step; raise max_num_tokens to at least "
             f"{max_input}, lower max_input_len, or set option.enable_chunked_context=true"
         )
+    if get("enable_reasoning") is False and get("reasoning_parser") is not None:
+        raise ConfigError(
+            f"{name('enable_reasoning')}=false turns reasoning parsing off, and "
+            f"{name('reasoning_parser')}={get('reasoning_parser')!r} names a parser; leave one out"
+        )
     batch, sequences = get("max_rolling_batch_size"), get("max_num_sequences")
     if batch is not None and sequences is not None and sequences > batch:
         raise ConfigError(

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, creat
 
 from lmi_trt.engines.registry import BACKEND_NAMES, ENGINE_NAMES, entry
 from lmi_trt.log_redaction import MASK
+from lmi_trt.serving import reasoning_parsers, tool_parsers
 from lmi_trt.speculative import METHODS as SPECULATIVE_METHODS
 from lmi_trt.speculative import SPELLINGS as SPECULATIVE_SPELLINGS
 from lmi_trt.speculative import parse_json_object
@@ -42,7 +43,6 @@ from lmi_trt.vocabulary import (
     KV_CACHE_FREE_GPU_MEM_FRACTION,
     QUANTIZE_NAMES,
     TOKENS_PER_BLOCK,
-    TOOL_CALL_PARSERS,
     Quantization,
 )
 
@@ -1262,8 +1262,29 @@ class LmiConfig(BaseModel):
         str | None,
         KeySpec(
             "option.tool_call_parser",
-            _choice(_same(*TOOL_CALL_PARSERS)),
-            "the tool-call format the model writes (vLLM's parser names); unset: recognised from the chat template",
+            _choice(_same(*tool_parsers.names())),
+            "the tool-call format the model writes (vLLM's parser names, and trtllm-serve's --tool_parser "
+            "spellings); unset: recognised from the chat template",
+        ),
+    ] = None
+    reasoning_parser: Annotated[
+        str | None,
+        KeySpec(
+            "option.reasoning_parser",
+            _choice(_same(*reasoning_parsers.names())),
+            "OpenAI chat: the model's thinking is returned as reasoning_content (and reasoning), apart from "
+            "content (vLLM's --reasoning-parser names, and trtllm-serve's --reasoning_parser spellings); unset: "
+            "recognised from the chat template",
+        ),
+    ] = None
+    enable_reasoning: Annotated[
+        bool | None,
+        KeySpec(
+            "option.enable_reasoning",
+            _BOOL,
+            "false: the reasoning stays in content, even where the chat template is recognised; true (DJL LMI's "
+            "vLLM key): a reasoning parser must apply (option.reasoning_parser, or a recognised template), else "
+            "the server does not start",
         ),
     ] = None
     model_loading_timeout: Annotated[

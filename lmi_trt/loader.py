@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+from typing import Any
 
 from lmi_trt import stages
 from lmi_trt.config import LmiConfig, with_draft_model
@@ -15,6 +16,8 @@ from lmi_trt.engines import EngineKind
 from lmi_trt.engines.registry import entry
 from lmi_trt.errors import StartupError
 from lmi_trt.launch import LaunchPlan, build_copies
+from lmi_trt.serving import reasoning_parsers
+from lmi_trt.serving.chat import template_text
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, peek, resolve_draft_model, resolve_model, resolve_tokenizer
@@ -48,6 +51,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     tokenizer = await asyncio.to_thread(
         load_tokenizer, tok_dir, config.trust_remote_code, slow=config.tokenizer_mode == "slow"
     )
+    check_reasoning(config, tokenizer)
     eos = _eos_ids(tokenizer, artifact)
     # One engine per copy of the launch plan (a placement puts it on its GPUs), constructed by the wiring.
     engine = build_copies(
@@ -61,6 +65,18 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     if refusing:  # each with its reason at GET /v1/capabilities and in the 400 of a request that asks
         log.info("engine %s refuses requests for: %s (see GET /v1/capabilities)", engine.name, ", ".join(refusing))
     return LoadedModel(engine=engine, tokenizer=tokenizer)
+
+
+def check_reasoning(config: LmiConfig, tokenizer: Any) -> None:
+    """option.enable_reasoning=true needs a reasoning parser: named, or the chat template's family's."""
+    template = template_text(tokenizer, config.chat_template)
+    if config.enable_reasoning and reasoning_parsers.chosen(config.reasoning_parser, True, template) is None:
+        raise StartupError(
+            "option.enable_reasoning",
+            "true",
+            "option.reasoning_parser is unset and the chat template is no reasoning family's known here",
+            f"set option.reasoning_parser to one of {', '.join(reasoning_parsers.names())}",
+        )
 
 
 # ------------------------------------------------------------------------------------------------
