@@ -211,6 +211,8 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
         # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
         given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
+        # planned per release, and refused where the release cannot run it, by llmapi.llm_plan (check_release)
+        speculative=speculation(config),
     )
 
 
@@ -403,10 +405,11 @@ def refuse_ignored(served: EngineEntry, config: LmiConfig) -> None:
             )
 
 
-def check_release(served: EngineEntry, config: LmiConfig) -> None:
+def check_release(served: EngineEntry, config: LmiConfig, hf_config: Mapping[str, Any] | None = None) -> None:
     """Where the entry's engine is the LLM API (its release installed, ``option.backend`` resolved), what the
     installed release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before
-    anything loads (``lmi_trt.engines.llmapi.llm_configs``); nothing to check elsewhere."""
+    anything loads (``lmi_trt.engines.llmapi.llm_configs``), speculative decoding included (``hf_config``: the
+    checkpoint's config.json where read, for MTP's heads); nothing to check elsewhere."""
     settings = WIRING[served].settings(config)
     if not isinstance(settings, LlmApiSettings):
         return
@@ -415,7 +418,7 @@ def check_release(served: EngineEntry, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_series(version), version, hf_config), version)
 
 
 @functools.cache
@@ -540,7 +543,7 @@ def resolve(
         )
     if not chosen:
         refuse_ignored(served, config)
-    check_release(served, config)
+    check_release(served, config, model.hf_config if model is not None else None)
     if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, model.hf_config, kind)

@@ -102,6 +102,7 @@ from lmi_trt.engines.llmapi_releases import (
     not_applied,
     requested,
 )
+from lmi_trt.engines.llmapi_speculation import SpecPlan, mtp_layers, speculation_refusals, speculative_plan
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -111,6 +112,7 @@ from lmi_trt.engines.trtllm import (
     require_eos,
 )
 from lmi_trt.keys import reads
+from lmi_trt.speculative import Speculation, SpeculationError
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,12 @@ RELEASE_DEFAULTS = (
 )
 # trtllm-serve's floor for a log prob (postprocess_handlers.py: max(logprob, -9999.0)).
 LOGPROB_FLOOR = -9999.0
+# specDecodingStats fields (iteration stats JSON) → the /metrics counters the torch engine exports too (vLLM's names).
+SPEC_COUNTERS = {
+    "numRequestsWithDraftTokens": "spec_decode_num_drafts",
+    "numDraftTokens": "spec_decode_num_draft_tokens",
+    "numAcceptedTokens": "spec_decode_num_accepted_tokens",
+}
 # How long one get_stats_async pass waits for a new iteration before it ends (its default).
 STATS_TIMEOUT_S = 2.0
 STATS_PAUSE_S = 0.5
@@ -218,6 +226,9 @@ class LlmApiSettings(reads("dtype", "max_input_len", "trust_remote_code", *DJL_L
     # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
     # (stages.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
     given: frozenset[str] = frozenset()
+    # Speculative decoding from its keys merged (lmi_trt.speculative; the draft model a local folder by the time the
+    # engine is built), planned per release by lmi_trt.engines.llmapi_speculation.
+    speculative: Speculation | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +242,7 @@ class LlmPlan:
     moe_config: dict[str, Any]
     cuda_graph_config: dict[str, Any] | None  # None: no CUDA graphs; built only when an option or lmi-trt set it
     origins: dict[str, str]  # keyword (nested: "kv_cache_config.dtype") → an option key, or "lmi-trt: why"
+    speculative: SpecPlan | None = None  # the speculative_config, built by llm_configs
 
     @property
     def options(self) -> dict[str, str]:
@@ -263,12 +275,28 @@ def check_settings(settings: LlmApiSettings) -> None:
     _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
 
 
-def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
+def llm_plan(
+    settings: LlmApiSettings, series: tuple[int, int], version: str = "", hf_config: Mapping[str, Any] | None = None
+) -> LlmPlan:
     """Pure: the options as ``LLM`` keywords for a release; a keyword no option sets is left to the release,
-    except the few lmi-trt needs (each with its reason in ``origins``)."""
+    except the few lmi-trt needs (each with its reason in ``origins``). ``hf_config``: the checkpoint's config.json
+    where read (MTP speculation needs its heads)."""
     check_settings(settings)
     rt, given = settings.runtime, settings.given
     beams = rt.max_beam_width
+    spec = None
+    if settings.speculative is not None:
+        try:
+            spec = speculative_plan(
+                settings.speculative,
+                version or ".".join(map(str, series)),
+                series,
+                mtp_layers=mtp_layers(hf_config),
+                max_beam_width=beams,
+                overlap_scheduler=settings.enable_overlap_scheduler,
+            )
+        except SpeculationError as exc:
+            raise TrtllmConfigError(str(exc)) from exc
     keywords: dict[str, Any] = {}
     origins: dict[str, str] = {}
 
@@ -298,7 +326,9 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
     # xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
     # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
     put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
-    if series == ENABLE_TRTLLM_SAMPLER:
+    if spec is not None:  # built by llm_configs, as the release's own class
+        origins["speculative_config"] = settings.speculative.key("method")
+    if series == ENABLE_TRTLLM_SAMPLER and spec is None:  # with speculation the spec decoder samples (llm_sampler)
         put(
             "enable_trtllm_sampler",
             True,
@@ -353,7 +383,7 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
         why = "lmi-trt: beam search on the TRTLLMSampler needs it (docs/source/features/sampling.md, 1.0.0 and 1.2)"
         put("disable_overlap_scheduler", True, why)
         graphs, origins["cuda_graph_config"] = None, why
-    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins)
+    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins, spec)
 
 
 def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) -> str:
@@ -424,6 +454,10 @@ def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, An
             "set option.attn_backend=TRTLLM"
         )
     built: dict[str, Any] = {}
+    if plan.speculative is not None:
+        built["speculative_config"] = speculative_config(
+            llmapi, plan.speculative, plan.origins["speculative_config"], version
+        )
     if plan.scheduler_config:  # none given: the release's own SchedulerConfig
         built["scheduler_config"] = llmapi.SchedulerConfig(
             capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
@@ -452,6 +486,24 @@ def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, An
     return built
 
 
+def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: str) -> Any:
+    """The release's own speculative config class (llmapi_speculation.CLASSES), which validates the fields; what it
+    lacks or refuses is a ``TrtllmConfigError`` naming the key."""
+    make = getattr(llmapi, spec.config_class, None)
+    if make is None:
+        raise TrtllmConfigError(
+            f"{key}={spec.method}: TensorRT-LLM {version} has no tensorrt_llm.llmapi.{spec.config_class}; use a "
+            "release that has it"
+        )
+    try:
+        return make(**spec.fields)
+    except (ValueError, TypeError, AssertionError) as exc:  # pydantic's ValidationError is a ValueError
+        raise TrtllmConfigError(
+            f"{key}={spec.method}: TensorRT-LLM {version} refuses {spec.config_class}({spec.fields}): {exc}; "
+            "set values this release takes"
+        ) from exc
+
+
 def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan, version: str, tokenizer: Any = None) -> Any:
     """Construct the LLM (loads the weights; blocking). ``tokenizer``: ours (lmi_trt.serving.tokenizer), so the LLM
     does not load the checkpoint's tokenizer files itself: ``BaseLlmArgs.tokenizer`` takes a
@@ -460,25 +512,37 @@ def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan, version: str, t
     return llmapi.LLM(str(model_dir), tokenizer=tokenizer, **llm_configs(llmapi, plan, version), **plan.keywords)
 
 
-def checkpoint_vocab_size(model_dir: Path) -> int | None:
-    """The logits' width from the checkpoint's config.json (a multimodal one keeps it in text_config), or
-    None when it does not say (``logit_bias`` is then refused)."""
+def checkpoint_config(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json ({} where it does not read)."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def checkpoint_vocab_size(config: Mapping[str, Any]) -> int | None:
+    """The logits' width from the checkpoint's config.json (a multimodal one keeps it in text_config), or
+    None when it does not say (``logit_bias`` is then refused)."""
     size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return size if isinstance(size, int) and size > 0 else None
 
 
 def release_refusals(
-    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+    version: str,
+    sampler: Sampler,
+    vocab_size: int | None,
+    eos_token_ids: Sequence[int],
+    speculation: str | None = None,
 ) -> dict[str, str]:
     """Pure: feature → why, for what this release's sampler does not apply (``llmapi_releases``' table; engine-only
-    features such as beam search with log probs too), and what no release can do for this model: bias logits
-    without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
-    ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
+    features such as beam search with log probs too; with ``speculation``, the method running, what the release does
+    not do beside it: ``llmapi_speculation.speculation_refusals``), and what no release can do for this model: bias
+    logits without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
+        ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
     no = not_applied(version, llm_api_series(version), sampler)
+    if speculation is not None:  # what the release does not do beside the speculative method that runs
+        no.update(speculation_refusals(speculation, version, llm_api_series(version)))
     if len(eos_token_ids) > 1:
         no.setdefault(
             "min_new_tokens",
@@ -494,16 +558,21 @@ def release_refusals(
 
 
 def release_capabilities(
-    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+    version: str,
+    sampler: Sampler,
+    vocab_size: int | None,
+    eos_token_ids: Sequence[int],
+    speculation: str | None = None,
 ) -> Capabilities:
     """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities)."""
-    no = release_refusals(version, sampler, vocab_size, eos_token_ids)
+    no = release_refusals(version, sampler, vocab_size, eos_token_ids, speculation)
 
     def capability(feature: str, **honoured: Any) -> Any:
         return cannot(no[feature]) if feature in no else can(**honoured)
 
     return Capabilities(
-        release=f"TensorRT-LLM {version} (pytorch backend, {sampler})",
+        release=f"TensorRT-LLM {version} (pytorch backend, {sampler}"
+        + (f", {speculation} speculative decoding)" if speculation else ")"),
         logprobs=capability("logprobs"),
         top_logprobs=capability("top_logprobs", most=MAX_TOP_LOGPROBS),
         prompt_logprobs=capability("prompt_logprobs"),
@@ -710,7 +779,12 @@ class LlmApiEngine:
         self._unsupported: dict[str, str] = {}
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
-        self._vocab_size = checkpoint_vocab_size(self._model_dir)
+        self._hf_config = checkpoint_config(self._model_dir)
+        self._vocab_size = checkpoint_vocab_size(self._hf_config)
+        self._speculation: str | None = None  # the speculative method running, once started
+        # draft tokens proposed/accepted so far, from every iteration's specDecodingStats (C++ executor/types.h
+        # SpecDecodingStats: numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens)
+        self._spec_counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
         self._gpu_available = gpu_available
         self._tokenizer = tokenizer  # ours, handed to the LLM (make_llm); None: the LLM loads the checkpoint's
         self._llm: Any = None
@@ -744,8 +818,9 @@ class LlmApiEngine:
             raise RuntimeError("LlmApiEngine.start() may be called once")
         llmapi, version = probe_llm_api(self._gpu_available)
         series = llm_api_series(version)
-        plan = llm_plan(self.settings, series)
-        sampler = llm_sampler(series, self._limits.max_beam_width)
+        plan = llm_plan(self.settings, series, version, self._hf_config)
+        method = plan.speculative.method if plan.speculative is not None else None
+        sampler = llm_sampler(series, self._limits.max_beam_width, speculative=method is not None)
         log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)
         try:
             self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, plan, version, self._tokenizer)
@@ -764,8 +839,14 @@ class LlmApiEngine:
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
         log.info("%s", settings_report(plan, self._llm.args, version, sampler))
-        self._capabilities = release_capabilities(version, sampler, self._vocab_size, self._eos)
-        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos)
+        log.info(
+            "TensorRT-LLM %s (pytorch backend): %s",
+            version,
+            f"speculative decoding: {plan.speculative.description}" if method else "no speculative decoding",
+        )
+        self._speculation = method
+        self._capabilities = release_capabilities(version, sampler, self._vocab_size, self._eos, method)
+        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos, method)
         log.info(
             "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",
             version,
@@ -944,6 +1025,7 @@ class LlmApiEngine:
             try:
                 async for stat in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
                     self._last_iteration = json.loads(stat) if isinstance(stat, str) else stat
+                    self._count_speculation(self._last_iteration.get("specDecodingStats"))
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 — stats must never take serving down
@@ -955,8 +1037,15 @@ class LlmApiEngine:
                 failed_before = True
             await asyncio.sleep(STATS_PAUSE_S)
 
+    def _count_speculation(self, spec: Mapping[str, Any] | None) -> None:
+        """Add one iteration's speculative-decoding figures (each iteration is read once) to the running totals."""
+        if not spec or self._speculation is None:
+            return
+        for field, name in SPEC_COUNTERS.items():
+            self._spec_counts[name] += float(spec.get(field) or 0)
+
     def stats(self) -> EngineStats:
-        extra: dict[str, float] = {}
+        extra: dict[str, float] = dict(self._spec_counts) if self._speculation is not None else {}
         it = self._last_iteration
         if it is not None:
             extra["executor_active_requests"] = float(it.get("numActiveRequests", 0))

@@ -45,8 +45,12 @@ Series = tuple[int, int]
 Span = tuple[Series, Series | None]  # first and last series (None: every later one)
 
 
-def llm_sampler(series: Series, max_beam_width: int) -> Sampler:
-    """Pure: the sampler that runs every request of the LLM this engine builds (module docstring)."""
+def llm_sampler(series: Series, max_beam_width: int, speculative: bool = False) -> Sampler:
+    """Pure: the sampler that runs every request of the LLM this engine builds (module docstring). With speculative
+    decoding the spec decoder, a TorchSampler, runs on every release (_torch/pyexecutor/_util.py
+    ``instantiate_sampler`` picks ``get_spec_decoder`` before ``enable_trtllm_sampler``)."""
+    if speculative:
+        return TORCH
     if series == ENABLE_TRTLLM_SAMPLER:
         return TRTLLM
     if series <= LAST_TRTLLM_SAMPLER and max_beam_width > 1:

@@ -69,6 +69,12 @@ GLOBAL_SEED = 42  # TorchSampler's one generator before PR 17172
 def sampler_of(args) -> str:
     """The sampler the LLM's executor builds (see the module docstring); construction-time failures raise."""
     series, beams = _state.series(), (args.max_beam_width or 1) > 1
+    if args.speculative_config is not None:
+        # _util.py instantiate_sampler: a model with a spec_config gets get_spec_decoder (a TorchSampler), before
+        # enable_trtllm_sampler / sampler_type are looked at
+        if beams:
+            raise AssertionError("TorchSampler only supports beam_width = 1")
+        return TORCH
     if series < (1, 1):
         sampler = TRTLLM if args.enable_trtllm_sampler else TORCH
         if sampler == TORCH and beams:
@@ -205,6 +211,8 @@ class LlmRuntime:
         self._active: list[_Seq] = []
         self._cancel: set[int] = set()
         self._stats: deque[str] = deque(maxlen=args.max_stats_len)
+        self._spec = _Speculation.of(args.speculative_config, self._active)
+        self._iter_spec = [0, 0, 0]  # this iteration's draft tokens, accepted ones, requests with drafts
         self._iter = 0
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="fake-llmapi-executor", daemon=True)
@@ -316,12 +324,16 @@ class LlmRuntime:
                         seq.matcher = self._grammars.create(*seq.guide)
                     self._check_bias(seq)
                     self._forward(seq, seq.prompt)
-                token = self._choose(seq)
-                if new:
-                    seq.prompt_entries = self._prompt_logprobs(seq, token)
-                reason = self._advance(seq, token)
-                if reason is None:
-                    self._forward(seq, [token])
+                drafts = [] if new or self._spec is None else self._spec.propose(seq, self._model)
+                if drafts:
+                    reason = self._verify(seq, drafts)
+                else:
+                    token = self._choose(seq)
+                    if new:
+                        seq.prompt_entries = self._prompt_logprobs(seq, token)
+                    reason = self._advance(seq, token)
+                    if reason is None:
+                        self._forward(seq, [token])
         except Exception as exc:  # one request's failure must not end the others
             seq.result._enqueue(_Response([], None, None, None, True, error=f"{type(exc).__name__}: {exc}"))
             return True
@@ -344,6 +356,33 @@ class LlmRuntime:
             return _select(seq)[0]
         finally:
             seq.logits = raw
+
+    def _verify(self, seq: _Seq, drafts: list[int]) -> str | None:
+        """One speculative step: the target reads the draft tokens in one forward, then the sampler chooses a token
+        at each position, as it would without drafts, keeping drafts while they equal its choice; the first choice
+        that differs (or the one after the last draft) is its own token. The KV cache drops the rejected drafts.
+        (_torch/pyexecutor/sampler.py: the TorchSampler samples the target at every draft position and accepts the
+        draft tokens up to the first mismatch; the resource manager rewinds the rest.)"""
+        first = seq.logits
+        res = self._model(input_ids=_tensor([drafts]), past_key_values=seq.past, use_cache=True)
+        positions = [first, *res.logits[0].float()]
+        accepted, reason = 0, None
+        for i, logits in enumerate(positions):
+            seq.logits = logits
+            token = self._choose(seq)
+            reason = self._advance(seq, token)
+            if reason is not None or i == len(drafts) or token != drafts[i]:
+                break
+            accepted += 1
+        self._iter_spec[0] += len(drafts)
+        self._iter_spec[1] += accepted
+        self._iter_spec[2] += 1
+        seq.past = res.past_key_values
+        if accepted < len(drafts):  # the accepted drafts stay (a negative crop drops from the end, transformers 4.x/5.x)
+            seq.past.crop(-(len(drafts) - accepted))
+        if reason is None:
+            self._forward(seq, [seq.generated[-1]])
+        return reason
 
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
@@ -444,10 +483,99 @@ class LlmRuntime:
                         "usedNumBlocks": used,
                         "tokensPerBlock": self.tokens_per_block,
                     },
+                    **self._spec_stats(),
                 }
             )
         )
         self._iter += 1
+
+    def _spec_stats(self) -> dict:
+        """``specDecodingStats`` of an iteration while speculation is configured (py_executor.py fills
+        ``stats.specdec_stats`` from each scheduled request's draft tokens and ``py_num_accepted_draft_tokens``:
+        acceptance length = (accepted + requests with drafts) / requests with drafts; the JSON names are
+        cpp/include/tensorrt_llm/executor/types.h SpecDecodingStats')."""
+        if self._spec is None:
+            return {}
+        drafted, accepted, requests = self._iter_spec
+        self._iter_spec = [0, 0, 0]
+        return {
+            "specDecodingStats": {
+                "numDraftTokens": drafted,
+                "numAcceptedTokens": accepted,
+                "numRequestsWithDraftTokens": requests,
+                "acceptanceLength": (accepted + requests) / requests if requests else 1.0,
+                "iterLatencyMS": 0.0,
+                "draftOverhead": 0.0,
+            }
+        }
+
+
+def _tensor(ids):
+    import torch
+
+    return torch.tensor(ids)
+
+
+class _Speculation:
+    """The drafter of the LLM's ``speculative_config``: n-gram lookup (``NGramDecodingConfig``, the field
+    descriptions of llm_args.py: the longest n-gram up to ``max_matching_ngram_size`` tokens that matched before,
+    ``is_use_oldest`` "the oldest match when pattern is hit, the newest one ... if False", ``is_public_pool`` "a
+    common pool for all requests, or the pool is private for each request") or a draft model
+    (``DraftTargetDecodingConfig``: a Hugging Face checkpoint at ``speculative_model_dir``, drafting greedily).
+    No drafts above ``max_concurrency`` requests ("speculation will be disabled at batch sizes above this value").
+    EAGLE-3 and MTP heads are not modelled: the fake refuses to build them."""
+
+    def __init__(self, config, active: list, draft_model=None) -> None:
+        self.config, self._active, self._draft = config, active, draft_model
+
+    @classmethod
+    def of(cls, config, active: list) -> _Speculation | None:
+        if config is None:
+            return None
+        kind = type(config).__name__
+        if kind not in ("NGramDecodingConfig", "DraftTargetDecodingConfig"):
+            raise NotImplementedError(f"fake tensorrt_llm: {kind} (draft heads) is not modelled")
+        draft = _load_model(config.speculative_model_dir) if kind == "DraftTargetDecodingConfig" else None
+        return cls(config, active, draft)
+
+    def propose(self, seq: _Seq, target) -> list[int]:
+        cfg = self.config
+        if cfg.max_concurrency is not None and len(self._active) > cfg.max_concurrency:
+            return []
+        room = min(cfg.max_draft_len, seq.max_tokens - len(seq.generated) - 1)
+        if room <= 0:
+            return []
+        if self._draft is not None:
+            return self._draft_tokens(seq, room)
+        return self._lookup(seq, room)
+
+    def _draft_tokens(self, seq: _Seq, k: int) -> list[int]:
+        import torch
+
+        ids = seq.prompt + seq.generated
+        out: list[int] = []
+        with torch.no_grad():
+            for _ in range(k):
+                logits = self._draft(input_ids=torch.tensor([ids + out])).logits[0, -1]
+                out.append(int(torch.argmax(logits)))
+        return out
+
+    def _lookup(self, seq: _Seq, k: int) -> list[int]:
+        cfg = self.config
+        tokens = seq.prompt + seq.generated
+        pools = [tokens]
+        if cfg.is_public_pool:
+            pools += [s.prompt + s.generated for s in self._active if s is not seq]
+        for n in range(min(cfg.max_matching_ngram_size, len(tokens) - 1), 0, -1):
+            pattern = tokens[-n:]
+            found = []
+            for pool in pools:
+                end = len(pool) - n if pool is tokens else len(pool) - n + 1  # not the pattern itself
+                found += [pool[i + n : i + n + k] for i in range(end) if pool[i : i + n] == pattern]
+            found = [f for f in found if f]
+            if found:
+                return found[0] if cfg.is_use_oldest else found[-1]
+        return []
 
 
 def _logprob_entry(logprobs, token: int, k: int | None) -> dict[int, Logprob]:
