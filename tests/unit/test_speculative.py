@@ -12,7 +12,7 @@ import torch
 from lmi_trt import stages
 from lmi_trt.config import ConfigError, StartupError, load_config, speculation, with_draft_model
 from lmi_trt.engines.base import SamplingParams
-from lmi_trt.engines.registry import PYTORCH, TORCH
+from lmi_trt.engines.registry import PYTORCH, TENSORRT, TORCH
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, sample
 from lmi_trt.engines.torch.speculation import (
     MAX_BACKOFF,
@@ -171,14 +171,17 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
         torch_view(
             speculative_config='{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate_threshold": 0.5}'
         )
-    # The options it reads count as honoured by the torch engine; TensorRT-LLM's engine does not read them
-    # (yet), so there they are refused rather than ignored.
+    # The options it reads count as honoured by the torch engine and by the LLM API (which plans them per release:
+    # tests/unit/test_llmapi_speculation.py); the Executor over TensorRT engines does not read them, so there they
+    # are refused rather than ignored.
     cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
     assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
     stages.refuse_ignored(TORCH, cfg)
-    trt = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
-    with pytest.raises(StartupError, match="option.speculative_config.*serve with an engine that does: torch"):
-        stages.refuse_ignored(PYTORCH, trt)
+    llm = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
+    stages.refuse_ignored(PYTORCH, llm)
+    engines = stages.settle(cfg.model_copy(update={"backend": "tensorrt"}), "trtllm")
+    with pytest.raises(StartupError, match="option.speculative_config.*serve with an engine that does: .*torch"):
+        stages.refuse_ignored(TENSORRT, engines)
 
 
 # -- n-gram drafts and the drafting policy --------------------------------------------------------

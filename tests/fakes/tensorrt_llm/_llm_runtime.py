@@ -378,7 +378,9 @@ class LlmRuntime:
         self._iter_spec[1] += accepted
         self._iter_spec[2] += 1
         seq.past = res.past_key_values
-        if accepted < len(drafts):  # the accepted drafts stay (a negative crop drops from the end, transformers 4.x/5.x)
+        if accepted < len(
+            drafts
+        ):  # the accepted drafts stay (a negative crop drops from the end, transformers 4.x/5.x)
             seq.past.crop(-(len(drafts) - accepted))
         if reason is None:
             self._forward(seq, [seq.generated[-1]])
