@@ -4,6 +4,8 @@ DJL's, TensorRT-LLM's and vLLM's keys; and what each release refuses, naming the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from trtllm_testing import fake_tensorrt_llm
 
@@ -55,7 +57,7 @@ def test_draft_model_eagle3_and_mtp_are_the_releases_classes(release, tmp_path):
     config, _ = built(release, **{"option.speculative_draft_model": str(tmp_path), "option.speculative_length": "5"})
     assert type(config).__name__ == "DraftTargetDecodingConfig"
     assert (config.max_draft_len, config.speculative_model_dir) == (5, str(tmp_path))
-    eagle = '{"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "%s"}' % tmp_path
+    eagle = json.dumps({"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": str(tmp_path)})
     config, plan = built(release, **{"option.speculative_config": eagle})
     assert type(config).__name__ == ("Eagle3DecodingConfig" if release >= "1.3" else "EagleDecodingConfig")
     assert config.speculative_model_dir == str(tmp_path) and "EAGLE-3" in plan.speculative.description
