@@ -194,6 +194,23 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     )
 
 
+def executor_settings(config: LmiConfig) -> TrtllmSettings:
+    """The Executor's settings; speculative decoding is refused there, naming the key (reading it here makes the
+    refusal this one rather than refuse_ignored's)."""
+    spec = speculation(config)
+    if spec is not None:
+        raise SpeculationError(
+            spec.key("method"),
+            spec.method,
+            "lmi-trt's tensorrt backend (the Executor over TensorRT engines, TensorRT-LLM 0.12-1.2) neither builds "
+            "engines for speculative decoding (trtllm-build --speculative_decoding_mode) nor drives their draft "
+            "tokens, lookahead or Medusa heads",
+            "serve the Hugging Face checkpoint with option.backend=pytorch (TensorRT-LLM 1.0+: ngram, draft_model, "
+            "eagle3, mtp) or with option.rolling_batch=torch (ngram, draft_model)",
+        )
+    return trtllm_settings(config)
+
+
 # Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
 # free memory for the KV cache): on the pytorch backend an unset one is left to TensorRT-LLM (llmapi.llm_plan).
 LLM_RELEASE_DEFAULTED = (
@@ -314,7 +331,7 @@ class Wiring:
 
 
 WIRING: dict[EngineEntry, Wiring] = {
-    TENSORRT: Wiring(trtllm_settings, _build_executor),
+    TENSORRT: Wiring(executor_settings, _build_executor),
     PYTORCH: Wiring(llmapi_settings, _build_llm),
     TORCH: Wiring(torch_settings, _build_torch),
     SYNTHETIC: Wiring(synthetic_settings, _build_synthetic),

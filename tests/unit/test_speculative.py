@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmi_trt import stages
-from lmi_trt.config import ConfigError, StartupError, load_config, speculation, with_draft_model
+from lmi_trt.config import ConfigError, load_config, speculation, with_draft_model
 from lmi_trt.engines.base import SamplingParams
 from lmi_trt.engines.registry import PYTORCH, TENSORRT, TORCH
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, sample
@@ -172,15 +172,16 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
             speculative_config='{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate_threshold": 0.5}'
         )
     # The options it reads count as honoured by the torch engine and by the LLM API (which plans them per release:
-    # tests/unit/test_llmapi_speculation.py); the Executor over TensorRT engines does not read them, so there they
-    # are refused rather than ignored.
+    # tests/unit/test_llmapi_speculation.py); the Executor over TensorRT engines refuses them, saying where they run.
     cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
     assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
     stages.refuse_ignored(TORCH, cfg)
     llm = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
     stages.refuse_ignored(PYTORCH, llm)
     engines = stages.settle(cfg.model_copy(update={"backend": "tensorrt"}), "trtllm")
-    with pytest.raises(StartupError, match="option.speculative_config.*serve with an engine that does: .*torch"):
+    with pytest.raises(
+        SpeculationError, match=r"option.speculative_config.method='ngram': .*tensorrt backend.*pytorch"
+    ):
         stages.refuse_ignored(TENSORRT, engines)
 
 
