@@ -6,13 +6,18 @@ the engine's counters, and what a release does not do beside speculation is refu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
+from cliserver import serve
 from test_llmapi_engine import PROMPTS, collect, req, settings, tokens_of
+from test_serve_llmapi import SITECUSTOMIZE
 from tinymodels import tiny_model
-from trtllm_testing import fake_tensorrt_llm
+from trtllm_testing import FAKES, fake_tensorrt_llm
 
 from lmi_trt.engines.base import EngineError
 from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
@@ -197,3 +202,49 @@ async def test_the_overlap_scheduler_switched_off_by_the_release_is_refused(trt,
     engine = LlmApiEngine(model_dir, settings_, eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
     with pytest.raises(TrtllmConfigError, match="option.enable_overlap_scheduler"):
         await engine.start()
+
+
+@pytest.mark.slow
+def test_a_real_server_resolves_the_draft_model_logs_the_method_and_exports_the_figures(tmp_path, model_dir):
+    """DJL's keys → sources (the draft model's folder) → the LLM's DraftTargetDecodingConfig → /metrics and
+    /v1/capabilities, in a server process on the release the CI leg impersonates (LMI_TRT_FAKE_RELEASE). The model
+    is its own draft here, so drafts are kept (the figures cannot be zero by accident)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = os.pathsep.join([str(tmp_path / "site"), str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    args = ["--model-id", str(model_dir), "--engine", "trtllm", "--model-name", "tiny"]
+    for key, value in [
+        ("backend", "pytorch"),
+        ("max_input_len", 64),
+        ("max_output_len", 24),
+        ("speculative_draft_model", str(model_dir)),
+        ("speculative_length", 3),
+    ]:
+        args += ["-o", f"option.{key}={value}"]
+    with serve(args, tmp_path, env={"PYTHONPATH": path}) as server:
+        log = server.log()
+        assert "speculative decoding: a draft model" in log and "DraftTargetDecodingConfig" in log, log[-3000:]
+        body = {"inputs": "The quick brown fox. The quick brown fox.", "parameters": {"max_new_tokens": 20}}
+        response = server.post("/invocations", body)
+        assert response.status_code == 200 and response.json()["generated_text"]
+        sampled = server.post("/invocations", {"inputs": "Hi", "parameters": {"do_sample": True, "max_new_tokens": 4}})
+        capabilities = server.get("/v1/capabilities").json()
+        metrics = ""
+        for _ in range(100):  # the stats poller reads the iterations within a few seconds
+            metrics = server.get("/metrics").text
+            if "lmi_spec_decode_num_drafts_total" in metrics:
+                break
+            time.sleep(0.1)
+        time.sleep(3)  # one get_stats_async pass (2 s) later every iteration was read
+        metrics = server.get("/metrics").text
+    release = os.environ.get("LMI_TRT_FAKE_RELEASE", "1.0.0")
+    assert sampled.status_code == (200 if release >= "1.2" else 400), sampled.text
+    assert "speculative decoding" in json.dumps(capabilities)
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("lmi_spec") and "{" in line
+    }
+    assert values["lmi_spec_decode_num_drafts_total"] > 0, metrics
+    assert values["lmi_spec_decode_num_draft_tokens_total"] >= values["lmi_spec_decode_num_accepted_tokens_total"] > 0
+    assert 0 < values["lmi_spec_decode_draft_acceptance_rate"] <= 1
