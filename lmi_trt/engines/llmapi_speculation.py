@@ -25,7 +25,9 @@ default and no DENSEGEMM, and may be an early 1.3 main; main has DENSEGEMM):
 * sampling: the 1.2-dated copy's ``allow_advanced_sampling`` (prototype, default off): "allows non-greedy sampling
   when speculation is used. Only applicable to 1-model code paths; non-greedy sampling is always enabled on 2-model
   paths" — EAGLE-3 one-model and MTP decode greedily whatever a request asks, and n-gram / draft-target sample
-  from that copy on. Before it, sampling beside speculation was not read.
+  from that copy on. In main's copy the flag is "kept for backward compatibility ... Non-greedy sampling is now
+  auto-detected per request; this flag no longer has any effect": the one-model paths sample from 1.3. Before 1.2,
+  sampling beside speculation was not read.
 * the sampler: _torch/pyexecutor/_util.py ``instantiate_sampler`` picks ``get_spec_decoder`` when the model has a
   ``spec_config``, before ``enable_trtllm_sampler`` is looked at — a TorchSampler, so 1.0's TRTLLMSampler (and its
   beam search) never runs beside speculation.
@@ -55,9 +57,10 @@ CLASSES: dict[str, tuple[tuple[Series, str], ...]] = {
     "eagle3": (((1, 0), "EagleDecodingConfig"), ((1, 3), "Eagle3DecodingConfig")),
     "mtp": (((1, 0), "MTPDecodingConfig"),),
 }
-# Two-model paths (a drafter beside the target): they sample from the 1.2-dated copy on and keep guided decoding.
+# Two-model paths (a drafter beside the target): they sample from the 1.2-dated copy on and keep guided decoding;
+# the one-model paths sample from main's copy (1.3) on.
 TWO_MODEL = ("ngram", "draft_model")
-SAMPLES_FROM: Series = (1, 2)
+SAMPLES_FROM = {True: (1, 2), False: (1, 3)}  # two-model? → the first series that samples
 MAX_CONCURRENCY_FROM: Series = (1, 1)  # DecodingBaseConfig.max_concurrency
 # speculative_config members passed on as written, per method (TensorRT-LLM's own fields); others are refused.
 PASSED: dict[str, dict[str, type]] = {
@@ -206,15 +209,15 @@ def speculation_refusals(method: str, version: str, series: Series) -> dict[str,
     """Pure: request feature → why, for what this release does not do beside ``method`` (module docstring)."""
     why = f"not read beside {method} speculation in TensorRT-LLM {version}; lmi-trt refuses it rather than assume"
     out = {feature: why for feature in UNREAD}
-    if method not in TWO_MODEL or series < SAMPLES_FROM:
+    if series < SAMPLES_FROM[method in TWO_MODEL]:
         out["sampling"] = (
             f"TensorRT-LLM {version} decodes greedily beside {method} speculation"
             + (
-                " (llm_args.py allow_advanced_sampling: non-greedy sampling is off on one-model paths)"
+                " (llm_args.py allow_advanced_sampling: non-greedy sampling is off on one-model paths before 1.3)"
                 if method not in TWO_MODEL
                 else " as far as read (non-greedy sampling on two-model paths is stated from 1.2)"
             )
-            + "; send a greedy request (temperature 0), or use n-gram or a draft model on a 1.2+ image"
+            + "; send a greedy request (temperature 0), or use a release that samples beside it"
         )
         out["seed"] = out["sampling"]
     if method not in TWO_MODEL:

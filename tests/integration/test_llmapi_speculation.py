@@ -36,11 +36,6 @@ def trt(request):
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
 def draft_dir(model_dir, tmp_path_factory) -> Path:
     """The target's first layer alone: a draft that agrees with it often, not always."""
     from transformers import AutoModelForCausalLM
@@ -51,6 +46,11 @@ def draft_dir(model_dir, tmp_path_factory) -> Path:
     model.config.num_hidden_layers = 1
     model.save_pretrained(str(out))
     return out
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return tiny_model("llama")
 
 
 def spec_settings(spec: Speculation | None, **runtime) -> LlmApiSettings:

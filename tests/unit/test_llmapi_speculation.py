@@ -110,8 +110,10 @@ def test_what_each_release_refuses_beside_each_method():
     assert "sampling" not in speculation_refusals("ngram", "1.2.1", (1, 2))
     assert "sampling" not in speculation_refusals("draft_model", "1.3.0", (1, 3))
     for method in ("eagle3", "mtp"):
-        no = speculation_refusals(method, "1.3.0", (1, 3))
+        no = speculation_refusals(method, "1.2.1", (1, 2))
         assert {"sampling", "seed", "guided"} <= set(no) and "allow_advanced_sampling" in no["sampling"]
+        assert "sampling" not in speculation_refusals(method, "1.3.0", (1, 3))  # "auto-detected per request"
+        assert "guided" in speculation_refusals(method, "1.3.0", (1, 3))
     assert "guided" not in speculation_refusals("ngram", "1.0.0", (1, 0))
     assert {"logprobs", "top_logprobs", "bad_words", "logit_bias"} <= set(
         speculation_refusals("ngram", "1.3.0", (1, 3))

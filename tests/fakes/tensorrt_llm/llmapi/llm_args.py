@@ -148,10 +148,12 @@ class DecodingBaseConfig(_Strict):
     def supports_backend(self, backend: str) -> bool:
         return backend == "pytorch"
 
-    def _positive_draft_len(self, name: str) -> None:
+    def _positive_draft_len(self, name: str, no_draft_model: str | None = None) -> None:
         # "max_draft_len must be > 0 for NGram" (1.2-dated copy); the 1.0 copy asserts it in validate_speculative_config
         if self.max_draft_len is None or self.max_draft_len <= 0:
             raise ValueError(f"max_draft_len must be > 0 for {name}")
+        if no_draft_model is not None and self.speculative_model_dir is None:
+            raise ValueError(no_draft_model)
 
 
 class NGramDecodingConfig(DecodingBaseConfig):
@@ -174,9 +176,7 @@ class DraftTargetDecodingConfig(DecodingBaseConfig):
 
     @model_validator(mode="after")
     def _check(self) -> DraftTargetDecodingConfig:
-        self._positive_draft_len("DraftTarget")
-        if self.speculative_model_dir is None:
-            raise ValueError("speculative_model must be specified for DraftTarget")
+        self._positive_draft_len("DraftTarget", "speculative_model must be specified for DraftTarget")
         return self
 
 
@@ -186,9 +186,7 @@ class EagleDecodingConfig(DecodingBaseConfig):
 
     @model_validator(mode="after")
     def _check(self) -> EagleDecodingConfig:
-        self._positive_draft_len("Eagle")
-        if self.speculative_model_dir is None:
-            raise ValueError("Draft model must be provided for EAGLE")
+        self._positive_draft_len("Eagle", "Draft model must be provided for EAGLE")
         return self
 
 
