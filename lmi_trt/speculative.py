@@ -69,10 +69,11 @@ RUNS_ON = {
     "eagle3": "TensorRT-LLM's pytorch backend (option.rolling_batch=trtllm, option.backend=pytorch)",
     "mtp": "TensorRT-LLM's pytorch backend, for models with MTP heads (option.rolling_batch=trtllm, "
     "option.backend=pytorch)",
-    "eagle": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
-    "medusa": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
-    "lookahead": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
-    "explicit_draft_tokens": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
+    **dict.fromkeys(
+        ("eagle", "medusa", "lookahead", "explicit_draft_tokens"),
+        "TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive (its tensorrt backend "
+        "refuses speculation)",
+    ),
 }
 # DJL lmi-dist's option.speculative_length default (lmi_dist_rb_properties.py), for the flat keys; the JSON
 # forms require a length, as TensorRT-LLM ("max_draft_len must be > 0") and vLLM do.

@@ -147,7 +147,7 @@ def torch_view(**options):
         ),
         (
             {"speculative_decoding_mode": "medusa", "max_draft_len": "4"},
-            "medusa runs on TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
+            "medusa runs on TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive",
         ),
         ({"speculative_decoding_mode": "lookahead_decoding", "max_draft_len": "4"}, "lookahead runs on"),
     ],
