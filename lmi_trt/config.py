@@ -32,6 +32,7 @@ from lmi_trt.engines.registry import ENGINE_NAMES, ENGINES
 from lmi_trt.errors import LmiError, as_written
 from lmi_trt.log_redaction import MASK, is_secret_name
 from lmi_trt.properties import PropertiesSyntaxError, iter_properties
+from lmi_trt.serving import reasoning_parsers, tool_parsers
 from lmi_trt.speculative import FLAT_FIELDS, Speculation, SpeculationError, parse_json_object, resolve
 from lmi_trt.speculative import METHODS as SPECULATIVE_METHODS
 from lmi_trt.speculative import SPELLINGS as SPECULATIVE_SPELLINGS
@@ -44,7 +45,6 @@ from lmi_trt.vocabulary import (
     KV_CACHE_FREE_GPU_MEM_FRACTION,
     QUANTIZE_NAMES,
     TOKENS_PER_BLOCK,
-    TOOL_CALL_PARSERS,
     Quantization,
 )
 
@@ -664,7 +664,8 @@ class LmiConfig(BaseModel):
             "option.max_rolling_batch_size",
             _integer(1, 64),
             "most sequences in flight; also the engine's max batch size; unset: "
-            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model),
+            + ", ".join(f"{e.name} {e.default_batch}" for e in ENGINES.values() if e.uses_model)
+            + " (trtllm's pytorch backend: TensorRT-LLM's own, 2048)",
             compile_time=True,
             aliases=_both("max_batch_size"),
         ),
@@ -940,7 +941,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.kv_cache_free_gpu_mem_fraction",
             _number(above=0, at_most=1, example=0.9),
-            "share of free GPU memory given to the KV cache",
+            "share of free GPU memory given to the KV cache (pytorch backend, unset: TensorRT-LLM's 0.9)",
             aliases=("option.free_gpu_memory_fraction",),  # DJL: KvCacheConfig(free_gpu_memory_fraction=)
         ),
     ] = KV_CACHE_FREE_GPU_MEM_FRACTION
@@ -968,7 +969,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.enable_kv_cache_reuse",
             _BOOL,
-            "prefix caching (TensorRT-LLM: needs paged context attention; torch: the built-in decode loop)",
+            "prefix caching (TensorRT-LLM: needs paged context attention, pytorch backend unset: TensorRT-LLM's, "
+            "on; torch: the built-in decode loop)",
             compile_time=True,
             aliases=("option.enable_block_reuse",),  # DJL: KvCacheConfig(enable_block_reuse=)
         ),
@@ -978,7 +980,7 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.batch_scheduler_policy",
             _choice(_same("max_utilization", "guaranteed_no_evict")),
-            "in-flight batch scheduling",
+            "in-flight batch scheduling (pytorch backend, unset: TensorRT-LLM's guaranteed_no_evict)",
         ),
     ] = "max_utilization"
     torch_batching: Annotated[
@@ -1273,8 +1275,29 @@ class LmiConfig(BaseModel):
         str | None,
         KeySpec(
             "option.tool_call_parser",
-            _choice(_same(*TOOL_CALL_PARSERS)),
-            "the tool-call format the model writes (vLLM's parser names); unset: recognised from the chat template",
+            _choice(_same(*tool_parsers.names())),
+            "the tool-call format the model writes (vLLM's parser names, and trtllm-serve's --tool_parser "
+            "spellings); unset: recognised from the chat template",
+        ),
+    ] = None
+    reasoning_parser: Annotated[
+        str | None,
+        KeySpec(
+            "option.reasoning_parser",
+            _choice(_same(*reasoning_parsers.names())),
+            "OpenAI chat: the model's thinking is returned as reasoning_content (and reasoning), apart from "
+            "content (vLLM's --reasoning-parser names, and trtllm-serve's --reasoning_parser spellings); unset: "
+            "recognised from the chat template",
+        ),
+    ] = None
+    enable_reasoning: Annotated[
+        bool | None,
+        KeySpec(
+            "option.enable_reasoning",
+            _BOOL,
+            "false: the reasoning stays in content, even where the chat template is recognised; true (DJL LMI's "
+            "vLLM key): a reasoning parser must apply (option.reasoning_parser, or a recognised template), else "
+            "the server does not start",
         ),
     ] = None
     model_loading_timeout: Annotated[
@@ -1846,6 +1869,11 @@ def _check_cross_fields(values: Mapping[str, Any], chosen: Mapping[str, _Setting
             f"{name('max_num_tokens')}={max_tokens} is below {name('max_input_len')}={max_input}, "
             "so the longest prompt would not fit in one step; raise max_num_tokens to at least "
             f"{max_input}, lower max_input_len, or set option.enable_chunked_context=true"
+        )
+    if get("enable_reasoning") is False and get("reasoning_parser") is not None:
+        raise ConfigError(
+            f"{name('enable_reasoning')}=false turns reasoning parsing off, and "
+            f"{name('reasoning_parser')}={get('reasoning_parser')!r} names a parser; leave one out"
         )
     batch, sequences = get("max_rolling_batch_size"), get("max_num_sequences")
     if batch is not None and sequences is not None and sequences > batch:

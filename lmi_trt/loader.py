@@ -17,6 +17,8 @@ from lmi_trt.config import LmiConfig, StartupError, speculation, with_draft_mode
 from lmi_trt.engines import ArtifactKind, EngineKind, choose_backend, probe_trtllm, registry
 from lmi_trt.engines.base import Engine
 from lmi_trt.launch import LaunchPlan, Placement, build_copies
+from lmi_trt.serving import reasoning_parsers
+from lmi_trt.serving.chat import template_text
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
 from lmi_trt.sources import ModelArtifact, hub_token, resolve_draft_model, resolve_model, resolve_tokenizer
@@ -92,6 +94,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     tokenizer = await asyncio.to_thread(
         load_tokenizer, tok_dir, config.trust_remote_code, slow=config.tokenizer_mode == "slow"
     )
+    check_reasoning(config, tokenizer)
     engine = build_copies(
         plan,
         lambda placement: build_engine(kind, config, artifact, tokenizer, placement),
@@ -103,6 +106,18 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     if refusing:  # each with its reason at GET /v1/capabilities and in the 400 of a request that asks
         log.info("engine %s refuses requests for: %s (see GET /v1/capabilities)", engine.name, ", ".join(refusing))
     return LoadedModel(engine=engine, tokenizer=tokenizer)
+
+
+def check_reasoning(config: LmiConfig, tokenizer: Any) -> None:
+    """option.enable_reasoning=true needs a reasoning parser: named, or the chat template's family's."""
+    template = template_text(tokenizer, config.chat_template)
+    if config.enable_reasoning and reasoning_parsers.chosen(config.reasoning_parser, True, template) is None:
+        raise StartupError(
+            "option.enable_reasoning",
+            "true",
+            "option.reasoning_parser is unset and the chat template is no reasoning family's known here",
+            f"set option.reasoning_parser to one of {', '.join(reasoning_parsers.names())}",
+        )
 
 
 # ------------------------------------------------------------------------------------------------

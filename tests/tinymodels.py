@@ -202,6 +202,24 @@ def make_hub_cache(
     return snap
 
 
+def with_eos(model_dir: Path, eos_token_id: int, out_dir: Path) -> Path:
+    """A copy of ``model_dir`` whose one EOS token (tokenizer, config.json, generation_config.json) is
+    ``eos_token_id``: a token the tiny model really produces, so tests can watch a sequence end on it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    if not out_dir.exists():
+        shutil.copytree(model_dir, out_dir)
+        tokenizer = AutoTokenizer.from_pretrained(out_dir)
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_token_id)
+        tokenizer.save_pretrained(out_dir)
+        for name in ("config.json", "generation_config.json"):
+            config = json.loads((out_dir / name).read_text())
+            (out_dir / name).write_text(json.dumps({**config, "eos_token_id": eos_token_id}, indent=2))
+    return out_dir
+
+
 # A checkpoint as transformers 5 writes it (tests/fixtures/transformers5-llama, made by
 # `python tests/tinymodels.py --transformers5 tests/fixtures/transformers5-llama` under transformers 5): the shared
 # tokenizer and a tiny Llama config whose RoPE is not the default one, so a transformers 4 that misreads the v5

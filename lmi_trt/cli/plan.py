@@ -79,23 +79,18 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
     backend, why = checkpoint_backend(config, version)
     if backend != "pytorch":
         return backend, why, None
-    from lmi_trt.engines.llmapi import llm_plan
+    from lmi_trt.engines.llmapi import llm_api_series, llm_plan
 
     # ``config`` is settled for the compiling engine (lmi_trt.cli.load_compile_job); 'max' is the launcher's
     tp = config.tensor_parallel_degree
     settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
-    planned = llm_plan(settings)
-    return (
-        backend,
-        why,
-        {
-            **planned.keywords,
-            "kv_cache_config": planned.kv_cache_config,
-            "scheduler_config": planned.scheduler_config,
-            "cuda_graph_config": planned.cuda_graph_config,
-            **({"moe_config": planned.moe_config} if planned.moe_config else {}),
-        },
-    )
+    planned = llm_plan(settings, llm_api_series(version))
+    nested = {
+        "kv_cache_config": planned.kv_cache_config,
+        "scheduler_config": planned.scheduler_config,
+        "moe_config": planned.moe_config,
+    }
+    return backend, why, {**planned.keywords, **{k: v for k, v in nested.items() if v}}
 
 
 def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, dict[str, Any] | None]) -> str:

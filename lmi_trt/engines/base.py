@@ -31,10 +31,13 @@ class FinishReason(str, enum.Enum):
 @dataclass(frozen=True)
 class GuidedDecoding:
     """Output constrained to a grammar: ``json_schema`` (``value``: the schema as JSON text),
-    ``json_object`` (any JSON object; ``value`` empty), ``regex``, or ``grammar`` (EBNF, GBNF style)."""
+    ``json_object`` (any JSON object; ``value`` empty), ``regex``, or ``grammar`` (EBNF, GBNF style).
+    ``after``: the constraint starts after the first ``after`` in the output, and any text comes before it
+    (a reasoning model's thinking, up to its closing tag: ``guided.free_text_until``)."""
 
     kind: Literal["json_schema", "json_object", "regex", "grammar"]
     value: str = ""
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,13 @@ class Capabilities:
     prompt_logprobs: Capability = field(metadata={"doc": "the log-prob of each prompt token"})
     logit_bias: Capability = field(metadata={"doc": "values added to chosen tokens' logits before sampling"})
     guided: Capability = field(metadata={"doc": "output constrained to a JSON schema, regex or grammar"})
+    seed: Capability = field(metadata={"doc": "the seed a sampled request draws its tokens with"})
+    repetition_penalty: Capability = field(metadata={"doc": "logits of tokens already seen divided or multiplied"})
+    presence_penalty: Capability = field(metadata={"doc": "a penalty on tokens already generated"})
+    frequency_penalty: Capability = field(metadata={"doc": "a penalty per occurrence of a generated token"})
+    min_new_tokens: Capability = field(metadata={"doc": "the end of sequence held back for this many tokens"})
+    bad_words: Capability = field(metadata={"doc": "token sequences never generated"})
+    stop_token_ids: Capability = field(metadata={"doc": "stop tokens of a request that ignores the end of sequence"})
 
     def features(self) -> dict[str, Capability]:
         """Feature name → its capability, in declaration order."""
@@ -155,6 +165,18 @@ class Capabilities:
     @staticmethod
     def doc(feature: str) -> str:
         return next(f.metadata["doc"] for f in fields(Capabilities) if f.name == feature)
+
+
+# The Capabilities a sampler applies or ignores (the samplers of TensorRT-LLM's LLM API differ by release).
+SAMPLING_FEATURES = (
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_new_tokens",
+    "bad_words",
+    "stop_token_ids",
+)
 
 
 @dataclass

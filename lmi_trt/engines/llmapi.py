@@ -19,9 +19,18 @@ executor/result.py; 1.0–1.2 and main):
 * ``finish_reason`` is 'stop' for the end id and for stop words (``stop_reason`` = the stop token id or
   string), 'length', 'timeout' or 'cancelled'. We pass ``include_stop_str_in_output=True`` so stop tokens
   stay in the output as on the Executor path; the serving layer decides what the client sees.
+* Requests are built as trtllm-serve builds them (tensorrt_llm/serve/openai_protocol.py ``to_sampling_params``):
+  no ``end_id``/``pad_id``, so the LLM's ``_prepare_sampling_params`` runs ``SamplingParams._setup``, which takes
+  them from the LLM's tokenizer and tokenizes ``stop``/``bad`` strings; it runs only when ``end_id`` is None
+  (tensorrt_llm/llmapi/llm.py, every copy read), and strings it did not tokenize fail the request in the worker
+  ("SamplingParams.bad (...) is not processed by tokenizer"). Further EOS ids go as ``stop_token_ids``.
 * ``stop_token_ids``/``bad_token_ids`` take single tokens; longer sequences go as ``stop``/``bad`` strings,
-  which the LLM tokenizes again (without special tokens), so only sequences whose text re-tokenizes to the
-  same ids are passed; the serving layer still enforces every stop string on the text.
+  which ``_setup`` tokenizes again (without special tokens), so only sequences whose text re-tokenizes to the
+  same ids are passed (a ban that does not is refused); the serving layer still enforces every stop string on
+  the text.
+* What each release's sampler applies, and so what a request is refused, is ``llmapi_releases``' table: on 1.0
+  the LLM is built with ``enable_trtllm_sampler=True`` (its default sampler is greedy only), elsewhere the
+  release's own sampler runs.
 * Log probs: ``logprobs=k`` gives per token a ``dict[token id, Logprob]`` (top-1 of the sampled token in
   1.0, PR 6097; the top k from 1.1, PR 7756); trtllm-serve's postprocess_handlers.py also accepts plain
   floats. A sampled token missing from its top-k dict gets trtllm-serve's floor, -9999.0.
@@ -35,7 +44,13 @@ executor/result.py; 1.0–1.2 and main):
   from 1.1 (PR 6464, merged 2025-08-05 before main's 1.1.0rc0; before it, trtllm-serve's ``logit_bias``
   went through a logits processor), so this engine serves ``logit_bias`` from 1.1.
 * Iteration stats come from ``get_stats_async`` (an async iterable of JSON stats that stops after its
-  timeout without a new one), only with ``enable_iter_perf_stats=True``.
+  timeout without a new one), only with ``enable_iter_perf_stats=True``, and only once a request was submitted:
+  before that the executor prints "Iteration statistics are not available yet" on every call
+  (tensorrt_llm/executor/executor.py ``aget_stats``; its ``_iter_stats_result`` is made by the first
+  ``generate_async``), so they are polled from the first request on.
+* Keywords the user did not set are left to the release (its ``TorchLlmArgs`` defaults, e.g. the scheduler's
+  ``GUARANTEED_NO_EVICT``, block reuse on, CUDA graphs up to 128); the start-up log says which keywords are
+  the user's, which lmi-trt's and what the release chose, read back from ``LLM.args``.
 
 The ``tensorrt_llm.llmapi`` module is always named ``llmapi`` here and loaded by ``probe_llm_api``; the
 test tests/unit/test_llmapi_surface.py checks every name and keyword used on it against the listing of the
@@ -54,7 +69,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -65,6 +80,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
+    SAMPLING_FEATURES,
     Capabilities,
     EngineError,
     EngineLimits,
@@ -77,6 +93,15 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import warm_guide
+from lmi_trt.engines.llmapi_releases import (
+    ENABLE_TRTLLM_SAMPLER,
+    TRTLLM,
+    Sampler,
+    first_unsupported,
+    llm_sampler,
+    not_applied,
+    requested,
+)
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -89,13 +114,21 @@ from lmi_trt.engines.trtllm import (
 log = logging.getLogger(__name__)
 
 FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
-TOP_LOGPROBS_SERIES = (1, 1)  # top-k log probs on the PyTorch backend: PR 7756 (1.0 returns the top 1 only)
-LOGIT_BIAS_SERIES = (1, 1)  # the PyTorch sampler adds SamplingParams.embedding_bias: PR 6464
-PROMPT_LOGPROBS_SERIES = (1, 3)  # prompt log probs that always hold the prompt token's: PR 11235
 _NOT_STARTED = "the trtllm-pytorch engine has not started: what it honours depends on the TensorRT-LLM release"
 # TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
 LLM_DEFAULT_BATCH = 2048
 LLM_DEFAULT_INPUT_LEN = 1024
+# What the start-up log reads back from LLM.args for the keywords left to the release (TorchLlmArgs fields).
+RELEASE_DEFAULTS = (
+    "max_batch_size",
+    "max_num_tokens",
+    "enable_chunked_prefill",
+    "kv_cache_config.enable_block_reuse",
+    "kv_cache_config.free_gpu_memory_fraction",
+    "scheduler_config.capacity_scheduler_policy",
+    "cuda_graph_config.max_batch_size",
+    "disable_overlap_scheduler",
+)
 # trtllm-serve's floor for a log prob (postprocess_handlers.py: max(logprob, -9999.0)).
 LOGPROB_FLOOR = -9999.0
 # How long one get_stats_async pass waits for a new iteration before it ends (its default).
@@ -177,6 +210,9 @@ class LlmApiSettings(BaseModel):
     moe_backend: str | None = None
     enable_overlap_scheduler: bool | None = None
     use_cuda_graph: bool | None = None
+    # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
+    # (registry.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
+    given: frozenset[str] = frozenset()
 
 
 # Where DJL's keys go (djl-serving djl_python/properties_manager/trt_properties.py get_kv_cache_config /
@@ -209,19 +245,24 @@ DJL_LLM_FIELDS: tuple[str, ...] = (*_DJL_TARGETS, "enable_overlap_scheduler", "u
 
 @dataclass(frozen=True)
 class LlmPlan:
-    """The ``LLM`` keywords as plain data; the nested configs are built by ``llm_configs``."""
+    """The ``LLM`` keywords as plain data (the nested configs are built by ``make_llm``; an empty one is left to
+    the release), and who set each keyword: an option key, or lmi-trt with its reason."""
 
     keywords: dict[str, Any]
     kv_cache_config: dict[str, Any]
     scheduler_config: dict[str, Any]
-    cuda_graph_config: dict[str, Any] | None  # None: no CUDA graphs
-    moe_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # empty: the release's MoeConfig()
-    # The option each given LLM field comes from ("kv_cache_config.dtype" → "option.kv_cache_dtype"), for errors.
-    options: dict[str, str] = dataclasses.field(default_factory=dict)
+    moe_config: dict[str, Any]
+    cuda_graph_config: dict[str, Any] | None  # None: no CUDA graphs; built only when an option or lmi-trt set it
+    origins: dict[str, str]  # keyword (nested: "kv_cache_config.dtype") → an option key, or "lmi-trt: why"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The keywords options set, and which option (named in errors)."""
+        return {k: v for k, v in self.origins.items() if not v.startswith("lmi-trt: ")}
 
 
-def llm_plan(settings: LlmApiSettings) -> LlmPlan:
-    """Pure: the options as ``LLM`` keywords; what this backend cannot honour is an error naming the key."""
+def check_settings(settings: LlmApiSettings) -> None:
+    """Pure: what this backend cannot honour is an error naming the key."""
     rt = settings.runtime
     if rt.tensor_parallel_degree is None:
         raise TrtllmConfigError(
@@ -242,60 +283,125 @@ def llm_plan(settings: LlmApiSettings) -> LlmPlan:
             "several model copies per host (option.tensor_parallel_degree below the GPU count) are not "
             "supported on the pytorch backend yet; set option.tensor_parallel_degree to the GPU count"
         )
-    batch = rt.max_batch_size or LLM_DEFAULT_BATCH
-    keywords: dict[str, Any] = {
-        "tensor_parallel_size": rt.tensor_parallel_degree,
-        "pipeline_parallel_size": rt.pipeline_parallel_degree,
-        "dtype": DTYPES[settings.dtype],
-        "trust_remote_code": settings.trust_remote_code,
-        "max_batch_size": batch,
-        "max_beam_width": rt.max_beam_width or 1,
-        "enable_chunked_prefill": rt.enable_chunked_context,
-        # /metrics reads the backend's iteration stats; they are only collected when asked for.
-        "enable_iter_perf_stats": True,
-        # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the
-        # image's xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
-        # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
-        "guided_decoding_backend": "xgrammar",
-    }
-    for key, value in (
-        ("max_num_tokens", rt.max_num_tokens),
-        ("max_input_len", settings.max_input_len),
-        ("max_seq_len", settings.max_seq_len),
+    _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
+
+
+def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
+    """Pure: the options as ``LLM`` keywords for a release; a keyword no option sets is left to the release,
+    except the few lmi-trt needs (each with its reason in ``origins``)."""
+    check_settings(settings)
+    rt, given = settings.runtime, settings.given
+    beams = rt.max_beam_width or 1
+    keywords: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+
+    def put(name: str, value: Any, origin: str) -> None:
+        keywords[name], origins[name] = value, origin
+
+    put("tensor_parallel_size", rt.tensor_parallel_degree, "option.tensor_parallel_degree")
+    put("pipeline_parallel_size", rt.pipeline_parallel_degree, "option.pipeline_parallel_degree")
+    if settings.dtype != "auto":
+        put("dtype", DTYPES[settings.dtype], "option.dtype")
+    if settings.trust_remote_code:
+        put("trust_remote_code", True, "option.trust_remote_code")
+    if rt.max_batch_size_key is not None:
+        put("max_batch_size", rt.max_batch_size, rt.max_batch_size_key)
+    if beams > 1:
+        put("max_beam_width", beams, "option.max_beam_width")
+    if "enable_chunked_context" in given:
+        put("enable_chunked_prefill", rt.enable_chunked_context, "option.enable_chunked_context")
+    if rt.max_num_tokens is not None:
+        put("max_num_tokens", rt.max_num_tokens, "option.max_num_tokens")
+    limits = "lmi-trt: the limits the server enforces (option.max_input_len, option.max_output_len)"
+    for key, value in (("max_input_len", settings.max_input_len), ("max_seq_len", settings.max_seq_len)):
+        if value is not None:
+            put(key, value, limits)
+    put("enable_iter_perf_stats", True, "lmi-trt: /metrics reads the iteration stats, collected only when asked for")
+    # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the image's
+    # xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
+    # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
+    put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
+    if series == ENABLE_TRTLLM_SAMPLER:
+        put(
+            "enable_trtllm_sampler",
+            True,
+            "lmi-trt: 1.0's default TorchSampler takes the argmax for every request; its TRTLLMSampler samples "
+            "(docs/source/features/sampling.md of 1.0.0)",
+        )
+    kv: dict[str, Any] = {}
+    reuse = rt.enable_kv_cache_reuse if "enable_kv_cache_reuse" in given else None  # the release's default: on
+    fraction = rt.kv_cache_free_gpu_mem_fraction if "kv_cache_free_gpu_mem_fraction" in given else None  # its: 0.9
+    for key, value, option in (
+        ("enable_block_reuse", reuse, "option.enable_kv_cache_reuse"),
+        ("free_gpu_memory_fraction", fraction, "option.kv_cache_free_gpu_mem_fraction"),
+        ("max_tokens", rt.max_tokens_in_paged_kv_cache, "option.max_tokens_in_paged_kv_cache"),
+        # tensorrt_llm/llmapi/llm_args.py KvCacheConfig.host_cache_size
+        ("host_cache_size", rt.kv_cache_host_memory_bytes, "option.kv_cache_host_memory_bytes"),
     ):
         if value is not None:
-            keywords[key] = value
-    kv: dict[str, Any] = {"enable_block_reuse": rt.enable_kv_cache_reuse}
-    if rt.kv_cache_free_gpu_mem_fraction is not None:
-        kv["free_gpu_memory_fraction"] = rt.kv_cache_free_gpu_mem_fraction
-    if rt.max_tokens_in_paged_kv_cache is not None:
-        kv["max_tokens"] = rt.max_tokens_in_paged_kv_cache
-    if rt.kv_cache_host_memory_bytes is not None:  # tensorrt_llm/llmapi/llm_args.py KvCacheConfig.host_cache_size
-        kv["host_cache_size"] = rt.kv_cache_host_memory_bytes
-    # CUDA graphs up to the served batch size (the LLM's default stops at 128), padded so that every
-    # batch size runs a captured graph; option.use_cuda_graph=false: none.
-    graphs = None if settings.use_cuda_graph is False else {"max_batch_size": batch, "enable_padding": True}
+            kv[key], origins[f"kv_cache_config.{key}"] = value, option
+    scheduler: dict[str, Any] = {}
+    if "batch_scheduler_policy" in given:
+        scheduler["capacity_scheduler_policy"] = POLICIES[rt.batch_scheduler_policy]
+        origins["scheduler_config.capacity_scheduler_policy"] = "option.batch_scheduler_policy"
+    # DJL's LLM API keys, each given one onto its field (_DJL_TARGETS)
     nested: dict[str, dict[str, Any]] = {"kv_cache_config": kv, "moe_config": {}}
-    options: dict[str, str] = {}
     for name, (config, field) in _DJL_TARGETS.items():
         value = getattr(settings, name)
         if value is None:
             continue
-        (keywords if config is None else nested[config])[field] = list(value) if isinstance(value, tuple) else value
-        options[field if config is None else f"{config}.{field}"] = f"option.{name}"
+        value = list(value) if isinstance(value, tuple) else value
+        if config is None:
+            put(field, value, f"option.{name}")
+        else:
+            nested[config][field], origins[f"{config}.{field}"] = value, f"option.{name}"
     if settings.enable_overlap_scheduler is not None:
-        keywords["disable_overlap_scheduler"] = not settings.enable_overlap_scheduler
-        options["disable_overlap_scheduler"] = "option.enable_overlap_scheduler"
+        put("disable_overlap_scheduler", not settings.enable_overlap_scheduler, "option.enable_overlap_scheduler")
+    graphs: dict[str, Any] | None = {}  # CudaGraphConfig(): the release's default, CUDA graphs on
     if settings.use_cuda_graph is not None:
-        options["cuda_graph_config"] = "option.use_cuda_graph"
-    _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
-    return LlmPlan(
-        keywords,
-        kv,
-        {"capacity_scheduler_policy": POLICIES[rt.batch_scheduler_policy]},
-        graphs,
-        nested["moe_config"],
-        options,
+        graphs = {} if settings.use_cuda_graph else None
+        origins["cuda_graph_config"] = "option.use_cuda_graph"
+    if beams > 1 and llm_sampler(series, beams) == TRTLLM:
+        # beam search on the TRTLLMSampler wants both off (docs/source/features/sampling.md, 1.0.0 and 1.2)
+        for option, on in (
+            ("enable_overlap_scheduler", settings.enable_overlap_scheduler),
+            ("use_cuda_graph", settings.use_cuda_graph),
+        ):
+            if on:
+                raise TrtllmConfigError(
+                    f"option.{option}=true with option.max_beam_width={beams}: beam search on TensorRT-LLM's "
+                    "TRTLLMSampler needs the overlap scheduler and CUDA graphs off (docs/source/features/sampling.md); "
+                    f"remove option.{option}, or set option.max_beam_width=1"
+                )
+        why = "lmi-trt: beam search on the TRTLLMSampler needs it (docs/source/features/sampling.md, 1.0.0 and 1.2)"
+        put("disable_overlap_scheduler", True, why)
+        graphs, origins["cuda_graph_config"] = None, why
+    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins)
+
+
+def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) -> str:
+    """Pure: for the start-up log, each keyword the user or lmi-trt set (and who), and what the release chose for
+    the ones left to it, read back from the LLM's ``args`` (its TorchLlmArgs)."""
+    ours = dict(plan.keywords)
+    ours.update({f"kv_cache_config.{k}": v for k, v in plan.kv_cache_config.items()})
+    ours.update({f"scheduler_config.{k}": v for k, v in plan.scheduler_config.items()})
+    ours.update({f"moe_config.{k}": v for k, v in plan.moe_config.items()})
+    if "cuda_graph_config" in plan.origins:
+        ours["cuda_graph_config"] = plan.cuda_graph_config
+    mine = {k for k in ours if plan.origins[k].startswith("lmi-trt: ")}
+    users = [f"{k}={ours[k]!r} ({plan.origins[k]})" for k in ours if k not in mine]
+    lmis = [f"{k}={ours[k]!r} ({plan.origins[k].removeprefix('lmi-trt: ')})" for k in ours if k in mine]
+    releases = []
+    for path in RELEASE_DEFAULTS:
+        if path in ours or path.split(".")[0] in ours:
+            continue
+        value: Any = args
+        for part in path.split("."):
+            value = getattr(value, part, None)
+        releases.append(f"{path}={getattr(value, 'value', value)!r}")
+    return (
+        f"TensorRT-LLM {version} LLM: sampler {sampler}; set from options: {', '.join(users) or 'none'}; set by "
+        f"lmi-trt: {', '.join(lmis)}; TensorRT-LLM {version}'s defaults: {', '.join(releases)}"
     )
 
 
@@ -340,20 +446,20 @@ def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, An
             "installed (TensorRT-LLM would silently use TRTLLM attention instead); install flashinfer-python, or "
             "set option.attn_backend=TRTLLM"
         )
-    built: dict[str, Any] = {
-        "scheduler_config": llmapi.SchedulerConfig(
+    built: dict[str, Any] = {}
+    if plan.scheduler_config:  # none given: the release's own SchedulerConfig
+        built["scheduler_config"] = llmapi.SchedulerConfig(
             capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
         )
-    }
     for name, make, values in (
         ("kv_cache_config", llmapi.KvCacheConfig, plan.kv_cache_config),
         ("cuda_graph_config", llmapi.CudaGraphConfig, plan.cuda_graph_config),
         ("moe_config", llmapi.MoeConfig, plan.moe_config),
     ):
-        if name == "moe_config" and not values:  # none given: the release's own MoeConfig
-            continue
         if values is None:
             built[name] = None
+            continue
+        if not values and name not in plan.origins:  # none given: the release's own
             continue
         try:
             built[name] = make(**values)
@@ -388,32 +494,45 @@ def checkpoint_vocab_size(model_dir: Path) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def release_capabilities(version: str, vocab_size: int | None) -> Capabilities:
-    """Pure: what this release's PyTorch backend honours (the module docstring gives the PRs)."""
-    series = llm_api_series(version)
-    engine = f"the trtllm-pytorch engine on TensorRT-LLM {version}"
+def release_refusals(
+    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+) -> dict[str, str]:
+    """Pure: feature → why, for what this release's sampler does not apply (``llmapi_releases``' table; engine-only
+    features such as beam search with log probs too), and what no release can do for this model: bias logits
+    without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
+    ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
+    no = not_applied(version, llm_api_series(version), sampler)
+    if len(eos_token_ids) > 1:
+        no.setdefault(
+            "min_new_tokens",
+            f"TensorRT-LLM holds back one end id ({eos_token_ids[0]}) for min_tokens, and this model also ends on "
+            f"{list(eos_token_ids[1:])} (generation_config.json); leave it out",
+        )
+    if vocab_size is None:
+        no.setdefault(
+            "logit_bias",
+            "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
+        )
+    return no
+
+
+def release_capabilities(
+    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+) -> Capabilities:
+    """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities)."""
+    no = release_refusals(version, sampler, vocab_size, eos_token_ids)
+
+    def capability(feature: str, **honoured: Any) -> Any:
+        return cannot(no[feature]) if feature in no else can(**honoured)
+
     return Capabilities(
-        release=f"TensorRT-LLM {version} (pytorch backend)",
-        logprobs=can(),
-        top_logprobs=can(most=MAX_TOP_LOGPROBS)
-        if series >= TOP_LOGPROBS_SERIES
-        else cannot(
-            f"{engine} returns the chosen token's log-prob only (alternatives from 1.1, NVIDIA/TensorRT-LLM "
-            "PR 7756); ask for logprobs without alternatives"
-        ),
-        prompt_logprobs=can()
-        if series >= PROMPT_LOGPROBS_SERIES
-        else cannot(
-            f"{engine} does not score the prompt tokens themselves (from 1.3, NVIDIA/TensorRT-LLM PR 11235); "
-            "leave it out"
-        ),
-        logit_bias=cannot(f"{engine} cannot bias logits (from 1.1, NVIDIA/TensorRT-LLM PR 6464); leave it out")
-        if series < LOGIT_BIAS_SERIES
-        else cannot(f"{engine} cannot bias logits: the checkpoint's config.json does not give its vocab_size")
-        if vocab_size is None
-        else can(),
-        # xgrammar through the LLM's guided_decoding_backend (llm_plan)
-        guided=can(),
+        release=f"TensorRT-LLM {version} (pytorch backend, {sampler})",
+        logprobs=capability("logprobs"),
+        top_logprobs=capability("top_logprobs", most=MAX_TOP_LOGPROBS),
+        prompt_logprobs=capability("prompt_logprobs"),
+        logit_bias=capability("logit_bias"),
+        guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
+        **{feature: capability(feature) for feature in SAMPLING_FEATURES},
     )
 
 
@@ -439,14 +558,14 @@ class Codec:
     encode: Callable[[str], list[int]]  # without special tokens, as _setup encodes stop/bad strings
 
 
-def split_words(words: Sequence[Sequence[int]], codec: Codec) -> tuple[list[int], list[str], list[list[int]]]:
+def split_words(words: Sequence[Sequence[int]], codec: Codec | None) -> tuple[list[int], list[str], list[list[int]]]:
     """Pure: single-token words as ids; longer ones as text where the LLM's re-tokenization gives the same
-    ids back (the LLM API takes only those two forms); the rest are returned as they are."""
+    ids back (the LLM API takes only those two forms; no codec: no text); the rest are returned as they are."""
     ids = [w[0] for w in words if len(w) == 1]
     texts, left = [], []
     for word in (list(w) for w in words if len(w) > 1):
-        text = codec.decode(word)
-        if codec.encode(text) == word:
+        text = codec.decode(word) if codec is not None else None
+        if codec is not None and codec.encode(text) == word:
             texts.append(text)
         else:
             left.append(word)
@@ -457,36 +576,50 @@ def plan_request(
     req: GenerationRequest,
     *,
     eos_token_ids: Sequence[int],
+    end_id: int | None,
     pad_token_id: int,
     max_beam_width: int,
     seed: int,
     codec: Codec,
+    unsupported: Mapping[str, str] | None = None,
 ) -> RequestPlan:
     """Pure: a protocol request as ``SamplingParams`` keywords; ``EngineError(400)`` for what cannot be served.
 
-    The checks, the DJL sampling rules and the stop words (extra EOS ids included) are the Executor path's
-    (``map_request``); here they are spelled the LLM API's way. A stop sequence the LLM cannot match is left
-    to the serving layer's text match; a banned sequence it cannot match is refused."""
-    spec = map_request(
-        req, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed
-    )
+    ``end_id`` is the one the LLM's ``SamplingParams._setup`` takes from its tokenizer (None: it has none, so
+    the request names one and no stop/ban goes as text). ``unsupported``: feature → why, what the release does not
+    apply (``release_refusals``).
+    The checks, the DJL sampling rules and the stop words are the Executor path's (``map_request``); here they
+    are spelled the LLM API's way. A stop sequence the LLM cannot match is left to the serving layer's text
+    match; a banned sequence it cannot match is refused."""
+    # the LLM's end id first: the others stop as stop words (map_request)
+    eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
+    spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
+    unsupported = unsupported or {}
+    used = requested(req.sampling, bad_words=any(req.bad_words_ids), stop_token_ids=any(req.stop_token_ids))
+    refusing = first_unsupported(unsupported, used)
+    if refusing is not None:
+        name, why = refusing  # the serving layer names the field as the client wrote it (EngineOutput.error_field)
+        raise EngineError(why, code=400, field=name)
     p = req.sampling
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")
     if beam_width > 1:
         sampling.update(use_beam_search=True, best_of=beam_width, n=1)
-    stop_ids, stop_texts, _ = split_words(spec.request["stop_words"] or [], codec)
-    bad_ids, bad_texts, unbannable = split_words(spec.request["bad_words"] or [], codec)
+    if "seed" in unsupported:  # the sampler draws from its own generator: send none
+        sampling.pop("seed", None)
+    texts = end_id is not None  # only _setup tokenizes them
+    stop_ids, stop_texts, _ = split_words(spec.request["stop_words"] or [], codec if texts else None)
+    bad_ids, bad_texts, unbannable = split_words(spec.request["bad_words"] or [], codec if texts else None)
     if unbannable:
+        why = "it takes banned sequences as text" if texts else "its tokenizer has no EOS, so it tokenizes no text"
         raise EngineError(
-            f"bad word sequence {unbannable[0]} cannot be banned on the pytorch backend: it takes banned sequences "
-            f"as text, and {codec.decode(unbannable[0])!r} tokenizes differently; ban single tokens instead",
+            f"bad word sequence {unbannable[0]} cannot be banned on the pytorch backend: {why}, and "
+            f"{codec.decode(unbannable[0])!r} tokenizes differently; ban single tokens instead",
             code=400,
+            field="bad_words",
         )
     sampling.update(
         max_tokens=p.max_new_tokens,
-        end_id=eos_token_ids[0],
-        pad_id=pad_token_id,
         ignore_eos=p.ignore_eos,
         stop_token_ids=stop_ids or None,
         stop=stop_texts or None,
@@ -499,10 +632,12 @@ def plan_request(
         prompt_logprobs=1 if p.prompt_logprobs else None,
         detokenize=False,  # the serving layer detokenizes incrementally
     )
+    if not texts:  # no _setup: the request names its end and pad ids
+        sampling.update(end_id=eos[0], pad_id=pad_token_id)
     return RequestPlan(
         sampling,
         spec.request["end_id"],
-        frozenset() if p.ignore_eos else frozenset(eos_token_ids[1:]),
+        frozenset() if p.ignore_eos else frozenset(eos[1:]),
         dict([spec.guide]) if spec.guide is not None else None,
         spec.bias,
     )
@@ -579,22 +714,23 @@ class LlmApiEngine:
         if not (self._model_dir / "config.json").is_file():
             raise TrtllmConfigError(f"{self._model_dir} is not a Hugging Face checkpoint folder (no config.json)")
         self.settings = settings or LlmApiSettings()
-        self._plan = llm_plan(self.settings)
-        kw = self._plan.keywords
+        check_settings(self.settings)
+        rt = self.settings.runtime
         self._limits = EngineLimits(
-            max_batch_size=kw["max_batch_size"],
-            max_input_len=kw.get("max_input_len", LLM_DEFAULT_INPUT_LEN),
-            max_seq_len=kw.get("max_seq_len"),
-            max_beam_width=kw["max_beam_width"],
+            max_batch_size=rt.max_batch_size if rt.max_batch_size_key is not None else LLM_DEFAULT_BATCH,
+            max_input_len=self.settings.max_input_len or LLM_DEFAULT_INPUT_LEN,
+            max_seq_len=self.settings.max_seq_len,
+            max_beam_width=rt.max_beam_width or 1,
         )
-        self._capabilities = Capabilities(
+        self._capabilities = Capabilities(  # until start() finds the release
             release="",
             logprobs=can(),
-            top_logprobs=cannot(_NOT_STARTED),
-            prompt_logprobs=cannot(_NOT_STARTED),
-            logit_bias=cannot(_NOT_STARTED),
             guided=can(),
+            **dict.fromkeys(
+                ("top_logprobs", "prompt_logprobs", "logit_bias", *SAMPLING_FEATURES), cannot(_NOT_STARTED)
+            ),
         )
+        self._unsupported: dict[str, str] = {}
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
         self._vocab_size = checkpoint_vocab_size(self._model_dir)
@@ -603,6 +739,7 @@ class LlmApiEngine:
         self._llm: Any = None
         self._llmapi: ModuleType | None = None
         self._codec: Codec | None = None
+        self._end_id: int | None = None  # the LLM's, from its tokenizer (SamplingParams._setup)
         self.tensorrt_llm_version: str | None = None
         self._healthy = False
         self._closed = False
@@ -629,18 +766,12 @@ class LlmApiEngine:
         if self._llm is not None or self._closed:
             raise RuntimeError("LlmApiEngine.start() may be called once")
         llmapi, version = probe_llm_api(self._gpu_available)
-        log.info(
-            "loading %s with TensorRT-LLM %s (pytorch backend): tp=%d pp=%d, dtype %s, batch %d, max_seq_len %s",
-            self._model_dir,
-            version,
-            self._plan.keywords["tensor_parallel_size"],
-            self._plan.keywords["pipeline_parallel_size"],
-            self._plan.keywords["dtype"],
-            self._limits.max_batch_size,
-            self._limits.max_seq_len or "from the model",
-        )
+        series = llm_api_series(version)
+        plan = llm_plan(self.settings, series)
+        sampler = llm_sampler(series, self._limits.max_beam_width)
+        log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)
         try:
-            self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, self._plan, version, self._tokenizer)
+            self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, plan, version, self._tokenizer)
         except TrtllmConfigError:  # an option this release lacks or refuses (llm_configs), already named
             raise
         except ValueError as exc:  # pydantic's ValidationError is one too
@@ -655,20 +786,19 @@ class LlmApiEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
-        self._capabilities = caps = release_capabilities(version, self._vocab_size)
+        log.info("%s", settings_report(plan, self._llm.args, version, sampler))
+        self._capabilities = release_capabilities(version, sampler, self._vocab_size, self._eos)
+        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos)
         log.info(
-            "TensorRT-LLM %s (pytorch backend) reports %s alternatives per token; prompt log-probs %s; logit_bias %s",
+            "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",
             version,
-            caps.top_logprobs.most or "no",
-            "on" if caps.prompt_logprobs.honoured else "off (TensorRT-LLM 1.3+)",
-            "on"
-            if caps.logit_bias.honoured
-            else ("off (TensorRT-LLM 1.1+)" if self._vocab_size else "off (config.json has no vocab_size)"),
+            sampler,
+            ", ".join(self._unsupported) or "nothing",
         )
         tokenizer = self._llm.tokenizer
         self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
+        self._end_id = tokenizer.eos_token_id
         self._closing = asyncio.get_running_loop().create_future()
-        self._stats_task = asyncio.create_task(self._poll_stats(), name="llmapi-stats")
         self._healthy = True
 
     async def close(self) -> None:
@@ -741,10 +871,12 @@ class LlmApiEngine:
             plan = plan_request(
                 request,
                 eos_token_ids=self._eos,
+                end_id=self._end_id,
                 pad_token_id=self._pad,
                 max_beam_width=self._limits.max_beam_width,
                 seed=random.getrandbits(63),
                 codec=self._codec,
+                unsupported=self._unsupported,
             )
             guide = llmapi.GuidedDecodingParams(**plan.guide) if plan.guide is not None else None
             bias = trtllm_engine.embedding_bias(plan.bias, self._vocab_size) if plan.bias else None
@@ -754,7 +886,7 @@ class LlmApiEngine:
                 streaming=request.streaming,
             )
         except EngineError as exc:
-            return error_output(rid, str(exc), exc.code)
+            return error_output(rid, str(exc), exc.code, exc.field)
         except (llmapi.RequestError, ValueError, TypeError) as exc:
             return error_output(rid, f"TensorRT-LLM rejected the request: {exc}", 400)
         except RuntimeError as exc:
@@ -770,6 +902,8 @@ class LlmApiEngine:
         )
         self._requests[rid] = entry
         self._total_requests += 1
+        if self._stats_task is None:  # the executor has iteration stats from the first request on
+            self._stats_task = asyncio.create_task(self._poll_stats(), name="llmapi-stats")
         return entry
 
     def _to_output(self, entry: _Request, completion: Any, *, finished: bool) -> EngineOutput:
@@ -816,7 +950,7 @@ class LlmApiEngine:
         entry.cancelled = True
         try:
             entry.result.abort()
-        except RuntimeError as exc:  # the executor is already gone (shutdown)
+        except (RuntimeError, TypeError) as exc:  # the executor is already gone (shutdown; a dead weakref: TypeError)
             log.warning("abort of %s failed: %s", entry.request_id, exc)
 
     def _forget(self, entry: _Request) -> None:

@@ -214,6 +214,16 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     )
 
 
+# Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
+# free memory for the KV cache): on the pytorch backend an unset one is left to TensorRT-LLM (llmapi.llm_plan).
+LLM_RELEASE_DEFAULTED = (
+    "enable_kv_cache_reuse",
+    "batch_scheduler_policy",
+    "enable_chunked_context",
+    "kv_cache_free_gpu_mem_fraction",
+)
+
+
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     from lmi_trt.engines.llmapi import DJL_LLM_FIELDS, LlmApiSettings
 
@@ -224,6 +234,8 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
         trust_remote_code=config.trust_remote_code,
         **{name: getattr(config, name) for name in DJL_LLM_FIELDS},
+        # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
+        given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
     )
 
 
@@ -461,7 +473,7 @@ def check_release(kind: str, config: LmiConfig) -> None:
     """On TensorRT-LLM's pytorch backend (its release installed, ``option.backend`` resolved), what the installed
     release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before anything loads
     (``lmi_trt.engines.llmapi.llm_configs``); nothing to check on the other engines and backends."""
-    from lmi_trt.engines.llmapi import LlmApiSettings, llm_configs, llm_plan, probe_llm_api
+    from lmi_trt.engines.llmapi import LlmApiSettings, llm_api_series, llm_configs, llm_plan, probe_llm_api
 
     settings = ENGINES[kind].settings(config)
     if not isinstance(settings, LlmApiSettings):
@@ -471,7 +483,7 @@ def check_release(kind: str, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
 
 
 def engine_backends() -> list[tuple[str, str | None]]:

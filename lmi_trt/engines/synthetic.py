@@ -131,6 +131,14 @@ CAPABILITIES = Capabilities(
     guided=cannot(
         f"{_NO_MODEL} to constrain (it echoes the prompt); leave it out or serve with option.rolling_batch=torch"
     ),
+    seed=can(note="nothing is drawn: the output echoes the prompt whatever the sampling fields say"),
+    **dict.fromkeys(
+        ("repetition_penalty", "presence_penalty", "frequency_penalty"),
+        cannot(f"{_NO_MODEL} whose logits a penalty could change; leave it out"),
+    ),
+    min_new_tokens=can(),
+    bad_words=cannot(f"{_NO_MODEL}: it echoes the prompt, banned words included; leave it out"),
+    stop_token_ids=can(),
 )
 
 

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmi_trt.engines.base import (
+    SAMPLING_FEATURES,
     Capabilities,
     Capability,
     EngineError,
@@ -653,6 +654,9 @@ def executor_capabilities(release: str, has_vocab_size: bool, guided: Capability
         if has_vocab_size
         else cannot("the trtllm engine cannot bias logits: the engine's config.json does not give its vocab_size"),
         guided=guided,
+        # the C++ decoder applies the request's SamplingConfig (randomSeed, repetition/presence/frequencyPenalty,
+        # minTokens) and its Request's badWords/stopWords, end id -1 or not (executor.h)
+        **dict.fromkeys(SAMPLING_FEATURES, can()),
     )
 
 

@@ -190,6 +190,14 @@ REQUESTED_FEATURES: dict[str, Callable[[GenerateParams], bool | int | str]] = {
     "logit_bias": lambda p: bool(p.logit_bias),
     "guided": lambda p: p.guided.kind if p.guided is not None else "",
     "logprobs": lambda p: p.logprobs,
+    # a seed matters to a sampled request only (greedy has nothing to draw)
+    "seed": lambda p: p.seed is not None and sampling_params(p, max_new_tokens=1, logprobs=False).do_sample,
+    "repetition_penalty": lambda p: p.repetition_penalty not in (None, 1.0),
+    "presence_penalty": lambda p: p.presence_penalty != 0.0,
+    "frequency_penalty": lambda p: p.frequency_penalty != 0.0,
+    "min_new_tokens": lambda p: p.min_new_tokens,
+    "bad_words": lambda p: bool(p.bad_words),
+    "stop_token_ids": lambda p: bool(p.stop_token_ids) and p.ignore_eos,  # some releases drop them then
 }
 
 

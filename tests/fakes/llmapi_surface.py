@@ -182,9 +182,11 @@ SURFACE = {
             "methods": ["abort", "aborted", "result", "aresult", "__aiter__", "__anext__", "__await__"],
         },
         "IterationResult": {
-            "source": "RES: tensorrt_llm/executor/result.py IterationResult (what get_stats_async returns)",
+            "source": "RES: tensorrt_llm/executor/result.py IterationResult (what get_stats_async returns); "
+            "set_timeout/mark_undone: called by tensorrt_llm/executor/executor.py aget_stats and "
+            "_maybe_initialize_iteration_results (copy id 697825693, 1.1/1.2 line)",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
-            "methods": ["__aiter__", "__anext__"],
+            "methods": ["__aiter__", "__anext__", "set_timeout", "mark_undone"],
         },
         "Logprob": {
             "source": "tensorrt_llm/executor/result.py (NamedTuple-like dataclass Logprob(logprob, rank))",
@@ -422,6 +424,17 @@ SURFACE = {
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
             "notes": "keyword-only (pydantic); explicit None for max_batch_size/max_input_len/max_beam_width/"
             "max_num_tokens is reset to the default",
+            # Fields only some releases have; elsewhere LLM(...) raises "LLM got invalid argument: <key>".
+            # 1.0: llm_args.py of the 1.0 line (both enable_* fields, no sampler_type; the 1.0.0 docs'
+            # features/sampling.md: "Enable the enable_trtllm_sampler option"); sampler_type: PR 6831 (merged
+            # 2025-08-16, main at 1.1.0rc1), enable_mixed_sampler removed by PR 7294; main: PR 18232 removed the
+            # TRTLLMSampler, sampler_type 'auto'/'TorchSampler' accepted and ignored, 'TRTLLMSampler' rejected
+            # (docs 1.3.0rc26 features/sampling.md).
+            "releases_of": {
+                "enable_mixed_sampler": ["1.0.0"],
+                "enable_trtllm_sampler": ["1.0.0"],
+                "sampler_type": ["1.1.0", "1.2.1", "1.3.0"],
+            },
             "ctor": [
                 [
                     "*",
@@ -463,7 +476,10 @@ SURFACE = {
                     "disable_overlap_scheduler=False",
                     "moe_config=MoeConfig()",
                     "attn_backend='TRTLLM'",
-                    "sampler_type='auto'",
+                    # sampler keys by release: "releases_of"
+                    "enable_mixed_sampler=False  # 1.0 only",
+                    "enable_trtllm_sampler=False  # 1.0 only",
+                    "sampler_type='auto'  # 1.1 and later only",
                     "enable_iter_perf_stats=False",
                     "enable_iter_req_stats=False",
                     "print_iter_log=False",

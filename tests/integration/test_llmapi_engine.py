@@ -8,6 +8,7 @@ import pytest
 from tinymodels import tiny_model
 from trtllm_testing import fake_tensorrt_llm
 
+from lmi_trt.compat import dtype_kwargs
 from lmi_trt.engines.base import Engine, EngineError, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
 from lmi_trt.engines.trtllm import TrtllmSettings
@@ -31,7 +32,7 @@ def hf_model(model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), **dtype_kwargs(torch.float32)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,12 @@ def reference(hf_model):
 
 
 def settings(batch: int = 4, **runtime) -> LlmApiSettings:
+    """The engine's settings with ``runtime`` as options the user set."""
     return LlmApiSettings(
         runtime=TrtllmSettings(max_batch_size=batch, max_batch_size_key="option.max_rolling_batch_size", **runtime),
         max_input_len=64,
         max_seq_len=200,
+        given=frozenset(runtime),
     )
 
 
@@ -210,53 +213,203 @@ def round_trips(tokenizer, ids: list[int]) -> bool:
     return tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
 
 
-async def test_stop_words_bad_words_and_extra_eos(trt, model_dir, reference):
+async def test_stop_words_and_extra_eos(trt, model_dir, reference):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     want = reference(PROMPTS[0], 20, eos=None)
+    assert 2 not in want  # the model's EOS does not come within these 20 tokens
     extra = want[3]  # a token the model will produce: declared a second EOS id
     engine = await started(model_dir, eos_token_ids=[2, extra])
     try:
         # a second EOS id ends like EOS and is not part of the output
         outs = await collect(engine, req("eos2", PROMPTS[0], max_new_tokens=20))
         assert tokens_of(outs) == want[: want.index(extra)] and outs[-1].finish_reason is FinishReason.EOS
+    finally:
+        await engine.close()
+    engine = await started(model_dir)
+    try:
         # a one-token stop word (stop_token_ids) and a two-token one (a stop string) stay in the output
-        outs = await collect(engine, req("stop1", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[[want[2]]]))
+        outs = await collect(engine, req("stop1", PROMPTS[0], max_new_tokens=20, stop=[[want[2]]]))
         assert tokens_of(outs) == want[: want.index(want[2]) + 1]
         assert outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
         pair = next(want[i : i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i : i + 2]))
-        outs = await collect(engine, req("stop2", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[pair]))
+        outs = await collect(engine, req("stop2", PROMPTS[0], max_new_tokens=20, stop=[pair]))
         assert tokens_of(outs)[-2:] == pair and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
         # one the LLM cannot match as text is left to the serving layer's text match: generation goes on
         odd = next(want[i : i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i : i + 2]))
-        outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[odd]))
+        outs = await collect(engine, req("stop3", PROMPTS[0], max_new_tokens=20, stop=[odd]))
         assert tokens_of(outs) == want and outs[-1].finish_reason is FinishReason.LENGTH
-        bad = await collect(engine, req("bad2", PROMPTS[0], bad=[odd]))
-        assert bad[0].error_code == 400 and "cannot be banned on the pytorch backend" in bad[0].error
-        # a banned token never comes out: the output is the model's with that token banned
-        outs = await collect(engine, req("bad", PROMPTS[0], max_new_tokens=8, ignore_eos=True, bad=[[want[0]]]))
-        assert tokens_of(outs) == reference(PROMPTS[0], 8, eos=None, bad=[[want[0]]]) and want[0] not in tokens_of(outs)
     finally:
         await engine.close()
 
 
-async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir):
-    # 64 KV tokens = 2 blocks of 32; GUARANTEED_NO_EVICT admits a request only with room for prompt + max_tokens
-    config = settings(batch_scheduler_policy="guaranteed_no_evict", max_tokens_in_paged_kv_cache=64)
-    engine = await started(model_dir, config)
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0", "1.2.1", "1.3.0"])
+async def test_stop_tokens_with_ignore_eos_stop_or_are_refused(trt, monkeypatch, model_dir, reference, release):
+    """main's worker drops every stop word of an ignore_eos request (base_worker.py); 1.2 was not read."""
+    monkeypatch.setattr(trt, "__version__", release)
+    want = reference(PROMPTS[0], 20, eos=None)
+    engine = await started(model_dir)
     try:
-        order: list[tuple[str, bool]] = []
+        outs = await collect(engine, req("stop", PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=[[want[2]]]))
+        if release in ("1.2.1", "1.3.0"):
+            assert outs[0].error_code == 400 and outs[0].error_field == "stop_token_ids" and release in outs[0].error
+        else:
+            assert tokens_of(outs) == want[:3] and outs[-1].finish_reason is FinishReason.STOP_SEQUENCE
+    finally:
+        await engine.close()
 
-        async def run(rid: str, prompt: list[int]) -> None:
-            async for out in engine.submit(req(rid, prompt, max_new_tokens=40, ignore_eos=True)):
-                order.append((rid, out.finished))
 
-        await asyncio.wait_for(asyncio.gather(run("a", PROMPTS[0]), run("b", PROMPTS[1])), 120)
-        first_done = order.index((order[0][0], True))
-        assert {rid for rid, _ in order[: first_done + 1]} == {order[0][0]}  # the second waited for KV room
+# What each release's sampler does with the fields that TensorRT-LLM's samplers differ on (the fake cites the
+# sources, tests/fakes/tensorrt_llm/_llm_runtime.py): 1.0 is built with its TRTLLMSampler, the C++ decoder, which
+# honours them all; 1.1 and 1.2 run the TorchSampler, which ignores penalties, the request's seed and bad words and
+# counts the prompt into min_tokens, so a request with them is refused; main's TorchSampler honours them all.
+RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0")
+REFUSING = ("1.1.0", "1.2.1")
+HOT = {"do_sample": True, "temperature": 2.0, "top_k": 0, "top_p": 1.0, "ignore_eos": True, "max_new_tokens": 16}
+
+
+def refused(outs, field: str, release: str) -> bool:
+    """A single 400 naming the field and the release."""
+    return len(outs) == 1 and outs[0].error_code == 400 and outs[0].error_field == field and release in outs[0].error
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_a_sampled_request_samples_on_every_release(trt, monkeypatch, model_dir, reference, release):
+    """1.0's default TorchSampler takes the argmax for the whole batch: sampling there needs its TRTLLMSampler."""
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        greedy = reference(PROMPTS[0], 16, eos=None)
+        assert tokens_of(await collect(engine, req("hot", PROMPTS[0], **HOT))) != greedy
+        top1 = {**HOT, "top_k": 1}  # top_k 1 is greedy whatever the temperature
+        assert tokens_of(await collect(engine, req("top1", PROMPTS[0], **top1))) == greedy
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_seed_and_penalties_are_honoured_or_refused(trt, monkeypatch, model_dir, reference, release):
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        seeded = [tokens_of(await collect(engine, req(f"s{s}", PROMPTS[0], seed=s, **HOT))) for s in (5, 5, 6)]
+        if release in REFUSING:
+            assert refused(await collect(engine, req("seed", PROMPTS[0], seed=5, **HOT)), "seed", release)
+        else:
+            assert seeded[0] == seeded[1] != seeded[2]
+        greedy = reference(PROMPTS[0], 16, eos=None)
+        for field, value in (("repetition_penalty", 3.0), ("presence_penalty", 2.0), ("frequency_penalty", 2.0)):
+            outs = await collect(engine, req(field, PROMPTS[0], max_new_tokens=16, ignore_eos=True, **{field: value}))
+            if release in REFUSING:
+                assert refused(outs, field, release), outs
+            else:
+                assert tokens_of(outs) != greedy, field  # the tiny model repeats itself; a penalty breaks that
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_bans_work_or_are_refused(trt, monkeypatch, model_dir, reference, release):
+    """A one-token ban goes as bad_token_ids, a longer one as text the LLM tokenizes: both need a release whose
+    sampler applies bad words; a sequence whose text tokenizes differently cannot be banned on any."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(trt, "__version__", release)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    want = reference(PROMPTS[0], 12, eos=None)
+    pair = next(want[i : i + 2] for i in range(len(want) - 1) if round_trips(tokenizer, want[i : i + 2]))
+    odd = next(want[i : i + 2] for i in range(len(want) - 1) if not round_trips(tokenizer, want[i : i + 2]))
+    engine = await started(model_dir)
+    try:
+        for ban in ([want[0]], pair):
+            outs = await collect(engine, req("ban", PROMPTS[0], max_new_tokens=12, ignore_eos=True, bad=[ban]))
+            if release in REFUSING:
+                assert refused(outs, "bad_words", release), outs
+            else:
+                assert tokens_of(outs) == reference(PROMPTS[0], 12, eos=None, bad=[ban]) != want
+        outs = await collect(engine, req("odd", PROMPTS[0], bad=[odd]))
+        assert outs[0].error_code == 400 and outs[0].error_field == "bad_words"
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_min_new_tokens_holds_back_the_end_id_or_is_refused(
+    trt, monkeypatch, model_dir, reference, release, tmp_path
+):
+    """On a model whose EOS is the first token it would write: the sequence ends at once, unless min_new_tokens
+    holds the EOS back; TensorRT-LLM holds back its one end id only, so a model with more EOS ids is refused."""
+    from tinymodels import with_eos
+
+    monkeypatch.setattr(trt, "__version__", release)
+    first = reference(PROMPTS[0], 1, eos=None)[0]
+    eos_dir = with_eos(model_dir, first, tmp_path / "eos")
+    engine = await started(eos_dir, eos_token_ids=[first])
+    try:
+        assert tokens_of(await collect(engine, req("plain", PROMPTS[0]))) == []
+        outs = await collect(engine, req("min", PROMPTS[0], min_new_tokens=4))
+        if release in REFUSING:
+            assert refused(outs, "min_new_tokens", release), outs
+        else:
+            assert len(tokens_of(outs)) >= 4 and first not in tokens_of(outs)[:4]
+    finally:
+        await engine.close()
+    engine = await started(eos_dir, eos_token_ids=[first, 2])
+    try:
+        outs = await collect(engine, req("two", PROMPTS[0], min_new_tokens=4))
+        assert outs[0].error_code == 400 and outs[0].error_field == "min_new_tokens"
+    finally:
+        await engine.close()
+
+
+async def test_stats_are_read_only_once_a_request_was_submitted(trt, model_dir, capfd):
+    """Before the first request the executor has no stats and prints so on every get_stats_async call
+    (tensorrt_llm/executor/executor.py aget_stats)."""
+    engine = await started(model_dir)
+    try:
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert "Iteration statistics are not available yet" not in capfd.readouterr().out
+        await collect(engine, req("first", PROMPTS[0], max_new_tokens=4))
+        stats = await wait_for_stats(engine)
+        assert stats.extra["kv_cache_max_blocks"] > 0
+        assert "Iteration statistics are not available yet" not in capfd.readouterr().out
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("policy", [None, "max_utilization", "guaranteed_no_evict"])
+async def test_kv_cache_config_and_scheduler_policy_reach_the_llm(trt, model_dir, policy, caplog):
+    """64 KV tokens = 2 blocks of 32: GUARANTEED_NO_EVICT, TensorRT-LLM's default, admits a request only with room
+    for its prompt + max_tokens (the second waits); MAX_UTILIZATION, DJL's, on the prompt alone (both run). Unset,
+    the policy is the release's, and the start-up log says so."""
+    runtime = {"max_tokens_in_paged_kv_cache": 64} | ({"batch_scheduler_policy": policy} if policy else {})
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(model_dir, settings(**runtime))
+    try:
+        done: list[str] = []
+
+        async def run(rid: str, prompt: list[int], n: int) -> None:
+            # one output each (not streamed): the order they are read in is the order they were produced
+            await collect(engine, req(rid, prompt, streaming=False, max_new_tokens=n, ignore_eos=True))
+            done.append(rid)
+
+        # "a" takes 100 steps: "b" (4) ends first unless it waits for "a"'s KV room
+        await asyncio.wait_for(asyncio.gather(run("a", PROMPTS[0], 100), run("b", PROMPTS[1], 4)), 120)
+        assert done == (["b", "a"] if policy == "max_utilization" else ["a", "b"])
         stats = await wait_for_stats(engine)
         assert stats.extra["kv_cache_max_blocks"] == 2.0
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        if policy is None:
+            defaults = report.split("'s defaults: ")[1]
+            assert "scheduler_config.capacity_scheduler_policy='GUARANTEED_NO_EVICT'" in defaults
+            keys = [item.split("=")[0] for item in defaults.split(", ")]
+            assert "kv_cache_config.enable_block_reuse=True" in defaults and "max_batch_size" not in keys  # ours: 4
+        else:
+            assert f"capacity_scheduler_policy='{policy.upper()}' (option.batch_scheduler_policy)" in report
+        assert "kv_cache_config.max_tokens=64 (option.max_tokens_in_paged_kv_cache)" in report
+        assert "enable_iter_perf_stats=True (/metrics" in report
     finally:
         await engine.close()
 
@@ -394,5 +547,39 @@ async def test_logit_bias_is_the_samplers_embedding_bias(trt, monkeypatch, model
         first = reference(PROMPTS[0], 1)[0]
         away = await collect(engine, req("a", PROMPTS[0], max_new_tokens=1, logit_bias=((first, -100.0),)))
         assert tokens_of(away) != [first]
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, model_dir, hf_model, release, caplog):
+    """option.max_beam_width > 1: 1.0 and 1.1/1.2 run every request on the TRTLLMSampler (built without the overlap
+    scheduler and CUDA graphs, as it needs), main on its TorchSampler; what that sampler lacks is refused."""
+    import torch
+
+    monkeypatch.setattr(trt, "__version__", release)
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(model_dir, settings(max_beam_width=2))
+    try:
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        assert "max_beam_width=2 (option.max_beam_width)" in report
+        if release != "1.3.0":
+            assert "cuda_graph_config=None (beam search on the TRTLLMSampler" in report
+            assert "disable_overlap_scheduler=True (beam search on the TRTLLMSampler" in report
+        outs = await collect(engine, req("beam", PROMPTS[0], streaming=False, max_new_tokens=6, beam_width=2))
+        with torch.no_grad():
+            want = hf_model.generate(torch.tensor([PROMPTS[0]]), num_beams=2, max_new_tokens=6, do_sample=False)
+        assert tokens_of(outs) == want[0, len(PROMPTS[0]) :].tolist()
+        pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
+        if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
+            assert (
+                pen[0].error_field == "presence_penalty" and pen[0].error_code == 400 and "beam_width" in pen[0].error
+            )
+        else:
+            assert pen[-1].error is None
+        lps = await collect(engine, req("lp", PROMPTS[0], False, max_new_tokens=4, beam_width=2, logprobs=True))
+        assert lps[0].error_code == 400 and lps[0].error_field == "logprobs" and release in lps[0].error
+        top = engine.capabilities.top_logprobs
+        assert top.honoured is (release == "1.3.0")  # the TRTLLMSampler's: the sampled token's only
     finally:
         await engine.close()

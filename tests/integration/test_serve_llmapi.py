@@ -13,8 +13,10 @@ import pytest
 import requests
 from cliserver import serve
 from s3server import s3_server  # noqa: F401 — a pytest fixture
-from tinymodels import tiny_model
+from tinymodels import tiny_model, with_eos
 from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.compat import dtype_kwargs
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +52,7 @@ def reference(hf_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
 
     def generate(prompt: str, n: int, k: int = 1) -> tuple[list[int], list[float], list[list[float]]]:
         """Greedy tokens, their log probs and the k best log probs per step."""
@@ -193,6 +195,81 @@ def test_iteration_stats_reach_metrics(pytorch_server):
     assert 'lmi_kv_cache_usage_perc{model_name="' in metrics and "lmi_engine_executor_active_requests " in metrics
 
 
+# ------------------------------------------------------------------ every sampling field, per release
+
+# What each release's sampler does with the fields its samplers differ on (the fake cites the sources,
+# tests/fakes/tensorrt_llm/_llm_runtime.py): 1.0 is served by its TRTLLMSampler (the C++ decoder), 1.1 and 1.2 by the
+# TorchSampler, which ignores penalties, a request's seed and bad words and counts the prompt into min_tokens, and
+# main's TorchSampler honours them all. log probs: 1.0 gives the chosen token's only; logit_bias: from 1.1.
+RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0")
+REFUSING = ("1.1.0", "1.2.1")
+SAMPLING_PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def release_server(request, hf_dir, site_dir, tmp_path_factory, reference):
+    """A server per release, on a copy of the tiny model whose EOS is the first token it writes for
+    SAMPLING_PROMPT: a request ends at once unless it ignores EOS, holds it back or biases it away."""
+    release = request.param
+    first = reference(SAMPLING_PROMPT, 1)[0][0]
+    tmp = tmp_path_factory.mktemp(f"serve-{release}")
+    model = with_eos(hf_dir, first, tmp / "llama")
+    with serve(["--model-id", str(model), "--engine", "trtllm", *LIMITS], tmp, env=_env(site_dir, release)) as server:
+        yield release, first, server
+
+
+def test_every_sampling_field_is_honoured_or_refused_per_release(release_server):
+    release, eos, server = release_server
+
+    def complete(**fields) -> requests.Response:
+        body = {"model": "llama", "prompt": SAMPLING_PROMPT, "max_tokens": 12, **fields}
+        return server.post("/v1/completions", body)
+
+    def out(r: requests.Response) -> tuple[str, int]:
+        """The text and how many tokens it took."""
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"], r.json()["usage"]["completion_tokens"]
+
+    def refused(r: requests.Response, field: str) -> bool:
+        return r.status_code == 400 and field in r.text and release in r.text
+
+    assert out(complete(temperature=0)) == ("", 0)  # the model's first token is its EOS
+    greedy = out(complete(temperature=0, ignore_eos=True))
+    assert greedy[1] == 12
+    # sampling: temperature samples; top_k 1 and a tiny top_p leave only the best token
+    assert out(complete(temperature=2.0, ignore_eos=True)) != greedy
+    assert out(complete(temperature=2.0, top_k=1, ignore_eos=True)) == greedy
+    assert out(complete(temperature=2.0, top_p=0.001, ignore_eos=True)) == greedy
+    hot = {"temperature": 2.0, "ignore_eos": True}
+    if release in REFUSING:
+        assert refused(complete(seed=5, **hot), "seed"), release
+    else:
+        assert out(complete(seed=5, **hot)) == out(complete(seed=5, **hot)) != out(complete(seed=6, **hot))
+    for field, value in (("repetition_penalty", 3.0), ("presence_penalty", 2.0), ("frequency_penalty", 2.0)):
+        r = complete(temperature=0, ignore_eos=True, **{field: value})
+        assert refused(r, field) if release in REFUSING else out(r) != greedy, (field, r.text)
+    word = greedy[0].split()[0]
+    r = complete(temperature=0, ignore_eos=True, bad_words=[word])
+    assert refused(r, "bad_words") if release in REFUSING else word not in out(r)[0], r.text
+    r = complete(temperature=0, min_tokens=4)
+    assert refused(r, "min_tokens") if release in REFUSING else out(r)[1] >= 4, r.text
+    r = complete(temperature=0, ignore_eos=True, stop_token_ids=[eos])  # the EOS token, written first, stops it
+    stops = release in ("1.0.0", "1.1.0")  # main drops stop words under ignore_eos; 1.2 was not read
+    assert out(r)[1] == 1 if stops else refused(r, "stop_token_ids"), r.text
+    r = complete(temperature=0, logit_bias={str(eos): -100})
+    assert refused(r, "logit_bias") if release == "1.0.0" else out(r)[1] == 12, r.text
+    r = complete(temperature=0, ignore_eos=True, logprobs=2)
+    if release == "1.0.0":
+        assert refused(r, "logprobs"), r.text
+    else:
+        assert len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 2, r.text
+    r = complete(temperature=0, ignore_eos=True, echo=True, logprobs=0, max_tokens=1)
+    assert refused(r, "echo") if release != "1.3.0" else r.status_code == 200, r.text
+    # the same refusals under the LMI schema's names
+    lmi = server.post("/invocations", {"inputs": SAMPLING_PROMPT, "parameters": {"repetition_penalty": 2.0}})
+    assert refused(lmi, "parameters.repetition_penalty") if release in REFUSING else lmi.status_code == 200, lmi.text
+
+
 # ------------------------------------------------------------------ option.backend=auto per release
 
 
@@ -265,7 +342,7 @@ def test_what_10_lacks_is_refused_naming_the_field(hf_dir, site_dir, tmp_path):
         assert r.status_code == 400 and "logprobs=2" in r.text, r.text
         assert server.post("/v1/completions", {**body, "logprobs": 0}).status_code == 200
         r = server.post("/v1/completions", {**body, "logprobs": 0, "logit_bias": {"42": 100}})
-        assert r.status_code == 400 and "logit_bias" in r.text and "trtllm-pytorch engine" in r.text, r.text
+        assert r.status_code == 400 and "logit_bias" in r.text and "TensorRT-LLM 1.0.0" in r.text, r.text
 
 
 def test_logit_bias_moves_the_choice_and_prompt_log_probs_before_13_are_refused(pytorch_server, reference):
@@ -284,7 +361,7 @@ def test_logit_bias_moves_the_choice_and_prompt_log_probs_before_13_are_refused(
     plain = client.completions.create(model="llama", prompt="Once upon a time", max_tokens=1, temperature=0, logprobs=0)
     assert len(set(pushed.choices[0].logprobs.tokens)) == 1 and away.choices[0].text != plain.choices[0].text
     r = pytorch_server.post("/generate", {"inputs": "Hi", "parameters": {"decoder_input_details": True}})
-    assert r.status_code == 400 and "parameters.decoder_input_details" in r.text and "trtllm-pytorch" in r.text
+    assert r.status_code == 400 and "parameters.decoder_input_details" in r.text and "TensorRT-LLM 1.2.1" in r.text
     r = pytorch_server.post("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 0, "max_tokens": 1})
     assert r.status_code == 400 and "echo" in r.text, r.text
 

@@ -26,7 +26,13 @@ def _engine_views(params: GenerateParams):
     sp = sampling_params(params, max_new_tokens=8, logprobs=False)
     trtllm = sampling_kwargs(sp, seed=7)
     llmapi = plan_request(
-        GenerationRequest("r", [1, 2], sp), eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC
+        GenerationRequest("r", [1, 2], sp),
+        eos_token_ids=[2],
+        end_id=2,
+        pad_token_id=0,
+        max_beam_width=1,
+        seed=7,
+        codec=CODEC,
     ).sampling
     return sp, trtllm, llmapi
 

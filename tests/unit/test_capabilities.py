@@ -13,13 +13,29 @@ from serverproc import serve_all_schemas
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import Capabilities, Capability, can, cannot
-from lmi_trt.engines.llmapi import release_capabilities
+from lmi_trt.engines.llmapi import llm_api_series, release_capabilities
+from lmi_trt.engines.llmapi_releases import TRTLLM, llm_sampler
 from lmi_trt.engines.replicas import common_capabilities
 from lmi_trt.engines.synthetic import CAPABILITIES, SyntheticEngine
 from lmi_trt.engines.trtllm import executor_capabilities
 from lmi_trt.serving.core import REQUESTED_FEATURES
 
 USER = [{"role": "user", "content": "Hi there"}]
+# The sampling features (engines.base.SAMPLING_FEATURES) as OpenAI bodies and as LMI/TGI parameters ask for them.
+PARAMETERS_SAMPLING: dict[str, dict[str, Any]] = {
+    "seed": {"seed": 5, "do_sample": True},  # a seed counts for a sampled request only
+    "repetition_penalty": {"repetition_penalty": 1.2},
+    "presence_penalty": {"presence_penalty": 0.5},
+    "frequency_penalty": {"frequency_penalty": 0.5},
+    "min_new_tokens": {"min_new_tokens": 1},
+    "bad_words": {"bad_words": ["x"]},
+    "stop_token_ids": {"stop_token_ids": [5], "ignore_eos": True},  # counts with ignore_eos only
+}
+OPENAI_SAMPLING: dict[str, dict[str, Any]] = {
+    **PARAMETERS_SAMPLING,
+    "seed": {"seed": 5, "temperature": 0.7},
+    "min_new_tokens": {"min_tokens": 1},
+}
 # Per schema: the route, a request that asks for nothing special, and per feature what asking for it adds.
 SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
     "openai.chat": (
@@ -30,6 +46,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"logprobs": True, "top_logprobs": 2},
             "logit_bias": {"logit_bias": {"5": 1}},
             "guided": {"response_format": {"type": "json_object"}},
+            **OPENAI_SAMPLING,
         },
     ),
     "openai.completions": (
@@ -40,6 +57,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"logprobs": 2},
             "prompt_logprobs": {"echo": True, "logprobs": 0},
             "logit_bias": {"logit_bias": {"5": 1}},
+            **OPENAI_SAMPLING,
         },
     ),
     "lmi": (
@@ -50,6 +68,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"guided_regex": "a+"},
+            **PARAMETERS_SAMPLING,
         },
     ),
     "tgi": (
@@ -60,6 +79,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"grammar": {"type": "regex", "value": "a+"}},
+            **PARAMETERS_SAMPLING,
         },
     ),
 }
@@ -143,15 +163,21 @@ def test_every_table_gives_a_reason_for_each_refusal():
         CAPABILITIES,
         executor_capabilities("TensorRT-LLM 1.2.1", True, can()),
         executor_capabilities("TensorRT-LLM 0.12.0", False, cannot("no guided decoding here")),
-        *(release_capabilities(v, 32000) for v in ("1.0.0", "1.1.0", "1.3.0rc4")),
-        release_capabilities("1.2.1", None),
+        *(llmapi(v, 32000) for v in ("1.0.0", "1.1.0", "1.3.0rc4")),
+        llmapi("1.2.1", None),
+        release_capabilities("1.2.1", TRTLLM, 32000, [2, 3]),  # beams on 1.2: the TRTLLMSampler
     ]
     for caps in tables:
         for name, c in caps.features().items():
             assert c.honoured or c.reason.strip(), (caps.release, name)
-    assert release_capabilities("1.0.0", 32000).top_logprobs.reason.count("PR 7756") == 1
-    assert release_capabilities("1.1.0", 32000).top_logprobs == can(most=20)
-    assert not release_capabilities("1.2.1", None).logit_bias.honoured  # no vocab_size: no embedding bias
+    assert llmapi("1.0.0", 32000).top_logprobs.reason.count("PR 7756") == 1
+    assert llmapi("1.1.0", 32000).top_logprobs == can(most=20)
+    assert not llmapi("1.2.1", None).logit_bias.honoured  # no vocab_size: no embedding bias
+
+
+def llmapi(version: str, vocab_size: int | None) -> Capabilities:
+    """The LLM API engine's capabilities as it builds the LLM for ``version`` (beam width 1)."""
+    return release_capabilities(version, llm_sampler(llm_api_series(version), 1), vocab_size, [2])
 
 
 def test_several_copies_honour_what_every_copy_honours():

@@ -142,7 +142,8 @@ def test_djl_keys_reach_the_llm_fields_djl_gives_them():
                     )
                 }
             )
-        )
+        ),
+        (1, 2),
     )
     assert plan.kv_cache_config == {
         "enable_block_reuse": True,
@@ -168,7 +169,9 @@ def test_djl_keys_reach_the_llm_fields_djl_gives_them():
 
 
 def test_unset_keys_leave_tensorrt_llms_defaults():
-    plan = llm_plan(registry.llmapi_settings(registry.settle(LmiConfig(model_id="m", backend="pytorch"), "trtllm")))
+    plan = llm_plan(
+        registry.llmapi_settings(registry.settle(LmiConfig(model_id="m", backend="pytorch"), "trtllm")), (1, 2)
+    )
     assert not set(plan.keywords) & {"disable_overlap_scheduler", "attn_backend", "load_format", "enable_attention_dp"}
     assert plan.moe_config == {} and plan.cuda_graph_config is not None
     assert not set(plan.kv_cache_config) & {"dtype", "max_attention_window", "sink_token_length", "onboard_blocks"}
@@ -230,8 +233,12 @@ def test_a_key_the_engine_cannot_honour_is_refused_naming_it_as_written(kind, ba
 
 def test_the_moe_split_must_be_the_tensor_parallel_degree():
     with pytest.raises(TrtllmConfigError, match="option.moe_expert_parallel_size=3 does not split"):
-        llm_plan(registry.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="3")))
-    plan = llm_plan(registry.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="4")))
+        llm_plan(
+            registry.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="3")), (1, 2)
+        )
+    plan = llm_plan(
+        registry.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="4")), (1, 2)
+    )
     assert plan.keywords["moe_expert_parallel_size"] == 4
 
 
@@ -262,8 +269,8 @@ def test_llm_configs_name_a_field_the_release_lacks():
     with fake_tensorrt_llm("1.2.1"):
         import tensorrt_llm.llmapi
 
-        plan = llm_plan(registry.llmapi_settings(_djl_config()))
-        plan.options["not_a_field"] = "option.some_key"
+        plan = llm_plan(registry.llmapi_settings(_djl_config()), (1, 2))
+        plan.origins["not_a_field"] = "option.some_key"
         with pytest.raises(TrtllmConfigError, match="option.some_key: TensorRT-LLM 1.2.1's LLM has no not_a_field"):
             llm_configs(tensorrt_llm.llmapi, plan, "1.2.1")
 

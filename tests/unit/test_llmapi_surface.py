@@ -31,6 +31,7 @@ from lmi_trt.engines.base import EngineError, GenerationRequest, GuidedDecoding,
 from lmi_trt.engines.llmapi import (
     Codec,
     LlmApiSettings,
+    llm_api_series,
     llm_plan,
     plan_request,
     prompt_token_logprobs,
@@ -179,21 +180,39 @@ def test_trt_only_keywords_name_the_tensorrt_engine_llm_while_it_exists(trt):
 
 
 async def test_logprobs_are_top1_in_1_0_and_top_k_later(trt):
+    """1.0's TorchSampler reports the sampled token's log prob only, rank 1 (handle_logits); whether 1.0 refuses
+    logprobs > 1 up front was not found in any copy read, so the fake takes it and returns the one entry."""
     from tensorrt_llm import LLM, SamplingParams
 
     top_k_release = trt.__version__ != "1.0.0"
     with LLM(str(tiny_model("llama")), max_batch_size=2) as llm:
-        params = SamplingParams(max_tokens=3, logprobs=3 if top_k_release else 1, top_k=1)
-        if not top_k_release:
-            with pytest.raises(ValueError, match="top-1"):
-                llm.generate_async([1, 45, 67], SamplingParams(max_tokens=3, logprobs=3))
+        params = SamplingParams(max_tokens=3, logprobs=3, top_k=1)
         result = await asyncio.wait_for(llm.generate_async([1, 45, 67], params), 60)
         out = result.outputs[0]
         assert len(out.logprobs) == len(out.token_ids) == 3 and out.finish_reason == "length"
         for token, entry in zip(out.token_ids, out.logprobs):
-            assert token in entry and len(entry) == (3 if top_k_release else 1)
+            assert token in entry and len(entry) == (3 if top_k_release else 1) and entry[token].rank == 1
             if top_k_release:
-                assert [lp.rank for lp in entry.values()] == [1, 2, 3] and entry[token].rank == 1
+                assert [lp.rank for lp in entry.values()] == [1, 2, 3]
+
+
+def test_sampler_keys_are_each_releases(trt):
+    """1.0 has enable_trtllm_sampler/enable_mixed_sampler, 1.1 and later sampler_type (main: not TRTLLMSampler);
+    a key the release lacks is an invalid argument, as any unknown key."""
+    from tensorrt_llm.llmapi import LLM
+
+    release = trt.__version__
+    model = str(tiny_model("llama"))
+    for key, releases in API["TorchLlmArgs"]["releases_of"].items():
+        value = "auto" if key == "sampler_type" else False
+        if release in releases:
+            LLM(model, **{key: value}).shutdown()
+        else:
+            with pytest.raises(ValueError, match=f"invalid argument: {key}"):
+                LLM(model, **{key: value})
+    if release == "1.3.0":
+        with pytest.raises(ValueError, match="TRTLLMSampler"):
+            LLM(model, sampler_type="TRTLLMSampler")
 
 
 # ------------------------------------------------------------------------------ lmi_trt ⊆ the listing
@@ -233,9 +252,18 @@ def test_the_engine_uses_only_listed_llmapi_names_and_keywords():
 
 
 CODEC = Codec(decode=lambda ids: "|".join(map(str, ids)), encode=lambda text: [int(t) for t in text.split("|")])
+# plan_request's keywords for an LLM whose tokenizer ends on 2 (SamplingParams._setup's end id)
+PLAN = {"eos_token_ids": [2], "end_id": 2, "pad_token_id": 0, "max_beam_width": 1, "seed": 7, "codec": CODEC}
 
 
-def test_planned_keywords_are_listed_fields():
+def release_fields(release: str) -> set[str]:
+    """The LLM keywords of one release: the listed ones less those another release alone has."""
+    only = API["TorchLlmArgs"]["releases_of"]
+    return {k for k in LLM_KEYWORDS if release in only.get(k, [release])}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_planned_keywords_are_the_releases_fields(release):
     # with every DJL LLM-API key given (tests/unit/test_djl_keys.py): each lands on a listed field
     djl = dict(
         max_attention_window=(64,),
@@ -253,19 +281,30 @@ def test_planned_keywords_are_listed_fields():
         request_stats_max_iterations=1,
         attn_backend="TRTLLM",
         moe_backend="CUTLASS",
-        enable_overlap_scheduler=True,
+        enable_overlap_scheduler=False,  # beam search on the TRTLLMSampler (up to 1.2) wants it off
+        use_cuda_graph=False,
     )
-    plan = llm_plan(
-        llmapi_settings(
-            LmiConfig(max_rolling_batch_size=16, max_num_tokens=4096, max_tokens_in_paged_kv_cache=8192, **djl)
-        )
+    config = LmiConfig(
+        max_rolling_batch_size=16,
+        max_num_tokens=4096,
+        max_tokens_in_paged_kv_cache=8192,
+        enable_kv_cache_reuse=False,
+        batch_scheduler_policy="max_utilization",
+        max_beam_width=2,
+        **djl,
     )
-    assert set(plan.keywords) <= LLM_KEYWORDS
+    plan = llm_plan(llmapi_settings(config), llm_api_series(release))
+    assert set(plan.keywords) <= release_fields(release)
     assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
     assert set(plan.scheduler_config) <= ctor_names("SchedulerConfig")
-    assert set(plan.cuda_graph_config) <= ctor_names("CudaGraphConfig")
+    assert plan.cuda_graph_config is None  # option.use_cuda_graph=false
     assert set(plan.moe_config) == {"backend"} <= ctor_names("MoeConfig")
     assert plan.scheduler_config["capacity_scheduler_policy"] in API["CapacitySchedulerPolicy"]["members"]
+    nested = {"kv_cache_config": plan.kv_cache_config, "scheduler_config": plan.scheduler_config}
+    nested["moe_config"] = plan.moe_config
+    assert set(plan.origins) == set(plan.keywords) | {"cuda_graph_config"} | {
+        f"{name}.{k}" for name, values in nested.items() for k in values
+    }
     request = GenerationRequest(
         "r",
         [1, 2],
@@ -273,7 +312,7 @@ def test_planned_keywords_are_listed_fields():
         stop_token_ids=[[5], [6, 7]],
         bad_words_ids=[[8]],
     )
-    sampling = plan_request(request, eos_token_ids=[2, 3], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC)
+    sampling = plan_request(request, **PLAN)
     assert set(sampling.sampling) <= ctor_names("SamplingParams")
 
 
@@ -289,7 +328,7 @@ def test_guides_map_onto_guided_decoding_params():
         (GuidedDecoding("json_object"), "grammar"),
     ]:
         request = GenerationRequest("g", [1], SamplingParams(guided=guided))
-        guide = plan_request(request, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC).guide
+        guide = plan_request(request, **PLAN).guide
         assert list(guide) == [key] and key in fields
         if guided.kind == "json_object":  # an object, written one way: no free whitespace
             accepts = functools.partial(_is_grammar_accept_string, guide["grammar"])
@@ -302,7 +341,7 @@ def test_guides_map_onto_guided_decoding_params():
             assert guide[key] == guided.value
     bad = GenerationRequest("b", [1], SamplingParams(guided=GuidedDecoding("json_schema", "{not json")))
     with pytest.raises(EngineError, match="json schema") as err:
-        plan_request(bad, eos_token_ids=[2], pad_token_id=0, max_beam_width=1, seed=7, codec=CODEC)
+        plan_request(bad, **PLAN)
     assert err.value.code == 400
 
 
@@ -324,7 +363,7 @@ def test_options_map_onto_llm_keywords():
         max_beam_width=2,
         kv_cache_host_memory_bytes=2**30,
     )
-    plan = llm_plan(llmapi_settings(settle(config, "trtllm")))
+    plan = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 3))
     assert plan.keywords == {
         "tensor_parallel_size": 2,
         "pipeline_parallel_size": 2,
@@ -346,16 +385,35 @@ def test_options_map_onto_llm_keywords():
         "host_cache_size": 2**30,
     }
     assert plan.scheduler_config == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
-    assert plan.cuda_graph_config == {"max_batch_size": 64, "enable_padding": True}
-    # DJL's defaults: max_utilization, no block reuse
-    default = llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")))
-    assert default.scheduler_config == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
-    assert default.kv_cache_config["enable_block_reuse"] is False and default.keywords["max_batch_size"] == 256
+    assert plan.origins["max_batch_size"] == "option.max_num_sequences"
+    assert plan.origins["scheduler_config.capacity_scheduler_policy"] == "option.batch_scheduler_policy"
+    assert plan.origins["enable_iter_perf_stats"].startswith("lmi-trt: /metrics")
+    # 1.0: the TRTLLMSampler (its TorchSampler is greedy only), which beam search wants without the overlap
+    # scheduler and CUDA graphs; 1.1/1.2 pick it themselves for beams, and want the same
+    ten = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 0))
+    assert {k: ten.keywords[k] for k in ("enable_trtllm_sampler", "disable_overlap_scheduler")} == {
+        "enable_trtllm_sampler": True,
+        "disable_overlap_scheduler": True,
+    }
+    assert ten.cuda_graph_config is None and ten.origins["cuda_graph_config"].startswith("lmi-trt: beam search")
+    # the nested configs are built by llm_configs, never keywords too (LLM() would get them twice)
+    assert not set(ten.keywords) & {"kv_cache_config", "scheduler_config", "moe_config", "cuda_graph_config"}
+    twelve = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 2))
+    assert "enable_trtllm_sampler" not in twelve.keywords and twelve.keywords["disable_overlap_scheduler"] is True
+    # unset options are TensorRT-LLM's: no batch size, no block reuse or scheduler policy (DJL's defaults differ)
+    default = llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")), (1, 2))
+    assert default.kv_cache_config == {} and default.scheduler_config == {}
+    assert not {"max_batch_size", "max_beam_width", "enable_chunked_prefill", "dtype", "cuda_graph_config"} & set(
+        default.keywords
+    )
+    assert llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")), (1, 0)).keywords["enable_trtllm_sampler"] is True
     with pytest.raises(EngineError, match="option.tensor_parallel_degree=max"):
-        llm_plan(LlmApiSettings(runtime=TrtllmSettings(tensor_parallel_degree=None)))
+        llm_plan(LlmApiSettings(runtime=TrtllmSettings(tensor_parallel_degree=None)), (1, 2))
 
 
 def test_requests_map_onto_sampling_params():
+    """As trtllm-serve builds them: no end_id/pad_id, so the LLM's SamplingParams._setup tokenizes stop/bad text;
+    further EOS ids are stop tokens."""
     greedy = plan_request(
         GenerationRequest(
             "g",
@@ -364,18 +422,12 @@ def test_requests_map_onto_sampling_params():
             stop_token_ids=[[5], [6, 7]],
             bad_words_ids=[[8], [9, 10]],
         ),
-        eos_token_ids=[2, 3],
-        pad_token_id=0,
-        max_beam_width=1,
-        seed=7,
-        codec=CODEC,
+        **{**PLAN, "eos_token_ids": [3, 2]},  # the LLM's end id (its tokenizer's) need not be lmi-trt's first
     )
     assert greedy.sampling == {
         "top_k": 1,
         "min_tokens": 2,
         "max_tokens": 9,
-        "end_id": 2,
-        "pad_id": 0,
         "ignore_eos": False,
         "stop_token_ids": [5, 3],
         "stop": ["6|7"],
@@ -389,24 +441,12 @@ def test_requests_map_onto_sampling_params():
     assert greedy.end_id == 2 and greedy.extra_eos == frozenset({3}) and greedy.bias == {}
     scored = plan_request(
         GenerationRequest("p", [1, 2], SamplingParams(prompt_logprobs=True, logit_bias=((42, 100.0), (7, -5.0)))),
-        eos_token_ids=[2],
-        pad_token_id=0,
-        max_beam_width=1,
-        seed=7,
-        codec=CODEC,
+        **PLAN,
     )
     # the top 1 per prompt position, which from 1.3 also holds the prompt token's (PR 11235)
     assert scored.sampling["prompt_logprobs"] == 1 and scored.bias == {42: 100.0, 7: -5.0}
-    sampled = plan_request(
-        GenerationRequest(
-            "s", [1], SamplingParams(do_sample=True, temperature=0.5, seed=11, repetition_penalty=1.2, ignore_eos=True)
-        ),
-        eos_token_ids=[2, 3],
-        pad_token_id=0,
-        max_beam_width=1,
-        seed=7,
-        codec=CODEC,
-    )
+    hot = SamplingParams(do_sample=True, temperature=0.5, seed=11, repetition_penalty=1.2, ignore_eos=True)
+    sampled = plan_request(GenerationRequest("s", [1], hot), **{**PLAN, "eos_token_ids": [2, 3]})
     assert {k: sampled.sampling[k] for k in ("top_k", "top_p", "temperature", "seed", "repetition_penalty")} == {
         "top_k": 0,
         "top_p": 1.0,
@@ -415,26 +455,26 @@ def test_requests_map_onto_sampling_params():
         "repetition_penalty": 1.2,  # as given: the core fills DJL's
     }
     assert sampled.sampling["ignore_eos"] and sampled.sampling["stop_token_ids"] is None and sampled.end_id == -1
+    # where the release's sampler draws from its own generator, no seed is sent for an unseeded request
+    why = {"seed": "TorchSampler's one generator; leave it out"}
+    unseeded = plan_request(GenerationRequest("u", [1], SamplingParams(do_sample=True)), **PLAN, unsupported=why)
+    assert "seed" not in unseeded.sampling
+    with pytest.raises(EngineError, match="TorchSampler's one generator; leave it out") as err:
+        plan_request(GenerationRequest("s", [1], hot), **PLAN, unsupported=why)
+    assert (err.value.code, err.value.field) == (400, "seed")  # the serving layer names it as the client does
     beam = plan_request(
-        GenerationRequest("b", [1], SamplingParams(beam_width=3), streaming=False),
-        eos_token_ids=[2],
-        pad_token_id=0,
-        max_beam_width=4,
-        seed=7,
-        codec=CODEC,
+        GenerationRequest("b", [1], SamplingParams(beam_width=3), streaming=False), **{**PLAN, "max_beam_width": 4}
     )
     assert (beam.sampling["use_beam_search"], beam.sampling["best_of"], beam.sampling["n"]) == (True, 3, 1)
     odd = Codec(decode=lambda ids: "x", encode=lambda text: [99])
     with pytest.raises(EngineError, match="cannot be banned on the pytorch backend") as err:
-        plan_request(
-            GenerationRequest("o", [1], SamplingParams(), bad_words_ids=[[4, 5]]),
-            eos_token_ids=[2],
-            pad_token_id=0,
-            max_beam_width=1,
-            seed=7,
-            codec=odd,
-        )
+        plan_request(GenerationRequest("o", [1], SamplingParams(), bad_words_ids=[[4, 5]]), **{**PLAN, "codec": odd})
     assert err.value.code == 400
+    # a tokenizer without EOS: no _setup, so the request names its end and no sequence goes as text
+    bare = plan_request(
+        GenerationRequest("n", [1], SamplingParams(), stop_token_ids=[[6, 7]]), **{**PLAN, "end_id": None}
+    )
+    assert (bare.sampling["end_id"], bare.sampling["pad_id"], bare.sampling["stop"]) == (2, 0, None)
 
 
 def test_results_map_back():

@@ -8,6 +8,7 @@ every streaming shape, and limits / validation errors are the same, each in its 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,8 @@ from botocore.eventstream import EventStreamBuffer
 from serverproc import SyntheticApp, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.engines.synthetic import SyntheticEngine
+from lmi_trt.engines.base import Capabilities, can
+from lmi_trt.engines.synthetic import CAPABILITIES, SyntheticEngine
 from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
 MULTI = "Grüße aus München! 日本語のテキスト 🚀🔥✨ "
@@ -31,6 +33,10 @@ class BadWordsEcho(SyntheticEngine):
     banned sequence's last token), recording what it was asked to ban."""
 
     requests: list[Any] = []
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(CAPABILITIES, bad_words=can())
 
     def submit(self, request):
         it = super().submit(request)

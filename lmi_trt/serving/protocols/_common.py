@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from lmi_trt.engines.base import SAMPLING_FEATURES
 from lmi_trt.serving.core import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -46,6 +47,11 @@ def validate_body(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
         for p in first:
             param = f"{param}[{p}]" if isinstance(p, int) else f"{param}.{p}" if param else str(p)
         raise FieldError(param or None, f"invalid request: {format_validation_error(e, prefix)}") from None
+
+
+# LMI's and TGI's ``parameters`` carry GenerateParams' own field names for the sampling features an engine may
+# refuse (lmi_trt.engines.base.Capabilities), as the request spells them.
+PARAMETERS_NAMES = {name: f"parameters.{name}" for name in SAMPLING_FEATURES}
 
 
 def refuse_typos(extras: Iterable[str], known: Iterable[str], peers: Iterable[str] = (), prefix: str = "") -> None:

@@ -50,7 +50,7 @@ from lmi_trt.serving.http import (
     register_feature_fields,
     validate,
 )
-from lmi_trt.serving.protocols._common import refuse_typos
+from lmi_trt.serving.protocols._common import PARAMETERS_NAMES, refuse_typos
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,7 @@ def choose_format(output_formatter: str | None, stream: bool, tgi_compat: bool) 
 
 # --- encoding ---
 NAMES = {
+    **PARAMETERS_NAMES,
     "logprobs": "parameters.details",
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",

@@ -50,6 +50,7 @@ from lmi_trt.serving.http import (
     register_feature_fields,
 )
 from lmi_trt.serving.protocols._common import (
+    PARAMETERS_NAMES,
     SSE_HEADERS,
     FieldError,
     best_n,
@@ -155,6 +156,7 @@ class TgiRequest(BaseModel):
 
 
 NAMES = {
+    **PARAMETERS_NAMES,
     "logprobs": "parameters.details",
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",

@@ -42,6 +42,8 @@ from lmi_trt.serving.protocols._common import (
 )
 
 TRITON_MODEL_NAMES = ("ensemble", "tensorrt_llm_bls")
+# Neutral feature names (lmi_trt.engines.base.features_used) as this schema spells them, for a refusal's 400.
+NAMES = {"min_new_tokens": "min_tokens"}
 _LISTS = ("bad_words", "stop_words", "text_input")
 _REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
 # Inputs of the TensorRT-LLM backend's older ensemble (triton-inference-server/tensorrtllm_backend
@@ -185,7 +187,7 @@ async def _handle(request: web.Request, force_stream: bool | None) -> web.Stream
     head = {"model_name": name, "model_version": version}
     prefix = "" if req.exclude_input_in_output else req.text_input
     async with await service.start(
-        req.text_input, params, field_name="text_input", max_tokens_field="max_tokens"
+        req.text_input, params, field_name="text_input", max_tokens_field="max_tokens", names=NAMES
     ) as stream:
         if not stream_it:
             c = await stream.collect(keep_tokens=req.return_log_probs)

@@ -114,7 +114,10 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
     req: TrussRequest = validate_body(TrussRequest, body)
     params = req.to_generate()
     service = ctx.require_service()
-    async with await service.start(req.prompt, params, field_name="prompt", max_tokens_field="max_tokens") as stream:
+    names = {"bad_words": "bad_words_list"}  # a refusal's 400 names the field as Truss spells it
+    async with await service.start(
+        req.prompt, params, field_name="prompt", max_tokens_field="max_tokens", names=names
+    ) as stream:
         if req.stream is False:
             c = await stream.collect()
             if c.error is not None:

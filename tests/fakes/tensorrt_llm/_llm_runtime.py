@@ -19,6 +19,34 @@ as pre-quantized (docs/source/features/quantization.md), is loaded for FP8 by de
 (weight × weight_scale, as the FP8 GEMM scales them); other formats are refused.
 Simplifications: beam search is decoded in one go by transformers' beam search (one final response); FP8
 activations and KV cache stay in fp32.
+
+Which sampler runs (``sampler_of``) and what it does with a request (``_Strategy.of``), per release:
+* TRTLLMSampler, the C++ decoder (``GptDecoderBatched`` set up from each request's ``SamplingConfig``,
+  tensorrt_llm/_torch/pyexecutor/sampler.py ``TRTLLMSampler.setup_sampler_step``): temperature, top-k/top-p,
+  per-request seed, repetition/presence/frequency penalties, min length (on generated tokens), bad words, beam
+  search (the 1.0.0 docs, features/sampling.md: "temperature, top-k and top-p sampling, beam search, stop words,
+  bad words, penalty, ... log probability, guided decoding"; PR 8127 thread: "Only trtllm sampler in torch path
+  supports these penalties"). Whether it adds ``embedding_bias`` and gives more than the sampled token's log prob
+  was not read: the fake does neither, so code that relies on them is caught.
+* TorchSampler 1.0 (sampler.py of the 1.0 line): ``fast_path = not self.enable_mixed_sampler and ...`` takes
+  the argmax for the batch; with ``enable_mixed_sampler`` ``request_strategy`` picks top-p if set, else top-k,
+  else greedy, and applies no temperature (and ``torch.topk(logits, 0)`` for top_k 0 fails); no penalties, min
+  length, bad words, embedding bias or seed (``torch.multinomial`` on one generator); its constructor asserts
+  ``max_beam_width == 1`` ("TorchSampler only supports beam_width = 1").
+* TorchSampler 1.1 and 1.2: temperature/top-k/top-p per request (PR 7294; greedy when
+  ``params_imply_greedy_decoding``; top_k 0 is no limit, PR 6934), embedding bias (PR 6464); one generator for all
+  requests (``_global_seed = 42``: per-request seed came with PR 17172, 2026-08); penalties ignored (PR 16485,
+  2026-07); bad words ignored (PR 16052, 2026-07); ``_apply_min_length_penalty`` bans ``py_end_id`` while
+  ``max_beam_num_tokens`` (prompt + generated) is below ``min_tokens`` (fixed to generated tokens by PR 12166,
+  2026-03, on main), which under ``ignore_eos`` (end id -1) bans the last vocabulary entry (PR 12358).
+* TorchSampler on main (the fake's 1.3.0): all of the above per request, penalties (PR 16485; refused with beam
+  search: "safeguards for unsupported penalty combinations with beam search"), seed (PR 17172), bad words
+  (PR 16052), min length on generated tokens (PR 12166), and beam search (the only sampler: PR 18232).
+Which sampler: 1.0 TRTLLMSampler iff ``enable_trtllm_sampler`` (_util.py ``instantiate_sampler`` of the 1.0
+line); 1.1/1.2 ``sampler_type``, where ``auto`` is TRTLLMSampler iff beam search (``decoding_mode.isBeamSearch()``,
+i.e. ``max_beam_width > 1``; _util.py of the 1.1/1.2 line); main TorchSampler. Beam search on the TRTLLMSampler
+needs the overlap scheduler and CUDA graphs off (docs features/sampling.md of 1.0.0 and 1.2: "To enable beam search,
+you must ... Disable overlap scheduling ... Disable the usage of CUDA Graphs"); the fake refuses it otherwise.
 """
 
 from __future__ import annotations
@@ -34,32 +62,93 @@ from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
 from tensorrt_llm._runtime import _load_model, _select
 from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
 
+TORCH, TRTLLM = "TorchSampler", "TRTLLMSampler"
+GLOBAL_SEED = 42  # TorchSampler's one generator before PR 17172
+
+
+def sampler_of(args) -> str:
+    """The sampler the LLM's executor builds (see the module docstring); construction-time failures raise."""
+    series, beams = _state.series(), (args.max_beam_width or 1) > 1
+    if series < (1, 1):
+        sampler = TRTLLM if args.enable_trtllm_sampler else TORCH
+        if sampler == TORCH and beams:
+            raise AssertionError("TorchSampler only supports beam_width = 1")
+    elif series < (1, 3):
+        chosen = args.sampler_type
+        sampler = TRTLLM if chosen == TRTLLM or (chosen == "auto" and beams) else TORCH
+        if sampler == TORCH and beams:
+            raise NotImplementedError("fake tensorrt_llm: TorchSampler beam search before 1.3 is not modelled")
+    else:
+        sampler = TORCH
+    if sampler == TRTLLM and beams and (not args.disable_overlap_scheduler or args.cuda_graph_config is not None):
+        raise ValueError(
+            "beam search on the TRTLLM sampler needs disable_overlap_scheduler=True and cuda_graph_config=None "
+            "(docs/source/features/sampling.md)"
+        )
+    return sampler
+
 
 @dataclass(frozen=True)
 class _Strategy:
-    """SamplingParams in the shape ``_runtime._select`` reads (greedy = top_k 1)."""
+    """What the sampler applies to one request, in the shape ``_runtime._select`` reads (greedy = top_k 1)."""
 
     top_k: int
     top_p: float
     temperature: float | None
     seed: int | None
-    min_tokens: int | None
+    min_tokens: int | None  # EOS banned while fewer tokens were generated
     repetition_penalty: float | None
     presence_penalty: float | None
     frequency_penalty: float | None
+    shared_generator: bool = False  # one generator for every request: the request's seed is not used
+    min_length_total: int | None = None  # 1.1/1.2 TorchSampler: bans the end id while prompt + generated < this
+    bans: bool = True  # bad words applied
+    bias: bool = True  # embedding bias applied
 
     @classmethod
-    def of(cls, sp) -> _Strategy:
-        greedy = sp._greedy_decoding
+    def of(cls, sp, sampler: str, *, mixed: bool) -> _Strategy:
+        series = _state.series()
+        if sampler == TRTLLM:
+            # C++ SamplingConfig: top_k 0 (no limit) with top_p 0 is greedy, as in the Executor fake
+            greedy = sp.top_k == 1 or (not sp.top_k and not sp.top_p)
+            return cls._make(sp, greedy, seed=sp.seed, min_tokens=sp.min_tokens, penalties=True, bias=False)
+        if series < (1, 1):
+            if not mixed:  # the fast path: argmax for everyone
+                return cls._make(sp, True, penalties=False, bans=False, bias=False, shared=True)
+            if sp.top_p is not None:
+                top_k, top_p = 0, sp.top_p
+            elif sp.top_k is not None:
+                if sp.top_k == 0:
+                    raise RuntimeError("selected index k out of range")  # torch.topk(logits, 0)[..., -1]
+                top_k, top_p = sp.top_k, 1.0
+            else:
+                top_k, top_p = 1, 1.0
+            return cls(top_k, top_p, None, None, None, None, None, None, shared_generator=True, bans=False, bias=False)
+        greedy = sp.params_imply_greedy_decoding(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
+        if series < (1, 3):
+            return cls._make(
+                sp, greedy, penalties=False, bans=False, shared=True, min_length_total=sp.min_tokens or None
+            )
+        if sp.use_beam_search and any(
+            v not in (None, 0.0, 1.0) for v in (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty)
+        ):
+            raise ValueError("penalties are not supported with beam search in TorchSampler")
+        return cls._make(sp, greedy, seed=sp.seed, min_tokens=sp.min_tokens, penalties=True)
+
+    @classmethod
+    def _make(cls, sp, greedy: bool, *, seed=None, min_tokens=None, penalties: bool, **flags) -> _Strategy:
+        shared = flags.pop("shared", False)
         return cls(
             top_k=1 if greedy else (sp.top_k or 0),
             top_p=1.0 if greedy or sp.top_p is None else sp.top_p,
             temperature=sp.temperature,
-            seed=sp.seed,
-            min_tokens=sp.min_tokens,
-            repetition_penalty=sp.repetition_penalty,
-            presence_penalty=sp.presence_penalty,
-            frequency_penalty=sp.frequency_penalty,
+            seed=seed,
+            min_tokens=min_tokens,
+            repetition_penalty=sp.repetition_penalty if penalties else None,
+            presence_penalty=sp.presence_penalty if penalties else None,
+            frequency_penalty=sp.frequency_penalty if penalties else None,
+            shared_generator=shared,
+            **flags,
         )
 
 
@@ -96,7 +185,11 @@ class _Seq:
 
 class LlmRuntime:
     def __init__(self, hf_dir: str, args, tokenizer=None) -> None:
+        import torch
+
         self.args = args
+        self.sampler = sampler_of(args)
+        self._generator = torch.Generator().manual_seed(GLOBAL_SEED)  # the samplers' one shared generator
         # load_format=dummy: "Initialize all weights randomly" (llm_args.py LoadFormat.DUMMY).
         self._model = _random_model(hf_dir) if args.load_format.name == "DUMMY" else _load_checkpoint(hf_dir)
         self._grammars = None
@@ -223,7 +316,7 @@ class LlmRuntime:
                         seq.matcher = self._grammars.create(*seq.guide)
                     self._check_bias(seq)
                     self._forward(seq, seq.prompt)
-                token, _ = _select(seq)
+                token = self._choose(seq)
                 if new:
                     seq.prompt_entries = self._prompt_logprobs(seq, token)
                 reason = self._advance(seq, token)
@@ -235,6 +328,22 @@ class LlmRuntime:
         if reason is not None or seq.streaming:
             seq.result._enqueue(self._response(seq, reason))
         return reason is not None
+
+    def _choose(self, seq: _Seq) -> int:
+        """The next token as this release's sampler picks it (``_Strategy``)."""
+        sc = seq.sampling
+        if sc.shared_generator:
+            seq.generator = self._generator
+        total = len(seq.prompt) + len(seq.generated)
+        if sc.min_length_total is None or total >= sc.min_length_total:
+            return _select(seq)[0]
+        raw = seq.logits  # 1.1/1.2: logits[py_end_id] = -inf, where an ignore_eos end id of -1 is the last entry
+        seq.logits = raw.clone()
+        seq.logits[seq.end_id] = float("-inf")
+        try:
+            return _select(seq)[0]
+        finally:
+            seq.logits = raw
 
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
@@ -278,7 +387,8 @@ class LlmRuntime:
         seq.cum_logprob += float(logprobs[token])
         seq.generated.append(token)
         if seq.top_logprobs:
-            seq.pending_logprobs.append(_logprob_entry(logprobs, token, seq.top_logprobs))
+            sampled_only = _state.series() < (1, 1) or self.sampler == TRTLLM
+            seq.pending_logprobs.append(_logprob_entry(logprobs, token, None if sampled_only else seq.top_logprobs))
         if any(w and seq.generated[-len(w) :] == w for w in seq.stop_words):
             return "STOP_WORDS"
         if len(seq.generated) >= seq.max_tokens:
@@ -340,10 +450,11 @@ class LlmRuntime:
         self._iter += 1
 
 
-def _logprob_entry(logprobs, token: int, k: int) -> dict[int, Logprob]:
-    """A generated token's entry: 1.0.0 gives the sampled token's log prob only (PR 6097), later the top k."""
-    if _state.series() < (1, 1):
-        return {token: Logprob(float(logprobs[token]), None)}
+def _logprob_entry(logprobs, token: int, k: int | None) -> dict[int, Logprob]:
+    """A generated token's entry: the sampled token's log prob only (k None: 1.0.0's TorchSampler, PR 6097; the
+    TRTLLMSampler, see the module docstring), else the top k (PR 7756)."""
+    if k is None:  # 1.0's TorchSampler.handle_logits: {int(token): Logprob(logprob=logprob, rank=1)}
+        return {token: Logprob(float(logprobs[token]), 1)}
     return _top_entry(logprobs, k)
 
 

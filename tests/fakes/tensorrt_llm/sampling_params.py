@@ -1,13 +1,23 @@
-"""Fake ``tensorrt_llm.sampling_params`` (real file: tensorrt_llm/sampling_params.py, read @a98a9061).
+"""Fake ``tensorrt_llm.sampling_params`` (real file: tensorrt_llm/sampling_params.py, read @a98a9061, ~1.1–1.2,
+and @000a01de, whose version.py says 1.0.0rc4).
 
 Fields, order, defaults and ``_validate`` as the real slot dataclass; ``_setup`` tokenizes ``stop``/``bad``
-strings without special tokens and fills ``end_id``/``pad_id`` from the tokenizer, as the real one does.
+strings without special tokens and fills ``end_id``/``pad_id`` from the tokenizer, as the real one does; the LLM
+calls it only for a request without ``end_id`` (``llm.py``). ``_get_bad_words``/``_get_stop_words`` raise for
+strings ``_setup`` did not tokenize, as the real ones do. Per release:
+* 1.0 (@000a01de): ``_greedy_decoding`` looks at ``top_k``/``top_p`` only (temperature is not consulted) and
+  ``_validate`` has no range checks; ``_setup(tokenizer, add_special_tokens=False)``;
+* later (@a98a9061): ``params_imply_greedy_decoding`` (temperature 0 is greedy too), range checks on
+  ``top_p``/``top_k``/``temperature``; ``_setup(tokenizer, hf_model_config, generation_config, ...)`` (its
+  kimi_k2 end-id rule is not modelled: no tiny model is one).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from tensorrt_llm import _state
 
 
 @dataclass(slots=True, kw_only=True)
@@ -89,12 +99,13 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        if self.top_p is not None and (self.top_p < 0 or self.top_p > 1):
-            raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
-        if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
+        if _state.series() >= (1, 1):  # the range checks are not in the 1.0.0rc4 copy
+            if self.top_p is not None and (self.top_p < 0 or self.top_p > 1):
+                raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
+            if self.top_k is not None and self.top_k < 0:
+                raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
+            if self.temperature is not None and self.temperature < 0:
+                raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
         if self.best_of is not None and self.best_of > 1 and self._greedy_decoding:
@@ -117,11 +128,20 @@ class SamplingParams:
 
     @property
     def _greedy_decoding(self) -> bool:
+        if _state.series() < (1, 1):
+            return (
+                not self.use_beam_search
+                and (self.top_k is None or self.top_k == 1)
+                and (self.top_p is None or self.top_p == 0.0)
+            )
         return not self.use_beam_search and self.params_imply_greedy_decoding(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
         )
 
-    def _setup(self, tokenizer, add_special_tokens: bool = False) -> SamplingParams:
+    def _setup(self, tokenizer, *args, add_special_tokens: bool = False) -> SamplingParams:
+        # 1.0: (tokenizer, add_special_tokens); later: (tokenizer, hf_model_config, generation_config, ...)
+        if len(args) != (0 if _state.series() < (1, 1) else 2):
+            raise TypeError(f"_setup() takes the tokenizer and {'no' if _state.series() < (1, 1) else 2} configs")
         if self.end_id is None:
             self.end_id = tokenizer.eos_token_id
             self.pad_id = tokenizer.pad_token_id
@@ -136,9 +156,19 @@ class SamplingParams:
         return self
 
     def _get_bad_words(self) -> list[list[int]]:
+        if self.bad is not None and self._bad_word_ids is None:
+            raise RuntimeError(
+                f"{self.__class__.__name__}.bad ({self.bad}) is not processed by tokenizer, please call the setup "
+                "method."
+            )
         return [[i] for i in self.bad_token_ids or []] + (self._bad_word_ids or [])
 
     def _get_stop_words(self) -> list[list[int]]:
+        if self.stop is not None and self._stop_word_ids is None:
+            raise RuntimeError(
+                f"{self.__class__.__name__}.stop ({self.stop}) is not processed by tokenizer, please call the setup "
+                "method."
+            )
         return [[i] for i in self.stop_token_ids or []] + (self._stop_word_ids or [])
 
     def _get_stop_reasons_and_words(self) -> list[tuple[str | int, list[int]]]:

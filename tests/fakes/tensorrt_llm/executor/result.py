@@ -176,21 +176,34 @@ class GenerationResult:
 
 
 class IterationResult:
-    """Async iterable of iteration stats (dicts); it stops after ``timeout`` seconds without a new one."""
+    """Async iterable of iteration stats (dicts); it stops after ``timeout`` seconds without a new one, and then
+    stays done (ends at once) until ``mark_undone``: the executor calls it on every submitted request (result.py
+    ``IterationResult.__anext__``: ``if self._done: raise StopAsyncIteration``, a timeout sets ``_done``;
+    executor.py ``_maybe_initialize_iteration_results``)."""
 
     def __init__(self, source, timeout: float | None) -> None:
         self._source = source  # a callable returning the next stats JSON string, or None
         self._timeout = 2.0 if timeout is None else timeout
+        self._done = False
+
+    def set_timeout(self, timeout: float | None) -> None:
+        self._timeout = 2.0 if timeout is None else timeout
+
+    def mark_undone(self) -> None:
+        self._done = False
 
     def __aiter__(self) -> IterationResult:
         return self
 
     async def __anext__(self) -> dict:
+        if self._done:
+            raise StopAsyncIteration
         deadline = asyncio.get_running_loop().time() + self._timeout
         while True:
             item = self._source()
             if item is not None:
                 return json.loads(item)
             if asyncio.get_running_loop().time() >= deadline:
+                self._done = True
                 raise StopAsyncIteration
             await asyncio.sleep(0.01)

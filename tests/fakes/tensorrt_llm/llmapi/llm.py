@@ -1,12 +1,23 @@
 """Fake ``tensorrt_llm.llmapi.llm`` (real file: tensorrt_llm/llmapi/llm.py): ``LLM`` (the PyTorch backend's
 ``_TorchLLM``) and ``RequestOutput``.
 
-Kept from the real one: the constructor's keywords and order; ``**kwargs`` must be ``TorchLlmArgs`` fields
-(1.x names the TensorRT-engine LLM for TrtLlmArgs-only keys); ``generate_async`` returns at once (input
-errors raise synchronously: a prompt over ``max_num_tokens`` without chunked prefill, logprobs > 1 on 1.0.0);
-stop/bad strings are tokenized through the model's tokenizer (``SamplingParams._setup``); stats only with
-``enable_iter_perf_stats``; ``shutdown`` twice is fine. Releases come from the fake's version: the LLM API
-PyTorch backend is the default from 1.0 (0.x is refused here: its ``LLM`` built TensorRT engines).
+Kept from the real one: the constructor's keywords and order; ``**kwargs`` must be ``TorchLlmArgs`` fields of
+the release (1.x names the TensorRT-engine LLM for TrtLlmArgs-only keys; llm_args.py for the sampler keys);
+``generate_async`` returns at once (input errors raise synchronously: a prompt over ``max_num_tokens`` without
+chunked prefill, logprobs > 1 on 1.0.0).
+``SamplingParams._setup`` (end/pad id from the tokenizer, stop/bad strings tokenized) runs only for a request
+without ``end_id``: tensorrt_llm/llmapi/llm.py ``BaseLLM._prepare_sampling_params``,
+``if sampling_params.end_id is None: ... sampling_params._setup(...)`` (the 1.1-line copy 4c05a748 and the newest
+copy read). Stop/bad strings sent with an ``end_id`` are therefore never tokenized, and the worker's
+``_enqueue_request`` (executor/base_worker.py, worker.py: ``bad_words=...._get_bad_words(), stop_words=
+...._get_stop_words()``, any exception re-raised as ``RequestError``) fails that request: here, a ``RequestError``
+out of its iteration.
+Stats only with ``enable_iter_perf_stats``, and only once a request was submitted: before the first one
+``get_stats_async`` prints "Iteration statistics are not available yet..." and yields nothing
+(tensorrt_llm/executor/executor.py ``aget_stats`` while ``_iter_stats_result`` is None; it is created by the
+first ``generate_async``, ``_maybe_initialize_iteration_results``). ``shutdown`` twice is fine. Releases come
+from the fake's version: the LLM API PyTorch backend is the default from 1.0 (0.x is refused here: its ``LLM``
+built TensorRT engines). Which sampler runs and what it honours: ``_llm_runtime``.
 Simplification: one process, world size 1 (the real one spawns MPI workers for TP×PP > 1).
 """
 
@@ -17,8 +28,8 @@ from pathlib import Path
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import guide_of
 from tensorrt_llm._llm_runtime import LlmRuntime, _Seq, _Strategy
-from tensorrt_llm.executor.result import GenerationResult, IterationResult
-from tensorrt_llm.llmapi.llm_args import _TRT_ONLY_KEYS, TorchLlmArgs
+from tensorrt_llm.executor.result import GenerationResult, IterationResult, _Response
+from tensorrt_llm.llmapi.llm_args import _TRT_ONLY_KEYS, TorchLlmArgs, _field_in_release
 from tensorrt_llm.sampling_params import SamplingParams
 
 # generate_async keywords that came with the 1.2 line (LLM-new); earlier releases reject them.
@@ -72,7 +83,7 @@ class LLM:
                     f"{key} is not supported by the PyTorch backend. Please use "
                     "'from tensorrt_llm._tensorrt_engine import LLM' instead to use the TensorRT backend."
                 )
-            if key not in TorchLlmArgs.model_fields:
+            if key not in TorchLlmArgs.model_fields or not _field_in_release(key):
                 raise ValueError(f"LLM got invalid argument: {key}")
         self.args = TorchLlmArgs(
             model=str(model),
@@ -117,6 +128,8 @@ class LLM:
                 raise NotImplementedError("fake tensorrt_llm: guided decoding through xgrammar only")
         self._executor = LlmRuntime(str(folder), self.args, self._tokenizer)
         self._next_id = 1
+        self._submitted = False  # the real executor's _iter_stats_result exists from the first request on
+        self._stats = IterationResult(self._executor.next_stats, None)
 
     @property
     def tokenizer(self):
@@ -149,27 +162,44 @@ class LLM:
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(sp, SamplingParams):
             raise TypeError(f"The sampling_params must be type SamplingParams or None, but got {type(sp)}")
-        if self._tokenizer is not None:
-            sp._setup(self._tokenizer)
-        elif sp.end_id is None or sp.stop is not None or sp.bad is not None:
-            raise ValueError("tokenizer is required to set up end_id, stop or bad strings (skip_tokenizer_init=True)")
+        if sp.end_id is None:
+            if self._tokenizer is None:
+                raise ValueError(
+                    "tokenizer is required to reset end_id if it is None, or you can explicitly specify the end_id "
+                    "for sampling_params"
+                )
+            sp._setup(self._tokenizer, *(() if _state.series() < (1, 1) else (None, None)))
         self._check_arguments(prompt, sp)
         result = RequestOutput._from_generation(self._next_id, prompt, sp, streaming, self._executor)
         self._next_id += 1
+        self._submitted = True
+        self._stats.mark_undone()  # _maybe_initialize_iteration_results: more stats expected
+        try:  # what the worker's _enqueue_request and the sampler read; a failure fails this request only
+            bad_words, stop_words = sp._get_bad_words(), sp._get_stop_words()
+            strategy = _Strategy.of(sp, self._executor.sampler, mixed=self.args.enable_mixed_sampler)
+            if sp.use_beam_search and sp.best_of > self.args.max_beam_width:
+                # the PyTorch _check_arguments has no beam check (it returns after max_num_tokens); what fails
+                # instead was not read: the fake fails the request
+                raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({self.args.max_beam_width})")
+        except Exception as exc:  # noqa: BLE001 — the worker re-raises any of them as RequestError
+            result._enqueue(_Response([], None, None, None, True, error=str(exc)))
+            return result
         self._executor.submit(
             _Seq(
                 result=result,
                 prompt=prompt,
                 max_tokens=sp.max_tokens,
                 end_id=-1 if sp.ignore_eos else sp.end_id,
-                sampling=_Strategy.of(sp),
-                bad_words=sp._get_bad_words(),
-                stop_words=sp._get_stop_words(),
+                sampling=strategy,
+                bad_words=bad_words if strategy.bans else [],
+                # main drops every stop word of an ignore_eos request (executor/base_worker.py `stop_words=[] if
+                # request.sampling_params.ignore_eos else ...`, the newest copy read); 1.0–1.1 copies keep them, 1.2
+                # was not read (the fake keeps them there)
+                stop_words=[] if sp.ignore_eos and _state.series() >= (1, 3) else stop_words,
                 top_logprobs=sp.logprobs or 0,
-                # Prompt log probs on the PyTorch backend from 1.1 (PR 7580); the sampler adds the embedding bias
-                # from 1.1 (PR 6464: before it, trtllm-serve's logit_bias went through a logits processor).
+                # Prompt log probs on the PyTorch backend from 1.1 (PR 7580).
                 prompt_logprobs=(sp.prompt_logprobs or 0) if _state.series() >= (1, 1) else 0,
-                embedding_bias=sp.embedding_bias if _state.series() >= (1, 1) else None,
+                embedding_bias=sp.embedding_bias if strategy.bias else None,
                 streaming=streaming,
                 beam_width=sp.best_of if sp.use_beam_search else 1,
                 guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
@@ -190,13 +220,9 @@ class LLM:
 
     def _check_arguments(self, prompt: list[int], sp: SamplingParams) -> None:
         args = self.args
-        if sp.logprobs and sp.logprobs > 1 and _state.series() < (1, 1):
-            raise ValueError(f"PyTorch backend currently supports only top-1 logprobs, got logprobs={sp.logprobs}")
         if sp.guided_decoding is not None and args.guided_decoding_backend is None:
             # What the real LLM does here was not read; the fake refuses rather than silently not guiding.
             raise ValueError("guided_decoding needs the LLM built with guided_decoding_backend")
-        if sp.use_beam_search and sp.best_of > args.max_beam_width:
-            raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({args.max_beam_width})")
         if not args.enable_chunked_prefill and args.max_num_tokens and len(prompt) > args.max_num_tokens:
             raise ValueError(
                 f"The sum of prompt length ({len(prompt)}) and query length (0) should not exceed "
@@ -204,7 +230,16 @@ class LLM:
             )
 
     def get_stats_async(self, timeout=2) -> IterationResult:
-        return IterationResult(self._executor.next_stats, timeout)
+        if not self._submitted:
+            print(
+                "Iteration statistics are not available yet. To collect runtime statistics, please call "
+                "get_stats_async() in async coroutine or the /metrics endpoint (if you're using trtllm-serve) AFTER "
+                "prompts have been submitted.",
+                flush=True,
+            )
+            return IterationResult(lambda: None, 0)
+        self._stats.set_timeout(timeout)
+        return self._stats
 
     def shutdown(self) -> None:
         if self._executor is not None:

@@ -1,6 +1,16 @@
 """Fake ``tensorrt_llm.llmapi.llm_args`` (real file: tensorrt_llm/llmapi/llm_args.py): the configuration
 models the LLM takes, as strict pydantic models (unknown keys are rejected, like the real StrictBaseModel).
-Only the fields lmi-trt maps are modelled; their names, order and defaults are the real ones."""
+Only the fields lmi-trt maps are modelled; their names, order and defaults are the real ones.
+
+The sampler keys differ by release (``_RELEASE_FIELDS``); a key the release lacks is rejected as an unknown one:
+* 1.0: ``enable_mixed_sampler`` (renamed from ``mixed_sampler`` by PR 5751) and ``enable_trtllm_sampler``
+  (llm_args.py of the 1.0 line, read in a copy with both fields and no ``sampler_type``; the 1.0.0 docs'
+  features/sampling.md: "Enable the enable_trtllm_sampler option in the LLM class");
+* 1.1 and 1.2: ``sampler_type`` = ``auto`` | ``TorchSampler`` | ``TRTLLMSampler`` (PR 6831, merged 2025-08-16
+  after main became 1.1.0rc1); PR 7294 removed ``enable_mixed_sampler``;
+* main (the fake's 1.3.0): PR 18232 removed ``TRTLLMSampler`` and ``sampler_type``; PR 18513 accepts ``auto``
+  and ``TorchSampler`` again, ignored, and rejects ``TRTLLMSampler``.
+"""
 
 from __future__ import annotations
 
@@ -162,7 +172,9 @@ class TorchLlmArgs(_Strict):
     disable_overlap_scheduler: bool = False
     moe_config: MoeConfig = Field(default_factory=MoeConfig)
     attn_backend: str = "TRTLLM"
-    sampler_type: str = "auto"
+    enable_mixed_sampler: bool = False
+    enable_trtllm_sampler: bool = False
+    sampler_type: Literal["auto", "TorchSampler", "TRTLLMSampler"] = "auto"
     enable_iter_perf_stats: bool = False
     enable_iter_req_stats: bool = False
     print_iter_log: bool = False
@@ -205,10 +217,36 @@ class TorchLlmArgs(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _release_fields(cls, data: dict) -> dict:
+        for key in data:
+            if not _field_in_release(key):
+                raise ValueError(f"{key}: not a field of TorchLlmArgs in TensorRT-LLM {_state.version()}")
+        if data.get("sampler_type") == "TRTLLMSampler" and _state.series() >= (1, 3):
+            raise ValueError("sampler_type='TRTLLMSampler' was removed; TorchSampler is the only sampler (PR 18513)")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _none_means_default(cls, data: dict) -> dict:
         # The real validator resets an explicit None to the field default for these four.
         defaults = {"max_batch_size": 2048, "max_input_len": 1024, "max_beam_width": 1, "max_num_tokens": 8192}
         return {k: (defaults[k] if v is None and k in defaults else v) for k, v in data.items()}
+
+
+# TorchLlmArgs fields that exist in some releases only: (first series, last series or None).
+_RELEASE_FIELDS = {
+    "enable_mixed_sampler": ((1, 0), (1, 0)),
+    "enable_trtllm_sampler": ((1, 0), (1, 0)),
+    "sampler_type": ((1, 1), None),
+}
+
+
+def _field_in_release(key: str) -> bool:
+    """Whether ``key`` is a TorchLlmArgs field of the release the fake plays (see the module docstring)."""
+    if key not in _RELEASE_FIELDS:
+        return True
+    first, last = _RELEASE_FIELDS[key]
+    return first <= _state.series() and (last is None or _state.series() <= last)
 
 
 # Keys that only the TensorRT-engine LLM (TrtLlmArgs) takes; 1.x's _TorchLLM names them in its error.
