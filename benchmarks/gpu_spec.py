@@ -46,7 +46,7 @@ Workloads:
   ordinary — (plain model) random 128-token prompts, 128 new tokens: 1 stream, and 64 streams (the
              issue's target: ≥ 0.95 × without speculation).
 
-Single-stream runs are repeated 3 times (the median counts). Outputs are compared with the off engine's,
+Each workload runs 3 times, the 64-stream one 7 (the median counts). Outputs are compared with the off engine's,
 row by row (where they part, the position is recorded), and the repeating ones with G[256:] as well
 (bf16: where two logits are within rounding, another shape of the same computation may pick the other;
 CPU fp32 tests check identity exactly).
@@ -392,7 +392,9 @@ def main() -> None:
         ordinary = prompts(many, ordinary_len, seed=2, vocab=vocab)
         expected: dict[str, list[list[int]]] = {}  # the repeating workloads' continuations, G[cut:]
         # Every workload 3 times, the median counts: a workload's first run may compile kernels for its shapes.
-        workloads = [("ordinary_1", ordinary[:1], out // 2, 3), ("ordinary_64", ordinary, out // 2, 3)]
+        # The 64-stream one 7 times: a run lasts ~0.3 s on an H100, and 3 left the median ±6 % between two
+        # engines running the same steps (0.94 x with speculation off for want of drafts, the run of 2026-11-26).
+        workloads = [("ordinary_1", ordinary[:1], out // 2, 3), ("ordinary_64", ordinary, out // 2, 7)]
 
         async def repeating(engine) -> list[tuple]:
             """The off engine's greedy continuations of the seeds, cut into the repeating prompts: the 16
