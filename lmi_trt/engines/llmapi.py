@@ -328,7 +328,7 @@ def llm_plan(
     put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
     if spec is not None:  # built by llm_configs, as the release's own class
         origins["speculative_config"] = settings.speculative.key("method")
-    if series == ENABLE_TRTLLM_SAMPLER and spec is None:  # with speculation the spec decoder samples (llm_sampler)
+    if series == ENABLE_TRTLLM_SAMPLER and spec is None:  # beside drafts the TorchSampler verifies (llm_sampler)
         put(
             "enable_trtllm_sampler",
             True,

@@ -47,8 +47,8 @@ Span = tuple[Series, Series | None]  # first and last series (None: every later 
 
 def llm_sampler(series: Series, max_beam_width: int, speculative: bool = False) -> Sampler:
     """Pure: the sampler that runs every request of the LLM this engine builds (module docstring). With speculative
-    decoding the spec decoder, a TorchSampler, runs on every release (_torch/pyexecutor/_util.py
-    ``instantiate_sampler`` picks ``get_spec_decoder`` before ``enable_trtllm_sampler``)."""
+    decoding, the TorchSampler (or the spec decoder, a TorchSampler subclass) on every release: lmi-trt asks for no
+    TRTLLMSampler beside drafts (lmi_trt.engines.llmapi_speculation: no enable_trtllm_sampler, no beams)."""
     if speculative:
         return TORCH
     if series == ENABLE_TRTLLM_SAMPLER:

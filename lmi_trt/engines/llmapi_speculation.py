@@ -28,9 +28,11 @@ default and no DENSEGEMM, and may be an early 1.3 main; main has DENSEGEMM):
   from that copy on. In main's copy the flag is "kept for backward compatibility ... Non-greedy sampling is now
   auto-detected per request; this flag no longer has any effect": the one-model paths sample from 1.3. Before 1.2,
   sampling beside speculation was not read.
-* the sampler: _torch/pyexecutor/_util.py ``instantiate_sampler`` picks ``get_spec_decoder`` when the model has a
-  ``spec_config``, before ``enable_trtllm_sampler`` is looked at — a TorchSampler, so 1.0's TRTLLMSampler (and its
-  beam search) never runs beside speculation.
+* the sampler: _torch/pyexecutor/_util.py ``instantiate_sampler`` (two copies read, both from before 1.1: the
+  ``mixed_sampler`` era) picks ``get_spec_decoder`` (a TorchSampler subclass) for a model with a ``spec_config`` —
+  in the newer copy only where ``spec_dec_mode.has_spec_decoder()`` — before ``enable_trtllm_sampler``; otherwise
+  the default TorchSampler. Whether the TRTLLMSampler verifies draft tokens was not read, so lmi-trt never asks for
+  it beside speculation (no ``enable_trtllm_sampler`` on 1.0; no beams, for which 1.1/1.2 pick it).
 * the overlap scheduler: _torch/pyexecutor/py_executor_creator.py turns it off ("Disable overlap scheduler for
   speculation mode ...") where ``spec_dec_mode.support_overlap_scheduler()`` is false; in the oldest
   _torch/speculative/interface.py copy read it is true for MTP and EAGLE-3 one-model only (later copies add the
@@ -114,9 +116,9 @@ def speculative_plan(
         raise SpeculationError(
             "option.max_beam_width",
             max_beam_width,
-            f"beam search beside speculative decoding ({spec.key('method')}={spec.method}): with speculation "
-            f"TensorRT-LLM {version} runs its speculative TorchSampler, which decodes one beam (_util.py "
-            "instantiate_sampler)",
+            f"beam search beside speculative decoding ({spec.key('method')}={spec.method}): TensorRT-LLM "
+            f'{version} verifies drafts in its TorchSampler or spec decoder, which decode one beam ("TorchSampler '
+            'only supports beam_width = 1"); beam search would need the TRTLLMSampler, not read beside drafts',
             "set option.max_beam_width=1, or turn speculation off",
         )
     if overlap_scheduler and spec.method in TWO_MODEL:

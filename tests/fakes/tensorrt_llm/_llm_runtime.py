@@ -69,9 +69,10 @@ GLOBAL_SEED = 42  # TorchSampler's one generator before PR 17172
 def sampler_of(args) -> str:
     """The sampler the LLM's executor builds (see the module docstring); construction-time failures raise."""
     series, beams = _state.series(), (args.max_beam_width or 1) > 1
-    if args.speculative_config is not None:
-        # _util.py instantiate_sampler: a model with a spec_config gets get_spec_decoder (a TorchSampler), before
-        # enable_trtllm_sampler / sampler_type are looked at
+    spec = args.speculative_config
+    if spec is not None and type(spec).__name__ in ("MTPDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig"):
+        # _util.py instantiate_sampler: get_spec_decoder (a TorchSampler subclass) where has_spec_decoder(), before
+        # enable_trtllm_sampler is looked at (the two pre-1.1 copies read)
         if beams:
             raise AssertionError("TorchSampler only supports beam_width = 1")
         return TORCH
@@ -86,6 +87,8 @@ def sampler_of(args) -> str:
             raise NotImplementedError("fake tensorrt_llm: TorchSampler beam search before 1.3 is not modelled")
     else:
         sampler = TORCH
+    if sampler == TRTLLM and spec is not None:
+        raise NotImplementedError("fake tensorrt_llm: the TRTLLMSampler beside draft tokens is not modelled (not read)")
     if sampler == TRTLLM and beams and (not args.disable_overlap_scheduler or args.cuda_graph_config is not None):
         raise ValueError(
             "beam search on the TRTLLM sampler needs disable_overlap_scheduler=True and cuda_graph_config=None "
