@@ -172,7 +172,8 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
             speculative_config='{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate_threshold": 0.5}'
         )
     # The options it reads count as honoured by the torch engine and by the LLM API (which plans them per release:
-    # tests/unit/test_llmapi_speculation.py); the Executor over TensorRT engines refuses them, saying where they run.
+    # tests/unit/test_llmapi_speculative_plan.py); the Executor over TensorRT engines refuses them, saying where
+    # they run.
     cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
     assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
     stages.refuse_ignored(TORCH, cfg)
