@@ -73,7 +73,7 @@ PASSED: dict[str, dict[str, type]] = {
 }
 # Request features not read beside speculation on any release: refused rather than assumed.
 UNREAD = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_new_tokens", "bad_words", "logit_bias")
-UNREAD += ("logprobs", "top_logprobs", "beam_width")
+UNREAD += ("logprobs", "top_logprobs", "prompt_logprobs", "beam_width")
 
 
 @dataclass(frozen=True)

@@ -248,3 +248,34 @@ def test_a_real_server_resolves_the_draft_model_logs_the_method_and_exports_the_
     assert values["lmi_spec_decode_num_drafts_total"] > 0, metrics
     assert values["lmi_spec_decode_num_draft_tokens_total"] >= values["lmi_spec_decode_num_accepted_tokens_total"] > 0
     assert 0 < values["lmi_spec_decode_draft_acceptance_rate"] <= 1
+
+
+async def test_a_grammar_holds_across_accepted_drafts(trt, model_dir):
+    """n-gram drafts beside a grammar (the drafter keeps the guided decoder, interface.py support_guided_decoder):
+    the sampler masks each verified position with the grammar's state after the tokens before it, so the output
+    is the one decoding without speculation gives, and it matches the grammar."""
+    import re
+
+    from lmi_trt.engines.base import GuidedDecoding
+
+    trt.__version__ = "1.2.1"
+    guide = GuidedDecoding("regex", "(ab|cd){3}[0-9]{4}")
+    prompt = [1, 5, 6, 7, 5, 6, 7, 5, 6]
+    outputs = []
+    for spec in (None, ngram()):
+        engine = await start(model_dir, spec)
+        try:
+            outputs.append(tokens_of(await collect(engine, req("g", prompt, guided=guide, max_new_tokens=12))))
+            text = engine._llm.tokenizer.decode(outputs[-1])
+        finally:
+            await engine.close()
+        assert re.fullmatch("(ab|cd){3}[0-9]{4}", text.replace(" ", "")), text
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_a_grammar_beside_one_model_speculation_is_refused(method):
+    from lmi_trt.engines.llmapi import release_capabilities
+
+    capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], method)
+    assert not capabilities.guided.honoured and "support_guided_decoder" in capabilities.guided.reason
