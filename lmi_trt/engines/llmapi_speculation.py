@@ -37,8 +37,9 @@ default and no DENSEGEMM, and may be an early 1.3 main; main has DENSEGEMM):
   speculation mode ...") where ``spec_dec_mode.support_overlap_scheduler()`` is false; in the oldest
   _torch/speculative/interface.py copy read it is true for MTP and EAGLE-3 one-model only (later copies add the
   draft-model modes): ``option.enable_overlap_scheduler=true`` is refused beside the others rather than switched off.
-* guided decoding: interface.py ``support_guided_decoder`` is ``is_none() or has_spec_drafter()``: n-gram and a
-  draft model (drafters) keep it, the one-model EAGLE-3 and MTP paths do not.
+* guided decoding: interface.py ``support_guided_decoder`` is ``is_none() or has_spec_drafter()``, and
+  ``has_spec_drafter`` counts n-gram and draft-target (every copy read): they keep the guided decoder. The one-model
+  EAGLE-3 and MTP paths go to a separate ``support_capturable_guided_decoder`` path, not read further: refused.
 """
 
 from __future__ import annotations
@@ -224,8 +225,9 @@ def speculation_refusals(method: str, version: str, series: Series) -> dict[str,
         out["seed"] = out["sampling"]
     if method not in TWO_MODEL:
         out["guided"] = (
-            f"TensorRT-LLM's {method} speculation has no guided decoder (_torch/speculative/interface.py "
-            "support_guided_decoder: none or a drafter only); leave the grammar out, or use n-gram or a draft model"
+            f"TensorRT-LLM's one-model {method} speculation guides through its capturable guided decoder "
+            "(_torch/speculative/interface.py support_guided_decoder: none or a drafter only), which lmi-trt has not "
+            "read; leave the grammar out, or use n-gram or a draft model"
         )
     return out
 
