@@ -231,7 +231,7 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         runtime=trtllm_settings(config),
         dtype=config.dtype,
         max_input_len=config.max_input_len,
-        max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
+        max_seq_len=config.max_seq_len,  # unset: TensorRT-LLM's, from the checkpoint (llmapi.release_max_seq_len)
         trust_remote_code=config.trust_remote_code,
         **{name: getattr(config, name) for name in DJL_LLM_FIELDS},
         # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
@@ -442,6 +442,7 @@ HONOURED_ELSEWHERE: dict[str, str] = {
     "tensor_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
     "pipeline_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
     "download_dir": "sources download s3:// models there for every engine",
+    "max_output_len": "the server caps every request's new tokens with it (serving.core), for every engine",
 }
 
 
@@ -473,7 +474,7 @@ def check_release(kind: str, config: LmiConfig) -> None:
     """On TensorRT-LLM's pytorch backend (its release installed, ``option.backend`` resolved), what the installed
     release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before anything loads
     (``lmi_trt.engines.llmapi.llm_configs``); nothing to check on the other engines and backends."""
-    from lmi_trt.engines.llmapi import LlmApiSettings, llm_api_series, llm_configs, llm_plan, probe_llm_api
+    from lmi_trt.engines.llmapi import LlmApiSettings, llm_api_release, llm_configs, llm_plan, probe_llm_api
 
     settings = ENGINES[kind].settings(config)
     if not isinstance(settings, LlmApiSettings):
@@ -483,7 +484,7 @@ def check_release(kind: str, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_release(version)), version)
 
 
 def engine_backends() -> list[tuple[str, str | None]]:
