@@ -21,10 +21,6 @@ KV_CACHE_FREE_GPU_MEM_FRACTION = 0.95
 # examples/quantization/quantize.py --awq_block_size, default 128).
 AWQ_BLOCK_SIZES: tuple[int, ...] = (64, 128)
 
-# option.tool_call_parser: the tool-call formats OpenAI chat's serving parses, by vLLM's parser names
-# (vllm-project/vllm, vllm/entrypoints/openai/tool_parsers: hermes, llama3_json, mistral).
-TOOL_CALL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral")
-
 # option.tokens_per_block: the paged KV-cache block sizes (powers of two) the configuration accepts.
 TOKENS_PER_BLOCK: tuple[int, ...] = tuple(2**n for n in range(3, 9))
 

@@ -31,10 +31,13 @@ class FinishReason(str, enum.Enum):
 @dataclass(frozen=True)
 class GuidedDecoding:
     """Output constrained to a grammar: ``json_schema`` (``value``: the schema as JSON text),
-    ``json_object`` (any JSON object; ``value`` empty), ``regex``, or ``grammar`` (EBNF, GBNF style)."""
+    ``json_object`` (any JSON object; ``value`` empty), ``regex``, or ``grammar`` (EBNF, GBNF style).
+    ``after``: the constraint starts after the first ``after`` in the output, and any text comes before it
+    (a reasoning model's thinking, up to its closing tag: ``guided.free_text_until``)."""
 
     kind: Literal["json_schema", "json_object", "regex", "grammar"]
     value: str = ""
+    after: str = ""
 
 
 @dataclass(frozen=True)

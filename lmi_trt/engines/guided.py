@@ -167,8 +167,12 @@ class SizedLru(Generic[K, V]):
         return len(self._items)
 
 
-def _compile(compiler: Any, kind: str, value: str) -> Any:
+def _compile(compiler: Any, kind: str, value: str, after: str = "") -> Any:
     """xgrammar's CompiledGrammar of one guide; raises what xgrammar raises for one it refuses."""
+    if after:
+        import xgrammar as xgr
+
+        return compiler.compile_grammar(_after(xgr, after, _grammar(xgr, kind, value)))
     # JSON without free whitespace: a model cannot pad its answer with spaces until max_tokens and leave
     # the value unfinished.
     if kind in JSON_KINDS:
@@ -176,6 +180,43 @@ def _compile(compiler: Any, kind: str, value: str) -> Any:
     if kind == "regex":
         return compiler.compile_regex(value)
     return compiler.compile_grammar(value)
+
+
+def _grammar(xgr: Any, kind: str, value: str) -> Any:
+    """A guide as an xgrammar ``Grammar`` (JSON compact, as ``_compile`` compiles it)."""
+    if kind in JSON_KINDS:
+        return xgr.Grammar.from_json_schema(json_schema_of(kind, value), any_whitespace=False)
+    if kind == "regex":
+        return xgr.Grammar.from_regex(value)
+    return xgr.Grammar.from_ebnf(value)
+
+
+def _after(xgr: Any, marker: str, grammar: Any) -> Any:
+    """Any text up to and including the first ``marker``, then ``grammar``: a reasoning model thinks freely and
+    its answer is constrained, as vLLM fills a request's grammar mask only once the reasoning has ended
+    (vllm-project/vllm ``vllm/v1/structured_output/__init__.py``, ``should_fill_bitmask``)."""
+    return xgr.Grammar.concat(xgr.Grammar.from_regex(free_text_until(marker)), grammar)
+
+
+_REGEX_SPECIAL = frozenset("\\^$.|?*+()[]{}/-")
+
+
+def free_text_until(marker: str) -> str:
+    """Pure: a regex of any text without ``marker``, then ``marker``: a run without the marker's first character,
+    then pieces that each start with that character, follow the marker for a while and leave it (or stop where
+    the next piece starts), none of them the whole marker. Exact for markers whose first character occurs once
+    in them (``</think>``)."""
+    first = marker[0]
+    if first in marker[1:]:
+        raise ValueError(f"{marker!r}: its first character occurs again in it")
+
+    def esc(text: str) -> str:
+        return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
+
+    partial = "|".join(
+        f"{esc(marker[:j])}([^{esc(marker[j] + first)}][^{esc(first)}]*)?" for j in range(1, len(marker))
+    )
+    return f"[^{esc(first)}]*({partial})*{esc(marker)}"
 
 
 def _cannot(kind: str, exc: BaseException) -> str:
@@ -199,13 +240,15 @@ def probe_main() -> None:
     send.send(None)
     while True:
         try:
-            kind, value = receive.recv()
+            kind, value, after = receive.recv()
         except EOFError:  # the server closed the pipe
             return
-        send.send(_compile_in_a_fork(xgr, info, kind, value, timeout_s))
+        send.send(_compile_in_a_fork(xgr, info, kind, value, after, timeout_s))
 
 
-def _compile_in_a_fork(xgr: Any, info: Any, kind: str, value: str, timeout_s: float) -> tuple[str, str | None]:
+def _compile_in_a_fork(
+    xgr: Any, info: Any, kind: str, value: str, after: str, timeout_s: float
+) -> tuple[str, str | None]:
     """In the probe process: the guide compiled by a child process, killed at ``timeout_s``."""
     read_end, write_end = os.pipe()
     parent = os.getpid()
@@ -214,7 +257,7 @@ def _compile_in_a_fork(xgr: Any, info: Any, kind: str, value: str, timeout_s: fl
         os.close(read_end)
         die_with_parent(parent)
         try:
-            _compile(xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False), kind, value)
+            _compile(xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False), kind, value, after)
             os.write(write_end, b"ok")
         except Exception as exc:  # noqa: BLE001 - whatever xgrammar refuses is the guide's problem
             os.write(write_end, b"refused" + _cannot(kind, exc)[:4000].encode())
@@ -247,13 +290,13 @@ class _Probe:
         self._send: Connection | None = None
         self._receive: Connection | None = None
 
-    def problem(self, kind: str, value: str) -> str | None:
+    def problem(self, kind: str, value: str, after: str) -> str | None:
         """Why the guide cannot be compiled (xgrammar's error, or the time bound), or None."""
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         what = kind.replace("_", " ")
         try:
-            self._send.send((kind, value))  # type: ignore[union-attr]
+            self._send.send((kind, value, after))  # type: ignore[union-attr]
             if self._receive.poll(self.timeout_s + _PROBE_SLACK_S):  # type: ignore[union-attr]
                 outcome, message = self._receive.recv()  # type: ignore[union-attr]
                 if outcome == "timeout":
@@ -363,7 +406,7 @@ class Grammars:
 
     async def guide(self, guided: GuidedDecoding) -> Guide:
         """A fresh matcher for one request; ``refusal`` (400) for a guide that cannot be compiled in time."""
-        key = hashlib.sha256(f"{guided.kind}\0{guided.value}".encode("utf-8", "surrogatepass")).digest()
+        key = hashlib.sha256(f"{guided.kind}\0{guided.after}\0{guided.value}".encode("utf-8", "surrogatepass")).digest()
         compiled = self._compiled.get(key)
         if compiled is None:
             if key in self._refused:
@@ -396,11 +439,11 @@ class Grammars:
                 self._start()
             except Exception as exc:  # noqa: BLE001 - the tokenizer's side: the server's failure, not the guide's
                 raise EngineError(f"constrained decoding could not start: {exc}", code=503) from exc
-        problem = self._probe.problem(guided.kind, guided.value)  # type: ignore[union-attr]
+        problem = self._probe.problem(guided.kind, guided.value, guided.after)  # type: ignore[union-attr]
         if problem is not None:
             raise refusal(problem)
         try:
-            return _compile(self._compiler, guided.kind, guided.value)
+            return _compile(self._compiler, guided.kind, guided.value, guided.after)
         except Exception as exc:  # noqa: BLE001 - the probe compiled it: not expected, still the guide's
             raise refusal(_cannot(guided.kind, exc)) from exc
 
@@ -469,10 +512,20 @@ def backend_guide(guided: GuidedDecoding) -> tuple[Literal["regex", "grammar"], 
     compile as given (tensorrt_llm/_torch/pyexecutor/grammar_matcher.py; the Executor's GuideType REGEX and
     EBNF_GRAMMAR). JSON goes as ``compact_json_grammar`` of ``json_schema_of``."""
     if guided.kind == "regex":
-        return "regex", guided.value
-    if guided.kind == "grammar":
-        return "grammar", guided.value
-    return "grammar", compact_json_grammar(json_schema_of(guided.kind, guided.value))
+        kind, text = "regex", guided.value
+    elif guided.kind == "grammar":
+        kind, text = "grammar", guided.value
+    else:
+        kind, text = "grammar", compact_json_grammar(json_schema_of(guided.kind, guided.value))
+    if not guided.after:
+        return kind, text  # type: ignore[return-value]
+    import xgrammar as xgr  # compact_json_grammar's import, or the engine's: TensorRT-LLM's own dependency
+
+    try:
+        grammar = _grammar(xgr, kind, text)
+        return "grammar", str(_after(xgr, guided.after, grammar))
+    except (RuntimeError, ValueError) as exc:
+        raise refusal(_cannot(guided.kind, exc)) from exc
 
 
 async def warm_guide(guided: GuidedDecoding | None) -> None:

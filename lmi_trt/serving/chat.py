@@ -17,13 +17,18 @@ import functools
 import logging
 import re
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jinja2
+import jinja2.meta
+
 from lmi_trt.engines.guided import json_extent
 from lmi_trt.serving.errors import FieldError
-from lmi_trt.serving.tool_calls import template_messages
+from lmi_trt.serving.tool_calls import template_messages, with_description
 
 if TYPE_CHECKING:
     from lmi_trt.serving.core import GenerationService
@@ -51,6 +56,19 @@ MAX_NESTING = 64
 class ChatError(FieldError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(param, message)
+
+
+class ToolsLeftOut(ChatError):
+    """The chat template rendered none of the tools it was given (``_prompt`` then describes them)."""
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered chat: what goes to the engine (the text, or its token ids where special-token text the client
+    sent must stay text) and the rendered text itself (whose end says whether the template opened reasoning)."""
+
+    prompt: str | list[int]
+    text: str
 
 
 @lru_cache(maxsize=8)
@@ -146,12 +164,19 @@ def render(
     if not isinstance(out, str):  # some transformers versions return a list for batched input
         out = out[0]
     if tools and not any(t["function"]["name"] in out for t in tools):
-        raise ChatError(
-            "tools: this model's chat template does not render tools (no tool's name is in the prompt "
-            "it wrote); set option.chat_template to a template that does, or leave tools out",
-            "tools",
-        )
+        raise ToolsLeftOut("tools: this model's chat template does not render tools", "tools")
     return out
+
+
+@lru_cache(maxsize=32)
+def takes(template: str, variable: str) -> bool:
+    """Whether a chat template reads ``variable`` (jinja2's analysis of the template's undeclared variables; a
+    template plain jinja2 cannot parse, written for transformers' extensions, is searched for the word)."""
+    try:
+        env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+        return variable in jinja2.meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateSyntaxError:
+        return re.search(rf"\b{re.escape(variable)}\b", template) is not None
 
 
 def template_text(tokenizer: Any, option: str | None) -> str | None:
@@ -166,11 +191,15 @@ def template_text(tokenizer: Any, option: str | None) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """``chat_template_kwargs`` limited to ``TEMPLATE_KWARGS`` with their types (400 naming the key)."""
+def check_template_kwargs(
+    kwargs: dict[str, Any] | None, template: str | None, fields: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``chat_template_kwargs`` limited to ``TEMPLATE_KWARGS`` with their types, and to what the chat template
+    reads (one it does not read would be accepted and ignored); a 400 naming the key, or ``fields[key]`` where
+    the request spelled it elsewhere (OpenAI's top-level ``reasoning_effort``)."""
     for key, value in (kwargs or {}).items():
         want = TEMPLATE_KWARGS.get(key)
-        where = f"chat_template_kwargs.{ascii(key)[1:-1][:64]}"
+        where = (fields or {}).get(key) or f"chat_template_kwargs.{ascii(key)[1:-1][:64]}"
         if want is None:
             raise ChatError(
                 f"{where} is not accepted; the accepted keys are {', '.join(sorted(TEMPLATE_KWARGS))}", where
@@ -181,6 +210,8 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
                 + (f" of at most {_MAX_KWARG_TEXT} characters" if want is str else ""),
                 where,
             )
+        if template is not None and not takes(template, key):
+            raise ChatError(f"{where}: this model's chat template does not read {key}; leave it out", where)
     return dict(kwargs or {})
 
 
@@ -191,14 +222,17 @@ async def prompt_for(
     template_option: str | None,
     add_generation_prompt: bool,
     template_kwargs: dict[str, Any] | None,
+    kwarg_fields: dict[str, str] | None = None,
     tools: list[dict[str, Any]] | None = None,
-) -> str | list[int]:
+    describe: Callable[[list[dict[str, Any]]], str] | None = None,
+) -> ChatPrompt:
     """The chat's prompt: the rendered text (its special tokens are the template's), or token ids
     where a client's text holds special-token text that must stay text. Bounded before any work
     that grows with the chat: messages (one token each at least), and the characters of every string
     the client sent in messages and tools (content, roles, names, tool calls and their arguments,
-    tool definitions), which also decide whether the chat is rendered off the event loop."""
-    kwargs = check_template_kwargs(template_kwargs)
+    tool definitions), which also decide whether the chat is rendered off the event loop. ``describe``:
+    the text that tells a template that leaves ``tools`` out about them (none: they are left out)."""
+    kwargs = check_template_kwargs(template_kwargs, template_text(service.tokenizer, template_option), kwarg_fields)
     max_len = service.engine.limits.max_input_len
     if isinstance(raw_messages, list) and len(raw_messages) > max_len:
         raise ChatError(
@@ -218,7 +252,7 @@ async def prompt_for(
         )
     protect = None if service.config.parse_special_tokens else service.special_text
     job = functools.partial(
-        _prompt, service.tokenizer, messages, template_option, add_generation_prompt, kwargs, protect, tools
+        _prompt, service.tokenizer, messages, template_option, add_generation_prompt, kwargs, protect, tools, describe
     )
     if sum(chars.values()) > _THREAD_CHARS or len(messages) > _THREAD_MESSAGES:
         return await service.off_loop(job)
@@ -247,7 +281,8 @@ def _prompt(
     kwargs: dict[str, Any],
     protect: re.Pattern[str] | None,
     tools: list[dict[str, Any]] | None,
-) -> str | list[int]:
+    describe: Callable[[list[dict[str, Any]]], str] | None,
+) -> ChatPrompt:
     """Render (and, where special-token text must stay text, tokenize) the chat: off the event loop when big."""
     messages = template_messages(messages)
     for i, m in enumerate(messages):  # arguments sent as JSON text are parsed here: bound what they nest to
@@ -264,15 +299,29 @@ def _prompt(
     if protect is not None:
         messages = _shielded(messages, protect, tag, originals)
         tools = _shielded(tools, protect, tag, originals) if tools else tools
-    text = render(
+    template = functools.partial(
+        render,
         tokenizer,
-        messages,
         template_option=template_option,
         add_generation_prompt=add_generation_prompt,
         template_kwargs=kwargs,
-        tools=tools,
     )
-    return _ids_with_text(tokenizer, text, tag, originals) if originals else text
+    try:
+        text = template(messages, tools=tools)
+    except ToolsLeftOut:
+        text = _described(template, messages, describe(tools) if describe is not None and tools else None)
+    return ChatPrompt(_ids_with_text(tokenizer, text, tag, originals) if originals else text, text)
+
+
+def _described(template: Callable[..., str], messages: list[dict[str, Any]], description: str | None) -> str:
+    """The chat rendered without the tools its template left out: told about them in a system message, or, where
+    the template refuses one, at the end of the last message (TGI's place); ``description`` None: left out."""
+    if description is None:
+        return template(messages)
+    try:
+        return template(with_description(messages, description, "system"))
+    except ChatError:
+        return template(with_description(messages, description, "last"))
 
 
 def _shielded(value: Any, protect: re.Pattern[str], tag: str, originals: list[str]) -> Any:

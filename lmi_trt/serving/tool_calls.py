@@ -1,32 +1,34 @@
-"""OpenAI tool calls on chat: what a request's ``tools``/``tool_choice`` ask for, and the model's calls.
+"""OpenAI tool calls on chat: what a request's ``tools``/``tool_choice`` ask for, and how its calls are read.
 
 ``tool_choice`` (OpenAI: https://platform.openai.com/docs/api-reference/chat/create):
-- ``none``: the tools are rendered by the chat template, the output is plain content.
-- a named function (``{"type": "function", "function": {"name": ...}}``): the output is constrained to
-  that function's ``parameters`` schema and is the call's ``arguments`` (vLLM does the same).
-- ``required``: the output is constrained to a JSON list of ``{"name", "parameters"}`` objects, one of
-  the tools each (vLLM's shape), at most one when ``parallel_tool_calls`` is false.
-- ``auto`` (OpenAI's default when tools are given): free output, in which the model's own call format
-  is recognised by the parser of its template family. As in DJL LMI and vLLM, this needs
-  ``option.enable_auto_tool_choice=true``; ``option.tool_call_parser`` names the family, else it is
-  recognised from the chat template's text. The families, with vLLM's parser names:
-  ``hermes`` (Hermes 2 Pro, Qwen 2.5/3: ``<tool_call>{"name", "arguments"}</tool_call>``, several allowed),
-  ``llama3_json`` (Llama 3.1-3.3: ``{"name", "parameters"}``, optionally after ``<|python_tag|>``,
-  several joined by ``;``), ``mistral`` (``[TOOL_CALLS][{"name", "arguments"}, ...]``, and the
-  ``[TOOL_CALLS]name[ARGS]{...}`` form of newer Mistral tokenizers).
+- ``none``: the output is plain content.
+- a named function (``{"type": "function", "function": {"name": ...}}``): the output is constrained to that
+  function's ``parameters`` schema and is the call's ``arguments``, whatever the chat template (vLLM does the
+  same: vllm-project/vllm ``entrypoints/openai/chat_completion/protocol.py``, the named choice's JSON guide).
+- ``required``: the output is constrained to a JSON list of ``{"name", "parameters"}`` objects, one of the tools
+  each (vLLM's shape), at most one when ``parallel_tool_calls`` is false.
+- ``auto`` (OpenAI's default when tools are given): free output, in which the model's own call format is read
+  by a tool-call parser (``tool_parsers``). As in DJL LMI and vLLM, this needs
+  ``option.enable_auto_tool_choice=true``; ``option.tool_call_parser`` names the parser, else the chat
+  template's text is recognised.
 
-Streaming: content streams until a call starts; a named call streams its ``arguments`` as they come;
-other calls are sent whole when the output ends (OpenAI's delta shape either way), so a stream
-reassembles to the answer the same request gets unstreamed.
+The chat template renders the tools where it can. Where it cannot (it leaves every tool's name out of the
+prompt), the tools are described to the model in a system message (``describe``): their JSON definitions and
+what to answer, for ``auto`` the parser's own call format. TGI does the like for every template that does not
+take ``tools`` (huggingface/text-generation-inference ``router/src/infer/chat_template.rs``: the tools' JSON and
+its ``tool_prompt``, "You will be presented with a JSON schema representing a set of tools...", appended to the
+last message); a system message keeps the user's turn as written, and a template that refuses a system
+message gets the description at the end of the last message, TGI's place.
+
+A call is read as the output comes (see ``tool_parsers.base``): a named call's arguments stream as they are
+generated, ``required`` calls and the parsers' calls as far as each format allows.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -36,15 +38,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmi_trt.engines.base import GuidedDecoding
 from lmi_trt.engines.guided import schema_problem
+from lmi_trt.serving import tool_parsers
 from lmi_trt.serving.core import schema_guide_text
 from lmi_trt.serving.errors import FieldError
-from lmi_trt.vocabulary import TOOL_CALL_PARSERS
+from lmi_trt.serving.tool_parsers.base import CallList, Reader, Schemas, ToolParser
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["none", "auto", "required", "named"]
 # Tools in one request: OpenAI's bound ("A max of 128 functions are supported", the chat API reference's tools).
 MAX_TOOLS = 128
+# The format a template that cannot render tools is told to write calls in, for ``auto``, when
+# option.tool_call_parser does not name one.
+DESCRIBED_FORMAT = "hermes"
 
 
 class FunctionSpec(BaseModel):
@@ -71,129 +77,33 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _args_text(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value if value is not None else {}).decode()
+class NamedReader(Reader):
+    """``tool_choice`` naming a function: the whole output is that call's arguments."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def _step(self) -> bool:
+        if not self.calls and (self.pending or self.final):
+            self.start(self.name)  # a call with empty output still is the call
+        text = self.consume(len(self.pending))
+        self.args(text)
+        return False
 
 
-def _call(obj: Any, args_key: str) -> ToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get(args_key, obj.get("arguments", obj.get("parameters")))
-    return ToolCall(obj["name"], _args_text(args))
+class RequiredReader(Reader):
+    """``tool_choice: required``: the output is a JSON list of ``{"name", "parameters"}`` (its guide)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.list = CallList(self, ("parameters",))
 
-def _json_values(text: str, sep: str) -> list[Any] | None:
-    """The JSON values of ``text``, separated by ``sep`` and whitespace; None unless all of it is JSON."""
-    decoder, values, pos = json.JSONDecoder(), [], 0
-    while True:
-        while pos < len(text) and (text[pos].isspace() or text[pos] == sep):
-            pos += 1
-        if pos == len(text):
-            return values
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except (ValueError, RecursionError):  # output nested past Python's recursion limit is no call either
-            return None
-        values.append(value)
-
-
-# --- the families' parsers: text → (content outside the calls, calls) or None when no call parses ---
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-
-def _parse_hermes(text: str) -> tuple[str, list[ToolCall]] | None:
-    calls = []
-    for match in _HERMES.finditer(text):
-        values = _json_values(match.group(1), ",")
-        call = _call(values[0], "arguments") if values and len(values) == 1 else None
-        if call is None:
-            return None
-        calls.append(call)
-    return (_HERMES.sub("", text), calls) if calls else None
-
-
-def _parse_llama3_json(text: str) -> tuple[str, list[ToolCall]] | None:
-    body = text.lstrip().removeprefix("<|python_tag|>")
-    values = _json_values(body, ";")
-    calls = [_call(v, "parameters") for v in values or []]
-    if not calls or any(c is None for c in calls):
-        return None
-    return "", calls  # type: ignore[return-value]
-
-
-_MISTRAL_ARGS = re.compile(r"\s*([A-Za-z0-9_-]{1,64})\[ARGS\]")
-
-
-def _parse_mistral(text: str) -> tuple[str, list[ToolCall]] | None:
-    content, marker, rest = text.partition("[TOOL_CALLS]")
-    if not marker:
-        return None
-    values = _json_values(rest, ",")
-    if values and len(values) == 1 and isinstance(values[0], list):
-        calls = [_call(v, "arguments") for v in values[0]]
-    else:  # [TOOL_CALLS]name[ARGS]{...} (repeated)
-        calls = []
-        for chunk in rest.split("[TOOL_CALLS]"):
-            head = _MISTRAL_ARGS.match(chunk)
-            args = _json_values(chunk[head.end() :], ",") if head else None
-            calls.append(ToolCall(head.group(1), _args_text(args[0])) if head and args and len(args) == 1 else None)
-    if not calls or any(c is None for c in calls):
-        return None
-    return content, calls  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class Parser:
-    name: str
-    parse: Callable[[str], tuple[str, list[ToolCall]] | None]
-    # Where a call begins: a marker (held back from the stream as soon as it may be starting), or for
-    # llama3_json the output's first character.
-    marker: str
-    at_start_only: bool = False
-    # The marker is a special token in the family's tokenizers, so the output keeps special tokens.
-    special_marker: bool = False
-
-    def call_starts(self, text: str) -> int | None:
-        """Where in ``text`` a call starts (or may start, the text being cut mid-marker); None: not yet."""
-        if self.at_start_only:
-            stripped = text.lstrip()
-            if not stripped:
-                return 0  # undecided: hold the leading whitespace
-            tag = "<|python_tag|>"
-            opens = stripped[0] == "{" or stripped.startswith(tag) or tag.startswith(stripped)
-            return len(text) - len(stripped) if opens else -1
-        at = text.find(self.marker)
-        if at >= 0:
-            return at
-        for cut in range(min(len(self.marker) - 1, len(text)), 0, -1):
-            if self.marker.startswith(text[-cut:]):
-                return len(text) - cut
-        return None
-
-
-FAMILIES: dict[str, Parser] = {
-    p.name: p
-    for p in (
-        Parser("hermes", _parse_hermes, "<tool_call>"),
-        Parser("llama3_json", _parse_llama3_json, "{", at_start_only=True),
-        Parser("mistral", _parse_mistral, "[TOOL_CALLS]", special_marker=True),
-    )
-}
-
-
-@lru_cache(maxsize=8)
-def family_of(template: str) -> str | None:
-    """The tool-call family a chat template writes, from the markers in its text (logged once per template)."""
-    if "<tool_call>" in template:
-        found: str | None = "hermes"
-    elif "[TOOL_CALLS]" in template:
-        found = "mistral"
-    elif "<|python_tag|>" in template or "ipython" in template:
-        found = "llama3_json"
-    else:
-        found = None
-    log.info("tool calls: the chat template writes %s", f"the {found} format" if found else "no format known here")
-    return found
+    def _step(self) -> bool:
+        if self.list.state == "reading":
+            return self.list.feed()
+        self.content(self.consume(len(self.pending)))  # what follows the list: none, under the guide
+        return False
 
 
 def _required_schema(tools: list[ToolSpec], parallel: bool) -> dict[str, Any]:
@@ -218,11 +128,14 @@ class ToolPlan:
     tools: list[ToolSpec]
     mode: Mode
     name: str | None = None  # the named function
-    parser: Parser | None = None  # auto
+    parser: ToolParser | None = None  # auto
     parallel: bool = True
 
     def template_tools(self) -> list[dict[str, Any]]:
         return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def schemas(self) -> Schemas:
+        return {t.function.name: t.function.parameters or {} for t in self.tools}
 
     def guided(self) -> GuidedDecoding | None:
         if self.mode == "named":
@@ -234,58 +147,34 @@ class ToolPlan:
             return None
         return GuidedDecoding("json_schema", schema_guide_text(schema, "tools"))
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The answer's content (None when the calls are all there is) and calls."""
-        content, calls = self.split(text)
-        return (content if content.strip() or not calls else None), calls
-
-    def split(self, text: str) -> tuple[str, list[ToolCall]]:
-        """The text outside the calls, and the calls; an output that holds no well-formed call is content."""
+    def reader(self) -> Reader | None:
+        """A reader of one output's calls; None where the output is all content."""
         if self.mode == "named":
-            return "", [ToolCall(self.name, text)]  # type: ignore[arg-type]
+            return NamedReader(self.name)  # type: ignore[arg-type]
         if self.mode == "required":
-            values = _json_values(text, ",")
-            calls = [_call(v, "parameters") for v in values[0]] if values and isinstance(values[0], list) else []
-            return ("", calls) if calls and all(c is not None for c in calls) else (text, [])  # type: ignore[misc]
+            return RequiredReader()
         if self.mode == "auto" and self.parser is not None:
-            parsed = self.parser.parse(text)
-            if parsed is not None:
-                return parsed
-        return text, []
+            return self.parser.reader(self.schemas())
+        return None
 
-    def stream(self) -> ToolStream:
-        return ToolStream(self)
-
-
-class ToolStream:
-    """One choice's streamed output split into the content to send now and, at the end, the calls; a
-    named call's ``arguments`` are the output itself and stream as they come (see the module doc)."""
-
-    def __init__(self, plan: ToolPlan) -> None:
-        self.plan = plan
-        self.held = ""  # output not sent yet: a call, or what may be the start of one
-        self.content_only = plan.mode == "none"
-
-    def feed(self, text: str) -> str:
-        """The content to send now for this piece of output ("" while a call may be under way)."""
-        if self.content_only:
-            return text
-        self.held += text
-        if self.plan.mode != "auto":
-            return ""
-        start = self.plan.parser.call_starts(self.held)  # type: ignore[union-attr]
-        if start == -1:  # llama3_json: the output does not open with a call
-            self.content_only = True
-            start = len(self.held)
-        elif start is None:
-            start = len(self.held)
-        out, self.held = self.held[:start], self.held[start:]
-        return out
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """At the end of the output: the content still to send, and the calls."""
-        held, self.held = self.held, ""
-        return self.plan.split(held) if held else ("", [])
+    def describe(self, tools: list[dict[str, Any]]) -> str:
+        """The tools told to a model whose chat template cannot render them (``tools``: their definitions as the
+        template would get them), and what to answer."""
+        functions = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+        text = f"You can call these functions (each with a JSON schema of its parameters):\n{functions}\n"
+        if self.mode == "named":
+            return text + f"Call {self.name}: answer with its arguments alone, as one JSON object."
+        if self.mode == "required":
+            return text + (
+                'Call one or more of them: answer with a JSON list of calls alone, each {"name": <function name>, '
+                '"parameters": {<its arguments>}}.'
+            )
+        if self.mode == "auto" and self.parser is not None:
+            example = self.parser.write([("function_name", {"parameter": "value"})])
+            return (
+                text + f"To call a function, answer with the call alone, written as:\n{example}\nElse answer in text."
+            )
+        return text
 
 
 def plan_tools(
@@ -296,6 +185,7 @@ def plan_tools(
     auto_enabled: bool,
     parser_option: str | None,
     template: str | None,
+    takes_tools: bool = True,
 ) -> ToolPlan | None:
     """The request's ToolPlan (None without tools); a 400 naming ``tools`` or ``tool_choice`` for what cannot be."""
     if not tools:
@@ -354,14 +244,33 @@ def plan_tools(
             "option.enable_auto_tool_choice=true (as DJL LMI and vLLM); or send "
             "tool_choice 'required' or a named function",
         )
-    family = parser_option or (family_of(template) if template else None)
-    if family is None:
+    parser = _auto_parser(parser_option, template, takes_tools)
+    if parser is None:
         raise FieldError(
             "tool_choice",
-            "tool_choice 'auto': this model's chat template writes no tool-call format "
-            f"known here; set option.tool_call_parser to one of {', '.join(TOOL_CALL_PARSERS)}",
+            "tool_choice 'auto': this model's chat template writes no tool-call format known here; "
+            f"set option.tool_call_parser to one of {', '.join(tool_parsers.names())}",
         )
-    return ToolPlan(specs, "auto", parser=FAMILIES[family], parallel=parallel)
+    return ToolPlan(specs, "auto", parser=parser, parallel=parallel)
+
+
+def _auto_parser(option: str | None, template: str | None, takes_tools: bool) -> ToolParser | None:
+    """``auto``'s parser: option.tool_call_parser, else the one the template's text shows, else (a template that
+    does not take ``tools``, to which the tools are described) ``DESCRIBED_FORMAT``."""
+    if option:
+        return tool_parsers.REGISTRY[option]
+    found = recognised(template) if template is not None else None
+    if found is None and not takes_tools:
+        return tool_parsers.REGISTRY[DESCRIBED_FORMAT]
+    return found
+
+
+@lru_cache(maxsize=8)
+def recognised(template: str) -> ToolParser | None:
+    """The tool-call parser a chat template's text shows (logged once per template)."""
+    found = tool_parsers.recognise(template)
+    log.info("tool calls: the chat template writes %s", f"the {found.name} format" if found else "no format known here")
+    return found
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -383,3 +292,17 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m = {**m, "tool_calls": fixed}
         out.append(m)
     return out
+
+
+def with_description(
+    messages: list[dict[str, Any]], text: str, place: Literal["system", "last"]
+) -> list[dict[str, Any]]:
+    """``messages`` with ``text`` in a system message (the first one's, appended, or a new first one), or at the
+    end of the last message."""
+    if place == "last":
+        last = messages[-1]
+        return [*messages[:-1], {**last, "content": f"{last.get('content') or ''}\n\n{text}"}]
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first.get('content') or ''}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]

@@ -150,6 +150,8 @@ async def test_a_cache_too_small_for_every_request_preempts_and_resumes(arch, qw
         stats = engine.stats().extra
         assert stats["num_preemptions"] > 0
         assert stats["kv_cache_max_blocks"] == 6 and stats["kv_cache_used_blocks"] == 0
+        # The pool holds one sequence of the full 44 positions, yet the short ones ran 3 at once.
+        assert stats["peak_running_requests"] == 3 and stats["running_requests"] == 0
     finally:
         await engine.close()
 
@@ -350,3 +352,4 @@ async def test_the_cache_on_a_real_servers_metrics(tmp_path):
     assert values["lmi_prefix_cache_hits_total"] >= 8 and values["lmi_prefix_cache_queries_total"] > 0
     assert values["lmi_num_preemptions_total"] == 0 and values["lmi_kv_cache_usage_perc"] == 0
     assert 'lmi_cache_config_info{block_size="8",model_name="tiny",num_gpu_blocks="32"} 1.0' in metrics
+    assert "\nlmi_engine_peak_running_requests 1.0\n" in metrics  # one request at a time

@@ -132,6 +132,11 @@ GUIDED = [
         },
         "tool_choice",
     ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Yes?"}], "max_tokens": 8, "guided_regex": "(yes|no)[0-9]{2}"},
+        "guided_regex",
+    ),
 ]
 
 
@@ -163,6 +168,7 @@ async def test_constrained_decoding_through_the_executor_where_the_release_has_i
         (call,) = outputs[2]["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "paint" and outputs[2]["choices"][0]["finish_reason"] == "tool_calls"
         jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+        assert re.fullmatch("(yes|no)[0-9]{2}", outputs[3]["choices"][0]["message"]["content"]), outputs[3]
 
 
 async def test_logit_bias_is_the_requests_embedding_bias(server):

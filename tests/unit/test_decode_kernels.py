@@ -15,7 +15,7 @@ from pathlib import Path
 CHECK = """
 import torch
 import torch.nn.functional as F
-from lmi_trt.engines.torch.decode_kernels import block_rows, paged_attention, rotary_into_cache, silu_mul, tile_plan
+from lmi_trt.engines.torch.decode_kernels import config_for, paged_attention, rotary_into_cache, silu_mul, tile_plan
 torch.manual_seed(0)
 heads, kv_heads, d, page, blocks = 8, 2, 16, 8, 40
 group = heads // kv_heads
@@ -37,12 +37,12 @@ starts = torch.tensor([0, 1, 2, 7, 24])
 seq_len, context = torch.tensor([n for n, _ in seqs]), torch.tensor([c for _, c in seqs])
 for max_q in (17, 1):  # a mixed step's tiles, then a decode step's (the sequences of one query)
     pick = [s for s, (n, _) in enumerate(seqs) if n <= max_q]
-    block_m = block_rows(group, max_q)
-    tile_seq, tile_row = tile_plan([seqs[s][0] for s in pick], group, block_m)
+    config = config_for(max_q)
+    tile_seq, tile_row = tile_plan([seqs[s][0] for s in pick], group, config)
     index = torch.tensor(pick)
     out = paged_attention(
         q, k_cache, v_cache, tables[index], starts[index], seq_len[index], context[index],
-        (torch.tensor(tile_seq), torch.tensor(tile_row)), block_m, 0.25,
+        (torch.tensor(tile_seq), torch.tensor(tile_row)), config, 0.25,
     )
     for s in pick:
         n, c = seqs[s]
@@ -63,18 +63,22 @@ angles = torch.rand(s, d // 2) * 6
 cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
 signed = torch.cat((-sin[:, : d // 2], sin[:, d // 2:]), -1)
 positions, slots = torch.tensor([0, 3, 149, 7, 7, 20]), torch.tensor([0, 3, 317, -1, 58, 161])
-k_cache, v_cache = torch.zeros(blocks, kv_heads, page, d), torch.zeros(blocks, kv_heads, page, d)
-q_out = rotary_into_cache(qkv, cos, signed, positions, slots, k_cache, v_cache, heads)
+import lmi_trt.engines.torch.decode_kernels as kernels
 x = qkv.view(t, heads + 2 * kv_heads, d)
 half = d // 2
 rotated = x * cos[positions, None] + torch.cat((-x[..., half:], x[..., :half]), -1) * sin[positions, None]
-torch.testing.assert_close(q_out, rotated[:, :heads], rtol=1e-5, atol=1e-5)
-for i in range(t):
-    if slots[i] >= 0:
-        block, offset = divmod(int(slots[i]), page)
-        torch.testing.assert_close(k_cache[block, :, offset], rotated[i, heads:heads + kv_heads])
-        torch.testing.assert_close(v_cache[block, :, offset], x[i, heads + kv_heads:])
-assert int((k_cache != 0).any(-1).sum()) == 5 * kv_heads  # the -1 token wrote nothing
+for per_program in (4096, 4 * d):  # every head of a token in one program, then 4 heads per program
+    kernels._ROTARY_ELEMENTS = per_program
+    k_cache, v_cache = torch.zeros(blocks, kv_heads, page, d), torch.zeros(blocks, kv_heads, page, d)
+    q_out = rotary_into_cache(qkv, cos, signed, positions, slots, k_cache, v_cache, heads)
+    torch.testing.assert_close(q_out, rotated[:, :heads], rtol=1e-5, atol=1e-5)
+    for i in range(t):
+        if slots[i] >= 0:
+            block, offset = divmod(int(slots[i]), page)
+            torch.testing.assert_close(k_cache[block, :, offset], rotated[i, heads:heads + kv_heads])
+            torch.testing.assert_close(v_cache[block, :, offset], x[i, heads + kv_heads:])
+    assert int((k_cache != 0).any(-1).sum()) == 5 * kv_heads  # the -1 token wrote nothing
+kernels._ROTARY_ELEMENTS = 4096
 
 # silu(gate) * up over a width that is not a multiple of the block.
 gate_up = torch.randn(3, 2 * 1500)
@@ -119,12 +123,53 @@ for fused in (False, True):
             tile_row=torch.zeros(3, dtype=torch.long),
             max_q=1,
             max_context=12,
-            block_m=block_rows(decoder.group, 1),
         )
         idle.tables[1] = torch.tensor([4, 4, 4])  # a stale table: read, never written
         third = decoder.forward(idle)[[0, 2]]
     results.append((first, second, third))
 torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
+
+# A verification step (speculative decoding): each of 3 sequences feeds its last token and 3 drafts, k + 1 = 4
+# queries of a sequence sharing each KV head's 2 query heads, the positions past a sequence's drafts padding
+# (cache slot -1). The drafts are the model's own greedy tokens (each found from the position before it), one
+# of them changed: the kernels must give the torch operations' logits on every kept position, and keep the
+# same drafts, as the decode loop's CUDA graphs of these steps run them on a GPU.
+from lmi_trt.engines.torch.speculation import accepted_counts
+tables = [[5, 2, 9, 11], [0, 7, 3, 10], [1, 4, 6, 8]]
+prompts = [a[:7], b[:5], [1, 30, 31, 32, 33, 34, 35, 36, 37]]
+proposed, width = torch.tensor([3, 3, 1]), 4
+keep = (torch.arange(width) <= proposed[:, None]).flatten()
+caches = decoder.k_cache + decoder.v_cache
+
+def verify_step(tokens, fused):
+    decoder.fused_kernels = fused
+    for cache, saved in zip(caches, prefilled[fused]):
+        cache.copy_(saved)
+    step = flat([(t, len(p), width) for t, p in zip(tables, prompts)], tokens.flatten().tolist(), list(range(12)))
+    step.slots = torch.where(keep, step.slots, -1)
+    with torch.no_grad():
+        return decoder.forward(step)
+
+prefilled, last = {}, {}
+ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+for fused in (False, True):
+    decoder.fused_kernels = fused
+    for cache in caches:
+        cache.zero_()
+    with torch.no_grad():
+        last[fused] = decoder.forward(flat([(t, 0, len(p)) for t, p in zip(tables, prompts)], sum(prompts, []), ends))
+    prefilled[fused] = [cache.clone() for cache in caches]
+torch.testing.assert_close(last[True], last[False], rtol=1e-5, atol=1e-5)
+tokens = torch.zeros(3, width, dtype=torch.long)
+tokens[:, 0] = last[False].argmax(-1)
+for j in range(1, width):
+    tokens[:, j] = verify_step(tokens, False).argmax(-1).view(3, width)[:, j - 1]
+tokens[1, 2] = (tokens[1, 2] + 1) % 512  # the second sequence's second draft is wrong: 1 of its 3 kept
+logits = {fused: verify_step(tokens, fused) for fused in (False, True)}
+torch.testing.assert_close(logits[True][keep], logits[False][keep], rtol=1e-5, atol=1e-5)
+for fused in (False, True):
+    targets = logits[fused].argmax(-1).view(3, width)
+    assert accepted_counts(targets, tokens[:, 1:], proposed).tolist() == [3, 1, 1], fused
 print("ok")
 """
 

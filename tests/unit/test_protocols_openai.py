@@ -162,6 +162,19 @@ async def test_chat_stream_sse_usage_and_logprobs():
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
         ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
+        # vLLM's constraints, named by the field they came in (the synthetic engine has no model to constrain)
+        ({"structured_outputs": {"regex": "yes|no"}}, "structured_outputs.regex", "synthetic engine"),
+        ({"guided_choice": ["yes", "no"]}, "guided_choice", "synthetic engine"),
+        ({"guided_json": {"type": "object"}}, "guided_json", "synthetic engine"),
+        ({"structured_outputs": {"json_object": True}}, "structured_outputs.json_object", "synthetic engine"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice", "exclude each other"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "not served here"),
+        ({"guided_choice": []}, "guided_choice", "non-empty list"),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+            "guided_regex",
+            "cannot be combined with response_format",
+        ),
         ({"temperature": 2.5}, "temperature", "temperature"),
         ({"presence_penalty": -3}, "presence_penalty", "presence_penalty"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens"),
@@ -183,13 +196,13 @@ async def test_chat_refusals_in_openai_shape(body, param, words):
         assert err["type"] == "invalid_request_error" and err["code"] == 400
 
 
-async def test_tools_with_a_template_that_leaves_them_out_is_400_naming_tools():
+async def test_tools_with_a_template_that_leaves_them_out_render_without_them_for_tool_choice_none():
+    """(The other choices describe them to the model: tests/unit/test_tool_calls.py.)"""
     plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     async with serve(LmiConfig(chat_template=plain)) as (s, _):
         body = {"model": "tiny", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}
-        status, _, raw = await post(s, "/v1/chat/completions", {**body, "tool_choice": "none"})
-        err = orjson.loads(raw)["error"]
-        assert status == 400 and err["param"] == "tools" and "does not render tools" in err["message"], raw
+        status, _, raw = await post(s, "/v1/chat/completions", {**body, "tool_choice": "none", "max_tokens": 4})
+        assert status == 200 and orjson.loads(raw)["choices"][0]["message"]["content"].startswith("Hi"), raw
 
 
 async def test_chat_without_a_template_is_400_and_option_chat_template_fixes_it():
@@ -228,6 +241,17 @@ async def test_chat_stop_and_bad_json():
 
 
 # --- /v1/completions ---
+async def test_completions_take_vllms_constraints_by_their_field():
+    async with serve() as (s, _):
+        for body, param in (
+            ({"guided_regex": "a|b"}, "guided_regex"),
+            ({"structured_outputs": {"grammar": 'root ::= "a"'}}, "structured_outputs.grammar"),
+        ):
+            status, _, raw = await post(s, "/v1/completions", {"model": "tiny", "prompt": "Hi", **body})
+            err = orjson.loads(raw)["error"]
+            assert status == 400 and err["param"] == param and "synthetic engine" in err["message"], raw
+
+
 async def test_completions_json_stream_echo_and_logprobs():
     async with serve() as (s, _):
         n = n_tokens(MULTI)

@@ -40,9 +40,9 @@ def banned_next_tokens(context: Sequence[int], bad_words: Sequence[Sequence[int]
 
 
 def finish_reason(generated: Sequence[int], eos_ids: Sequence[int], request: GenerationRequest) -> FinishReason | None:
-    if ends_with_any(generated, request.stop_token_ids):
+    if request.stop_token_ids and ends_with_any(generated, request.stop_token_ids):
         return FinishReason.STOP_SEQUENCE
-    if generated and generated[-1] in eos_ids:
+    if eos_ids and generated and generated[-1] in eos_ids:
         return FinishReason.EOS
     if len(generated) >= request.sampling.max_new_tokens:
         return FinishReason.LENGTH

@@ -2,13 +2,18 @@
 
 * ``paged_attention`` — causal attention of a flat batch (a decode token per sequence, or prompt
   chunks, or both) against the paged KV cache, read through each sequence's block table. One
-  program per (tile, KV head): a tile is up to ``block_rows`` (query token, query head sharing the
-  KV head) rows of one sequence, so a decode token's grouped-query heads read each KV byte once;
-  keys are visited 64 positions at a time up to the tile's last query, with an online softmax
+  program per (tile, KV head): a tile is (query token, query head sharing the KV head) rows of
+  one sequence, so a decode token's grouped-query heads read each KV byte once; keys are visited
+  ``Config.block_n`` positions at a time up to the tile's last query, with an online softmax
   (flash-decoding without the split over the sequence); the scores never reach device memory.
+  A batch of decode tokens only runs ``DECODE`` tiles (one token's grouped heads each), a batch
+  with prompt chunks ``CHUNKS`` tiles for all its sequences: one launch, in which the decode
+  tokens' memory-bound programs run beside the chunks' compute-bound ones (as two launches, one
+  after the other, a step of 256 decode tokens and 2 chunks of 1,024 took 0.43 ms a layer
+  instead of 0.32 on an H100: benchmarks/gpu_kernels.py).
 * ``rotary_into_cache`` — rotary positions on q and k (transformers' ``rotate_half`` form) and the
-  cache writes of k and v at each token's cache slot (block, offset), one program per (token,
-  head): five kernels of the torch path in one.
+  cache writes of k and v at each token's cache slot (block, offset), one program per token: five
+  kernels of the torch path in one.
 * ``silu_mul`` — ``silu(gate) * up`` of the fused gate/up projection in one pass.
 
 The torch operations in ``llama_decoder`` stay the reference and the CPU path; these compute in
@@ -16,6 +21,9 @@ fp32 and round once where the torch path rounds after each operation.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -25,10 +33,8 @@ try:
 except ImportError:  # CPU installs: the matmul path runs
     triton = None
 
-_BLOCK_N = 64  # cache positions per iteration
-
-
 _SILU_BLOCK = 1024
+_ROTARY_ELEMENTS = 4096  # values of a token one rotary program handles (heads × head_dim)
 
 
 def available(device: torch.device, head_dim: int) -> bool:
@@ -132,29 +138,30 @@ if triton is not None:
         KV_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr,
+        HEAD_BLOCK: tl.constexpr,
     ):
+        # HEAD_BLOCK heads of one token: q heads, then k heads, then v heads.
         token = tl.program_id(0)
-        head = tl.program_id(1)  # q heads, then k heads, then v heads
+        h = tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)[:, None]
+        d = tl.arange(0, HEAD_DIM)[None, :]
         position = tl.load(positions_ptr + token)
         slot = tl.load(slots_ptr + token)  # block * PAGE + offset; < 0: not written
-        d = tl.arange(0, HEAD_DIM)
-        source = qkv_ptr + token * stride_t + head * HEAD_DIM
-        x = tl.load(source + d).to(tl.float32)
-        block = slot // PAGE
-        cell = block * stride_cb + (slot - block * PAGE) * stride_cs
-        if head < HEADS + KV_HEADS:
-            swapped = tl.load(source + (d + HEAD_DIM // 2) % HEAD_DIM).to(tl.float32)
-            cos = tl.load(cos_ptr + position * HEAD_DIM + d).to(tl.float32)
-            sin = tl.load(sin_ptr + position * HEAD_DIM + d).to(tl.float32)  # sign-adjusted
-            y = x * cos + swapped * sin
-            if head < HEADS:
-                tl.store(q_ptr + token * stride_qt + head * HEAD_DIM + d, y.to(q_ptr.dtype.element_ty))
-            elif slot >= 0:
-                target = k_ptr + cell + (head - HEADS) * stride_ch
-                tl.store(target + d, y.to(k_ptr.dtype.element_ty))
-        elif slot >= 0:
-            target = v_ptr + cell + (head - HEADS - KV_HEADS) * stride_ch
-            tl.store(target + d, x.to(v_ptr.dtype.element_ty))
+        full = d < HEAD_DIM  # masks as wide as the values
+        exists = (h < HEADS + 2 * KV_HEADS) & full
+        source = qkv_ptr + token * stride_t + h * HEAD_DIM
+        x = tl.load(source + d, mask=exists, other=0.0).to(tl.float32)
+        swapped = tl.load(source + (d + HEAD_DIM // 2) % HEAD_DIM, mask=exists, other=0.0).to(tl.float32)
+        cos = tl.load(cos_ptr + position * HEAD_DIM + d).to(tl.float32)
+        sin = tl.load(sin_ptr + position * HEAD_DIM + d).to(tl.float32)  # sign-adjusted
+        y = tl.where(h < HEADS + KV_HEADS, x * cos + swapped * sin, x)  # v is not rotated
+        tl.store(q_ptr + token * stride_qt + h * HEAD_DIM + d, y.to(q_ptr.dtype.element_ty), mask=(h < HEADS) & full)
+        if slot >= 0:
+            block = slot // PAGE
+            cell = block * stride_cb + (slot - block * PAGE) * stride_cs
+            is_k = (h >= HEADS) & (h < HEADS + KV_HEADS) & full
+            tl.store(k_ptr + cell + (h - HEADS) * stride_ch + d, y.to(k_ptr.dtype.element_ty), mask=is_k)
+            target = v_ptr + cell + (h - HEADS - KV_HEADS) * stride_ch + d
+            tl.store(target, y.to(v_ptr.dtype.element_ty), mask=(h >= HEADS + KV_HEADS) & exists)
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, width, stride_x, stride_out, BLOCK: tl.constexpr):
@@ -184,7 +191,11 @@ def rotary_into_cache(
     tokens = qkv.size(0)
     kv_heads, page, head_dim = k_cache.size(1), k_cache.size(2), k_cache.size(3)
     q = torch.empty((tokens, heads, head_dim), device=qkv.device, dtype=qkv.dtype)
-    _rotary_into_cache_kernel[(tokens, heads + 2 * kv_heads)](
+    all_heads = heads + 2 * kv_heads
+    # A program per token (per _ROTARY_ELEMENTS values of it), not per (token, head): a step of
+    # 8,192 tokens of a 32 + 2 × 8-head model launched 393,216 programs of 64 values each.
+    head_block = min(triton.next_power_of_2(all_heads), max(1, _ROTARY_ELEMENTS // head_dim))
+    _rotary_into_cache_kernel[(tokens, triton.cdiv(all_heads, head_block))](
         qkv,
         cos,
         sin,
@@ -202,6 +213,7 @@ def rotary_into_cache(
         KV_HEADS=kv_heads,
         HEAD_DIM=head_dim,
         PAGE=page,
+        HEAD_BLOCK=head_block,
     )
     return q
 
@@ -225,7 +237,7 @@ def paged_attention(
     seq_len: torch.Tensor,
     context: torch.Tensor,
     tiles: tuple[torch.Tensor, torch.Tensor],
-    block_m: int,
+    config: Config,
     scale: float,
 ) -> torch.Tensor:
     """Causal attention of a flat batch of queries against the paged cache.
@@ -233,8 +245,8 @@ def paged_attention(
     ``q`` [T, heads, D] (last dim contiguous): sequence s owns rows ``seq_start[s]`` onwards,
     ``seq_len[s]`` of them, the last at position ``context[s] - 1``; its keys are the first
     ``context[s]`` positions of the blocks listed in ``tables[s]``. Caches [blocks, kv_heads, block
-    size, D] contiguous, alike. ``tiles`` (``tile_plan``) splits each sequence's (token, grouped
-    head) rows into programs of ``block_m`` rows. Returns [T, heads, D]."""
+    size, D] contiguous, alike. ``tiles`` (``tile_plan`` with ``config``'s rows) lists each
+    program's sequence and first (token, grouped head) row. Returns [T, heads, D]."""
     tokens, heads, head_dim = q.shape
     kv_heads, page = k_cache.size(1), k_cache.size(2)
     out = torch.empty((tokens, heads, head_dim), device=q.device, dtype=q.dtype)
@@ -261,27 +273,52 @@ def paged_attention(
         tables.stride(0),
         GROUP=heads // kv_heads,
         PAGE=page,
-        BLOCK_M=block_m,
-        BLOCK_N=_BLOCK_N,
+        BLOCK_M=block_rows(heads // kv_heads, config),
+        BLOCK_N=config.block_n,
         HEAD_DIM=head_dim,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out
 
 
-def block_rows(group: int, max_q: int) -> int:
-    """Pure: rows per attention program, a power of two of at least 16 (what tl.dot takes): one
-    decode token's grouped heads when every sequence has one query, else 64 (several tokens of a
-    prompt chunk per program)."""
-    rows = group if max_q == 1 else max(group, 64)
+class Config(NamedTuple):
+    """An attention launch's tiles: ``rows`` (query token, grouped head) rows per program (0: one
+    decode token's grouped heads), ``block_n`` cache positions per iteration, and Triton's
+    ``num_warps`` and ``num_stages``."""
+
+    rows: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# The fastest of benchmarks/gpu_kernels.py's grid on an H100 (bf16, head size 64, groups of 4):
+# 256 decode tokens at 1,024-1,152 positions read the cache at 2.8 TB/s (0.21 ms a layer; the
+# defaults, 4 warps and 3 stages, took 0.23); for 8 chunks of 1,024 tokens the grid's best were
+# within 3 % of each other (0.235-0.242 ms a layer), these among them.
+DECODE = Config(rows=0, block_n=64, num_warps=2, num_stages=2)
+CHUNKS = Config(rows=64, block_n=64, num_warps=4, num_stages=3)
+
+
+def config_for(max_q: int) -> Config:
+    """The tiles of a batch whose longest sequence adds ``max_q`` tokens."""
+    return DECODE if max_q == 1 else CHUNKS
+
+
+def block_rows(group: int, config: Config) -> int:
+    """Pure: rows per program, a power of two of at least 16 (what tl.dot takes) holding whole tokens."""
+    rows = max(group, config.rows)
     return max(16, 1 << (rows - 1).bit_length())
 
 
-def tile_plan(seq_len: list[int], group: int, block_m: int) -> tuple[list[int], list[int]]:
-    """Pure: the (sequence, first row) of every attention program, each sequence's ``seq_len × group``
-    rows cut into ``block_m``-row tiles."""
+def tile_plan(seq_len: Sequence[int], group: int, config: Config) -> tuple[list[int], list[int]]:
+    """Pure: the (sequence, first row) of every attention program, each sequence's ``seq_len ×
+    group`` rows cut into ``block_rows(group, config)``-row tiles."""
+    rows = block_rows(group, config)
     tile_seq, tile_row = [], []
     for s, count in enumerate(seq_len):
-        for first in range(0, count * group, block_m):
+        for first in range(0, count * group, rows):
             tile_seq.append(s)
             tile_row.append(first)
     return tile_seq, tile_row

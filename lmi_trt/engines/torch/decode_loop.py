@@ -25,14 +25,17 @@ One thread runs the loop. Each iteration it
 3. launches it: a step of decode tokens only runs as the CUDA graph of the smallest captured
    batch size covering the highest slot in use (idle slots inside it write nothing and are
    ignored); a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
-   and prompt chunks together (its shapes change every step, and it is dominated by the chunk's
-   matmuls, for which a graph would save nothing); requests whose prompt ends in the step sample
-   their first token in it;
-4. only then waits for the *previous* iteration's tokens (a pinned device→host copy and an event)
-   and hands them to the server.
+   and prompt chunks together (its shapes change every step; vLLM captures such steps as
+   piecewise graphs around attention, docs/design/cuda_graphs.md, which would spare the host its
+   ~200 launches, about as long as the device's 2,048-token step on an H100); requests whose
+   prompt ends in the step sample their first token in it;
+4. only then hands the tokens emitted last iteration to the event loop (which turns them into
+   responses while this thread waits, not while it plans: both need the GIL), waits for the
+   *previous* iteration's tokens (a pinned device→host copy and an event) and emits them.
 
 The GPU therefore always has the next step queued while the host turns the last one into outputs;
-the only synchronisation is that copy of finished tokens. Stop conditions (EOS, stop sequences)
+the only synchronisation is that copy of finished tokens (benchmarks/gpu_syncs.py lists any other
+call that waits for the device: one would let the device run dry). Stop conditions (EOS, stop sequences)
 are seen one step late, so a finishing request costs one discarded token of work;
 ``max_new_tokens`` is known in advance and costs nothing. Multi-token bad words and grammars need
 the newest token before the next step can ban anything, so while such a request decodes the loop
@@ -189,12 +192,16 @@ class _Row:
 
     def __post_init__(self) -> None:
         self.seq = list(self.prompt)
-        # The mode once min_new_tokens is behind it; computed once, read every step.
+        sampling = self.slot.sampling
+        # Read every step, so computed once: the mode once min_new_tokens is behind it, ...
         self.settled = row_mode(
-            self.slot.sampling,
-            self.slot.sampling.min_new_tokens,
-            bool(self.single_bad or self.multi_bad or self.slot.matcher is not None),
+            sampling, sampling.min_new_tokens, bool(self.single_bad or self.multi_bad or self.slot.matcher is not None)
         )
+        self.min_new, self.max_new = sampling.min_new_tokens, sampling.max_new_tokens
+        # ... whether its next step's bans depend on the token it generated last, and whether a
+        # step needs anything for it beyond its token (bans, top log-probs, a logit bias).
+        self.needs_newest = bool(self.multi_bad) or self.slot.matcher is not None
+        self.plain = not (self.needs_newest or sampling.top_logprobs or sampling.logit_bias)
 
     @property
     def done(self) -> bool:
@@ -204,16 +211,11 @@ class _Row:
     def prefilled(self) -> bool:
         return self.filled >= len(self.seq)
 
-    @property
-    def needs_newest(self) -> bool:
-        """Its next step's bans depend on the token it generated last."""
-        return bool(self.multi_bad) or self.slot.matcher is not None
-
     def decodable(self) -> bool:
-        return not self.done and self.prefilled and self.launched < self.slot.sampling.max_new_tokens
+        return not self.done and self.filled >= len(self.seq) and self.launched < self.max_new
 
     def mode(self) -> Mode:
-        if self.launched >= self.slot.sampling.min_new_tokens:
+        if self.launched >= self.min_new:
             return self.settled
         return max(self.settled, Mode.PROCESSED)
 
@@ -341,7 +343,7 @@ class DecodeLoopBackend(QueuedBackend):
         if self._cuda:
             self._capture()
         # Where the loop's time goes (read by benchmarks): steps launched and what they carried,
-        # seconds spent waiting for the device; and what /metrics reports (stats()).
+        # seconds spent waiting for the device and on the host; and what /metrics reports (stats()).
         self.counters = {
             "prefill_steps": 0,  # steps with prompt tokens
             "mixed_steps": 0,  # steps with prompt tokens and decode tokens
@@ -350,6 +352,11 @@ class DecodeLoopBackend(QueuedBackend):
             "decode_rows": 0,
             "prompt_tokens": 0,
             "wait_s": 0.0,
+            # Host seconds (these and wait_s include time waiting for the GIL): planning steps,
+            # launching them, turning their tokens into outputs for the event loop.
+            "plan_s": 0.0,
+            "launch_s": 0.0,
+            "emit_s": 0.0,
             "peak_rows": 0,
             "num_preemptions": 0,
             "prefix_cache_queries": 0,
@@ -370,6 +377,7 @@ class DecodeLoopBackend(QueuedBackend):
         # repeated indices writes any of them).
         self._table_writes: dict[tuple[int, int], int] = {}
         self._inflight: list[_Launch] = []
+        self._outbox: list[tuple[Slot, EngineOutput]] = []  # emitted, not yet handed to the event loop
         log.info(
             "built-in decode loop: KV cache of %d blocks of %d tokens = %d tokens (%.2f GiB, %s), "
             "%d sequences of the full %d positions; up to %d requests at once, %d tokens per step, "
@@ -423,6 +431,9 @@ class DecodeLoopBackend(QueuedBackend):
             "num_preemptions": float(self.counters["num_preemptions"]),
             "prefix_cache_queries": float(self.counters["prefix_cache_queries"]),
             "prefix_cache_hits": float(self.counters["prefix_cache_hits"]),
+            # Requests holding blocks now, and the most at once (the pool, not the slots, sets it).
+            "running_requests": float(len(self._rows)),
+            "peak_running_requests": float(self.counters["peak_rows"]),
         } | self._speculation_stats()
 
     def _speculation_stats(self) -> dict[str, float]:
@@ -452,7 +463,6 @@ class DecodeLoopBackend(QueuedBackend):
             tile_row=self._zeros[:size],
             max_q=1,
             max_context=max_context or self._width * self._pool.block_size,
-            block_m=decode_kernels.block_rows(self._decoder.group, 1),
         )
 
     def _decode_step(
@@ -479,8 +489,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _tile_plan(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention programs of a verification step of ``size`` rows of k + 1 tokens."""
         width = self._draft_len + 1
-        block_m = decode_kernels.block_rows(self._decoder.group, width)
-        tiles = decode_kernels.tile_plan([width] * size, self._decoder.group, block_m)
+        tiles = decode_kernels.tile_plan([width] * size, self._decoder.group, decode_kernels.config_for(width))
         return tuple(torch.tensor(t, dtype=torch.long, device=self._device) for t in tiles)
 
     def _spec_step(
@@ -516,7 +525,6 @@ class DecodeLoopBackend(QueuedBackend):
                 tile_row=tiles[1],
                 max_q=width,
                 max_context=self._width * size_block,
-                block_m=decode_kernels.block_rows(self._decoder.group, width),
                 pad_index=self._spec_pad[: size * width],
             )
         )
@@ -545,8 +553,21 @@ class DecodeLoopBackend(QueuedBackend):
         self._next[slots] = torch.where(valid, tokens, self._next[slots])
         self._state.counts[slots, tokens] += valid.float()
 
+    def _warm_mixed(self) -> None:
+        """An eager pass shaped like a mixed step (a decode token beside a prompt chunk) writing
+        only the scratch block: the kernels of such steps compile now, not in the first
+        requests' time to first token."""
+        scratch = [self._pool.num_blocks] * self._width
+        spans = [(scratch, 0, 1), (scratch, 0, 64)]
+        layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
+        device = self._upload(layout | {"tokens": torch.zeros(65, dtype=torch.long)})
+        # As wide as the real steps' tables: Triton specializes on their stride too.
+        tables = torch.full((2, self._tables.size(1)), self._pool.num_blocks, device=self._device)
+        self._decoder.forward(Batch(tokens=device.pop("tokens"), tables=tables, **device, **sizes))
+
     def _capture(self) -> None:
         with torch.inference_mode():
+            self._warm_mixed()
             pool = self._capture_steps(self._decode_step, self._sizes, self._graphs, "decode", None)
             # The verification buffers hold padding rows only: capturing writes nothing.
             self._capture_steps(self._spec_step, self._spec_sizes, self._spec_graphs, "verification", pool)
@@ -585,6 +606,15 @@ class DecodeLoopBackend(QueuedBackend):
             return cpu.pin_memory().to(self._device, non_blocking=True)
         return cpu
 
+    def _upload(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Host int64 tensors to the device in one copy, each starting 16 bytes apart: Triton
+        compiles a kernel once per alignment of its pointer arguments (triton/runtime/jit.py,
+        ``specialize_impl``), so unaligned parts would compile new variants in the middle of serving."""
+        lengths = [len(v) for v in parts.values()]
+        padded = torch.cat([torch.cat((v, v.new_zeros(len(v) % 2))) for v in parts.values()])
+        packed = self._put(padded).split([n + n % 2 for n in lengths])
+        return {name: part[:n] for (name, part), n in zip(zip(parts, packed), lengths)}
+
     def _to_host(self, out: torch.Tensor, rows: list[_Row | None]) -> _Launch:
         if not self._cuda:
             return _Launch(rows, out.clone())
@@ -603,7 +633,7 @@ class DecodeLoopBackend(QueuedBackend):
             if r is not None and r.slot.sampling.logit_bias:
                 ids, values = zip(*r.slot.sampling.logit_bias)
                 dense[i, list(ids)] = torch.tensor(values)
-        return dense.to(self._device)
+        return self._put(dense)
 
     def _step_bans(self, rows: Sequence[_Row], value: bool) -> None:
         """Set (before a step) or clear (after it) the bans of multi-token bad words whose prefix
@@ -616,15 +646,11 @@ class DecodeLoopBackend(QueuedBackend):
                 allowed = allowed_tokens([r.slot.matcher for r in guided], self._state.vocab)
                 self._state.banned_now[index] = ~allowed.to(self._device)
             else:
-                self._state.banned_now[index] = False
+                self._state.banned_now.index_fill_(0, index, False)  # a Python value: no wait for the device
         rows = [r for r in rows if r.multi_bad]
         if rows:
             bans = [banned_next_tokens(r.prompt + r.slot.generated, r.multi_bad) for r in rows]
             self._state.mark(self._state.banned_now, [r.index for r in rows], bans, value)
-
-    def _cache_slot(self, row: _Row, position: int) -> int:
-        size = self._pool.block_size
-        return row.blocks[position // size] * size + position % size
 
     def _write_tables(self) -> None:
         """Block-table entries assigned since the last step, to the device in one scatter."""
@@ -658,9 +684,7 @@ class DecodeLoopBackend(QueuedBackend):
             "sampled": torch.tensor([r.index for r in rows], dtype=torch.long),
             "generated": torch.tensor([r.launched for r in rows], dtype=torch.long),
         }
-        # One upload: every index the step needs, packed.
-        packed = self._put(torch.cat(list(parts.values()))).split([len(v) for v in parts.values()])
-        device = dict(zip(parts, packed))
+        device = self._upload(parts)
         self._write_tables()
         batch = Batch(
             tokens=torch.cat((self._next[device["rows"][: len(decode)]], device["chunk_tokens"])),
@@ -676,7 +700,12 @@ class DecodeLoopBackend(QueuedBackend):
             index = device["sampled"]
             mode = max(r.mode() for r in rows)
             tokens, logprobs, status = sample(
-                logits, self._state.rows(index), device["generated"], self._state.eos, mode, self._bias(rows)
+                logits,
+                None if mode == Mode.GREEDY else self._state.rows(index),  # greedy reads no state: 14 gathers saved
+                device["generated"],
+                self._state.eos,
+                mode,
+                self._bias(rows),
             )
             out = torch.stack((tokens.float(), logprobs, status.float()))
             if any(r.slot.sampling.top_logprobs for r in rows):
@@ -700,28 +729,34 @@ class DecodeLoopBackend(QueuedBackend):
         return launch
 
     def _launch_decode(self, rows: list[_Row]) -> _Launch:
-        top = max(r.index for r in rows) + 1
-        size = next(s for s in self._sizes if s >= top) if self._cuda else top
+        highest = max(r.index for r in rows) + 1
+        size = next(s for s in self._sizes if s >= highest) if self._cuda else highest
         meta = [[0] * size, [-1] * size, [1] * size, [0] * size]
         columns: list[_Row | None] = [None] * size
+        block = self._pool.block_size
+        mode, special = Mode.GREEDY, []  # one pass over the rows: this runs every few milliseconds
         for r in rows:
-            meta[0][r.index] = r.filled
-            meta[1][r.index] = self._cache_slot(r, r.filled)
-            meta[2][r.index] = r.filled + 1
-            meta[3][r.index] = r.launched
-            columns[r.index] = r
+            i, filled = r.index, r.filled
+            meta[0][i] = filled
+            meta[1][i] = r.blocks[filled // block] * block + filled % block
+            meta[2][i] = filled + 1
+            meta[3][i] = r.launched
+            columns[i] = r
+            if r.settled > mode or r.launched < r.min_new:
+                mode = max(mode, r.mode())
+            if not r.plain:
+                special.append(r)
         self._meta[:, :size].copy_(self._put(meta), non_blocking=True)
         self._write_tables()
-        mode = max(r.mode() for r in rows)
-        self._step_bans(rows, True)
-        top = any(r.slot.sampling.top_logprobs for r in rows)
-        bias = self._bias(columns)
+        self._step_bans(special, True)
+        top = any(r.slot.sampling.top_logprobs for r in special)
+        bias = self._bias(columns) if special else None
         graph = None if top or bias is not None else self._graphs.get((size, mode))
         if graph is not None:
             graph.replay()
         else:
             self._decode_step(size, mode, top, bias, max(meta[2]))
-        self._step_bans(rows, False)
+        self._step_bans(special, False)
         for r in rows:
             r.filled += 1
             r.launched += 1
@@ -857,7 +892,7 @@ class DecodeLoopBackend(QueuedBackend):
             "columns": torch.tensor([c for c, _, _ in live], dtype=torch.long),
             "later": torch.tensor(later, dtype=torch.long),
         }
-        device = dict(zip(parts, self._put(torch.cat(list(parts.values()))).split([len(v) for v in parts.values()])))
+        device = self._upload(parts)
         batch = Batch(
             tokens=device["tokens"],
             tables=self._tables[device["reading"]],
@@ -888,7 +923,6 @@ class DecodeLoopBackend(QueuedBackend):
                 tile_row=torch.zeros_like(ordinal),
                 max_q=1,
                 max_context=self._width * size,
-                block_m=decode_kernels.block_rows(drafter.group, 1),
             )
             self._spec_drafts[columns, j] = drafter.forward(batch).argmax(-1)
 
@@ -932,6 +966,7 @@ class DecodeLoopBackend(QueuedBackend):
             self._engine.die(f"the decode loop died: {exc}")
 
     def _wait_for_work(self) -> bool:
+        self._flush()
         with self._wake:
             while not (self._stopping or self._pending or self._rows or self._waiting or self._inflight):
                 self._wake.wait()
@@ -945,8 +980,10 @@ class DecodeLoopBackend(QueuedBackend):
             self._drain([])
         elif any(r.needs_newest and r.decodable() for r in self._rows):
             self._drain([])
+        started = time.perf_counter()
         self._reap()
         step = self._plan()
+        planned = time.perf_counter()
         launched: list[_Launch] = []
         if self._spec is not None:
             for row in step.decode:
@@ -963,8 +1000,12 @@ class DecodeLoopBackend(QueuedBackend):
                 launched = self._guarded(launch, step.decode, "decode")
             else:
                 launched = self._guarded(self._launch_decode, step.decode, "decode")
+        self.counters["plan_s"] += planned - started
+        self.counters["launch_s"] += time.perf_counter() - planned
         self._drain([])
         self._inflight = launched
+        if not (launched and self._cuda):  # else handed over while waiting for this step
+            self._flush()
         self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self._rows))
 
     def _guarded(self, launch, rows: list[_Row], what: str) -> list[_Launch]:
@@ -990,6 +1031,7 @@ class DecodeLoopBackend(QueuedBackend):
         return [launch] if launch is not None else []
 
     def _fail(self, rows: list[_Row], exc: Exception) -> None:
+        self._flush()  # the tokens before the error first
         for row in rows:
             row.broken = True
             if not row.done:
@@ -1063,10 +1105,11 @@ class DecodeLoopBackend(QueuedBackend):
         planned: set[int] = set()
         # 1. a decode token for every row whose prompt is in the cache, oldest first; a row that
         #    cannot get a block takes one from a newer row, or gives its own back.
+        room = self._pool.block_size
         for row in list(self._rows):
             if row.index < 0 or not row.decodable():
                 continue
-            if self._grow(row, row.filled + 1, planned) > row.filled:
+            if row.filled < len(row.blocks) * room or self._grow(row, row.filled + 1, planned) > row.filled:
                 step.decode.append(row)
                 planned.add(id(row))
             elif row.index >= 0:
@@ -1180,10 +1223,15 @@ class DecodeLoopBackend(QueuedBackend):
         launches, self._inflight = self._inflight + more, []
         for launch in launches:
             if launch.event is not None:
+                # The event loop (which needs the GIL) turns the tokens emitted last into
+                # responses while this thread waits for the device, not while it plans the next step.
+                self._flush()
                 started = time.perf_counter()
                 launch.event.synchronize()
                 self.counters["wait_s"] += time.perf_counter() - started
+            started = time.perf_counter()
             self._emit(launch)
+            self.counters["emit_s"] += time.perf_counter() - started
 
     @staticmethod
     def _row_error(slot: Slot, status: int) -> EngineOutput:
@@ -1201,13 +1249,15 @@ class DecodeLoopBackend(QueuedBackend):
         emitted, top = (more[0], more[1:]) if launch.proposed is not None else (None, more)
         items: list[tuple[Slot, EngineOutput]] = []
         for column, row in enumerate(launch.rows):
-            if row is None or row.done:
+            if row is None:
+                continue
+            slot = row.slot
+            if slot.finished or slot.cancelled or slot.closed:  # row.done, inlined: every token passes here
                 continue
             first, count = column * launch.width, 1
             if emitted is not None:
                 count = int(emitted[first])
                 self._verified(row, launch.proposed[column], count)
-            slot = row.slot
             k = slot.sampling.top_logprobs
             new: list[int] = []
             lps: list[float] = []
@@ -1251,4 +1301,10 @@ class DecodeLoopBackend(QueuedBackend):
                 row.broken = row.broken or failure == _NAN_LOGITS  # NaN/inf: its cache may hold them too
                 items.append((slot, self._row_error(slot, failure)))
         self._engine.sampled_rows += len(items)  # only this thread writes it
-        self._engine.deliver(items)
+        self._outbox += items
+
+    def _flush(self) -> None:
+        """Hand the outputs emitted so far to the event loop."""
+        if self._outbox:
+            items, self._outbox = self._outbox, []
+            self._engine.deliver(items)

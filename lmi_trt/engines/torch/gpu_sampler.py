@@ -157,27 +157,29 @@ class SamplerState(Rows):
         for column, name in enumerate(("top_k", "min_new", "seed", "do_sample", "eos_applies")):
             target = getattr(self, name)
             target[index] = ints[:, column].to(target.dtype)
+        # index_fill_ and index_add_ with a Python number, never ``table[index] = 0``: that copies the
+        # number to the device from pageable memory and waits for it (torch.cuda.set_sync_debug_mode
+        # flagged it; benchmarks/gpu_syncs.py), and the decode loop admits requests while the
+        # previous step still runs.
         for table in (self.counts, self.prompt_seen, self.banned, self.banned_now):
-            table[index] = 0
+            table.index_fill_(0, index, 0)
         self.mark(self.prompt_seen, slots, prompts, True)
         self.mark(self.banned, slots, single_bans, True)
-        index = self._pairs(slots, generated)
-        if index is not None:
-            self.counts.index_put_(index, torch.ones(index[0].size(0), device=self.device), accumulate=True)
+        cells = self._cells(slots, generated)
+        if cells is not None:
+            self.counts.view(-1).index_add_(0, cells, torch.ones(cells.size(0), device=self.device))
 
     def mark(self, table: torch.Tensor, slots: Sequence[int], tokens: Sequence[Sequence[int]], value: bool) -> None:
-        """``table[slot, token] = value`` for every token listed for each slot."""
-        index = self._pairs(slots, tokens)
-        if index is not None:
-            table[index] = value
+        """``table[slot, token] = value`` for every token listed for each slot (without waiting for the device)."""
+        cells = self._cells(slots, tokens)
+        if cells is not None:
+            table.view(-1).index_fill_(0, cells, value)
 
-    def _pairs(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The (slot, token) index of every token listed for each slot, on the device; None when none is."""
-        rows = [s for s, ids in zip(slots, tokens) for _ in ids]
-        if not rows:
-            return None
-        cols = [t for ids in tokens for t in ids]
-        return self._put(torch.tensor(rows)), self._put(torch.tensor(cols))
+    def _cells(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> torch.Tensor | None:
+        """The flat index (slot · vocab + token) of every token listed for each slot in a [slots,
+        vocab] table, on the device; None when none is."""
+        cells = [s * self.vocab + t for s, ids in zip(slots, tokens) for t in ids]
+        return self._put(torch.tensor(cells, dtype=torch.long)) if cells else None
 
     def _put(self, cpu: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":  # pinned: an asynchronous copy that never waits for the GPU

@@ -115,9 +115,8 @@ class Batch:
     tables: torch.Tensor  # [S, M] block tables (int64)
     tile_seq: torch.Tensor  # the Triton attention programs: sequence and first row (decode_kernels.tile_plan)
     tile_row: torch.Tensor
-    max_q: int  # the largest seq_len
+    max_q: int  # the largest seq_len (decode_kernels.config_for: the programs' tiles)
     max_context: int  # an upper bound of context: how far the torch path gathers
-    block_m: int  # rows per attention program (decode_kernels.block_rows)
     pad_index: torch.Tensor | None = None  # [T] each token's row in [S, max_q] (needed when max_q > 1)
     logits_at: torch.Tensor | None = None  # tokens to compute logits for; None: every token
 
@@ -129,35 +128,45 @@ LAYOUT = ("positions", "slots", "seq_start", "seq_len", "context", "tile_seq", "
 def batch_layout(
     spans: Sequence[tuple[Sequence[int], int, int]], block_size: int, group: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Pure: the ``LAYOUT`` tensors (host, int64) and sizes (``max_q``, ``max_context``,
-    ``block_m``) of a batch whose sequences are given as (block table, first position, token
-    count), each adding ``count`` tokens at positions ``first..first+count-1``. Built in ``array``s
-    from ranges: a step of thousands of tokens costs the host a few hundred microseconds."""
+    """Pure: the ``LAYOUT`` tensors (host, int64) and sizes (``max_q``, ``max_context``) of a batch
+    whose sequences are given as (block table, first position, token count), each adding
+    ``count`` tokens at positions ``first..first+count-1``. Built in ``array``s from ranges: a step
+    of thousands of tokens costs the host a few hundred microseconds."""
     seq_len = [count for _, _, count in spans]
     max_q = max(seq_len)
-    block_m = decode_kernels.block_rows(group, max_q)
-    tile_seq, tile_row = decode_kernels.tile_plan(seq_len, group, block_m)
+    tile_seq, tile_row = decode_kernels.tile_plan(seq_len, group, decode_kernels.config_for(max_q))
     out = {name: array("q") for name in LAYOUT}
+    positions, slots, pad_index = out["positions"], out["slots"], out["pad_index"]
+    seq_start, context = out["seq_start"], out["context"]
     start = 0
     for s, (table, first, count) in enumerate(spans):
         end = first + count
-        out["positions"].extend(range(first, end))
+        if count == 1:  # a decode token: most spans of a step, so the short way
+            block, offset = divmod(first, block_size)
+            positions.append(first)
+            slots.append(table[block] * block_size + offset)
+            pad_index.append(s * max_q)
+            seq_start.append(start)
+            context.append(end)
+            start += 1
+            continue
+        positions.extend(range(first, end))
         position = first
         while position < end:  # one run of cache slots per block the span touches
             block, offset = divmod(position, block_size)
             run = min(end - position, block_size - offset)
             cell = table[block] * block_size + offset
-            out["slots"].extend(range(cell, cell + run))
+            slots.extend(range(cell, cell + run))
             position += run
-        out["pad_index"].extend(range(s * max_q, s * max_q + count))
-        out["seq_start"].append(start)
-        out["context"].append(end)
+        pad_index.extend(range(s * max_q, s * max_q + count))
+        seq_start.append(start)
+        context.append(end)
         start += count
     out["seq_len"].extend(seq_len)
     out["tile_seq"].extend(tile_seq)
     out["tile_row"].extend(tile_row)
     tensors = {name: torch.frombuffer(values, dtype=torch.long) for name, values in out.items()}
-    return tensors, {"max_q": max_q, "max_context": max(out["context"]), "block_m": block_m}
+    return tensors, {"max_q": max_q, "max_context": max(out["context"])}
 
 
 class LlamaDecoder:
@@ -310,7 +319,7 @@ class LlamaDecoder:
                 batch.seq_len,
                 batch.context,
                 (batch.tile_seq, batch.tile_row),
-                batch.block_m,
+                decode_kernels.config_for(batch.max_q),
                 self.scale,
             )
         # Each sequence's blocks gathered into a row [S, kv_heads, L, D]; a KV head's group of query
@@ -340,9 +349,11 @@ class LlamaDecoder:
     def _add_linear(
         residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``residual + x @ weight.T (+ bias)``; without a bias the add rides on the matmul (addmm)."""
+        """``residual + x @ weight.T (+ bias)``; without a bias the add rides on the matmul, into
+        ``residual`` itself (the residual stream is the pass's own tensor, read by nothing after
+        this: an out-of-place addmm copied it first, 2 copies a layer)."""
         if bias is None:
-            return torch.addmm(residual, x, weight.t())
+            return residual.addmm_(x, weight.t())
         return residual + F.linear(x, weight, bias)
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,8 @@ import logging
 import re
 import time
 from collections.abc import Iterable
+from dataclasses import replace
+from functools import cached_property
 from typing import Any, Literal
 
 import orjson
@@ -34,13 +36,15 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import SAMPLING_FEATURES, FinishReason, GuidedDecoding
-from lmi_trt.serving import chat, tool_calls
+from lmi_trt.serving import chat, reasoning_parsers, tool_calls
 from lmi_trt.serving.access import current_request_id
+from lmi_trt.serving.chat_answer import Answer, AnswerReader, Part, Reasoning
 from lmi_trt.serving.core import (
     Alternative,
     Completion,
     Delta,
     GenerateParams,
+    GenerationService,
     GenerationStream,
     TokenOut,
     schema_guide_text,
@@ -74,7 +78,10 @@ from lmi_trt.serving.protocols._common import (
     start_n,
     validate_body,
 )
-from lmi_trt.serving.tool_calls import ToolCall, ToolPlan, ToolStream
+from lmi_trt.serving.reasoning_parsers import ReasoningParser
+from lmi_trt.serving.reasoning_parsers.base import END as REASONING_END
+from lmi_trt.serving.tool_calls import ToolCall, ToolPlan
+from lmi_trt.serving.tool_parsers.base import CallStart, Content
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,20 @@ FINISH = {
 }
 DONE = b"data: [DONE]\n\n"
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _ebnf_string(text: str) -> str:
+    """A literal of xgrammar's EBNF (its strings take JSON's escapes)."""
+    return orjson.dumps(text).decode()
+
+
 # Accepted and without effect on the output.
 _IGNORED = frozenset(
     {
@@ -93,7 +114,6 @@ _IGNORED = frozenset(
         "metadata",
         "store",
         "service_tier",
-        "reasoning_effort",
         "modalities",
         "prediction",
         "audio",
@@ -182,6 +202,51 @@ class _Base(BaseModel):
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    # vLLM's constrained decoding: ``structured_outputs`` (its StructuredOutputsParams: json, regex, choice,
+    # grammar, json_object; vllm/sampling_params.py) and the top-level guided_json, guided_regex, guided_choice,
+    # guided_grammar of its releases before 0.12.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    @cached_property
+    def structured(self) -> tuple[GuidedDecoding, str] | None:
+        """The vLLM constraint this request sent, and the field it used; a 400 for two, or for an option of
+        ``structured_outputs`` not served here."""
+        given = [(f, getattr(self, f)) for f in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")]
+        for key, value in (self.structured_outputs or {}).items():
+            if key == "disable_any_whitespace" and value is True:
+                continue  # what every JSON constraint here does
+            if key not in ("json", "regex", "choice", "grammar", "json_object"):
+                raise FieldError(
+                    f"structured_outputs.{key}",
+                    f"structured_outputs.{ascii(key)[1:-1][:64]} is not served here; send one of json, regex, "
+                    "choice, grammar or json_object",
+                )
+            given.append((f"structured_outputs.{key}", value if key != "json_object" or value else None))
+        sent = [(f, v) for f, v in given if v is not None]
+        if len(sent) > 1:
+            raise FieldError(sent[1][0], f"{sent[0][0]} and {sent[1][0]} exclude each other; send one")
+        if not sent:
+            return None
+        field, value = sent[0]
+        kind = field.rsplit("_", 1)[-1].rsplit(".", 1)[-1]
+        if kind == "object":
+            return GuidedDecoding("json_object"), field
+        if kind == "json":
+            schema = _json_or_none(value) if isinstance(value, str) else value
+            if not isinstance(schema, dict):
+                raise FieldError(field, f"{field} must be a JSON schema: an object, or its JSON text")
+            return GuidedDecoding("json_schema", schema_guide_text(schema, field)), field
+        if kind == "choice":
+            if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+                raise FieldError(field, f"{field} must be a non-empty list of strings")
+            return GuidedDecoding("grammar", "root ::= " + " | ".join(map(_ebnf_string, value))), field
+        if not isinstance(value, str):
+            raise FieldError(field, f"{field} must be a string")
+        return GuidedDecoding(kind, value), field  # type: ignore[arg-type]
 
     def _check_common(self) -> None:
         best_of = (self.model_extra or {}).get("best_of")  # a completions field; chat has none
@@ -260,27 +325,47 @@ class ChatRequest(_Base):
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning effort, for the chat templates that take it (gpt-oss's); vLLM's switch that leaves the
+    # reasoning out of the answer.
+    reasoning_effort: str | None = None
+    include_reasoning: bool = True
 
-    def generate_params(self, tools: ToolPlan | None = None) -> GenerateParams:
+    def generate_params(self, tools: ToolPlan | None = None) -> tuple[GenerateParams, str]:
+        """The generation settings and the field the request's constraint (if any) came in."""
         self._check_common()
         if self.top_logprobs and not self.logprobs:  # as OpenAI
             raise FieldError("top_logprobs", "top_logprobs needs logprobs=true")
         for old in ("functions", "function_call"):
             if getattr(self, old) is not None:
                 raise FieldError(old, f"{old} is OpenAI's deprecated function calling; send tools and tool_choice")
-        guided = tools.guided() if tools is not None else None
-        if guided is not None and self._guided() is not None:
-            raise FieldError(
-                "response_format",
-                f"response_format cannot be combined with tool_choice="
-                f"{self.tool_choice!r}, which constrains the output to the tool's "
-                "arguments; leave one out",
+        guides = [
+            (guide, field)
+            for guide, field in (
+                (tools.guided() if tools is not None else None, "tool_choice"),
+                (self._guided(), "response_format"),
+                self.structured or (None, ""),
             )
+            if guide is not None
+        ]
+        if len(guides) > 1:
+            (_, first), (_, second) = guides[:2]
+            why = ", which constrains the output to the tool's arguments" if first == "tool_choice" else ""
+            raise FieldError(second, f"{second} cannot be combined with {first}{why}; leave one out")
+        guided, field = guides[0] if guides else (None, "response_format")
         max_new = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        params = self._params(max_new, bool(self.logprobs), self.top_logprobs or 0, guided or self._guided())
-        if tools is not None and tools.mode == "auto" and tools.parser.special_marker:  # type: ignore[union-attr]
-            params = params.model_copy(update={"skip_special_tokens": False})  # the call's marker is a special token
-        return params
+        return self._params(max_new, bool(self.logprobs), self.top_logprobs or 0, guided), field
+
+    def template_kwargs(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The chat template's keyword arguments, OpenAI's ``reasoning_effort`` among them, and the field each
+        came from where it is not ``chat_template_kwargs``."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is None:
+            return kwargs, {}
+        if kwargs.get("reasoning_effort", self.reasoning_effort) != self.reasoning_effort:
+            raise FieldError(
+                "reasoning_effort", "reasoning_effort and chat_template_kwargs.reasoning_effort differ; send one"
+            )
+        return {**kwargs, "reasoning_effort": self.reasoning_effort}, {"reasoning_effort": "reasoning_effort"}
 
     def _guided(self) -> GuidedDecoding | None:
         fmt = self.response_format or {}
@@ -340,7 +425,8 @@ class CompletionRequest(_Base):
                 f"best_of={self.best_of} cannot be streamed (as OpenAI's API says): the best "
                 "are known only at the end; leave stream out or best_of at n",
             )
-        params = self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
+        guided = self.structured[0] if self.structured is not None else None
+        params = self._params(self.max_tokens, self.logprobs is not None, self.logprobs or 0, guided)
         # echo with logprobs: OpenAI's answer carries the prompt tokens' log-probs too (the first one null)
         return (
             params.model_copy(update={"prompt_logprobs": True}) if self.echo and self.logprobs is not None else params
@@ -361,7 +447,7 @@ OPENAI_SAMPLING_NAMES = {name: name for name in SAMPLING_FEATURES} | {"min_new_t
 CHAT_NAMES = {
     "logprobs": "logprobs",
     "top_logprobs": "top_logprobs",
-    "guided": "response_format",  # or tool_choice, when it names a function (_chat)
+    "guided": "response_format",  # or the field the request's constraint came in (_chat)
     "logit_bias": "logit_bias",
     **OPENAI_SAMPLING_NAMES,
 }
@@ -440,35 +526,50 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     ctx = request.app[CONTEXT]
     req: ChatRequest = validate_body(ChatRequest, body)
     service = ctx.require_service()
+    template = chat.template_text(service.tokenizer, ctx.config.chat_template)
     tools = tool_calls.plan_tools(
         req.tools,
         req.tool_choice,
         req.parallel_tool_calls,
         auto_enabled=ctx.config.enable_auto_tool_choice,
         parser_option=ctx.config.tool_call_parser,
-        template=chat.template_text(service.tokenizer, ctx.config.chat_template),
+        template=template,
+        takes_tools=template is None or chat.takes(template, "tools"),
     )
-    params = req.generate_params(tools)
-    prompt = await chat.prompt_for(
+    params, guided_field = req.generate_params(tools)
+    kwargs, kwarg_fields = req.template_kwargs()
+    rendered = await chat.prompt_for(
         service,
         req.messages,
         template_option=ctx.config.chat_template,
         add_generation_prompt=req.add_generation_prompt,
-        template_kwargs=req.chat_template_kwargs,
+        template_kwargs=kwargs,
+        kwarg_fields=kwarg_fields,
         tools=tools.template_tools() if tools is not None else None,
+        describe=tools.describe if tools is not None and tools.mode != "none" else None,
     )
+    reasoning = reasoning_parsers.chosen(ctx.config.reasoning_parser, ctx.config.enable_reasoning, template)
+    params = _for_parsers(service, params, rendered.text, reasoning, tools)
+
+    def answer_reader() -> AnswerReader:
+        return AnswerReader(
+            reasoning.reader(rendered.text) if reasoning is not None else None,
+            tools.reader() if tools is not None else None,
+            req.include_reasoning,
+        )
+
+    prompt = rendered.prompt
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
     render_error = error_response if at_invocations else openai_error
     cid = f"chatcmpl-{current_request_id()}"  # the X-Request-Id, as vLLM names it
     created = int(time.time())
     max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    names = CHAT_NAMES if tools is None or tools.guided() is None else {**CHAT_NAMES, "guided": "tool_choice"}
     start_kw = {
         "add_special_tokens": False,
         "field_name": "messages",
         "max_tokens_field": max_field,
         "user_text": False,
-        "names": names,
+        "names": {**CHAT_NAMES, "guided": guided_field},
     }
     if fmt == "json":
         cs = await collect_n(service, prompt, params, req.n or 1, **start_kw)
@@ -485,7 +586,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
                 "choices": [
                     {
                         "index": i,
-                        **_chat_choice(tools, c.text, c.finish_reason),
+                        **_chat_choice(Answer.of(answer_reader(), c.text), c.finish_reason),
                         "logprobs": _chat_logprobs(c.tokens) if params.logprobs else None,
                     }
                     for i, c in enumerate(cs)
@@ -512,9 +613,9 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
                     params.logprobs,
                     req.include_usage,
                     at_invocations,
+                    answer_reader(),
                     index=i,
                     own_usage=False,
-                    tools=tools,
                 )
                 for i in range(len(streams))
             ]
@@ -534,9 +635,31 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
         if response is None:
             return first  # type: ignore[return-value]
         enc = _ChatChunks(
-            cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations, tools=tools
+            cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations, answer_reader()
         )
         return await pump(response, stream, first, enc.encode, trailer=trailer)  # type: ignore[arg-type]
+
+
+def _for_parsers(
+    service: GenerationService,
+    params: GenerateParams,
+    prompt: str,
+    reasoning: ReasoningParser | None,
+    tools: ToolPlan | None,
+) -> GenerateParams:
+    """The request's settings as its parsers need them: a constraint starts after the reasoning where the prompt
+    left it open (``GuidedDecoding.after``), and the output keeps special tokens where a marker the parsers read
+    is one in this tokenizer (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``)."""
+    update: dict[str, Any] = {}
+    if params.guided is not None and reasoning is not None and reasoning.start(prompt) == "reasoning":
+        update["guided"] = replace(params.guided, after=REASONING_END)
+    markers = [
+        *(reasoning.markers if reasoning is not None else ()),
+        *(tools.parser.markers if tools is not None and tools.mode == "auto" and tools.parser is not None else ()),
+    ]
+    if service.special_text is not None and any(service.special_text.fullmatch(m) for m in markers):
+        update["skip_special_tokens"] = False
+    return params.model_copy(update=update) if update else params
 
 
 def _finish_reason(reason: FinishReason, called: bool) -> str:
@@ -545,19 +668,26 @@ def _finish_reason(reason: FinishReason, called: bool) -> str:
     return FINISH.get(reason, reason.value)
 
 
-def _chat_choice(tools: ToolPlan | None, text: str, reason: FinishReason) -> dict[str, Any]:
-    """A non-streamed choice's message and finish reason, the model's tool calls parsed out of its text."""
-    content, calls = tools.parse(text) if tools is not None else (text, [])
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = [c.as_openai() for c in calls]
-    return {"message": message, "finish_reason": _finish_reason(reason, bool(calls))}
+def _reasoning_fields(text: str) -> dict[str, str]:
+    """The reasoning under both names clients read: ``reasoning_content`` (DeepSeek's API, trtllm-serve, vLLM
+    before 0.16) and ``reasoning`` (vLLM since, vllm-project/vllm PRs 27752 and 33402; OpenRouter)."""
+    return {"reasoning_content": text, "reasoning": text}
+
+
+def _chat_choice(answer: Answer, reason: FinishReason) -> dict[str, Any]:
+    """A non-streamed choice's message and finish reason."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.reasoning is not None:
+        message.update(_reasoning_fields(answer.reasoning))
+    if answer.calls:
+        message["tool_calls"] = [c.as_openai() for c in answer.calls]
+    return {"message": message, "finish_reason": _finish_reason(reason, bool(answer.calls))}
 
 
 class _ChatChunks:
     """One choice's chunks. ``own_usage``: its last chunk is followed by the request's usage record (one
     choice); with several, ``usage_of`` writes one record for all of them once every choice has ended.
-    With tools, content and tool-call deltas as ``tool_calls`` says (its module doc)."""
+    ``answer`` splits the output into reasoning, content and tool-call deltas (``chat_answer``)."""
 
     def __init__(
         self,
@@ -568,14 +698,13 @@ class _ChatChunks:
         logprobs: bool,
         usage: bool,
         lmi_errors: bool,
+        answer: AnswerReader,
         *,
         index: int = 0,
         own_usage: bool = True,
-        tools: ToolPlan | None = None,
     ) -> None:
-        self.tools = tools
-        self.split: ToolStream | None = tools.stream() if tools is not None and tools.mode != "named" else None
-        self.named: ToolCall | None = None  # the named call, once its first delta is out
+        self.answer = answer
+        self.call_ids: list[str] = []
         self.base = {
             "id": cid,
             "object": "chat.completion.chunk",
@@ -591,24 +720,30 @@ class _ChatChunks:
         self.own_usage = own_usage
         self.started = False
 
-    def _delta(self, text: str) -> dict[str, Any]:
-        """The chunk's delta for this piece of output: content, or a fragment of the named call's arguments."""
-        if self.tools is not None and self.tools.mode == "named":
-            return {"tool_calls": [self._named_fragment(text)]} if text else {}
-        content = self.split.feed(text) if self.split is not None else text
-        return {"content": content} if content else {}
-
-    def _named_fragment(self, arguments: str) -> dict[str, Any]:
-        """OpenAI's streamed call: id, type and name on its first delta, then ``arguments`` fragments."""
-        if self.named is not None:
-            return {"index": 0, "function": {"arguments": arguments}}
-        self.named = ToolCall(self.tools.name, "")  # type: ignore[union-attr, arg-type]
-        return {
-            "index": 0,
-            "id": self.named.id,
-            "type": "function",
-            "function": {"name": self.named.name, "arguments": arguments},
-        }
+    def _delta(self, parts: list[Part]) -> dict[str, Any]:
+        """One delta of these parts: reasoning, content, and each call's fragment (its id, type and name on its
+        first, as OpenAI streams a call)."""
+        delta: dict[str, Any] = {}
+        calls: dict[int, dict[str, Any]] = {}
+        for part in parts:
+            if isinstance(part, Reasoning):
+                delta.update(_reasoning_fields(delta.get("reasoning_content", "") + part.text))
+            elif isinstance(part, Content):
+                delta["content"] = delta.get("content", "") + part.text
+            elif isinstance(part, CallStart):
+                self.call_ids.append(ToolCall(part.name, "").id)
+                calls[part.index] = {
+                    "index": part.index,
+                    "id": self.call_ids[part.index],
+                    "type": "function",
+                    "function": {"name": part.name, "arguments": ""},
+                }
+            else:
+                fragment = calls.setdefault(part.index, {"index": part.index, "function": {"arguments": ""}})
+                fragment["function"]["arguments"] += part.text
+        if calls:
+            delta["tool_calls"] = list(calls.values())
+        return delta
 
     def usage_of(self, finals: list[Delta]) -> list[bytes]:
         if not self.usage:
@@ -630,7 +765,7 @@ class _ChatChunks:
         if not self.started:
             self.started = True
             out.append(self._chunk({"role": "assistant", "content": ""}))
-        delta = self._delta(d.text)
+        delta = self._delta(self.answer.feed(d.text)) if d.text else {}
         if delta or (self.logprobs and d.tokens):
             out.append(
                 self._chunk(delta or {"content": ""}, logprobs=_chat_logprobs(d.tokens) if self.logprobs else None)
@@ -644,19 +779,10 @@ class _ChatChunks:
                 )
                 out.append(self.record(body))
                 return out
-            called = self.tools is not None and self.tools.mode == "named"
-            if called and self.named is None:  # a named call with empty output still is the call
-                out.append(self._chunk({"tool_calls": [self._named_fragment("")]}))
-            if self.split is not None:
-                rest, calls = self.split.finish()
-                if rest:
-                    out.append(self._chunk({"content": rest}))
-                if calls:
-                    called = True
-                    out.append(
-                        self._chunk({"tool_calls": [{"index": i, **c.as_openai()} for i, c in enumerate(calls)]})
-                    )
-            out.append(self._chunk({}, _finish_reason(d.finish_reason, called)))  # type: ignore[arg-type]
+            rest = self._delta(self.answer.finish())
+            if rest:
+                out.append(self._chunk(rest))
+            out.append(self._chunk({}, _finish_reason(d.finish_reason, bool(self.call_ids))))  # type: ignore[arg-type]
             if self.own_usage:
                 out += self.usage_of([d])
         return out
@@ -667,6 +793,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
     ctx = request.app[CONTEXT]
     req: CompletionRequest = validate_body(CompletionRequest, body)
     params = req.generate_params()
+    names = {**COMPLETION_NAMES, "guided": req.structured[1]} if req.structured is not None else COMPLETION_NAMES
     prompts = req.prompts()
     service = ctx.require_service()
     cid = f"cmpl-{current_request_id()}"
@@ -693,7 +820,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
                 f"prompt is a list of {len(prompts)} prompts, which cannot be streamed; "
                 "send one prompt per streamed request",
             )
-        return await _completions_batch(ctx, prompts, params, base, echo_text)
+        return await _completions_batch(ctx, prompts, params, base, echo_text, names)
     prompt = prompts[0]
     if not req.stream:
         best_of = max(req.best_of or 1, req.n or 1)
@@ -701,7 +828,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
             service.require("logprobs", "best_of", " ranks the sequences by log-prob")
         ranked = params if best_of == (req.n or 1) else params.model_copy(update={"logprobs": True})
         cs = await collect_n(
-            service, prompt, ranked, best_of, field_name="prompt", max_tokens_field="max_tokens", names=COMPLETION_NAMES
+            service, prompt, ranked, best_of, field_name="prompt", max_tokens_field="max_tokens", names=names
         )
         err = next((c.error for c in cs if c.error is not None), None)
         if err is not None:
@@ -715,7 +842,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
                 "usage": _usage(cs[0].prompt_tokens, sum(c.generated_tokens for c in cs)),
             }
         )
-    start_kw = {"field_name": "prompt", "max_tokens_field": "max_tokens", "names": COMPLETION_NAMES}
+    start_kw = {"field_name": "prompt", "max_tokens_field": "max_tokens", "names": names}
     n = req.n or 1
     streams: list[GenerationStream] = []
     try:
@@ -795,7 +922,7 @@ def _completion_choice(index: int, c: Completion, prefix: str, logprobs: bool) -
 
 
 async def _completions_batch(
-    ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text
+    ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text, names: dict[str, str]
 ) -> web.Response:
     service = ctx.require_service()
     service.admit_batch(len(prompts), "prompt")
@@ -809,7 +936,7 @@ async def _completions_batch(
                     field_name=f"prompt[{i}]",
                     max_tokens_field="max_tokens",
                     admitted=True,
-                    names=COMPLETION_NAMES,
+                    names=names,
                 )
             )
         completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
