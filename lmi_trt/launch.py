@@ -54,8 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from lmi_trt.config import ConfigError, LmiConfig
-from lmi_trt.engines.registry import ENGINES
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines.registry import ENGINE_NAMES, entry
+from lmi_trt.errors import ConfigError
 
 if TYPE_CHECKING:
     from lmi_trt.engines.trtllm import TrtllmSettings
@@ -159,19 +160,19 @@ def _degree(value: int | str, key: str) -> int | str:
     return value
 
 
-def plan_launch(
-    tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "tensorrt"
-) -> LaunchPlan:
-    """Pure: how to run ``engine`` with TP×PP on a host with ``gpu_count`` visible GPUs.
+def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "auto") -> LaunchPlan:
+    """Pure: how to run ``engine`` (on TensorRT-LLM's ``backend``) with TP×PP on a host with ``gpu_count``
+    visible GPUs, by the registry entry's launch rule.
 
     ``tp='max'`` is all visible GPUs ÷ PP (1 without GPUs). TP×PP above the visible GPUs is an
     error; on a host without GPUs the plan keeps TP×PP ranks (the engine reports the missing GPU).
     Only the trtllm engine runs TP×PP > 1: under MPI for TensorRT engines; on its ``pytorch`` backend in one
-    process, whose LLM starts its own TP×PP workers.
+    process, whose LLM starts its own TP×PP workers. A backend not chosen yet (``auto``: decided once the model
+    is read) is planned as TensorRT engines are.
     """
-    if engine not in ENGINES:
-        raise LaunchError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
-    rule = ENGINES[engine].launch
+    if engine not in ENGINE_NAMES:
+        raise LaunchError(f"engine {engine!r} is not one of {', '.join(ENGINE_NAMES)}")
+    rule = entry(engine, backend).launch
     tp = _degree(tp, "option.tensor_parallel_degree")
     pp = _degree(pp, "option.pipeline_parallel_degree")
     if isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 0:
@@ -207,7 +208,7 @@ def plan_launch(
             notes.append(f"{gpu_count} GPUs, one model copy per GPU behind one front end (least-loaded routing)")
         return LaunchPlan(engine, 1, 1, gpu_count, tuple((i,) for i in range(gpu_count)), 0, None, tuple(notes))
 
-    # mpi_ranks (trtllm)
+    # mpi_ranks and llm_workers (trtllm)
     if tp == "max":
         tp = max(1, gpu_count // pp)
         if gpu_count and gpu_count < pp:
@@ -218,8 +219,8 @@ def plan_launch(
             )
         notes.append(f"option.tensor_parallel_degree=max → {tp} ({gpu_count} visible GPU(s) ÷ PP {pp})")
     world = tp * pp
-    if backend == "pytorch" and (gpu_count == 0 or world <= gpu_count):
-        return _pytorch_plan(engine, tp, pp, gpu_count, notes)
+    if rule == "llm_workers" and (gpu_count == 0 or world <= gpu_count):
+        return _llm_workers_plan(engine, tp, pp, gpu_count, notes)
     if gpu_count == 0:
         # Nothing to place; the engine itself says that TensorRT-LLM needs a GPU.
         return LaunchPlan(engine, tp, pp, 0, ((),), world if world > 1 else 0, "leader", tuple(notes))
@@ -244,7 +245,7 @@ def plan_launch(
     return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
 
 
-def _pytorch_plan(engine: str, tp: int, pp: int, gpu_count: int, notes: list[str]) -> LaunchPlan:
+def _llm_workers_plan(engine: str, tp: int, pp: int, gpu_count: int, notes: list[str]) -> LaunchPlan:
     """TensorRT-LLM's PyTorch backend: one process and one copy. Its LLM spawns the TP×PP workers itself
     (NVIDIA/TensorRT-LLM, tensorrt_llm/executor/proxy.py: ``MpiPoolSession(n_workers=model_world_size)``
     unless already inside an mpirun of that size) and ``LLM.shutdown`` ends them, so lmi-trt starts no ranks."""
@@ -264,7 +265,7 @@ def _pytorch_plan(engine: str, tp: int, pp: int, gpu_count: int, notes: list[str
 
 def plan_for(config: LmiConfig, kind: str, gpu_count: int) -> LaunchPlan:
     """``plan_launch`` for an ``LmiConfig``; a per-GPU engine (torch) on ``option.device=cpu`` uses no GPU."""
-    if ENGINES[kind].launch == "per_gpu" and config.device == "cpu":
+    if entry(kind, config.backend).launch == "per_gpu" and config.device == "cpu":
         gpu_count = 0
     return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind, config.backend)
 

@@ -3,7 +3,7 @@
 Writes a tiny random Llama checkpoint and serves it with ``option.rolling_batch=trtllm`` on the
 TensorRT-LLM backend ``serve`` would choose for a Hugging Face checkpoint (``option.backend``, by
 ``engines.choose_backend``; ``--backend`` picks one). On ``tensorrt`` it goes through
-``lmi_trt.compile`` exactly as ``serve`` does (``loader.compile_if_needed``: plan → build in worker
+``lmi_trt.compile`` exactly as ``serve`` does (``stages.compile_if_needed``: plan → build in worker
 processes → engine cache), asks again to check the cache answers and serves the engine through
 ``TrtllmEngine``; on ``pytorch`` (1.0 and later, the only one after 1.2) the LLM API's
 ``LlmApiEngine`` loads the checkpoint. Then one request and one stream. Prints PASS/FAIL per step;
@@ -19,10 +19,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from lmi_trt import stages
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines import choose_backend, probe_trtllm
 from lmi_trt.engines.base import Engine, FinishReason, GenerationRequest, SamplingParams
-from lmi_trt.engines.registry import llmapi_settings, settle, trtllm_settings
+from lmi_trt.engines.registry import COMPILING_ENGINE, entry
 from lmi_trt.engines.trtllm import TrtllmEngine, probe_runtime
 from lmi_trt.sources import ModelArtifact
 
@@ -78,7 +79,7 @@ def _config(root: Path, backend: str) -> LmiConfig:
     """What a user would put in serving.properties for this model, with the cache under ``root``."""
     return LmiConfig(
         model_id=str(root / "hf"),
-        rolling_batch="trtllm",
+        rolling_batch=COMPILING_ENGINE,
         backend=backend,
         dtype="fp16",
         max_input_len=32,
@@ -98,10 +99,10 @@ def _backend(requested: str) -> str:
 
 def _compile(config: LmiConfig) -> ModelArtifact:
     """The serve path's JIT stage: resolve the checkpoint, then plan → build → cache."""
-    from lmi_trt.loader import compile_if_needed
     from lmi_trt.sources import resolve_model
 
-    artifact = compile_if_needed("trtllm", config, resolve_model(config))
+    served = entry(COMPILING_ENGINE, config.backend)
+    artifact = stages.compile_if_needed(served, config, resolve_model(config))
     if artifact.kind != "trtllm_engine":
         raise _StepFailed(f"the compile stage gave a {artifact.kind}, not an engine")
     return artifact
@@ -125,14 +126,14 @@ async def _generate(engine: Engine, streaming: bool) -> tuple[list[int], list, F
 
 
 def _executor(config: LmiConfig, engine_dir: Path, gpu_available: Callable[[], bool] | None) -> Engine:
-    settings = trtllm_settings(settle(config, "trtllm"))  # as the loader builds them
+    settings = stages.trtllm_settings(stages.settle(config, COMPILING_ENGINE))  # as the loader builds them
     return TrtllmEngine(engine_dir, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
 
 
 def _llm(config: LmiConfig, gpu_available: Callable[[], bool] | None) -> Engine:
     from lmi_trt.engines.llmapi import LlmApiEngine
 
-    settings = llmapi_settings(settle(config, "trtllm"))  # as the loader builds them
+    settings = stages.llmapi_settings(stages.settle(config, COMPILING_ENGINE))  # as the loader builds them
     return LlmApiEngine(config.model_id, settings, eos_token_ids=[EOS], pad_token_id=PAD, gpu_available=gpu_available)
 
 
@@ -214,7 +215,7 @@ def run_selftest(
         try:
             chosen = sync_step("TensorRT-LLM backend for a Hugging Face checkpoint", lambda: _backend(backend))
             config = _config(root, chosen.split()[0])
-            if config.backend == "pytorch":
+            if not entry(COMPILING_ENGINE, config.backend).builds_engine:
                 from lmi_trt.engines.llmapi import probe_llm_api
 
                 sync_step("TensorRT-LLM and a GPU", lambda: f"TensorRT-LLM {probe_llm_api(gpu_available)[1]}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmi_trt.compile.errors import BuildError, CacheError, PlanError
 from lmi_trt.compile.probe import detect_gpu, detect_trtllm_version
+from lmi_trt.engines.registry import COMPILING_ENGINE, entries, entry
 
 from .flags import add_config_flags, fitted_job, load_compile_job
 from .target import add_target_flags, checkpoint_backend, release_facts, target_gpu
@@ -57,7 +58,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
     """The TensorRT engine, for the GPU of this host (or the one the --gpu* flags name when there is none)."""
-    from lmi_trt.compile.jit import check_output, compile_to
+    from lmi_trt.compile.cache import check_output
+    from lmi_trt.compile.jit import compile_to
     from lmi_trt.sources import resolve_model
 
     detected = detect_gpu()
@@ -89,13 +91,15 @@ def _calibrates_only(config: Any, version: str) -> bool:
     one: chosen (option.backend=pytorch), or the only one left (a release without the Executor). There the
     artifact made ahead of time is the calibrated checkpoint of option.quantize."""
     backend, _ = checkpoint_backend(config, version)  # a combination the release cannot serve: StartupError
-    return backend == "pytorch" and (config.backend == "pytorch" or not release_facts(version).has_executor)
+    served, facts = entry(COMPILING_ENGINE, backend), release_facts(version)
+    builders = [e for e in entries(COMPILING_ENGINE) if e.builds_engine and facts.has(e)]
+    return not served.builds_engine and (config.backend == served.backend or not builders)
 
 
 def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: str) -> str:
     """The pytorch backend's artifact: option.quantize's calibrated checkpoint (there is no engine to build)."""
+    from lmi_trt import stages
     from lmi_trt.compile.hf_quant import quantize_to
-    from lmi_trt.engines import registry
     from lmi_trt.sources import resolve_model
 
     if config.quantize is None:
@@ -108,7 +112,7 @@ def _calibrate(args: argparse.Namespace, config: Any, job: CompileJob, version: 
         )
     artifact = resolve_model(config)
     quant = quantize_to(
-        registry.quantize_job(config),
+        stages.quantize_job(config),
         artifact,
         args.output,
         trtllm_version=version,

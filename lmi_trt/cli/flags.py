@@ -66,17 +66,18 @@ def load_cli_config(args: argparse.Namespace):
 
 def load_compile_job(args: argparse.Namespace):
     """CLI flags → (LmiConfig settled for the compiling engine, its CompileJob) for `plan` and `compile`."""
-    from lmi_trt.engines import registry
+    from lmi_trt import stages
+    from lmi_trt.engines.registry import COMPILING_ENGINE
 
-    config = registry.settle(load_cli_config(args), registry.COMPILING_ENGINE)
-    return config, registry.compile_job(config)
+    config = stages.settle(load_cli_config(args), COMPILING_ENGINE)
+    return config, stages.compile_job(config)
 
 
 def fitted_job(config: Any, model_config: Mapping[str, Any] | None) -> tuple[Any, CompileJob]:
     """``config`` with unset max_input_len / max_output_len fitted to the model's config.json as ``serve`` fits
-    them (one function for both: ``loader.fit_lengths``), and its CompileJob."""
-    from lmi_trt.engines import registry
-    from lmi_trt.loader import fit_lengths
+    them (one function for both: ``stages.fit_lengths``), and its CompileJob."""
+    from lmi_trt import stages
+    from lmi_trt.engines.registry import COMPILING_ENGINE
 
-    config = fit_lengths(config, model_config, registry.COMPILING_ENGINE)
-    return config, registry.compile_job(config)
+    config = stages.fit_lengths(config, model_config, COMPILING_ENGINE)
+    return config, stages.compile_job(config)

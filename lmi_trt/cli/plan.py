@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from lmi_trt.compile.errors import PlanError
@@ -33,38 +32,17 @@ def add_parser(subparsers: Any) -> None:
 
 def fetch_hf_config(config: Any) -> dict[str, Any]:
     """config.json of the model ``config`` names (HF or TensorRT-LLM checkpoint), without its weights."""
-    from lmi_trt.sources import SourceError
+    from lmi_trt.sources import SourceError, model_ref, read_config
 
-    model_id = config.model_id or (str(config.model_dir) if config.model_dir else None)
-    if model_id is None:
+    ref = model_ref(config)
+    if ref is None:
         raise SourceError("no model given: set option.model_id (HF id, s3:// URI or folder) or --model-id")
-    if model_id.startswith("s3://"):
-        from lmi_trt.sources.s3 import make_client, parse_s3_uri
-
-        uri = parse_s3_uri(model_id)
-        try:
-            body = make_client().get_object(Bucket=uri.bucket, Key=f"{uri.prefix}config.json")["Body"].read()
-        except Exception as e:
-            raise SourceError(f"option.model_id={model_id!r}: cannot read {uri}config.json ({e})") from e
-        return json.loads(body)
-    local = Path(model_id).expanduser()
-    if local.is_dir():
-        path = local / "config.json"
-        if not path.is_file():
-            raise SourceError(f"option.model_id={model_id!r}: {path} does not exist")
-        return json.loads(path.read_text())
-    from huggingface_hub import hf_hub_download
-
-    token = config.hf_token.get_secret_value() if config.hf_token is not None else None
-    try:
-        return json.loads(
-            Path(hf_hub_download(model_id, "config.json", revision=config.revision, token=token)).read_text()
-        )
-    except Exception as e:
+    found = read_config(ref, config, download=True)
+    if found is None:
         raise SourceError(
-            f"option.model_id={model_id!r}: cannot fetch config.json from the Hugging Face hub "
-            f"({type(e).__name__}: {e})"
-        ) from e
+            f"{ref.key}={ref.name!r}: no readable config.json (a JSON object) in {ref.folder or ref.name}"
+        )
+    return found
 
 
 def _gib(n: float) -> str:
@@ -72,18 +50,19 @@ def _gib(n: float) -> str:
 
 
 def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | None]:
-    """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and on the
-    pytorch backend the ``LLM`` keywords (no engine build)."""
-    from lmi_trt.engines import registry
+    """Pure: the TensorRT-LLM backend ``serve`` would pick for a checkpoint on ``version``, why, and where it builds
+    no engine (the pytorch backend) the ``LLM`` keywords."""
+    from lmi_trt import stages
+    from lmi_trt.engines.registry import COMPILING_ENGINE, entry
 
     backend, why = checkpoint_backend(config, version)
-    if backend != "pytorch":
+    if entry(COMPILING_ENGINE, backend).builds_engine:
         return backend, why, None
     from lmi_trt.engines.llmapi import llm_api_series, llm_plan
 
     # ``config`` is settled for the compiling engine (lmi_trt.cli.load_compile_job); 'max' is the launcher's
     tp = config.tensor_parallel_degree
-    settings = registry.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
+    settings = stages.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
     planned = llm_plan(settings, llm_api_series(version))
     nested = {
         "kv_cache_config": planned.kv_cache_config,

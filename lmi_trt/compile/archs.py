@@ -510,12 +510,8 @@ def converter_kwargs(spec: ArchSpec, opts: CompileOptions, hf: dict[str, Any]) -
     if key is None:
         return kwargs
     given = _version_value(spec, opts)
-    if given is not None:
-        value = key.choices.get(given.strip().lower())
-        if value is None:
-            raise PlanError(
-                key.key, given, f"not a {spec.family} version", "Use one of: " + ", ".join(sorted(key.choices))
-            )
+    if given is not None:  # one of key.choices: the options take the key's values only
+        value = key.choices[given]
     else:
         value = {"chatglm": _infer_chatglm_version, "gpt": _infer_gpt_variant, "baichuan": _infer_baichuan_version}[
             spec.family

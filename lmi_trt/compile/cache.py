@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ from typing import Any, Literal
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .errors import CacheError
+from .errors import BuildError, CacheError
 from .plan import BuildPlan, GpuFacts
 
 log = logging.getLogger(__name__)
@@ -596,3 +597,60 @@ class EngineCache:
             )
         else:
             log.info("engine cache miss for %s (key %s): no entry of this model yet", model_id, key[:12])
+
+
+# ------------------------------------------------------------------------------------------------
+# The cache a configuration names, and AOT outputs (``lmi-trt compile --output``), for both compile stages
+# (TensorRT engines, lmi_trt.compile.jit; calibrated checkpoints, lmi_trt.compile.hf_quant).
+
+ENGINE_CACHE_DIRNAME = "trtllm-engines"
+
+
+def open_cache(uri: str | None, download_dir: Path, timeout_s: float, client: Any = None) -> EngineCache:
+    """The cache ``option.engine_cache_uri`` names: an s3:// prefix (with a local copy under ``download_dir``) or a
+    local folder; unset, a folder under ``download_dir``. ``timeout_s``: one compile (option.compile_timeout)."""
+    local = download_dir / ENGINE_CACHE_DIRNAME
+    remote = None
+    if uri and str(uri).startswith("s3://"):
+        remote = S3EngineCache(str(uri), client)
+    elif uri:
+        local = Path(uri)
+    # Waiting for another builder may take a whole compile, plus its download.
+    return EngineCache(local, remote, lock_timeout_s=2 * timeout_s, wait_timeout_s=2 * timeout_s)
+
+
+def check_output(output: str) -> None:
+    """An AOT output folder must be new or empty (checked before any download)."""
+    if output.startswith("s3://"):
+        return
+    target = Path(output)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise CacheError(f"--output {output}: exists and is not an empty folder; choose a new one")
+
+
+def publish_to(
+    output: str, build: Callable[[Path], None], inputs: CacheKeyInputs, model_id: str, client: Any = None
+) -> None:
+    """Write what ``build`` makes, with its manifest, to ``output`` (a new folder, or an ``s3://`` prefix): built
+    beside the target and renamed into place, or uploaded (manifest last), so a half-written output never exists."""
+    check_output(output)
+    remote = S3EngineCache(output, client) if output.startswith("s3://") else None
+    target = None if remote else Path(output)
+    parent = target.parent if target is not None else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{target.name if target else 'lmi-trt-compile'}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        build(tmp)
+        manifest = make_manifest(tmp, inputs, model_id)
+        write_manifest(tmp, manifest)
+        if remote is not None:
+            try:
+                remote.upload("", tmp, manifest)
+            except CacheError as e:
+                raise BuildError("upload", str(e)) from e
+        else:
+            if target.exists():
+                target.rmdir()  # empty, checked above
+            tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

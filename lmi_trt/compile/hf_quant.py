@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from lmi_trt.sources import ModelArtifact, detect_artifact
 from lmi_trt.vocabulary import PYTORCH_QUANTIZATIONS, quantization_name
 
-from .cache import CacheKeyInputs, EngineCache
+from .cache import CacheKeyInputs, EngineCache, check_output, open_cache, publish_to
 from .errors import BuildError, PlanError
 from .options import CompileOptions
 from .quant import QuantPlan, calibrated_model, calibration_notes, calibration_plan, modelopt_fields
@@ -43,7 +43,7 @@ class QuantizeJob(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    options: CompileOptions  # only its quantization and calibration fields are set (registry.quantize_job)
+    options: CompileOptions  # only its quantization and calibration fields are set (lmi_trt.stages.quantize_job)
     timeout_s: float  # option.compile_timeout: how long another replica's calibration is waited for
     cache_uri: str | None  # option.engine_cache_uri
     download_dir: Path  # download_dir (the local cache lives under it)
@@ -145,10 +145,8 @@ def ensure_quantized(
     progress: Callable[[str], None] | None = None,
 ) -> ModelArtifact:
     """The calibrated checkpoint for ``artifact`` from the cache, calibrated (once across replicas) when missing."""
-    from .jit import engine_cache
-
     quant, build = _planned_calibration(job, artifact, progress)
-    cache = cache or engine_cache(job)
+    cache = cache or open_cache(job.cache_uri, job.download_dir, job.timeout_s)
     result = cache.get_or_build(
         cache_inputs(artifact.fingerprint, quant, trtllm_version), build, model_id=artifact.model_id
     )
@@ -174,8 +172,6 @@ def quantize_to(
 ) -> QuantPlan:
     """AOT (``lmi-trt compile`` on the pytorch backend): the calibrated checkpoint into ``output`` (a new folder or
     an ``s3://`` prefix), with the cache's manifest; served as a pre-quantized model."""
-    from .jit import check_output, publish_to
-
     check_output(output)
     quant, build = _planned_calibration(job, artifact, progress)
     publish_to(output, build, cache_inputs(artifact.fingerprint, quant, trtllm_version), artifact.model_id, client)

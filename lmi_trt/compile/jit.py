@@ -1,6 +1,6 @@
 """The compile stage as the serve and compile commands use it: a ``CompileJob`` + artifact → engine folder.
 
-The job is built from the configuration in one place (``lmi_trt.engines.registry.compile_job``);
+The job is built from the configuration in one place (``lmi_trt.stages.compile_job``);
 nothing here reads the configuration.
 
 ``prepare_plan`` is the planning half (no weights needed), ``ensure_engine`` the JIT path through
@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,18 +21,13 @@ from lmi_trt.sources import ModelArtifact, detect_artifact
 
 from .archs import checkpoint_as_hf_config
 from .build import BuildSettings, Progress, build_engine
-from .cache import CacheKeyInputs, EngineCache, S3EngineCache, make_manifest, write_manifest
-from .errors import BuildError, CacheError, PlanError
+from .cache import CacheKeyInputs, EngineCache, check_output, open_cache, publish_to
+from .errors import PlanError
 from .options import CompileOptions
 from .plan import BuildPlan, GpuFacts, MemoryEstimate, check_fits, estimate_memory, make_checkpoint_plan, make_plan
 from .probe import detect_gpu, detect_trtllm_version
 
-if TYPE_CHECKING:
-    from .hf_quant import QuantizeJob
-
 log = logging.getLogger(__name__)
-
-ENGINE_CACHE_DIRNAME = "trtllm-engines"
 
 
 class CompileJob(BaseModel):
@@ -131,19 +122,6 @@ def model_config_of(artifact: ModelArtifact) -> tuple[dict[str, Any], bool]:
     return artifact.hf_config, False
 
 
-def engine_cache(job: CompileJob | QuantizeJob, client: Any = None) -> EngineCache:
-    """The cache ``option.engine_cache_uri`` names: an s3:// prefix (with a local copy) or a local folder."""
-    uri, timeout = job.cache_uri, job.timeout_s
-    local = job.download_dir / ENGINE_CACHE_DIRNAME
-    remote = None
-    if uri and str(uri).startswith("s3://"):
-        remote = S3EngineCache(str(uri), client)
-    elif uri:
-        local = Path(uri)
-    # Waiting for another builder may take a whole compile, plus its download.
-    return EngineCache(local, remote, lock_timeout_s=2 * timeout, wait_timeout_s=2 * timeout)
-
-
 def ensure_engine(
     job: CompileJob,
     artifact: ModelArtifact,
@@ -160,7 +138,7 @@ def ensure_engine(
     plan = prepared.plan
     for note in plan.notes + prepared.memory.notes:
         log.info("plan: %s", note)
-    cache = cache or engine_cache(job)
+    cache = cache or open_cache(job.cache_uri, job.download_dir, job.timeout_s)
     inputs = CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu)
 
     def build(out: Path) -> None:
@@ -177,15 +155,6 @@ def ensure_engine(
     result = cache.get_or_build(inputs, build, model_id=artifact.model_id)
     log.info("engine for %s: %s (%s, key %s)", artifact.model_id, result.path, result.source, result.key[:12])
     return detect_artifact(result.path, model_id=artifact.model_id, source=artifact.source, fingerprint=result.key)
-
-
-def check_output(output: str) -> None:
-    """An AOT output folder must be new or empty (checked before any download)."""
-    if output.startswith("s3://"):
-        return
-    target = Path(output)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise CacheError(f"--output {output}: exists and is not an empty folder; choose a new one")
 
 
 def compile_to(
@@ -217,31 +186,3 @@ def compile_to(
 
     publish_to(output, build, CacheKeyInputs.from_plan(artifact.fingerprint, plan, gpu), artifact.model_id, client)
     return prepared
-
-
-def publish_to(
-    output: str, build: Callable[[Path], None], inputs: CacheKeyInputs, model_id: str, client: Any = None
-) -> None:
-    """Write what ``build`` makes, with its manifest, to ``output`` (a new folder, or an ``s3://`` prefix): built
-    beside the target and renamed into place, or uploaded (manifest last), so a half-written output never exists."""
-    check_output(output)
-    remote = S3EngineCache(output, client) if output.startswith("s3://") else None
-    target = None if remote else Path(output)
-    parent = target.parent if target is not None else Path(tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{target.name if target else 'lmi-trt-compile'}.partial-{uuid.uuid4().hex[:8]}"
-    try:
-        build(tmp)
-        manifest = make_manifest(tmp, inputs, model_id)
-        write_manifest(tmp, manifest)
-        if remote is not None:
-            try:
-                remote.upload("", tmp, manifest)
-            except CacheError as e:
-                raise BuildError("upload", str(e)) from e
-        else:
-            if target.exists():
-                target.rmdir()  # empty, checked above
-            tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

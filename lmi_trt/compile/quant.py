@@ -240,7 +240,7 @@ def modelopt_fields(opts: CompileOptions) -> dict[str, Any]:
 def calibration_plan(opts: CompileOptions) -> CalibrationPlan:
     q = opts.quantize
     return CalibrationPlan(
-        dataset=opts.calib_dataset or DEFAULT_CALIB_DATASET,
+        dataset=str(opts.calib_dataset) if opts.calib_dataset is not None else DEFAULT_CALIB_DATASET,
         size=opts.calib_size,
         batch_size=opts.calib_batch_size,
         max_seq_length=opts.calib_max_seq_length,

@@ -1,20 +1,21 @@
-"""Engine selection and construction: (config, artifact, tokenizer facts) → an Engine."""
+"""Engine selection: which engine serves (``choose_engine``), and the host probes it decides from.
+
+The facts it decides by, and TensorRT-LLM's backend choice (``choose_backend``), are the registry's
+(``lmi_trt.engines.registry``); building an engine from the configuration is ``lmi_trt.stages``.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 from dataclasses import dataclass
-from typing import Literal
 
 from lmi_trt.engines.base import Engine
-from lmi_trt.engines.registry import ENGINES
-from lmi_trt.vocabulary import PYTORCH_QUANTIZATIONS, QUANTIZE_NAMES
+from lmi_trt.engines.registry import AUTO_ORDER, ENGINE_NAMES, TrtllmFacts, choose_backend, entry
 
 log = logging.getLogger(__name__)
 
-EngineKind = str  # a key of lmi_trt.engines.registry.ENGINES
+EngineKind = str  # an option.rolling_batch value: lmi_trt.engines.registry.ENGINE_NAMES
 
 
 @dataclass(frozen=True)
@@ -37,34 +38,20 @@ def probe_host() -> HostFacts:
 
 
 def choose_engine(rolling_batch: str, host: HostFacts) -> tuple[EngineKind, str]:
-    """Pure: the engine to run and a sentence saying why (logged at startup)."""
-    if rolling_batch in ENGINES:
+    """Pure: the engine to run and a sentence saying why (logged at startup); ``auto`` takes the first engine of
+    ``AUTO_ORDER`` the host can run."""
+    if rolling_batch in ENGINE_NAMES:
         return rolling_batch, f"option.rolling_batch={rolling_batch}"
-    if host.trtllm_importable and host.gpu_count > 0:
-        return "trtllm", f"auto: tensorrt_llm is importable and {host.gpu_count} GPU(s) are visible"
+    runs = host.trtllm_importable and host.gpu_count > 0
+    kind = next(name for name in AUTO_ORDER if runs or not entry(name).needs_trtllm_gpu)
+    if runs:
+        return kind, f"auto: tensorrt_llm is importable and {host.gpu_count} GPU(s) are visible"
     missing = []
     if not host.trtllm_importable:
         missing.append("tensorrt_llm is not installed")
     if host.gpu_count == 0:
         missing.append("no GPU is visible")
-    return "torch", "auto: " + " and ".join(missing) + "; using the embedded torch engine"
-
-
-# ----------------------------------------------------------------------------- TensorRT-LLM's backend
-
-Backend = Literal["pytorch", "tensorrt"]
-ArtifactKind = Literal["hf_checkpoint", "trtllm_engine"]
-
-
-@dataclass(frozen=True)
-class TrtllmFacts:
-    version: str
-    has_executor: bool  # tensorrt_llm.bindings.executor.Executor exists (gone after 1.2: PRs 15918/16369)
-
-    @property
-    def series(self) -> tuple[int, int]:
-        parts = re.match(r"^(\d+)\.(\d+)", self.version)
-        return (int(parts.group(1)), int(parts.group(2))) if parts else (0, 0)
+    return kind, "auto: " + " and ".join(missing) + f"; using the embedded {kind} engine"
 
 
 def probe_trtllm() -> TrtllmFacts:
@@ -78,78 +65,7 @@ def probe_trtllm() -> TrtllmFacts:
     return TrtllmFacts(str(getattr(tensorrt_llm, "__version__", "")), hasattr(executor, "Executor"))
 
 
-def choose_backend(
-    backend: str, facts: TrtllmFacts, artifact: ArtifactKind, quantize: str | None = None
-) -> tuple[Backend, str]:
-    """Pure: which TensorRT-LLM backend serves ``artifact`` and a sentence saying why; a combination the release
-    cannot serve is a ``StartupError`` naming option.backend. Since 1.0 the LLM API's default backend is
-    PyTorch (NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm.py, 1.0.0); after 1.2 the TensorRT-engine Executor is
-    gone (PRs 15918, 16369). ``quantize`` (option.quantize): the PyTorch backend loads modelopt's FP8, FP8 KV and
-    AWQ checkpoints (``lmi_trt.compile.hf_quant``); the other formats need a TensorRT engine."""
-    from lmi_trt.config import StartupError  # here: the configuration imports this package (its registry)
-
-    v = facts.version
-    pytorch_ok = facts.series >= (1, 0)
-    engine_only = quantize is not None and QUANTIZE_NAMES.get(quantize) not in PYTORCH_QUANTIZATIONS
-    if engine_only and (backend == "pytorch" or not facts.has_executor):
-        raise StartupError(
-            "option.quantize",
-            quantize,
-            "a TensorRT-engine format, and "
-            + (
-                "option.backend=pytorch"
-                if backend == "pytorch"
-                else f"TensorRT-LLM {v} has no TensorRT-engine Executor"
-            )
-            + " loads modelopt's FP8, FP8 KV-cache and AWQ checkpoints only",
-            "use fp8, fp8_kv or awq, serve a checkpoint quantized beforehand without option.quantize, "
-            "or set option.backend=tensorrt on a 0.12-1.2 image",
-        )
-    engine = artifact == "trtllm_engine"
-    if backend == "pytorch":
-        if not pytorch_ok:
-            raise StartupError(
-                "option.backend",
-                backend,
-                f"TensorRT-LLM {v} has no PyTorch LLM API (it starts at 1.0)",
-                "set option.backend=tensorrt (or auto), or use a TensorRT-LLM 1.0+ image",
-            )
-        if engine:
-            raise StartupError(
-                "option.backend",
-                backend,
-                "the model is a precompiled TensorRT engine folder, which only the tensorrt backend loads",
-                "set option.backend=tensorrt (or auto), or point option.model_id at the Hugging Face checkpoint",
-            )
-        return "pytorch", "option.backend=pytorch"
-    if backend == "tensorrt" or engine or not pytorch_ok or engine_only:
-        if not facts.has_executor:
-            what = "option.backend=tensorrt" if backend == "tensorrt" else "auto: a precompiled TensorRT engine folder"
-            raise StartupError(
-                "option.backend",
-                backend,
-                f"{what} needs the TensorRT-engine Executor, and TensorRT-LLM {v} has none (removed after 1.2)",
-                "serve the Hugging Face checkpoint with option.backend=pytorch (or auto), or use a "
-                "TensorRT-LLM 0.12-1.2 image",
-            )
-        if backend == "tensorrt":
-            return "tensorrt", "option.backend=tensorrt"
-        if engine:
-            return "tensorrt", f"auto: a precompiled TensorRT engine folder (TensorRT-LLM {v})"
-        if not pytorch_ok:
-            return "tensorrt", f"auto: TensorRT-LLM {v} has no PyTorch LLM API (1.0+)"
-        return "tensorrt", f"auto: option.quantize={quantize} is a TensorRT-engine format"
-    if not facts.has_executor:
-        return (
-            "pytorch",
-            f"auto: TensorRT-LLM {v} has no TensorRT-engine Executor; the PyTorch LLM API is its only path",
-        )
-    return "pytorch", f"auto: a Hugging Face checkpoint on TensorRT-LLM {v}, whose default backend is PyTorch"
-
-
 __all__ = [
-    "ArtifactKind",
-    "Backend",
     "Engine",
     "EngineKind",
     "HostFacts",

@@ -73,9 +73,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
@@ -110,14 +110,14 @@ from lmi_trt.engines.trtllm import (
     map_request,
     require_eos,
 )
+from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
 
 FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
 _NOT_STARTED = "the trtllm-pytorch engine has not started: what it honours depends on the TensorRT-LLM release"
-# TorchLlmArgs' own defaults (llm_args.py), used for the limits when no option sets them.
+# TorchLlmArgs' own default (llm_args.py), used for the limits when no option sets it.
 LLM_DEFAULT_BATCH = 2048
-LLM_DEFAULT_INPUT_LEN = 1024
 # What the start-up log reads back from LLM.args for the keywords left to the release (TorchLlmArgs fields).
 RELEASE_DEFAULTS = (
     "max_batch_size",
@@ -181,40 +181,6 @@ def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
 # =============================================================================== settings
 
 
-class LlmApiSettings(BaseModel):
-    """What the LLM takes beyond the Executor's runtime settings (``runtime``, shared with the trtllm engine)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    runtime: TrtllmSettings = Field(default_factory=TrtllmSettings)
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"  # option.dtype
-    max_input_len: int | None = Field(None, ge=1)  # option.max_input_len
-    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output
-    trust_remote_code: bool = False  # option.trust_remote_code
-    # DJL LMI's keys under the LLM's own names (DJL_LLM_FIELDS; lmi_trt.config: option.<name>); None: not given,
-    # TensorRT-LLM's default.
-    max_attention_window: tuple[int, ...] | None = None
-    sink_token_length: int | None = Field(None, ge=0)
-    onboard_blocks: bool | None = None
-    cross_kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0)
-    secondary_offload_min_priority: int | None = None
-    event_buffer_max_size: int | None = Field(None, ge=0)
-    kv_cache_dtype: Literal["auto", "fp8"] | None = None
-    moe_tensor_parallel_size: int | None = Field(None, ge=1)
-    moe_expert_parallel_size: int | None = Field(None, ge=1)
-    enable_attention_dp: bool | None = None
-    load_format: Literal["auto", "dummy"] | None = None
-    iter_stats_max_iterations: int | None = Field(None, ge=0)
-    request_stats_max_iterations: int | None = Field(None, ge=0)
-    attn_backend: Literal["TRTLLM", "VANILLA", "FLASHINFER", "FLASHINFER_STAR_ATTENTION"] | None = None
-    moe_backend: str | None = None
-    enable_overlap_scheduler: bool | None = None
-    use_cuda_graph: bool | None = None
-    # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
-    # (registry.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
-    given: frozenset[str] = frozenset()
-
-
 # Where DJL's keys go (djl-serving djl_python/properties_manager/trt_properties.py get_kv_cache_config /
 # get_pytorch_config / get_llm_kwargs): (the nested config, or None for an LLM keyword; its field). The fields are
 # KvCacheConfig's, BaseLlmArgs'/TorchLlmArgs' and MoeConfig's in tensorrt_llm/llmapi/llm_args.py, in every copy read
@@ -237,10 +203,21 @@ _DJL_TARGETS: dict[str, tuple[str | None, str]] = {
     "attn_backend": (None, "attn_backend"),
     "moe_backend": ("moe_config", "backend"),
 }
-# Every LlmApiSettings field the configuration fills under its own name (lmi_trt.engines.registry.llmapi_settings):
+# Every LlmApiSettings field the configuration fills under its own name (its reads):
 # the above, plus DJL's enable_overlap_scheduler (TorchLlmArgs.disable_overlap_scheduler, inverted) and
 # use_cuda_graph (false: TorchLlmArgs.cuda_graph_config=None, "pass None to disable").
 DJL_LLM_FIELDS: tuple[str, ...] = (*_DJL_TARGETS, "enable_overlap_scheduler", "use_cuda_graph")
+
+
+class LlmApiSettings(reads("dtype", "max_input_len", "trust_remote_code", *DJL_LLM_FIELDS)):
+    """What the LLM takes beyond the Executor's runtime settings (``runtime``, shared with the trtllm engine); DJL
+    LMI's keys under the LLM's own names (``DJL_LLM_FIELDS``; None: not given, TensorRT-LLM's default)."""
+
+    runtime: TrtllmSettings = Field(default_factory=TrtllmSettings)
+    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output (lmi_trt.stages)
+    # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
+    # (stages.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
+    given: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -291,7 +268,7 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
     except the few lmi-trt needs (each with its reason in ``origins``)."""
     check_settings(settings)
     rt, given = settings.runtime, settings.given
-    beams = rt.max_beam_width or 1
+    beams = rt.max_beam_width
     keywords: dict[str, Any] = {}
     origins: dict[str, str] = {}
 
@@ -428,7 +405,7 @@ def _check_moe_split(tp: int, moe_tp: int | None, moe_ep: int | None) -> None:
 def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, Any]:
     """The plan's nested configs as this release's own classes, which validate them (pydantic), and every given field
     checked against this release's ``TorchLlmArgs``: what the release lacks or refuses is a ``TrtllmConfigError`` naming
-    the option. Run at startup (``lmi_trt.engines.registry.check_release``) and again when the LLM is built."""
+    the option. Run at startup (``lmi_trt.stages.check_release``) and again when the LLM is built."""
     fields = llmapi.TorchLlmArgs.model_fields
     for target, option in plan.options.items():
         if target.split(".")[0] not in fields:
@@ -718,9 +695,9 @@ class LlmApiEngine:
         rt = self.settings.runtime
         self._limits = EngineLimits(
             max_batch_size=rt.max_batch_size if rt.max_batch_size_key is not None else LLM_DEFAULT_BATCH,
-            max_input_len=self.settings.max_input_len or LLM_DEFAULT_INPUT_LEN,
+            max_input_len=self.settings.max_input_len,
             max_seq_len=self.settings.max_seq_len,
-            max_beam_width=rt.max_beam_width or 1,
+            max_beam_width=rt.max_beam_width,
         )
         self._capabilities = Capabilities(  # until start() finds the release
             release="",

@@ -29,7 +29,7 @@ from lmi_trt.engines.base import (
     cannot,
     refused,
 )
-from lmi_trt.engines.registry import ENGINES
+from lmi_trt.engines.registry import SYNTHETIC
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class SyntheticEngine:
         vocab_size: int,
         *,
         tokens_per_second: float | None = None,
-        max_batch_size: int = ENGINES["synthetic"].default_batch,
+        max_batch_size: int = SYNTHETIC.default_batch,
         max_input_len: int = 4096,
         max_new_tokens: int = 4096,
         max_seq_len: int | None = None,

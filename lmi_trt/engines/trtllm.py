@@ -44,7 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lmi_trt.engines.base import (
     SAMPLING_FEATURES,
@@ -62,6 +62,7 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
+from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
 
@@ -165,34 +166,30 @@ def probe_runtime(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
 # =============================================================================== settings
 
 
-BatchSchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
+class TrtllmSettings(
+    reads(
+        "max_num_tokens",
+        "kv_cache_free_gpu_mem_fraction",
+        "max_tokens_in_paged_kv_cache",
+        "kv_cache_host_memory_bytes",  # host tier for offloaded KV blocks
+        "enable_kv_cache_reuse",
+        "batch_scheduler_policy",
+        "enable_chunked_context",
+        "multi_block_mode",  # None: the engine's or TensorRT-LLM's own default
+        "enable_trt_overlap",
+        "max_beam_width",
+        "pipeline_parallel_degree",
+    )
+):
+    """Runtime settings of the Executor: the keys it reads (types and defaults are theirs) and what the wiring
+    (``lmi_trt.stages``) and the launch plan derive. ``None`` means "the engine's own"."""
 
-
-class TrtllmSettings(BaseModel):
-    """Runtime settings of the Executor, built from the configuration by ``lmi_trt.engines.registry``.
-
-    ``None`` means "the engine's or TensorRT-LLM's own default".
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # option.max_rolling_batch_size / option.max_num_sequences; may only lower the engine's value.
+    # option.max_num_sequences, else option.max_rolling_batch_size; may only lower the engine's value.
     max_batch_size: int | None = Field(None, ge=1)
     # The option that set max_batch_size (named in errors); None = a default, lowered to the
     # engine's build-time value with a warning instead of an error.
     max_batch_size_key: str | None = None
-    max_num_tokens: int | None = Field(None, ge=1)  # option.max_num_tokens
-    kv_cache_free_gpu_mem_fraction: float | None = Field(None, gt=0.0, le=1.0)
-    max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1)
-    kv_cache_host_memory_bytes: int | None = Field(None, ge=1)  # host tier for offloaded KV blocks
-    enable_kv_cache_reuse: bool = False
-    batch_scheduler_policy: BatchSchedulerPolicy = "max_utilization"  # DJL's default
-    enable_chunked_context: bool = False
-    multi_block_mode: bool | None = None
-    enable_trt_overlap: bool = False
-    max_beam_width: int | None = Field(None, ge=1)  # None → the engine's
-    tensor_parallel_degree: int | None = Field(1, ge=1)  # None → accept the engine's (TP "max")
-    pipeline_parallel_degree: int = Field(1, ge=1)
+    tensor_parallel_degree: int | None = Field(1, ge=1)  # option.tensor_parallel_degree; None: "max", the engine's
     # One model copy among several on a host (lmi_trt.launch): its GPUs, and ORCHESTRATOR mode,
     # the documented way to run several Executors in one process (workers spawned over MPI).
     device_ids: tuple[int, ...] | None = None
@@ -400,7 +397,7 @@ def effective_batch_size(settings: TrtllmSettings, facts: EngineFacts) -> int:
 
 
 def effective_beam_width(settings: TrtllmSettings, facts: EngineFacts) -> int:
-    return settings.max_beam_width or facts.max_beam_width
+    return settings.max_beam_width
 
 
 def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
@@ -431,7 +428,7 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             f"option.max_num_tokens={settings.max_num_tokens} exceeds the engine's built max_num_tokens="
             f"{facts.max_num_tokens}; the runtime can only lower it: set at most {facts.max_num_tokens} or rebuild"
         )
-    if settings.max_beam_width and settings.max_beam_width > facts.max_beam_width:
+    if settings.max_beam_width > facts.max_beam_width:
         errors.append(
             f"option.max_beam_width={settings.max_beam_width} exceeds the engine's built max_beam_width="
             f"{facts.max_beam_width}; lower it or rebuild the engine with --max_beam_width {settings.max_beam_width}"

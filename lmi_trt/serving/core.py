@@ -26,6 +26,7 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     Engine,
+    EngineLimits,
     EngineOutput,
     FinishReason,
     GenerationRequest,
@@ -231,6 +232,13 @@ def _implies_sampling(p: GenerateParams) -> bool:
         or bool(p.top_k)
         or (p.top_p is not None and p.top_p < 1.0)
     )
+
+
+def output_cap(limits: EngineLimits | None, config: LmiConfig) -> int:
+    """The most new tokens a request may ask for (less where the prompt fills max_seq_len): the engine's own limit
+    where it states one, else option.max_output_len. Decided here only; ``GenerationService`` applies it to each
+    request, and /info (TGI) reports it."""
+    return limits.max_new_tokens if limits is not None and limits.max_new_tokens is not None else config.max_output_len
 
 
 def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -> SamplingParams:
@@ -828,7 +836,7 @@ class GenerationService:
                 f"{field_name} has {n} tokens, more than option.max_input_len={limits.max_input_len}; "
                 "shorten the prompt, set parameters.truncate, or serve with a larger option.max_input_len"
             )
-        cap = limits.max_new_tokens if limits.max_new_tokens is not None else self.config.max_output_len
+        cap = output_cap(limits, self.config)
         if limits.max_seq_len is not None:
             cap = min(cap, limits.max_seq_len - n)
         if params.max_new_tokens is None:

@@ -100,10 +100,30 @@ class _Folder:
         return data if isinstance(data, dict) else None
 
 
+def json_object(path: Path) -> dict | None:
+    """A JSON object file, or None where it is missing or not one (``detect_artifact`` reports it when it loads)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def is_hf_config(cfg: dict | None) -> bool:
     if not cfg or "build_config" in cfg:
         return False
     return "model_type" in cfg or isinstance(cfg.get("architectures"), list)
+
+
+def config_kind(cfg: dict | None) -> ArtifactKind | None:
+    """The kind of model a folder's config.json describes, read before the folder itself is (None: unknown)."""
+    if not cfg:
+        return None
+    if "build_config" in cfg or "builder_config" in cfg:
+        return "trtllm_engine"
+    if is_hf_config(cfg):
+        return "hf_checkpoint"
+    return "trtllm_checkpoint" if isinstance(cfg.get("architecture"), str) else None
 
 
 def _has_hf_weights(files: frozenset[str]) -> bool:

@@ -36,7 +36,7 @@ except ImportError:  # offline, the snapshot is then taken as the cache holds it
     get_cached_repo_tree = None
     CachedRepoTreeNotFoundError = IncompleteSnapshotError = None  # type: ignore[assignment,misc]
 
-from .artifact import TOKENIZER_FILES, SourceError
+from .artifact import TOKENIZER_FILES, SourceError, json_object
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +225,36 @@ def download_hub(
     path = Path(snapshot)
     # The cache lays snapshots out as snapshots/<commit sha>/.
     return path, path.name
+
+
+def hub_config(repo_id: str, revision: str | None, token: str | None, key: str, *, download: bool) -> dict | None:
+    """config.json of a hub model, without its weights. ``download``: fetched from the hub (``lmi-trt plan``). Else
+    from the local hub cache (preflight): a model not in it cannot load with HF_HUB_OFFLINE, nor where the hub cannot
+    give it (``hub_problem``: one quick request), so either is an error now; else None (the download decides)."""
+    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+
+    if download:
+        try:
+            return json_object(Path(hf_hub_download(repo_id, "config.json", revision=revision, token=token)))
+        except Exception as e:
+            raise SourceError(
+                f"{key}={repo_id!r}: cannot fetch config.json from the Hugging Face hub ({type(e).__name__}: {e})"
+            ) from e
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id either
+        cached = None
+    if isinstance(cached, str):
+        return json_object(Path(cached))
+    folder = Path(repo_id).resolve()
+    if not constants.HF_HUB_OFFLINE:
+        found = hub_problem(repo_id, revision, token)
+        if found is None:
+            return None
+        problem, fix = found
+        raise SourceError(f"{key}={repo_id!r}: no such local folder exists ({folder}), and {problem}; {fix}")
+    raise SourceError(
+        f"{key}={repo_id!r}: no such local folder exists ({folder}), and it is not a Hugging Face model in the local "
+        "hub cache while HF_HUB_OFFLINE is set; give an existing folder (./path or an absolute path), download the "
+        f"model beforehand (`hf download {repo_id}` with the same HF_HOME), or unset HF_HUB_OFFLINE"
+    )

@@ -342,3 +342,13 @@ def download_s3(
     objects = list_objects(client, parsed)
     dest = sync_objects(client, parsed, objects, cache_dir_for(download_dir, parsed), max_concurrency=max_concurrency)
     return dest, listing_fingerprint(objects)
+
+
+def s3_config(uri: str, key: str) -> dict:
+    """The ``config.json`` object under an ``s3://`` prefix, without the weights beside it (``lmi-trt plan``)."""
+    parsed = parse_s3_uri(uri)
+    try:
+        body = make_client().get_object(Bucket=parsed.bucket, Key=f"{parsed.prefix}config.json")["Body"].read()
+    except Exception as e:
+        raise SourceError(f"{key}={uri!r}: cannot read {parsed}config.json ({e})") from e
+    return json.loads(body)

@@ -24,8 +24,8 @@ SMALL = dict(max_input_len=128, max_output_len=64, max_batch_size=4)
 
 
 def job(config):
-    """The compile stage's input as serving builds it: settled for trtllm, viewed by the registry."""
-    from lmi_trt.engines.registry import compile_job, settle
+    """The compile stage's input as serving builds it: settled for trtllm, viewed by the wiring."""
+    from lmi_trt.stages import compile_job, settle
 
     return compile_job(settle(config, "trtllm"))
 
@@ -310,7 +310,7 @@ def test_plan_command_json_and_text(tiny, capsys):
 
 def test_plan_fits_unset_lengths_to_the_model_as_serve_does(tiny, capsys):
     """The tiny model has 512 positions, fewer than the 1024 + 512 defaults: plan follows the model with serve's own
-    function (loader.fit_lengths), as serve does (test_first_run: 384 + 128), where it failed on the defaults."""
+    function (stages.fit_lengths), as serve does (test_first_run: 384 + 128), where it failed on the defaults."""
     from lmi_trt.config import LmiConfig
     from lmi_trt.loader import preflight
 

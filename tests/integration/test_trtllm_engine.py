@@ -51,6 +51,11 @@ def reference():
     return generate
 
 
+# The beam width these engines are built for, as option.max_beam_width serves it (the settings' default is the
+# key's, 1).
+BEAMS = TrtllmSettings(max_beam_width=BUILD["max_beam_width"])
+
+
 async def started(engine_dir, settings: TrtllmSettings | None = None, **kwargs) -> TrtllmEngine:
     kwargs.setdefault("eos_token_ids", [2])
     engine = TrtllmEngine(
@@ -182,7 +187,7 @@ async def test_unservable_requests_answer_400_without_reaching_the_executor(engi
 
 
 async def test_beam_search_and_logprobs(engine_dir, reference):
-    engine = await started(engine_dir)
+    engine = await started(engine_dir, BEAMS)
     try:
         beams = await collect(
             engine, req("beam", PROMPTS[0], streaming=False, beam_width=2, max_new_tokens=6, ignore_eos=True)
@@ -227,7 +232,7 @@ async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
     """TensorRT-LLM's executor does not dequeue a request whose beam width differs from the running ones
     (getLeaderNewReqWithIds), nor anything behind it: the engine holds such a request back itself, so a
     later request of the running width runs at once, and the held one runs when the running batch drains."""
-    engine = await started(engine_dir)
+    engine = await started(engine_dir, BEAMS)
     try:
         long = asyncio.create_task(collect(engine, req("long", PROMPTS[0], max_new_tokens=120, ignore_eos=True)))
         while engine.stats().total_generated_tokens == 0:  # "long" is running
@@ -250,7 +255,7 @@ async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
 async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(engine_dir):
     """No starvation: once a request of another width waits, at most max_batch_size (4) later requests of
     the running width go ahead of it; the rest wait for its group to finish."""
-    engine = await started(engine_dir)
+    engine = await started(engine_dir, BEAMS)
     try:
         done: list[str] = []
 

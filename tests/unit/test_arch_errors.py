@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lmi_trt"
 _BUILTIN_ROOTS = {"Exception", "BaseException", "ValueError", "RuntimeError", "TypeError", "KeyError", "OSError"}
 # Private signals caught inside their own module, never raised to a caller.
-_INTERNAL = {("config.py", "_BadValue"), ("selftest.py", "_StepFailed")}
+_INTERNAL = {("keys.py", "_BadValue"), ("selftest.py", "_StepFailed")}
 
 
 def test_every_error_class_is_an_lmi_error():

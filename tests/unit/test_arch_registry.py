@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from lmi_trt import stages
 from lmi_trt.compile.archs import _BAICHUAN_VERSIONS, _CHATGLM_VERSIONS, _GPT_VERSIONS
 from lmi_trt.compile.options import CompileOptions
 from lmi_trt.compile.plan import estimate_memory
-from lmi_trt.config import REGISTRY, ConfigError, LmiConfig, _BadValue, jsonable, load_config
-from lmi_trt.engines import registry
-from lmi_trt.engines.registry import ENGINES, SyntheticSettings, TorchSettings, settle
+from lmi_trt.config import REGISTRY, ConfigError, LmiConfig, _BadValue, load_config
+from lmi_trt.engines.llmapi import LlmApiSettings
+from lmi_trt.engines.registry import BACKEND_NAMES, ENGINE_NAMES, ENTRIES
+from lmi_trt.engines.trtllm import TrtllmSettings
+from lmi_trt.stages import WIRING, SyntheticSettings, TorchSettings, settle
 from lmi_trt.vocabulary import Quantization
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lmi_trt"
@@ -79,21 +82,39 @@ def test_a_field_declared_once_is_in_the_registry_once():
     assert set(attrs) == set(LmiConfig.model_fields) - {"model_dir"}  # model_dir: a CLI argument, not a key
 
 
-@pytest.mark.parametrize("name", [n for n in CompileOptions.model_fields if n != "max_batch_size"])
-def test_compile_options_are_typed_and_defaulted_like_the_configuration(name):
-    # Drift that shipped: use_fused_mlp (None vs false), awq_block_size (any int vs 64/128),
-    # smoothquant_alpha (0 allowed vs > 0).
-    assert name in LmiConfig.model_fields, f"CompileOptions.{name} is no configuration field"
-    spec = next(s for s in REGISTRY if s.attr == name)
-    assert jsonable(CompileOptions.model_fields[name].default) == jsonable(LmiConfig.model_fields[name].default)
-    for raw in _raws(spec, LmiConfig.model_fields[name]):
+VIEWS = (CompileOptions, TrtllmSettings, LlmApiSettings, TorchSettings, SyntheticSettings)
+# Fields a view declares itself although a key has their name: the wiring derives them from the key.
+DERIVED = {
+    (TrtllmSettings, "tensor_parallel_degree"): "option.tensor_parallel_degree, 'max' as None (the engine's)",
+    (LlmApiSettings, "max_seq_len"): "option.max_seq_len, else max_input_len + max_output_len",
+}
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=lambda v: v.__name__)
+def test_stage_settings_take_each_keys_type_and_default_from_its_declaration(view):
+    # 71 fields in these five classes restated their keys' types and defaults by hand, held equal by a test, and
+    # drifted before it (use_fused_mlp None vs false, awq_block_size any int vs 64/128, smoothquant_alpha 0
+    # allowed vs > 0): each is now its key's declaration (lmi_trt.keys.reads).
+    assert view.READS, f"{view.__name__} reads no key"
+    for name, attr in view.READS.items():
+        mine, declared = view.model_fields[name], LmiConfig.model_fields[attr]
+        assert (mine.annotation, mine.default) == (declared.annotation, declared.default), f"{view.__name__}.{name}"
+    restated = {n for n in set(view.model_fields) - set(view.READS) if n in LmiConfig.model_fields}
+    assert restated == {n for v, n in DERIVED if v is view}, f"{view.__name__} declares keys by hand: {restated}"
+
+
+@pytest.mark.parametrize(
+    ("view", "name"), [(v, n) for v in VIEWS for n in v.READS], ids=lambda x: getattr(x, "__name__", x)
+)
+def test_a_view_takes_what_its_key_takes_and_refuses_what_it_refuses(view, name):
+    spec = next(s for s in REGISTRY if s.attr == view.READS[name])
+    for raw in _raws(spec, LmiConfig.model_fields[spec.attr]):
         ok, value = _parsed(spec, raw)
-        value = str(value) if isinstance(value, Path) else value
         if ok:
-            assert _accepts(CompileOptions, name, value), f"{spec.key}={raw!r} is accepted but the planner refuses it"
+            assert _accepts(view, name, value), f"{spec.key}={raw!r} is accepted but {view.__name__} refuses it"
         elif raw.lstrip("-").replace(".", "", 1).isdigit():
             number = float(raw) if "." in raw else int(raw)
-            assert not _accepts(CompileOptions, name, number), f"{spec.key}={raw!r} is refused but the planner takes it"
+            assert not _accepts(view, name, number), f"{spec.key}={raw!r} is refused but {view.__name__} takes it"
 
 
 def test_the_planner_takes_every_variant_the_converter_knows():
@@ -110,31 +131,32 @@ def test_the_planner_takes_every_variant_the_converter_knows():
 
 def test_one_quantization_vocabulary_from_config_to_plan():
     for q in (None, *Quantization):
-        opts = registry.compile_options(settle(LmiConfig(quantize=q), "trtllm"))
+        opts = stages.compile_options(settle(LmiConfig(quantize=q), "trtllm"))
         assert opts.quantize is q
 
 
 def test_kv_fraction_of_the_memory_estimate_is_the_configured_one():
     default = LmiConfig.model_fields["kv_cache_free_gpu_mem_fraction"].default
     assert inspect.signature(estimate_memory).parameters["kv_fraction"].default == default
-    job = registry.compile_job(settle(LmiConfig(kv_cache_free_gpu_mem_fraction=0.5), "trtllm"))
+    job = stages.compile_job(settle(LmiConfig(kv_cache_free_gpu_mem_fraction=0.5), "trtllm"))
     assert job.kv_cache_fraction == 0.5
 
 
 def test_max_rolling_batch_size_is_decided_once_and_flows_forward():
-    for name, entry in ENGINES.items():
-        settled = settle(LmiConfig(), name)
+    for entry in ENTRIES:
+        settled = settle(LmiConfig(), entry.engine)
         assert settled.max_rolling_batch_size == entry.default_batch
         assert not settled.is_given("max_rolling_batch_size")  # a default: the trtllm engine may lower it
-        view = entry.settings(settled)
+        view = WIRING[entry].settings(settled)
         batch = view.runtime.max_batch_size if hasattr(view, "runtime") else view.max_batch_size
         assert batch == entry.default_batch
-    assert registry.compile_job(settle(LmiConfig(), "trtllm")).options.max_batch_size == ENGINES["trtllm"].default_batch
+    trtllm = settle(LmiConfig(), "trtllm")
+    assert stages.compile_job(trtllm).options.max_batch_size == trtllm.max_rolling_batch_size
     given = settle(LmiConfig(max_rolling_batch_size=8), "torch")
     assert given.max_rolling_batch_size == 8 and given.is_given("max_rolling_batch_size")
     # The views refuse an unsettled configuration instead of guessing a default of their own.
     with pytest.raises(Exception, match="settle"):
-        registry.torch_settings(LmiConfig())
+        stages.torch_settings(LmiConfig())
 
 
 def test_settings_views_are_the_engines_keywords():
@@ -152,12 +174,25 @@ def test_settings_views_are_the_engines_keywords():
 def test_engine_names_come_from_the_registry():
     from lmi_trt.cli import build_parser
 
-    assert typing.get_args(LmiConfig.model_fields["rolling_batch"].annotation) == ("auto", *ENGINES)
+    assert typing.get_args(LmiConfig.model_fields["rolling_batch"].annotation) == ("auto", *ENGINE_NAMES)
+    assert typing.get_args(LmiConfig.model_fields["backend"].annotation) == ("auto", *BACKEND_NAMES)
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     engine_flag = next(a for a in serve._actions if a.dest == "engine")
-    assert tuple(engine_flag.choices) == ("auto", *ENGINES)
+    assert tuple(engine_flag.choices) == ("auto", *ENGINE_NAMES)
     with pytest.raises(ConfigError, match="option.rolling_batch"):
         load_config(overrides={"option.rolling_batch": "vllm"}, env={"HF_MODEL_ID": "m"})
+
+
+NAMES = {*ENGINE_NAMES, *BACKEND_NAMES}
+
+
+def _constants(node: ast.AST) -> list[object]:
+    """The constants an operand of a comparison names: itself, or the members of a literal tuple, list or set."""
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [c for e in node.elts for c in _constants(e)]
+    return []
 
 
 def _compares_to_engine_name(tree: ast.AST) -> list[int]:
@@ -165,19 +200,29 @@ def _compares_to_engine_name(tree: ast.AST) -> list[int]:
         node.lineno
         for node in ast.walk(tree)
         if isinstance(node, ast.Compare)
-        and any(isinstance(c, ast.Constant) and c.value in ENGINES for c in (node.left, *node.comparators))
+        and any(c in NAMES for operand in (node.left, *node.comparators) for c in _constants(operand))
     ]
+
+
+def test_the_name_finder_sees_comparisons_and_memberships():
+    tree = ast.parse("a == 'torch'\nb in ('auto', 'pytorch')\nc != d\ne == 'cuda'\n")
+    assert _compares_to_engine_name(tree) == [1, 2]
 
 
 @pytest.mark.parametrize(
     "module",
-    ["config.py", "launch.py", "loader.py", "engines/__init__.py"]
-    + sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "cli").glob("*.py")),
+    sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p != PACKAGE / "engines" / "registry.py"),
 )
-def test_no_stage_branches_on_an_engine_name(module):
-    # Engine-specific rules live on the registry's entries (launch rule, compiles, uses_model, ...).
+def test_no_module_outside_the_registry_branches_on_an_engine_or_backend_name(module):
+    # Engine- and backend-specific rules are facts of the registry's entries (launch rule, builds_engine,
+    # calibrates, uses_model, ...): a stage asks the fact, never the name (issue 25: `backend == "pytorch"` was
+    # compared in 5 files).
     tree = ast.parse((PACKAGE / module).read_text())
-    assert not _compares_to_engine_name(tree), f"lmi_trt/{module} compares with an engine name"
+    assert not _compares_to_engine_name(tree), f"lmi_trt/{module} compares with an engine or backend name"
+
+
+def test_every_registry_entry_is_wired():
+    assert set(WIRING) == set(ENTRIES)
 
 
 def test_no_configuration_is_read_by_string_with_a_default():
@@ -199,8 +244,9 @@ def test_no_configuration_is_read_by_string_with_a_default():
     assert not found
 
 
-@pytest.mark.parametrize("name", list(ENGINES))
-def test_max_num_sequences_is_honoured_by_every_engine(name):
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.label)
+def test_max_num_sequences_is_honoured_by_every_engine(entry):
     # It capped the trtllm Executor and was silently ignored by the torch engine (issue 14, item 2).
-    view = ENGINES[name].settings(settle(LmiConfig(max_rolling_batch_size=16, max_num_sequences=4), name))
+    config = settle(LmiConfig(max_rolling_batch_size=16, max_num_sequences=4), entry.engine)
+    view = WIRING[entry].settings(config)
     assert (view.runtime if hasattr(view, "runtime") else view).max_batch_size == 4

@@ -246,8 +246,9 @@ def test_chatglm_version_from_option_config_or_error():
     with pytest.raises(PlanError) as e:
         converter_kwargs(spec, CompileOptions(), base)  # chatglm2 and chatglm3 look alike
     assert e.value.key == "option.chatglm_model_version" and "chatglm3" in str(e.value)
-    with pytest.raises(PlanError, match="not a chatglm version"):
-        converter_kwargs(spec, CompileOptions(chatglm_model_version="chatglm9"), base)
+    # A variant the key does not take never reaches the converter: the options refuse it as the key does.
+    with pytest.raises(ValidationError, match="chatglm_model_version"):
+        CompileOptions(chatglm_model_version="chatglm9")
 
 
 def test_gpt_variant_and_baichuan_version():
@@ -328,9 +329,9 @@ def test_supported_architectures_sorted_and_complete():
 
 
 def test_compile_options_view_of_the_real_lmi_config(tmp_path):
-    # The registry builds CompileOptions from the configuration (max_batch_size ← max_rolling_batch_size).
+    # The wiring builds CompileOptions from the configuration (max_batch_size ← max_rolling_batch_size).
     from lmi_trt.config import LmiConfig
-    from lmi_trt.engines.registry import compile_options, settle
+    from lmi_trt.stages import compile_options, settle
 
     data = tmp_path / "calib.jsonl"
     config = LmiConfig(
@@ -343,7 +344,7 @@ def test_compile_options_view_of_the_real_lmi_config(tmp_path):
         tensor_parallel_degree="max",
     )
     opts = compile_options(config)
-    assert opts.quantize is Quantization.WEIGHTS_INT4_KV_INT8 and opts.calib_dataset == str(data)
+    assert opts.quantize is Quantization.WEIGHTS_INT4_KV_INT8 and opts.calib_dataset == data
     assert (opts.max_input_len, opts.max_batch_size, opts.awq_block_size, opts.use_fused_mlp) == (512, 8, 64, True)
     assert opts.tensor_parallel_degree == "max" and opts.max_num_tokens is None
     assert compile_options(settle(LmiConfig(), "trtllm")).quantize is None

@@ -430,6 +430,24 @@ def test_model_id_naming_a_file(tmp_path):
         resolve_model(LmiConfig(model_id=str(tmp_path / "model.safetensors"), download_dir=tmp_path))
 
 
+@pytest.mark.parametrize("model_id", ["./no/such/folder", "gs://bucket/model", "model.safetensors"])
+def test_preflight_the_load_and_plan_recognise_a_model_id_alike(model_id, tmp_path, monkeypatch):
+    # Issue 25: preflight, the sources stage and `lmi-trt plan` each told what a model id is, with their own
+    # messages; now one place does (sources.locate), so the three refuse a bad id with the same words.
+    from lmi_trt.cli.plan import fetch_hf_config
+    from lmi_trt.sources import peek
+
+    make(tmp_path, {"model.safetensors": "w"})
+    monkeypatch.chdir(tmp_path)
+    config = LmiConfig(model_id=model_id, download_dir=tmp_path / "dl")
+    said = set()
+    for ask in (peek, resolve_model, fetch_hf_config):
+        with pytest.raises(SourceError) as e:
+            ask(config)
+        said.add(str(e.value))
+    assert len(said) == 1 and "option.model_id" in said.pop()
+
+
 def test_no_model_at_all(tmp_path):
     with pytest.raises(SourceError, match="set option.model_id"):
         resolve_model(LmiConfig(download_dir=tmp_path))

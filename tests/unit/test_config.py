@@ -8,7 +8,6 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from lmi_trt.config import (
-    FIXED_KEYS,
     REGISTRY,
     ConfigError,
     LmiConfig,
@@ -19,6 +18,7 @@ from lmi_trt.config import (
     log_effective_config,
     nearest_key,
 )
+from lmi_trt.keys import FIXED_KEYS
 from lmi_trt.log_redaction import MASK
 from lmi_trt.options_table import README_END, README_START, render_options_table, replace_options_table
 

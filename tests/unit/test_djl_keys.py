@@ -16,10 +16,12 @@ import logging
 import pytest
 from trtllm_testing import fake_tensorrt_llm
 
-from lmi_trt.config import FIXED_KEYS, REGISTRY, ConfigError, LmiConfig, StartupError, load_config
-from lmi_trt.engines import registry
+from lmi_trt import stages
+from lmi_trt.config import REGISTRY, ConfigError, LmiConfig, StartupError, load_config
 from lmi_trt.engines.llmapi import llm_configs, llm_plan
+from lmi_trt.engines.registry import entry
 from lmi_trt.engines.trtllm import TrtllmConfigError
+from lmi_trt.keys import FIXED_KEYS
 
 # TensorRtLlmProperties' own fields (get_llm_kwargs passes them to LLM(...)), with a value DJL would take.
 DJL_FIELDS = {
@@ -122,12 +124,12 @@ def test_every_key_djl_reads_is_known(name, caplog):
 
 def _djl_config(**extra: str) -> LmiConfig:
     keys = {**DJL_KV_CACHE, **DJL_PYTORCH, "backend": "pytorch", "max_rolling_batch_size": "8", **extra}
-    return registry.settle(load_config(overrides={"option.model_id": "/models/m", **keys}), "trtllm")
+    return stages.settle(load_config(overrides={"option.model_id": "/models/m", **keys}), "trtllm")
 
 
 def test_djl_keys_reach_the_llm_fields_djl_gives_them():
     plan = llm_plan(
-        registry.llmapi_settings(
+        stages.llmapi_settings(
             _djl_config(
                 **{
                     k: DJL_FIELDS[k]
@@ -169,9 +171,7 @@ def test_djl_keys_reach_the_llm_fields_djl_gives_them():
 
 
 def test_unset_keys_leave_tensorrt_llms_defaults():
-    plan = llm_plan(
-        registry.llmapi_settings(registry.settle(LmiConfig(model_id="m", backend="pytorch"), "trtllm")), (1, 2)
-    )
+    plan = llm_plan(stages.llmapi_settings(stages.settle(LmiConfig(model_id="m", backend="pytorch"), "trtllm")), (1, 2))
     assert not set(plan.keywords) & {"disable_overlap_scheduler", "attn_backend", "load_format", "enable_attention_dp"}
     assert plan.moe_config == {} and plan.cuda_graph_config is not None
     assert not set(plan.kv_cache_config) & {"dtype", "max_attention_window", "sink_token_length", "onboard_blocks"}
@@ -223,21 +223,19 @@ def test_fixed_keys_take_lmi_trts_own_value_and_refuse_the_others(spec):
     ],
 )
 def test_a_key_the_engine_cannot_honour_is_refused_naming_it_as_written(kind, backend, written, value):
-    config = registry.settle(load_config(overrides={"option.model_id": "m", written: value}), kind)
+    config = stages.settle(load_config(overrides={"option.model_id": "m", written: value}), kind)
     if backend:
         config = config.model_copy(update={"backend": backend})
     with pytest.raises(StartupError) as err:
-        registry.refuse_ignored(kind, config)
+        stages.refuse_ignored(entry(kind, config.backend), config)
     assert str(err.value).startswith(written)
 
 
 def test_the_moe_split_must_be_the_tensor_parallel_degree():
     with pytest.raises(TrtllmConfigError, match="option.moe_expert_parallel_size=3 does not split"):
-        llm_plan(
-            registry.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="3")), (1, 2)
-        )
+        llm_plan(stages.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="3")), (1, 2))
     plan = llm_plan(
-        registry.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="4")), (1, 2)
+        stages.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="4")), (1, 2)
     )
     assert plan.keywords["moe_expert_parallel_size"] == 4
 
@@ -258,10 +256,10 @@ def test_the_installed_release_checks_the_values_at_startup(release, extra, refu
     with fake_tensorrt_llm(release):
         config = _djl_config(**extra)
         if refused is None:
-            registry.check_release("trtllm", config)
+            stages.check_release(entry("trtllm", config.backend), config)
             return
         with pytest.raises(TrtllmConfigError, match=refused.replace(".", r"\.")) as err:
-            registry.check_release("trtllm", config)
+            stages.check_release(entry("trtllm", config.backend), config)
         assert release in str(err.value) or "flashinfer" in str(err.value)
 
 
@@ -269,7 +267,7 @@ def test_llm_configs_name_a_field_the_release_lacks():
     with fake_tensorrt_llm("1.2.1"):
         import tensorrt_llm.llmapi
 
-        plan = llm_plan(registry.llmapi_settings(_djl_config()), (1, 2))
+        plan = llm_plan(stages.llmapi_settings(_djl_config()), (1, 2))
         plan.origins["not_a_field"] = "option.some_key"
         with pytest.raises(TrtllmConfigError, match="option.some_key: TensorRT-LLM 1.2.1's LLM has no not_a_field"):
             llm_configs(tensorrt_llm.llmapi, plan, "1.2.1")

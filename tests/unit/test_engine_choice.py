@@ -2,7 +2,7 @@ import pytest
 
 from lmi_trt.config import ConfigError, LmiConfig, load_config
 from lmi_trt.engines import HostFacts, choose_engine
-from lmi_trt.engines.registry import settle
+from lmi_trt.stages import settle
 
 
 @pytest.mark.parametrize(

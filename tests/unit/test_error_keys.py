@@ -63,15 +63,16 @@ def test_startup_error_names_key_value_problem_and_fix():
 
 def test_a_value_is_shown_as_written_not_as_its_python_enum():
     """option.quantize=fp8 on the torch engine said option.quantize=<Quantization.FP8: 'fp8'>."""
+    from lmi_trt import stages
     from lmi_trt.compile.errors import PlanError
     from lmi_trt.config import LmiConfig, Quantization
-    from lmi_trt.engines import registry
+    from lmi_trt.engines.registry import TORCH
 
     for error in (
         StartupError("option.quantize", Quantization.FP8, "p", "f"),
         PlanError("option.quantize", Quantization.FP8, "p", "f"),
     ):
         assert str(error).startswith("option.quantize='fp8': p"), str(error)
-    config = registry.settle(LmiConfig(quantize="fp8"), "torch")
+    config = stages.settle(LmiConfig(quantize="fp8"), "torch")
     with pytest.raises(StartupError, match=r"^option\.quantize='fp8': the torch engine does not use it"):
-        registry.refuse_ignored("torch", config)
+        stages.refuse_ignored(TORCH, config)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lmi_trt.config import LmiConfig, StartupError
-from lmi_trt.loader import fit_lengths, model_positions
+from lmi_trt.stages import fit_lengths, model_positions
 
 
 @pytest.mark.parametrize(

@@ -38,8 +38,8 @@ from lmi_trt.engines.llmapi import (
     reason_name,
     token_logprobs,
 )
-from lmi_trt.engines.registry import llmapi_settings, settle
 from lmi_trt.engines.trtllm import TrtllmSettings
+from lmi_trt.stages import llmapi_settings, settle
 
 REPO = Path(__file__).resolve().parents[2]
 LISTING = FAKES / "llmapi_surface.py"

@@ -1,5 +1,6 @@
 """The package's shape (issues 14 and 25): no import circle anywhere in lmi_trt, counting every import (inside
-functions and under TYPE_CHECKING too: a deferred import is a circle kept from failing, not the absence of one);
+functions and under TYPE_CHECKING too: a deferred import is a circle kept from failing, not the absence of one),
+and the engine registry imports no stage;
 the protocol adapters take their toolkit from serving.http, not from the application module; /openapi.json
 documents a route from its registration, so a new adapter's route needs no edit in openapi.py; the compile
 stage imports neither the configuration nor the engines."""
@@ -85,34 +86,15 @@ def _circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-# Known, to be removed by the next step of issue 25 ("the registry as a leaf"): engines/registry.py is both a
-# table of facts that config, launch and two engines read and the wiring that builds every stage from the
-# configuration, so it imports config, compile, launch and every engine (lazily), and they import it back;
-# compile.jit and compile.hf_quant join through sources/__init__.py, which imports config. Shrink this entry
-# as that step removes edges; never add a module to it.
-KNOWN_CIRCLES = {
-    frozenset(
-        {
-            "lmi_trt.compile.hf_quant",
-            "lmi_trt.compile.jit",
-            "lmi_trt.config",
-            "lmi_trt.engines.registry",
-            "lmi_trt.engines.synthetic",
-            "lmi_trt.engines.torch",
-            "lmi_trt.engines.torch.engine",
-            "lmi_trt.launch",
-            "lmi_trt.sources",
-        }
-    )
-}
-
-
 def test_no_import_circle_in_the_package():
-    circles = _circles(_graph())
-    new = [sorted(c) for c in circles - KNOWN_CIRCLES]
-    assert not new, f"import circles (every import counted): {new}"
-    gone = [sorted(c) for c in KNOWN_CIRCLES - circles]
-    assert not gone, f"known circles that changed or went: update KNOWN_CIRCLES to what remains: {gone}"
+    circles = [sorted(c) for c in _circles(_graph())]
+    assert not circles, f"import circles (every import counted): {circles}"
+
+
+def test_the_registry_is_a_leaf():
+    # The registry holds facts; the wiring that builds stages from them (lmi_trt.stages) sits above it.
+    imported = _graph()["lmi_trt.engines.registry"]
+    assert imported <= {"lmi_trt.errors", "lmi_trt.vocabulary"}, imported
 
 
 def test_the_circle_finder_sees_deferred_imports(tmp_path):

@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
+from lmi_trt import stages
 from lmi_trt.config import ConfigError, StartupError, load_config, speculation, with_draft_model
-from lmi_trt.engines import registry
 from lmi_trt.engines.base import SamplingParams
+from lmi_trt.engines.registry import PYTORCH, TORCH
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, sample
 from lmi_trt.engines.torch.speculation import (
     MAX_BACKOFF,
@@ -130,7 +131,7 @@ def test_what_cannot_work_is_refused_at_load_naming_the_key(options, message):
 
 
 def torch_view(**options):
-    return registry.torch_settings(registry.settle(config(**options), "torch"))
+    return stages.torch_settings(stages.settle(config(**options), "torch"))
 
 
 @pytest.mark.parametrize(
@@ -172,14 +173,12 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
         )
     # The options it reads count as honoured by the torch engine; TensorRT-LLM's engine does not read them
     # (yet), so there they are refused rather than ignored.
-    cfg = registry.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
-    assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= registry.honoured(
-        "torch", cfg
-    )
-    registry.refuse_ignored("torch", cfg)
-    trt = registry.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
+    cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
+    assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
+    stages.refuse_ignored(TORCH, cfg)
+    trt = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
     with pytest.raises(StartupError, match="option.speculative_config.*serve with an engine that does: torch"):
-        registry.refuse_ignored("trtllm", trt)
+        stages.refuse_ignored(PYTORCH, trt)
 
 
 # -- n-gram drafts and the drafting policy --------------------------------------------------------

@@ -333,7 +333,7 @@ def test_settings_validate_values():
 
 def test_settings_from_config_follow_djl_precedence():
     from lmi_trt.config import LmiConfig
-    from lmi_trt.engines.registry import settle, trtllm_settings
+    from lmi_trt.stages import settle, trtllm_settings
 
     config = LmiConfig(
         max_rolling_batch_size=64,
@@ -365,6 +365,7 @@ def test_executor_config_1x(trt, monkeypatch):
 
     settings = TrtllmSettings(
         max_batch_size=8,
+        max_beam_width=2,
         kv_cache_free_gpu_mem_fraction=0.5,
         max_tokens_in_paged_kv_cache=4096,
         kv_cache_host_memory_bytes=2**30,

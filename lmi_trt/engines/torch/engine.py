@@ -65,7 +65,7 @@ from ..base import (
     refused,
 )
 from ..guided import Grammars, Guide
-from ..registry import ENGINES
+from ..registry import TORCH
 from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
@@ -194,7 +194,7 @@ class TorchEngine:
         *,
         dtype: str = "auto",
         device: str = "auto",
-        max_batch_size: int = ENGINES["torch"].default_batch,  # the registry's, for direct construction
+        max_batch_size: int = TORCH.default_batch,  # the registry's, for direct construction
         max_input_len: int = 1024,
         max_new_tokens: int = 512,
         trust_remote_code: bool = False,

@@ -36,6 +36,7 @@ from lmi_trt.serving.core import (
     Delta,
     GenerateParams,
     TokenOut,
+    output_cap,
     sampling_params,
     schema_guide_text,
 )
@@ -305,7 +306,7 @@ def _info(ctx: ServingContext) -> dict[str, Any]:
     cfg = ctx.config
     limits = ctx.service.engine.limits if ctx.service is not None else None
     max_input = limits.max_input_len if limits else cfg.max_input_len
-    max_new = limits.max_new_tokens if limits and limits.max_new_tokens is not None else cfg.max_output_len
+    max_new = output_cap(limits, cfg)
     max_total = limits.max_seq_len if limits and limits.max_seq_len is not None else max_input + max_new
     return {
         "model_id": cfg.model_id or ctx.model_name,
