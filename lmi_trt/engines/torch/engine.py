@@ -297,6 +297,11 @@ class TorchEngine:
             else cannot(f"the torch engine constrains decoding with xgrammar, and {XGRAMMAR_MISSING}"),
             # its own sampler applies them all (gpu_sampler.py, sampler.py)
             **dict.fromkeys(SAMPLING_FEATURES, can()),
+            beam_search=cannot(
+                "the torch engine does not run beam search yet; ask for 1 beam, or serve with "
+                "option.rolling_batch=trtllm and option.max_beam_width"
+            ),
+            min_p=cannot("the torch engine's sampler has no min_p; leave it out, or use top_p or top_k"),
         )
 
     @property

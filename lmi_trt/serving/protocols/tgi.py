@@ -70,8 +70,13 @@ _UNSUPPORTED = {
     "typical_p": lambda v: v is not None,
     "watermark": lambda v: bool(v),
     "adapter_id": lambda v: v is not None,
+    # TGI's schema has no beam search (router/src/lib.rs GenerateParameters); the LMI, OpenAI and Triton ones do
+    "beam_width": lambda v: v != 1,
+    "num_return_sequences": lambda v: v != 1,
 }
 _WHY = {
+    "beam_width": "TGI's schema has no beam search; use /invocations with num_beams",
+    "num_return_sequences": "TGI's schema has no beam search; use /invocations with num_beams",
     "typical_p": "typical sampling is not available in the engine",
     "watermark": "watermarking is not available",
     "adapter_id": "LoRA adapters are not served",
@@ -162,6 +167,7 @@ NAMES = {
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.grammar",
+    "min_p": "parameters.min_p",
 }
 
 
