@@ -1030,7 +1030,7 @@ class TrtllmEngine:
                 seed=random.getrandbits(63),
             )
         except EngineError as exc:
-            return error_output(rid, str(exc), exc.code)
+            return error_output(rid, str(exc), exc.code, exc.field)
         stream = _Stream(
             request_id=rid,
             max_new_tokens=request.sampling.max_new_tokens,

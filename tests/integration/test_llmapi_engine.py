@@ -91,6 +91,11 @@ async def collect(engine: LlmApiEngine, request: GenerationRequest) -> list:
     return await asyncio.wait_for(run(), 120)
 
 
+def capabilities_beams(engine: LlmApiEngine) -> int | None:
+    beams = engine.capabilities.beam_search
+    return beams.most if beams.honoured else None
+
+
 def tokens_of(outputs) -> list[int]:
     return [t for out in outputs for t in out.token_ids]
 
@@ -570,6 +575,33 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
         with torch.no_grad():
             want = hf_model.generate(torch.tensor([PROMPTS[0]]), num_beams=2, max_new_tokens=6, do_sample=False)
         assert tokens_of(outs) == want[0, len(PROMPTS[0]) :].tolist()
+        # n beams back, with the request's length_penalty and early_stopping (SamplingParams' best_of, n and
+        # those fields: tensorrt_llm/sampling_params.py, 1.0-1.2)
+        both = await collect(
+            engine,
+            req(
+                "beams",
+                PROMPTS[0],
+                False,
+                max_new_tokens=6,
+                beam_width=2,
+                num_return_sequences=2,
+                length_penalty=0.5,
+                early_stopping=True,
+            ),
+        )
+        with torch.no_grad():
+            want = hf_model.generate(
+                torch.tensor([PROMPTS[0]]),
+                num_beams=2,
+                num_return_sequences=2,
+                length_penalty=0.5,
+                early_stopping=True,
+                max_new_tokens=6,
+                do_sample=False,
+            )
+        assert [b.token_ids for b in both[-1].beams] == want[:, len(PROMPTS[0]) :].tolist()
+        assert capabilities_beams(engine) == 2
         pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
         if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
             assert (

@@ -21,6 +21,7 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.loader import load_model
 from lmi_trt.serving.app import build_app
 from lmi_trt.serving.http import CONTEXT
+from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +58,8 @@ def _reference(hf_dir, prompt: str, n: int) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
-async def _server(config: LmiConfig):
-    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
+async def _server(config: LmiConfig, adapters=None):
+    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny", adapters=adapters)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     # A JIT build on a loaded machine takes minutes: wait for readiness with a bound, not a speed.
@@ -276,3 +277,75 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
             time.sleep(0.05)
         assert not os.path.exists(f"/proc/{responder_pid}")  # exited and reaped at the handover
         assert requests.get(server.url + "/ping", timeout=30).status_code == 200
+
+
+async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, tmp_path):
+    """The Executor path: an engine built for 3 beams, served with option.max_beam_width=3. The beams the clients
+    get back are transformers' (the fake Executor decodes beams with generate) for the SamplingConfig the engine
+    sent: beamWidth, numReturnSequences, lengthPenalty and earlyStopping (executor.h)."""
+    import torch
+    from openai import AsyncOpenAI, BadRequestError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    engine = make_engine_dir(
+        hf_dir, tmp_path / "engine", max_batch_size=4, max_input_len=64, max_seq_len=96, max_beam_width=3
+    )
+    config = LmiConfig(
+        model_id=str(engine),
+        tokenizer_id=str(hf_dir),
+        rolling_batch="trtllm",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        max_beam_width=3,
+        download_dir=tmp_path / "dl",
+    )
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    prompt = "The quick brown fox"
+    ids = tok(prompt)["input_ids"]
+
+    def beams(k: int, n: int, length_penalty: float, early_stopping: bool) -> list[str]:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]),
+                num_beams=k,
+                num_return_sequences=n,
+                max_new_tokens=8,
+                do_sample=False,
+                length_penalty=length_penalty,
+                early_stopping=early_stopping,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.eos_token_id,
+            )
+        return [tok.decode(row[len(ids) :], skip_special_tokens=True) for row in out.tolist()]
+
+    server = await _server(config, DEFAULT_ADAPTERS)
+    try:
+        client = AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
+        extra = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True}
+        out = await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=extra)
+        assert [c.text for c in out.choices] == beams(2, 2, 0.5, True)  # n beams searched, n returned
+        wide = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=8, n=2, best_of=3, extra_body=extra
+        )
+        assert [c.text for c in wide.choices] == beams(3, 2, 0.5, True)
+        with pytest.raises(BadRequestError) as e:  # wider than option.max_beam_width
+            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=4, extra_body=extra)
+        assert e.value.body["param"] == "use_beam_search" and "at most 3" in e.value.body["message"]
+        with pytest.raises(BadRequestError) as e:  # no SamplingConfig value says "never"
+            never = {**extra, "early_stopping": "never"}
+            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=never)
+        assert e.value.body["param"] == "early_stopping"
+        async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+            body = {"inputs": prompt, "parameters": {"max_new_tokens": 8, "num_beams": 3, "early_stopping": True}}
+            async with s.post(server.make_url("/invocations"), json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["generated_text"] == beams(3, 1, 1.0, True)[0]
+            triton = {"text_input": prompt, "max_tokens": 8, "beam_width": 3, "length_penalty": 0.0}
+            async with s.post(server.make_url("/v2/models/ensemble/generate"), json=triton) as r:
+                assert r.status == 200, await r.text()
+                # all beamWidth beams come back when num_return_sequences is not given (numReturnBeams)
+                assert (await r.json())["text_output"] == beams(3, 3, 0.0, False)
+    finally:
+        await server.close()
