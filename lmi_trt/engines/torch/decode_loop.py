@@ -54,6 +54,15 @@ any), and a finished request's full blocks are registered too; a new request sta
 longest cached prefix of its prompt (less the last token, whose logits it needs) and computes the
 rest. Released blocks stay cached until evicted, least recently used first (see ``kv_blocks``).
 
+Beam search (``beams``). A request with ``beam_width`` k is admitted, in its turn in the queue, when k batch
+slots and the blocks every beam could need at once are free (set aside for it, so it is never preempted and
+never preempts); its slots stay idle in the CUDA-graph decode steps. Each iteration, after the other rows'
+step, every beam request advances one token eagerly: its k beams (at first its prompt) in one forward pass,
+their log-probs read back, the next beams chosen by ``beams.BeamSearch``; each new beam takes its parent's
+block table, so the beams share the prompt's blocks and whatever else they have in common, and a beam about
+to write into a block another beam still reads copies it first (every layer's k and v). Its beams come back
+whole in its one final output.
+
 Failures: a row whose logits are NaN/inf or whose every token is banned ends with an error, the
 rest of its batch carries on (the sampler reports a status per row). An exception in a step with
 prompt tokens fails the requests whose prompts were in it, and the step's decode tokens run again

@@ -14,9 +14,11 @@ stream_options.include_usage, logprobs (chat
 echo (completions; with logprobs the prompt's tokens and their log-probs come first, as OpenAI answers), and
 the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
 skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
-json_object / json_schema (constrained decoding), and tools / tool_choice / parallel_tool_calls (``tool_calls``).
+json_object / json_schema (constrained decoding), and tools / tool_choice / parallel_tool_calls (``tool_calls``);
+vLLM's beam search: use_beam_search with length_penalty / early_stopping, n beams returned as the n choices.
 Refused with a 400 naming the field: chat best_of > 1, n > 1 with several prompts, suffix, the deprecated
-functions / function_call, non-text content, and what an engine cannot do (alternatives, grammars, biases).
+functions / function_call, non-text content, include_stop_str_in_output true, spaces_between_special_tokens
+false, and what an engine cannot do (alternatives, grammars, biases, beams, min_p).
 """
 
 from __future__ import annotations

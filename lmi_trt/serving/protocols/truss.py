@@ -2,7 +2,8 @@
 
 Truss (the Triton-in-Truss TRT-LLM models) takes ``{"prompt", "max_tokens", "beam_width",
 "bad_words_list", "stop_words_list", "repetition_penalty", "ignore_eos", "stream"}``; ``stream``
-defaults to true and streams the text as plain ``text/plain`` chunks (each chunk is the text the
+defaults to true (a ``beam_width`` over 1 needs ``stream: false``: its answer is the best beam's text) and
+streams the text as plain ``text/plain`` chunks (each chunk is the text the
 engine produced since the last one, never a split UTF-8 character); ``stream: false`` answers
 ``{"text": ...}``. A mid-stream failure aborts the connection (a text stream has no room for an
 error record), so the client sees a truncated transfer rather than a text that merely looks short.
