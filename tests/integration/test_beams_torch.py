@@ -19,7 +19,7 @@ import requests
 import torch
 from cliserver import serve
 from test_torch_engine import assert_greedy, reference
-from tinymodels import tiny_model, with_eos
+from tinymodels import beam_reference, tiny_model, with_eos
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmi_trt.engines.base import FinishReason, GenerationRequest, SamplingParams
@@ -50,26 +50,16 @@ def hf(model_dir):
 
 
 def generated(hf, prompt, beams, returned, length_penalty, early_stopping, max_new):
-    """transformers' beams: each returned sequence's new tokens up to and with its EOS, and its score."""
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([prompt]),
-            num_beams=beams,
-            num_return_sequences=returned,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            do_sample=False,
-            max_new_tokens=max_new,
-            eos_token_id=EOS,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    rows = []
-    for row in out.sequences.tolist():
-        tail = row[len(prompt) :]
-        rows.append(tail[: tail.index(EOS) + 1] if EOS in tail else tail)
-    return rows, out.sequences_scores.tolist()
+    return beam_reference(
+        hf,
+        prompt,
+        beams=beams,
+        returned=returned,
+        max_new=max_new,
+        eos=EOS,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tinymodels import tiny_model
+from tinymodels import beam_reference, tiny_model
 from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt.compat import dtype_kwargs
@@ -590,17 +590,10 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
                 early_stopping=True,
             ),
         )
-        with torch.no_grad():
-            want = hf_model.generate(
-                torch.tensor([PROMPTS[0]]),
-                num_beams=2,
-                num_return_sequences=2,
-                length_penalty=0.5,
-                early_stopping=True,
-                max_new_tokens=6,
-                do_sample=False,
-            )
-        assert [b.token_ids for b in both[-1].beams] == want[:, len(PROMPTS[0]) :].tolist()
+        rows, _ = beam_reference(
+            hf_model, PROMPTS[0], beams=2, returned=2, max_new=6, length_penalty=0.5, early_stopping=True
+        )
+        assert [b.token_ids for b in both[-1].beams] == rows
         assert capabilities_beams(engine) == 2
         pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
         if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams

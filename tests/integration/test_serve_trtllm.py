@@ -14,7 +14,7 @@ import shutil
 import pytest
 from aiohttp import ClientSession, ClientTimeout
 from aiohttp.test_utils import TestServer
-from tinymodels import tiny_model
+from tinymodels import beam_reference, tiny_model
 from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
 from lmi_trt.config import LmiConfig
@@ -58,6 +58,20 @@ def _reference(hf_dir, prompt: str, n: int) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
+def _config(engine_dir, hf_dir, tmp_path, **more) -> LmiConfig:
+    """The trtllm engine on ``engine_dir`` with the checkpoint's tokenizer: prompts of 64 tokens, 32 new ones."""
+    return LmiConfig(
+        model_id=str(engine_dir),
+        tokenizer_id=str(hf_dir),
+        rolling_batch="trtllm",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+        **more,
+    )
+
+
 async def _server(config: LmiConfig, adapters=None):
     app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny", adapters=adapters)
     server = TestServer(app, host="127.0.0.1")
@@ -77,15 +91,7 @@ async def _server(config: LmiConfig, adapters=None):
 
 
 async def test_greedy_tokens_match_generate_and_errors_stay_isolated(engine_dir, hf_dir, tmp_path):
-    config = LmiConfig(
-        model_id=str(engine_dir),
-        tokenizer_id=str(hf_dir),
-        rolling_batch="trtllm",
-        max_input_len=64,
-        max_output_len=32,
-        max_rolling_batch_size=4,
-        download_dir=tmp_path / "dl",
-    )
+    config = _config(engine_dir, hf_dir, tmp_path)
     server = await _server(config)
     url = str(server.make_url("/invocations"))
     prompts = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]
@@ -283,42 +289,30 @@ async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, t
     """The Executor path: an engine built for 3 beams, served with option.max_beam_width=3. The beams the clients
     get back are transformers' (the fake Executor decodes beams with generate) for the SamplingConfig the engine
     sent: beamWidth, numReturnSequences, lengthPenalty and earlyStopping (executor.h)."""
-    import torch
     from openai import AsyncOpenAI, BadRequestError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     engine = make_engine_dir(
         hf_dir, tmp_path / "engine", max_batch_size=4, max_input_len=64, max_seq_len=96, max_beam_width=3
     )
-    config = LmiConfig(
-        model_id=str(engine),
-        tokenizer_id=str(hf_dir),
-        rolling_batch="trtllm",
-        max_input_len=64,
-        max_output_len=32,
-        max_rolling_batch_size=4,
-        max_beam_width=3,
-        download_dir=tmp_path / "dl",
-    )
+    config = _config(engine, hf_dir, tmp_path, max_beam_width=3)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     prompt = "The quick brown fox"
     ids = tok(prompt)["input_ids"]
 
     def beams(k: int, n: int, length_penalty: float, early_stopping: bool) -> list[str]:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([ids]),
-                num_beams=k,
-                num_return_sequences=n,
-                max_new_tokens=8,
-                do_sample=False,
-                length_penalty=length_penalty,
-                early_stopping=early_stopping,
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.eos_token_id,
-            )
-        return [tok.decode(row[len(ids) :], skip_special_tokens=True) for row in out.tolist()]
+        rows, _ = beam_reference(
+            model,
+            ids,
+            beams=k,
+            returned=n,
+            max_new=8,
+            eos=tok.eos_token_id,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+        )
+        return [tok.decode(row, skip_special_tokens=True) for row in rows]
 
     server = await _server(config, DEFAULT_ADAPTERS)
     try:

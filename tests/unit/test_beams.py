@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tinymodels import tiny_model
+from tinymodels import beam_reference, tiny_model
 from transformers import AutoModelForCausalLM
 
 from lmi_trt.engines.torch.beams import BeamSearch
@@ -35,14 +35,6 @@ def search(model, prompt, width, max_new, eos, length_penalty, early_stopping):
             running = [running[p] + [t] for p, t in zip(parents, tokens, strict=True)]
 
 
-def generated(model, prompt, **kw):
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), do_sample=False, output_scores=True, return_dict_in_generate=True, **kw
-        )
-    return out
-
-
 @pytest.mark.parametrize(
     "width, returned, length_penalty, early_stopping, eos",
     [
@@ -58,24 +50,18 @@ def generated(model, prompt, **kw):
 def test_the_same_beams_and_scores_as_generate(model, width, returned, length_penalty, early_stopping, eos):
     prompt, max_new = [1, 5, 6, 7, 8], 9
     beams = search(model, prompt, width, max_new, eos, length_penalty, early_stopping)
-    ref = generated(
+    rows, scores = beam_reference(
         model,
         prompt,
-        num_beams=width,
-        num_return_sequences=returned,
-        max_new_tokens=max_new,
-        min_new_tokens=0,
+        beams=width,
+        returned=returned,
+        max_new=max_new,
+        eos=list(eos) or None,
         length_penalty=length_penalty,
         early_stopping=early_stopping,
-        eos_token_id=list(eos) or None,
-        pad_token_id=0,
     )
     best = beams.best(returned)
     if length_penalty <= 1.0:  # (a penalty of 2 favours the longest beams: those that ran to the end)
         assert bool(eos) is any(h.ended_by_eos for h in beams.best(width))  # the EOS cases do end some beams
-    for hyp, row, score in zip(best, ref.sequences.tolist(), ref.sequences_scores.tolist(), strict=True):
-        tail = row[len(prompt) :]
-        if hyp.ended_by_eos:
-            tail = tail[: len(hyp.tokens)]  # generate pads the shorter ones
-        assert hyp.tokens == tail
-        assert hyp.score == pytest.approx(score, rel=1e-5)
+    assert [h.tokens for h in best] == rows
+    assert [h.score for h in best] == pytest.approx(scores, rel=1e-5)

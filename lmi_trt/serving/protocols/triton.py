@@ -54,24 +54,21 @@ NAMES = {
 }
 _LISTS = ("bad_words", "stop_words", "text_input")
 _REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
-# Inputs of the TensorRT-LLM backend's older ensemble (triton-inference-server/tensorrtllm_backend
-# all_models/inflight_batcher_llm/ensemble/config.pbtxt at 039e5b4): never taken for a typo of a field here.
-PEER_FIELDS = frozenset(
-    {"runtime_top_k", "runtime_top_p", "len_penalty", "streaming", "input_lengths", "request_output_len"}
-)
-_IGNORED = frozenset(
-    {
-        "pad_id",
-        "return_perf_metrics",
-        "return_kv_cache_reuse_stats",
-        "id",
-        "request_id",
-        "sequence_id",
-        "sequence_start",
-        "sequence_end",
-        "streaming",
-    }
-)
+# Inputs of the TensorRT-LLM backend's older ensemble and of its tensorrt_llm model (triton-inference-server/
+# tensorrtllm_backend all_models/inflight_batcher_llm/ensemble/config.pbtxt at 039e5b4, tensorrt_llm/config.pbtxt):
+# taken under the ensemble's names (never ignored); input_lengths is the prompt's, which the server counts itself.
+_ALIASES = {
+    "runtime_top_k": "top_k",
+    "runtime_top_p": "top_p",
+    "len_penalty": "length_penalty",
+    "request_output_len": "max_tokens",
+    "streaming": "stream",
+}
+PEER_FIELDS = frozenset({*_ALIASES, "input_lengths"})
+# Accepted without effect on the answer: ids of a request or sequence, the pad id (nothing is padded here).
+_IGNORED = frozenset({"pad_id", "id", "request_id", "sequence_id", "sequence_start", "sequence_end", "input_lengths"})
+# Extra outputs this server does not return: refused when asked for.
+_REFUSED_OUTPUTS = ("return_perf_metrics", "return_kv_cache_reuse_stats")
 
 
 def triton_error(err: LmiHttpError) -> web.Response:
@@ -167,9 +164,15 @@ def _flatten(body: dict[str, Any]) -> dict[str, Any]:
     for k, v in merged.items():
         if isinstance(v, list) and len(v) == 1 and (k not in _LISTS or k == "text_input"):
             v = v[0]
-        if k in _IGNORED or v is None:
+        if k in _REFUSED_OUTPUTS and v:
+            raise FieldError(k, f"{k} is not supported: this server does not return those figures; leave it out")
+        if k in _IGNORED or k in _REFUSED_OUTPUTS or v is None:
             continue
-        out[k] = v
+        name = _ALIASES.get(k, k)
+        if name in out and out[name] != v:
+            alias = next(a for a, n in _ALIASES.items() if n == name)
+            raise FieldError(alias, f"{alias} is {name} under another name, and the two are given different values")
+        out[name] = v
     return out
 
 
