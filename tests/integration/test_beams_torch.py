@@ -193,3 +193,27 @@ def test_lmi_num_beams_and_triton_beam_width(srv, model_dir, hf):
     caps = requests.get(srv.url + "/v1/capabilities", timeout=10).json()["features"]["beam_search"]
     assert caps["honoured"] and caps["most"] >= 3
     assert caps["fields"]["openai.completions"] == "use_beam_search" and caps["fields"]["lmi"] == "parameters.num_beams"
+
+
+@in_module_loop
+async def test_beams_the_whole_cache_cannot_hold_fail_alone(model_dir):
+    """A beam request whose beams could need more blocks than the cache has fails with a 400 (waiting would hold
+    the queue behind it for ever); the requests after it are served."""
+    small = TorchEngine(
+        model_dir,
+        max_batch_size=4,
+        max_input_len=16,
+        max_new_tokens=12,
+        dtype="fp32",
+        tokens_per_block=8,
+        max_tokens_in_paged_kv_cache=32,
+    )
+    await small.start()
+    try:
+        wide = SamplingParams(max_new_tokens=12, beam_width=3)
+        out = await collect(small, "too-wide", PROMPT, wide, streaming=False)
+        assert out[-1].error_code == 400 and out[-1].error_field == "beam_search" and "KV blocks" in out[-1].error
+        after = await collect(small, "after", PROMPT, SamplingParams(max_new_tokens=3), streaming=False)
+        assert after[-1].error is None and len(after[-1].token_ids) == 3
+    finally:
+        await small.close()

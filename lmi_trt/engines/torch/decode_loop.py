@@ -1265,10 +1265,19 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _admit_beams(self, slot: Slot) -> bool:
         """Set aside ``beam_width`` batch slots and the blocks of ``_beam_blocks`` (above the watermark), or
-        nothing when they are not free now."""
+        nothing when they are not free now (False); a request the whole cache could not hold fails (True)."""
         sampling, prompt = slot.sampling, slot.request.prompt_token_ids
         width = sampling.beam_width
         need = self._beam_blocks(len(prompt), width, sampling.max_new_tokens)
+        if need > self._pool.num_blocks - self._watermark:  # it would wait for ever, and the queue behind it
+            self._engine.fail(
+                slot,
+                f"{width} beams of {len(prompt)} + {sampling.max_new_tokens} tokens may hold {need} KV blocks, more "
+                f"than the cache has ({self._pool.num_blocks - self._watermark}); ask for fewer beams or tokens",
+                400,
+                "beam_search",
+            )
+            return True
         if len(self._free) < width or self._pool.free - self._watermark < need:
             return False
         blocks = self._pool.allocate(need)

@@ -49,6 +49,7 @@ from lmi_trt.serving.core import (
     GenerationService,
     GenerationStream,
     TokenOut,
+    refuse_streamed_beams,
     schema_guide_text,
 )
 from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
@@ -602,6 +603,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
 
     prompt = rendered.prompt
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
+    refuse_streamed_beams(params, fmt != "json", CHAT_NAMES)  # option.output_formatter may stream it
     render_error = error_response if at_invocations else openai_error
     cid = f"chatcmpl-{current_request_id()}"  # the X-Request-Id, as vLLM names it
     created = int(time.time())
