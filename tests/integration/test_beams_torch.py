@@ -18,6 +18,7 @@ import pytest_asyncio
 import requests
 import torch
 from cliserver import serve
+from serverproc import wait_until
 from test_torch_engine import assert_greedy, reference
 from tinymodels import beam_reference, tiny_model, with_eos
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,6 +116,22 @@ async def test_beams_equal_generate_in_a_batch_with_greedy_requests(engine, hf):
     # every beam's slot and block came back
     stats = engine.stats().extra
     assert stats["kv_cache_used_blocks"] == 0 and stats["running_requests"] == 0
+
+
+@in_module_loop
+async def test_a_cancelled_beam_request_gives_its_slots_and_blocks_back(engine):
+    """Cancelled while it runs (or, on a fast machine, just after it ended): nothing of it stays behind."""
+    request = GenerationRequest("gone", PROMPT, SamplingParams(max_new_tokens=12, beam_width=4), streaming=False)
+    agen = engine.submit(request)
+    first = asyncio.ensure_future(agen.__anext__())
+    await wait_until(lambda: engine.stats().active_requests > 0, timeout=60)
+    await engine.cancel("gone")
+    assert (await first).finished
+    await agen.aclose()
+    assert await wait_until(lambda: engine.stats().extra["kv_cache_used_blocks"] == 0, timeout=60)
+    # its 4 slots are free again: a request as wide runs
+    again = await collect(engine, "again", PROMPT, SamplingParams(max_new_tokens=3, beam_width=6), streaming=False)
+    assert again[-1].error is None and len(again[-1].beams) == 1
 
 
 @in_module_loop
