@@ -103,6 +103,7 @@ from lmi_trt.engines.llmapi_releases import (
     requested,
 )
 from lmi_trt.engines.trtllm import (
+    NO_TRTLLM_LORA,
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
@@ -510,6 +511,7 @@ def release_capabilities(
         logit_bias=capability("logit_bias"),
         guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
+        lora=cannot(NO_TRTLLM_LORA),
     )
 
 
@@ -703,6 +705,7 @@ class LlmApiEngine:
             release="",
             logprobs=can(),
             guided=can(),
+            lora=cannot(NO_TRTLLM_LORA),
             **dict.fromkeys(
                 ("top_logprobs", "prompt_logprobs", "logit_bias", *SAMPLING_FEATURES), cannot(_NOT_STARTED)
             ),
