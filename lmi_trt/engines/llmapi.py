@@ -491,6 +491,7 @@ def release_refusals(
             "logit_bias",
             "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
         )
+    no["lora"] = NO_TRTLLM_LORA  # not wired on any release here (option.enable_lora is refused at start-up)
     return no
 
 
@@ -511,7 +512,7 @@ def release_capabilities(
         logit_bias=capability("logit_bias"),
         guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
-        lora=cannot(NO_TRTLLM_LORA),
+        lora=capability("lora"),
     )
 
 

@@ -449,7 +449,6 @@ CHAT_NAMES = {
     "top_logprobs": "top_logprobs",
     "guided": "response_format",  # or the field the request's constraint came in (_chat)
     "logit_bias": "logit_bias",
-    "lora": "model",
     **OPENAI_SAMPLING_NAMES,
 }
 COMPLETION_NAMES = {
@@ -457,7 +456,6 @@ COMPLETION_NAMES = {
     "top_logprobs": "logprobs",
     "logit_bias": "logit_bias",
     "prompt_logprobs": "echo",
-    "lora": "model",
     **OPENAI_SAMPLING_NAMES,
 }
 
