@@ -936,7 +936,9 @@ class GenerationService:
     ) -> None:
         self._in_system -= 1
         if self.metrics is not None:
-            self.metrics.finished(reason.value, stream.generated_tokens, seconds, first_token_after)
+            self.metrics.finished(
+                reason.value, stream.generated_tokens, seconds, first_token_after, stream.params.adapter
+            )
 
     def observe_ttft(self, seconds: float) -> None:
         if self.metrics is not None:

@@ -76,6 +76,7 @@ import torch
 
 from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
 from ..guided import allowed_tokens
+from ..lora_sizes import buffer_bytes
 from . import decode_kernels
 from .backend import (
     EXCLUDED,
@@ -90,7 +91,7 @@ from .backend import (
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
-from .lora import LoraAdapter, buffer_bytes
+from .lora import LoraAdapter
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
 
 log = logging.getLogger(__name__)

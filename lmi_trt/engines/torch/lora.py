@@ -14,7 +14,8 @@ Applying. Each of the decoder's fused projections (``qkv``, ``o``, ``gate_up``, 
 layer, of fixed size whatever is loaded: ``A [in, G·S·R]`` and ``B [G·S·R, out]`` for its ``G`` parts (q, k, v
 ...), ``S = option.max_loras`` slots and ``R = option.max_lora_rank``; slot ``s`` of part ``g`` holds its adapter's
 ``Aᵀ`` in columns ``(g·S + s)·R ...`` (zero past the adapter's rank) and ``scaling · Bᵀ`` in the same rows of B,
-under part g's output columns. A pass multiplies every row by all slots' A at once (``[T, G·S·R]``: S·R columns
+under part g's output columns (zero under the other parts': B is block-diagonal over the parts, which costs memory,
+``lora_sizes.buffer_bytes``, and buys one matmul per fused projection). A pass multiplies every row by all slots' A at once (``[T, G·S·R]``: S·R columns
 more than the model's own, a few percent of its matmul), zeroes the columns of slots other than the row's own with
 a mask built from each token's slot index (-1: the base model, every column zeroed), and adds that times B. So
 rows of different adapters share the step, a base row gets exactly ``+ 0``, and since the shapes never depend on
@@ -37,14 +38,8 @@ import torch
 from safetensors.torch import load_file
 
 from ..base import EngineError
+from ..lora_sizes import GROUPS, group_sizes
 
-# The decoder's fused projections and the PEFT modules each is made of, in the order their rows are fused.
-GROUPS = {
-    "qkv": ("q_proj", "k_proj", "v_proj"),
-    "o": ("o_proj",),
-    "gate_up": ("gate_proj", "up_proj"),
-    "down": ("down_proj",),
-}
 MODULES = tuple(m for parts in GROUPS.values() for m in parts)
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 _TENSOR = re.compile(
@@ -130,26 +125,6 @@ def read_adapter(name: str, folder: Path, *, max_rank: int, num_layers: int, dty
     if not weights:
         raise _refuse(name, folder, f"{WEIGHTS_FILE} holds no LoRA weights")
     return LoraAdapter(name, rank, weights)
-
-
-def group_sizes(config: Any) -> dict[str, tuple[int, int, tuple[int, ...]]]:
-    """Each fused projection's (in, parts, each part's output rows), from a Llama-shaped model's config."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    q, kv = heads * head_dim, (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-    hidden, inner = config.hidden_size, config.intermediate_size
-    return {
-        "qkv": (hidden, 3, (q, kv, kv)),
-        "o": (q, 1, (hidden,)),
-        "gate_up": (hidden, 2, (inner, inner)),
-        "down": (inner, 1, (hidden,)),
-    }
-
-
-def buffer_bytes(config: Any, slots: int, rank: int, itemsize: int) -> int:
-    """Device bytes of the stacked buffers of ``slots`` adapters of rank ≤ ``rank`` (``LoraSlots``)."""
-    per_layer = sum(parts * rank * (fan_in + sum(outs)) for fan_in, parts, outs in group_sizes(config).values())
-    return config.num_hidden_layers * slots * per_layer * itemsize
 
 
 class LoraSlots:

@@ -86,19 +86,18 @@ async def djl_unregister(request: web.Request) -> web.Response:
     return json_response({"status": f"Adapter {name} unregistered"})
 
 
-class LoadLoraAdapterRequest(BaseModel):
-    """vLLM's LoadLoRAAdapterRequest (vllm/entrypoints/openai/protocol.py)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    lora_name: str
-    lora_path: str
-
-
 class UnloadLoraAdapterRequest(BaseModel):
-    """vLLM's UnloadLoRAAdapterRequest: the name; its lora_int_id is vLLM's internal id, which nothing here has."""
+    """vLLM's UnloadLoRAAdapterRequest (vllm/entrypoints/openai/protocol.py): the name; its lora_int_id is vLLM's
+    internal id, which nothing here has (refused as an unknown field)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
     lora_name: str
+
+
+class LoadLoraAdapterRequest(UnloadLoraAdapterRequest):
+    """vLLM's LoadLoRAAdapterRequest: the name and the adapter's path (here also s3:// or a hub id)."""
+
+    lora_path: str
 
 
 async def _body(request: web.Request, model: type[BaseModel]) -> Any:
