@@ -164,7 +164,7 @@ def test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch(srv,
 def test_metrics_count_per_adapter_and_the_models_list_them(srv):
     metrics = requests.get(f"{srv.url}/metrics").text  # the mixed batches above, counted per adapter
     for adapter in ADAPTERS:
-        assert f'lmi_lora_generation_tokens_total{{model_name="tiny-llama",lora_name="{adapter}"}}' in metrics
+        assert f'lmi_lora_generation_tokens_total{{lora_name="{adapter}",model_name="tiny-llama"}}' in metrics
     listed = requests.get(f"{srv.url}/v1/models").json()["data"]
     assert listed[0]["id"] == "tiny-llama" and {m["id"] for m in listed[1:]} == set(ADAPTERS)
     assert all(m["parent"] == "tiny-llama" for m in listed[1:])
