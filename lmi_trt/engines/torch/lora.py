@@ -15,9 +15,10 @@ layer, of fixed size whatever is loaded: ``A [in, G·S·R]`` and ``B [G·S·R, o
 ...), ``S = option.max_loras`` slots and ``R = option.max_lora_rank``; slot ``s`` of part ``g`` holds its adapter's
 ``Aᵀ`` in columns ``(g·S + s)·R ...`` (zero past the adapter's rank) and ``scaling · Bᵀ`` in the same rows of B,
 under part g's output columns (zero under the other parts': B is block-diagonal over the parts, which costs memory,
-``lora_sizes.buffer_bytes``, and buys one matmul per fused projection). A pass multiplies every row by all slots' A at once (``[T, G·S·R]``: S·R columns
-more than the model's own, a few percent of its matmul), zeroes the columns of slots other than the row's own with
-a mask built from each token's slot index (-1: the base model, every column zeroed), and adds that times B. So
+``lora_sizes.buffer_bytes``, and buys one matmul per fused projection). A pass multiplies every row by all slots'
+A at once (``[T, G·S·R]``: G·S·R columns more than the model's own, a few percent of its matmul), zeroes the
+columns of slots other than the row's own with a mask built from each token's slot index (-1: the base model,
+every column zeroed), and adds that times B. So
 rows of different adapters share the step, a base row gets exactly ``+ 0``, and since the shapes never depend on
 which adapters are loaded, the decode steps' CUDA graphs are captured once. Punica and S-LoRA gather each row's own
 A and B instead (``bmm`` over a row→adapter index, arxiv.org/abs/2310.18547, arxiv.org/abs/2311.03285); with a few
