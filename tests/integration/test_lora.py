@@ -10,6 +10,7 @@ rule), for requests sent together so that base and adapter rows share steps, ove
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -248,3 +249,39 @@ def test_other_engines_refuse_option_enable_lora_at_startup(tmp_path):
     ) as server:
         assert server.proc.wait(timeout=120) != 0
     assert "option.enable_lora" in server.log_path.read_text()
+
+
+async def test_replicas_register_on_every_copy_and_keep_an_adapter_one_copy_uses(world):
+    from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
+    from lmi_trt.engines.replicas import ReplicaSet
+    from lmi_trt.engines.torch import TorchEngine
+
+    copies = [
+        TorchEngine(world["model_dir"], max_batch_size=2, max_input_len=64, max_new_tokens=400, enable_lora=True)
+        for _ in range(2)
+    ]
+    replicas = ReplicaSet(copies)
+    await replicas.start()
+    try:
+        folder = str(world["folders"]["vllm-d"])
+        await replicas.register_adapter("d", folder, folder)
+        assert [[a.name for a in c.adapters()] for c in copies] == [["d"], ["d"]]
+        request = GenerationRequest("r", [1, 5, 6], SamplingParams(max_new_tokens=390, ignore_eos=True), adapter="d")
+        outputs = replicas.submit(request)
+        first = await outputs.__anext__()
+        assert first.error is None
+        with pytest.raises(EngineError) as busy:  # one copy generates with it: neither copy lets it go
+            await replicas.unregister_adapter("d")
+        assert busy.value.code == 409
+        assert [[a.name for a in c.adapters()] for c in copies] == [["d"], ["d"]]
+        await outputs.aclose()  # cancels inside the copy
+        while True:
+            try:
+                await replicas.unregister_adapter("d")
+                break
+            except EngineError as e:  # the cancellation reaches the copy's loop shortly
+                assert e.code == 409
+                await asyncio.sleep(0.05)
+        assert [c.adapters() for c in copies] == [[], []]
+    finally:
+        await replicas.close()
