@@ -285,3 +285,22 @@ async def test_replicas_register_on_every_copy_and_keep_an_adapter_one_copy_uses
         assert [c.adapters() for c in copies] == [[], []]
     finally:
         await replicas.close()
+
+
+def test_openai_chat_generates_with_the_adapter_its_model_names(srv, world):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    tok = AutoTokenizer.from_pretrained(world["model_dir"])
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    answers = {}
+    for model in ("tiny-llama", "local-a"):
+        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW, temperature=0)
+        plain = client.completions.create(model=model, prompt=ids, max_tokens=NEW, temperature=0)
+        assert chat.model == model and chat.choices[0].message.content == plain.choices[0].text
+        answers[model] = plain.choices[0].text
+    ref = reference(world["merged"]["local-a"], ids, NEW, eos_token_id=None)
+    assert ref.tokens != reference(world["merged"][None], ids, NEW, eos_token_id=None).tokens
+    assert answers["local-a"] != answers["tiny-llama"]
