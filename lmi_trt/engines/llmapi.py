@@ -104,6 +104,7 @@ from lmi_trt.engines.llmapi_releases import (
     requested,
 )
 from lmi_trt.engines.trtllm import (
+    NO_TRTLLM_LORA,
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
@@ -491,6 +492,7 @@ def release_refusals(
             "logit_bias",
             "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
         )
+    no["lora"] = NO_TRTLLM_LORA  # not wired on any release here (option.enable_lora is refused at start-up)
     return no
 
 
@@ -520,6 +522,7 @@ def release_capabilities(
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
         beam_search=cannot(no["beam_width"]) if "beam_width" in no else can(most=max_beam_width),
         min_p=cannot("the trtllm-pytorch engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
+        lora=capability("lora"),
     )
 
 
@@ -715,6 +718,7 @@ class LlmApiEngine:
             release="",
             logprobs=can(),
             guided=can(),
+            lora=cannot(NO_TRTLLM_LORA),
             **dict.fromkeys(
                 ("top_logprobs", "prompt_logprobs", "logit_bias", "beam_search", "min_p", *SAMPLING_FEATURES),
                 cannot(_NOT_STARTED),

@@ -648,6 +648,14 @@ def map_request(
     )
 
 
+# The Executor's and the LLM API's LoRA (a LoRA-plugin engine with a PEFT cache, LoraConfig / LoRARequest per
+# request) is not wired here: option.enable_lora is refused at start-up on those backends (no settings read it).
+NO_TRTLLM_LORA = (
+    "LoRA adapters are served by the torch engine (option.rolling_batch=torch); the TensorRT-LLM backends here do "
+    "not take them yet"
+)
+
+
 def executor_capabilities(
     release: str, has_vocab_size: bool, guided: Capability, max_beam_width: int = 1
 ) -> Capabilities:
@@ -681,6 +689,7 @@ def executor_capabilities(
             "widest beam (an engine built with at least that --max_beam_width)"
         ),
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
+        lora=cannot(NO_TRTLLM_LORA),
     )
 
 

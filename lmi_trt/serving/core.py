@@ -25,8 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
+    AdapterHost,
+    AdapterInfo,
     Beam,
     Engine,
+    EngineError,
     EngineLimits,
     EngineOutput,
     FinishReason,
@@ -35,13 +38,16 @@ from lmi_trt.engines.base import (
     SamplingParams,
 )
 from lmi_trt.engines.guided import guide_problem, schema_text
+from lmi_trt.errors import LmiError
 from lmi_trt.log_context import REQUEST_ID
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
+    Conflict,
     FieldError,
     LmiHttpError,
     ModelError,
+    NotFound,
     ServiceUnavailable,
     error_from_code,
 )
@@ -79,6 +85,9 @@ MAX_ABS_PENALTY = 2.0
 # and the length penalty's range (an exponent of the beam's length: past this a float32 score over- or underflows).
 MAX_BEAM_WIDTH = 64
 MAX_LENGTH_PENALTY = 10.0
+MAX_ADAPTER_NAME = 256
+# A LoRA adapter's name: it is a path segment of the adapter routes and an OpenAI model name.
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,255}")
 
 
 def bounded_words(v: list[str], what: str) -> list[str]:
@@ -108,6 +117,9 @@ class LoadedModel:
 
     engine: Engine
     tokenizer: Any  # a transformers tokenizer (see serving.tokenizer.load_tokenizer)
+    # A LoRA adapter's src (a folder, s3:// or a hub id) → its local folder (lmi_trt.sources.resolve_adapter, bound
+    # to the configuration); None where adapters are off.
+    adapter_source: Callable[[str], Any] | None = None
 
 
 class FeatureRefused(BadRequest):
@@ -157,6 +169,7 @@ class GenerateParams(BaseModel):
     length_penalty: float | None = Field(None, ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY, allow_inf_nan=False)
     early_stopping: bool | Literal["never"] | None = None
     min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    adapter: str | None = Field(None, min_length=1, max_length=MAX_ADAPTER_NAME)  # a registered LoRA adapter's name
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -212,6 +225,7 @@ REQUESTED_FEATURES: dict[str, Callable[[GenerateParams], bool | int | str]] = {
     "stop_token_ids": lambda p: bool(p.stop_token_ids) and p.ignore_eos,  # some releases drop them then
     "beam_search": lambda p: p.beam_width if p.beam_width > 1 else 0,
     "min_p": lambda p: p.min_p not in (None, 0.0),
+    "lora": lambda p: p.adapter or "",
 }
 # What beam search leaves out on every engine here, by the GenerateParams field that asks for it: the beams are
 # scored by the model's log-probs alone (transformers' generate with do_sample=False), returned whole at the end.
@@ -654,8 +668,17 @@ class GenerationStream:
 
 
 class GenerationService:
-    def __init__(self, engine: Engine, tokenizer: Any, config: LmiConfig, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        config: LmiConfig,
+        *,
+        metrics: Metrics | None = None,
+        adapter_source: Callable[[str], Any] | None = None,
+    ) -> None:
         self.engine = engine
+        self._adapter_source = adapter_source
         self.tokenizer = tokenizer
         self.config = config
         self.metrics = metrics
@@ -688,6 +711,44 @@ class GenerationService:
             reverse=True,
         )
         self.special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
+
+    # -- LoRA adapters (engines that are an AdapterHost with option.enable_lora) -------------------------
+
+    def adapters(self) -> list[AdapterInfo]:
+        return self.engine.adapters() if isinstance(self.engine, AdapterHost) else []
+
+    def adapter_names(self) -> set[str]:
+        return {a.name for a in self.adapters()}
+
+    def _adapter_host(self) -> AdapterHost:
+        capability = self.engine.capabilities.lora
+        if not capability.honoured or not isinstance(self.engine, AdapterHost) or self._adapter_source is None:
+            raise BadRequest(f"LoRA adapters: {capability.reason or 'not served by this engine'}")
+        return self.engine
+
+    async def register_adapter(self, name: str, src: str) -> AdapterInfo:
+        """Fetch ``src`` (a folder, s3:// or a hub id, through the sources) and register it as ``name``."""
+        host = self._adapter_host()
+        if not isinstance(name, str) or not ADAPTER_NAME.fullmatch(name):
+            raise FieldError("name", f"adapter name {name!r}: letters, digits, '.', '_' and '-', up to 256")
+        if name == self.config.model_id or name in self.adapter_names():
+            raise Conflict(f"adapter name {name!r} is taken; unregister it first or choose another")
+        if not isinstance(src, str) or not src:
+            raise FieldError("src", "src: the adapter's folder, s3:// URI or Hugging Face repo id")
+        try:
+            folder = await asyncio.to_thread(self._adapter_source, src)
+            return await host.register_adapter(name, src, str(folder))
+        except EngineError as e:
+            raise error_from_code(str(e), e.code) from e
+        except LmiError as e:  # the sources' errors: the src cannot be found or fetched
+            raise FieldError("src", f"src={src!r}: {e}") from e
+
+    async def unregister_adapter(self, name: str) -> None:
+        host = self._adapter_host()
+        try:
+            await host.unregister_adapter(name)
+        except EngineError as e:
+            raise error_from_code(str(e), e.code) from e
 
     @property
     def in_system(self) -> int:
@@ -810,6 +871,7 @@ class GenerationService:
                 stop_token_ids=[[i] for i in params.stop_token_ids],
                 bad_words_ids=await self._bad_words_ids(params.bad_words),
                 streaming=params.beam_width == 1,  # beams come back whole, at the end
+                adapter=params.adapter,
             )
             it = self.engine.submit(request).__aiter__()  # never raises: refusals are final outputs (engines/base.py)
         except LmiHttpError as e:
@@ -844,6 +906,10 @@ class GenerationService:
             capability = getattr(self.engine.capabilities, feature)
             if not capability.honoured:
                 raise FeatureRefused(field_name, f"{shown}: {capability.reason}")
+            if feature == "lora" and amount not in self.adapter_names():
+                err = NotFound(f"{shown}: no LoRA adapter of that name is registered (GET /v1/models lists them)")
+                err.param = field_name  # type: ignore[attr-defined]
+                raise err
             if isinstance(amount, int) and capability.most is not None and amount > capability.most:
                 raise FeatureRefused(
                     field_name, f"{shown}: the {self.engine.name} engine honours at most {capability.most}"
@@ -957,7 +1023,9 @@ class GenerationService:
     ) -> None:
         self._in_system -= 1
         if self.metrics is not None:
-            self.metrics.finished(reason.value, stream.generated_tokens, seconds, first_token_after)
+            self.metrics.finished(
+                reason.value, stream.generated_tokens, seconds, first_token_after, stream.params.adapter
+            )
 
     def observe_ttft(self, seconds: float) -> None:
         if self.metrics is not None:

@@ -145,6 +145,12 @@ async def test_what_the_engine_refuses_with_beams(engine):
     )
     stops = [o async for o in engine.submit(request)]
     assert stops[0].error_code == 400 and stops[0].error_field == "stop_token_ids"
+    # a beam step runs the base model's layers: an adapter is refused, not ignored
+    request = GenerationRequest(
+        "a", PROMPT, SamplingParams(max_new_tokens=3, beam_width=2), streaming=False, adapter="sql"
+    )
+    adapted = [o async for o in engine.submit(request)]
+    assert adapted[0].error_code == 400 and adapted[0].error_field == "adapter", adapted
 
 
 @pytest.fixture(scope="module")

@@ -72,6 +72,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "guided": {"guided_regex": "a+"},
             "beam_search": {"num_beams": 2},
             "min_p": {"min_p": 0.1},
+            "lora": {"adapters": "sql"},  # top-level (TOP_LEVEL)
             **PARAMETERS_SAMPLING,
         },
     ),
@@ -84,16 +85,22 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"grammar": {"type": "regex", "value": "a+"}},
             "min_p": {"min_p": 0.1},
+            "lora": {"adapter_id": "sql"},
             **PARAMETERS_SAMPLING,
         },
     ),
 }
 
 
+# Fields a schema takes beside "parameters" (DJL's adapters); OpenAI names an adapter as its model, which is a 404
+# where no adapter of that name is registered (vLLM's answer), not a feature to refuse.
+TOP_LEVEL = {("lmi", "lora")}
+
+
 def asking(schema: str, feature: str) -> tuple[str, dict[str, Any]]:
     path, base, features = SCHEMAS[schema]
     extra = features[feature]
-    if "parameters" in base:
+    if "parameters" in base and (schema, feature) not in TOP_LEVEL:
         return path, {**base, "parameters": {**base["parameters"], **extra}}
     return path, {**base, **extra}
 

@@ -50,6 +50,7 @@ from lmi_trt.serving.http import (
     load_json,
     read_body,
     register_feature_fields,
+    request_properties,
     validate,
 )
 from lmi_trt.serving.protocols._common import PARAMETERS_NAMES, refuse_typos
@@ -67,7 +68,6 @@ CONTENT_TYPES: dict[str, str] = {
 _REFUSED_PARAMETERS: dict[str, tuple[Any, str]] = {
     "typical_p": (lambda v: v not in (None, 1.0), "typical sampling is not implemented here; leave it out or use 1.0"),
     "watermark": (lambda v: v not in (None, False), "watermarking is not implemented here; leave it out"),
-    "adapter_id": (lambda v: v is not None, "LoRA adapters are not served here; leave it out"),
     "n": (lambda v: v not in (None, 1), "this schema returns one sequence; use 1 or leave it out"),
     "best_of": (lambda v: v not in (None, 1), "this schema returns one sequence; use 1 or leave it out"),
 }
@@ -106,6 +106,7 @@ class LmiParameters(GenerateParams):
     decoder_input_details: bool = False
     # DJL's name for beam search (HF generate's num_beams): the best beam is the answer.
     num_beams: int = Field(1, ge=1, le=MAX_BEAM_WIDTH)
+    adapter_id: str | None = None  # TGI's name for the LoRA adapter (DJL's own is the top-level "adapters")
 
     @field_validator("stop_sequences", mode="before")
     @classmethod
@@ -156,6 +157,7 @@ class LmiParameters(GenerateParams):
             prompt_logprobs=self.decoder_input_details or self.prompt_logprobs,
             guided=self._guided() or self.guided,
             beam_width=self.num_beams if self.num_beams > 1 else self.beam_width,
+            adapter=self.adapter_id or None,
         )
         return GenerateParams.model_construct(**fields)
 
@@ -193,6 +195,10 @@ class LmiRequest(BaseModel):
     inputs: Any
     parameters: LmiParameters = Field(default_factory=LmiParameters)
     stream: bool = False
+    # DJL's LoRA adapter per input: a name, or a list with one per input ("" for the base model); djl-serving
+    # engines/python/setup/djl_python/input_parser.py (_fetch_adapters_from_input) also reads it from the request
+    # property "adapter" (a query parameter, or X-Amzn-SageMaker-Custom-Attributes: adapter=...).
+    adapters: str | list[str] | None = None
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -228,6 +234,7 @@ NAMES = {
     "beam_search": "parameters.num_beams",
     **{name: f"parameters.{name}" for name in ("min_p", "length_penalty", "early_stopping", "num_return_sequences")},
     **{name: f"parameters.{name}" for name in ("do_sample", "stop", "logprobs", "min_new_tokens")},
+    "lora": "adapters",
 }
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
 
@@ -351,6 +358,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     params = req.parameters.to_generate()
     service = ctx.require_service()
     fmt = choose_format(ctx.config.output_formatter, req.stream, ctx.config.tgi_compat)
+    adapters = _adapters(request, req, params.adapter)
     if isinstance(req.inputs, list):
         if fmt != "json":
             raise BadRequest(
@@ -358,8 +366,9 @@ async def invocations(request: web.Request) -> web.StreamResponse:
                 "send one string to stream "
                 f"(stream={req.stream}, output format {fmt})"
             )
-        return await _batch(ctx, req, params)
+        return await _batch(ctx, req, params, adapters)
     refuse_streamed_beams(params, fmt != "json", req.parameters.field_names())
+    params = params.model_copy(update={"adapter": adapters[0]})
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
     if fmt != "json" and service.engine.capabilities.logprobs.honoured:
         params = params.model_copy(update={"logprobs": True})  # DJL's streams carry every token's log_prob
@@ -404,16 +413,32 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
     return response
 
 
-async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -> web.Response:
+def _adapters(request: web.Request, req: LmiRequest, adapter_id: str | None) -> list[str | None]:
+    """The LoRA adapter of each input (None: the base model), from DJL's "adapters" (a list: one per input),
+    else its "adapter" request property, else parameters.adapter_id."""
+    count = len(req.inputs) if isinstance(req.inputs, list) else 1
+    given = req.adapters
+    if given is None:
+        given = request.query.get("adapter") or request_properties(request).get("adapter") or adapter_id
+    if isinstance(given, list):
+        if len(given) != count:
+            raise FieldError("adapters", f"adapters has {len(given)} names for {count} input(s); give one per input")
+        return [name or None for name in given]
+    return [given or None] * count
+
+
+async def _batch(
+    ctx: ServingContext, req: LmiRequest, params: GenerateParams, adapters: list[str | None]
+) -> web.Response:
     service = ctx.require_service()
     service.admit_batch(len(req.inputs), "inputs")
     streams: list[GenerationStream] = []
     try:
-        for text in req.inputs:
+        for text, adapter in zip(req.inputs, adapters, strict=True):
             streams.append(
                 await service.start(
                     text,
-                    params,
+                    params.model_copy(update={"adapter": adapter}),
                     field_name=f"inputs[{len(streams)}]",
                     admitted=True,
                     names=req.parameters.field_names(),
