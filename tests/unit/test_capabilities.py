@@ -33,6 +33,8 @@ PARAMETERS_SAMPLING: dict[str, dict[str, Any]] = {
 }
 OPENAI_SAMPLING: dict[str, dict[str, Any]] = {
     **PARAMETERS_SAMPLING,
+    "beam_search": {"use_beam_search": True, "n": 2},  # vLLM's extension: n beams come back as the choices
+    "min_p": {"min_p": 0.1},
     "seed": {"seed": 5, "temperature": 0.7},
     "min_new_tokens": {"min_tokens": 1},
 }
@@ -68,6 +70,8 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"guided_regex": "a+"},
+            "beam_search": {"num_beams": 2},
+            "min_p": {"min_p": 0.1},
             "lora": {"adapters": "sql"},  # top-level (TOP_LEVEL)
             **PARAMETERS_SAMPLING,
         },
@@ -80,6 +84,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"grammar": {"type": "regex", "value": "a+"}},
+            "min_p": {"min_p": 0.1},
             "lora": {"adapter_id": "sql"},
             **PARAMETERS_SAMPLING,
         },
