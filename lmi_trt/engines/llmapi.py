@@ -85,6 +85,7 @@ from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
+    Beam,
     Capabilities,
     EngineError,
     EngineLimits,
@@ -108,6 +109,7 @@ from lmi_trt.engines.llmapi_releases import (
     series,
 )
 from lmi_trt.engines.trtllm import (
+    NO_TRTLLM_LORA,
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
@@ -549,14 +551,22 @@ def release_refusals(
             "logit_bias",
             "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
         )
+    no["lora"] = NO_TRTLLM_LORA  # not wired on any release here (option.enable_lora is refused at start-up)
     return no
 
 
 def release_capabilities(
-    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int], max_beam_width: int = 1
 ) -> Capabilities:
-    """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities)."""
+    """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities); beams
+    where the table's beam row says the release runs them, up to option.max_beam_width."""
     no = release_refusals(version, sampler, vocab_size, eos_token_ids)
+    if max_beam_width == 1:
+        no.setdefault(
+            "beam_width",
+            "the trtllm-pytorch engine runs 1 beam: option.max_beam_width is 1; serve with option.max_beam_width "
+            "set to the widest beam",
+        )
 
     def capability(feature: str, **honoured: Any) -> Any:
         return cannot(no[feature]) if feature in no else can(**honoured)
@@ -569,6 +579,9 @@ def release_capabilities(
         logit_bias=capability("logit_bias"),
         guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
+        beam_search=cannot(no["beam_width"]) if "beam_width" in no else can(most=max_beam_width),
+        min_p=cannot("the trtllm-pytorch engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
+        lora=capability("lora"),
     )
 
 
@@ -649,7 +662,9 @@ def plan_request(
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")
     if beam_width > 1:
-        sampling.update(use_beam_search=True, best_of=beam_width, n=1)
+        # the LLM API's beam width is best_of, of which n come back (tensorrt_llm/sampling_params.py, 1.0-1.2:
+        # it has no num_return_sequences); length_penalty and early_stopping are its fields too
+        sampling.update(use_beam_search=True, best_of=beam_width, n=sampling.pop("num_return_sequences"))
     if "seed" in unsupported:  # the sampler draws from its own generator: send none
         sampling.pop("seed", None)
     texts = end_id is not None  # only _setup tokenizes them
@@ -783,8 +798,10 @@ class LlmApiEngine:
             release="",
             logprobs=can(),
             guided=can(),
+            lora=cannot(NO_TRTLLM_LORA),
             **dict.fromkeys(
-                ("top_logprobs", "prompt_logprobs", "logit_bias", *SAMPLING_FEATURES), cannot(_NOT_STARTED)
+                ("top_logprobs", "prompt_logprobs", "logit_bias", "beam_search", "min_p", *SAMPLING_FEATURES),
+                cannot(_NOT_STARTED),
             ),
         )
         self._unsupported: dict[str, str] = {}
@@ -852,7 +869,9 @@ class LlmApiEngine:
             self._limits = dataclasses.replace(self._limits, max_seq_len=max_seq_len)
             inferred.append(f"max_seq_len={max_seq_len} ({how}; the server's prompt + max_new_tokens limit)")
         log.info("%s", settings_report(plan, self._llm.args, version, sampler, inferred))
-        self._capabilities = release_capabilities(version, sampler, self._vocab_size, self._eos)
+        self._capabilities = release_capabilities(
+            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width
+        )
         self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos)
         self._beam_rule = beam_width_rule(release, self._limits.max_beam_width)
         log.info(
@@ -924,7 +943,32 @@ class LlmApiEngine:
             log.exception("TensorRT-LLM failed outside one request")
             self._healthy = False
             return error_output(entry.request_id, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}", 424)
+        if result.finished and entry.plan.sampling.get("use_beam_search"):
+            return self._beams_output(entry, result.outputs)
         return self._to_output(entry, result.outputs[0], finished=result.finished)
+
+    def _beams_output(self, entry: _Request, completions: Sequence[Any]) -> EngineOutput:
+        """A beam-search request's final step: one CompletionOutput per beam returned (n of them, best first:
+        tensorrt_llm/executor/result.py); their cumulative log-probs are not length-normalized, so no score."""
+        beams = []
+        for completion in completions:
+            ids = list(completion.token_ids)
+            tokens, reason = final_tokens_and_reason(
+                ids,
+                reason_name(completion.finish_reason, completion.stop_reason),
+                end_id=entry.plan.end_id,
+                extra_eos=entry.plan.extra_eos,
+                generated=len(ids),
+                max_new_tokens=entry.max_new_tokens,
+            )
+            beams.append(Beam(tokens, FinishReason.CANCELLED if entry.cancelled else reason))
+        if not beams:
+            return error_output(entry.request_id, "TensorRT-LLM's beam-search result holds no beam", 424)
+        self._total_tokens += sum(len(b.token_ids) for b in beams)
+        best = beams[0]
+        return EngineOutput(
+            entry.request_id, best.token_ids, finished=True, finish_reason=best.finish_reason, beams=beams
+        )
 
     def _enqueue(self, request: GenerationRequest) -> _Request | EngineOutput:
         rid = request.request_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tinymodels import tiny_model
+from tinymodels import beam_reference, tiny_model
 from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt.compat import dtype_kwargs
@@ -89,6 +89,11 @@ async def collect(engine: LlmApiEngine, request: GenerationRequest) -> list:
         return [out async for out in engine.submit(request)]
 
     return await asyncio.wait_for(run(), 120)
+
+
+def capabilities_beams(engine: LlmApiEngine) -> int | None:
+    beams = engine.capabilities.beam_search
+    return beams.most if beams.honoured else None
 
 
 def tokens_of(outputs) -> list[int]:
@@ -582,6 +587,26 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
         assert tokens_of(outs) == want[0, len(PROMPTS[0]) :].tolist()
         plain = await collect(engine, req("plain", PROMPTS[0], streaming=False, max_new_tokens=4))
         assert refused(plain, "beam_width", release) and "max_beam_width" in plain[0].error, plain
+        # n beams back, with the request's length_penalty and early_stopping (SamplingParams' best_of, n and
+        # those fields: tensorrt_llm/sampling_params.py, 1.0-1.2)
+        both = await collect(
+            engine,
+            req(
+                "beams",
+                PROMPTS[0],
+                False,
+                max_new_tokens=6,
+                beam_width=2,
+                num_return_sequences=2,
+                length_penalty=0.5,
+                early_stopping=True,
+            ),
+        )
+        rows, _ = beam_reference(
+            hf_model, PROMPTS[0], beams=2, returned=2, max_new=6, length_penalty=0.5, early_stopping=True
+        )
+        assert [b.token_ids for b in both[-1].beams] == rows
+        assert capabilities_beams(engine) == 2
         pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
         if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
             assert (

@@ -499,7 +499,13 @@ def test_beam_search_when_built_for_it():
     spec = map_request(
         request(streaming=False, beam_width=2), eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1
     )
-    assert spec.sampling == {"beam_width": 2}
+    # executor.h SamplingConfig: transformers' defaults sent as they are (TensorRT-LLM's own are lengthPenalty 0
+    # and earlyStopping 1); numReturnSequences beams come back
+    assert spec.sampling == {"beam_width": 2, "length_penalty": 1.0, "early_stopping": 0, "num_return_sequences": 1}
+    never = request(streaming=False, beam_width=2, early_stopping="never")
+    with pytest.raises(EngineError, match="early_stopping='never' has no SamplingConfig value") as e:
+        map_request(never, eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1)
+    assert e.value.field == "early_stopping"
 
 
 @pytest.mark.parametrize("version", ["0.12.0", "1.2.0rc2"])

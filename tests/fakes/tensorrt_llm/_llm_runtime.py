@@ -190,6 +190,9 @@ class _Seq:
     streaming: bool
     beam_width: int
     guide: tuple[str, str | None] | None = None  # (guide type, guide): see _grammar
+    # SamplingParams.length_penalty / early_stopping: the C++ SamplingConfig's (None: its defaults, 0 and 1)
+    length_penalty: float | None = None
+    early_stopping: int | None = None
     prompt_logprobs: int = 0  # SamplingParams.prompt_logprobs (0: none)
     embedding_bias: object = None  # SamplingParams.embedding_bias, added to the logits by _select
     context_logprobs: object = None  # [prompt len, vocab] log-softmax of the context logits
@@ -476,13 +479,16 @@ class LlmRuntime:
             do_sample=False,
             eos_token_id=seq.end_id if seq.end_id >= 0 else None,
             pad_token_id=max(seq.end_id, 0),
+            # as the Executor fake reads them (tests/fakes/tensorrt_llm/_runtime.py): executor.h's defaults
+            length_penalty=seq.length_penalty if seq.length_penalty is not None else 0.0,
+            early_stopping=seq.early_stopping in (None, 1),
         )
-        beams, ended = [], False
+        beams, reasons = [], []
         for row in gen[:, len(seq.prompt) :].tolist():
-            if seq.end_id in row:
-                row, ended = row[: row.index(seq.end_id)], ended or not beams
-            beams.append(row)
-        return _Response(beams, None, None, "END_ID" if ended else "LENGTH", True)
+            ended = seq.end_id in row
+            beams.append(row[: row.index(seq.end_id)] if ended else row)
+            reasons.append("END_ID" if ended else "LENGTH")
+        return _Response(beams, None, None, reasons, True)
 
     def _record_stats(self, started: float, new: int, finished: int) -> None:
         if not self.args.enable_iter_perf_stats:

@@ -221,6 +221,8 @@ class LLM:
                 embedding_bias=sp.embedding_bias if strategy.bias else None,
                 streaming=streaming,
                 beam_width=sp.best_of if sp.use_beam_search else 1,
+                length_penalty=sp.length_penalty,
+                early_stopping=sp.early_stopping,
                 guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
             )
         )
