@@ -680,7 +680,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_seq_len",
             _integer(2, 4096),
-            "prompt + output tokens; unset: max_input_len + max_output_len",
+            "prompt + output tokens; unset: max_input_len + max_output_len for a TensorRT engine, TensorRT-LLM's "
+            "from the checkpoint on the pytorch backend",
             compile_time=True,
         ),
     ] = None
