@@ -502,10 +502,10 @@ def build_executor_config(
         )
     elif settings.multi_block_mode is not None:
         if facts.multi_block_mode is not None and facts.multi_block_mode != settings.multi_block_mode:
-            warnings.append(
-                f"option.multi_block_mode={str(settings.multi_block_mode).lower()} is ignored: in this TensorRT-LLM "
-                f"it is a build option and the engine was built with multi_block_mode="
-                f"{str(facts.multi_block_mode).lower()}; rebuild to change it"
+            raise TrtllmConfigError(  # refused, never accepted and ignored
+                f"option.multi_block_mode={str(settings.multi_block_mode).lower()}: in this TensorRT-LLM it is a "
+                f"build option and the engine was built with multi_block_mode={str(facts.multi_block_mode).lower()}; "
+                "leave the option out, set it to the built value, or rebuild the engine"
             )
     if guide_vocab is not None and guided_capability(tle, guide_vocab).honoured:
         vocab = guide_vocab()
@@ -519,7 +519,10 @@ def build_executor_config(
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
         else:
-            warnings.append("option.enable_trt_overlap=true is ignored: this TensorRT-LLM's Executor has no such knob")
+            raise TrtllmConfigError(
+                "option.enable_trt_overlap=true: this TensorRT-LLM's ExecutorConfig has no enable_trt_overlap; "
+                "leave it out or set it to false"
+            )
     config = tle.ExecutorConfig(
         max_beam_width=effective_beam_width(settings, facts),
         scheduler_config=tle.SchedulerConfig(capacity_scheduler_policy=policy),
