@@ -680,7 +680,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_seq_len",
             _integer(2, 4096),
-            "prompt + output tokens; unset: max_input_len + max_output_len",
+            "prompt + output tokens; unset: max_input_len + max_output_len for a TensorRT engine, TensorRT-LLM's "
+            "from the checkpoint on the pytorch backend",
             compile_time=True,
         ),
     ] = None
@@ -962,6 +963,40 @@ class LmiConfig(BaseModel):
             aliases=("option.enable_block_reuse",),  # DJL: KvCacheConfig(enable_block_reuse=)
         ),
     ] = False
+    # LoRA adapters, DJL LMI's keys (djl-serving serving/docs/adapters.md and lmi/user_guides/vllm_user_guide.md:
+    # option.enable_lora, option.max_loras (default 4), option.max_lora_rank (default 16), option.max_cpu_loras).
+    enable_lora: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_lora",
+            _BOOL,
+            "serve LoRA adapters (the model folder's adapters/ at start-up, more through the adapter routes), "
+            "chosen per request",
+        ),
+    ] = False
+    max_loras: Annotated[
+        int,
+        KeySpec(
+            "option.max_loras",
+            _integer(1, 4),
+            "LoRA: adapters resident on the device at once (the torch engine's stacked slots); a request for "
+            "another waits until one is free",
+        ),
+    ] = 4
+    max_lora_rank: Annotated[
+        int,
+        KeySpec(
+            "option.max_lora_rank", _integer(1, 16), "LoRA: the largest adapter rank (an adapter above it is refused)"
+        ),
+    ] = 16
+    max_cpu_loras: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_cpu_loras",
+            _integer(1, 8),
+            "LoRA: adapters registered at most (kept in host memory); unset: no limit",
+        ),
+    ] = None
     batch_scheduler_policy: Annotated[
         Literal["max_utilization", "guaranteed_no_evict"],
         KeySpec(
@@ -1069,12 +1104,20 @@ class LmiConfig(BaseModel):
     multi_block_mode: Annotated[
         bool | None,
         KeySpec(
-            "option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default"
+            "option.multi_block_mode",
+            _BOOL,
+            "multi-block attention for long sequences; unset: TensorRT-LLM's default (where it is a build option, "
+            "a value other than the engine's is a startup error)",
         ),
     ] = None  # None → TensorRT-LLM's default
-    enable_trt_overlap: Annotated[bool, KeySpec("option.enable_trt_overlap", _BOOL, "overlap consecutive batches")] = (
-        False
-    )
+    enable_trt_overlap: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_trt_overlap",
+            _BOOL,
+            "overlap consecutive batches (true: a startup error on an Executor without the knob)",
+        ),
+    ] = False
     max_num_sequences: Annotated[
         int | None,
         KeySpec(

@@ -156,7 +156,9 @@ def build_app(
             ctx.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
-        ctx.service = GenerationService(loaded.engine, loaded.tokenizer, config, metrics=metrics)
+        ctx.service = GenerationService(
+            loaded.engine, loaded.tokenizer, config, metrics=metrics, adapter_source=loaded.adapter_source
+        )
         log.info("model %r ready (engine %s) after %.1f s", model_name, loaded.engine.name, time.perf_counter() - t0)
 
     async def on_startup(app: web.Application) -> None:

@@ -277,5 +277,5 @@ async def test_a_grammar_holds_across_accepted_drafts(trt, model_dir):
 def test_a_grammar_beside_one_model_speculation_is_refused(method):
     from lmi_trt.engines.llmapi import release_capabilities
 
-    capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], method)
+    capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], speculation=method)
     assert not capabilities.guided.honoured and "support_guided_decoder" in capabilities.guided.reason

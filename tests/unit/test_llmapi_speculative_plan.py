@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from packaging.version import Version
 from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt.config import ConfigError, load_config
-from lmi_trt.engines.llmapi import llm_api_series, llm_configs, llm_plan
+from lmi_trt.engines.llmapi import llm_api_release, llm_configs, llm_plan
 from lmi_trt.engines.llmapi_speculation import speculation_refusals
 from lmi_trt.engines.trtllm import TrtllmConfigError
 from lmi_trt.stages import llmapi_settings, settle
@@ -30,7 +31,7 @@ def built(release: str, hf_config=None, **props):
     with fake_tensorrt_llm(release) as trt:
         import tensorrt_llm.llmapi as llmapi
 
-        plan = llm_plan(settings(**props), llm_api_series(release), release, hf_config)
+        plan = llm_plan(settings(**props), llm_api_release(release), hf_config)
         return llm_configs(llmapi, plan, trt.__version__)["speculative_config"], plan
 
 
@@ -72,9 +73,9 @@ def test_draft_model_eagle3_and_mtp_are_the_releases_classes(release, tmp_path):
 
 def test_mtp_needs_the_models_heads_once_the_model_is_read():
     props = {"option.speculative_config": '{"decoding_type": "MTP", "max_draft_len": 2}'}
-    assert llm_plan(settings(**props), (1, 2), "1.2.1").speculative is not None  # not read yet: checked later
+    assert llm_plan(settings(**props), Version("1.2.1")).speculative is not None  # not read yet: checked later
     with pytest.raises(TrtllmConfigError, match="option.speculative_config.decoding_type=.*num_nextn_predict_layers"):
-        llm_plan(settings(**props), (1, 2), "1.2.1", {"architectures": ["LlamaForCausalLM"]})
+        llm_plan(settings(**props), Version("1.2.1"), {"architectures": ["LlamaForCausalLM"]})
 
 
 def test_max_concurrency_from_11_and_members_passed_or_refused():
@@ -94,15 +95,15 @@ def test_max_concurrency_from_11_and_members_passed_or_refused():
 @pytest.mark.parametrize("mode", ["medusa", "lookahead", "eagle", "explicit_draft_tokens"])
 def test_engine_only_modes_are_refused_on_the_pytorch_backend(mode):
     with pytest.raises(TrtllmConfigError, match=f"option.speculative_decoding_mode='?{mode}.*pytorch"):
-        llm_plan(settings(**{"option.speculative_decoding_mode": mode, "option.max_draft_len": "2"}), (1, 2), "1.2.1")
+        llm_plan(settings(**{"option.speculative_decoding_mode": mode, "option.max_draft_len": "2"}), Version("1.2.1"))
 
 
 def test_beam_search_and_the_overlap_scheduler_beside_speculation_are_refused():
     ngram = {"option.speculative_decoding_mode": "ngram"}
     with pytest.raises(TrtllmConfigError, match="option.max_beam_width=2"):
-        llm_plan(settings(**ngram, **{"option.max_beam_width": "2"}), (1, 1), "1.1.0")
+        llm_plan(settings(**ngram, **{"option.max_beam_width": "2"}), Version("1.1.0"))
     with pytest.raises(TrtllmConfigError, match="option.enable_overlap_scheduler"):
-        llm_plan(settings(**ngram, **{"option.enable_overlap_scheduler": "true"}), (1, 1), "1.1.0")
+        llm_plan(settings(**ngram, **{"option.enable_overlap_scheduler": "true"}), Version("1.1.0"))
 
 
 def test_what_each_release_refuses_beside_each_method():
@@ -122,6 +123,8 @@ def test_what_each_release_refuses_beside_each_method():
 
 def test_a_shortest_ngram_is_refused_naming_the_key():
     with pytest.raises(TrtllmConfigError, match="option.prompt_lookup_min=2"):
-        llm_plan(settings(**{"option.speculative_decoding_mode": "ngram", "option.prompt_lookup_min": "2"}), (1, 2))
+        llm_plan(
+            settings(**{"option.speculative_decoding_mode": "ngram", "option.prompt_lookup_min": "2"}), Version("1.2.1")
+        )
     with pytest.raises(ConfigError):
         load_config(overrides={"option.speculative_decoding_mode": "nope"}, env={"HF_MODEL_ID": "m"})

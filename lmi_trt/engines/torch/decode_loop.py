@@ -54,6 +54,15 @@ any), and a finished request's full blocks are registered too; a new request sta
 longest cached prefix of its prompt (less the last token, whose logits it needs) and computes the
 rest. Released blocks stay cached until evicted, least recently used first (see ``kv_blocks``).
 
+Beam search (``beams``). A request with ``beam_width`` k is admitted, in its turn in the queue, when k batch
+slots and the blocks every beam could need at once are free (set aside for it, so it is never preempted and
+never preempts); its slots stay idle in the CUDA-graph decode steps. Each iteration, after the other rows'
+step, every beam request advances one token eagerly: its k beams (at first its prompt) in one forward pass,
+their log-probs read back, the next beams chosen by ``beams.BeamSearch``; each new beam takes its parent's
+block table, so the beams share the prompt's blocks and whatever else they have in common, and a beam about
+to write into a block another beam still reads copies it first (every layer's k and v). Its beams come back
+whole in its one final output.
+
 Failures: a row whose logits are NaN/inf or whose every token is banned ends with an error, the
 rest of its batch carries on (the sampler reports a status per row). An exception in a step with
 prompt tokens fails the requests whose prompts were in it, and the step's decode tokens run again
@@ -74,8 +83,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, error_output
 from ..guided import allowed_tokens
+from ..lora_sizes import buffer_bytes
 from . import decode_kernels
 from .backend import (
     EXCLUDED,
@@ -87,9 +97,11 @@ from .backend import (
     excluded_field,
     finish_reason,
 )
+from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
+from .lora import LoraAdapter
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
 
 log = logging.getLogger(__name__)
@@ -189,11 +201,14 @@ class _Row:
     registered: int = 0  # leading blocks findable in the prefix cache
     broken: bool = False  # a failed step wrote its cache: never register its blocks
     drafting: Drafting | None = None  # its speculation state, when speculation is on
+    lora: int = -1  # the LoRA slot of its adapter while admitted (-1: the base model)
 
     def __post_init__(self) -> None:
         self.seq = list(self.prompt)
         sampling = self.slot.sampling
         # Read every step, so computed once: the mode once min_new_tokens is behind it, ...
+        # The prefix cache keys an adapter's blocks apart from the base model's and other adapters'.
+        self.salt = self.slot.adapter.key if self.slot.adapter is not None else b""
         self.settled = row_mode(
             sampling, sampling.min_new_tokens, bool(self.single_bad or self.multi_bad or self.slot.matcher is not None)
         )
@@ -253,6 +268,27 @@ class _Step:
     keyed: list[int] = field(default_factory=list)  # blocks registered while planning it (undone if it fails)
 
 
+@dataclass(eq=False)
+class _BeamGroup:
+    """A beam-search request: ``width`` batch slots, and KV blocks set aside for it at admission (enough for
+    every beam at full length), so that it never preempts or is preempted. The beams share the prompt's
+    blocks, and any full block they have in common; a beam that writes into a block another beam still
+    reads gets its own copy first (copy-on-write). ``refs`` counts the beams holding each block."""
+
+    slot: Slot
+    search: BeamSearch
+    indices: list[int]  # its batch slots (idle in every decode step: nothing else runs in them)
+    spare: list[int]  # blocks set aside and not in use
+    owned: list[int]  # every block set aside (released at the end)
+    tables: list[list[int]] = field(default_factory=list)  # per running beam
+    tokens: list[int] = field(default_factory=list)  # per running beam: its newest token, the next input
+    refs: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.slot.finished or self.slot.cancelled or self.slot.closed
+
+
 class DecodeLoopBackend(QueuedBackend):
     """The ``Backend`` of ``TorchEngine`` that runs the built-in loop (see the module docstring)."""
 
@@ -288,6 +324,11 @@ class DecodeLoopBackend(QueuedBackend):
         # (counts, bans, scores: fp32 [rows × (k + 1), vocab], a handful of them).
         self._spec_limit = min(self.slots, (spec.max_concurrency or DEFAULT_MAX_CONCURRENCY) if spec else 0)
         reserved += self._spec_limit * (self._draft_len + 1) * vocab * 4 * 8
+        lora_slots = engine.max_loras if engine.enable_lora else 0
+        # LoRA: the stacked adapter buffers, and each step's [tokens, slots × rank] low-rank activations.
+        itemsize = torch.empty(0, dtype=model.dtype).element_size()
+        reserved += buffer_bytes(config, lora_slots, engine.max_lora_rank, itemsize)
+        reserved += self._budget * 3 * lora_slots * engine.max_lora_rank * itemsize * 2
         # The draft model's cache shares the target's block tables: a block holds both models' k and v.
         block_bytes = LlamaDecoder.block_bytes(model, block_size)
         if draft is not None:
@@ -310,6 +351,14 @@ class DecodeLoopBackend(QueuedBackend):
             if draft is not None
             else None
         )
+        # LoRA adapters: max_loras slots of stacked weights (lora.py); per batch slot, the LoRA slot its row reads
+        # (-1: the base model), which the decode graphs read at a fixed address; per LoRA slot, the adapter it
+        # holds, the rows using it, and when it was last taken (the least recently used free one is replaced).
+        self._lora = self._decoder.attach_lora(config, lora_slots, engine.max_lora_rank) if lora_slots else None
+        self._lora_of = torch.full((self.slots,), -1, dtype=torch.long, device=self._device)
+        self._lora_held: list[LoraAdapter | None] = [None] * lora_slots
+        self._lora_users = [0] * lora_slots
+        self._lora_taken = [0] * lora_slots
         # One slot more than requests: the slot a verification step's padding rows point at.
         self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
@@ -367,10 +416,12 @@ class DecodeLoopBackend(QueuedBackend):
             "spec_decode_num_draft_tokens": 0,
             "spec_decode_num_accepted_tokens": 0,
             "verify_steps": 0,
+            "lora_takes": 0,  # rows admitted with an adapter
         }
         self.accepted_per_position = [0] * self._draft_len  # drafts kept at each draft position
         self._free = list(range(self.slots - 1, -1, -1))  # pop() hands out the lowest slot
         self._rows: list[_Row] = []  # admitted, in admission order (the preemption order, reversed)
+        self._beams: list[_BeamGroup] = []  # beam-search requests running (each advanced eagerly per iteration)
         self._waiting: deque[_Row] = deque()  # preempted, to resume before any new request
         # Block-table entries (slot, entry) → block not yet on the device; a dict, so that a slot
         # handed to another request in the same step keeps only its last value (a scatter with
@@ -463,6 +514,7 @@ class DecodeLoopBackend(QueuedBackend):
             tile_row=self._zeros[:size],
             max_q=1,
             max_context=max_context or self._width * self._pool.block_size,
+            lora=self._lora_of[:size] if self._lora is not None else None,
         )
 
     def _decode_step(
@@ -560,7 +612,10 @@ class DecodeLoopBackend(QueuedBackend):
         scratch = [self._pool.num_blocks] * self._width
         spans = [(scratch, 0, 1), (scratch, 0, 64)]
         layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
-        device = self._upload(layout | {"tokens": torch.zeros(65, dtype=torch.long)})
+        parts = layout | {"tokens": torch.zeros(65, dtype=torch.long)}
+        if self._lora is not None:
+            parts["lora"] = torch.full((65,), -1, dtype=torch.long)
+        device = self._upload(parts)
         # As wide as the real steps' tables: Triton specializes on their stride too.
         tables = torch.full((2, self._tables.size(1)), self._pool.num_blocks, device=self._device)
         self._decoder.forward(Batch(tokens=device.pop("tokens"), tables=tables, **device, **sizes))
@@ -684,12 +739,18 @@ class DecodeLoopBackend(QueuedBackend):
             "sampled": torch.tensor([r.index for r in rows], dtype=torch.long),
             "generated": torch.tensor([r.launched for r in rows], dtype=torch.long),
         }
+        if self._lora is not None:  # each token's LoRA slot
+            lora = array("q", [r.lora for r in decode])
+            for row, _, count in chunks:
+                lora.extend([row.lora] * count)
+            parts["lora"] = torch.frombuffer(lora, dtype=torch.long)
         device = self._upload(parts)
         self._write_tables()
         batch = Batch(
             tokens=torch.cat((self._next[device["rows"][: len(decode)]], device["chunk_tokens"])),
             tables=self._tables[device["rows"]],
             logits_at=device["logits_at"],
+            lora=device.get("lora"),
             **{name: device[name] for name in LAYOUT},
             **sizes,
         )
@@ -968,7 +1029,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _wait_for_work(self) -> bool:
         self._flush()
         with self._wake:
-            while not (self._stopping or self._pending or self._rows or self._waiting or self._inflight):
+            while not (self._stopping or self._pending or self._rows or self._waiting or self._inflight or self._beams):
                 self._wake.wait()
             return not self._stopping
 
@@ -1004,6 +1065,8 @@ class DecodeLoopBackend(QueuedBackend):
         self.counters["launch_s"] += time.perf_counter() - planned
         self._drain([])
         self._inflight = launched
+        if self._beams:
+            self._advance_beams()
         if not (launched and self._cuda):  # else handed over while waiting for this step
             self._flush()
         self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self._rows))
@@ -1053,10 +1116,13 @@ class DecodeLoopBackend(QueuedBackend):
         if self._pool.caching and not row.broken:
             known = row.prompt + row.slot.generated
             full = min(row.filled, len(known)) // self._pool.block_size  # blocks whose tokens are known and written
-            keys = self._pool.keys(known, row.keys, full)
+            keys = self._pool.keys(known, row.keys, full, row.salt)
             for i in range(row.registered, full):
                 self._pool.register(row.blocks[i], keys[i])
         self._pool.release(row.blocks)
+        if row.lora >= 0:
+            self._lora_users[row.lora] -= 1
+            row.lora = -1
         row.blocks, row.registered, row.filled = [], 0, 0
         if row.drafting is not None:
             row.drafting.draft_filled = 0
@@ -1134,6 +1200,11 @@ class DecodeLoopBackend(QueuedBackend):
             row = self._next_waiting()
             if row is None:
                 break
+            if row.slot.sampling.beam_width > 1:
+                if not self._admit_beams(row.slot):
+                    self._waiting.appendleft(row)
+                    break
+                continue
             whole = not self._chunked and not row.slot.generated  # a prompt, not a request resumed
             room = max(budget, len(row.seq)) if whole and not step.chunks else budget
             count = self._admit(row, room, whole) if room > 0 else 0
@@ -1160,7 +1231,7 @@ class DecodeLoopBackend(QueuedBackend):
         step.chunks.append((row, row.filled, count))
         if self._pool.caching:
             full = (row.filled + count) // self._pool.block_size
-            keys = self._pool.keys(row.seq, row.keys, full)
+            keys = self._pool.keys(row.seq, row.keys, full, row.salt)
             for i in range(row.registered, full):
                 if self._pool.register(row.blocks[i], keys[i]):
                     step.keyed.append(row.blocks[i])
@@ -1196,9 +1267,12 @@ class DecodeLoopBackend(QueuedBackend):
         watermark free; returns the tokens planned (0: it does not fit now, nothing taken). Its
         sampling state is written by the caller."""
         size, pool = self._pool.block_size, self._pool
+        lora = self._lora_slot(row.slot.adapter)
+        if lora is None:  # every LoRA slot holds another adapter that running rows use
+            return 0
         hits: list[int] = []
         if pool.caching:  # never the whole sequence: its last token's logits are needed (vLLM does the same)
-            hits = pool.match(pool.keys(row.seq, row.keys, (len(row.seq) - 1) // size))
+            hits = pool.match(pool.keys(row.seq, row.keys, (len(row.seq) - 1) // size, row.salt))
         start = len(hits) * size
         room = (pool.free - self._watermark) * size
         count = min(len(row.seq) - start, budget, room)
@@ -1207,6 +1281,7 @@ class DecodeLoopBackend(QueuedBackend):
             return 0
         row.slot.scheduled()
         row.index = self._free.pop()
+        self._take_lora(row, lora)
         self._grant(row, hits)
         self._grant(row, pool.allocate(-(-(start + count) // size) - len(hits)))
         row.filled, row.registered = start, len(hits)
@@ -1215,6 +1290,192 @@ class DecodeLoopBackend(QueuedBackend):
             self.counters["prefix_cache_hits"] += start
         self._rows.append(row)
         return count
+
+    # -- beam search -------------------------------------------------------------------------------
+
+    def _beam_blocks(self, prompt: int, width: int, max_new: int) -> int:
+        """Blocks a beam-search request may hold at once: the prompt's, and per beam those of its own tokens plus
+        the copy of the block it shares when it first writes into it."""
+        size = self._pool.block_size
+        return -(-prompt // size) + width * (-(-max_new // size) + 1)
+
+    def _admit_beams(self, slot: Slot) -> bool:
+        """Set aside ``beam_width`` batch slots and the blocks of ``_beam_blocks`` (above the watermark), or
+        nothing when they are not free now (False); a request the whole cache could not hold fails (True)."""
+        sampling, prompt = slot.sampling, slot.request.prompt_token_ids
+        width = sampling.beam_width
+        need = self._beam_blocks(len(prompt), width, sampling.max_new_tokens)
+        if need > self._pool.num_blocks - self._watermark:  # it would wait for ever, and the queue behind it
+            self._engine.fail(
+                slot,
+                f"{width} beams of {len(prompt)} + {sampling.max_new_tokens} tokens may hold {need} KV blocks, more "
+                f"than the cache has ({self._pool.num_blocks - self._watermark}); ask for fewer beams or tokens",
+                400,
+                "beam_search",
+            )
+            return True
+        if len(self._free) < width or self._pool.free - self._watermark < need:
+            return False
+        blocks = self._pool.allocate(need)
+        assert blocks is not None
+        slot.scheduled()
+        search = BeamSearch(
+            width,
+            eos_ids=slot.eos_ids,
+            max_new_tokens=sampling.max_new_tokens,
+            length_penalty=sampling.length_penalty,
+            early_stopping=sampling.early_stopping,
+        )
+        indices = [self._free.pop() for _ in range(width)]
+        self._beams.append(_BeamGroup(slot, search, indices, spare=list(blocks), owned=blocks))
+        return True
+
+    def _advance_beams(self) -> None:
+        """One step of every beam-search request, eagerly (each reads its log-probs before choosing its beams),
+        after the step of the other rows."""
+        keep = []
+        for group in self._beams:
+            if not group.done:
+                try:
+                    self._beam_step(group)
+                except Exception as exc:  # noqa: BLE001 - this request fails, the loop goes on
+                    log.exception("a beam-search step failed")
+                    self._engine.fail(group.slot, f"generation failed: {exc}", 424)
+            if group.done or group.search.done:
+                self._end_beams(group)
+            else:
+                keep.append(group)
+        self._beams = keep
+
+    def _beam_step(self, group: _BeamGroup) -> None:
+        search, size = group.search, self._pool.block_size
+        prompt = group.slot.request.prompt_token_ids
+        if not group.tables:  # the prompt, once: its last position's log-probs start every beam
+            table = [group.spare.pop() for _ in range(-(-len(prompt) // size))]
+            spans, tokens = [(table, 0, len(prompt))], list(prompt)
+            group.tables, group.refs = [table], dict.fromkeys(table, 1)
+        else:
+            position = len(prompt) + search.length - 1  # every running beam's newest token
+            self._own_block(group, position)
+            spans = [(table, position, 1) for table in group.tables]
+            tokens = group.tokens
+        layout, sizes = batch_layout(spans, size, self._decoder.group)
+        last = [start + count - 1 for start, (_, _, count) in zip(layout["seq_start"].tolist(), spans, strict=True)]
+        tables = torch.zeros(len(spans), self._tables.shape[1], dtype=torch.long)
+        for i, (table, _, _) in enumerate(spans):
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+        parts = layout | {
+            "tokens": torch.tensor(tokens, dtype=torch.long),
+            "tables": tables.reshape(-1),
+            "logits_at": torch.tensor(last, dtype=torch.long),
+        }
+        device = self._upload(parts)
+        batch = Batch(
+            tokens=device["tokens"],
+            tables=device["tables"].view(len(spans), -1),
+            logits_at=device["logits_at"],
+            **{name: device[name] for name in LAYOUT},
+            **sizes,
+        )
+        log_probs = torch.log_softmax(self._decoder.forward(batch), dim=-1).cpu()
+        if torch.isnan(log_probs).any():
+            self._engine.fail(group.slot, "the model produced NaN/inf logits", 424)
+            return
+        if len(spans) == 1:
+            log_probs = log_probs.expand(search.width, -1)
+            self.counters["prompt_tokens"] += len(prompt)
+        parents, group.tokens = search.step(log_probs)
+        self._engine.sampled_rows += search.width
+        # each new beam continues its parent's cache: it holds the parent's blocks (copied on first write)
+        tables = [list(group.tables[p]) for p in parents]
+        for table in tables:
+            for block in table:
+                group.refs[block] += 1
+        self._drop_tables(group, group.tables)
+        group.tables = tables
+
+    def _own_block(self, group: _BeamGroup, position: int) -> None:
+        """Before the beams write ``position``: each beam gets a block of its own there, a fresh one past its
+        table's end, or a copy of the block it shares with another beam (every layer's k and v)."""
+        size = self._pool.block_size
+        copies: list[tuple[int, int]] = []
+        for table in group.tables:
+            index = position // size
+            if index == len(table):
+                block = group.spare.pop()
+                table.append(block)
+                group.refs[block] = 1
+            elif group.refs[table[index]] > 1:
+                block = group.spare.pop()
+                copies.append((table[index], block))
+                group.refs[table[index]] -= 1
+                table[index] = block
+                group.refs[block] = 1
+        if copies:
+            source, target = (self._put(list(c)) for c in zip(*copies))
+            for cache in (*self._decoder.k_cache, *self._decoder.v_cache):
+                cache.index_copy_(0, target, cache.index_select(0, source))
+
+    @staticmethod
+    def _drop_tables(group: _BeamGroup, tables: list[list[int]]) -> None:
+        for table in tables:
+            for block in table:
+                group.refs[block] -= 1
+                if group.refs[block] == 0:
+                    del group.refs[block]
+                    group.spare.append(block)
+
+    def _end_beams(self, group: _BeamGroup) -> None:
+        """Give back the request's blocks and slots; a finished search sends its beams as the final output."""
+        slot = group.slot
+        if not group.done and group.search.done:
+            hypotheses = group.search.best(slot.sampling.num_return_sequences)
+            beams = [
+                Beam(h.tokens, FinishReason.EOS if h.ended_by_eos else FinishReason.LENGTH, h.score) for h in hypotheses
+            ]
+            slot.generated.extend(beams[0].token_ids)
+            slot.finished = True
+            output = EngineOutput(
+                slot.request.request_id,
+                list(beams[0].token_ids),
+                finished=True,
+                finish_reason=beams[0].finish_reason,
+                beams=beams,
+                queue_time_s=slot.take_queue_time(),
+            )
+            self._outbox.append((slot, output))
+        self._pool.release(group.owned)
+        self._free.extend(group.indices)
+        self._free.sort(reverse=True)
+
+    def _lora_slot(self, adapter: LoraAdapter | None) -> int | None:
+        """The LoRA slot a row of ``adapter`` would read: -1 for the base model (or no LoRA), the slot holding
+        it already, else the least recently taken slot no admitted row uses; None when there is none."""
+        if adapter is None or self._lora is None:
+            return -1
+        free = None
+        for slot, held in enumerate(self._lora_held):
+            if held is adapter:  # the same registration (a name registered again is another object)
+                return slot
+            if self._lora_users[slot] == 0 and (free is None or self._lora_taken[slot] < self._lora_taken[free]):
+                free = slot
+        return free
+
+    def _take_lora(self, row: _Row, slot: int) -> None:
+        """Admit ``row`` to LoRA ``slot`` (``_lora_slot``'s), loading its adapter's weights there if another
+        adapter was in it, and point its batch slot at it."""
+        if self._lora is None:
+            return
+        if slot >= 0:
+            adapter = row.slot.adapter
+            if self._lora_held[slot] is not adapter:
+                self._lora.write(slot, adapter)
+                self._lora_held[slot] = adapter
+            self._lora_users[slot] += 1
+            self.counters["lora_takes"] += 1
+            self._lora_taken[slot] = self.counters["lora_takes"]
+        row.lora = slot
+        self._lora_of[row.index] = slot
 
     # -- delivery ----------------------------------------------------------------------------------
 
