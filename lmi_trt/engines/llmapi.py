@@ -344,7 +344,11 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
     # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the image's
     # xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
     # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
-    put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
+    # Left out where guided decoding is refused beside the speculation that runs (speculation_refusals): on 1.0 the
+    # executor raises for both together, and a one-model path can fail at start-up for it ("Failed to set guided
+    # decoder for speculative decoding mode", py_executor_creator.py of the 1.1+ lines).
+    if spec is None or "guided" not in speculation_refusals(spec.method, str(release), series(release)):
+        put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
     if spec is not None:  # built by llm_configs, as the release's own class
         origins["speculative_config"] = settings.speculative.key("method")
     if series(release) == (1, 0) and spec is None:  # beside drafts the TorchSampler verifies (llm_sampler)

@@ -223,7 +223,17 @@ def speculation_refusals(method: str, version: str, series: Series) -> dict[str,
             + "; send a greedy request (temperature 0), or use a release that samples beside it"
         )
         out["seed"] = out["sampling"]
-    if method not in TWO_MODEL:
+    if series < (1, 1):
+        # py_executor_creator.py of the 1.0 line raises "Guided decoding is not supported with speculative decoding."
+        # for guided_decoding_config beside any spec_config (NVIDIA/TensorRT-LLM PR 6300, in 1.1, lifted it; 1.1's
+        # release notes: "Enabled guided decoding to work in conjunction with speculative decoding"); llm_plan
+        # leaves guided_decoding_backend out wherever guided is refused here
+        out["guided"] = (
+            f"TensorRT-LLM {version} cannot guide decoding beside {method} speculation ('Guided decoding is not "
+            "supported with speculative decoding', py_executor_creator.py; lifted by PR 6300 in 1.1); leave the "
+            "grammar out, serve without speculation, or use a 1.1+ image"
+        )
+    elif method not in TWO_MODEL:
         out["guided"] = (
             f"TensorRT-LLM's one-model {method} speculation guides through its capturable guided decoder "
             "(_torch/speculative/interface.py support_guided_decoder: none or a drafter only), which lmi-trt has not "

@@ -279,3 +279,30 @@ def test_a_grammar_beside_one_model_speculation_is_refused(method):
 
     capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], speculation=method)
     assert not capabilities.guided.honoured and "support_guided_decoder" in capabilities.guided.reason
+
+
+async def test_on_10_speculation_starts_without_the_guided_backend_and_refuses_grammars(trt, model_dir):
+    """1.0's py_executor_creator.py raises "Guided decoding is not supported with speculative decoding." for
+    guided_decoding_backend beside any speculative config (lifted by PR 6300, in 1.1): the fake raises as it does,
+    the engine leaves the backend out and refuses a grammar per request, naming the field and the release."""
+    import importlib
+
+    from lmi_trt.engines.base import GuidedDecoding
+
+    trt.__version__ = "1.0.0"
+    llmapi = importlib.import_module("tensorrt_llm.llmapi")
+    with pytest.raises(ValueError, match="Guided decoding is not supported with speculative decoding"):
+        llmapi.LLM(
+            str(model_dir),
+            guided_decoding_backend="xgrammar",
+            speculative_config=llmapi.NGramDecodingConfig(max_draft_len=2, max_matching_ngram_size=2),
+        )
+    engine = await start(model_dir, ngram())
+    try:
+        assert engine._llm.args.guided_decoding_backend is None
+        guide = GuidedDecoding("regex", "[0-9]{4}")
+        outs = await collect(engine, req("g", [1, 5, 6], guided=guide, max_new_tokens=4))
+        assert outs[-1].error_field == "guided" and "1.0.0" in outs[-1].error and "PR 6300" in outs[-1].error
+        assert not engine.capabilities.guided.honoured
+    finally:
+        await engine.close()

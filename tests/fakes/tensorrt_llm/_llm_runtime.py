@@ -230,6 +230,14 @@ class LlmRuntime:
         # load_format=dummy: "Initialize all weights randomly" (llm_args.py LoadFormat.DUMMY).
         self._model = _random_model(hf_dir) if args.load_format.name == "DUMMY" else _load_checkpoint(hf_dir)
         self._grammars = None
+        if (
+            args.guided_decoding_backend is not None
+            and args.speculative_config is not None
+            and _state.series() < (1, 1)
+        ):
+            # py_executor_creator.py of the 1.0 line (NVIDIA/TensorRT-LLM, before PR 6300, which 1.1 carries; still on
+            # main at 425dad01 per NVIDIA/TensorRT-LLM#7006): guided_decoding_config beside any spec_config raises
+            raise ValueError("Guided decoding is not supported with speculative decoding.")
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
         self.max_seq_len = _model_engine_max_seq_len(hf_dir, args.max_seq_len)
