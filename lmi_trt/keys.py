@@ -708,7 +708,7 @@ class LmiConfig(BaseModel):
             "option.max_draft_len",
             _integer(0, 4),
             "speculative decoding: most draft tokens per step (TensorRT-LLM's name; DJL lmi-dist's "
-            "speculative_length, vLLM's num_speculative_tokens); unset with a method: 4",
+            "speculative_length, vLLM's num_speculative_tokens); unset with a method: 5 (DJL's default)",
             compile_time=True,
             aliases=("option.speculative_length", "option.spec_length", "option.num_speculative_tokens"),
         ),

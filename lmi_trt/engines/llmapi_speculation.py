@@ -137,22 +137,38 @@ def speculative_plan(
             f"TensorRT-LLM {version}'s speculative configs have no max_concurrency (DecodingBaseConfig: from 1.1)",
             "leave it out, or use a 1.1+ image",
         )
+    one_model = spec.method == "mtp" or (spec.method == "eagle3" and spec.options.get("eagle3_one_model", True))
+    if spec.max_concurrency is not None and one_model:
+        # max_concurrency is read by the drafter only (py_executor.py of the 1.1 line: ``if self.drafter is not None``
+        # ... ``should_use_spec_decode``; PR 6676), and _torch/speculative/utils.py get_spec_drafter gives none to
+        # EAGLE3_ONE_MODEL or MTP one-model; main turns it into draft_len_schedule for one-model modes, from a
+        # 1.3.0 release candidate not pinned: refused on every release rather than ignored on some
+        raise SpeculationError(
+            spec.key("max_concurrency"),
+            spec.max_concurrency,
+            f"TensorRT-LLM {version} reads max_concurrency through its drafter, which one-model {spec.method} "
+            "speculation does not have (_torch/speculative/utils.py get_spec_drafter): it would be ignored",
+            "leave it out"
+            + (f", or set {JSON_KEY}'s eagle3_one_model=false (two-model EAGLE-3)" if spec.method == "eagle3" else ""),
+        )
     if spec.method == "ngram" and spec.min_matching_ngram_size != 1:
         raise SpeculationError(
             spec.key("min_matching_ngram_size"),
             spec.min_matching_ngram_size,
             "TensorRT-LLM's NGramDecodingConfig has no shortest n-gram: it matches down to one token",
-            "leave it out (or set 1)",
+            "set it to 1 (vLLM's form copies prompt_lookup_max into it, or 5 with neither, when it is left out)",
         )
     fields: dict[str, Any] = {"max_draft_len": spec.max_draft_len}
     if spec.max_concurrency is not None:
         fields["max_concurrency"] = spec.max_concurrency
     if spec.method == "ngram":
-        fields |= {"max_matching_ngram_size": spec.max_matching_ngram_size, "is_use_oldest": spec.use_oldest}
-        describe = (
-            f"n-gram prompt lookup (the {'oldest' if spec.use_oldest else 'latest'} match of up to "
-            f"{spec.max_matching_ngram_size} tokens)"
-        )
+        fields["max_matching_ngram_size"] = spec.max_matching_ngram_size
+        # is_use_oldest: passed only when set, so TensorRT-LLM's own default holds otherwise (``is_use_oldest: bool =
+        # True`` in NGramDecodingConfig, llm_args.py of 1.0, 1.1 and main; _torch/speculative/ngram.py)
+        if spec.use_oldest is not None:
+            fields["is_use_oldest"] = spec.use_oldest
+        which = {None: "TensorRT-LLM's default: the oldest", True: "the oldest", False: "the latest"}[spec.use_oldest]
+        describe = f"n-gram prompt lookup ({which} match of up to {spec.max_matching_ngram_size} tokens)"
     elif spec.method == "mtp":
         if mtp_layers == 0:
             raise SpeculationError(

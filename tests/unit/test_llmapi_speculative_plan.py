@@ -44,11 +44,17 @@ def test_ngram_from_each_vocabulary_is_the_releases_ngram_config(release):
             "option.max_matching_ngram_size": "4",
         },
         {"option.speculative_config": '{"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 4}'},
-        {"option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'},
+        {
+            "option.speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, '
+            '"prompt_lookup_min": 1, "is_use_oldest": false}'
+        },
     ):
         config, plan = built(release, **props)
         assert type(config).__name__ == "NGramDecodingConfig"
-        assert (config.max_draft_len, config.max_matching_ngram_size, config.is_use_oldest) == (3, 4, False)
+        # is_use_oldest passed only when set: TensorRT-LLM's default (True, llm_args.py NGramDecodingConfig) otherwise
+        oldest = "is_use_oldest" not in json.dumps(props)
+        assert (config.max_draft_len, config.max_matching_ngram_size, config.is_use_oldest) == (3, 4, oldest)
+        assert ("is_use_oldest" in plan.speculative.fields) != oldest
         assert plan.origins["speculative_config"].startswith("option.speculative_")
         assert "llm_args" not in plan.keywords and "enable_trtllm_sampler" not in plan.keywords
 
@@ -115,7 +121,9 @@ def test_what_each_release_refuses_beside_each_method():
         assert {"sampling", "seed", "guided"} <= set(no) and "allow_advanced_sampling" in no["sampling"]
         assert "sampling" not in speculation_refusals(method, "1.3.0", (1, 3))  # "auto-detected per request"
         assert "guided" in speculation_refusals(method, "1.3.0", (1, 3))
-    assert "guided" not in speculation_refusals("ngram", "1.0.0", (1, 0))
+    # 1.0's py_executor_creator.py raises for guided decoding beside any speculation (lifted by PR 6300, in 1.1)
+    assert "PR 6300" in speculation_refusals("ngram", "1.0.0", (1, 0))["guided"]
+    assert "guided" not in speculation_refusals("ngram", "1.1.0", (1, 1))
     assert {"logprobs", "top_logprobs", "bad_words", "logit_bias"} <= set(
         speculation_refusals("ngram", "1.3.0", (1, 3))
     )
@@ -128,3 +136,27 @@ def test_a_shortest_ngram_is_refused_naming_the_key():
         )
     with pytest.raises(ConfigError):
         load_config(overrides={"option.speculative_decoding_mode": "nope"}, env={"HF_MODEL_ID": "m"})
+
+
+@pytest.mark.parametrize("release", ["1.1.0", "1.2.1", "1.3.0"])
+def test_max_concurrency_beside_one_model_speculation_is_refused(release, tmp_path):
+    """max_concurrency is read by the drafter only (py_executor.py, 1.1 line: ``if self.drafter is not None``), and
+    get_spec_drafter (_torch/speculative/utils.py) gives EAGLE3_ONE_MODEL and MTP one-model none: it would be
+    ignored. Two-model EAGLE-3 (eagle3_one_model=false) has a drafter and keeps it."""
+    eagle = {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": str(tmp_path), "max_concurrency": 4}
+    with pytest.raises(TrtllmConfigError, match=r"option\.speculative_config\.max_concurrency=4.*eagle3_one_model"):
+        built(release, **{"option.speculative_config": json.dumps(eagle)})
+    mtp = {"option.speculative_config": '{"decoding_type": "MTP", "max_draft_len": 2}'}
+    with pytest.raises(TrtllmConfigError, match=r"option\.speculative_disable_by_batch_size=4.*get_spec_drafter"):
+        built(release, {"num_nextn_predict_layers": 1}, **mtp, **{"option.speculative_disable_by_batch_size": "4"})
+    config, _ = built(release, **{"option.speculative_config": json.dumps(eagle | {"eagle3_one_model": False})})
+    assert (config.max_concurrency, config.eagle3_one_model) == (4, False)
+
+
+def test_vllm_ngram_bounds_that_tensorrt_llm_cannot_honour_are_refused():
+    """vLLM's form copies prompt_lookup_max into prompt_lookup_min (vllm/config/speculative.py __post_init__);
+    TensorRT-LLM matches down to one token, so an implied shortest n-gram above 1 is refused, naming the member."""
+    for member in ({"prompt_lookup_max": 4}, {}):
+        raw = json.dumps({"method": "ngram", "num_speculative_tokens": 3, **member})
+        with pytest.raises(TrtllmConfigError, match=r"option\.speculative_config\.prompt_lookup_min=[45]"):
+            built("1.2.1", **{"option.speculative_config": raw})
