@@ -96,6 +96,9 @@ MEMBERS = {
     "method": "method",
     "max_draft_len": "max_draft_len",
     "num_speculative_tokens": "max_draft_len",
+    # MTPDecodingConfig's draft length on 1.0-1.2 (1.0 validate_speculative_config, 1.1 __init__/from_dict:
+    # max_draft_len = num_nextn_predict_layers; llm_args.py)
+    "num_nextn_predict_layers": "max_draft_len",
     "speculative_model": "draft_model",
     "speculative_model_dir": "draft_model",
     "model": "draft_model",
@@ -190,6 +193,11 @@ def _checked(field: str, key: str, value: Any) -> Any:
                 "use one of " + ", ".join(METHODS) + " (TensorRT-LLM's NGram, Draft_Target, Eagle3, Eagle, MTP, "
                 "Medusa and Lookahead spellings work too)",
             )
+        if key == f"{JSON_KEY}.decoding_type" and value.lower() == "eagle":
+            # TensorRT-LLM's own spelling: on the PyTorch backend EagleDecodingConfig is EAGLE-3 (spec_dec_mode gives
+            # EAGLE3_ONE_MODEL or EAGLE3; llm_args.py of 1.0, 1.1 and main), and 1.0/1.1's from_dict knows "Eagle"
+            # but not "Eagle3"; vLLM's method "eagle" and trtllm-build's mode "eagle" stay EAGLE-1/2
+            return "eagle3"
         return SPELLINGS[value.lower()]
     if field == "draft_model":
         if not isinstance(value, str) or not value.strip():
@@ -245,6 +253,11 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
                 f"add max_draft_len (TensorRT-LLM) or num_speculative_tokens (vLLM) to {JSON_KEY}",
             )
         fields["max_draft_len"] = ("option.max_draft_len", DEFAULT_DRAFT_LEN)
+    length_key = fields["max_draft_len"][0]
+    if length_key.endswith(".num_nextn_predict_layers") and method != "mtp":
+        raise SpeculationError(
+            length_key, fields["max_draft_len"][1], f"is MTP's draft length, not {method}'s", "leave it out"
+        )
     if method == "draft_model" and "draft_model" not in fields:
         raise SpeculationError(
             method_key,

@@ -111,7 +111,8 @@ def speculative_plan(
             f"TensorRT-LLM {version}'s PyTorch backend does not run {spec.method} ({METHODS[spec.method]}): its "
             "speculative config does not support the pytorch backend (llm_args.py supports_backend)",
             f"use one of {', '.join(CLASSES)} on option.backend=pytorch; {spec.method} runs on TensorRT engines, "
-            "which lmi-trt's tensorrt backend does not build for speculation",
+            "which lmi-trt's tensorrt backend does not build for speculation"
+            + ("; for EAGLE-3 write decoding_type Eagle or Eagle3, or method eagle3" if spec.method == "eagle" else ""),
         )
     if max_beam_width > 1:
         raise SpeculationError(

@@ -160,3 +160,19 @@ def test_vllm_ngram_bounds_that_tensorrt_llm_cannot_honour_are_refused():
         raw = json.dumps({"method": "ngram", "num_speculative_tokens": 3, **member})
         with pytest.raises(TrtllmConfigError, match=r"option\.speculative_config\.prompt_lookup_min=[45]"):
             built("1.2.1", **{"option.speculative_config": raw})
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_tensorrt_llms_own_spellings_for_eagle3_and_mtp(release, tmp_path):
+    """decoding_type "Eagle" is EAGLE-3 on the PyTorch backend (EagleDecodingConfig.spec_dec_mode: EAGLE3_ONE_MODEL or
+    EAGLE3; 1.0/1.1's from_dict knows no "Eagle3"), and num_nextn_predict_layers is MTP's draft length (llm_args.py
+    of 1.0-1.2); vLLM's method "eagle" stays EAGLE-1/2, refused here."""
+    eagle = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": str(tmp_path)}
+    config, plan = built(release, **{"option.speculative_config": json.dumps(eagle)})
+    assert plan.speculative.method == "eagle3" and type(config).__name__.startswith("Eagle")
+    mtp = {"option.speculative_config": '{"decoding_type": "MTP", "num_nextn_predict_layers": 3}'}
+    config, _ = built(release, {"num_nextn_predict_layers": 1}, **mtp)
+    assert (type(config).__name__, config.max_draft_len) == ("MTPDecodingConfig", 3)
+    vllm = {"method": "eagle", "num_speculative_tokens": 3, "model": str(tmp_path)}
+    with pytest.raises(TrtllmConfigError, match="decoding_type Eagle or Eagle3"):
+        built(release, **{"option.speculative_config": json.dumps(vllm)})
