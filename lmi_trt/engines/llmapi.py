@@ -879,8 +879,11 @@ class LlmApiEngine:
         self._vocab_size = config_vocab_size(self._config)
         self._speculation: str | None = None  # the speculative method running, once started
         # draft tokens proposed/accepted so far, from every iteration's specDecodingStats (C++ executor/types.h
-        # SpecDecodingStats: numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens)
-        self._spec_counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
+        # SpecDecodingStats: numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens); None until the release
+        # reports one: py_executor.py of the 1.1 line fills stats.specdec_stats only with a spec resource manager,
+        # which _torch/speculative/utils.py get_spec_resource_manager gives neither draft-target nor the one-model
+        # modes, so zeros there would read as a 0 % acceptance rate that was never measured
+        self._spec_counts: dict[str, float] | None = None
         self._gpu_available = gpu_available
         self._tokenizer = tokenizer  # ours, handed to the LLM (make_llm); None: the LLM loads the checkpoint's
         self._llm: Any = None
@@ -1173,11 +1176,13 @@ class LlmApiEngine:
         """Add one iteration's speculative-decoding figures (each iteration is read once) to the running totals."""
         if not spec or self._speculation is None:
             return
+        if self._spec_counts is None:
+            self._spec_counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
         for field, name in SPEC_COUNTERS.items():
             self._spec_counts[name] += float(spec.get(field) or 0)
 
     def stats(self) -> EngineStats:
-        extra: dict[str, float] = dict(self._spec_counts) if self._speculation is not None else {}
+        extra: dict[str, float] = dict(self._spec_counts or {})
         it = self._last_iteration
         if it is not None:
             extra["executor_active_requests"] = float(it.get("numActiveRequests", 0))

@@ -573,7 +573,11 @@ class LlmRuntime:
         ``stats.specdec_stats`` from each scheduled request's draft tokens and ``py_num_accepted_draft_tokens``:
         acceptance length = (accepted + requests with drafts) / requests with drafts; the JSON names are
         cpp/include/tensorrt_llm/executor/types.h SpecDecodingStats')."""
-        if self._spec is None:
+        if self._spec is None or self._spec._draft is not None:
+            # draft-target reports none: py_executor.py of the 1.1 line creates stats.specdec_stats only ``if
+            # spec_resource_manager is not None``, and _torch/speculative/utils.py get_spec_resource_manager returns
+            # None for DRAFT_TARGET; a later copy adds ``or has_spec_config`` (one-model), in a release not pinned, so
+            # the fake keeps the older behaviour on every release
             return {}
         drafted, accepted, requests = self._iter_spec
         self._iter_spec = [0, 0, 0]
