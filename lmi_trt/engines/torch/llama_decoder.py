@@ -120,7 +120,7 @@ class Batch:
     max_context: int  # an upper bound of context: how far the torch path gathers
     pad_index: torch.Tensor | None = None  # [T] each token's row in [S, max_q] (needed when max_q > 1)
     logits_at: torch.Tensor | None = None  # tokens to compute logits for; None: every token
-    lora: torch.Tensor | None = None  # [T] each token's adapter slot (-1: the base model); None: no adapters
+    lora: torch.Tensor | None = None  # [T] each token's adapter slot (-1: the base model); None: no LoRA kernels at all
 
 
 # Batch's index tensors that batch_layout plans on the host, and its sizes.
@@ -270,7 +270,7 @@ class LlamaDecoder:
     ) -> torch.Tensor:
         """``x @ weight.T (+ bias)``, plus each token's adapter (``mask``: LoraSlots.mask; None: no adapters)."""
         out = F.linear(x, weight, bias)
-        return out if mask is None else out.add_(self.lora.delta(index, group, x, mask))
+        return out if mask is None else self.lora.add_delta(index, group, x, out, mask)
 
     def _queries(
         self,
@@ -382,7 +382,7 @@ class LlamaDecoder:
     ) -> torch.Tensor:
         x = self._add_linear(x, attn, layer.o, layer.o_bias)
         if mask is not None:
-            x = x.add_(self.lora.delta(index, "o", attn, mask))
+            x = self.lora.add_delta(index, "o", attn, x, mask)
         gate_up = self._linear(
             index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, mask
         )
@@ -392,7 +392,7 @@ class LlamaDecoder:
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = F.silu(gate) * up
         x = self._add_linear(x, hidden, layer.down, layer.down_bias)
-        return x if mask is None else x.add_(self.lora.delta(index, "down", hidden, mask))
+        return x if mask is None else self.lora.add_delta(index, "down", hidden, x, mask)
 
     # -- the pass --------------------------------------------------------------------------------
 
