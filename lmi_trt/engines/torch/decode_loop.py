@@ -586,6 +586,8 @@ class DecodeLoopBackend(QueuedBackend):
         spans = [(scratch, 0, 1), (scratch, 0, 64)]
         layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
         parts = layout | {"tokens": torch.zeros(65, dtype=torch.long)}
+        if self._lora is not None:  # the LoRA expand kernel's variants too (no row's adapter: adds zeros)
+            parts["lora"] = torch.full((65,), -1, dtype=torch.long)
         device = self._upload(parts)
         # As wide as the real steps' tables: Triton specializes on their stride too.
         tables = torch.full((2, self._tables.size(1)), self._pool.num_blocks, device=self._device)

@@ -27,10 +27,13 @@ loaded, the decode steps' CUDA graphs are captured once. Punica and S-LoRA gathe
 rank, one dense matmul over all of them reads less memory than gathering a ``[in, R]`` matrix per row.
 
 Kernels. At decode sizes the FLOPs are negligible and each kernel's launch and latency is the cost, so the count
-is what matters: a pass with adapters runs 3 per projection (shrink ``mm``, the mask's in-place ``mul_``, the
-expand ``addmm_`` into the output), 12 per layer, plus 2 per pass for the mask (``eq``, the cast): 194 for a
-16-layer model, where the first version ran 18 per layer (two ``repeat`` of the mask, an out-of-place ``mul``, a
-separate expand ``matmul`` and ``add_``), 290 (torch.profiler on CPU, counting top-level ops that launch a kernel).
+is what matters. With the decoder's Triton kernels (CUDA) a pass with adapters runs 2 per projection: the shrink
+``mm`` and ``decode_kernels.lora_expand``, which masks by each token's slot index, multiplies by B and adds into
+the output in one; 8 per layer, 128 for a 16-layer model. The torch operations (the CPU path, the reference) run
+3 per projection (the shrink ``mm``, the mask's in-place ``mul_``, the expand ``addmm_`` into the output) and 2
+per pass for the mask (``eq``, the cast): 194. The first version ran 18 per layer and 2 per pass, 290 (two
+``repeat`` of the mask, an out-of-place ``mul``, a separate expand ``matmul`` and ``add_``). Counted with
+torch.profiler on CPU: top-level operations that launch a kernel.
 A step none of whose rows uses an adapter runs none of them: the decode loop passes no slot indices, and the
 decoder's pass is the base model's (decode_loop.py, its own CUDA graphs).
 """
@@ -50,6 +53,7 @@ from safetensors.torch import load_file
 
 from ..base import EngineError
 from ..lora_sizes import GROUPS, group_sizes
+from . import decode_kernels
 
 MODULES = tuple(m for parts in GROUPS.values() for m in parts)
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -189,10 +193,13 @@ class LoraSlots:
         for -1: the base model); a group of fewer parts reads its leading columns. Built once per pass."""
         return (token_slots.unsqueeze(1) == self._column_slot).to(self.dtype)
 
-    def add_delta(self, index: int, group: str, x: torch.Tensor, out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def add_delta(self, index: int, group: str, x: torch.Tensor, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``out`` [T, out] plus, in place, what the tokens' adapters add to ``group``'s projection of ``x`` in
-        layer ``index``: three kernels (the module docstring)."""
+        layer ``index``. ``rows``: the tokens' slot indices [T] (the Triton expand, CUDA) or their ``mask``
+        [T, G·S·R] (the torch operations, the reference); kernels: the module docstring."""
         a, b = self.buffers[index][group]
         low = torch.mm(x, a)
-        low.mul_(mask[:, : low.size(1)])
+        if rows.dim() == 1:
+            return decode_kernels.lora_expand(low, rows, b, out, self.slots * self.rank, self.rank)
+        low.mul_(rows[:, : low.size(1)])
         return out.addmm_(low, b)
