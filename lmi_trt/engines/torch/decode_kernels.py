@@ -275,23 +275,9 @@ def lora_expand(low: torch.Tensor, slots: torch.Tensor, b: torch.Tensor, out: to
     # A decode step's tokens in one row tile where they fit (B is read once per tile); tl.dot's smallest is 16.
     block_m = min(64, max(16, triton.next_power_of_2(tokens)))
     grid = (triton.cdiv(tokens, block_m), triton.cdiv(n_out, _LORA_BLOCK_N))
-    _lora_expand_kernel[grid](
-        low,
-        slots,
-        b,
-        out,
-        tokens,
-        width,
-        n_out,
-        low.stride(0),
-        b.stride(0),
-        out.stride(0),
-        SPAN=span,
-        RANK=rank,
-        BLOCK_M=block_m,
-        BLOCK_K=_LORA_BLOCK_K,
-        BLOCK_N=_LORA_BLOCK_N,
-    )
+    strides = (low.stride(0), b.stride(0), out.stride(0))
+    tiles = {"BLOCK_M": block_m, "BLOCK_K": _LORA_BLOCK_K, "BLOCK_N": _LORA_BLOCK_N}
+    _lora_expand_kernel[grid](low, slots, b, out, tokens, width, n_out, *strides, SPAN=span, RANK=rank, **tiles)
     return out
 
 
