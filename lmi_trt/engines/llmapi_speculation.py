@@ -48,6 +48,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import Version
+
 from lmi_trt.speculative import JSON_KEY, METHODS, Speculation, SpeculationError
 
 Series = tuple[int, int]
@@ -229,7 +231,18 @@ def speculation_refusals(method: str, version: str, series: Series) -> dict[str,
     """Pure: request feature → why, for what this release does not do beside ``method`` (module docstring)."""
     why = f"not read beside {method} speculation in TensorRT-LLM {version}; lmi-trt refuses it rather than assume"
     out = {feature: why for feature in UNREAD}
-    if series < SAMPLES_FROM[method in TWO_MODEL]:
+    if method not in TWO_MODEL and series == (1, 3) and Version(version).is_prerelease:
+        # the one-model paths sample without allow_advanced_sampling only since PR 14745 ("Non-greedy sampling is now
+        # auto-detected per request", main's llm_args.py); earlier 1.3.0 candidates fall back to greedy decoding
+        # unless it is set (py_executor_creator.py: "Falling back to greedy decoding ... set
+        # allow_advanced_sampling=True"), which lmi-trt does not pass, and which candidate took PR 14745 is not pinned
+        out["sampling"] = (
+            f"TensorRT-LLM {version} may decode greedily beside {method} speculation: 1.3.0 release candidates before "
+            "PR 14745 need allow_advanced_sampling, and which candidate took it is not pinned; send a greedy request "
+            "(temperature 0), or use the 1.3.0 release"
+        )
+        out["seed"] = out["sampling"]
+    elif series < SAMPLES_FROM[method in TWO_MODEL]:
         out["sampling"] = (
             f"TensorRT-LLM {version} decodes greedily beside {method} speculation"
             + (

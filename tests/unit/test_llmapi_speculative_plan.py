@@ -120,6 +120,8 @@ def test_what_each_release_refuses_beside_each_method():
         no = speculation_refusals(method, "1.2.1", (1, 2))
         assert {"sampling", "seed", "guided"} <= set(no) and "allow_advanced_sampling" in no["sampling"]
         assert "sampling" not in speculation_refusals(method, "1.3.0", (1, 3))  # "auto-detected per request"
+        # a 1.3.0 candidate may predate PR 14745 (allow_advanced_sampling, not passed): refused, not greedy
+        assert "PR 14745" in speculation_refusals(method, "1.3.0rc5", (1, 3))["sampling"]
         assert "guided" in speculation_refusals(method, "1.3.0", (1, 3))
     # 1.0's py_executor_creator.py raises for guided decoding beside any speculation (lifted by PR 6300, in 1.1)
     assert "PR 6300" in speculation_refusals("ngram", "1.0.0", (1, 0))["guided"]
