@@ -13,6 +13,10 @@ from pathlib import Path
 
 import requests
 
+# Set (to N), every server these helpers start runs N HTTP front-end processes (option.api_server_count), unless
+# the test sets the option itself: .ci/run runs a subset of the HTTP integration tests so.
+FRONTENDS_VAR = "LMI_TEST_API_SERVER_COUNT"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -82,6 +86,8 @@ def serve(
     log_path = tmp_path / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_"))}
     full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    if os.environ.get(FRONTENDS_VAR):  # .ci/run: these tests again with N front-end processes
+        full_env["OPTION_API_SERVER_COUNT"] = os.environ[FRONTENDS_VAR]
     full_env.update(env or {})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

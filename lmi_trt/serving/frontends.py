@@ -74,8 +74,10 @@ class FrontendSpec:
     address: str  # the engine's ZeroMQ address
     parent_pid: int
     slots: MutableSequence[int]  # SharedAdmission's
+    loaded: MutableSequence[int]  # 1 for each front end that has loaded once
     metrics_dir: str
     log_level: int
+    replacement: bool  # started in place of one that died: accepts nothing until loaded
 
 
 def frontend_config(config: LmiConfig, count: int) -> LmiConfig:
@@ -116,6 +118,11 @@ def frontend_main(spec: FrontendSpec) -> None:
         )
         return LoadedModel(engine, tokenizer)
 
+    async def every_front_end_loaded() -> None:
+        spec.loaded[spec.index] = 1
+        while not all(spec.loaded):
+            await asyncio.sleep(0.02)
+
     app = build_app(
         load,
         config,
@@ -123,8 +130,9 @@ def frontend_main(spec: FrontendSpec) -> None:
         adapters=DEFAULT_ADAPTERS,
         admission=SharedAdmission(spec.slots, spec.index),
         metrics_dir=spec.metrics_dir,
+        ready_gate=every_front_end_loaded,
     )
-    rc = run_app(app, host=spec.host, port=spec.port, sock=spec.sock)
+    rc = run_app(app, host=spec.host, port=spec.port, sock=spec.sock, answer_while_loading=not spec.replacement)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -135,7 +143,11 @@ class Frontends:
     """Starts the front ends, replaces one that dies, and stops them (each drains) on ``stop``."""
 
     def __init__(
-        self, make_spec: Callable[[int], FrontendSpec], count: int, server: EngineServer, slots: MutableSequence[int]
+        self,
+        make_spec: Callable[[int, bool], FrontendSpec],
+        count: int,
+        server: EngineServer,
+        slots: MutableSequence[int],
     ) -> None:
         self._make_spec = make_spec
         self._count = count
@@ -150,10 +162,10 @@ class Frontends:
 
     def start(self) -> None:
         for index in range(self._count):
-            self._spawn(index)
+            self._spawn(index, replacement=False)
 
-    def _spawn(self, index: int) -> None:
-        spec = self._make_spec(index)
+    def _spawn(self, index: int, replacement: bool) -> None:
+        spec = self._make_spec(index, replacement)
         proc = self._context.Process(target=frontend_main, args=(spec,), name=f"lmi-frontend-{index}", daemon=False)
         proc.start()
         self.procs[index] = proc
@@ -188,7 +200,7 @@ class Frontends:
                 self.failed = True
             else:
                 log.error("front end %d (pid %d) exited %s: starting another in its place", index, proc.pid, rc)
-                self._spawn(index)
+                self._spawn(index, replacement=True)
         if not self.procs:
             self.all_gone.set()
 
@@ -231,9 +243,10 @@ async def serve_engine(
     server = EngineServer(f"ipc://{workdir}/engine")
     server.start()
     slots = multiprocessing.get_context("spawn").Array("q", count, lock=False)
+    loaded = multiprocessing.get_context("spawn").Array("b", count, lock=False)
     shared = frontend_config(config, count)
 
-    def spec(index: int) -> FrontendSpec:
+    def spec(index: int, replacement: bool) -> FrontendSpec:
         return FrontendSpec(
             index,
             count,
@@ -245,8 +258,10 @@ async def serve_engine(
             server.address,
             os.getpid(),
             slots,
+            loaded,
             metrics_dir,
             logging.getLogger().getEffectiveLevel(),
+            replacement,
         )
 
     frontends = Frontends(spec, count, server, slots)
@@ -255,12 +270,12 @@ async def serve_engine(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("engine process (pid %d) with %d front-end processes on %s:%d", os.getpid(), count, host, port)
-    loaded: list[LoadedModel] = []
+    model: list[LoadedModel] = []
 
     async def load_and_tell() -> None:
         t0 = time.perf_counter()
         try:
-            loaded.append(await load())
+            model.append(await load())
         except LmiError as e:
             server.failed(str(e))
             log.error("loading model %r failed: %s; /ping answers 503 FAILED", model_name, e)
@@ -269,8 +284,8 @@ async def serve_engine(
             server.failed(f"{type(e).__name__}: {e}")
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
-        server.ready(loaded[0].engine, loaded[0].tokenizer_dir)
-        log.info("model %r ready (engine %s) after %.1f s", model_name, loaded[0].engine.name, time.perf_counter() - t0)
+        server.ready(model[0].engine, model[0].tokenizer_dir)
+        log.info("model %r ready (engine %s) after %.1f s", model_name, model[0].engine.name, time.perf_counter() - t0)
 
     loading = loop.create_task(load_and_tell(), name="lmi-model-load")
     waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(frontends.all_gone.wait())]
@@ -290,8 +305,8 @@ async def serve_engine(
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
         await server.close()
-        if loaded:
-            await loaded[0].engine.close()
+        if model:
+            await model[0].engine.close()
         sock.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0 if stop.is_set() else 1
