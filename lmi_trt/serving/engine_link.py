@@ -7,7 +7,8 @@ engine step) leave as one message of plain tuples, not one message per token per
 request (its ``GenerationRequest``) once and a cancel when its client leaves.
 
 Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)`` to the engine;
-``("state", EngineState)`` and ``("outs", [output tuple, ...])`` back.
+``("state", EngineState)`` and ``("outs", [output tuple, ...], EngineStats | None)`` back (the engine's figures
+with the outputs of a step that ended a request, to every front end).
 """
 
 from __future__ import annotations
@@ -191,9 +192,21 @@ class EngineServer:
 
     def _flush(self) -> None:
         self._flushing = False
+        if self.engine is not None and self.engine.healthy != self.state.healthy:
+            # A dead engine's last outputs (errors) reach the front ends after the news: /ping FAILED by then.
+            self.state = replace(self.state, healthy=self.engine.healthy, stats=self.engine.stats())
+            self._broadcast()
         pending, self._pending = self._pending, {}
+        stats = None
+        if self.engine is not None and any(t[5] for outs in pending.values() for t in outs):
+            # A request ended: every front end hears the engine's figures with it, so /metrics, wherever it is
+            # scraped, counts it gone as soon as its client has its last token (as with one process).
+            stats = self.engine.stats()
+            self.state = replace(self.state, stats=stats)
+            for identity in self._peers - pending.keys():
+                self._send(identity, ("outs", [], stats))
         for identity, outs in pending.items():
-            self._send(identity, ("outs", outs))
+            self._send(identity, ("outs", outs, stats))
 
     def _send(self, identity: bytes, message: tuple) -> None:
         try:
@@ -312,15 +325,18 @@ class RemoteEngine:
                         self._engine_lost("the engine's process has exited")
                         return
                     continue
-                kind, body = pickle.loads(await self._sock.recv())
-                if kind == "outs":
+                message = pickle.loads(await self._sock.recv())
+                if message[0] == "outs":
+                    _, outs, stats = message
+                    if stats is not None:
+                        self.state = replace(self.state, stats=stats)
                     streams = self._streams
-                    for t in body:
+                    for t in outs:
                         queue = streams.get(t[0])
                         if queue is not None:  # else the client left and a cancel is on its way
                             queue.put_nowait(_unwire(t))
-                elif kind == "state":
-                    self.state = body
+                elif message[0] == "state":
+                    self.state = message[1]
                     self._changed.set()
         except asyncio.CancelledError:
             raise

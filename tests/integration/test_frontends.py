@@ -7,6 +7,8 @@ HTTP front-end processes on the one port.
 * job_queue_size holds across the front ends: with the queue full, a request is refused whichever front end
   takes it.
 * SIGTERM: both front ends drain their streams to the end, then the server exits 0.
+* The engine dies: its requests end with an error record, every front end's /ping turns FAILED, and the server
+  exits non-zero on its own (test_reliability_lifecycle.py's check, with two front ends).
 
 Which front end serves a stream is read from the process that holds the server's end of its connection (psutil).
 """
@@ -23,6 +25,7 @@ import time
 import psutil
 import pytest
 from cliserver import Server, serve
+from test_reliability_lifecycle import _dies_cleanly, launched, synthetic
 from tinymodels import tiny_model
 
 pytestmark = pytest.mark.slow
@@ -192,3 +195,10 @@ def test_sigterm_drains_every_front_end_then_exits_0(tmp_path):
             assert s.done and s.finish == "length", s.text
         assert server.proc.wait(timeout=60) == 0
         assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_an_engine_that_dies_fails_every_front_end_and_the_server_exits(tmp_path):
+    args = synthetic("option.synthetic_tokens_per_second=50", "option.api_server_count=2")
+    with launched(args, tmp_path, {"LMI_TEST_KILL": "synthetic", "LMI_TEST_EXIT_AFTER": "1"}) as (proc, url, log):
+        body = {"inputs": "abc", "parameters": {"max_new_tokens": 400}}
+        _dies_cleanly(proc, url, "llama", log, "/invocations", {**body, "stream": True}, "/invocations", body)
