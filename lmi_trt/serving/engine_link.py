@@ -233,6 +233,9 @@ class RemoteEngine:
     def __init__(self, address: str, identity: str, parent_pid: int) -> None:
         self._address = address
         self._identity = identity.encode()
+        # Request ids are unique within a front end (X-Request-Id and a count); the engine sees them with the front
+        # end's identity added, unique across front ends.
+        self._suffix = "@" + identity
         self._parent_pid = parent_pid
         self._context: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -269,8 +272,9 @@ class RemoteEngine:
         if self._sock is None or not self.healthy:
             return _one(error_output(rid, f"the engine is not reachable: {self._lost or 'its process is gone'}", 503))
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
-        self._streams[rid] = queue
-        self._sock.send(pickle.dumps(("submit", request), _PICKLE), flags=zmq.NOBLOCK)
+        wire = replace(request, request_id=rid + self._suffix)
+        self._streams[wire.request_id] = queue
+        self._sock.send(pickle.dumps(("submit", wire), _PICKLE), flags=zmq.NOBLOCK)
         return self._stream(rid, queue)
 
     async def _stream(self, rid: str, queue: asyncio.Queue[EngineOutput]) -> AsyncIterator[EngineOutput]:
@@ -278,16 +282,17 @@ class RemoteEngine:
         try:
             while not finished:
                 out = await queue.get()
+                out.request_id = rid
                 finished = out.finished
                 yield out
         finally:
-            self._streams.pop(rid, None)
+            self._streams.pop(rid + self._suffix, None)
             if not finished:
                 await self.cancel(rid)  # the client left before the end: the engine frees its slot
 
     async def cancel(self, request_id: str) -> None:
         if self._sock is not None and self._lost is None:
-            self._sock.send(pickle.dumps(("cancel", request_id), _PICKLE), flags=zmq.NOBLOCK)
+            self._sock.send(pickle.dumps(("cancel", request_id + self._suffix), _PICKLE), flags=zmq.NOBLOCK)
 
     def stats(self) -> EngineStats:
         return self.state.stats

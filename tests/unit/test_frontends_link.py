@@ -135,3 +135,36 @@ def test_an_unhealthy_engine_turns_the_front_end_unhealthy(tmp_path):
         await engine.close()
 
     asyncio.run(main())
+
+
+def test_two_front_ends_may_send_the_same_request_id(tmp_path):
+    """X-Request-Id comes from the client, and each front end counts from 1: the engine must keep them apart."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=200.0)
+        await engine.start()
+        server = EngineServer(f"ipc://{tmp_path}/engine")
+        server.start()
+        remotes = [RemoteEngine(server.address, f"fe-{i}", os.getppid()) for i in range(2)]
+        server.ready(engine, None)
+        for remote in remotes:
+            await asyncio.wait_for(remote.connect(), 10)
+        requests = [
+            GenerationRequest("same-1", [11, 12, 13], SamplingParams(max_new_tokens=6)),
+            GenerationRequest("same-1", [21, 22], SamplingParams(max_new_tokens=9)),
+        ]
+        runs = await asyncio.gather(*(_collect(r.submit(q)) for r, q in zip(remotes, requests)))
+        for outs, request in zip(runs, requests):
+            assert all(o.request_id == "same-1" for o in outs)
+            assert sum(len(o.token_ids) for o in outs) == request.sampling.max_new_tokens
+            assert outs[-1].finish_reason is FinishReason.LENGTH
+        for remote in remotes:
+            await remote.close()
+        await server.close()
+        await engine.close()
+
+    asyncio.run(main())
+
+
+async def _collect(stream) -> list[EngineOutput]:
+    return [o async for o in stream]
