@@ -94,7 +94,7 @@ def frontend_main(spec: FrontendSpec) -> None:
     """A front-end process: the HTTP server over the engine of ``spec.parent_pid``."""
     from lmi_trt.log_context import install_request_tag, log_format
 
-    logging.basicConfig(level=spec.log_level, format=f"[frontend {spec.index}] {log_format()}")
+    logging.basicConfig(level=spec.log_level, format=log_format(f"frontend{spec.index} "))
     install_request_tag()
     from lmi_trt.serving.admission import SharedAdmission
     from lmi_trt.serving.app import build_app, run_app
