@@ -97,14 +97,14 @@ def synthetic(args: argparse.Namespace) -> dict:
     return {"mode": "synthetic", "cpus": os.cpu_count(), "rows": rows}
 
 
-async def _engine_protocol(model_dir: Path, streams: int, prompt: int, out_tokens: int) -> dict:
+async def _engine_protocol(model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int) -> dict:
     """tokens/s and TTFT p50 of TorchEngine's built-in loop, every request submitted at once (gpu_decode.py)."""
     from gpu_decode import pct, stream
     from gpu_torch import prompts
 
     from lmi_trt.engines.torch import TorchEngine
 
-    batch = prompts(streams, prompt)
+    batch = prompts(streams, prompt, vocab=vocab)
     engine = TorchEngine(
         model_dir,
         dtype="bf16",
@@ -134,9 +134,10 @@ def gpu(args: argparse.Namespace) -> dict:
 
     model_dir = Path(tempfile.mkdtemp(prefix="frontends-model-"))
     tokenizer = build_tokenizer(model_dir)
-    build_model(model_dir, layers=16, dtype=torch.bfloat16, vocab_size=len(tokenizer))
+    vocab = len(tokenizer)
+    build_model(model_dir, layers=16, dtype=torch.bfloat16, vocab_size=vocab)
     rows = []
-    engine = {c: asyncio.run(_engine_protocol(model_dir, c, 128, 128)) for c in args.concurrency}
+    engine = {c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab)) for c in args.concurrency}
     torch.cuda.empty_cache()
     work = model_dir / "bench"
     work.mkdir()
