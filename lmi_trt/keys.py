@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, create_model
 
+from lmi_trt import reasoning_parsers, tool_parsers
 from lmi_trt.engines.registry import BACKEND_NAMES, ENGINE_NAMES, entry
 from lmi_trt.log_redaction import MASK
-from lmi_trt.serving import reasoning_parsers, tool_parsers
 from lmi_trt.speculative import METHODS as SPECULATIVE_METHODS
 from lmi_trt.speculative import SPELLINGS as SPECULATIVE_SPELLINGS
 from lmi_trt.speculative import parse_json_object

@@ -10,13 +10,12 @@ import importlib.util
 import logging
 from typing import Any
 
-from lmi_trt import stages
+from lmi_trt import reasoning_parsers, stages
 from lmi_trt.config import LmiConfig, with_draft_model
 from lmi_trt.engines import EngineKind
 from lmi_trt.engines.registry import entry
 from lmi_trt.errors import StartupError
 from lmi_trt.launch import LaunchPlan, build_copies
-from lmi_trt.serving import reasoning_parsers
 from lmi_trt.serving.chat import template_text
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts

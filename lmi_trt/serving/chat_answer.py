@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmi_trt.serving.reasoning_parsers.base import ReasoningReader
+from lmi_trt.reasoning_parsers.base import ReasoningReader
 from lmi_trt.serving.tool_calls import ToolCall
-from lmi_trt.serving.tool_parsers.base import CallArgs, CallStart, Content, Reader
+from lmi_trt.tool_parsers.base import CallArgs, CallStart, Content, Reader
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,12 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lmi_trt import tool_parsers
 from lmi_trt.engines.base import GuidedDecoding
 from lmi_trt.engines.guided import schema_problem
-from lmi_trt.serving import tool_parsers
 from lmi_trt.serving.core import schema_guide_text
 from lmi_trt.serving.errors import FieldError
-from lmi_trt.serving.tool_parsers.base import CallList, Reader, Schemas, ToolParser
+from lmi_trt.tool_parsers.base import CallList, Reader, Schemas, ToolParser
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,69 @@ async def test_requests_at_the_end_of_their_positions_draft_beside_others(llama)
         assert spec_counters(e)["spec_decode_num_accepted_tokens"] > 0
     finally:
         await e.close()
+
+
+# The decode loop with the decoder's Triton kernels forced on, run by Triton's CPU interpreter (TRITON_INTERPRET
+# is read when the kernels are defined, hence a process of its own): prints each engine's tokens and counters.
+INTERPRETED = """
+import asyncio, json, sys
+import torch
+from lmi_trt.engines.torch import decode_kernels
+decode_kernels.available = lambda device, head_dim: True
+from lmi_trt.engines.base import GenerationRequest, SamplingParams
+from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.speculative import Speculation
+torch.set_num_threads(1)
+path, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+
+async def run(spec):
+    e = TorchEngine(path, speculative=spec, max_batch_size=4, max_input_len=24, max_new_tokens=32, tokens_per_block=8)
+    await e.start()
+    try:
+        assert e._backend._decoder.fused_kernels
+        async def one(i, p):
+            request = GenerationRequest(f"r{i}", p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+            return [t async for o in e.submit(request) for t in o.token_ids]
+        tokens = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        return {"tokens": tokens, "counters": e._backend.counters}
+    finally:
+        await e.close()
+
+specs = {
+    "ngram": Speculation(method="ngram", max_draft_len=4),
+    "self": Speculation(method="draft_model", max_draft_len=3, draft_model=path),
+}
+print(json.dumps({name: asyncio.run(run(spec)) for name, spec in specs.items()}))
+"""
+
+
+async def test_the_gpu_paths_kernels_verify_drafts_as_the_torch_operations_do(llama):
+    """On CUDA the decoder runs Triton kernels (paged attention of k + 1 queries a sequence, rotary and cache
+    writes of several tokens a sequence), not the torch operations the other tests here run: forced on under
+    Triton's interpreter, n-gram drafts and the model as its own draft give model.generate's greedy tokens, and
+    the model drafting for itself keeps (nearly) every draft: a verification that read the wrong rows or
+    positions would reject them."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
+    prompts, n = PROMPTS[:4], 12
+    done = subprocess.run(
+        [sys.executable, "-c", INTERPRETED, str(llama), json.dumps(prompts), str(n)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    ref = AutoModelForCausalLM.from_pretrained(str(llama)).eval()
+    for prompt, *got in zip(prompts, results["ngram"]["tokens"], results["self"]["tokens"]):
+        expected = reference(ref, prompt, n, eos_token_id=None)
+        for tokens_ in got:
+            assert_greedy(tokens_, expected)
+    ngram, self_ = results["ngram"]["counters"], results["self"]["counters"]
+    assert ngram["verify_steps"] > 0 and ngram["spec_decode_num_accepted_tokens"] > 0
+    drafted, kept = self_["spec_decode_num_draft_tokens"], self_["spec_decode_num_accepted_tokens"]
+    assert drafted > 0 and kept >= 0.9 * drafted
 
 
 SAMPLING = [

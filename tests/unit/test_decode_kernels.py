@@ -128,6 +128,48 @@ for fused in (False, True):
         third = decoder.forward(idle)[[0, 2]]
     results.append((first, second, third))
 torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
+
+# A verification step (speculative decoding): each of 3 sequences feeds its last token and 3 drafts, k + 1 = 4
+# queries of a sequence sharing each KV head's 2 query heads, the positions past a sequence's drafts padding
+# (cache slot -1). The drafts are the model's own greedy tokens (each found from the position before it), one
+# of them changed: the kernels must give the torch operations' logits on every kept position, and keep the
+# same drafts, as the decode loop's CUDA graphs of these steps run them on a GPU.
+from lmi_trt.engines.torch.speculation import accepted_counts
+tables = [[5, 2, 9, 11], [0, 7, 3, 10], [1, 4, 6, 8]]
+prompts = [a[:7], b[:5], [1, 30, 31, 32, 33, 34, 35, 36, 37]]
+proposed, width = torch.tensor([3, 3, 1]), 4
+keep = (torch.arange(width) <= proposed[:, None]).flatten()
+caches = decoder.k_cache + decoder.v_cache
+
+def verify_step(tokens, fused):
+    decoder.fused_kernels = fused
+    for cache, saved in zip(caches, prefilled[fused]):
+        cache.copy_(saved)
+    step = flat([(t, len(p), width) for t, p in zip(tables, prompts)], tokens.flatten().tolist(), list(range(12)))
+    step.slots = torch.where(keep, step.slots, -1)
+    with torch.no_grad():
+        return decoder.forward(step)
+
+prefilled, last = {}, {}
+ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+for fused in (False, True):
+    decoder.fused_kernels = fused
+    for cache in caches:
+        cache.zero_()
+    with torch.no_grad():
+        last[fused] = decoder.forward(flat([(t, 0, len(p)) for t, p in zip(tables, prompts)], sum(prompts, []), ends))
+    prefilled[fused] = [cache.clone() for cache in caches]
+torch.testing.assert_close(last[True], last[False], rtol=1e-5, atol=1e-5)
+tokens = torch.zeros(3, width, dtype=torch.long)
+tokens[:, 0] = last[False].argmax(-1)
+for j in range(1, width):
+    tokens[:, j] = verify_step(tokens, False).argmax(-1).view(3, width)[:, j - 1]
+tokens[1, 2] = (tokens[1, 2] + 1) % 512  # the second sequence's second draft is wrong: 1 of its 3 kept
+logits = {fused: verify_step(tokens, fused) for fused in (False, True)}
+torch.testing.assert_close(logits[True][keep], logits[False][keep], rtol=1e-5, atol=1e-5)
+for fused in (False, True):
+    targets = logits[fused].argmax(-1).view(3, width)
+    assert accepted_counts(targets, tokens[:, 1:], proposed).tolist() == [3, 1, 1], fused
 print("ok")
 """
 

@@ -15,9 +15,9 @@ import pytest
 from serverproc import post
 from serverproc import serve_all_schemas as serve
 
+from lmi_trt import reasoning_parsers
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import GuidedDecoding
-from lmi_trt.serving import reasoning_parsers
 from lmi_trt.serving.protocols.openai import _for_parsers
 
 R1, QWEN3, V3 = (reasoning_parsers.REGISTRY[n] for n in ("deepseek_r1", "qwen3", "deepseek_v3"))

@@ -15,14 +15,14 @@ import pytest
 from serverproc import post
 from serverproc import serve_all_schemas as serve
 
+from lmi_trt import tool_parsers
 from lmi_trt.config import REGISTRY as KEYS
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import FinishReason
-from lmi_trt.serving import tool_parsers
 from lmi_trt.serving.chat_answer import Answer, AnswerReader
 from lmi_trt.serving.errors import FieldError
 from lmi_trt.serving.tool_calls import ToolPlan, plan_tools
-from lmi_trt.serving.tool_parsers.base import CallArgs, CallStart, Content
+from lmi_trt.tool_parsers.base import CallArgs, CallStart, Content
 
 WEATHER = {
     "type": "function",

@@ -35,8 +35,11 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lmi_trt import reasoning_parsers
 from lmi_trt.engines.base import SAMPLING_FEATURES, FinishReason, GuidedDecoding
-from lmi_trt.serving import chat, reasoning_parsers, tool_calls
+from lmi_trt.reasoning_parsers import ReasoningParser
+from lmi_trt.reasoning_parsers.base import END as REASONING_END
+from lmi_trt.serving import chat, tool_calls
 from lmi_trt.serving.access import current_request_id
 from lmi_trt.serving.chat_answer import Answer, AnswerReader, Part, Reasoning
 from lmi_trt.serving.core import (
@@ -78,10 +81,8 @@ from lmi_trt.serving.protocols._common import (
     start_n,
     validate_body,
 )
-from lmi_trt.serving.reasoning_parsers import ReasoningParser
-from lmi_trt.serving.reasoning_parsers.base import END as REASONING_END
 from lmi_trt.serving.tool_calls import ToolCall, ToolPlan
-from lmi_trt.serving.tool_parsers.base import CallStart, Content
+from lmi_trt.tool_parsers.base import CallStart, Content
 
 log = logging.getLogger(__name__)
 

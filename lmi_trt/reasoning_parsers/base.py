@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from lmi_trt.serving.tool_parsers.base import held_prefix, register_in
+from lmi_trt.tool_parsers.base import held_prefix, register_in
 
 START, END = "<think>", "</think>"
 # Enough of the rendered prompt's end to hold a marker and the space a template writes after it.
