@@ -4,6 +4,7 @@ ZeroMQ link between a real synthetic engine and a RemoteEngine in this process (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import pytest
@@ -57,58 +58,65 @@ def _request(rid: str, n: int) -> GenerationRequest:
     return GenerationRequest(rid, [11, 12, 13], SamplingParams(max_new_tokens=n))
 
 
+@contextlib.asynccontextmanager
+async def _linked(tmp_path, engine, fronts: int = 1):
+    """An EngineServer and ``fronts`` RemoteEngines connecting to it (their ``connect()`` tasks); all closed after."""
+    if engine is not None:
+        await engine.start()
+    server = EngineServer(f"ipc://{tmp_path}/engine")
+    server.start()
+    remotes = [RemoteEngine(server.address, f"fe-{i}", os.getppid()) for i in range(fronts)]
+    connecting = [asyncio.ensure_future(r.connect()) for r in remotes]
+    try:
+        yield server, remotes, connecting
+    finally:
+        for remote in remotes:
+            await remote.close()
+        await server.close()
+        if engine is not None:
+            await engine.close()
+
+
 @pytest.mark.parametrize("cancel", [False, True])
 def test_a_remote_engine_streams_what_the_engine_does_and_cancels_it(tmp_path, cancel):
     async def main() -> None:
         engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None if not cancel else 50.0)
-        await engine.start()
-        server = EngineServer(f"ipc://{tmp_path}/engine")
-        server.start()
-        remote = RemoteEngine(server.address, "fe-test", os.getppid())
-        connecting = asyncio.ensure_future(remote.connect())
-        await asyncio.sleep(0.2)
-        assert not connecting.done()  # loading: the front end waits
-        server.ready(engine, None)
-        state = await asyncio.wait_for(connecting, 10)
-        assert state.phase == "ready" and remote.limits == engine.limits and remote.name == engine.name
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            await asyncio.sleep(0.2)
+            assert not connecting.done()  # loading: the front end waits
+            server.ready(engine, None)
+            state = await asyncio.wait_for(connecting, 10)
+            assert state.phase == "ready" and remote.limits == engine.limits and remote.name == engine.name
 
-        direct = [o async for o in engine.submit(_request("direct", 8))]
-        if not cancel:
-            remote_outs = [o async for o in remote.submit(_request("via-link", 8))]
-            assert [t for o in remote_outs for t in o.token_ids] == [t for o in direct for t in o.token_ids]
-            assert remote_outs[-1].finished and remote_outs[-1].finish_reason is FinishReason.LENGTH
-        else:
-            stream = remote.submit(_request("left", 400))
-            first = await stream.__anext__()
-            assert first.token_ids
-            await stream.aclose()  # the client left: the engine frees the slot
-            for _ in range(200):
-                if engine.stats().active_requests == 0 and server.in_flight == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert engine.stats().active_requests == 0 and server.in_flight == 0
-        await remote.close()
-        await server.close()
-        await engine.close()
+            direct = [o async for o in engine.submit(_request("direct", 8))]
+            if not cancel:
+                remote_outs = [o async for o in remote.submit(_request("via-link", 8))]
+                assert [t for o in remote_outs for t in o.token_ids] == [t for o in direct for t in o.token_ids]
+                assert remote_outs[-1].finished and remote_outs[-1].finish_reason is FinishReason.LENGTH
+            else:
+                stream = remote.submit(_request("left", 400))
+                first = await stream.__anext__()
+                assert first.token_ids
+                await stream.aclose()  # the client left: the engine frees the slot
+                for _ in range(200):
+                    if engine.stats().active_requests == 0 and server.in_flight == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert engine.stats().active_requests == 0 and server.in_flight == 0
 
     asyncio.run(main())
 
 
 def test_a_failed_load_reaches_the_front_end(tmp_path):
     async def main() -> None:
-        server = EngineServer(f"ipc://{tmp_path}/engine")
-        server.start()
-        remote = RemoteEngine(server.address, "fe-test", os.getppid())
-        connecting = asyncio.ensure_future(remote.connect())
-        await asyncio.sleep(0.1)
-        server.failed("option.model_id=x: no such folder")
-        state = await asyncio.wait_for(connecting, 10)
-        assert state.phase == "failed" and state.error == "option.model_id=x: no such folder"
-        assert not remote.healthy
-        out = [o async for o in remote.submit(_request("late", 2))]
-        assert out[-1].error_code == 503
-        await remote.close()
-        await server.close()
+        async with _linked(tmp_path, None) as (server, [remote], [connecting]):
+            await asyncio.sleep(0.1)
+            server.failed("option.model_id=x: no such folder")
+            state = await asyncio.wait_for(connecting, 10)
+            assert state.phase == "failed" and state.error == "option.model_id=x: no such folder"
+            assert not remote.healthy
+            out = [o async for o in remote.submit(_request("late", 2))]
+            assert out[-1].error_code == 503
 
     asyncio.run(main())
 
@@ -116,23 +124,16 @@ def test_a_failed_load_reaches_the_front_end(tmp_path):
 def test_an_unhealthy_engine_turns_the_front_end_unhealthy(tmp_path):
     async def main() -> None:
         engine = synthetic_engine(tiny_tokenizer())
-        await engine.start()
-        server = EngineServer(f"ipc://{tmp_path}/engine")
-        server.start()
-        remote = RemoteEngine(server.address, "fe-test", os.getppid())
-        connecting = asyncio.ensure_future(remote.connect())
-        server.ready(engine, None)
-        await asyncio.wait_for(connecting, 10)
-        assert remote.healthy
-        engine.fail("a CUDA error")
-        for _ in range(100):
-            if not remote.healthy:
-                break
-            await asyncio.sleep(0.05)
-        assert not remote.healthy
-        await remote.close()
-        await server.close()
-        await engine.close()
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 10)
+            assert remote.healthy
+            engine.fail("a CUDA error")
+            for _ in range(100):
+                if not remote.healthy:
+                    break
+                await asyncio.sleep(0.05)
+            assert not remote.healthy
 
     asyncio.run(main())
 
@@ -142,26 +143,18 @@ def test_two_front_ends_may_send_the_same_request_id(tmp_path):
 
     async def main() -> None:
         engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=200.0)
-        await engine.start()
-        server = EngineServer(f"ipc://{tmp_path}/engine")
-        server.start()
-        remotes = [RemoteEngine(server.address, f"fe-{i}", os.getppid()) for i in range(2)]
-        server.ready(engine, None)
-        for remote in remotes:
-            await asyncio.wait_for(remote.connect(), 10)
-        requests = [
-            GenerationRequest("same-1", [11, 12, 13], SamplingParams(max_new_tokens=6)),
-            GenerationRequest("same-1", [21, 22], SamplingParams(max_new_tokens=9)),
-        ]
-        runs = await asyncio.gather(*(_collect(r.submit(q)) for r, q in zip(remotes, requests)))
-        for outs, request in zip(runs, requests):
-            assert all(o.request_id == "same-1" for o in outs)
-            assert sum(len(o.token_ids) for o in outs) == request.sampling.max_new_tokens
-            assert outs[-1].finish_reason is FinishReason.LENGTH
-        for remote in remotes:
-            await remote.close()
-        await server.close()
-        await engine.close()
+        async with _linked(tmp_path, engine, fronts=2) as (server, remotes, connecting):
+            server.ready(engine, None)
+            await asyncio.wait_for(asyncio.gather(*connecting), 10)
+            requests = [
+                GenerationRequest("same-1", [11, 12, 13], SamplingParams(max_new_tokens=6)),
+                GenerationRequest("same-1", [21, 22], SamplingParams(max_new_tokens=9)),
+            ]
+            runs = await asyncio.gather(*(_collect(r.submit(q)) for r, q in zip(remotes, requests)))
+            for outs, request in zip(runs, requests):
+                assert all(o.request_id == "same-1" for o in outs)
+                assert sum(len(o.token_ids) for o in outs) == request.sampling.max_new_tokens
+                assert outs[-1].finish_reason is FinishReason.LENGTH
 
     asyncio.run(main())
 
