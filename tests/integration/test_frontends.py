@@ -5,7 +5,7 @@ HTTP front-end processes on the one port.
   they have without the kill, the killed one's are cut, the engine frees their slots, and a new front end takes its
   place.
 * job_queue_size holds across the front ends: with the queue full, a request is refused whichever front end
-  takes it.
+  takes it; a client that hangs up frees its place and its engine slot.
 * SIGTERM: both front ends drain their streams to the end, then the server exits 0.
 * The engine dies: its requests end with an error record, every front end's /ping turns FAILED, and the server
   exits non-zero on its own (test_reliability_lifecycle.py's check, with two front ends).
@@ -19,6 +19,7 @@ import http.client
 import json
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -53,9 +54,9 @@ class Stream:
     """One OpenAI completions stream on a connection of its own; ``holder`` is the pid of the front end on the other
     end; ``run`` reads it to its end in a thread."""
 
-    def __init__(self, server: Server, prompt: str) -> None:
+    def __init__(self, server: Server, prompt: str, tokens: int = TOKENS) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        body = {"prompt": prompt, "max_tokens": TOKENS, "stream": True}
+        body = {"prompt": prompt, "max_tokens": tokens, "stream": True}
         self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         self.response = self.conn.getresponse()
         assert self.response.status == 200, self.response.read()
@@ -170,7 +171,7 @@ def test_a_front_end_killed_mid_stream_leaves_the_others_streams_exact(tmp_path)
 
 def test_job_queue_size_holds_across_front_ends(tmp_path):
     with serve(_args("job_queue_size=2"), tmp_path) as server:
-        held = [Stream(server, PROMPT), Stream(server, PROMPT)]
+        held = [Stream(server, PROMPT, 8 * RATE), Stream(server, PROMPT, 8 * RATE)]  # 8 s each
         refused = 0
         # Whichever front end takes it (6 connections: both get some), the third request is refused.
         for _ in range(6):
@@ -178,10 +179,15 @@ def test_job_queue_size_holds_across_front_ends(tmp_path):
             assert r.status_code == 503, r.text
             assert "job_queue_size=2" in r.json()["error"]["message"]
             refused += 1
-        for s in held:
-            s.join()
-            assert s.done
+        # A client that hangs up frees its place and its engine slot, whichever front end served it.
+        held[0].conn.sock.shutdown(socket.SHUT_RDWR)
+        held[0].join()
+        assert held[0].cut
+        _wait(lambda: _metric(server, "lmi_requests_in_system") == 1, "the cut stream still counts as admitted")
+        _wait(lambda: _metric(server, "lmi_engine_active_requests") <= 1, "the cut stream still holds the engine")
         assert server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+        held[1].join()
+        assert held[1].done
         assert _metric(server, 'lmi_requests_rejected_total{status="503"}') == refused
 
 
