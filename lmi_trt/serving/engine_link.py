@@ -14,6 +14,7 @@ with the outputs of a step that ended a request, to every front end).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -70,6 +71,29 @@ def _unwire(t: tuple) -> EngineOutput:
     if out.finish_reason is not None:
         out.finish_reason = FinishReason(out.finish_reason)
     return out
+
+
+class _Inbox:
+    """One stream's outputs as they arrive, and the stream waiting for them (lighter than an asyncio.Queue, which
+    the link would otherwise fill and empty once per token)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[EngineOutput] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, out: EngineOutput) -> None:
+        self.items.append(out)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> EngineOutput:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.items.popleft()
 
 
 def _socket(context: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
@@ -239,7 +263,7 @@ class RemoteEngine:
         self._parent_pid = parent_pid
         self._context: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
-        self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
+        self._streams: dict[str, _Inbox] = {}
         self.state = EngineState()
         self._changed = asyncio.Event()
         self._receiver: asyncio.Task[None] | None = None
@@ -271,17 +295,17 @@ class RemoteEngine:
         rid = request.request_id
         if self._sock is None or not self.healthy:
             return _one(error_output(rid, f"the engine is not reachable: {self._lost or 'its process is gone'}", 503))
-        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        inbox = _Inbox()
         wire = replace(request, request_id=rid + self._suffix)
-        self._streams[wire.request_id] = queue
+        self._streams[wire.request_id] = inbox
         self._sock.send(pickle.dumps(("submit", wire), _PICKLE), flags=zmq.NOBLOCK)
-        return self._stream(rid, queue)
+        return self._stream(rid, inbox)
 
-    async def _stream(self, rid: str, queue: asyncio.Queue[EngineOutput]) -> AsyncIterator[EngineOutput]:
+    async def _stream(self, rid: str, inbox: _Inbox) -> AsyncIterator[EngineOutput]:
         finished = False
         try:
             while not finished:
-                out = await queue.get()
+                out = await inbox.get()
                 out.request_id = rid
                 finished = out.finished
                 yield out
@@ -337,9 +361,9 @@ class RemoteEngine:
                         self.state = replace(self.state, stats=stats)
                     streams = self._streams
                     for t in outs:
-                        queue = streams.get(t[0])
-                        if queue is not None:  # else the client left and a cancel is on its way
-                            queue.put_nowait(_unwire(t))
+                        inbox = streams.get(t[0])
+                        if inbox is not None:  # else the client left and a cancel is on its way
+                            inbox.put(_unwire(t))
                 elif message[0] == "state":
                     self.state = message[1]
                     self._changed.set()
@@ -352,8 +376,8 @@ class RemoteEngine:
     def _engine_lost(self, why: str) -> None:
         self._lost = why
         log.error("%s; failing %d open requests", why, len(self._streams))
-        for rid, queue in list(self._streams.items()):
-            queue.put_nowait(error_output(rid, f"the engine is not reachable: {why}", 503))
+        for rid, inbox in list(self._streams.items()):
+            inbox.put(error_output(rid, f"the engine is not reachable: {why}", 503))
         self.state = replace(self.state, healthy=False, phase="failed" if self.state.phase == "loading" else "ready")
         self._changed.set()
 
