@@ -148,13 +148,16 @@ def hf_continuous(model, batch: list[list[int]], out_tokens: int) -> dict:
     return result
 
 
-async def stream(engine, rid: str, ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
-    """One greedy request for ``tokens`` new tokens (ignore_eos): its tokens, and when each arrived."""
+async def stream(
+    engine, rid: str, ids: list[int], tokens: int, adapter: str | None = None
+) -> tuple[list[int], list[float]]:
+    """One greedy request for ``tokens`` new tokens (ignore_eos), with LoRA ``adapter`` if named: its tokens, and
+    when each arrived."""
     from lmi_trt.engines.base import GenerationRequest, SamplingParams
 
     got, times = [], []
     sampling = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-    async for delta in engine.submit(GenerationRequest(rid, ids, sampling)):
+    async for delta in engine.submit(GenerationRequest(rid, ids, sampling, adapter=adapter)):
         if delta.error:
             raise RuntimeError(delta.error)
         got += delta.token_ids

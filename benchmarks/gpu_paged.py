@@ -76,10 +76,18 @@ class KvLog(logging.Handler):
         return handler
 
 
-async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str, profile: str | None = None) -> dict:
-    """The requests at once; ``profile``: "device" (torch.profiler, CUDA activity: busy time and
-    kernels), "host" (CPU and CUDA activity: the host's operators and CUDA calls by their own
-    time) or "python" (cProfile in the decode loop's thread: its functions by their own time)."""
+async def run_batch(
+    engine,
+    batch: list[list[int]],
+    out_tokens: int,
+    tag: str,
+    profile: str | None = None,
+    adapters: list[str | None] | None = None,
+) -> dict:
+    """The requests at once (row i with LoRA adapter ``adapters[i]`` where given); ``profile``: "device"
+    (torch.profiler, CUDA activity: busy time and kernels), "host" (CPU and CUDA activity: the host's operators
+    and CUDA calls by their own time) or "python" (cProfile in the decode loop's thread: its functions by their
+    own time)."""
     backend = engine._backend
     peaks = ("peak_rows", "largest_step")  # maxima, reset per workload; the other counters are totals
     for name in peaks:
@@ -113,7 +121,10 @@ async def run_batch(engine, batch: list[list[int]], out_tokens: int, tag: str, p
 
         backend._iterate = traced
     t0 = time.perf_counter()
-    runs = await asyncio.gather(*(stream(engine, f"{tag}{i}", ids, out_tokens) for i, ids in enumerate(batch)))
+    named = adapters or [None] * len(batch)
+    runs = await asyncio.gather(
+        *(stream(engine, f"{tag}{i}", ids, out_tokens, named[i]) for i, ids in enumerate(batch))
+    )
     seconds = time.perf_counter() - t0
     if profiler is not None:
         if torch.cuda.is_available():
@@ -193,8 +204,11 @@ async def session(
         await run_batch(engine, prompts(8, 32, seed=99, vocab=vocab), 8, "warm")  # graphs, allocator, kernels
         if callable(workloads):
             workloads = await workloads(engine)
-        for name, batch, out_tokens, *reps in workloads:
-            runs = [await run_batch(engine, batch, out_tokens, f"{name}.{r}.") for r in range(reps[0] if reps else 1)]
+        for name, batch, out_tokens, *more in workloads:  # [repetitions[, each row's LoRA adapter]]
+            reps, adapters = (more + [None, None])[:2]
+            runs = [
+                await run_batch(engine, batch, out_tokens, f"{name}.{r}.", adapters=adapters) for r in range(reps or 1)
+            ]
             out[name] = runs[0] | {"tok_s": statistics.median(r["tok_s"] for r in runs)}
             if reps:
                 out[name]["tok_s_runs"] = [r["tok_s"] for r in runs]

@@ -962,6 +962,40 @@ class LmiConfig(BaseModel):
             aliases=("option.enable_block_reuse",),  # DJL: KvCacheConfig(enable_block_reuse=)
         ),
     ] = False
+    # LoRA adapters, DJL LMI's keys (djl-serving serving/docs/adapters.md and lmi/user_guides/vllm_user_guide.md:
+    # option.enable_lora, option.max_loras (default 4), option.max_lora_rank (default 16), option.max_cpu_loras).
+    enable_lora: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_lora",
+            _BOOL,
+            "serve LoRA adapters (the model folder's adapters/ at start-up, more through the adapter routes), "
+            "chosen per request",
+        ),
+    ] = False
+    max_loras: Annotated[
+        int,
+        KeySpec(
+            "option.max_loras",
+            _integer(1, 4),
+            "LoRA: adapters resident on the device at once (the torch engine's stacked slots); a request for "
+            "another waits until one is free",
+        ),
+    ] = 4
+    max_lora_rank: Annotated[
+        int,
+        KeySpec(
+            "option.max_lora_rank", _integer(1, 16), "LoRA: the largest adapter rank (an adapter above it is refused)"
+        ),
+    ] = 16
+    max_cpu_loras: Annotated[
+        int | None,
+        KeySpec(
+            "option.max_cpu_loras",
+            _integer(1, 8),
+            "LoRA: adapters registered at most (kept in host memory); unset: no limit",
+        ),
+    ] = None
     batch_scheduler_policy: Annotated[
         Literal["max_utilization", "guaranteed_no_evict"],
         KeySpec(

@@ -6,6 +6,7 @@ Each stage hands a plain value to the next; nothing here reads the environment.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 from typing import Any
@@ -19,7 +20,15 @@ from lmi_trt.launch import LaunchPlan, build_copies
 from lmi_trt.serving.chat import template_text
 from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.tokenizer import load_tokenizer, tokenizer_facts
-from lmi_trt.sources import ModelArtifact, peek, resolve_draft_model, resolve_model, resolve_tokenizer
+from lmi_trt.sources import (
+    ModelArtifact,
+    peek,
+    resolve_adapter,
+    resolve_draft_model,
+    resolve_model,
+    resolve_tokenizer,
+    startup_adapters,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +69,14 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     )
     await asyncio.wait_for(engine.start(), timeout=config.model_loading_timeout)
     log.info("engine %s ready: %s", engine.name, engine.limits)
+    adapter_source = functools.partial(resolve_adapter, config) if config.enable_lora else None
+    if adapter_source is not None:  # DJL's adapters/ folder: every adapter in it, registered at start-up
+        for name, folder in await asyncio.to_thread(startup_adapters, config, artifact):
+            await engine.register_adapter(name, folder, folder)
     refusing = [name for name, c in engine.capabilities.features().items() if not c.honoured]
     if refusing:  # each with its reason at GET /v1/capabilities and in the 400 of a request that asks
         log.info("engine %s refuses requests for: %s (see GET /v1/capabilities)", engine.name, ", ".join(refusing))
-    return LoadedModel(engine=engine, tokenizer=tokenizer, tokenizer_dir=tok_dir)
+    return LoadedModel(engine=engine, tokenizer=tokenizer, adapter_source=adapter_source, tokenizer_dir=tok_dir)
 
 
 def check_reasoning(config: LmiConfig, tokenizer: Any) -> None:

@@ -80,6 +80,11 @@ class TorchSettings(
         "tokens_per_block",
         "enable_chunked_context",
         "grammar_compile_timeout",
+        # LoRA adapters (the built-in decode loop)
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
         max_new_tokens="max_output_len",
         batching="torch_batching",
         decode_loop="torch_decode_loop",

@@ -80,6 +80,8 @@ class GenerationRequest:
     stop_token_ids: list[list[int]] = field(default_factory=list)
     bad_words_ids: list[list[int]] = field(default_factory=list)
     streaming: bool = True
+    # The LoRA adapter to generate with, by its registered name (None: the base model).
+    adapter: str | None = None
 
 
 @dataclass
@@ -157,6 +159,7 @@ class Capabilities:
     min_new_tokens: Capability = field(metadata={"doc": "the end of sequence held back for this many tokens"})
     bad_words: Capability = field(metadata={"doc": "token sequences never generated"})
     stop_token_ids: Capability = field(metadata={"doc": "stop tokens of a request that ignores the end of sequence"})
+    lora: Capability = field(metadata={"doc": "a LoRA adapter chosen per request (option.enable_lora)"})
 
     def features(self) -> dict[str, Capability]:
         """Feature name → its capability, in declaration order."""
@@ -239,6 +242,29 @@ def error_output(request_id: str, message: str, code: int, field: str | None = N
 async def refused(request_id: str, error: EngineError) -> AsyncIterator[EngineOutput]:
     """The iterator ``submit()`` returns for a request it refuses up front: one final error output."""
     yield error_output(request_id, str(error), error.code, error.field)
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """A registered LoRA adapter: its name, where it came from (as given), the local folder read, its rank."""
+
+    name: str
+    src: str
+    folder: str
+    rank: int
+
+
+@runtime_checkable
+class AdapterHost(Protocol):
+    """An engine that serves LoRA adapters (``capabilities.lora`` honoured): registered by name at run time, chosen
+    per request by ``GenerationRequest.adapter``. Errors are ``EngineError``s with the HTTP code to answer: 400 an
+    adapter it cannot serve, 404 an unknown name, 409 one that requests are using or a full registry."""
+
+    def adapters(self) -> list[AdapterInfo]: ...
+
+    async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo: ...
+
+    async def unregister_adapter(self, name: str) -> None: ...
 
 
 @runtime_checkable

@@ -103,6 +103,7 @@ from lmi_trt.engines.llmapi_releases import (
     requested,
 )
 from lmi_trt.engines.trtllm import (
+    NO_TRTLLM_LORA,
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
@@ -490,6 +491,7 @@ def release_refusals(
             "logit_bias",
             "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
         )
+    no["lora"] = NO_TRTLLM_LORA  # not wired on any release here (option.enable_lora is refused at start-up)
     return no
 
 
@@ -510,6 +512,7 @@ def release_capabilities(
         logit_bias=capability("logit_bias"),
         guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
+        lora=capability("lora"),
     )
 
 
@@ -703,6 +706,7 @@ class LlmApiEngine:
             release="",
             logprobs=can(),
             guided=can(),
+            lora=cannot(NO_TRTLLM_LORA),
             **dict.fromkeys(
                 ("top_logprobs", "prompt_logprobs", "logit_bias", *SAMPLING_FEATURES), cannot(_NOT_STARTED)
             ),

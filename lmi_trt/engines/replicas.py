@@ -14,6 +14,8 @@ from lmi_trt.engines.base import (
     ACCEPTED_PER_POSITION,
     ADDITIVE_STATS,
     SHARED_STATS,
+    AdapterHost,
+    AdapterInfo,
     Capabilities,
     Capability,
     Engine,
@@ -147,6 +149,39 @@ class ReplicaSet:
             total.extra[f"copy{i}_active"] = float(p.active_requests + p.queued_requests)
         total.extra |= merged_extra(parts)
         return total
+
+    # LoRA adapters: every copy serves the same ones (a request may go to any).
+
+    def _hosts(self) -> list[AdapterHost]:
+        return [e for e in self._engines if isinstance(e, AdapterHost)]
+
+    def adapters(self) -> list[AdapterInfo]:
+        hosts = self._hosts()
+        return hosts[0].adapters() if hosts else []
+
+    async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
+        done: list[AdapterHost] = []
+        try:
+            for host in self._hosts():
+                info = await host.register_adapter(name, src, folder)
+                done.append(host)
+        except BaseException:
+            for host in done:  # all copies or none
+                await host.unregister_adapter(name)
+            raise
+        return info
+
+    async def unregister_adapter(self, name: str) -> None:
+        done: list[tuple[AdapterHost, AdapterInfo]] = []
+        try:
+            for host in self._hosts():
+                info = next((a for a in host.adapters() if a.name == name), None)
+                await host.unregister_adapter(name)
+                done.append((host, info))
+        except BaseException:
+            for host, info in done:  # a copy still using it refused: the others serve it again
+                await host.register_adapter(info.name, info.src, info.folder)
+            raise
 
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self._engines), return_exceptions=True)

@@ -137,6 +137,7 @@ CAPABILITIES = Capabilities(
         cannot(f"{_NO_MODEL} whose logits a penalty could change; leave it out"),
     ),
     min_new_tokens=can(),
+    lora=cannot(f"{_NO_MODEL} to adapt; leave the adapter out or serve with option.rolling_batch=torch"),
     bad_words=cannot(f"{_NO_MODEL}: it echoes the prompt, banned words included; leave it out"),
     stop_token_ids=can(),
 )

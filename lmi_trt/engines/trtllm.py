@@ -631,6 +631,14 @@ def map_request(
     )
 
 
+# The Executor's and the LLM API's LoRA (a LoRA-plugin engine with a PEFT cache, LoraConfig / LoRARequest per
+# request) is not wired here: option.enable_lora is refused at start-up on those backends (no settings read it).
+NO_TRTLLM_LORA = (
+    "LoRA adapters are served by the torch engine (option.rolling_batch=torch); the TensorRT-LLM backends here do "
+    "not take them yet"
+)
+
+
 def executor_capabilities(release: str, has_vocab_size: bool, guided: Capability) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
@@ -654,6 +662,7 @@ def executor_capabilities(release: str, has_vocab_size: bool, guided: Capability
         # the C++ decoder applies the request's SamplingConfig (randomSeed, repetition/presence/frequencyPenalty,
         # minTokens) and its Request's badWords/stopWords, end id -1 or not (executor.h)
         **dict.fromkeys(SAMPLING_FEATURES, can()),
+        lora=cannot(NO_TRTLLM_LORA),
     )
 
 

@@ -162,7 +162,14 @@ def build_app(
             ctx.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
-        service = GenerationService(loaded.engine, loaded.tokenizer, config, metrics=metrics, admission=admission)
+        service = GenerationService(
+            loaded.engine,
+            loaded.tokenizer,
+            config,
+            metrics=metrics,
+            adapter_source=loaded.adapter_source,
+            admission=admission,
+        )
         if ready_gate is not None:
             await ready_gate()
         ctx.service = service

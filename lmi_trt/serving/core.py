@@ -26,7 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
+    AdapterHost,
+    AdapterInfo,
     Engine,
+    EngineError,
     EngineLimits,
     EngineOutput,
     FinishReason,
@@ -35,14 +38,17 @@ from lmi_trt.engines.base import (
     SamplingParams,
 )
 from lmi_trt.engines.guided import guide_problem, schema_text
+from lmi_trt.errors import LmiError
 from lmi_trt.log_context import REQUEST_ID
 from lmi_trt.serving.admission import Admission, LocalAdmission
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
+    Conflict,
     FieldError,
     LmiHttpError,
     ModelError,
+    NotFound,
     ServiceUnavailable,
     error_from_code,
 )
@@ -76,6 +82,9 @@ MAX_TOP_K = 2**31 - 1
 # or vanishes. presence/frequency penalties: OpenAI's documented range [-2, 2].
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 100.0
 MAX_ABS_PENALTY = 2.0
+MAX_ADAPTER_NAME = 256
+# A LoRA adapter's name: it is a path segment of the adapter routes and an OpenAI model name.
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,255}")
 
 
 def bounded_words(v: list[str], what: str) -> list[str]:
@@ -105,6 +114,9 @@ class LoadedModel:
 
     engine: Engine
     tokenizer: Any  # a transformers tokenizer (see serving.tokenizer.load_tokenizer)
+    # A LoRA adapter's src (a folder, s3:// or a hub id) → its local folder (lmi_trt.sources.resolve_adapter, bound
+    # to the configuration); None where adapters are off.
+    adapter_source: Callable[[str], Any] | None = None
     # The folder it was loaded from (front-end processes load their own copy: serving/frontends.py)
     tokenizer_dir: Path | None = None
 
@@ -150,6 +162,7 @@ class GenerateParams(BaseModel):
     guided: GuidedDecoding | None = None  # constrained decoding (response_format, grammar, guided_*)
     logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS)  # token id → its logit's bias
     truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
+    adapter: str | None = Field(None, min_length=1, max_length=MAX_ADAPTER_NAME)  # a registered LoRA adapter's name
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -203,6 +216,7 @@ REQUESTED_FEATURES: dict[str, Callable[[GenerateParams], bool | int | str]] = {
     "min_new_tokens": lambda p: p.min_new_tokens,
     "bad_words": lambda p: bool(p.bad_words),
     "stop_token_ids": lambda p: bool(p.stop_token_ids) and p.ignore_eos,  # some releases drop them then
+    "lora": lambda p: p.adapter or "",
 }
 
 
@@ -582,9 +596,11 @@ class GenerationService:
         config: LmiConfig,
         *,
         metrics: Metrics | None = None,
+        adapter_source: Callable[[str], Any] | None = None,
         admission: Admission | None = None,
     ) -> None:
         self.engine = engine
+        self._adapter_source = adapter_source
         self.tokenizer = tokenizer
         self.config = config
         self.metrics = metrics
@@ -619,6 +635,44 @@ class GenerationService:
             reverse=True,
         )
         self.special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
+
+    # -- LoRA adapters (engines that are an AdapterHost with option.enable_lora) -------------------------
+
+    def adapters(self) -> list[AdapterInfo]:
+        return self.engine.adapters() if isinstance(self.engine, AdapterHost) else []
+
+    def adapter_names(self) -> set[str]:
+        return {a.name for a in self.adapters()}
+
+    def _adapter_host(self) -> AdapterHost:
+        capability = self.engine.capabilities.lora
+        if not capability.honoured or not isinstance(self.engine, AdapterHost) or self._adapter_source is None:
+            raise BadRequest(f"LoRA adapters: {capability.reason or 'not served by this engine'}")
+        return self.engine
+
+    async def register_adapter(self, name: str, src: str) -> AdapterInfo:
+        """Fetch ``src`` (a folder, s3:// or a hub id, through the sources) and register it as ``name``."""
+        host = self._adapter_host()
+        if not isinstance(name, str) or not ADAPTER_NAME.fullmatch(name):
+            raise FieldError("name", f"adapter name {name!r}: letters, digits, '.', '_' and '-', up to 256")
+        if name == self.config.model_id or name in self.adapter_names():
+            raise Conflict(f"adapter name {name!r} is taken; unregister it first or choose another")
+        if not isinstance(src, str) or not src:
+            raise FieldError("src", "src: the adapter's folder, s3:// URI or Hugging Face repo id")
+        try:
+            folder = await asyncio.to_thread(self._adapter_source, src)
+            return await host.register_adapter(name, src, str(folder))
+        except EngineError as e:
+            raise error_from_code(str(e), e.code) from e
+        except LmiError as e:  # the sources' errors: the src cannot be found or fetched
+            raise FieldError("src", f"src={src!r}: {e}") from e
+
+    async def unregister_adapter(self, name: str) -> None:
+        host = self._adapter_host()
+        try:
+            await host.unregister_adapter(name)
+        except EngineError as e:
+            raise error_from_code(str(e), e.code) from e
 
     @property
     def in_system(self) -> int:
@@ -757,6 +811,7 @@ class GenerationService:
                 stop_token_ids=[[i] for i in params.stop_token_ids],
                 bad_words_ids=await self._bad_words_ids(params.bad_words),
                 streaming=True,
+                adapter=params.adapter,
             )
             it = self.engine.submit(request).__aiter__()  # never raises: refusals are final outputs (engines/base.py)
         except LmiHttpError as e:
@@ -787,6 +842,10 @@ class GenerationService:
             capability = getattr(self.engine.capabilities, feature)
             if not capability.honoured:
                 raise FeatureRefused(field_name, f"{shown}: {capability.reason}")
+            if feature == "lora" and amount not in self.adapter_names():
+                err = NotFound(f"{shown}: no LoRA adapter of that name is registered (GET /v1/models lists them)")
+                err.param = field_name  # type: ignore[attr-defined]
+                raise err
             if isinstance(amount, int) and capability.most is not None and amount > capability.most:
                 raise FeatureRefused(
                     field_name, f"{shown}: the {self.engine.name} engine honours at most {capability.most}"
@@ -900,7 +959,9 @@ class GenerationService:
     ) -> None:
         self._leave()
         if self.metrics is not None:
-            self.metrics.finished(reason.value, stream.generated_tokens, seconds, first_token_after)
+            self.metrics.finished(
+                reason.value, stream.generated_tokens, seconds, first_token_after, stream.params.adapter
+            )
 
     def observe_ttft(self, seconds: float) -> None:
         if self.metrics is not None:

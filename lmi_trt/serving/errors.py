@@ -52,6 +52,13 @@ class NotFound(LmiHttpError):
     type = "NotFoundError"
 
 
+class Conflict(LmiHttpError):
+    """The resource is taken or in use (a LoRA adapter name registered already, or one requests are using)."""
+
+    status = 409
+    type = "ConflictError"
+
+
 class MethodNotAllowed(LmiHttpError):
     status = 405
     type = "MethodNotAllowedError"
@@ -116,6 +123,7 @@ def error_from_code(message: str, code: int | None) -> LmiHttpError:
     classes: dict[int, type[LmiHttpError]] = {
         400: BadRequest,
         404: NotFound,
+        409: Conflict,
         413: PayloadTooLarge,
         424: ModelError,
         503: ServiceUnavailable,

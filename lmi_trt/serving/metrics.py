@@ -92,6 +92,7 @@ _REQUEST_BUCKETS = (
 )
 _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 MODEL = "model_name"
+LORA = "lora_name"
 # finished_reason in vLLM's words (vllm/v1/engine/__init__.py FinishReason: stop, length, abort);
 # a failed generation is "error".
 _FINISHED_REASON = {
@@ -263,11 +264,27 @@ class Metrics:
         self._success = Counter(
             "lmi_request_success", "Finished generations by finish reason", [MODEL, "finished_reason"], registry=r
         )
+        # The same per LoRA adapter (label lora_name, vLLM's word for it in vllm:lora_requests_info); base-model
+        # requests count in the totals above only.
+        self._lora_success = Counter(
+            "lmi_lora_request_success",
+            "Finished generations with a LoRA adapter, by adapter and finish reason",
+            [MODEL, LORA, "finished_reason"],
+            registry=r,
+        )
+        self._lora_tokens = Counter(
+            "lmi_lora_generation_tokens", "Tokens generated with a LoRA adapter, by adapter", [MODEL, LORA], registry=r
+        )
 
-    def finished(self, reason: str, generated: int, seconds: float, first_token_after: float | None) -> None:
+    def finished(
+        self, reason: str, generated: int, seconds: float, first_token_after: float | None, adapter: str | None = None
+    ) -> None:
         """One generation ended (any reason): ``seconds`` since admission, the first token after
-        ``first_token_after`` seconds (None when none came)."""
+        ``first_token_after`` seconds (None when none came); ``adapter``: the LoRA adapter it used."""
         self._success.labels(self.model_name, _FINISHED_REASON.get(reason, reason)).inc()
+        if adapter is not None:
+            self._lora_success.labels(self.model_name, adapter, _FINISHED_REASON.get(reason, reason)).inc()
+            self._lora_tokens.labels(self.model_name, adapter).inc(generated)
         self.generation_tokens.inc(generated)
         self.e2e_latency.observe(seconds)
         if first_token_after is not None and generated > 1:

@@ -53,11 +53,13 @@ __all__ = [
     "parse_s3_uri",
     "peek",
     "read_config",
+    "resolve_adapter",
     "resolve_draft_model",
     "resolve_model",
     "resolve_tokenizer",
     "safe_relpath",
     "select_hub_files",
+    "startup_adapters",
     "tokenizer_ref",
 ]
 
@@ -174,7 +176,7 @@ def peek(config: LmiConfig) -> ModelPeek | None:
 
 
 def _fetch(
-    ref: ModelRef, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int
+    ref: ModelRef, config: LmiConfig, *, tokenizer_only: bool, s3_max_concurrency: int, adapter: bool = False
 ) -> tuple[Path, ArtifactSource, str | None]:
     """Bring ``ref`` to local disk: (folder, source, fingerprint or None for local folders)."""
     if ref.source == "s3":
@@ -188,6 +190,7 @@ def _fetch(
         token=hub_token(config),
         trust_remote_code=config.trust_remote_code,
         tokenizer_only=tokenizer_only,
+        adapter=adapter,
         key=ref.key,
     )
     return path, "hf", "hf-" + sha
@@ -217,6 +220,35 @@ def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_
             "checkpoint with the model's tokenizer"
         )
     return artifact.path
+
+
+# DJL's adapters local directory: one folder per adapter, named by it, in the model directory (beside
+# serving.properties) or in the folder of the model_id (djl-serving serving/docs/adapters.md).
+ADAPTERS_DIR = "adapters"
+
+
+def startup_adapters(config: LmiConfig, artifact: ModelArtifact) -> list[tuple[str, str]]:
+    """(name, folder) of every adapter under ``adapters/`` of the model directory and of the model's folder (a
+    local, s3:// or hub model, fetched), the model directory's first where both name one."""
+    found: dict[str, str] = {}
+    for root in (config.model_dir, artifact.path):
+        folder = Path(root) / ADAPTERS_DIR if root is not None else None
+        if folder is None or not folder.is_dir():
+            continue
+        for sub in sorted(folder.iterdir()):
+            if sub.is_dir() and not sub.name.startswith("."):
+                found.setdefault(sub.name, str(sub))
+    return list(found.items())
+
+
+def resolve_adapter(
+    config: LmiConfig, src: str, key: str = "adapter src", *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+) -> Path:
+    """The local folder of a LoRA adapter named by ``src`` (a folder, ``s3://bucket/prefix`` or a Hugging Face
+    repo id: recognised, fetched and cached as models are, ``locate``), for the error messages ``key``."""
+    ref = locate(src, key)
+    path, _, _ = _fetch(ref, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency, adapter=True)
+    return path
 
 
 def _views(config: LmiConfig) -> Path:

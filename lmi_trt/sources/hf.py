@@ -69,8 +69,17 @@ def _is_tokenizer_file(name: str) -> bool:
     return name in TOKENIZER_FILES or name in _TOKENIZER_EXTRA or _matches(name, _TOKENIZER_GLOBS)
 
 
-def select_hub_files(filenames: Iterable[str], *, trust_remote_code: bool, tokenizer_only: bool = False) -> list[str]:
+# A PEFT adapter repo's files (peft src/peft/utils/constants.py: CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME); its
+# pickled adapter_model.bin is not loaded.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def select_hub_files(
+    filenames: Iterable[str], *, trust_remote_code: bool, tokenizer_only: bool = False, adapter: bool = False
+) -> list[str]:
     """The files of a hub repo worth downloading, from its listing.
+
+    * ``adapter``: a LoRA adapter's ``ADAPTER_FILES``;
 
     * an engine repo (any ``*.engine``, Truss ``engine_repository``): everything at any depth except
       foreign weight formats (``*.bin``, ``*.pth``, GGUF, …);
@@ -82,6 +91,8 @@ def select_hub_files(filenames: Iterable[str], *, trust_remote_code: bool, token
     names = sorted(set(filenames))
     code = [n for n in names if trust_remote_code and "/" not in n and n.endswith(".py")]
     root = [n for n in names if "/" not in n]
+    if adapter:
+        return [n for n in root if n in ADAPTER_FILES]
     if tokenizer_only:
         return sorted({n for n in root if _is_tokenizer_file(n) or n == "config.json"} | set(code))
     if any(n.endswith(".engine") for n in names):
@@ -204,6 +215,7 @@ def download_hub(
     token: str | None = None,
     trust_remote_code: bool = False,
     tokenizer_only: bool = False,
+    adapter: bool = False,
     key: str = "option.model_id",
 ) -> tuple[Path, str]:
     """Fetch (or find in the cache) the needed files of ``repo_id``; return (snapshot folder, commit sha).
@@ -213,7 +225,7 @@ def download_hub(
     try:
         files = _repo_files(repo_id, revision, token)
         patterns = (
-            select_hub_files(files, trust_remote_code=trust_remote_code, tokenizer_only=tokenizer_only)
+            select_hub_files(files, trust_remote_code=trust_remote_code, tokenizer_only=tokenizer_only, adapter=adapter)
             if files is not None
             else None
         )

@@ -68,6 +68,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"guided_regex": "a+"},
+            "lora": {"adapters": "sql"},  # top-level (TOP_LEVEL)
             **PARAMETERS_SAMPLING,
         },
     ),
@@ -79,16 +80,22 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"grammar": {"type": "regex", "value": "a+"}},
+            "lora": {"adapter_id": "sql"},
             **PARAMETERS_SAMPLING,
         },
     ),
 }
 
 
+# Fields a schema takes beside "parameters" (DJL's adapters); OpenAI names an adapter as its model, which is a 404
+# where no adapter of that name is registered (vLLM's answer), not a feature to refuse.
+TOP_LEVEL = {("lmi", "lora")}
+
+
 def asking(schema: str, feature: str) -> tuple[str, dict[str, Any]]:
     path, base, features = SCHEMAS[schema]
     extra = features[feature]
-    if "parameters" in base:
+    if "parameters" in base and (schema, feature) not in TOP_LEVEL:
         return path, {**base, "parameters": {**base["parameters"], **extra}}
     return path, {**base, **extra}
 

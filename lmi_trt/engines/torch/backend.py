@@ -21,6 +21,7 @@ import torch
 from ...speculative import Speculation
 from ..base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
 from ..guided import Guide
+from .lora import LoraAdapter
 
 CLOSE_TIMEOUT_S = 30.0
 EXCLUDED = (
@@ -79,6 +80,7 @@ class Slot:
     closed: bool = False
     started: bool = False
     matcher: Guide | None = None  # a constrained request's grammar matcher (engine thread only)
+    adapter: LoraAdapter | None = None  # the LoRA adapter its request names, as registered when it opened
     # Queue time: from the slot's creation (enqueued at once) to its first batch, set by the
     # engine thread and sent with the first output (EngineOutput.queue_time_s).
     created_at: float = field(default_factory=time.monotonic)

@@ -76,6 +76,7 @@ import torch
 
 from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
 from ..guided import allowed_tokens
+from ..lora_sizes import buffer_bytes
 from . import decode_kernels
 from .backend import (
     EXCLUDED,
@@ -90,6 +91,7 @@ from .backend import (
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
+from .lora import LoraAdapter
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
 
 log = logging.getLogger(__name__)
@@ -189,11 +191,14 @@ class _Row:
     registered: int = 0  # leading blocks findable in the prefix cache
     broken: bool = False  # a failed step wrote its cache: never register its blocks
     drafting: Drafting | None = None  # its speculation state, when speculation is on
+    lora: int = -1  # the LoRA slot of its adapter while admitted (-1: the base model)
 
     def __post_init__(self) -> None:
         self.seq = list(self.prompt)
         sampling = self.slot.sampling
         # Read every step, so computed once: the mode once min_new_tokens is behind it, ...
+        # The prefix cache keys an adapter's blocks apart from the base model's and other adapters'.
+        self.salt = self.slot.adapter.key if self.slot.adapter is not None else b""
         self.settled = row_mode(
             sampling, sampling.min_new_tokens, bool(self.single_bad or self.multi_bad or self.slot.matcher is not None)
         )
@@ -288,6 +293,11 @@ class DecodeLoopBackend(QueuedBackend):
         # (counts, bans, scores: fp32 [rows × (k + 1), vocab], a handful of them).
         self._spec_limit = min(self.slots, (spec.max_concurrency or DEFAULT_MAX_CONCURRENCY) if spec else 0)
         reserved += self._spec_limit * (self._draft_len + 1) * vocab * 4 * 8
+        lora_slots = engine.max_loras if engine.enable_lora else 0
+        # LoRA: the stacked adapter buffers, and each step's [tokens, slots × rank] low-rank activations.
+        itemsize = torch.empty(0, dtype=model.dtype).element_size()
+        reserved += buffer_bytes(config, lora_slots, engine.max_lora_rank, itemsize)
+        reserved += self._budget * 3 * lora_slots * engine.max_lora_rank * itemsize * 2
         # The draft model's cache shares the target's block tables: a block holds both models' k and v.
         block_bytes = LlamaDecoder.block_bytes(model, block_size)
         if draft is not None:
@@ -310,6 +320,14 @@ class DecodeLoopBackend(QueuedBackend):
             if draft is not None
             else None
         )
+        # LoRA adapters: max_loras slots of stacked weights (lora.py); per batch slot, the LoRA slot its row reads
+        # (-1: the base model), which the decode graphs read at a fixed address; per LoRA slot, the adapter it
+        # holds, the rows using it, and when it was last taken (the least recently used free one is replaced).
+        self._lora = self._decoder.attach_lora(config, lora_slots, engine.max_lora_rank) if lora_slots else None
+        self._lora_of = torch.full((self.slots,), -1, dtype=torch.long, device=self._device)
+        self._lora_held: list[LoraAdapter | None] = [None] * lora_slots
+        self._lora_users = [0] * lora_slots
+        self._lora_taken = [0] * lora_slots
         # One slot more than requests: the slot a verification step's padding rows point at.
         self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
@@ -367,6 +385,7 @@ class DecodeLoopBackend(QueuedBackend):
             "spec_decode_num_draft_tokens": 0,
             "spec_decode_num_accepted_tokens": 0,
             "verify_steps": 0,
+            "lora_takes": 0,  # rows admitted with an adapter
         }
         self.accepted_per_position = [0] * self._draft_len  # drafts kept at each draft position
         self._free = list(range(self.slots - 1, -1, -1))  # pop() hands out the lowest slot
@@ -463,6 +482,7 @@ class DecodeLoopBackend(QueuedBackend):
             tile_row=self._zeros[:size],
             max_q=1,
             max_context=max_context or self._width * self._pool.block_size,
+            lora=self._lora_of[:size] if self._lora is not None else None,
         )
 
     def _decode_step(
@@ -560,7 +580,10 @@ class DecodeLoopBackend(QueuedBackend):
         scratch = [self._pool.num_blocks] * self._width
         spans = [(scratch, 0, 1), (scratch, 0, 64)]
         layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
-        device = self._upload(layout | {"tokens": torch.zeros(65, dtype=torch.long)})
+        parts = layout | {"tokens": torch.zeros(65, dtype=torch.long)}
+        if self._lora is not None:
+            parts["lora"] = torch.full((65,), -1, dtype=torch.long)
+        device = self._upload(parts)
         # As wide as the real steps' tables: Triton specializes on their stride too.
         tables = torch.full((2, self._tables.size(1)), self._pool.num_blocks, device=self._device)
         self._decoder.forward(Batch(tokens=device.pop("tokens"), tables=tables, **device, **sizes))
@@ -684,12 +707,18 @@ class DecodeLoopBackend(QueuedBackend):
             "sampled": torch.tensor([r.index for r in rows], dtype=torch.long),
             "generated": torch.tensor([r.launched for r in rows], dtype=torch.long),
         }
+        if self._lora is not None:  # each token's LoRA slot
+            lora = array("q", [r.lora for r in decode])
+            for row, _, count in chunks:
+                lora.extend([row.lora] * count)
+            parts["lora"] = torch.frombuffer(lora, dtype=torch.long)
         device = self._upload(parts)
         self._write_tables()
         batch = Batch(
             tokens=torch.cat((self._next[device["rows"][: len(decode)]], device["chunk_tokens"])),
             tables=self._tables[device["rows"]],
             logits_at=device["logits_at"],
+            lora=device.get("lora"),
             **{name: device[name] for name in LAYOUT},
             **sizes,
         )
@@ -1053,10 +1082,13 @@ class DecodeLoopBackend(QueuedBackend):
         if self._pool.caching and not row.broken:
             known = row.prompt + row.slot.generated
             full = min(row.filled, len(known)) // self._pool.block_size  # blocks whose tokens are known and written
-            keys = self._pool.keys(known, row.keys, full)
+            keys = self._pool.keys(known, row.keys, full, row.salt)
             for i in range(row.registered, full):
                 self._pool.register(row.blocks[i], keys[i])
         self._pool.release(row.blocks)
+        if row.lora >= 0:
+            self._lora_users[row.lora] -= 1
+            row.lora = -1
         row.blocks, row.registered, row.filled = [], 0, 0
         if row.drafting is not None:
             row.drafting.draft_filled = 0
@@ -1160,7 +1192,7 @@ class DecodeLoopBackend(QueuedBackend):
         step.chunks.append((row, row.filled, count))
         if self._pool.caching:
             full = (row.filled + count) // self._pool.block_size
-            keys = self._pool.keys(row.seq, row.keys, full)
+            keys = self._pool.keys(row.seq, row.keys, full, row.salt)
             for i in range(row.registered, full):
                 if self._pool.register(row.blocks[i], keys[i]):
                     step.keyed.append(row.blocks[i])
@@ -1196,9 +1228,12 @@ class DecodeLoopBackend(QueuedBackend):
         watermark free; returns the tokens planned (0: it does not fit now, nothing taken). Its
         sampling state is written by the caller."""
         size, pool = self._pool.block_size, self._pool
+        lora = self._lora_slot(row.slot.adapter)
+        if lora is None:  # every LoRA slot holds another adapter that running rows use
+            return 0
         hits: list[int] = []
         if pool.caching:  # never the whole sequence: its last token's logits are needed (vLLM does the same)
-            hits = pool.match(pool.keys(row.seq, row.keys, (len(row.seq) - 1) // size))
+            hits = pool.match(pool.keys(row.seq, row.keys, (len(row.seq) - 1) // size, row.salt))
         start = len(hits) * size
         room = (pool.free - self._watermark) * size
         count = min(len(row.seq) - start, budget, room)
@@ -1207,6 +1242,7 @@ class DecodeLoopBackend(QueuedBackend):
             return 0
         row.slot.scheduled()
         row.index = self._free.pop()
+        self._take_lora(row, lora)
         self._grant(row, hits)
         self._grant(row, pool.allocate(-(-(start + count) // size) - len(hits)))
         row.filled, row.registered = start, len(hits)
@@ -1215,6 +1251,35 @@ class DecodeLoopBackend(QueuedBackend):
             self.counters["prefix_cache_hits"] += start
         self._rows.append(row)
         return count
+
+    def _lora_slot(self, adapter: LoraAdapter | None) -> int | None:
+        """The LoRA slot a row of ``adapter`` would read: -1 for the base model (or no LoRA), the slot holding
+        it already, else the least recently taken slot no admitted row uses; None when there is none."""
+        if adapter is None or self._lora is None:
+            return -1
+        free = None
+        for slot, held in enumerate(self._lora_held):
+            if held is adapter:  # the same registration (a name registered again is another object)
+                return slot
+            if self._lora_users[slot] == 0 and (free is None or self._lora_taken[slot] < self._lora_taken[free]):
+                free = slot
+        return free
+
+    def _take_lora(self, row: _Row, slot: int) -> None:
+        """Admit ``row`` to LoRA ``slot`` (``_lora_slot``'s), loading its adapter's weights there if another
+        adapter was in it, and point its batch slot at it."""
+        if self._lora is None:
+            return
+        if slot >= 0:
+            adapter = row.slot.adapter
+            if self._lora_held[slot] is not adapter:
+                self._lora.write(slot, adapter)
+                self._lora_held[slot] = adapter
+            self._lora_users[slot] += 1
+            self.counters["lora_takes"] += 1
+            self._lora_taken[slot] = self.counters["lora_takes"]
+        row.lora = slot
+        self._lora_of[row.index] = slot
 
     # -- delivery ----------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from ...speculative import Speculation, SpeculationError
 from ..base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
+    AdapterInfo,
     Capabilities,
     EngineError,
     EngineLimits,
@@ -70,6 +71,7 @@ from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
 from .llama_decoder import unsupported_reason
+from .lora import LoraAdapter, read_adapter
 from .sampler import Pick, sample_next_tokens
 from .static import StaticBackend
 
@@ -145,9 +147,10 @@ def decode_loop_options(
     tokens_per_block: int | None,
     enable_chunked_context: bool,
     speculative: Speculation | None = None,
+    enable_lora: bool = False,
 ) -> list[str]:
     """Pure: the options set that only the built-in decode loop honours."""
-    given = []
+    given = ["option.enable_lora=true (LoRA adapters)"] if enable_lora else []
     if speculative is not None:
         given.append(f"{speculative.key('method')}={speculative.method} (speculative decoding)")
     if enable_kv_cache_reuse:
@@ -209,6 +212,10 @@ class TorchEngine:
         enable_chunked_context: bool = False,
         grammar_compile_timeout: float = 10.0,
         speculative: Speculation | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 4,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         if batching not in _BATCHING:
             raise EngineError(f"batching={batching!r} is not one of {', '.join(_BATCHING)}", code=400)
@@ -247,6 +254,19 @@ class TorchEngine:
         self.grammar_compile_timeout = grammar_compile_timeout  # seconds (guided.Grammars)
         # Speculative decoding (n-gram or a draft model, whose id is a local folder by now).
         self.speculative = speculative
+        # LoRA adapters (the built-in decode loop): max_loras device slots of rank max_lora_rank; registered
+        # adapters (at most max_cpu_loras) by name, read into host memory.
+        if enable_lora and speculative is not None:
+            raise EngineError(
+                f"option.enable_lora=true with {speculative.key('method')}={speculative.method}: the decode loop "
+                "does not apply adapters to speculative decoding's steps; leave one of them out",
+                code=400,
+            )
+        self.enable_lora = enable_lora
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.max_cpu_loras = max_cpu_loras
+        self._adapters: dict[str, tuple[AdapterInfo, LoraAdapter]] = {}
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -297,6 +317,11 @@ class TorchEngine:
             else cannot(f"the torch engine constrains decoding with xgrammar, and {XGRAMMAR_MISSING}"),
             # its own sampler applies them all (gpu_sampler.py, sampler.py)
             **dict.fromkeys(SAMPLING_FEATURES, can()),
+            lora=can(
+                most=self.max_loras, note=f"up to {self.max_loras} adapters in a step, rank ≤ {self.max_lora_rank}"
+            )
+            if self.enable_lora
+            else cannot("LoRA adapters are off: set option.enable_lora=true (the torch engine's built-in decode loop)"),
         )
 
     @property
@@ -336,6 +361,7 @@ class TorchEngine:
             self._check_ready()
             check_sampling(request.sampling, self.max_new_tokens)
             check_token_ids(request, self._vocab_size, self.max_input_len)
+            self._adapter(request)
             if request.sampling.guided is not None and request.sampling.ignore_eos:
                 raise EngineError(
                     "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
@@ -429,6 +455,7 @@ class TorchEngine:
             self.tokens_per_block,
             self.enable_chunked_context,
             self.speculative,
+            self.enable_lora,
         )
         if given:
             raise EngineError(
@@ -541,6 +568,70 @@ class TorchEngine:
         if not self._healthy:
             raise EngineError("the torch engine has failed", code=503)
 
+    # -- LoRA adapters (AdapterHost) ------------------------------------------------------------
+
+    def adapters(self) -> list[AdapterInfo]:
+        return [info for info, _ in self._adapters.values()]
+
+    async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
+        """Read the adapter in ``folder`` (off the event loop) and serve it as ``name``; 409 for a name taken or
+        ``option.max_cpu_loras`` reached, 400 for an adapter the decode loop cannot apply."""
+        self._check_ready()
+        if not self.enable_lora:
+            raise EngineError("LoRA adapters are off: set option.enable_lora=true", code=400, field="adapter")
+        if name in self._adapters:
+            raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
+        if self.max_cpu_loras is not None and len(self._adapters) >= self.max_cpu_loras:
+            raise EngineError(
+                f"option.max_cpu_loras={self.max_cpu_loras} adapters are registered; unregister one first, or "
+                "raise option.max_cpu_loras",
+                code=409,
+            )
+        config = self._model.config
+        adapter = await asyncio.to_thread(
+            read_adapter,
+            name,
+            Path(folder),
+            max_rank=self.max_lora_rank,
+            num_layers=config.num_hidden_layers,
+            dtype=self._model.dtype,
+        )
+        if name in self._adapters:  # registered meanwhile
+            raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
+        info = AdapterInfo(name=name, src=src, folder=str(folder), rank=adapter.rank)
+        self._adapters[name] = (info, adapter)
+        log.info(
+            "LoRA adapter %r registered from %s (rank %d, %.1f MiB)", name, src, adapter.rank, adapter.nbytes / 2**20
+        )
+        return info
+
+    async def unregister_adapter(self, name: str) -> None:
+        """404 for a name not registered; 409 while a request uses it."""
+        if name not in self._adapters:
+            raise EngineError(f"LoRA adapter {name!r} is not registered", code=404, field="adapter")
+        using = sum(1 for slot in self._slots.values() if slot.request.adapter == name)
+        if using:
+            raise EngineError(
+                f"LoRA adapter {name!r} is in use by {using} request(s); unregister it once they finish", code=409
+            )
+        del self._adapters[name]
+        log.info("LoRA adapter %r unregistered", name)
+
+    def _adapter(self, request: GenerationRequest) -> LoraAdapter | None:
+        """The registered adapter the request names (None: the base model); 404 for an unknown name."""
+        if request.adapter is None:
+            return None
+        found = self._adapters.get(request.adapter)
+        if found is None:
+            raise EngineError(f"LoRA adapter {request.adapter!r} is not registered", code=404, field="adapter")
+        if request.sampling.prompt_logprobs:
+            raise EngineError(
+                "prompt log-probs are scored by the base model, not an adapter; leave them out of adapter requests",
+                code=400,
+                field="prompt_logprobs",
+            )
+        return found[1]
+
     def _open(self, request: GenerationRequest, matcher: Guide | None) -> Slot:
         self._check_ready()
         if request.request_id in self._slots:
@@ -557,6 +648,7 @@ class TorchEngine:
             queue=asyncio.Queue(),
             prompt_set=frozenset(request.prompt_token_ids),
             matcher=matcher,
+            adapter=self._adapter(request),
         )
         self._slots[request.request_id] = slot
         self._by_key[slot.key] = slot

@@ -84,12 +84,13 @@ class BlockPool:
                 else:
                     self._blank.append(block)
 
-    def keys(self, tokens: Sequence[int], parents: list[bytes], upto: int) -> list[bytes]:
+    def keys(self, tokens: Sequence[int], parents: list[bytes], upto: int, salt: bytes = b"") -> list[bytes]:
         """``parents`` (the keys of the first blocks of ``tokens``) extended to the first ``upto``
-        full blocks; each key hashes the key before it and the block's tokens."""
+        full blocks; each key hashes the key before it and the block's tokens. ``salt`` starts the chain
+        elsewhere for what computes other keys and values from the same tokens (a LoRA adapter)."""
         size = self.block_size
         for i in range(len(parents), upto):
-            parent = parents[-1] if parents else self._root
+            parent = parents[-1] if parents else self._root + salt
             block = array("q", tokens[i * size : (i + 1) * size]).tobytes()
             parents.append(hashlib.sha256(parent + block).digest())
         return parents

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import decode_kernels
+from .lora import LoraSlots
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE types whose tables depend on the current sequence length cannot be precomputed once.
@@ -119,6 +120,7 @@ class Batch:
     max_context: int  # an upper bound of context: how far the torch path gathers
     pad_index: torch.Tensor | None = None  # [T] each token's row in [S, max_q] (needed when max_q > 1)
     logits_at: torch.Tensor | None = None  # tokens to compute logits for; None: every token
+    lora: torch.Tensor | None = None  # [T] each token's adapter slot (-1: the base model); None: no adapters
 
 
 # Batch's index tensors that batch_layout plans on the host, and its sizes.
@@ -230,6 +232,12 @@ class LlamaDecoder:
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         # The Triton kernels where they can run (CUDA); torch operations otherwise (CPU, CI).
         self.fused_kernels = decode_kernels.available(self.device, self.head_dim)
+        self.lora: LoraSlots | None = None  # attach_lora
+
+    def attach_lora(self, config, slots: int, rank: int) -> LoraSlots:
+        """Stacked buffers for ``slots`` adapters of rank ≤ ``rank``, applied to every batch that names slots."""
+        self.lora = LoraSlots(config, slots=slots, rank=rank, device=self.device, dtype=self.dtype)
+        return self.lora
 
     @staticmethod
     def block_bytes(model: nn.Module, block_size: int) -> int:
@@ -257,13 +265,26 @@ class LlamaDecoder:
         swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
         return torch.addcmul(x * cos, swapped, sin)
 
+    def _linear(
+        self, index: int, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask
+    ) -> torch.Tensor:
+        """``x @ weight.T (+ bias)``, plus each token's adapter (``mask``: LoraSlots.mask; None: no adapters)."""
+        out = F.linear(x, weight, bias)
+        return out if mask is None else out.add_(self.lora.delta(index, group, x, mask))
+
     def _queries(
-        self, layer: _Layer, index: int, x: torch.Tensor, batch: Batch, cells: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        layer: _Layer,
+        index: int,
+        x: torch.Tensor,
+        batch: Batch,
+        cells: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """Project and rotate; k and v go into the cache at the tokens' slots (``cells``: block and
         offset, the torch path's); q [T, heads, D]."""
         if self.fused_kernels and layer.q_norm is None:
-            qkv = F.linear(self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias)
+            qkv = self._linear(index, "qkv", self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias, mask)
             return decode_kernels.rotary_into_cache(
                 qkv,
                 self.cos,
@@ -275,15 +296,15 @@ class LlamaDecoder:
                 self.heads,
             )
         cos, sin = self.cos[batch.positions].unsqueeze(1), self.sin[batch.positions].unsqueeze(1)
-        q, k, v = self._qkv(layer, x, cos, sin)
+        q, k, v = self._qkv(layer, x, cos, sin, index, mask)
         blocks, offsets = cells
         self.k_cache[index][blocks, :, offsets] = k
         self.v_cache[index][blocks, :, offsets] = v
         return q
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin, index: int, mask: torch.Tensor | None):
         t = x.size(0)
-        qkv = F.linear(self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias)
+        qkv = self._linear(index, "qkv", self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias, mask)
         q_end, k_end = self.heads * self.head_dim, (self.heads + self.kv_heads) * self.head_dim
         q = qkv[:, :q_end].view(t, self.heads, self.head_dim)
         k = qkv[:, q_end:k_end].view(t, self.kv_heads, self.head_dim)
@@ -356,15 +377,22 @@ class LlamaDecoder:
             return residual.addmm_(x, weight.t())
         return residual + F.linear(x, weight, bias)
 
-    def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _mlp_residual(
+        self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, index: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         x = self._add_linear(x, attn, layer.o, layer.o_bias)
-        gate_up = F.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias)
+        if mask is not None:
+            x = x.add_(self.lora.delta(index, "o", attn, mask))
+        gate_up = self._linear(
+            index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, mask
+        )
         if self.fused_kernels:
             hidden = decode_kernels.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = F.silu(gate) * up
-        return self._add_linear(x, hidden, layer.down, layer.down_bias)
+        x = self._add_linear(x, hidden, layer.down, layer.down_bias)
+        return x if mask is None else x.add_(self.lora.delta(index, "down", hidden, mask))
 
     # -- the pass --------------------------------------------------------------------------------
 
@@ -377,11 +405,12 @@ class LlamaDecoder:
             kept = torch.where(batch.slots >= 0, batch.slots, self.scratch_slot)
             cells = (kept // self.block_size, kept % self.block_size)
         masks = None if self.fused_kernels else self._masks(batch)
+        adapters = self.lora.mask(batch.lora) if self.lora is not None and batch.lora is not None else None
         x = F.embedding(batch.tokens, self.embed)
         for index, layer in enumerate(self.layers):
-            q = self._queries(layer, index, x, batch, cells)
+            q = self._queries(layer, index, x, batch, cells, adapters)
             attn = self._attend(index, q, batch, masks)
-            x = self._mlp_residual(layer, x, attn.reshape(x.size(0), self.heads * self.head_dim))
+            x = self._mlp_residual(layer, x, attn.reshape(x.size(0), self.heads * self.head_dim), index, adapters)
         if batch.logits_at is not None:
             x = x[batch.logits_at]
         return F.linear(self._norm(x, self.final_norm), self.lm_head, self.lm_head_bias).float()

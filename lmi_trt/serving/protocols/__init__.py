@@ -6,14 +6,15 @@ how ``POST /invocations`` picks a schema for a JSON object (first match wins):
 body is completions-shaped, see ``truss``). Other routes are schema-specific: ``/v1/*`` OpenAI,
 ``/generate``, ``/generate_stream``, ``/``, ``/info``, ``/health`` TGI, ``/v2/models/...`` Triton,
 ``/endpoints/{name}/invocations[-response-stream]`` the SageMaker runtime emulation,
-``/v1/capabilities`` what the engine honours (``lmi_trt.serving.capabilities``),
+``/models/{model}/adapters``, ``/adapters`` and ``/v1/(un)load_lora_adapter`` the LoRA adapters
+(``lora``, with option.enable_lora), ``/v1/capabilities`` what the engine honours (``lmi_trt.serving.capabilities``),
 ``/openapi.json`` the OpenAPI description of all of them.
 """
 
 from __future__ import annotations
 
 from lmi_trt.serving import capabilities, openapi
-from lmi_trt.serving.protocols import lmi, openai, sagemaker, tgi, triton, truss
+from lmi_trt.serving.protocols import lmi, lora, openai, sagemaker, tgi, triton, truss
 
 # capabilities after the schemas (it shows the fields they registered); openapi last: it describes the
 # routes the others installed (GET /openapi.json).
@@ -24,6 +25,7 @@ DEFAULT_ADAPTERS = (
     triton.install,
     truss.install,
     sagemaker.install,
+    lora.install,
     capabilities.install,
     openapi.install,
 )

@@ -37,7 +37,7 @@ from lmi_trt.serving.core import (
     bounded_words,
     schema_guide_text,
 )
-from lmi_trt.serving.errors import BadRequest, check_model
+from lmi_trt.serving.errors import BadRequest, FieldError, check_model
 from lmi_trt.serving.http import (
     CONTEXT,
     Body,
@@ -48,6 +48,7 @@ from lmi_trt.serving.http import (
     load_json,
     read_body,
     register_feature_fields,
+    request_properties,
     validate,
 )
 from lmi_trt.serving.protocols._common import PARAMETERS_NAMES, refuse_typos
@@ -62,7 +63,7 @@ CONTENT_TYPES: dict[str, str] = {
 }
 # Accepted for compatibility and deliberately without effect here (DJL passes them to
 # backends that may ignore them too); anything else unknown gets a warning.
-_IGNORED_PARAMETERS = frozenset({"watermark", "typical_p", "adapter_id", "length_penalty", "early_stopping"})
+_IGNORED_PARAMETERS = frozenset({"watermark", "typical_p", "length_penalty", "early_stopping"})
 # Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
 _UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
 # Parameters DJL's LMI schema documents for its backends (djl-serving serving/docs/lmi/user_guides/
@@ -98,6 +99,7 @@ class LmiParameters(GenerateParams):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     decoder_input_details: bool = False
+    adapter_id: str | None = None  # TGI's name for the LoRA adapter (DJL's own is the top-level "adapters")
 
     @field_validator("stop_sequences", mode="before")
     @classmethod
@@ -150,6 +152,7 @@ class LmiParameters(GenerateParams):
             top_logprobs=self.top_n_tokens or self.top_logprobs,
             prompt_logprobs=self.decoder_input_details or self.prompt_logprobs,
             guided=self._guided() or self.guided,
+            adapter=self.adapter_id or None,
         )
         return GenerateParams.model_construct(**fields)
 
@@ -187,6 +190,10 @@ class LmiRequest(BaseModel):
     inputs: Any
     parameters: LmiParameters = Field(default_factory=LmiParameters)
     stream: bool = False
+    # DJL's LoRA adapter per input: a name, or a list with one per input ("" for the base model); djl-serving
+    # engines/python/setup/djl_python/input_parser.py (_fetch_adapters_from_input) also reads it from the request
+    # property "adapter" (a query parameter, or X-Amzn-SageMaker-Custom-Attributes: adapter=...).
+    adapters: str | list[str] | None = None
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -219,6 +226,7 @@ NAMES = {
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.guided_json/guided_regex/guided_grammar",
     "bad_words": "parameters.bad_words",
+    "lora": "adapters",
 }
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
 
@@ -342,6 +350,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     params = req.parameters.to_generate()
     service = ctx.require_service()
     fmt = choose_format(ctx.config.output_formatter, req.stream, ctx.config.tgi_compat)
+    adapters = _adapters(request, req, params.adapter)
     if isinstance(req.inputs, list):
         if fmt != "json":
             raise BadRequest(
@@ -349,7 +358,8 @@ async def invocations(request: web.Request) -> web.StreamResponse:
                 "send one string to stream "
                 f"(stream={req.stream}, output format {fmt})"
             )
-        return await _batch(ctx, req, params)
+        return await _batch(ctx, req, params, adapters)
+    params = params.model_copy(update={"adapter": adapters[0]})
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
     if fmt != "json" and service.engine.capabilities.logprobs.honoured:
         params = params.model_copy(update={"logprobs": True})  # DJL's streams carry every token's log_prob
@@ -394,16 +404,32 @@ async def _stream(request: web.Request, stream: GenerationStream, shape: _Shape,
     return response
 
 
-async def _batch(ctx: ServingContext, req: LmiRequest, params: GenerateParams) -> web.Response:
+def _adapters(request: web.Request, req: LmiRequest, adapter_id: str | None) -> list[str | None]:
+    """The LoRA adapter of each input (None: the base model), from DJL's "adapters" (a list: one per input),
+    else its "adapter" request property, else parameters.adapter_id."""
+    count = len(req.inputs) if isinstance(req.inputs, list) else 1
+    given = req.adapters
+    if given is None:
+        given = request.query.get("adapter") or request_properties(request).get("adapter") or adapter_id
+    if isinstance(given, list):
+        if len(given) != count:
+            raise FieldError("adapters", f"adapters has {len(given)} names for {count} input(s); give one per input")
+        return [name or None for name in given]
+    return [given or None] * count
+
+
+async def _batch(
+    ctx: ServingContext, req: LmiRequest, params: GenerateParams, adapters: list[str | None]
+) -> web.Response:
     service = ctx.require_service()
     service.admit_batch(len(req.inputs), "inputs")
     streams: list[GenerationStream] = []
     try:
-        for text in req.inputs:
+        for text, adapter in zip(req.inputs, adapters, strict=True):
             streams.append(
                 await service.start(
                     text,
-                    params,
+                    params.model_copy(update={"adapter": adapter}),
                     field_name=f"inputs[{len(streams)}]",
                     admitted=True,
                     names=req.parameters.field_names(),

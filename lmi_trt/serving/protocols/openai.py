@@ -551,6 +551,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
     )
     reasoning = reasoning_parsers.chosen(ctx.config.reasoning_parser, ctx.config.enable_reasoning, template)
     params = _for_parsers(service, params, rendered.text, reasoning, tools)
+    params, model = _with_adapter(ctx, body, params)
 
     def answer_reader() -> AnswerReader:
         return AnswerReader(
@@ -582,7 +583,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
                 "id": cid,
                 "object": "chat.completion",
                 "created": created,
-                "model": ctx.model_name,
+                "model": model,
                 "system_fingerprint": None,
                 "choices": [
                     {
@@ -636,7 +637,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
         if response is None:
             return first  # type: ignore[return-value]
         enc = _ChatChunks(
-            cid, created, ctx.model_name, record, params.logprobs, req.include_usage, at_invocations, answer_reader()
+            cid, created, model, record, params.logprobs, req.include_usage, at_invocations, answer_reader()
         )
         return await pump(response, stream, first, enc.encode, trailer=trailer)  # type: ignore[arg-type]
 
@@ -793,7 +794,7 @@ class _ChatChunks:
 async def _completions(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     req: CompletionRequest = validate_body(CompletionRequest, body)
-    params = req.generate_params()
+    params, model = _with_adapter(ctx, body, req.generate_params())
     names = {**COMPLETION_NAMES, "guided": req.structured[1]} if req.structured is not None else COMPLETION_NAMES
     prompts = req.prompts()
     service = ctx.require_service()
@@ -803,7 +804,7 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         "id": cid,
         "object": "text_completion",
         "created": created,
-        "model": ctx.model_name,
+        "model": model,
         "system_fingerprint": None,
     }
 
@@ -992,15 +993,46 @@ def _model_card(ctx: ServingContext) -> dict[str, Any]:
     }
 
 
+def _adapter_cards(ctx: ServingContext) -> list[dict[str, Any]]:
+    """The registered LoRA adapters, as vLLM lists them (vllm/entrypoints/openai/serving_models.py, show_available_
+    models: the adapter's name as id, its path as root, the base model as parent)."""
+    service = ctx.service
+    adapters = service.adapters() if service is not None else []
+    return [
+        {
+            "id": a.name,
+            "object": "model",
+            "created": _STARTED,
+            "owned_by": "lmi-trt",
+            "root": a.src,
+            "parent": ctx.model_name,
+        }
+        for a in adapters
+    ]
+
+
+def _with_adapter(ctx: ServingContext, body: dict[str, Any], params: GenerateParams) -> tuple[GenerateParams, str]:
+    """A ``model`` naming a registered LoRA adapter generates with it (vLLM's rule); the name answers as the
+    response's model."""
+    name = body.get("model")
+    if ctx.service is not None and isinstance(name, str) and name in ctx.service.adapter_names():
+        return params.model_copy(update={"adapter": name}), name
+    return params, ctx.model_name
+
+
 _STARTED = int(time.time())
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [_model_card(request.app[CONTEXT])]})
+    ctx = request.app[CONTEXT]
+    return json_response({"object": "list", "data": [_model_card(ctx), *_adapter_cards(ctx)]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
+    card = next((c for c in _adapter_cards(ctx) if c["id"] == request.match_info["model"]), None)
+    if card is not None:
+        return json_response(card)
     try:
         _check_model(ctx, request.match_info["model"])
     except LmiHttpError as e:
@@ -1010,7 +1042,8 @@ async def get_model(request: web.Request) -> web.Response:
 
 def _check_model(ctx: ServingContext, name: object, also: Iterable[str] = ()) -> None:
     # /invocations bodies are not checked: SageMaker routes by endpoint, and its clients send any name.
-    check_model(name, ctx.model_name, also={*also, *([ctx.config.model_id] if ctx.config.model_id else [])})
+    adapters = ctx.service.adapter_names() if ctx.service is not None else set()
+    check_model(name, ctx.model_name, also={*also, *adapters, *([ctx.config.model_id] if ctx.config.model_id else [])})
 
 
 def install(app: web.Application, ctx: ServingContext) -> None:

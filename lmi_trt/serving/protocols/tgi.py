@@ -18,8 +18,11 @@ cannot report them refuses with a 400 naming the field and the engine.
 ``grammar`` ``{"type": "json", "value": schema}`` or ``{"type": "regex", "value": pattern}``
 constrains the output (on engines with constrained decoding; elsewhere a 400 naming the engine).
 
-Refused with a 400: typical_p, watermark, adapter_id — the engine cannot honour them
-and a silent no-op would mislead.
+``adapter_id`` names a registered LoRA adapter (TGI's multi-LoRA field, router/src/lib.rs
+GenerateParameters): an unknown one is a 404 naming it.
+
+Refused with a 400: typical_p, watermark — the engine cannot honour them and a silent no-op would
+mislead.
 """
 
 from __future__ import annotations
@@ -69,12 +72,10 @@ _ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 503: "o
 _UNSUPPORTED = {
     "typical_p": lambda v: v is not None,
     "watermark": lambda v: bool(v),
-    "adapter_id": lambda v: v is not None,
 }
 _WHY = {
     "typical_p": "typical sampling is not available in the engine",
     "watermark": "watermarking is not available",
-    "adapter_id": "LoRA adapters are not served",
 }
 
 
@@ -121,6 +122,7 @@ class TgiParameters(GenerateParams):
         fields["prompt_logprobs"] = self.decoder_input_details or self.prompt_logprobs
         fields["logprobs"] = self.logprobs or self.details or bool(fields["top_logprobs"])
         fields["guided"] = self._guided() or self.guided
+        fields["adapter"] = self.adapter_id or self.adapter
         return GenerateParams.model_construct(**fields)
 
     def _guided(self) -> GuidedDecoding | None:
@@ -162,6 +164,7 @@ NAMES = {
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.grammar",
+    "lora": "parameters.adapter_id",
 }
 
 

@@ -109,10 +109,16 @@ class TritonRequest(BaseModel):
         refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED], PEER_FIELDS)
         for name in self.model_extra or {}:
             if name.startswith(_REFUSED_PREFIXES):
+                lora = (
+                    " (LoRA adapters are registered by name, POST /adapters?name=...&src=..., and chosen by name in "
+                    "the LMI, OpenAI or TGI schemas; weights in a request are not taken)"
+                    if name.startswith("lora_")
+                    else ""
+                )
                 raise FieldError(
                     name,
-                    f"{name} is not supported by this server (no LoRA, prompt tuning, embedding bias "
-                    "or guided decoding); leave it out",
+                    f"{name} is not supported by this server (no LoRA weights in requests, prompt tuning, embedding "
+                    f"bias or guided decoding){lora}; leave it out",
                 )
         top_p = self.top_p
         return neutral_params(
