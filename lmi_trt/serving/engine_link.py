@@ -6,7 +6,8 @@ difference. Outputs are coalesced per front end: all that the engine delivers in
 engine step) leave as one message of plain tuples, not one message per token per request. Front ends send a
 request (its ``GenerationRequest``) once and a cancel when its client leaves.
 
-Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)`` to the engine;
+Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)`` and
+``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result, error)``,
 ``("state", EngineState)`` and ``("outs", [output tuple, ...], EngineStats | None)`` back (the engine's figures
 with the outputs of a step that ended a request, to every front end).
 """
@@ -16,19 +17,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import pickle
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from lmi_trt.engines.base import (
+    AdapterHost,
+    AdapterInfo,
     Capabilities,
     Engine,
+    EngineError,
     EngineLimits,
     EngineOutput,
     EngineStats,
@@ -56,6 +62,15 @@ class EngineState:
     tokenizer_dir: Path | None = None
     healthy: bool = True
     stats: EngineStats = field(default_factory=EngineStats)
+    adapters: tuple[AdapterInfo, ...] = ()  # the LoRA adapters registered (an AdapterHost's)
+
+
+# What a front end may ask the engine to do besides generating: the LoRA registry (engines/base.py AdapterHost).
+_CALLS = ("register_adapter", "unregister_adapter")
+
+
+def _adapters(engine: Engine) -> tuple[AdapterInfo, ...]:
+    return tuple(engine.adapters()) if isinstance(engine, AdapterHost) else ()
 
 
 def _wire(out: EngineOutput) -> tuple:
@@ -144,6 +159,7 @@ class EngineServer:
             tokenizer_dir=tokenizer_dir,
             healthy=engine.healthy,
             stats=engine.stats(),
+            adapters=_adapters(engine),
         )
         self._broadcast()
 
@@ -179,6 +195,8 @@ class EngineServer:
                 self._submit(identity, message[1])
             elif kind == "cancel":
                 self._cancel(message[1])
+            elif kind == "call":
+                self._spawn(self._call(identity, *message[1:]))
             elif kind == "hello":
                 self._peers.add(identity)
                 self._send(identity, ("state", self.state))
@@ -203,9 +221,30 @@ class EngineServer:
 
     def _cancel(self, rid: str) -> None:
         if self.engine is not None and rid in self._tasks:
-            task = asyncio.get_running_loop().create_task(self.engine.cancel(rid))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self.engine.cancel(rid))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _call(self, identity: bytes, call_id: int, method: str, args: tuple) -> None:
+        """A front end's call on the engine (one of ``_CALLS``); every front end hears the new adapter list before
+        the caller hears the answer, so the caller's next request sees it."""
+        result, error = None, None
+        try:
+            if self.engine is None or method not in _CALLS or not isinstance(self.engine, AdapterHost):
+                raise EngineError(f"the engine does not serve {method}", 400)
+            result = await getattr(self.engine, method)(*args)
+        except EngineError as e:
+            error = (str(e), e.code, e.field)
+        except Exception as e:  # the engine's own failure: the caller answers it as the engine's error
+            log.exception("%s%r failed in the engine", method, args)
+            error = (f"{type(e).__name__}: {e}", 424, None)
+        if self.engine is not None:
+            self.state = replace(self.state, adapters=_adapters(self.engine))
+            self._broadcast()
+        self._send(identity, ("reply", call_id, result, error))
 
     # --- sending
     def _deliver(self, identity: bytes, out: EngineOutput) -> None:
@@ -268,6 +307,8 @@ class RemoteEngine:
         self._changed = asyncio.Event()
         self._receiver: asyncio.Task[None] | None = None
         self._lost: str | None = None  # why the engine is unreachable
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
 
     # --- the Engine protocol
     @property
@@ -321,6 +362,27 @@ class RemoteEngine:
     def stats(self) -> EngineStats:
         return self.state.stats
 
+    # --- the LoRA registry (AdapterHost), held by the engine's process for every front end
+    def adapters(self) -> list[AdapterInfo]:
+        return list(self.state.adapters)
+
+    async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
+        return await self._call("register_adapter", name, src, folder)
+
+    async def unregister_adapter(self, name: str) -> None:
+        await self._call("unregister_adapter", name)
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        if self._sock is None or self._lost is not None:
+            raise EngineError(f"the engine is not reachable: {self._lost or 'not connected'}", 503)
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            self._sock.send(pickle.dumps(("call", call_id, method, args), _PICKLE), flags=zmq.NOBLOCK)
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
     async def close(self) -> None:
         if self._receiver is not None:
             self._receiver.cancel()
@@ -367,6 +429,14 @@ class RemoteEngine:
                 elif message[0] == "state":
                     self.state = message[1]
                     self._changed.set()
+                elif message[0] == "reply":
+                    _, call_id, result, error = message
+                    future = self._calls.get(call_id)
+                    if future is not None and not future.done():
+                        if error is None:
+                            future.set_result(result)
+                        else:
+                            future.set_exception(EngineError(error[0], error[1], error[2]))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken link: every open stream ends, /ping turns FAILED
@@ -378,6 +448,9 @@ class RemoteEngine:
         log.error("%s; failing %d open requests", why, len(self._streams))
         for rid, inbox in list(self._streams.items()):
             inbox.put(error_output(rid, f"the engine is not reachable: {why}", 503))
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineError(f"the engine is not reachable: {why}", 503))
         self.state = replace(self.state, healthy=False, phase="failed" if self.state.phase == "loading" else "ready")
         self._changed.set()
 

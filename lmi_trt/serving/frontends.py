@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import multiprocessing
@@ -101,6 +102,7 @@ def frontend_main(spec: FrontendSpec) -> None:
     from lmi_trt.serving.engine_link import RemoteEngine
     from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
     from lmi_trt.serving.tokenizer import load_tokenizer
+    from lmi_trt.sources import resolve_adapter
 
     config = spec.config
     engine = RemoteEngine(spec.address, f"fe-{os.getpid()}", spec.parent_pid)
@@ -116,7 +118,9 @@ def frontend_main(spec: FrontendSpec) -> None:
         tokenizer = await asyncio.to_thread(
             load_tokenizer, state.tokenizer_dir, config.trust_remote_code, slow=config.tokenizer_mode == "slow"
         )
-        return LoadedModel(engine, tokenizer)
+        # LoRA sources resolve here, as in one process (the engine's process reads the same folder)
+        source = functools.partial(resolve_adapter, config) if config.enable_lora else None
+        return LoadedModel(engine, tokenizer, adapter_source=source)
 
     async def every_front_end_loaded() -> None:
         spec.loaded[spec.index] = 1
