@@ -13,34 +13,76 @@ gpu       — the ~1.1B Llama-shaped bf16 model of gpu_decode.py (random weights
 
     python benchmarks/frontends.py gpu --counts 1,4 -c 64,256 --json frontends_gpu.json
 
-Both start each server with `lmi-trt bench --serve-args` (a free port, /ping 200, stopped at the end).
+Each starts one `lmi-trt serve` per front-end count (a free port, /ping 200, SIGTERM at the end) and runs
+`lmi-trt bench --url` against it for every stream count (and, on the GPU, API).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 
-def bench(serve_args: list[str], api: str, streams: int, out: Path, extra: list[str]) -> dict:
-    """One `lmi-trt bench` level against a server it starts; its JSON's level."""
+@contextlib.contextmanager
+def serving(serve_args: list[str], log: Path) -> Iterator[tuple[str, int]]:
+    """`lmi-trt serve ARGS` on a free port until /ping answers 200; (its URL, its pid); SIGTERM at the end."""
+    from lmi_trt.bench import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "lmi_trt", "serve", *" ".join(serve_args).split(), "--port", str(port)]
+    print("$", " ".join(cmd), flush=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url + "/ping", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no /ping 200 after 900 s: {log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench(server: tuple[str, int], api: str, streams: int, out: Path, extra: list[str]) -> dict:
+    """One `lmi-trt bench` level against a running server; its JSON's level."""
+    url, pid = server
     cmd = [
         sys.executable,
         "-m",
         "lmi_trt",
         "bench",
-        "--serve-args",
-        " ".join(serve_args),
+        "--url",
+        url,
+        "--server-pid",
+        str(pid),
         "--api",
         api,
         "-c",
@@ -77,15 +119,24 @@ def synthetic(args: argparse.Namespace) -> dict:
             f"-o option.max_rolling_batch_size={max(args.concurrency)}",
             f"-o option.api_server_count={n}",
         ]
-        for streams in args.concurrency:
-            level = bench(
-                serve_args,
-                args.api,
-                streams,
-                work / f"n{n}-c{streams}.json",
-                ["--duration", str(args.duration), "--output-tokens", "256", "--client-procs", str(args.client_procs)],
-            )
-            rows.append({"frontends": n, "streams": streams, "tok_s": _tok_s(level), "ttft_p50_ms": _ttft_p50(level)})
+        with serving(serve_args, work / f"server-n{n}.log") as server:
+            for streams in args.concurrency:
+                level = bench(
+                    server,
+                    args.api,
+                    streams,
+                    work / f"n{n}-c{streams}.json",
+                    [
+                        "--duration",
+                        str(args.duration),
+                        "--output-tokens",
+                        "256",
+                        "--client-procs",
+                        str(args.client_procs),
+                    ],
+                )
+                row = {"frontends": n, "streams": streams, "tok_s": _tok_s(level), "ttft_p50_ms": _ttft_p50(level)}
+                rows.append(row)
     for row in rows:
         one = next(r["tok_s"] for r in rows if r["frontends"] == 1 and r["streams"] == row["streams"])
         row["vs_n_times_one"] = row["tok_s"] / (row["frontends"] * one) if one else None
@@ -97,7 +148,9 @@ def synthetic(args: argparse.Namespace) -> dict:
     return {"mode": "synthetic", "cpus": os.cpu_count(), "rows": rows}
 
 
-async def _engine_protocol(model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int) -> dict:
+async def _engine_protocol(
+    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int
+) -> dict:
     """tokens/s and TTFT p50 of TorchEngine's built-in loop, every request submitted at once (gpu_decode.py)."""
     from gpu_decode import pct, stream
     from gpu_torch import prompts
@@ -109,7 +162,7 @@ async def _engine_protocol(model_dir: Path, streams: int, prompt: int, out_token
         model_dir,
         dtype="bf16",
         device="cuda",
-        max_batch_size=streams,
+        max_batch_size=batch_size,  # as the server's option.max_rolling_batch_size
         max_input_len=prompt,
         max_new_tokens=out_tokens,
         max_num_tokens=8192,
@@ -137,26 +190,27 @@ def gpu(args: argparse.Namespace) -> dict:
     vocab = len(tokenizer)
     build_model(model_dir, layers=16, dtype=torch.bfloat16, vocab_size=vocab)
     rows = []
-    engine = {c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab)) for c in args.concurrency}
+    top = max(args.concurrency)
+    engine = {c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab, top)) for c in args.concurrency}
     torch.cuda.empty_cache()
     work = model_dir / "bench"
     work.mkdir()
     for n in args.counts:
-        for streams in args.concurrency:
-            serve_args = [
-                "--engine torch",
-                f"--model-dir {model_dir}",
-                "-o option.dtype=bf16",
-                "-o option.device=cuda",
-                f"-o option.max_rolling_batch_size={streams}",
-                "-o option.max_input_len=128",
-                "-o option.max_output_len=128",
-                "-o option.max_num_tokens=8192",
-                f"-o option.api_server_count={n}",
-            ]
-            for api in ("openai", "lmi", "tgi"):
+        serve_args = [
+            "--engine torch",
+            f"--model-dir {model_dir}",
+            "-o option.dtype=bf16",
+            "-o option.device=cuda",
+            f"-o option.max_rolling_batch_size={top}",
+            "-o option.max_input_len=128",
+            "-o option.max_output_len=128",
+            "-o option.max_num_tokens=8192",
+            f"-o option.api_server_count={n}",
+        ]
+        with serving(serve_args, work / f"server-n{n}.log") as server:
+            for streams, api in itertools.product(args.concurrency, ("openai", "lmi", "tgi")):
                 level = bench(
-                    serve_args,
+                    server,
                     api,
                     streams,
                     work / f"{api}-n{n}-c{streams}.json",
