@@ -680,7 +680,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_seq_len",
             _integer(2, 4096),
-            "prompt + output tokens; unset: max_input_len + max_output_len",
+            "prompt + output tokens; unset: max_input_len + max_output_len for a TensorRT engine, TensorRT-LLM's "
+            "from the checkpoint on the pytorch backend",
             compile_time=True,
         ),
     ] = None
@@ -1103,12 +1104,20 @@ class LmiConfig(BaseModel):
     multi_block_mode: Annotated[
         bool | None,
         KeySpec(
-            "option.multi_block_mode", _BOOL, "multi-block attention for long sequences; unset: TensorRT-LLM's default"
+            "option.multi_block_mode",
+            _BOOL,
+            "multi-block attention for long sequences; unset: TensorRT-LLM's default (where it is a build option, "
+            "a value other than the engine's is a startup error)",
         ),
     ] = None  # None → TensorRT-LLM's default
-    enable_trt_overlap: Annotated[bool, KeySpec("option.enable_trt_overlap", _BOOL, "overlap consecutive batches")] = (
-        False
-    )
+    enable_trt_overlap: Annotated[
+        bool,
+        KeySpec(
+            "option.enable_trt_overlap",
+            _BOOL,
+            "overlap consecutive batches (true: a startup error on an Executor without the knob)",
+        ),
+    ] = False
     max_num_sequences: Annotated[
         int | None,
         KeySpec(

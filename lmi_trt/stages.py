@@ -39,7 +39,7 @@ from lmi_trt.engines.guided import GuideVocab
 from lmi_trt.engines.llmapi import (
     LlmApiEngine,
     LlmApiSettings,
-    llm_api_series,
+    llm_api_release,
     llm_configs,
     llm_plan,
     probe_llm_api,
@@ -213,7 +213,7 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
     return LlmApiSettings.of(
         config,
         runtime=trtllm_settings(config),
-        max_seq_len=config.max_seq_len or config.max_input_len + config.max_output_len,
+        max_seq_len=config.max_seq_len,  # unset: TensorRT-LLM's, from the checkpoint (llmapi.release_max_seq_len)
         # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
         given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
     )
@@ -388,6 +388,8 @@ HONOURED_ELSEWHERE: dict[str, str] = {
     "tensor_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
     "pipeline_parallel_degree": "lmi_trt.launch places it, or refuses it, per engine",
     "download_dir": "sources download s3:// models there for every engine",
+    "max_output_len": "the server caps each request's new tokens with it where the engine states no cap of its own "
+    "(serving.core.output_cap)",
 }
 
 
@@ -420,7 +422,7 @@ def check_release(served: EngineEntry, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings, llm_api_series(version)), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_release(version)), version)
 
 
 @functools.cache

@@ -278,3 +278,33 @@ if __name__ == "__main__":
     ap.add_argument("--transformers5", action="store_true", help="write the transformers-5 fixture's files instead")
     a = ap.parse_args()
     print(write_transformers5_fixture(a.out_dir) if a.transformers5 else build_model(a.arch, a.out_dir))
+
+
+def beam_reference(
+    model, prompt: list[int], *, beams: int, returned: int, max_new: int, eos: int | list[int] | None = None, **kw
+) -> tuple[list[list[int]], list[float]]:
+    """transformers' own beams: ``model.generate(num_beams=beams, num_return_sequences=returned, do_sample=False,
+    **kw)`` (length_penalty, early_stopping), each returned sequence's new tokens up to and with its first EOS
+    (generate pads the shorter ones), and their scores."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            num_beams=beams,
+            num_return_sequences=returned,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kw,
+        )
+    ends = set([eos] if isinstance(eos, int) else eos or [])
+    rows = []
+    for row in out.sequences.tolist():
+        tail = row[len(prompt) :]
+        cut = next((i for i, t in enumerate(tail) if t in ends), None)
+        rows.append(tail if cut is None else tail[: cut + 1])
+    return rows, out.sequences_scores.tolist()

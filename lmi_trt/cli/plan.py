@@ -58,12 +58,12 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
     backend, why = checkpoint_backend(config, version)
     if entry(COMPILING_ENGINE, backend).builds_engine:
         return backend, why, None
-    from lmi_trt.engines.llmapi import llm_api_series, llm_plan
+    from lmi_trt.engines.llmapi import llm_api_release, llm_plan
 
     # ``config`` is settled for the compiling engine (lmi_trt.cli.load_compile_job); 'max' is the launcher's
     tp = config.tensor_parallel_degree
     settings = stages.llmapi_settings(config.derived("plan", tensor_parallel_degree=tp if tp != "max" else 1))
-    planned = llm_plan(settings, llm_api_series(version))
+    planned = llm_plan(settings, llm_api_release(version))
     nested = {
         "kv_cache_config": planned.kv_cache_config,
         "scheduler_config": planned.scheduler_config,

@@ -57,7 +57,12 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_new_tokens: int = 0
+    # Beam search (beam_width > 1): the ``num_return_sequences`` best beams come back in the final output's
+    # ``beams``; ``length_penalty`` and ``early_stopping`` as transformers' generate reads them (its defaults).
     beam_width: int = 1
+    num_return_sequences: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
     logprobs: bool = False
     # The ``top_logprobs`` most likely tokens of each step with their log-probs (0: none). Like
     # ``logprobs`` they are of the model's raw distribution (before penalties and warping).
@@ -84,6 +89,16 @@ class GenerationRequest:
     adapter: str | None = None
 
 
+@dataclass(frozen=True)
+class Beam:
+    """One finished beam of a beam-search request: its generated tokens, and its score where the engine knows it
+    (the sum of its tokens' log-probs divided by its length ** length_penalty, as transformers scores beams)."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason
+    score: float | None = None
+
+
 @dataclass
 class EngineOutput:
     """A delta: the tokens generated since the previous output of the same request."""
@@ -103,6 +118,8 @@ class EngineOutput:
     # With a 400: the request field at fault, by its SamplingParams name ("guided", "bad_words"); the serving
     # layer answers with the client's own name for it.
     error_field: str | None = None
+    # The final output of a beam-search request: its best beams, best first (``token_ids`` holds the first's).
+    beams: list[Beam] | None = None
     # Seconds the request waited in the engine's queue for a batch slot: on its first output, from
     # engines that know it (None otherwise).
     queue_time_s: float | None = None
@@ -159,6 +176,10 @@ class Capabilities:
     min_new_tokens: Capability = field(metadata={"doc": "the end of sequence held back for this many tokens"})
     bad_words: Capability = field(metadata={"doc": "token sequences never generated"})
     stop_token_ids: Capability = field(metadata={"doc": "stop tokens of a request that ignores the end of sequence"})
+    beam_search: Capability = field(
+        metadata={"doc": "beam search (with length_penalty and early_stopping); ``most``: the widest beam"}
+    )
+    min_p: Capability = field(metadata={"doc": "tokens less likely than min_p times the likeliest one left out"})
     lora: Capability = field(metadata={"doc": "a LoRA adapter chosen per request (option.enable_lora)"})
 
     def features(self) -> dict[str, Capability]:

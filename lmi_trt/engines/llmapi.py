@@ -32,14 +32,14 @@ executor/result.py; 1.0–1.2 and main):
   the LLM is built with ``enable_trtllm_sampler=True`` (its default sampler is greedy only), elsewhere the
   release's own sampler runs.
 * Log probs: ``logprobs=k`` gives per token a ``dict[token id, Logprob]`` (top-1 of the sampled token in
-  1.0, PR 6097; the top k from 1.1, PR 7756); trtllm-serve's postprocess_handlers.py also accepts plain
+  1.0 and 1.1, PR 6097; the top k from 1.2, PR 7976); trtllm-serve's postprocess_handlers.py also accepts plain
   floats. A sampled token missing from its top-k dict gets trtllm-serve's floor, -9999.0.
 * Prompt log probs: ``prompt_logprobs=k`` fills ``CompletionOutput.prompt_logprobs`` from the context
   logits (tensorrt_llm/executor/base_worker.py ``_compute_pytorch_prompt_logprobs``): one dict per prompt
   position, of the distribution that position predicts. The PyTorch backend has them from 1.1 (PR 7580), but
-  only as the top k, which can leave the prompt token out; from 1.3 (PR 11235, merged after main became
-  1.3.0rc4) each entry also holds the following token (the next prompt token, or the first generated one),
-  so this engine serves prompt log probs from 1.3.
+  only as the top k, which can leave the prompt token out; PR 11235 (1.3.0rc8) adds the token the position read,
+  and PR 12499 (1.3.0rc11) the following one (the next prompt token, or the first generated one), so this engine
+  serves prompt log probs from 1.3.0rc11.
 * ``SamplingParams.embedding_bias`` ([vocab_size] float32) is added to the logits by the PyTorch sampler
   from 1.1 (PR 6464, merged 2025-08-05 before main's 1.1.0rc0; before it, trtllm-serve's ``logit_bias``
   went through a logits processor), so this engine serves ``logit_bias`` from 1.1.
@@ -49,8 +49,11 @@ executor/result.py; 1.0–1.2 and main):
   (tensorrt_llm/executor/executor.py ``aget_stats``; its ``_iter_stats_result`` is made by the first
   ``generate_async``), so they are polled from the first request on.
 * Keywords the user did not set are left to the release (its ``TorchLlmArgs`` defaults, e.g. the scheduler's
-  ``GUARANTEED_NO_EVICT``, block reuse on, CUDA graphs up to 128); the start-up log says which keywords are
-  the user's, which lmi-trt's and what the release chose, read back from ``LLM.args``.
+  ``GUARANTEED_NO_EVICT``, block reuse on, CUDA graphs up to 128, ``max_seq_len`` from the checkpoint); the
+  start-up log says which keywords are the user's, which lmi-trt's and what the release chose, read back from
+  ``LLM.args`` (``max_seq_len``, which the worker infers, from the checkpoint as the release does:
+  ``release_max_seq_len``). The server's prompt + max_new_tokens limit is that max_seq_len: past it the worker cuts
+  max_tokens silently (executor/base_worker.py ``_deduce_max_tokens``).
 
 The ``tensorrt_llm.llmapi`` module is always named ``llmapi`` here and loaded by ``probe_llm_api``; the
 test tests/unit/test_llmapi_surface.py checks every name and keyword used on it against the listing of the
@@ -66,21 +69,23 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import random
-import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
 from pydantic import Field
 
 from lmi_trt.engines import trtllm as trtllm_engine
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
+    Beam,
     Capabilities,
     EngineError,
     EngineLimits,
@@ -94,13 +99,14 @@ from lmi_trt.engines.base import (
 )
 from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.llmapi_releases import (
-    ENABLE_TRTLLM_SAMPLER,
-    TRTLLM,
     Sampler,
+    beam_width_rule,
+    beams_refused,
     first_unsupported,
     llm_sampler,
     not_applied,
     requested,
+    series,
 )
 from lmi_trt.engines.trtllm import (
     NO_TRTLLM_LORA,
@@ -115,7 +121,6 @@ from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
 
-FIRST_SERIES = (1, 0)  # tensorrt_llm.LLM is the PyTorch backend from 1.0 (before: the TensorRT-engine LLM)
 _NOT_STARTED = "the trtllm-pytorch engine has not started: what it honours depends on the TensorRT-LLM release"
 # TorchLlmArgs' own default (llm_args.py), used for the limits when no option sets it.
 LLM_DEFAULT_BATCH = 2048
@@ -144,20 +149,28 @@ _REASON_NAMES = {"length": "LENGTH", "cancelled": "CANCELLED", "timeout": "TIMED
 # =============================================================================== versions
 
 
-def llm_api_series(version: str) -> tuple[int, int]:
-    """Pure: the (major, minor) of a TensorRT-LLM version whose LLM API is the PyTorch one, or a refusal."""
-    m = re.match(r"^(\d+)\.(\d+)", version or "")
-    if not m:
+def llm_api_release(version: str) -> Version:
+    """Pure: a TensorRT-LLM version whose LLM API is the PyTorch one, as a PEP 440 version (the 1.3.0 release
+    candidates differ one from the next: ``llmapi_releases``), or a refusal. The pre-releases of 1.0-1.2 were not
+    read (1.1.0rc0 still builds the TRTLLMSampler by default, PR 6216; sampler_type came with 1.1.0rc1, PR 6831)."""
+    try:
+        release = Version(version or "")
+    except InvalidVersion:
         raise TrtllmUnavailable(
             f"cannot read the TensorRT-LLM version {version!r}; the pytorch backend needs 1.0 or later"
-        )
-    series = (int(m.group(1)), int(m.group(2)))
-    if series < FIRST_SERIES:
+        ) from None
+    if release < Version("1.0.0.dev0"):
         raise TrtllmUnavailable(
             f"TensorRT-LLM {version} has no PyTorch LLM API (tensorrt_llm.LLM builds TensorRT engines before 1.0); "
             "set option.backend=tensorrt, or use a TensorRT-LLM 1.0+ image"
         )
-    return series
+    if release.is_prerelease and series(release) <= (1, 2):
+        line = f"{release.major}.{release.minor}"
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM {version} is a pre-release of {line}, whose LLM API this engine was not checked against; "
+            f"use {line}.0 or a later {line}.x image, or set option.backend=tensorrt"
+        )
+    return release
 
 
 def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[ModuleType, str]:
@@ -169,7 +182,7 @@ def probe_llm_api(gpu_available: Callable[[], bool] | None = None) -> tuple[Modu
             f"TensorRT-LLM is not installed ({exc}); run the TensorRT-LLM image, or set option.rolling_batch=torch"
         ) from exc
     version = getattr(trtllm, "__version__", "")
-    llm_api_series(version)
+    llm_api_release(version)
     llmapi = importlib.import_module("tensorrt_llm.llmapi")
     if not (gpu_available or trtllm_engine.cuda_available)():  # looked up on call: one GPU probe for both backends
         raise TrtllmUnavailable(
@@ -215,7 +228,7 @@ class LlmApiSettings(reads("dtype", "max_input_len", "trust_remote_code", *DJL_L
     LMI's keys under the LLM's own names (``DJL_LLM_FIELDS``; None: not given, TensorRT-LLM's default)."""
 
     runtime: TrtllmSettings = Field(default_factory=TrtllmSettings)
-    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len, else input + output (lmi_trt.stages)
+    max_seq_len: int | None = Field(None, ge=2)  # option.max_seq_len; None: TensorRT-LLM's, from the checkpoint
     # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
     # (stages.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
     given: frozenset[str] = frozenset()
@@ -264,12 +277,18 @@ def check_settings(settings: LlmApiSettings) -> None:
     _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
 
 
-def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
+def llm_plan(settings: LlmApiSettings, release: Version) -> LlmPlan:
     """Pure: the options as ``LLM`` keywords for a release; a keyword no option sets is left to the release,
     except the few lmi-trt needs (each with its reason in ``origins``)."""
     check_settings(settings)
     rt, given = settings.runtime, settings.given
     beams = rt.max_beam_width
+    refused = beams_refused(release) if beams > 1 else None
+    if refused is not None:
+        raise TrtllmConfigError(
+            f"option.max_beam_width={beams}: {refused}; use TensorRT-LLM 1.3.0rc26 or later, or set "
+            "option.max_beam_width=1"
+        )
     keywords: dict[str, Any] = {}
     origins: dict[str, str] = {}
 
@@ -290,21 +309,23 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
         put("enable_chunked_prefill", rt.enable_chunked_context, "option.enable_chunked_context")
     if rt.max_num_tokens is not None:
         put("max_num_tokens", rt.max_num_tokens, "option.max_num_tokens")
-    limits = "lmi-trt: the limits the server enforces (option.max_input_len, option.max_output_len)"
-    for key, value in (("max_input_len", settings.max_input_len), ("max_seq_len", settings.max_seq_len)):
-        if value is not None:
-            put(key, value, limits)
+    if settings.max_input_len is not None:
+        # the PyTorch backend does not enforce it (the server does); sent as DJL sends it
+        put("max_input_len", settings.max_input_len, "lmi-trt: the longest prompt the server takes")
+    if settings.max_seq_len is not None:  # else TensorRT-LLM's, from the checkpoint (release_max_seq_len)
+        put("max_seq_len", settings.max_seq_len, "option.max_seq_len")
     put("enable_iter_perf_stats", True, "lmi-trt: /metrics reads the iteration stats, collected only when asked for")
     # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the image's
     # xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
     # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
     put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
-    if series == ENABLE_TRTLLM_SAMPLER:
+    if series(release) == (1, 0):
         put(
             "enable_trtllm_sampler",
             True,
             "lmi-trt: 1.0's default TorchSampler takes the argmax for every request; its TRTLLMSampler samples "
-            "(docs/source/features/sampling.md of 1.0.0)",
+            "(docs/source/features/sampling.md of 1.0.0). A 'prototype' knob in 1.0's TorchLlmArgs: TensorRT-LLM "
+            "logs that it is not recommended for production use, and 1.0 has no other sampler that samples",
         )
     kv: dict[str, Any] = {}
     reuse = rt.enable_kv_cache_reuse if "enable_kv_cache_reuse" in given else None  # the release's default: on
@@ -339,27 +360,30 @@ def llm_plan(settings: LlmApiSettings, series: tuple[int, int]) -> LlmPlan:
     if settings.use_cuda_graph is not None:
         graphs = {} if settings.use_cuda_graph else None
         origins["cuda_graph_config"] = "option.use_cuda_graph"
-    if beams > 1 and llm_sampler(series, beams) == TRTLLM:
-        # beam search on the TRTLLMSampler wants both off (docs/source/features/sampling.md, 1.0.0 and 1.2)
+    if beams > 1 and series(release) == (1, 0):
+        # 1.0's docs/source/features/sampling.md: "To enable beam search, you must ... Disable overlap scheduling
+        # ... Disable the usage of CUDA Graphs". From 1.1 its TRTLLMSampler runs beams beside both (PRs 6223 and
+        # 6217; PR 7326, on main 2025-08-29, tests beam search with CUDA graphs and the overlap scheduler).
         for option, on in (
             ("enable_overlap_scheduler", settings.enable_overlap_scheduler),
             ("use_cuda_graph", settings.use_cuda_graph),
         ):
             if on:
                 raise TrtllmConfigError(
-                    f"option.{option}=true with option.max_beam_width={beams}: beam search on TensorRT-LLM's "
-                    "TRTLLMSampler needs the overlap scheduler and CUDA graphs off (docs/source/features/sampling.md); "
-                    f"remove option.{option}, or set option.max_beam_width=1"
+                    f"option.{option}=true with option.max_beam_width={beams}: beam search on TensorRT-LLM 1.0's "
+                    "TRTLLMSampler needs the overlap scheduler and CUDA graphs off (its docs/source/features/"
+                    f"sampling.md); remove option.{option}, set option.max_beam_width=1, or use TensorRT-LLM 1.1+"
                 )
-        why = "lmi-trt: beam search on the TRTLLMSampler needs it (docs/source/features/sampling.md, 1.0.0 and 1.2)"
+        why = "lmi-trt: beam search on 1.0's TRTLLMSampler needs it off (its docs/source/features/sampling.md)"
         put("disable_overlap_scheduler", True, why)
         graphs, origins["cuda_graph_config"] = None, why
     return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins)
 
 
-def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) -> str:
+def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler, inferred: Sequence[str] = ()) -> str:
     """Pure: for the start-up log, each keyword the user or lmi-trt set (and who), and what the release chose for
-    the ones left to it, read back from the LLM's ``args`` (its TorchLlmArgs)."""
+    the ones left to it, read back from the LLM's ``args`` (its TorchLlmArgs); ``inferred``: what the release
+    chose where ``args`` does not carry it, each with how it is known."""
     ours = dict(plan.keywords)
     ours.update({f"kv_cache_config.{k}": v for k, v in plan.kv_cache_config.items()})
     ours.update({f"scheduler_config.{k}": v for k, v in plan.scheduler_config.items()})
@@ -377,6 +401,7 @@ def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler) ->
         for part in path.split("."):
             value = getattr(value, part, None)
         releases.append(f"{path}={getattr(value, 'value', value)!r}")
+    releases += inferred
     return (
         f"TensorRT-LLM {version} LLM: sampler {sampler}; set from options: {', '.join(users) or 'none'}; set by "
         f"lmi-trt: {', '.join(lmis)}; TensorRT-LLM {version}'s defaults: {', '.join(releases)}"
@@ -461,15 +486,50 @@ def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan, version: str, t
     return llmapi.LLM(str(model_dir), tokenizer=tokenizer, **llm_configs(llmapi, plan, version), **plan.keywords)
 
 
-def checkpoint_vocab_size(model_dir: Path) -> int | None:
-    """The logits' width from the checkpoint's config.json (a multimodal one keeps it in text_config), or
-    None when it does not say (``logit_bias`` is then refused)."""
+def read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict; empty when it is missing or unreadable (what it would say is unknown)."""
     try:
-        config = json.loads((model_dir / "config.json").read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def config_vocab_size(config: Mapping[str, Any]) -> int | None:
+    """Pure: the logits' width from a checkpoint's config.json (a multimodal one keeps it in text_config), or None
+    when it does not say (``logit_bias`` is then refused)."""
     size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return size if isinstance(size, int) and size > 0 else None
+
+
+def release_max_seq_len(config: Mapping[str, Any]) -> int:
+    """Pure: the max_seq_len TensorRT-LLM's PyTorch backend takes for a checkpoint when the LLM gets none, and lowers
+    a larger one to ("Specified max_seq_len ... is larger than what the model can support"): PyTorchModelEngine
+    ``_init_max_seq_len`` / ``_infer_max_seq_len_from_config`` (tensorrt_llm/_torch/pyexecutor/model_engine.py,
+    copies of the 1.x line and main): config.json's max_position_embeddings (a multimodal config's text_config's;
+    2048 when neither says), times rope_scaling's factor unless its type is su, longrope, llama3 or yarn. The value
+    lives in the executor's worker (executor/base_worker.py ``self.max_seq_len = _executor.max_seq_len``), not in
+    the LLM's ``args``. A model class with its own ``infer_max_seq_len`` answers for itself: not modelled."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters")  # the latter: transformers 5's spelling
+    factor: float = 1.0
+    if isinstance(rope, dict) and rope.get("type", rope.get("rope_type")) not in ("su", "longrope", "llama3", "yarn"):
+        factor = rope.get("factor", 1.0)
+    positions = config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
+        "max_position_embeddings"
+    )
+    positions = positions if isinstance(positions, int) and positions > 0 else 2048
+    return positions if factor == 1 else math.ceil(positions * factor)
+
+
+def llm_end_id(release: Version, tokenizer_eos: int | None, config: Mapping[str, Any], generation: Mapping[str, Any]):
+    """Pure: the end id ``SamplingParams._setup`` gives a request without one: the LLM tokenizer's EOS, except for a
+    kimi_k2 model from 1.1 on, whose generation_config.json ``eos_token_id`` wins when it is one id (PR 7120, main
+    2025-09-23, before the 1.1 branch cut; tensorrt_llm/sampling_params.py ``_setup`` of the 1.1-1.2 line). 1.0's
+    ``_setup(tokenizer, add_special_tokens)`` has no such rule (the 1.0.0rc4 copy)."""
+    eos = generation.get("eos_token_id")
+    if series(release) >= (1, 1) and config.get("model_type") == "kimi_k2" and isinstance(eos, int):
+        return eos
+    return tokenizer_eos
 
 
 def release_refusals(
@@ -479,7 +539,7 @@ def release_refusals(
     features such as beam search with log probs too), and what no release can do for this model: bias logits
     without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
     ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
-    no = not_applied(version, llm_api_series(version), sampler)
+    no = not_applied(llm_api_release(version), sampler)
     if len(eos_token_ids) > 1:
         no.setdefault(
             "min_new_tokens",
@@ -496,10 +556,17 @@ def release_refusals(
 
 
 def release_capabilities(
-    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int], max_beam_width: int = 1
 ) -> Capabilities:
-    """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities)."""
+    """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities); beams
+    where the table's beam row says the release runs them, up to option.max_beam_width."""
     no = release_refusals(version, sampler, vocab_size, eos_token_ids)
+    if max_beam_width == 1:
+        no.setdefault(
+            "beam_width",
+            "the trtllm-pytorch engine runs 1 beam: option.max_beam_width is 1; serve with option.max_beam_width "
+            "set to the widest beam",
+        )
 
     def capability(feature: str, **honoured: Any) -> Any:
         return cannot(no[feature]) if feature in no else can(**honoured)
@@ -512,6 +579,8 @@ def release_capabilities(
         logit_bias=capability("logit_bias"),
         guided=capability("guided"),  # xgrammar through the LLM's guided_decoding_backend (llm_plan)
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
+        beam_search=cannot(no["beam_width"]) if "beam_width" in no else can(most=max_beam_width),
+        min_p=cannot("the trtllm-pytorch engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=capability("lora"),
     )
 
@@ -562,20 +631,29 @@ def plan_request(
     seed: int,
     codec: Codec,
     unsupported: Mapping[str, str] | None = None,
+    beam_rule: str | None = None,
 ) -> RequestPlan:
     """Pure: a protocol request as ``SamplingParams`` keywords; ``EngineError(400)`` for what cannot be served.
 
     ``end_id`` is the one the LLM's ``SamplingParams._setup`` takes from its tokenizer (None: it has none, so
     the request names one and no stop/ban goes as text). ``unsupported``: feature → why, what the release does not
-    apply (``release_refusals``).
+    apply (``release_refusals``); ``beam_rule``: why a beam width other than ``max_beam_width`` is refused
+    (``llmapi_releases.beam_width_rule``), None where none is.
     The checks, the DJL sampling rules and the stop words are the Executor path's (``map_request``); here they
     are spelled the LLM API's way. A stop sequence the LLM cannot match is left to the serving layer's text
     match; a banned sequence it cannot match is refused."""
     # the LLM's end id first: the others stop as stop words (map_request)
     eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
     spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
+    if beam_rule is not None and req.sampling.beam_width != max_beam_width:
+        raise EngineError(f"beam_width={req.sampling.beam_width}: {beam_rule}", code=400, field="beam_width")
     unsupported = unsupported or {}
-    used = requested(req.sampling, bad_words=any(req.bad_words_ids), stop_token_ids=any(req.stop_token_ids))
+    used = requested(
+        req.sampling,
+        bad_words=any(req.bad_words_ids),
+        stop_token_ids=any(req.stop_token_ids),
+        stop=bool(spec.request["stop_words"]),
+    )
     refusing = first_unsupported(unsupported, used)
     if refusing is not None:
         name, why = refusing  # the serving layer names the field as the client wrote it (EngineOutput.error_field)
@@ -584,7 +662,9 @@ def plan_request(
     sampling = dict(spec.sampling)
     beam_width = sampling.pop("beam_width")
     if beam_width > 1:
-        sampling.update(use_beam_search=True, best_of=beam_width, n=1)
+        # the LLM API's beam width is best_of, of which n come back (tensorrt_llm/sampling_params.py, 1.0-1.2:
+        # it has no num_return_sequences); length_penalty and early_stopping are its fields too
+        sampling.update(use_beam_search=True, best_of=beam_width, n=sampling.pop("num_return_sequences"))
     if "seed" in unsupported:  # the sampler draws from its own generator: send none
         sampling.pop("seed", None)
     texts = end_id is not None  # only _setup tokenizes them
@@ -608,7 +688,7 @@ def plan_request(
         include_stop_str_in_output=True,
         # logprobs=k: the k most likely tokens per step (the sampled one's log prob is read from them)
         logprobs=max(p.top_logprobs, 1) if p.logprobs or p.top_logprobs else None,
-        # the top 1 of each prompt position; from 1.3 each entry also holds the prompt token's (PR 11235)
+        # the top 1 of each prompt position; from 1.3.0rc11 each entry also holds the token it predicts (PR 12499)
         prompt_logprobs=1 if p.prompt_logprobs else None,
         detokenize=False,  # the serving layer detokenizes incrementally
     )
@@ -696,10 +776,22 @@ class LlmApiEngine:
         self.settings = settings or LlmApiSettings()
         check_settings(self.settings)
         rt = self.settings.runtime
+        self._config = read_json(self._model_dir / "config.json")
+        self._generation_config = read_json(self._model_dir / "generation_config.json")
+        # What the release takes for this checkpoint (its worker's value; the LLM's args do not carry it)
+        self._release_max_seq_len = release_max_seq_len(self._config)
+        given = self.settings.max_seq_len
+        if given is not None and given > self._release_max_seq_len:
+            raise TrtllmConfigError(
+                f"option.max_seq_len={given} is more than TensorRT-LLM takes for {self._model_dir.name} "
+                f"({self._release_max_seq_len}: config.json's max_position_embeddings, scaled by rope_scaling's factor "
+                "where TensorRT-LLM scales it), and it would lower it silently (_torch/pyexecutor/model_engine.py "
+                f"_init_max_seq_len); set option.max_seq_len to at most {self._release_max_seq_len}, or leave it unset"
+            )
         self._limits = EngineLimits(
             max_batch_size=rt.max_batch_size if rt.max_batch_size_key is not None else LLM_DEFAULT_BATCH,
             max_input_len=self.settings.max_input_len,
-            max_seq_len=self.settings.max_seq_len,
+            max_seq_len=given or self._release_max_seq_len,
             max_beam_width=rt.max_beam_width,
         )
         self._capabilities = Capabilities(  # until start() finds the release
@@ -708,19 +800,21 @@ class LlmApiEngine:
             guided=can(),
             lora=cannot(NO_TRTLLM_LORA),
             **dict.fromkeys(
-                ("top_logprobs", "prompt_logprobs", "logit_bias", *SAMPLING_FEATURES), cannot(_NOT_STARTED)
+                ("top_logprobs", "prompt_logprobs", "logit_bias", "beam_search", "min_p", *SAMPLING_FEATURES),
+                cannot(_NOT_STARTED),
             ),
         )
         self._unsupported: dict[str, str] = {}
+        self._beam_rule: str | None = None
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
-        self._vocab_size = checkpoint_vocab_size(self._model_dir)
+        self._vocab_size = config_vocab_size(self._config)
         self._gpu_available = gpu_available
         self._tokenizer = tokenizer  # ours, handed to the LLM (make_llm); None: the LLM loads the checkpoint's
         self._llm: Any = None
         self._llmapi: ModuleType | None = None
         self._codec: Codec | None = None
-        self._end_id: int | None = None  # the LLM's, from its tokenizer (SamplingParams._setup)
+        self._end_id: int | None = None  # the LLM's, as SamplingParams._setup picks it (llm_end_id)
         self.tensorrt_llm_version: str | None = None
         self._healthy = False
         self._closed = False
@@ -747,9 +841,9 @@ class LlmApiEngine:
         if self._llm is not None or self._closed:
             raise RuntimeError("LlmApiEngine.start() may be called once")
         llmapi, version = probe_llm_api(self._gpu_available)
-        series = llm_api_series(version)
-        plan = llm_plan(self.settings, series)
-        sampler = llm_sampler(series, self._limits.max_beam_width)
+        release = llm_api_release(version)
+        plan = llm_plan(self.settings, release)
+        sampler = llm_sampler(release, self._limits.max_beam_width)
         log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)
         try:
             self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, plan, version, self._tokenizer)
@@ -767,9 +861,19 @@ class LlmApiEngine:
                 code=507 if out_of_memory else 424,
             ) from exc
         self._llmapi, self.tensorrt_llm_version = llmapi, version
-        log.info("%s", settings_report(plan, self._llm.args, version, sampler))
-        self._capabilities = release_capabilities(version, sampler, self._vocab_size, self._eos)
+        inferred = []
+        if self.settings.max_seq_len is None:
+            read_back = self._llm.args.max_seq_len  # a release that fills it in (in-process worker): its own word
+            how = "read back from the LLM" if read_back else "from the checkpoint, as its model engine infers it"
+            max_seq_len = read_back or self._release_max_seq_len
+            self._limits = dataclasses.replace(self._limits, max_seq_len=max_seq_len)
+            inferred.append(f"max_seq_len={max_seq_len} ({how}; the server's prompt + max_new_tokens limit)")
+        log.info("%s", settings_report(plan, self._llm.args, version, sampler, inferred))
+        self._capabilities = release_capabilities(
+            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width
+        )
         self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos)
+        self._beam_rule = beam_width_rule(release, self._limits.max_beam_width)
         log.info(
             "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",
             version,
@@ -778,7 +882,7 @@ class LlmApiEngine:
         )
         tokenizer = self._llm.tokenizer
         self._codec = Codec(tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
-        self._end_id = tokenizer.eos_token_id
+        self._end_id = llm_end_id(release, tokenizer.eos_token_id, self._config, self._generation_config)
         self._closing = asyncio.get_running_loop().create_future()
         self._healthy = True
 
@@ -839,7 +943,32 @@ class LlmApiEngine:
             log.exception("TensorRT-LLM failed outside one request")
             self._healthy = False
             return error_output(entry.request_id, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}", 424)
+        if result.finished and entry.plan.sampling.get("use_beam_search"):
+            return self._beams_output(entry, result.outputs)
         return self._to_output(entry, result.outputs[0], finished=result.finished)
+
+    def _beams_output(self, entry: _Request, completions: Sequence[Any]) -> EngineOutput:
+        """A beam-search request's final step: one CompletionOutput per beam returned (n of them, best first:
+        tensorrt_llm/executor/result.py); their cumulative log-probs are not length-normalized, so no score."""
+        beams = []
+        for completion in completions:
+            ids = list(completion.token_ids)
+            tokens, reason = final_tokens_and_reason(
+                ids,
+                reason_name(completion.finish_reason, completion.stop_reason),
+                end_id=entry.plan.end_id,
+                extra_eos=entry.plan.extra_eos,
+                generated=len(ids),
+                max_new_tokens=entry.max_new_tokens,
+            )
+            beams.append(Beam(tokens, FinishReason.CANCELLED if entry.cancelled else reason))
+        if not beams:
+            return error_output(entry.request_id, "TensorRT-LLM's beam-search result holds no beam", 424)
+        self._total_tokens += sum(len(b.token_ids) for b in beams)
+        best = beams[0]
+        return EngineOutput(
+            entry.request_id, best.token_ids, finished=True, finish_reason=best.finish_reason, beams=beams
+        )
 
     def _enqueue(self, request: GenerationRequest) -> _Request | EngineOutput:
         rid = request.request_id
@@ -858,6 +987,7 @@ class LlmApiEngine:
                 seed=random.getrandbits(63),
                 codec=self._codec,
                 unsupported=self._unsupported,
+                beam_rule=self._beam_rule,
             )
             guide = llmapi.GuidedDecodingParams(**plan.guide) if plan.guide is not None else None
             bias = trtllm_engine.embedding_bias(plan.bias, self._vocab_size) if plan.bias else None

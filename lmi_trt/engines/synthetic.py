@@ -140,6 +140,8 @@ CAPABILITIES = Capabilities(
     lora=cannot(f"{_NO_MODEL} to adapt; leave the adapter out or serve with option.rolling_batch=torch"),
     bad_words=cannot(f"{_NO_MODEL}: it echoes the prompt, banned words included; leave it out"),
     stop_token_ids=can(),
+    beam_search=cannot(f"{_NO_MODEL} to score beams; ask for 1 beam, or serve with option.rolling_batch=torch"),
+    min_p=cannot(f"{_NO_MODEL} whose distribution min_p could cut; leave it out"),
 )
 
 

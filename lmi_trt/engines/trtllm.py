@@ -48,6 +48,7 @@ from pydantic import Field
 
 from lmi_trt.engines.base import (
     SAMPLING_FEATURES,
+    Beam,
     Capabilities,
     Capability,
     EngineError,
@@ -501,10 +502,10 @@ def build_executor_config(
         )
     elif settings.multi_block_mode is not None:
         if facts.multi_block_mode is not None and facts.multi_block_mode != settings.multi_block_mode:
-            warnings.append(
-                f"option.multi_block_mode={str(settings.multi_block_mode).lower()} is ignored: in this TensorRT-LLM "
-                f"it is a build option and the engine was built with multi_block_mode="
-                f"{str(facts.multi_block_mode).lower()}; rebuild to change it"
+            raise TrtllmConfigError(  # refused, never accepted and ignored
+                f"option.multi_block_mode={str(settings.multi_block_mode).lower()}: in this TensorRT-LLM it is a "
+                f"build option and the engine was built with multi_block_mode={str(facts.multi_block_mode).lower()}; "
+                "leave the option out, set it to the built value, or rebuild the engine"
             )
     if guide_vocab is not None and guided_capability(tle, guide_vocab).honoured:
         vocab = guide_vocab()
@@ -518,7 +519,10 @@ def build_executor_config(
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
         else:
-            warnings.append("option.enable_trt_overlap=true is ignored: this TensorRT-LLM's Executor has no such knob")
+            raise TrtllmConfigError(
+                "option.enable_trt_overlap=true: this TensorRT-LLM's ExecutorConfig has no enable_trt_overlap; "
+                "leave it out or set it to false"
+            )
     config = tle.ExecutorConfig(
         max_beam_width=effective_beam_width(settings, facts),
         scheduler_config=tle.SchedulerConfig(capacity_scheduler_policy=policy),
@@ -578,6 +582,15 @@ def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
         kw["frequency_penalty"] = p.frequency_penalty
     if p.min_new_tokens:
         kw["min_tokens"] = p.min_new_tokens
+    if p.beam_width > 1:
+        # executor.h SamplingConfig (0.12-1.2): lengthPenalty divides a beam's cumulative log-prob by its length to
+        # that power (applyLengthPenalty, cpp/tensorrt_llm/kernels/beamSearchKernels.h), as transformers does;
+        # earlyStopping 1 ends the search once beamWidth beams finished, other values compare the running beams
+        # with the finished ones (the stage-3 kernels' "earlyStopping == 1 && numBeamsCBA == nBM" test);
+        # numReturnSequences <= beamWidth beams come back (numReturnBeams).
+        kw["length_penalty"] = p.length_penalty
+        kw["early_stopping"] = 1 if p.early_stopping is True else 0
+        kw["num_return_sequences"] = p.num_return_sequences
     return kw
 
 
@@ -600,6 +613,13 @@ def map_request(
             f"beam_width={p.beam_width} needs a non-streaming request: beams rewrite earlier tokens, which "
             "streamed deltas cannot express; set stream=false or beam_width=1",
             code=400,
+        )
+    if p.beam_width > 1 and p.early_stopping == "never":
+        raise EngineError(
+            "early_stopping='never' has no SamplingConfig value in TensorRT-LLM (earlyStopping 1 stops once the beams "
+            "finished, other values use the heuristic that early_stopping=false names); use true or false",
+            code=400,
+            field="early_stopping",
         )
     if p.beam_width > max_beam_width:
         raise EngineError(
@@ -639,7 +659,9 @@ NO_TRTLLM_LORA = (
 )
 
 
-def executor_capabilities(release: str, has_vocab_size: bool, guided: Capability) -> Capabilities:
+def executor_capabilities(
+    release: str, has_vocab_size: bool, guided: Capability, max_beam_width: int = 1
+) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
     (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2).
@@ -662,6 +684,14 @@ def executor_capabilities(release: str, has_vocab_size: bool, guided: Capability
         # the C++ decoder applies the request's SamplingConfig (randomSeed, repetition/presence/frequencyPenalty,
         # minTokens) and its Request's badWords/stopWords, end id -1 or not (executor.h)
         **dict.fromkeys(SAMPLING_FEATURES, can()),
+        # SamplingConfig's beamWidth, up to the ExecutorConfig's maxBeamWidth, which the engine was built for
+        beam_search=can(most=max_beam_width)
+        if max_beam_width > 1
+        else cannot(
+            "the trtllm engine runs 1 beam: option.max_beam_width is 1; serve with option.max_beam_width set to the "
+            "widest beam (an engine built with at least that --max_beam_width)"
+        ),
+        min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=cannot(NO_TRTLLM_LORA),
     )
 
@@ -841,7 +871,10 @@ class TrtllmEngine:
             max_beam_width=effective_beam_width(self.settings, self.facts),
         )
         self._capabilities = executor_capabilities(
-            "", self.facts.vocab_size is not None, cannot("the trtllm engine has not started yet")
+            "",
+            self.facts.vocab_size is not None,
+            cannot("the trtllm engine has not started yet"),
+            self._limits.max_beam_width,
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -929,6 +962,7 @@ class TrtllmEngine:
             f"TensorRT-LLM {spec.version} (tensorrt backend)",
             self.facts.vocab_size is not None,
             guided_capability(tle, self._guide_vocab),
+            self._limits.max_beam_width,
         )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
@@ -1008,7 +1042,7 @@ class TrtllmEngine:
                 seed=random.getrandbits(63),
             )
         except EngineError as exc:
-            return error_output(rid, str(exc), exc.code)
+            return error_output(rid, str(exc), exc.code, exc.field)
         stream = _Stream(
             request_id=rid,
             max_new_tokens=request.sampling.max_new_tokens,
@@ -1149,6 +1183,8 @@ class TrtllmEngine:
                 _push(stream, out)
 
     def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
+        if stream.beam_width > 1 and result.is_final:
+            return self._beams_output(stream, result)
         tokens = list(result.output_token_ids[0]) if result.output_token_ids else []
         start = stream.generated
         stream.generated += len(tokens)
@@ -1175,6 +1211,30 @@ class TrtllmEngine:
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]
         return EngineOutput(stream.request_id, tokens, logprobs, finished=True, finish_reason=reason)
+
+    def _beams_output(self, stream: _Stream, result: Any) -> EngineOutput:
+        """A beam-search request's one final result: output_token_ids and finish_reasons hold one entry per beam
+        returned, best first (executor.h Result; numReturnBeams of them); cum_log_probs are not length-normalized
+        (BeamHypotheses.bReturnNormedScore is always false, beamSearchKernels.h), so no score is given."""
+        beams = []
+        for i, ids in enumerate(result.output_token_ids):
+            reasons = result.finish_reasons
+            tokens, reason = final_tokens_and_reason(
+                list(ids),
+                reasons[i].name if i < len(reasons) else "NOT_FINISHED",
+                end_id=stream.end_id,
+                extra_eos=stream.extra_eos,
+                generated=len(ids),
+                max_new_tokens=stream.max_new_tokens,
+            )
+            beams.append(Beam(tokens, FinishReason.CANCELLED if stream.cancelled else reason))
+        stream.generated = sum(len(b.token_ids) for b in beams)
+        if not beams:
+            return error_output(stream.request_id, "TensorRT-LLM's final beam-search result holds no beam", 424)
+        best = beams[0]
+        return EngineOutput(
+            stream.request_id, best.token_ids, finished=True, finish_reason=best.finish_reason, beams=beams
+        )
 
     # ------------------------------------------------------------------ stats
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -28,6 +28,7 @@ from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     AdapterHost,
     AdapterInfo,
+    Beam,
     Engine,
     EngineError,
     EngineLimits,
@@ -82,6 +83,10 @@ MAX_TOP_K = 2**31 - 1
 # or vanishes. presence/frequency penalties: OpenAI's documented range [-2, 2].
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 100.0
 MAX_ABS_PENALTY = 2.0
+# Beams a request may ask for (each takes a batch row of the engine, which bounds it further: Capability.most),
+# and the length penalty's range (an exponent of the beam's length: past this a float32 score over- or underflows).
+MAX_BEAM_WIDTH = 64
+MAX_LENGTH_PENALTY = 10.0
 MAX_ADAPTER_NAME = 256
 # A LoRA adapter's name: it is a path segment of the adapter routes and an OpenAI model name.
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,255}")
@@ -162,6 +167,12 @@ class GenerateParams(BaseModel):
     guided: GuidedDecoding | None = None  # constrained decoding (response_format, grammar, guided_*)
     logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS)  # token id → its logit's bias
     truncate: int | None = Field(None, ge=1)  # keep only the last N prompt tokens (TGI)
+    # Beam search: beam_width beams, the num_return_sequences best returned (check_beams says what goes with it).
+    beam_width: int = Field(1, ge=1, le=MAX_BEAM_WIDTH)
+    num_return_sequences: int = Field(1, ge=1, le=MAX_BEAM_WIDTH)
+    length_penalty: float | None = Field(None, ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY, allow_inf_nan=False)
+    early_stopping: bool | Literal["never"] | None = None
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     adapter: str | None = Field(None, min_length=1, max_length=MAX_ADAPTER_NAME)  # a registered LoRA adapter's name
 
     @field_validator("stop", mode="before")
@@ -216,8 +227,58 @@ REQUESTED_FEATURES: dict[str, Callable[[GenerateParams], bool | int | str]] = {
     "min_new_tokens": lambda p: p.min_new_tokens,
     "bad_words": lambda p: bool(p.bad_words),
     "stop_token_ids": lambda p: bool(p.stop_token_ids) and p.ignore_eos,  # some releases drop them then
+    "beam_search": lambda p: p.beam_width if p.beam_width > 1 else 0,
+    "min_p": lambda p: p.min_p not in (None, 0.0),
     "lora": lambda p: p.adapter or "",
 }
+# What beam search leaves out on every engine here, by the GenerateParams field that asks for it: the beams are
+# scored by the model's log-probs alone (transformers' generate with do_sample=False), returned whole at the end.
+BEAMLESS: dict[str, Callable[[GenerateParams], bool]] = {
+    "do_sample": lambda p: sampling_params(p, max_new_tokens=1, logprobs=False).do_sample,
+    "stop": lambda p: bool(p.stop),
+    "logprobs": lambda p: p.logprobs,
+    "top_logprobs": lambda p: bool(p.top_logprobs),
+    "prompt_logprobs": lambda p: p.prompt_logprobs,
+    "guided": lambda p: p.guided is not None,
+    "logit_bias": lambda p: bool(p.logit_bias),
+    "bad_words": lambda p: bool(p.bad_words),
+    "repetition_penalty": lambda p: p.repetition_penalty not in (None, 1.0),
+    "presence_penalty": lambda p: p.presence_penalty != 0.0,
+    "frequency_penalty": lambda p: p.frequency_penalty != 0.0,
+    "min_new_tokens": lambda p: bool(p.min_new_tokens),
+}
+
+
+def beam_problem(p: GenerateParams) -> tuple[str, str] | None:
+    """Pure: (field, why) for a request whose beam fields do not go together, else None. Beam search alone sets
+    length_penalty and early_stopping (vLLM refuses them without it too: vllm/sampling_params.py,
+    _verify_non_beam_search, 0.6); it is not streamed, because beams rewrite their earlier tokens."""
+    if p.num_return_sequences > p.beam_width:
+        return "num_return_sequences", (
+            f"num_return_sequences={p.num_return_sequences} is more than the {p.beam_width} beam(s) searched; "
+            "ask for at most as many sequences as beams"
+        )
+    if p.beam_width == 1:
+        if p.length_penalty not in (None, 1.0):
+            return "length_penalty", f"length_penalty={p.length_penalty} applies to beam search only; ask for beams"
+        if p.early_stopping not in (None, False):
+            return "early_stopping", f"early_stopping={p.early_stopping!r} applies to beam search only; ask for beams"
+        return None
+    for name, asked in BEAMLESS.items():
+        if asked(p):
+            return name, f"{name} cannot be combined with beam search here (beams are scored by log-prob alone)"
+    return None
+
+
+def refuse_streamed_beams(params: GenerateParams, stream: bool, names: Mapping[str, str]) -> None:
+    """A 400 for a streamed beam-search request: beams rewrite their earlier tokens, which deltas cannot say."""
+    if stream and params.beam_width > 1:
+        field_name = names.get("beam_search", "beam_width")
+        raise FeatureRefused(
+            field_name,
+            f"{field_name}={params.beam_width}: beam search is not streamed (beams rewrite their earlier tokens); "
+            "set stream to false, or ask for 1 beam",
+        )
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -277,6 +338,10 @@ def sampling_params(p: GenerateParams, *, max_new_tokens: int, logprobs: bool) -
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
         min_new_tokens=p.min_new_tokens,
+        beam_width=p.beam_width,
+        num_return_sequences=p.num_return_sequences,
+        length_penalty=1.0 if p.length_penalty is None else p.length_penalty,
+        early_stopping=False if p.early_stopping is None else p.early_stopping,
         logprobs=logprobs,
         top_logprobs=p.top_logprobs if logprobs else 0,
         prompt_logprobs=p.prompt_logprobs,
@@ -335,6 +400,7 @@ class Completion:
     tokens: list[TokenOut] = field(default_factory=list)  # filled when collect(keep_tokens=True)
     error: LmiHttpError | None = None
     prompt: list[Alternative] | None = None  # with prompt_logprobs
+    score: float | None = None  # a beam's score (GenerationStream.collect_beams), where the engine gives it
 
 
 class GenerationStream:
@@ -366,6 +432,7 @@ class GenerationStream:
         self._stops = StopMatcher(params.stop) if params.stop else None
         self._specials = service.facts.special_token_ids
         self._done = False
+        self.beams: list[Beam] | None = None  # a beam-search request's beams, once its final output came
         self._timed_out = False
         self._cancel_pending = False  # _process ended the request: cancel the engine side before returning
         self._loop = asyncio.get_running_loop()
@@ -436,6 +503,20 @@ class GenerationStream:
             prompt=prompt,
         )
 
+    async def collect_beams(self) -> list[Completion]:
+        """Drain a beam-search request: one ``Completion`` per beam returned, best first, with its score (an engine
+        that returned no beams, or an error: ``collect``'s one)."""
+        best = await self.collect()
+        if best.error is not None or self.beams is None:
+            return [best]
+        cache = self._service.token_cache(self.params.skip_special_tokens)
+        out = []
+        for beam in self.beams:
+            detok = IncrementalDetokenizer(self._service.tokenizer, self.prompt_token_ids, cache=cache)
+            text = "".join(detok.step(t) for t in beam.token_ids) + detok.finish()
+            out.append(Completion(text, beam.finish_reason, len(beam.token_ids), self.prompt_tokens, score=beam.score))
+        return out
+
     async def aclose(self) -> None:
         """Release the request. Early (client gone): cancel the engine request, in the
         background so a second cancellation of the calling task cannot skip it."""
@@ -455,6 +536,8 @@ class GenerationStream:
             self._service.observe_queue_time(out.queue_time_s)
         if out.error is not None or out.finish_reason is FinishReason.ERROR:
             return self._failed(self._engine_error(out))
+        if out.beams is not None:
+            self.beams = out.beams
         tokens: list[TokenOut] = []
         texts: list[str] = []
         stops = self._stops
@@ -810,7 +893,7 @@ class GenerationService:
                 sampling=sampling_params(params, max_new_tokens=max_new, logprobs=params.logprobs),
                 stop_token_ids=[[i] for i in params.stop_token_ids],
                 bad_words_ids=await self._bad_words_ids(params.bad_words),
-                streaming=True,
+                streaming=params.beam_width == 1,  # beams come back whole, at the end
                 adapter=params.adapter,
             )
             it = self.engine.submit(request).__aiter__()  # never raises: refusals are final outputs (engines/base.py)
@@ -827,6 +910,10 @@ class GenerationService:
 
     def check_features(self, params: GenerateParams, names: Mapping[str, str]) -> None:
         """A 400 naming the field for what the engine refuses (its ``Capabilities``): never ignored."""
+        problem = beam_problem(params)
+        if problem is not None:
+            field_name = names.get(problem[0], problem[0])
+            raise FeatureRefused(field_name, f"{field_name}: {problem[1]}" if field_name != problem[0] else problem[1])
         for feature, asked in REQUESTED_FEATURES.items():
             amount = asked(params)
             if not amount:
@@ -997,5 +1084,6 @@ __all__ = [
     "GenerationStream",
     "TokenOut",
     "format_validation_error",
+    "refuse_streamed_beams",
     "sampling_params",
 ]

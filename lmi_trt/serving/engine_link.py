@@ -22,7 +22,7 @@ import logging
 import os
 import pickle
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +73,15 @@ def _adapters(engine: Engine) -> tuple[AdapterInfo, ...]:
     return tuple(engine.adapters()) if isinstance(engine, AdapterHost) else ()
 
 
+_REASON = [f.name for f in fields(EngineOutput)].index("finish_reason")
+
+
 def _wire(out: EngineOutput) -> tuple:
     """An output as a plain tuple (its fields in order; the finish reason by value): pickles several times faster
     than the dataclass and its enum."""
     t = tuple(vars(out).values())  # a dataclass's attributes, in its fields' order
     reason = out.finish_reason
-    return (*t[:6], reason.value if reason is not None else None, *t[7:])
+    return (*t[:_REASON], reason.value if reason is not None else None, *t[_REASON + 1 :])
 
 
 def _unwire(t: tuple) -> EngineOutput:

@@ -16,7 +16,8 @@ ml-explore/mlx-lm#661; read in transformers 5.24.0's source):
   instead of ``torch_dtype``, which 4.42-4.53 do not read.
 * ``tokenizer.json``, written by the tokenizers library transformers 5 needs (≥ 0.22): BPE merges as pairs of
   tokens (huggingface/tokenizers PR 909, "Merges cannot handle tokens containing spaces"), which tokenizers 0.19 (the
-  0.12 image's) cannot read ("data did not match any variant of untagged enum ModelWrapper"); 0.21 on reads both.
+  0.12 image's) cannot read ("data did not match any variant of untagged enum ModelWrapper"); 0.20 on (the first
+  release with PR 909) reads both.
 
 ``for_installed_transformers`` answers with a view of such a folder: a private folder beside the downloads holding
 links to every file but those, which it writes in 4.x's form. Everything that reads the folder (our tokenizer, the

@@ -29,7 +29,8 @@ Release facts that are not in one file:
   ("Remove C++ modules for legacy TRT backend": "The nanobind ``Executor`` class no longer exists") merged
   on main after 1.2; the fake calls that release ``1.3.0`` (the first one without the Executor binding).
 * Log probs on the PyTorch backend: PR 6097 "Topk logprobs for TRT backend and top1 logprob for PyT backend"
-  (in 1.0.0), PR 7756 "Return topk logprobs in torch backend" (merged 2025-09, after the 1.0 branch: 1.1.0+).
+  (in 1.0.0), PR 7756 "Return topk logprobs in torch backend" (merged 2025-09-24, reverted the same day by PR 7969,
+  re-landed as PR 7976 on 2025-09-30, after the "Bump version to 1.2.0rc0" commit of 2025-09-29: 1.2.0+).
   PR 9374 ("Change PyT to always include sampled logprob") was closed unmerged, so a sampled token outside
   the top k may be missing from its step's dict: users must not rely on it being there.
 

@@ -69,16 +69,15 @@ def _release_backends() -> dict[str, Callable[..., Awaitable[Engine]]]:
     """The TensorRT-LLM backends of the release the fake impersonates (LMI_TRT_FAKE_RELEASE): the
     Executor where it exists (≤ 1.2), the PyTorch LLM API from 1.0."""
     from lmi_trt.engines import probe_trtllm
-    from lmi_trt.engines.llmapi import FIRST_SERIES
+    from lmi_trt.engines.registry import PYTORCH
 
     with fake_tensorrt_llm():
         facts = probe_trtllm()
-    series = tuple(int(part) for part in facts.version.split(".")[:2])
     return {
         name: build
         for name, build, present in (
             ("trtllm-executor", _executor, facts.has_executor),
-            ("trtllm-llmapi", _llmapi, series >= FIRST_SERIES),
+            ("trtllm-llmapi", _llmapi, facts.has(PYTORCH)),
         )
         if present
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tinymodels import tiny_model
+from tinymodels import beam_reference, tiny_model
 from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt.compat import dtype_kwargs
@@ -89,6 +89,11 @@ async def collect(engine: LlmApiEngine, request: GenerationRequest) -> list:
         return [out async for out in engine.submit(request)]
 
     return await asyncio.wait_for(run(), 120)
+
+
+def capabilities_beams(engine: LlmApiEngine) -> int | None:
+    beams = engine.capabilities.beam_search
+    return beams.most if beams.honoured else None
 
 
 def tokens_of(outputs) -> list[int]:
@@ -266,6 +271,11 @@ async def test_stop_tokens_with_ignore_eos_stop_or_are_refused(trt, monkeypatch,
 # counts the prompt into min_tokens, so a request with them is refused; main's TorchSampler honours them all.
 RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0")
 REFUSING = ("1.1.0", "1.2.1")
+# main's TorchSampler fixes reach the 1.3.0 release candidates one by one: each pair is the last candidate not verified
+# to hold one and the first verified to (lmi_trt/engines/llmapi_releases.py, the fake's _state.FIXES)
+SEED_AND_PENALTIES = ("1.3.0rc24", "1.3.0rc25")  # PRs 17172, 16485
+BAD_WORDS = ("1.3.0rc22", "1.3.0rc23")  # PR 16052
+MIN_TOKENS = ("1.3.0rc10", "1.3.0rc11")  # PRs 12166, 12358
 HOT = {"do_sample": True, "temperature": 2.0, "top_k": 0, "top_p": 1.0, "ignore_eos": True, "max_new_tokens": 16}
 
 
@@ -288,20 +298,21 @@ async def test_a_sampled_request_samples_on_every_release(trt, monkeypatch, mode
         await engine.close()
 
 
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", RELEASES + SEED_AND_PENALTIES)
 async def test_seed_and_penalties_are_honoured_or_refused(trt, monkeypatch, model_dir, reference, release):
     monkeypatch.setattr(trt, "__version__", release)
+    refusing = (*REFUSING, SEED_AND_PENALTIES[0])
     engine = await started(model_dir)
     try:
-        seeded = [tokens_of(await collect(engine, req(f"s{s}", PROMPTS[0], seed=s, **HOT))) for s in (5, 5, 6)]
-        if release in REFUSING:
+        if release in refusing:
             assert refused(await collect(engine, req("seed", PROMPTS[0], seed=5, **HOT)), "seed", release)
         else:
+            seeded = [tokens_of(await collect(engine, req(f"s{s}", PROMPTS[0], seed=s, **HOT))) for s in (5, 5, 6)]
             assert seeded[0] == seeded[1] != seeded[2]
         greedy = reference(PROMPTS[0], 16, eos=None)
         for field, value in (("repetition_penalty", 3.0), ("presence_penalty", 2.0), ("frequency_penalty", 2.0)):
             outs = await collect(engine, req(field, PROMPTS[0], max_new_tokens=16, ignore_eos=True, **{field: value}))
-            if release in REFUSING:
+            if release in refusing:
                 assert refused(outs, field, release), outs
             else:
                 assert tokens_of(outs) != greedy, field  # the tiny model repeats itself; a penalty breaks that
@@ -309,7 +320,7 @@ async def test_seed_and_penalties_are_honoured_or_refused(trt, monkeypatch, mode
         await engine.close()
 
 
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", RELEASES + BAD_WORDS)
 async def test_bans_work_or_are_refused(trt, monkeypatch, model_dir, reference, release):
     """A one-token ban goes as bad_token_ids, a longer one as text the LLM tokenizes: both need a release whose
     sampler applies bad words; a sequence whose text tokenizes differently cannot be banned on any."""
@@ -324,7 +335,7 @@ async def test_bans_work_or_are_refused(trt, monkeypatch, model_dir, reference, 
     try:
         for ban in ([want[0]], pair):
             outs = await collect(engine, req("ban", PROMPTS[0], max_new_tokens=12, ignore_eos=True, bad=[ban]))
-            if release in REFUSING:
+            if release in (*REFUSING, BAD_WORDS[0]):
                 assert refused(outs, "bad_words", release), outs
             else:
                 assert tokens_of(outs) == reference(PROMPTS[0], 12, eos=None, bad=[ban]) != want
@@ -334,7 +345,7 @@ async def test_bans_work_or_are_refused(trt, monkeypatch, model_dir, reference, 
         await engine.close()
 
 
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", RELEASES + MIN_TOKENS)
 async def test_min_new_tokens_holds_back_the_end_id_or_is_refused(
     trt, monkeypatch, model_dir, reference, release, tmp_path
 ):
@@ -349,7 +360,7 @@ async def test_min_new_tokens_holds_back_the_end_id_or_is_refused(
     try:
         assert tokens_of(await collect(engine, req("plain", PROMPTS[0]))) == []
         outs = await collect(engine, req("min", PROMPTS[0], min_new_tokens=4))
-        if release in REFUSING:
+        if release in (*REFUSING, MIN_TOKENS[0]):
             assert refused(outs, "min_new_tokens", release), outs
         else:
             assert len(tokens_of(outs)) >= 4 and first not in tokens_of(outs)[:4]
@@ -494,9 +505,11 @@ async def test_options_the_backend_cannot_honour_name_the_key(trt, model_dir):
     "release, top, prompt_lps, bias",
     [
         ("1.0.0", 0, False, False),  # top-1 only (PR 6097); no prompt log probs; no embedding bias on PyTorch
-        ("1.1.0", 20, False, True),  # top k (PR 7756); prompt entries are top k only (PR 7580); bias (PR 6464)
-        ("1.2.1", 20, False, True),
-        ("1.3.0", 20, True, True),  # prompt entries hold the prompt token (PR 11235)
+        ("1.1.0", 0, False, True),  # top-1 (PR 7756 was reverted before the 1.1 cut); bias (PR 6464)
+        ("1.2.1", 20, False, True),  # top k (PR 7976); prompt entries are top k only (PR 7580)
+        ("1.3.0rc10", 20, False, True),  # entries hold a prompt token, the wrong one (PR 11235)
+        ("1.3.0rc11", 20, True, True),  # ... the right one (PR 12499)
+        ("1.3.0", 20, True, True),
     ],
 )
 async def test_what_each_release_serves_is_in_its_capabilities(
@@ -553,8 +566,10 @@ async def test_logit_bias_is_the_samplers_embedding_bias(trt, monkeypatch, model
 
 @pytest.mark.parametrize("release", RELEASES)
 async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, model_dir, hf_model, release, caplog):
-    """option.max_beam_width > 1: 1.0 and 1.1/1.2 run every request on the TRTLLMSampler (built without the overlap
-    scheduler and CUDA graphs, as it needs), main on its TorchSampler; what that sampler lacks is refused."""
+    """option.max_beam_width > 1: 1.0 and 1.1/1.2 run every request on the TRTLLMSampler (1.0's without the overlap
+    scheduler and CUDA graphs, as its docs ask), main on its TorchSampler; what that sampler lacks is refused, and so
+    is every request whose beam width is not max_beam_width, which the executor would fail (or, on 1.0 and 1.1, die
+    of: an assert in its request loop)."""
     import torch
 
     monkeypatch.setattr(trt, "__version__", release)
@@ -563,13 +578,35 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
     try:
         report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
         assert "max_beam_width=2 (option.max_beam_width)" in report
-        if release != "1.3.0":
-            assert "cuda_graph_config=None (beam search on the TRTLLMSampler" in report
-            assert "disable_overlap_scheduler=True (beam search on the TRTLLMSampler" in report
+        forced = "cuda_graph_config=None (beam search on 1.0's TRTLLMSampler" in report
+        assert forced is (release == "1.0.0")
+        assert ("disable_overlap_scheduler=True (beam search on 1.0's TRTLLMSampler" in report) is forced
         outs = await collect(engine, req("beam", PROMPTS[0], streaming=False, max_new_tokens=6, beam_width=2))
         with torch.no_grad():
             want = hf_model.generate(torch.tensor([PROMPTS[0]]), num_beams=2, max_new_tokens=6, do_sample=False)
         assert tokens_of(outs) == want[0, len(PROMPTS[0]) :].tolist()
+        plain = await collect(engine, req("plain", PROMPTS[0], streaming=False, max_new_tokens=4))
+        assert refused(plain, "beam_width", release) and "max_beam_width" in plain[0].error, plain
+        # n beams back, with the request's length_penalty and early_stopping (SamplingParams' best_of, n and
+        # those fields: tensorrt_llm/sampling_params.py, 1.0-1.2)
+        both = await collect(
+            engine,
+            req(
+                "beams",
+                PROMPTS[0],
+                False,
+                max_new_tokens=6,
+                beam_width=2,
+                num_return_sequences=2,
+                length_penalty=0.5,
+                early_stopping=True,
+            ),
+        )
+        rows, _ = beam_reference(
+            hf_model, PROMPTS[0], beams=2, returned=2, max_new=6, length_penalty=0.5, early_stopping=True
+        )
+        assert [b.token_ids for b in both[-1].beams] == rows
+        assert capabilities_beams(engine) == 2
         pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
         if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
             assert (
@@ -579,7 +616,69 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
             assert pen[-1].error is None
         lps = await collect(engine, req("lp", PROMPTS[0], False, max_new_tokens=4, beam_width=2, logprobs=True))
         assert lps[0].error_code == 400 and lps[0].error_field == "logprobs" and release in lps[0].error
+        # test_beam_search.py (1.2-era): "Beam search on TRTLLMSampler does not correctly handle stop_token_ids"
+        last = int(want[0, -1])
+        stop = await collect(engine, req("stop", PROMPTS[0], False, max_new_tokens=6, beam_width=2, stop=[[last]]))
+        if release == "1.3.0":
+            assert stop[-1].error is None
+        else:
+            assert refused(stop, "stop", release), stop
         top = engine.capabilities.top_logprobs
         assert top.honoured is (release == "1.3.0")  # the TRTLLMSampler's: the sampled token's only
+        assert engine.healthy
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize("release", ["1.1.0", "1.2.1"])
+async def test_beams_on_11_and_12_keep_the_overlap_scheduler_and_cuda_graphs(
+    trt, monkeypatch, model_dir, release, caplog
+):
+    """From 1.1 the TRTLLMSampler's beam search runs beside both (PRs 6223 and 6217; PR 7326's tests): the options
+    are the user's, and unset the release's."""
+    monkeypatch.setattr(trt, "__version__", release)
+    config = settings(max_beam_width=2).model_copy(update={"enable_overlap_scheduler": True, "use_cuda_graph": True})
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(model_dir, config)
+    try:
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        assert "disable_overlap_scheduler=False (option.enable_overlap_scheduler)" in report
+        assert "cuda_graph_config={} (option.use_cuda_graph)" in report
+        outs = await collect(engine, req("beam", PROMPTS[0], streaming=False, max_new_tokens=4, beam_width=2))
+        assert outs[-1].error is None and len(tokens_of(outs)) == 4
+    finally:
+        await engine.close()
+
+
+async def test_beams_before_13rc26_are_refused_at_startup(trt, monkeypatch, model_dir):
+    """Which sampler 'auto' runs beams on before PR 18232 (1.3.0rc26) was not pinned down: refused, naming the key."""
+    monkeypatch.setattr(trt, "__version__", "1.3.0rc25")
+    with pytest.raises(EngineError, match="option.max_beam_width=2") as err:
+        await started(model_dir, settings(max_beam_width=2))
+    assert "1.3.0rc26" in str(err.value)
+    monkeypatch.setattr(trt, "__version__", "1.3.0rc26")
+    engine = await started(model_dir, settings(max_beam_width=2))
+    try:
+        outs = await collect(engine, req("beam", PROMPTS[0], streaming=False, max_new_tokens=4, beam_width=2))
+        assert outs[-1].error is None
+    finally:
+        await engine.close()
+
+
+async def test_the_sequence_limit_is_the_releases_unless_given(trt, model_dir, caplog):
+    """No max_seq_len keyword unless option.max_seq_len: TensorRT-LLM then takes the checkpoint's positions (512
+    here), which the server's limits follow; a larger option.max_seq_len, which TensorRT-LLM would silently lower,
+    is a startup error naming the key."""
+    unset = settings().model_copy(update={"max_seq_len": None})
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(model_dir, unset)
+    try:
+        assert engine.limits.max_seq_len == 512
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        assert "max_seq_len=" not in report.split("'s defaults: ")[0]  # not sent
+        assert "max_seq_len=512 (" in report.split("'s defaults: ")[1]
+    finally:
+        await engine.close()
+    with pytest.raises(EngineError, match="option.max_seq_len=600") as err:
+        LlmApiEngine(model_dir, settings().model_copy(update={"max_seq_len": 600}), eos_token_ids=[2])
+    assert "512" in str(err.value)

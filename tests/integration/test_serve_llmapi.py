@@ -200,9 +200,12 @@ def test_iteration_stats_reach_metrics(pytorch_server):
 # What each release's sampler does with the fields its samplers differ on (the fake cites the sources,
 # tests/fakes/tensorrt_llm/_llm_runtime.py): 1.0 is served by its TRTLLMSampler (the C++ decoder), 1.1 and 1.2 by the
 # TorchSampler, which ignores penalties, a request's seed and bad words and counts the prompt into min_tokens, and
-# main's TorchSampler honours them all. log probs: 1.0 gives the chosen token's only; logit_bias: from 1.1.
-RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0")
+# main's TorchSampler honours them all; the 1.3.0 release candidates gain them one by one (1.3.0rc24: min_tokens,
+# prompt log probs and bad words, not yet the seed and the penalties). log probs: 1.0 and 1.1 give the chosen token's
+# only; logit_bias: from 1.1.
+RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0rc24", "1.3.0")
 REFUSING = ("1.1.0", "1.2.1")
+NO_SEED_OR_PENALTIES = (*REFUSING, "1.3.0rc24")
 SAMPLING_PROMPT = "The quick brown fox"
 
 
@@ -241,13 +244,13 @@ def test_every_sampling_field_is_honoured_or_refused_per_release(release_server)
     assert out(complete(temperature=2.0, top_k=1, ignore_eos=True)) == greedy
     assert out(complete(temperature=2.0, top_p=0.001, ignore_eos=True)) == greedy
     hot = {"temperature": 2.0, "ignore_eos": True}
-    if release in REFUSING:
+    if release in NO_SEED_OR_PENALTIES:
         assert refused(complete(seed=5, **hot), "seed"), release
     else:
         assert out(complete(seed=5, **hot)) == out(complete(seed=5, **hot)) != out(complete(seed=6, **hot))
     for field, value in (("repetition_penalty", 3.0), ("presence_penalty", 2.0), ("frequency_penalty", 2.0)):
         r = complete(temperature=0, ignore_eos=True, **{field: value})
-        assert refused(r, field) if release in REFUSING else out(r) != greedy, (field, r.text)
+        assert refused(r, field) if release in NO_SEED_OR_PENALTIES else out(r) != greedy, (field, r.text)
     word = greedy[0].split()[0]
     r = complete(temperature=0, ignore_eos=True, bad_words=[word])
     assert refused(r, "bad_words") if release in REFUSING else word not in out(r)[0], r.text
@@ -259,15 +262,42 @@ def test_every_sampling_field_is_honoured_or_refused_per_release(release_server)
     r = complete(temperature=0, logit_bias={str(eos): -100})
     assert refused(r, "logit_bias") if release == "1.0.0" else out(r)[1] == 12, r.text
     r = complete(temperature=0, ignore_eos=True, logprobs=2)
-    if release == "1.0.0":
+    if release in ("1.0.0", "1.1.0"):  # top k from PR 7976 (1.2): PR 7756 was reverted before the 1.1 cut
         assert refused(r, "logprobs"), r.text
     else:
         assert len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 2, r.text
     r = complete(temperature=0, ignore_eos=True, echo=True, logprobs=0, max_tokens=1)
-    assert refused(r, "echo") if release != "1.3.0" else r.status_code == 200, r.text
+    assert refused(r, "echo") if release in ("1.0.0", *REFUSING) else r.status_code == 200, r.text
     # the same refusals under the LMI schema's names
     lmi = server.post("/invocations", {"inputs": SAMPLING_PROMPT, "parameters": {"repetition_penalty": 2.0}})
-    assert refused(lmi, "parameters.repetition_penalty") if release in REFUSING else lmi.status_code == 200, lmi.text
+    expected = (
+        refused(lmi, "parameters.repetition_penalty") if release in NO_SEED_OR_PENALTIES else lmi.status_code == 200
+    )
+    assert expected, lmi.text
+
+
+def test_the_sequence_limit_is_the_releases_so_nothing_is_cut_silently(hf_dir, site_dir, tmp_path):
+    """No option.max_seq_len: the LLM gets none and TensorRT-LLM takes the checkpoint's 512 positions; a request
+    whose prompt + max_tokens does not fit is a 400 naming that limit, where the worker would cut max_tokens silently
+    (executor/base_worker.py _deduce_max_tokens)."""
+    limits = [
+        "-o",
+        "option.max_input_len=480",
+        "-o",
+        "option.max_output_len=100",
+        "-o",
+        "option.max_rolling_batch_size=2",
+    ]
+    with serve(
+        ["--model-id", str(hf_dir), "--engine", "trtllm", *limits], tmp_path, env=_env(site_dir, "1.2.1")
+    ) as server:
+        assert "max_seq_len=512 (from the checkpoint" in server.log(), server.log()[-3000:]
+        prompt = list(range(5, 455))  # 450 token ids
+        body = {"model": "llama", "prompt": prompt, "max_tokens": 100, "temperature": 0}
+        r = server.post("/v1/completions", body)
+        assert r.status_code == 400 and "max_seq_len=512" in r.text and "at most 62" in r.text, r.text
+        r = server.post("/v1/completions", {**body, "max_tokens": 62, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 62, r.text
 
 
 # ------------------------------------------------------------------ option.backend=auto per release

@@ -14,13 +14,14 @@ import shutil
 import pytest
 from aiohttp import ClientSession, ClientTimeout
 from aiohttp.test_utils import TestServer
-from tinymodels import tiny_model
+from tinymodels import beam_reference, tiny_model
 from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.loader import load_model
 from lmi_trt.serving.app import build_app
 from lmi_trt.serving.http import CONTEXT
+from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +58,22 @@ def _reference(hf_dir, prompt: str, n: int) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
-async def _server(config: LmiConfig):
-    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
+def _config(engine_dir, hf_dir, tmp_path, **more) -> LmiConfig:
+    """The trtllm engine on ``engine_dir`` with the checkpoint's tokenizer: prompts of 64 tokens, 32 new ones."""
+    return LmiConfig(
+        model_id=str(engine_dir),
+        tokenizer_id=str(hf_dir),
+        rolling_batch="trtllm",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+        **more,
+    )
+
+
+async def _server(config: LmiConfig, adapters=None):
+    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny", adapters=adapters)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     # A JIT build on a loaded machine takes minutes: wait for readiness with a bound, not a speed.
@@ -76,15 +91,7 @@ async def _server(config: LmiConfig):
 
 
 async def test_greedy_tokens_match_generate_and_errors_stay_isolated(engine_dir, hf_dir, tmp_path):
-    config = LmiConfig(
-        model_id=str(engine_dir),
-        tokenizer_id=str(hf_dir),
-        rolling_batch="trtllm",
-        max_input_len=64,
-        max_output_len=32,
-        max_rolling_batch_size=4,
-        download_dir=tmp_path / "dl",
-    )
+    config = _config(engine_dir, hf_dir, tmp_path)
     server = await _server(config)
     url = str(server.make_url("/invocations"))
     prompts = ["The quick brown fox", "Serving engines batch", "Grüße aus München", "Once upon a time"]
@@ -276,3 +283,63 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
             time.sleep(0.05)
         assert not os.path.exists(f"/proc/{responder_pid}")  # exited and reaped at the handover
         assert requests.get(server.url + "/ping", timeout=30).status_code == 200
+
+
+async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, tmp_path):
+    """The Executor path: an engine built for 3 beams, served with option.max_beam_width=3. The beams the clients
+    get back are transformers' (the fake Executor decodes beams with generate) for the SamplingConfig the engine
+    sent: beamWidth, numReturnSequences, lengthPenalty and earlyStopping (executor.h)."""
+    from openai import AsyncOpenAI, BadRequestError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    engine = make_engine_dir(
+        hf_dir, tmp_path / "engine", max_batch_size=4, max_input_len=64, max_seq_len=96, max_beam_width=3
+    )
+    config = _config(engine, hf_dir, tmp_path, max_beam_width=3)
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    prompt = "The quick brown fox"
+    ids = tok(prompt)["input_ids"]
+
+    def beams(k: int, n: int, length_penalty: float, early_stopping: bool) -> list[str]:
+        rows, _ = beam_reference(
+            model,
+            ids,
+            beams=k,
+            returned=n,
+            max_new=8,
+            eos=tok.eos_token_id,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+        )
+        return [tok.decode(row, skip_special_tokens=True) for row in rows]
+
+    server = await _server(config, DEFAULT_ADAPTERS)
+    try:
+        client = AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
+        extra = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True}
+        out = await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=extra)
+        assert [c.text for c in out.choices] == beams(2, 2, 0.5, True)  # n beams searched, n returned
+        wide = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=8, n=2, best_of=3, extra_body=extra
+        )
+        assert [c.text for c in wide.choices] == beams(3, 2, 0.5, True)
+        with pytest.raises(BadRequestError) as e:  # wider than option.max_beam_width
+            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=4, extra_body=extra)
+        assert e.value.body["param"] == "use_beam_search" and "at most 3" in e.value.body["message"]
+        with pytest.raises(BadRequestError) as e:  # no SamplingConfig value says "never"
+            never = {**extra, "early_stopping": "never"}
+            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=never)
+        assert e.value.body["param"] == "early_stopping"
+        async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+            body = {"inputs": prompt, "parameters": {"max_new_tokens": 8, "num_beams": 3, "early_stopping": True}}
+            async with s.post(server.make_url("/invocations"), json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["generated_text"] == beams(3, 1, 1.0, True)[0]
+            triton = {"text_input": prompt, "max_tokens": 8, "beam_width": 3, "length_penalty": 0.0}
+            async with s.post(server.make_url("/v2/models/ensemble/generate"), json=triton) as r:
+                assert r.status == 200, await r.text()
+                # all beamWidth beams come back when num_return_sequences is not given (numReturnBeams)
+                assert (await r.json())["text_output"] == beams(3, 3, 0.0, False)
+    finally:
+        await server.close()

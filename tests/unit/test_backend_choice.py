@@ -107,7 +107,8 @@ def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
     keywords = report["backend"]["llm_keywords"]
     assert (keywords is None) is (backend == "tensorrt")
     if keywords:
-        assert keywords["max_input_len"] == 256 and keywords["max_seq_len"] == 384
+        # max_seq_len is TensorRT-LLM's (from the checkpoint) unless option.max_seq_len sets it
+        assert keywords["max_input_len"] == 256 and "max_seq_len" not in keywords
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert f"backend        {backend} (auto:" in text and ("LLM keywords" in text) is (backend == "pytorch")

@@ -13,7 +13,7 @@ from serverproc import serve_all_schemas
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import Capabilities, Capability, can, cannot
-from lmi_trt.engines.llmapi import llm_api_series, release_capabilities
+from lmi_trt.engines.llmapi import llm_api_release, release_capabilities
 from lmi_trt.engines.llmapi_releases import TRTLLM, llm_sampler
 from lmi_trt.engines.replicas import common_capabilities
 from lmi_trt.engines.synthetic import CAPABILITIES, SyntheticEngine
@@ -33,6 +33,8 @@ PARAMETERS_SAMPLING: dict[str, dict[str, Any]] = {
 }
 OPENAI_SAMPLING: dict[str, dict[str, Any]] = {
     **PARAMETERS_SAMPLING,
+    "beam_search": {"use_beam_search": True, "n": 2},  # vLLM's extension: n beams come back as the choices
+    "min_p": {"min_p": 0.1},
     "seed": {"seed": 5, "temperature": 0.7},
     "min_new_tokens": {"min_tokens": 1},
 }
@@ -68,6 +70,8 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"guided_regex": "a+"},
+            "beam_search": {"num_beams": 2},
+            "min_p": {"min_p": 0.1},
             "lora": {"adapters": "sql"},  # top-level (TOP_LEVEL)
             **PARAMETERS_SAMPLING,
         },
@@ -80,6 +84,7 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = {
             "top_logprobs": {"top_n_tokens": 2},
             "prompt_logprobs": {"decoder_input_details": True},
             "guided": {"grammar": {"type": "regex", "value": "a+"}},
+            "min_p": {"min_p": 0.1},
             "lora": {"adapter_id": "sql"},
             **PARAMETERS_SAMPLING,
         },
@@ -178,13 +183,14 @@ def test_every_table_gives_a_reason_for_each_refusal():
         for name, c in caps.features().items():
             assert c.honoured or c.reason.strip(), (caps.release, name)
     assert llmapi("1.0.0", 32000).top_logprobs.reason.count("PR 7756") == 1
-    assert llmapi("1.1.0", 32000).top_logprobs == can(most=20)
+    assert not llmapi("1.1.0", 32000).top_logprobs.honoured  # PR 7756 was reverted before the 1.1 cut
+    assert llmapi("1.2.1", 32000).top_logprobs == can(most=20)
     assert not llmapi("1.2.1", None).logit_bias.honoured  # no vocab_size: no embedding bias
 
 
 def llmapi(version: str, vocab_size: int | None) -> Capabilities:
     """The LLM API engine's capabilities as it builds the LLM for ``version`` (beam width 1)."""
-    return release_capabilities(version, llm_sampler(llm_api_series(version), 1), vocab_size, [2])
+    return release_capabilities(version, llm_sampler(llm_api_release(version), 1), vocab_size, [2])
 
 
 def test_several_copies_honour_what_every_copy_honours():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from packaging.version import Version
 from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt import stages
@@ -145,7 +146,7 @@ def test_djl_keys_reach_the_llm_fields_djl_gives_them():
                 }
             )
         ),
-        (1, 2),
+        Version("1.2.1"),
     )
     assert plan.kv_cache_config == {
         "enable_block_reuse": True,
@@ -171,7 +172,9 @@ def test_djl_keys_reach_the_llm_fields_djl_gives_them():
 
 
 def test_unset_keys_leave_tensorrt_llms_defaults():
-    plan = llm_plan(stages.llmapi_settings(stages.settle(LmiConfig(model_id="m", backend="pytorch"), "trtllm")), (1, 2))
+    plan = llm_plan(
+        stages.llmapi_settings(stages.settle(LmiConfig(model_id="m", backend="pytorch"), "trtllm")), Version("1.2.1")
+    )
     assert not set(plan.keywords) & {"disable_overlap_scheduler", "attn_backend", "load_format", "enable_attention_dp"}
     assert plan.moe_config == {} and plan.cuda_graph_config is not None
     assert not set(plan.kv_cache_config) & {"dtype", "max_attention_window", "sink_token_length", "onboard_blocks"}
@@ -233,9 +236,12 @@ def test_a_key_the_engine_cannot_honour_is_refused_naming_it_as_written(kind, ba
 
 def test_the_moe_split_must_be_the_tensor_parallel_degree():
     with pytest.raises(TrtllmConfigError, match="option.moe_expert_parallel_size=3 does not split"):
-        llm_plan(stages.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="3")), (1, 2))
+        llm_plan(
+            stages.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="3")),
+            Version("1.2.1"),
+        )
     plan = llm_plan(
-        stages.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="4")), (1, 2)
+        stages.llmapi_settings(_djl_config(tensor_parallel_degree="4", moe_expert_parallel_size="4")), Version("1.2.1")
     )
     assert plan.keywords["moe_expert_parallel_size"] == 4
 
@@ -267,7 +273,7 @@ def test_llm_configs_name_a_field_the_release_lacks():
     with fake_tensorrt_llm("1.2.1"):
         import tensorrt_llm.llmapi
 
-        plan = llm_plan(stages.llmapi_settings(_djl_config()), (1, 2))
+        plan = llm_plan(stages.llmapi_settings(_djl_config()), Version("1.2.1"))
         plan.origins["not_a_field"] = "option.some_key"
         with pytest.raises(TrtllmConfigError, match="option.some_key: TensorRT-LLM 1.2.1's LLM has no not_a_field"):
             llm_configs(tensorrt_llm.llmapi, plan, "1.2.1")

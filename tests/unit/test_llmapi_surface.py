@@ -22,6 +22,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 from test_fake_surface import listed_params, load_assignments, sig_names, signature_mismatch
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm
@@ -31,7 +32,7 @@ from lmi_trt.engines.base import EngineError, GenerationRequest, GuidedDecoding,
 from lmi_trt.engines.llmapi import (
     Codec,
     LlmApiSettings,
-    llm_api_series,
+    llm_api_release,
     llm_plan,
     plan_request,
     prompt_token_logprobs,
@@ -179,12 +180,13 @@ def test_trt_only_keywords_name_the_tensorrt_engine_llm_while_it_exists(trt):
         LLM(str(tiny_model("llama")), not_a_field=1)
 
 
-async def test_logprobs_are_top1_in_1_0_and_top_k_later(trt):
-    """1.0's TorchSampler reports the sampled token's log prob only, rank 1 (handle_logits); whether 1.0 refuses
-    logprobs > 1 up front was not found in any copy read, so the fake takes it and returns the one entry."""
+async def test_logprobs_are_top1_before_1_2_and_top_k_later(trt):
+    """The TorchSampler reports the sampled token's log prob only, rank 1 (handle_logits), until PR 7976 (1.2: PR 7756
+    was reverted before the 1.1 cut); whether 1.0/1.1 refuse logprobs > 1 up front was not found in any copy read, so
+    the fake takes it and returns the one entry."""
     from tensorrt_llm import LLM, SamplingParams
 
-    top_k_release = trt.__version__ != "1.0.0"
+    top_k_release = trt.__version__ not in ("1.0.0", "1.1.0")
     with LLM(str(tiny_model("llama")), max_batch_size=2) as llm:
         params = SamplingParams(max_tokens=3, logprobs=3, top_k=1)
         result = await asyncio.wait_for(llm.generate_async([1, 45, 67], params), 60)
@@ -213,6 +215,42 @@ def test_sampler_keys_are_each_releases(trt):
     if release == "1.3.0":
         with pytest.raises(ValueError, match="TRTLLMSampler"):
             LLM(model, sampler_type="TRTLLMSampler")
+
+
+@pytest.mark.parametrize("release", ["1.1.0", "1.2.1", "1.3.0"])
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # 1.1: the loop's assert
+async def test_the_executor_fails_a_beam_width_other_than_max_as_the_release_does(release):
+    """Up to PR 16620 every request must be at max_beam_width: 1.1's executor asserts it in its request loop, which
+    ends (NVIDIA/TensorRT-LLM#7368), 1.2's fails that request; main takes a smaller width without log probs."""
+    from types import SimpleNamespace
+
+    with fake_tensorrt_llm(release):
+        from tensorrt_llm import LLM, SamplingParams
+        from tensorrt_llm.executor import RequestError
+
+        # SamplingParams._setup: a kimi_k2 model ends on generation_config.json's one EOS id (PR 7120, from 1.1)
+        tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+        kimi = SimpleNamespace(model_type="kimi_k2")
+        params = SamplingParams()._setup(tokenizer, kimi, SimpleNamespace(eos_token_id=7))
+        assert params.end_id == 7 and params.pad_id == 0
+        assert SamplingParams()._setup(tokenizer, kimi, SimpleNamespace(eos_token_id=[7, 8])).end_id == 2
+
+        with LLM(str(tiny_model("llama")), max_batch_size=2, max_beam_width=2) as llm:
+            plain = llm.generate_async([1, 45, 67], SamplingParams(max_tokens=3))
+            if release == "1.1.0":
+                llm._executor._thread.join(60)
+                assert not llm._executor._thread.is_alive() and isinstance(llm._executor.dead, AssertionError)
+                assert "is not equal to max_beam_width 2" in str(llm._executor.dead)
+                return
+            if release == "1.2.1":
+                with pytest.raises(RequestError, match="Request beam width 1 is not equal to max_beam_width 2"):
+                    await asyncio.wait_for(plain, 60)
+            else:
+                assert len((await asyncio.wait_for(plain, 60)).outputs[0].token_ids) == 3
+                with pytest.raises(RequestError, match="below max_beam_width"):
+                    await asyncio.wait_for(llm.generate_async([1, 45], SamplingParams(max_tokens=3, logprobs=1)), 60)
+            params = SamplingParams(max_tokens=3, use_beam_search=True, best_of=2, n=1)
+            assert (await asyncio.wait_for(llm.generate_async([1, 45, 67], params), 60)).finished
 
 
 # ------------------------------------------------------------------------------ lmi_trt ⊆ the listing
@@ -281,7 +319,7 @@ def test_planned_keywords_are_the_releases_fields(release):
         request_stats_max_iterations=1,
         attn_backend="TRTLLM",
         moe_backend="CUTLASS",
-        enable_overlap_scheduler=False,  # beam search on the TRTLLMSampler (up to 1.2) wants it off
+        enable_overlap_scheduler=False,  # 1.0's beam search on the TRTLLMSampler wants it off
         use_cuda_graph=False,
     )
     config = LmiConfig(
@@ -293,7 +331,7 @@ def test_planned_keywords_are_the_releases_fields(release):
         max_beam_width=2,
         **djl,
     )
-    plan = llm_plan(llmapi_settings(config), llm_api_series(release))
+    plan = llm_plan(llmapi_settings(config), llm_api_release(release))
     assert set(plan.keywords) <= release_fields(release)
     assert set(plan.kv_cache_config) <= ctor_names("KvCacheConfig")
     assert set(plan.scheduler_config) <= ctor_names("SchedulerConfig")
@@ -363,7 +401,7 @@ def test_options_map_onto_llm_keywords():
         max_beam_width=2,
         kv_cache_host_memory_bytes=2**30,
     )
-    plan = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 3))
+    plan = llm_plan(llmapi_settings(settle(config, "trtllm")), Version("1.3.0"))
     assert plan.keywords == {
         "tensor_parallel_size": 2,
         "pipeline_parallel_size": 2,
@@ -374,8 +412,7 @@ def test_options_map_onto_llm_keywords():
         "enable_chunked_prefill": True,
         "enable_iter_perf_stats": True,
         "max_num_tokens": 2048,
-        "max_input_len": 512,
-        "max_seq_len": 768,
+        "max_input_len": 512,  # max_seq_len: unset, so TensorRT-LLM's (from the checkpoint)
         "guided_decoding_backend": "xgrammar",
     }
     assert plan.kv_cache_config == {
@@ -389,8 +426,8 @@ def test_options_map_onto_llm_keywords():
     assert plan.origins["scheduler_config.capacity_scheduler_policy"] == "option.batch_scheduler_policy"
     assert plan.origins["enable_iter_perf_stats"].startswith("lmi-trt: /metrics")
     # 1.0: the TRTLLMSampler (its TorchSampler is greedy only), which beam search wants without the overlap
-    # scheduler and CUDA graphs; 1.1/1.2 pick it themselves for beams, and want the same
-    ten = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 0))
+    # scheduler and CUDA graphs (1.0's docs); 1.1/1.2 pick it themselves for beams, which run beside both there
+    ten = llm_plan(llmapi_settings(settle(config, "trtllm")), Version("1.0.0"))
     assert {k: ten.keywords[k] for k in ("enable_trtllm_sampler", "disable_overlap_scheduler")} == {
         "enable_trtllm_sampler": True,
         "disable_overlap_scheduler": True,
@@ -398,17 +435,35 @@ def test_options_map_onto_llm_keywords():
     assert ten.cuda_graph_config is None and ten.origins["cuda_graph_config"].startswith("lmi-trt: beam search")
     # the nested configs are built by llm_configs, never keywords too (LLM() would get them twice)
     assert not set(ten.keywords) & {"kv_cache_config", "scheduler_config", "moe_config", "cuda_graph_config"}
-    twelve = llm_plan(llmapi_settings(settle(config, "trtllm")), (1, 2))
-    assert "enable_trtllm_sampler" not in twelve.keywords and twelve.keywords["disable_overlap_scheduler"] is True
-    # unset options are TensorRT-LLM's: no batch size, no block reuse or scheduler policy (DJL's defaults differ)
-    default = llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")), (1, 2))
-    assert default.kv_cache_config == {} and default.scheduler_config == {}
-    assert not {"max_batch_size", "max_beam_width", "enable_chunked_prefill", "dtype", "cuda_graph_config"} & set(
-        default.keywords
+    twelve = llm_plan(llmapi_settings(settle(config, "trtllm")), Version("1.2.1"))
+    assert not {"enable_trtllm_sampler", "disable_overlap_scheduler"} & set(twelve.keywords)
+    assert "cuda_graph_config" not in twelve.origins
+    assert (
+        llm_plan(llmapi_settings(settle(config.derived("t", max_seq_len=700), "trtllm")), Version("1.2.1")).origins[
+            "max_seq_len"
+        ]
+        == "option.max_seq_len"
     )
-    assert llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")), (1, 0)).keywords["enable_trtllm_sampler"] is True
+    with pytest.raises(EngineError, match=r"option.max_beam_width=2: .*1\.3\.0rc26"):
+        llm_plan(llmapi_settings(settle(config, "trtllm")), Version("1.3.0rc25"))
+    # unset options are TensorRT-LLM's: no batch size, no block reuse or scheduler policy (DJL's defaults differ)
+    default = llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")), Version("1.2.1"))
+    assert default.kv_cache_config == {} and default.scheduler_config == {}
+    assert not {
+        "max_batch_size",
+        "max_beam_width",
+        "enable_chunked_prefill",
+        "dtype",
+        "cuda_graph_config",
+        "max_seq_len",
+    } & set(default.keywords)
+    ten_default = llm_plan(llmapi_settings(settle(LmiConfig(), "trtllm")), Version("1.0.0"))
+    assert (
+        ten_default.keywords["enable_trtllm_sampler"] is True
+        and "prototype" in ten_default.origins["enable_trtllm_sampler"]
+    )
     with pytest.raises(EngineError, match="option.tensor_parallel_degree=max"):
-        llm_plan(LlmApiSettings(runtime=TrtllmSettings(tensor_parallel_degree=None)), (1, 2))
+        llm_plan(LlmApiSettings(runtime=TrtllmSettings(tensor_parallel_degree=None)), Version("1.2.1"))
 
 
 def test_requests_map_onto_sampling_params():

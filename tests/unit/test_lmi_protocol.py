@@ -16,6 +16,7 @@ from lmi_trt.serving.core import (
     GenerateParams,
     GenerationService,
     TokenOut,
+    beam_problem,
     sampling_params,
 )
 from lmi_trt.serving.errors import BadRequest, ModelError, ServiceUnavailable
@@ -93,9 +94,27 @@ def test_stop_and_stop_sequences_merge_and_details_ask_for_logprobs():
 
 
 def test_multi_sequence_parameters_are_refused_not_ignored():
-    with pytest.raises(BadRequest, match=r"parameters\.num_beams=4"):
-        _lmi({"inputs": "x", "parameters": {"num_beams": 4}}).parameters.to_generate()
-    assert _lmi({"inputs": "x", "parameters": {"n": 1, "watermark": True}}).parameters.to_generate().stop == []
+    for name, value in (("n", 2), ("best_of", 3), ("typical_p", 0.5), ("watermark", True), ("adapter_id", "a")):
+        with pytest.raises(BadRequest, match=rf"parameters\.{name}="):
+            _lmi({"inputs": "x", "parameters": {name: value}}).parameters.to_generate()
+    with pytest.raises(BadRequest, match=r"parameters\.num_return_sequences=2: this schema returns the best beam"):
+        _lmi({"inputs": "x", "parameters": {"num_beams": 2, "num_return_sequences": 2}}).parameters.to_generate()
+    # defaults that ask for nothing pass
+    assert _lmi({"inputs": "x", "parameters": {"n": 1, "watermark": False}}).parameters.to_generate().stop == []
+
+
+def test_num_beams_is_beam_search_with_its_length_penalty_and_early_stopping():
+    params = {"num_beams": 4, "length_penalty": 0.5, "early_stopping": "never"}
+    p = _lmi({"inputs": "x", "parameters": params}).parameters.to_generate()
+    assert (p.beam_width, p.num_return_sequences, p.length_penalty, p.early_stopping) == (4, 1, 0.5, "never")
+    sp = sampling_params(p, max_new_tokens=3, logprobs=False)
+    assert (sp.beam_width, sp.length_penalty, sp.early_stopping) == (4, 0.5, "never")
+    assert beam_problem(p) is None
+    # without beams they would be ignored: refused instead, as vLLM refuses them
+    alone = _lmi({"inputs": "x", "parameters": {"length_penalty": 0.5}}).parameters.to_generate()
+    assert beam_problem(alone) == ("length_penalty", "length_penalty=0.5 applies to beam search only; ask for beams")
+    sampled = _lmi({"inputs": "x", "parameters": {"num_beams": 2, "do_sample": True}}).parameters.to_generate()
+    assert beam_problem(sampled)[0] == "do_sample"
 
 
 @pytest.mark.parametrize(

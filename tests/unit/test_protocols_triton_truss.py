@@ -118,6 +118,9 @@ async def test_triton_stream_events_and_stop_words():
         ({"temperature": -1}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"bad_words": [1]}, "bad_words"),
+        ({"return_perf_metrics": True}, "return_perf_metrics"),
+        ({"len_penalty": 0.5}, "length_penalty=0.5 applies to beam search only"),  # the old name, not ignored
+        ({"request_output_len": 3, "max_tokens": 4}, "request_output_len is max_tokens under another name"),
     ],
 )
 async def test_triton_refusals(body, words):
@@ -125,6 +128,18 @@ async def test_triton_refusals(body, words):
         status, _, raw = await post(s, "/v2/models/tiny/generate", {"text_input": "x", **body})
         out = orjson.loads(raw)
         assert status == 400 and set(out) == {"error"} and words in out["error"]
+
+
+async def test_the_older_ensemble_names_are_honoured():
+    """tensorrtllm_backend's older inputs (request_output_len, streaming, runtime_top_k) mean what the ensemble's
+    names mean: never accepted and ignored."""
+    async with serve() as (s, _):
+        body = {"text_input": "one two three four", "request_output_len": 2, "streaming": True}
+        status, _, raw = await post(s, "/v2/models/tiny/generate", body)
+        assert status == 200 and len(sse_events(raw)) >= 1
+        status, _, raw = await post(s, "/v2/models/tiny/generate", {**body, "streaming": False})
+        _, _, plain = await post(s, "/v2/models/tiny/generate", {"text_input": body["text_input"], "max_tokens": 2})
+        assert status == 200 and orjson.loads(raw)["text_output"] == orjson.loads(plain)["text_output"]
 
 
 async def test_triton_health_routes():

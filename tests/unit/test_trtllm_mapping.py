@@ -386,17 +386,21 @@ def test_executor_config_1x(trt, monkeypatch):
     assert config.parallel_config.communication_mode == tle.CommunicationMode.LEADER
 
 
-def test_executor_config_012_warns_for_missing_knobs(trt, monkeypatch):
+def test_executor_config_012_refuses_knobs_it_lacks(trt, monkeypatch):
+    """Never accepted and ignored: a knob this release's Executor lacks, or a build option set against the built
+    engine, stops the start naming the key."""
     from tensorrt_llm.bindings import executor as tle
 
     monkeypatch.setattr(trt, "__version__", "0.12.0")
-    config, warnings = build_executor_config(tle, TrtllmSettings(enable_trt_overlap=True), facts_1x())
+    config, _ = build_executor_config(tle, TrtllmSettings(), facts_1x())
     assert type(config).__name__ == "ExecutorConfig" and not hasattr(config, "enable_trt_overlap")
     assert config.scheduler_config.capacity_scheduler_policy.name == "MAX_UTILIZATION"
-    assert any("enable_trt_overlap=true is ignored" in w for w in warnings)
+    with pytest.raises(TrtllmConfigError, match="option.enable_trt_overlap=true: .* has no enable_trt_overlap"):
+        build_executor_config(tle, TrtllmSettings(enable_trt_overlap=True), facts_1x())
     monkeypatch.delattr(tle, "ExtendedRuntimePerfKnobConfig")  # a release where it is a build flag
-    _, warnings = build_executor_config(tle, TrtllmSettings(multi_block_mode=True), facts_1x(multi_block_mode=False))
-    assert any("built with multi_block_mode=false" in w for w in warnings)
+    with pytest.raises(TrtllmConfigError, match="built with multi_block_mode=false"):
+        build_executor_config(tle, TrtllmSettings(multi_block_mode=True), facts_1x(multi_block_mode=False))
+    config, _ = build_executor_config(tle, TrtllmSettings(multi_block_mode=False), facts_1x(multi_block_mode=False))
 
 
 @pytest.mark.parametrize("release,unset", [("0.12.0", False), ("1.0.0", True), ("1.2.1", True)])
@@ -499,7 +503,13 @@ def test_beam_search_when_built_for_it():
     spec = map_request(
         request(streaming=False, beam_width=2), eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1
     )
-    assert spec.sampling == {"beam_width": 2}
+    # executor.h SamplingConfig: transformers' defaults sent as they are (TensorRT-LLM's own are lengthPenalty 0
+    # and earlyStopping 1); numReturnSequences beams come back
+    assert spec.sampling == {"beam_width": 2, "length_penalty": 1.0, "early_stopping": 0, "num_return_sequences": 1}
+    never = request(streaming=False, beam_width=2, early_stopping="never")
+    with pytest.raises(EngineError, match="early_stopping='never' has no SamplingConfig value") as e:
+        map_request(never, eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1)
+    assert e.value.field == "early_stopping"
 
 
 @pytest.mark.parametrize("version", ["0.12.0", "1.2.0rc2"])

@@ -54,6 +54,15 @@ any), and a finished request's full blocks are registered too; a new request sta
 longest cached prefix of its prompt (less the last token, whose logits it needs) and computes the
 rest. Released blocks stay cached until evicted, least recently used first (see ``kv_blocks``).
 
+Beam search (``beams``). A request with ``beam_width`` k is admitted, in its turn in the queue, when k batch
+slots and the blocks every beam could need at once are free (set aside for it, so it is never preempted and
+never preempts); its slots stay idle in the CUDA-graph decode steps. Each iteration, after the other rows'
+step, every beam request advances one token eagerly: its k beams (at first its prompt) in one forward pass,
+their log-probs read back, the next beams chosen by ``beams.BeamSearch``; each new beam takes its parent's
+block table, so the beams share the prompt's blocks and whatever else they have in common, and a beam about
+to write into a block another beam still reads copies it first (every layer's k and v). Its beams come back
+whole in its one final output.
+
 Failures: a row whose logits are NaN/inf or whose every token is banned ends with an error, the
 rest of its batch carries on (the sampler reports a status per row). An exception in a step with
 prompt tokens fails the requests whose prompts were in it, and the step's decode tokens run again
@@ -74,7 +83,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..base import MAX_TOP_LOGPROBS, EngineError, EngineOutput, error_output
+from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, error_output
 from ..guided import allowed_tokens
 from ..lora_sizes import buffer_bytes
 from . import decode_kernels
@@ -88,6 +97,7 @@ from .backend import (
     excluded_field,
     finish_reason,
 )
+from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
@@ -258,6 +268,27 @@ class _Step:
     keyed: list[int] = field(default_factory=list)  # blocks registered while planning it (undone if it fails)
 
 
+@dataclass(eq=False)
+class _BeamGroup:
+    """A beam-search request: ``width`` batch slots, and KV blocks set aside for it at admission (enough for
+    every beam at full length), so that it never preempts or is preempted. The beams share the prompt's
+    blocks, and any full block they have in common; a beam that writes into a block another beam still
+    reads gets its own copy first (copy-on-write). ``refs`` counts the beams holding each block."""
+
+    slot: Slot
+    search: BeamSearch
+    indices: list[int]  # its batch slots (idle in every decode step: nothing else runs in them)
+    spare: list[int]  # blocks set aside and not in use
+    owned: list[int]  # every block set aside (released at the end)
+    tables: list[list[int]] = field(default_factory=list)  # per running beam
+    tokens: list[int] = field(default_factory=list)  # per running beam: its newest token, the next input
+    refs: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.slot.finished or self.slot.cancelled or self.slot.closed
+
+
 class DecodeLoopBackend(QueuedBackend):
     """The ``Backend`` of ``TorchEngine`` that runs the built-in loop (see the module docstring)."""
 
@@ -390,6 +421,7 @@ class DecodeLoopBackend(QueuedBackend):
         self.accepted_per_position = [0] * self._draft_len  # drafts kept at each draft position
         self._free = list(range(self.slots - 1, -1, -1))  # pop() hands out the lowest slot
         self._rows: list[_Row] = []  # admitted, in admission order (the preemption order, reversed)
+        self._beams: list[_BeamGroup] = []  # beam-search requests running (each advanced eagerly per iteration)
         self._waiting: deque[_Row] = deque()  # preempted, to resume before any new request
         # Block-table entries (slot, entry) → block not yet on the device; a dict, so that a slot
         # handed to another request in the same step keeps only its last value (a scatter with
@@ -997,7 +1029,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _wait_for_work(self) -> bool:
         self._flush()
         with self._wake:
-            while not (self._stopping or self._pending or self._rows or self._waiting or self._inflight):
+            while not (self._stopping or self._pending or self._rows or self._waiting or self._inflight or self._beams):
                 self._wake.wait()
             return not self._stopping
 
@@ -1033,6 +1065,8 @@ class DecodeLoopBackend(QueuedBackend):
         self.counters["launch_s"] += time.perf_counter() - planned
         self._drain([])
         self._inflight = launched
+        if self._beams:
+            self._advance_beams()
         if not (launched and self._cuda):  # else handed over while waiting for this step
             self._flush()
         self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self._rows))
@@ -1166,6 +1200,11 @@ class DecodeLoopBackend(QueuedBackend):
             row = self._next_waiting()
             if row is None:
                 break
+            if row.slot.sampling.beam_width > 1:
+                if not self._admit_beams(row.slot):
+                    self._waiting.appendleft(row)
+                    break
+                continue
             whole = not self._chunked and not row.slot.generated  # a prompt, not a request resumed
             room = max(budget, len(row.seq)) if whole and not step.chunks else budget
             count = self._admit(row, room, whole) if room > 0 else 0
@@ -1251,6 +1290,163 @@ class DecodeLoopBackend(QueuedBackend):
             self.counters["prefix_cache_hits"] += start
         self._rows.append(row)
         return count
+
+    # -- beam search -------------------------------------------------------------------------------
+
+    def _beam_blocks(self, prompt: int, width: int, max_new: int) -> int:
+        """Blocks a beam-search request may hold at once: the prompt's, and per beam those of its own tokens plus
+        the copy of the block it shares when it first writes into it."""
+        size = self._pool.block_size
+        return -(-prompt // size) + width * (-(-max_new // size) + 1)
+
+    def _admit_beams(self, slot: Slot) -> bool:
+        """Set aside ``beam_width`` batch slots and the blocks of ``_beam_blocks`` (above the watermark), or
+        nothing when they are not free now (False); a request the whole cache could not hold fails (True)."""
+        sampling, prompt = slot.sampling, slot.request.prompt_token_ids
+        width = sampling.beam_width
+        need = self._beam_blocks(len(prompt), width, sampling.max_new_tokens)
+        if need > self._pool.num_blocks - self._watermark:  # it would wait for ever, and the queue behind it
+            self._engine.fail(
+                slot,
+                f"{width} beams of {len(prompt)} + {sampling.max_new_tokens} tokens may hold {need} KV blocks, more "
+                f"than the cache has ({self._pool.num_blocks - self._watermark}); ask for fewer beams or tokens",
+                400,
+                "beam_search",
+            )
+            return True
+        if len(self._free) < width or self._pool.free - self._watermark < need:
+            return False
+        blocks = self._pool.allocate(need)
+        assert blocks is not None
+        slot.scheduled()
+        search = BeamSearch(
+            width,
+            eos_ids=slot.eos_ids,
+            max_new_tokens=sampling.max_new_tokens,
+            length_penalty=sampling.length_penalty,
+            early_stopping=sampling.early_stopping,
+        )
+        indices = [self._free.pop() for _ in range(width)]
+        self._beams.append(_BeamGroup(slot, search, indices, spare=list(blocks), owned=blocks))
+        return True
+
+    def _advance_beams(self) -> None:
+        """One step of every beam-search request, eagerly (each reads its log-probs before choosing its beams),
+        after the step of the other rows."""
+        keep = []
+        for group in self._beams:
+            if not group.done:
+                try:
+                    self._beam_step(group)
+                except Exception as exc:  # noqa: BLE001 - this request fails, the loop goes on
+                    log.exception("a beam-search step failed")
+                    self._engine.fail(group.slot, f"generation failed: {exc}", 424)
+            if group.done or group.search.done:
+                self._end_beams(group)
+            else:
+                keep.append(group)
+        self._beams = keep
+
+    def _beam_step(self, group: _BeamGroup) -> None:
+        search, size = group.search, self._pool.block_size
+        prompt = group.slot.request.prompt_token_ids
+        if not group.tables:  # the prompt, once: its last position's log-probs start every beam
+            table = [group.spare.pop() for _ in range(-(-len(prompt) // size))]
+            spans, tokens = [(table, 0, len(prompt))], list(prompt)
+            group.tables, group.refs = [table], dict.fromkeys(table, 1)
+        else:
+            position = len(prompt) + search.length - 1  # every running beam's newest token
+            self._own_block(group, position)
+            spans = [(table, position, 1) for table in group.tables]
+            tokens = group.tokens
+        layout, sizes = batch_layout(spans, size, self._decoder.group)
+        last = [start + count - 1 for start, (_, _, count) in zip(layout["seq_start"].tolist(), spans, strict=True)]
+        tables = torch.zeros(len(spans), self._tables.shape[1], dtype=torch.long)
+        for i, (table, _, _) in enumerate(spans):
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+        parts = layout | {
+            "tokens": torch.tensor(tokens, dtype=torch.long),
+            "tables": tables.reshape(-1),
+            "logits_at": torch.tensor(last, dtype=torch.long),
+        }
+        device = self._upload(parts)
+        batch = Batch(
+            tokens=device["tokens"],
+            tables=device["tables"].view(len(spans), -1),
+            logits_at=device["logits_at"],
+            **{name: device[name] for name in LAYOUT},
+            **sizes,
+        )
+        log_probs = torch.log_softmax(self._decoder.forward(batch), dim=-1).cpu()
+        if torch.isnan(log_probs).any():
+            self._engine.fail(group.slot, "the model produced NaN/inf logits", 424)
+            return
+        if len(spans) == 1:
+            log_probs = log_probs.expand(search.width, -1)
+            self.counters["prompt_tokens"] += len(prompt)
+        parents, group.tokens = search.step(log_probs)
+        self._engine.sampled_rows += search.width
+        # each new beam continues its parent's cache: it holds the parent's blocks (copied on first write)
+        tables = [list(group.tables[p]) for p in parents]
+        for table in tables:
+            for block in table:
+                group.refs[block] += 1
+        self._drop_tables(group, group.tables)
+        group.tables = tables
+
+    def _own_block(self, group: _BeamGroup, position: int) -> None:
+        """Before the beams write ``position``: each beam gets a block of its own there, a fresh one past its
+        table's end, or a copy of the block it shares with another beam (every layer's k and v)."""
+        size = self._pool.block_size
+        copies: list[tuple[int, int]] = []
+        for table in group.tables:
+            index = position // size
+            if index == len(table):
+                block = group.spare.pop()
+                table.append(block)
+                group.refs[block] = 1
+            elif group.refs[table[index]] > 1:
+                block = group.spare.pop()
+                copies.append((table[index], block))
+                group.refs[table[index]] -= 1
+                table[index] = block
+                group.refs[block] = 1
+        if copies:
+            source, target = (self._put(list(c)) for c in zip(*copies))
+            for cache in (*self._decoder.k_cache, *self._decoder.v_cache):
+                cache.index_copy_(0, target, cache.index_select(0, source))
+
+    @staticmethod
+    def _drop_tables(group: _BeamGroup, tables: list[list[int]]) -> None:
+        for table in tables:
+            for block in table:
+                group.refs[block] -= 1
+                if group.refs[block] == 0:
+                    del group.refs[block]
+                    group.spare.append(block)
+
+    def _end_beams(self, group: _BeamGroup) -> None:
+        """Give back the request's blocks and slots; a finished search sends its beams as the final output."""
+        slot = group.slot
+        if not group.done and group.search.done:
+            hypotheses = group.search.best(slot.sampling.num_return_sequences)
+            beams = [
+                Beam(h.tokens, FinishReason.EOS if h.ended_by_eos else FinishReason.LENGTH, h.score) for h in hypotheses
+            ]
+            slot.generated.extend(beams[0].token_ids)
+            slot.finished = True
+            output = EngineOutput(
+                slot.request.request_id,
+                list(beams[0].token_ids),
+                finished=True,
+                finish_reason=beams[0].finish_reason,
+                beams=beams,
+                queue_time_s=slot.take_queue_time(),
+            )
+            self._outbox.append((slot, output))
+        self._pool.release(group.owned)
+        self._free.extend(group.indices)
+        self._free.sort(reverse=True)
 
     def _lora_slot(self, adapter: LoraAdapter | None) -> int | None:
         """The LoRA slot a row of ``adapter`` would read: -1 for the base model (or no LoRA), the slot holding

@@ -53,6 +53,7 @@ from ..base import (
     SAMPLING_FEATURES,
     AdapterInfo,
     Capabilities,
+    Capability,
     EngineError,
     EngineLimits,
     EngineOutput,
@@ -125,8 +126,6 @@ def check_sampling(params: SamplingParams, max_new_tokens: int) -> None:
     problems = []
     if not 1 <= params.max_new_tokens <= max_new_tokens:
         problems.append(f"max_new_tokens={params.max_new_tokens} must be in [1, {max_new_tokens}]")
-    if params.beam_width != 1:
-        problems.append(f"beam_width={params.beam_width}: the torch engine does not implement beam search")
     if params.do_sample and not params.temperature > 0:
         problems.append(f"temperature={params.temperature} must be > 0 when do_sample is true")
     if params.top_k < 0:
@@ -139,6 +138,36 @@ def check_sampling(params: SamplingParams, max_new_tokens: int) -> None:
         problems.append(f"min_new_tokens={params.min_new_tokens} must be >= 0")
     if problems:
         raise EngineError("; ".join(problems), code=400)
+
+
+def check_beams(request: GenerationRequest, capability: Capability) -> None:
+    """A beam-search request this engine cannot run: a 400 naming the field (beams are scored by the model's
+    log-probs alone, as transformers' generate(do_sample=False) scores them; serving.core refuses the rest)."""
+    width = request.sampling.beam_width
+    if not capability.honoured:
+        raise EngineError(capability.reason, code=400, field="beam_search")
+    if capability.most is not None and width > capability.most:
+        raise EngineError(
+            f"beam_width={width}: each beam takes a batch slot, and this engine has {capability.most} "
+            "(option.max_rolling_batch_size)",
+            code=400,
+            field="beam_search",
+        )
+    if request.streaming:
+        raise EngineError("beam search is not streamed: its beams rewrite earlier tokens", code=400)
+    if request.stop_token_ids:
+        raise EngineError(
+            "stop_token_ids cannot be combined with beam search on the torch engine (transformers' beam search "
+            "ends beams on the EOS ids only); leave them out",
+            code=400,
+            field="stop_token_ids",
+        )
+    if request.adapter is not None:  # a beam step runs the base model's layers (decode_loop._beam_step)
+        raise EngineError(
+            "beam search runs the base model here, not a LoRA adapter; ask for 1 beam with an adapter",
+            code=400,
+            field="adapter",
+        )
 
 
 def decode_loop_options(
@@ -301,7 +330,7 @@ class TorchEngine:
             max_input_len=self.max_input_len,
             max_seq_len=self.max_input_len + self.max_new_tokens,
             max_new_tokens=self.max_new_tokens,
-            max_beam_width=1,
+            max_beam_width=self.max_batch_size if self.batching == DecodeLoopBackend.name else 1,
         )
 
     @property
@@ -317,6 +346,14 @@ class TorchEngine:
             else cannot(f"the torch engine constrains decoding with xgrammar, and {XGRAMMAR_MISSING}"),
             # its own sampler applies them all (gpu_sampler.py, sampler.py)
             **dict.fromkeys(SAMPLING_FEATURES, can()),
+            # each beam takes a batch slot (option.max_rolling_batch_size bounds the width)
+            beam_search=can(most=self.max_batch_size, note="transformers' beam search, each beam a batch slot")
+            if self.batching == DecodeLoopBackend.name
+            else cannot(
+                f"the torch engine runs beam search in its built-in decode loop only, and this model runs on "
+                f"{self.batching or 'another path'} (option.torch_decode_loop, option.torch_batching); ask for 1 beam"
+            ),
+            min_p=cannot("the torch engine's sampler has no min_p; leave it out, or use top_p or top_k"),
             lora=can(
                 most=self.max_loras, note=f"up to {self.max_loras} adapters in a step, rank ≤ {self.max_lora_rank}"
             )
@@ -361,6 +398,8 @@ class TorchEngine:
             self._check_ready()
             check_sampling(request.sampling, self.max_new_tokens)
             check_token_ids(request, self._vocab_size, self.max_input_len)
+            if request.sampling.beam_width > 1:
+                check_beams(request, self.capabilities.beam_search)
             self._adapter(request)
             if request.sampling.guided is not None and request.sampling.ignore_eos:
                 raise EngineError(

@@ -251,9 +251,13 @@ async def start_n(
 async def collect_n(
     service: Any, prompt: Any, params: GenerateParams, n: int, what: str = "n", **start_kw: Any
 ) -> list[Completion]:
-    """``start_n``, each sequence collected (with its tokens where log-probs are asked for), all closed after."""
+    """``start_n``, each sequence collected (with its tokens where log-probs are asked for), all closed after.
+    A beam-search request is one request whose beams are the sequences."""
     streams: list[GenerationStream] = []
     try:
+        if params.beam_width > 1:
+            await start_n(service, prompt, params, 1, streams, what, **start_kw)
+            return await streams[0].collect_beams()
         await start_n(service, prompt, params, n, streams, what, **start_kw)
         return list(await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams)))
     finally:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmi_trt.engines.base import MAX_TOP_LOGPROBS, GuidedDecoding
 from lmi_trt.serving.core import (
+    MAX_BEAM_WIDTH,
     MAX_STOP_STRINGS,
     MAX_TOP_K,
     Alternative,
@@ -35,6 +36,7 @@ from lmi_trt.serving.core import (
     GenerationStream,
     TokenOut,
     bounded_words,
+    refuse_streamed_beams,
     schema_guide_text,
 )
 from lmi_trt.serving.errors import BadRequest, FieldError, check_model
@@ -61,11 +63,14 @@ CONTENT_TYPES: dict[str, str] = {
     "jsonlines": "application/jsonlines",
     "sse": "text/event-stream",
 }
-# Accepted for compatibility and deliberately without effect here (DJL passes them to
-# backends that may ignore them too); anything else unknown gets a warning.
-_IGNORED_PARAMETERS = frozenset({"watermark", "typical_p", "length_penalty", "early_stopping"})
-# Multi-sequence decoding changes the result's meaning; refuse rather than silently return one sequence.
-_UNSUPPORTED_MULTI = ("num_beams", "best_of", "n")
+# Parameters of peers this server does not implement, refused when they would change the output (a 400 naming
+# them), never accepted and ignored: value → whether it asks for something.
+_REFUSED_PARAMETERS: dict[str, tuple[Any, str]] = {
+    "typical_p": (lambda v: v not in (None, 1.0), "typical sampling is not implemented here; leave it out or use 1.0"),
+    "watermark": (lambda v: v not in (None, False), "watermarking is not implemented here; leave it out"),
+    "n": (lambda v: v not in (None, 1), "this schema returns one sequence; use 1 or leave it out"),
+    "best_of": (lambda v: v not in (None, 1), "this schema returns one sequence; use 1 or leave it out"),
+}
 # Parameters DJL's LMI schema documents for its backends (djl-serving serving/docs/lmi/user_guides/
 # lmi_input_output_schema.md: GenerationParameters, vLLM's and TensorRT-LLM's additional ones) and TGI's
 # (router/src/lib.rs GenerateParameters): never taken for a typo of a parameter here, however close.
@@ -99,6 +104,8 @@ class LmiParameters(GenerateParams):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     decoder_input_details: bool = False
+    # DJL's name for beam search (HF generate's num_beams): the best beam is the answer.
+    num_beams: int = Field(1, ge=1, le=MAX_BEAM_WIDTH)
     adapter_id: str | None = None  # TGI's name for the LoRA adapter (DJL's own is the top-level "adapters")
 
     @field_validator("stop_sequences", mode="before")
@@ -109,23 +116,20 @@ class LmiParameters(GenerateParams):
         return [v] if isinstance(v, str) else v
 
     def to_generate(self) -> GenerateParams:
-        """The neutral parameters; rejects multi-sequence requests and warns once per unknown key."""
+        """The neutral parameters; refuses what this server does not implement and warns once per unknown key."""
         extras = self.model_extra or {}
-        for name in _UNSUPPORTED_MULTI:
-            value = extras.get(name)
-            if value not in (None, 1):
-                raise BadRequest(
-                    f"parameters.{name}={value!r} is not supported: this server returns one sequence; "
-                    "use 1 or leave it out"
-                )
-        refuse_typos(extras, [*_KNOWN_PARAMETERS, *_IGNORED_PARAMETERS], PEER_PARAMETERS, "parameters.")
+        for name, (asks, why) in _REFUSED_PARAMETERS.items():
+            if asks(extras.get(name)):
+                raise FieldError(f"parameters.{name}", f"parameters.{name}={extras[name]!r}: {why}")
+        if self.num_return_sequences != 1:
+            raise FieldError(
+                "parameters.num_return_sequences",
+                f"parameters.num_return_sequences={self.num_return_sequences}: this schema returns the best beam "
+                "only; use the OpenAI schema (use_beam_search with n) or Triton's for several",
+            )
+        refuse_typos(extras, [*_KNOWN_PARAMETERS, *_REFUSED_PARAMETERS], PEER_PARAMETERS, "parameters.")
         for name in extras:
-            if (
-                name not in _IGNORED_PARAMETERS
-                and name not in _UNSUPPORTED_MULTI
-                and name not in _warned_unknown
-                and len(_warned_unknown) < _MAX_WARNED
-            ):
+            if name not in _REFUSED_PARAMETERS and name not in _warned_unknown and len(_warned_unknown) < _MAX_WARNED:
                 _warned_unknown.add(name)
                 close = difflib.get_close_matches(name, _KNOWN_PARAMETERS, n=1)
                 log.warning(
@@ -152,6 +156,7 @@ class LmiParameters(GenerateParams):
             top_logprobs=self.top_n_tokens or self.top_logprobs,
             prompt_logprobs=self.decoder_input_details or self.prompt_logprobs,
             guided=self._guided() or self.guided,
+            beam_width=self.num_beams if self.num_beams > 1 else self.beam_width,
             adapter=self.adapter_id or None,
         )
         return GenerateParams.model_construct(**fields)
@@ -226,6 +231,9 @@ NAMES = {
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.guided_json/guided_regex/guided_grammar",
     "bad_words": "parameters.bad_words",
+    "beam_search": "parameters.num_beams",
+    **{name: f"parameters.{name}" for name in ("min_p", "length_penalty", "early_stopping", "num_return_sequences")},
+    **{name: f"parameters.{name}" for name in ("do_sample", "stop", "logprobs", "min_new_tokens")},
     "lora": "adapters",
 }
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
@@ -359,6 +367,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
                 f"(stream={req.stream}, output format {fmt})"
             )
         return await _batch(ctx, req, params, adapters)
+    refuse_streamed_beams(params, fmt != "json", req.parameters.field_names())
     params = params.model_copy(update={"adapter": adapters[0]})
     shape = _Shape(ctx, req.parameters, req.inputs, fmt)
     if fmt != "json" and service.engine.capabilities.logprobs.honoured:

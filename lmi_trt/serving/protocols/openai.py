@@ -14,9 +14,11 @@ stream_options.include_usage, logprobs (chat
 echo (completions; with logprobs the prompt's tokens and their log-probs come first, as OpenAI answers), and
 the common extensions top_k, min_tokens, repetition_penalty, ignore_eos,
 skip_special_tokens, stop_token_ids, bad_words, ``logit_bias``, and chat ``response_format``
-json_object / json_schema (constrained decoding), and tools / tool_choice / parallel_tool_calls (``tool_calls``).
+json_object / json_schema (constrained decoding), and tools / tool_choice / parallel_tool_calls (``tool_calls``);
+vLLM's beam search: use_beam_search with length_penalty / early_stopping, n beams returned as the n choices.
 Refused with a 400 naming the field: chat best_of > 1, n > 1 with several prompts, suffix, the deprecated
-functions / function_call, non-text content, and what an engine cannot do (alternatives, grammars, biases).
+functions / function_call, non-text content, include_stop_str_in_output true, spaces_between_special_tokens
+false, and what an engine cannot do (alternatives, grammars, biases, beams, min_p).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import difflib
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import cached_property
 from typing import Any, Literal
@@ -50,6 +52,7 @@ from lmi_trt.serving.core import (
     GenerationService,
     GenerationStream,
     TokenOut,
+    refuse_streamed_beams,
     schema_guide_text,
 )
 from lmi_trt.serving.errors import UNNAMED_MODEL, LmiHttpError, check_model
@@ -119,13 +122,20 @@ _IGNORED = frozenset(
         "prediction",
         "audio",
         "web_search_options",
-        "min_p",
-        "length_penalty",
-        "use_beam_search",
-        "include_stop_str_in_output",
-        "spaces_between_special_tokens",
     }
 )
+# vLLM's fields this server does not implement, refused where they would change the answer (never ignored):
+# field → (whether the value asks for something, why not).
+_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "include_stop_str_in_output": (
+        lambda v: v not in (None, False),
+        "the stop string is never included in the output here; leave it out or false",
+    ),
+    "spaces_between_special_tokens": (
+        lambda v: v not in (None, True),
+        "special tokens are always decoded with spaces between them here; leave it out or true",
+    ),
+}
 # Fields OpenAI's API (openai-python 3.57 types: chat/completion_create_params.py, completion_create_params.py) or
 # vLLM's OpenAI server (vllm/entrypoints/openai/protocol.py: ChatCompletionRequest, CompletionRequest) accept: never
 # taken for a typo of a field here, however close (``store`` / ``stop``). Those not served here are warned about.
@@ -211,6 +221,12 @@ class _Base(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's beam search (vllm/entrypoints/openai/protocol.py): n beams come back as the choices (completions:
+    # best_of of them searched, as vLLM's SamplingParams took best_of for the width before 0.6.3).
+    use_beam_search: bool = False
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
+    min_p: float | None = None
 
     @cached_property
     def structured(self) -> tuple[GuidedDecoding, str] | None:
@@ -255,9 +271,13 @@ class _Base(BaseModel):
             raise FieldError("best_of", f"best_of={best_of!r} is a completions field; use n for several chat choices")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
-        refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED], PEER_FIELDS)
+        for name, (asks, why) in _REFUSED.items():
+            value = (self.model_extra or {}).get(name)
+            if asks(value):
+                raise FieldError(name, f"{name}={value!r}: {why}")
+        refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED, *_REFUSED], PEER_FIELDS)
         for name in self.model_extra or {}:
-            if name not in _IGNORED and name not in _warned and len(_warned) < _MAX_WARNED:
+            if name not in _IGNORED and name not in _REFUSED and name not in _warned and len(_warned) < _MAX_WARNED:
                 _warned.add(name)
                 close = difflib.get_close_matches(name, sorted(type(self).model_fields), n=1)
                 log.warning(
@@ -292,7 +312,24 @@ class _Base(BaseModel):
             top_logprobs=top_logprobs,
             guided=guided,
             logit_bias=self._logit_bias(),
+            beam_width=self._beam_width(),
+            num_return_sequences=(self.n or 1) if self.use_beam_search else 1,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
+            min_p=self.min_p,
         )
+
+    def _beam_width(self) -> int:
+        """use_beam_search: the beams searched, n (or completions' best_of when larger); 1 without it."""
+        if not self.use_beam_search:
+            return 1
+        n = self.n or 1
+        if self.stream:
+            raise FieldError(
+                "use_beam_search",
+                "use_beam_search cannot be streamed: beams rewrite their earlier tokens; set stream to false",
+            )
+        return max(getattr(self, "best_of", None) or n, n)
 
     def _logit_bias(self) -> dict[int, float]:
         """OpenAI's ``{"token id": bias}``, bias in [-100, 100]; a key is ASCII digits (``str.isdigit`` also
@@ -444,7 +481,13 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 # The sampling features an engine may refuse (engines.base.Capabilities), as both OpenAI schemas spell them.
-OPENAI_SAMPLING_NAMES = {name: name for name in SAMPLING_FEATURES} | {"min_new_tokens": "min_tokens"}
+OPENAI_SAMPLING_NAMES = {name: name for name in SAMPLING_FEATURES} | {
+    "min_new_tokens": "min_tokens",
+    "beam_search": "use_beam_search",
+    "min_p": "min_p",
+    "num_return_sequences": "n",
+    "do_sample": "temperature",
+}
 CHAT_NAMES = {
     "logprobs": "logprobs",
     "top_logprobs": "top_logprobs",
@@ -562,6 +605,7 @@ async def _chat(request: web.Request, body: dict[str, Any], *, at_invocations: b
 
     prompt = rendered.prompt
     fmt = _chat_format(ctx, bool(req.stream), at_invocations)
+    refuse_streamed_beams(params, fmt != "json", CHAT_NAMES)  # option.output_formatter may stream it
     render_error = error_response if at_invocations else openai_error
     cid = f"chatcmpl-{current_request_id()}"  # the X-Request-Id, as vLLM names it
     created = int(time.time())
@@ -825,7 +869,8 @@ async def _completions(request: web.Request, body: dict[str, Any]) -> web.Stream
         return await _completions_batch(ctx, prompts, params, base, echo_text, names)
     prompt = prompts[0]
     if not req.stream:
-        best_of = max(req.best_of or 1, req.n or 1)
+        # with beams, best_of is the beams searched, of which n come back best first (_Base._beam_width)
+        best_of = (req.n or 1) if params.beam_width > 1 else max(req.best_of or 1, req.n or 1)
         if best_of > (req.n or 1):  # ranked by the sequences' log-probs: the engine must report them
             service.require("logprobs", "best_of", " ranks the sequences by log-prob")
         ranked = params if best_of == (req.n or 1) else params.model_copy(update={"logprobs": True})

@@ -72,8 +72,13 @@ _ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 503: "o
 _UNSUPPORTED = {
     "typical_p": lambda v: v is not None,
     "watermark": lambda v: bool(v),
+    # TGI's schema has no beam search (router/src/lib.rs GenerateParameters); the LMI, OpenAI and Triton ones do
+    "beam_width": lambda v: v != 1,
+    "num_return_sequences": lambda v: v != 1,
 }
 _WHY = {
+    "beam_width": "TGI's schema has no beam search; use /invocations with num_beams",
+    "num_return_sequences": "TGI's schema has no beam search; use /invocations with num_beams",
     "typical_p": "typical sampling is not available in the engine",
     "watermark": "watermarking is not available",
 }
@@ -164,6 +169,7 @@ NAMES = {
     "top_logprobs": "parameters.top_n_tokens",
     "prompt_logprobs": "parameters.decoder_input_details",
     "guided": "parameters.grammar",
+    "min_p": "parameters.min_p",
     "lora": "parameters.adapter_id",
 }
 

@@ -11,9 +11,12 @@ stream started, an ``{"error": msg}`` event under the 200 (as Triton does).
 Inputs: text_input, max_tokens, bad_words, stop_words (a comma-separated string or a list),
 end_id, pad_id, top_k, top_p, temperature, length_penalty, repetition_penalty, min_tokens
 (min_length), presence_penalty, frequency_penalty, seed (random_seed), return_log_probs,
-beam_width, num_return_sequences, exclude_input_in_output (default true), stream. Refused with a
-400 (the engine cannot honour them): beam_width / num_return_sequences > 1, return_context_logits,
-return_generation_logits, lora_*, prompt_embedding_table, embedding_bias_*, guided_decoding_*.
+beam_width, num_return_sequences, exclude_input_in_output (default true), stream. Beam search
+(beam_width > 1, with length_penalty) answers the best num_return_sequences beams (default: all of them, as
+TensorRT-LLM's SamplingConfig returns beamWidth beams unless numReturnSequences is set: executor.h) as a
+list in text_output, best first; not streamed. Refused with a 400 (the engine cannot honour them):
+num_return_sequences > 1 without beams, return_context_logits, return_generation_logits, lora_*,
+prompt_embedding_table, embedding_bias_*, guided_decoding_*.
 ``stop_words`` end the text and are not part of it (server-side stop strings, multi-byte safe).
 """
 
@@ -24,7 +27,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from lmi_trt.serving.core import Delta, GenerateParams
+from lmi_trt.serving.core import Delta, GenerateParams, refuse_streamed_beams
 from lmi_trt.serving.errors import BadRequest, LmiHttpError, NotFound
 from lmi_trt.serving.http import CONTEXT, Body, ModelStatus, ServingContext, add_post, json_response
 from lmi_trt.serving.protocols._common import (
@@ -43,27 +46,29 @@ from lmi_trt.serving.protocols._common import (
 
 TRITON_MODEL_NAMES = ("ensemble", "tensorrt_llm_bls")
 # Neutral feature names (lmi_trt.engines.base.features_used) as this schema spells them, for a refusal's 400.
-NAMES = {"min_new_tokens": "min_tokens"}
+NAMES = {
+    "min_new_tokens": "min_tokens",
+    "beam_search": "beam_width",
+    "stop": "stop_words",
+    "logprobs": "return_log_probs",
+}
 _LISTS = ("bad_words", "stop_words", "text_input")
 _REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
-# Inputs of the TensorRT-LLM backend's older ensemble (triton-inference-server/tensorrtllm_backend
-# all_models/inflight_batcher_llm/ensemble/config.pbtxt at 039e5b4): never taken for a typo of a field here.
-PEER_FIELDS = frozenset(
-    {"runtime_top_k", "runtime_top_p", "len_penalty", "streaming", "input_lengths", "request_output_len"}
-)
-_IGNORED = frozenset(
-    {
-        "pad_id",
-        "return_perf_metrics",
-        "return_kv_cache_reuse_stats",
-        "id",
-        "request_id",
-        "sequence_id",
-        "sequence_start",
-        "sequence_end",
-        "streaming",
-    }
-)
+# Inputs of the TensorRT-LLM backend's older ensemble and of its tensorrt_llm model (triton-inference-server/
+# tensorrtllm_backend all_models/inflight_batcher_llm/ensemble/config.pbtxt at 039e5b4, tensorrt_llm/config.pbtxt):
+# taken under the ensemble's names (never ignored); input_lengths is the prompt's, which the server counts itself.
+_ALIASES = {
+    "runtime_top_k": "top_k",
+    "runtime_top_p": "top_p",
+    "len_penalty": "length_penalty",
+    "request_output_len": "max_tokens",
+    "streaming": "stream",
+}
+PEER_FIELDS = frozenset({*_ALIASES, "input_lengths"})
+# Accepted without effect on the answer: ids of a request or sequence, the pad id (nothing is padded here).
+_IGNORED = frozenset({"pad_id", "id", "request_id", "sequence_id", "sequence_start", "sequence_end", "input_lengths"})
+# Extra outputs this server does not return: refused when asked for.
+_REFUSED_OUTPUTS = ("return_perf_metrics", "return_kv_cache_reuse_stats")
 
 
 def triton_error(err: LmiHttpError) -> web.Response:
@@ -93,16 +98,17 @@ class TritonRequest(BaseModel):
     return_context_logits: bool = False
     return_generation_logits: bool = False
     beam_width: int = Field(1, ge=1)
-    num_return_sequences: int = Field(1, ge=1)
+    num_return_sequences: int | None = Field(None, ge=1)
     exclude_input_in_output: bool = True
     stream: bool = False
 
     def to_generate(self) -> GenerateParams:
-        for name in ("beam_width", "num_return_sequences"):
-            if getattr(self, name) != 1:
-                raise FieldError(
-                    name, f"{name}={getattr(self, name)} is not supported: this server returns one sequence; use 1"
-                )
+        if self.beam_width == 1 and self.num_return_sequences not in (None, 1):
+            raise FieldError(
+                "num_return_sequences",
+                f"num_return_sequences={self.num_return_sequences} without beam search is not supported: this "
+                "server samples one sequence per request; set beam_width, or use 1",
+            )
         for name in ("return_context_logits", "return_generation_logits"):
             if getattr(self, name):
                 raise FieldError(name, f"{name} is not supported: logits are not returned by this server")
@@ -128,6 +134,7 @@ class TritonRequest(BaseModel):
                 "bad_words": "bad_words",
                 "stop_token_ids": "end_id",
                 "min_new_tokens": "min_tokens",
+                "beam_width": "beam_width",
             },
             max_new_tokens=self.max_tokens,
             min_new_tokens=self.min_tokens if self.min_tokens is not None else (self.min_length or 0),
@@ -142,6 +149,9 @@ class TritonRequest(BaseModel):
             bad_words=word_list(self.bad_words, "bad_words"),
             stop_token_ids=[self.end_id] if self.end_id is not None else [],
             logprobs=self.return_log_probs,
+            beam_width=self.beam_width,
+            num_return_sequences=self.num_return_sequences or self.beam_width,
+            length_penalty=self.length_penalty,
         )
 
 
@@ -160,9 +170,15 @@ def _flatten(body: dict[str, Any]) -> dict[str, Any]:
     for k, v in merged.items():
         if isinstance(v, list) and len(v) == 1 and (k not in _LISTS or k == "text_input"):
             v = v[0]
-        if k in _IGNORED or v is None:
+        if k in _REFUSED_OUTPUTS and v:
+            raise FieldError(k, f"{k} is not supported: this server does not return those figures; leave it out")
+        if k in _IGNORED or k in _REFUSED_OUTPUTS or v is None:
             continue
-        out[k] = v
+        name = _ALIASES.get(k, k)
+        if name in out and out[name] != v:
+            alias = next(a for a, n in _ALIASES.items() if n == name)
+            raise FieldError(alias, f"{alias} is {name} under another name, and the two are given different values")
+        out[name] = v
     return out
 
 
@@ -192,9 +208,15 @@ async def _handle(request: web.Request, force_stream: bool | None) -> web.Stream
     service = ctx.require_service()
     head = {"model_name": name, "model_version": version}
     prefix = "" if req.exclude_input_in_output else req.text_input
+    refuse_streamed_beams(params, stream_it, NAMES)
     async with await service.start(
         req.text_input, params, field_name="text_input", max_tokens_field="max_tokens", names=NAMES
     ) as stream:
+        if not stream_it and params.beam_width > 1:
+            beams = await stream.collect_beams()
+            if beams[0].error is not None:
+                return triton_error(beams[0].error)
+            return json_response({**head, "text_output": [prefix + b.text for b in beams]})
         if not stream_it:
             c = await stream.collect(keep_tokens=req.return_log_probs)
             if c.error is not None:

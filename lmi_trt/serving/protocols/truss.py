@@ -2,7 +2,8 @@
 
 Truss (the Triton-in-Truss TRT-LLM models) takes ``{"prompt", "max_tokens", "beam_width",
 "bad_words_list", "stop_words_list", "repetition_penalty", "ignore_eos", "stream"}``; ``stream``
-defaults to true and streams the text as plain ``text/plain`` chunks (each chunk is the text the
+defaults to true (a ``beam_width`` over 1 needs ``stream: false``: its answer is the best beam's text) and
+streams the text as plain ``text/plain`` chunks (each chunk is the text the
 engine produced since the last one, never a split UTF-8 character); ``stream: false`` answers
 ``{"text": ...}``. A mid-stream failure aborts the connection (a text stream has no room for an
 error record), so the client sees a truncated transfer rather than a text that merely looks short.
@@ -26,12 +27,11 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmi_trt.log_redaction import loggable
-from lmi_trt.serving.core import Delta, GenerateParams
+from lmi_trt.serving.core import Delta, GenerateParams, refuse_streamed_beams
 from lmi_trt.serving.errors import BadRequest
 from lmi_trt.serving.http import CONTEXT, ServingContext, error_response, json_response, register_invocation
 from lmi_trt.serving.protocols import openai
 from lmi_trt.serving.protocols._common import (
-    FieldError,
     neutral_params,
     open_stream,
     pump,
@@ -78,10 +78,6 @@ class TrussRequest(BaseModel):
 
     def to_generate(self) -> GenerateParams:
         refuse_typos(self.model_extra or {}, type(self).model_fields)
-        if self.beam_width not in (None, 1):
-            raise FieldError(
-                "beam_width", f"beam_width={self.beam_width} is not supported: this server decodes one beam; use 1"
-            )
         return neutral_params(
             {"max_new_tokens": "max_tokens", "stop": "stop_words_list", "bad_words": "bad_words_list"},
             max_new_tokens=self.max_tokens,
@@ -89,6 +85,7 @@ class TrussRequest(BaseModel):
             stop=word_list(self.stop_words_list, "stop_words_list"),
             bad_words=word_list(self.bad_words_list, "bad_words_list"),
             ignore_eos=bool(self.ignore_eos),
+            beam_width=self.beam_width or 1,  # beam search: the best beam is the text
         )
 
 
@@ -114,7 +111,9 @@ async def _truss(request: web.Request, body: dict[str, Any]) -> web.StreamRespon
     req: TrussRequest = validate_body(TrussRequest, body)
     params = req.to_generate()
     service = ctx.require_service()
-    names = {"bad_words": "bad_words_list"}  # a refusal's 400 names the field as Truss spells it
+    # a refusal's 400 names the field as Truss spells it
+    names = {"bad_words": "bad_words_list", "stop": "stop_words_list", "beam_search": "beam_width"}
+    refuse_streamed_beams(params, req.stream is not False, names)
     async with await service.start(
         req.prompt, params, field_name="prompt", max_tokens_field="max_tokens", names=names
     ) as stream:

@@ -9,11 +9,15 @@ at ``max_seq_len``; ``abort_request`` ends it with CANCELLED; a failure of one r
 response for that request only. Guided decoding (``guided_decoding_backend="xgrammar"``) masks the logits
 with the request's grammar before the token is chosen (``_grammar``), after the request's embedding bias
 ([vocab_size] float32, added to the logits; from 1.1, PR 6464). Log probs come from the raw logits'
-log-softmax (PR 7756): 1.0.0 gives the sampled token's only (PR 6097: top-1 on PyTorch), later releases the
-requested top k. Prompt log probs (from 1.1, PR 7580) are computed from the context logits once the first
-token is chosen (tensorrt_llm/executor/base_worker.py ``_compute_pytorch_prompt_logprobs``): one entry per
-prompt position, the top ``prompt_logprobs`` of the distribution that position predicts; from 1.3 (PR 11235)
-each entry also holds the token that follows (the next prompt token, or the first generated one).
+log-softmax: 1.0.0 gives the sampled token's only (PR 6097: top-1 on PyTorch), and so does 1.1: PR 7756 (top k) was
+reverted on main by PR 7969 the day it merged (2025-09-24) and re-landed as PR 7976 on 2025-09-30, after the
+"Bump version to 1.2.0rc0" commit (PR 7941, 2025-09-29) that marks the 1.1 branch cut; from 1.2 the requested top k.
+Prompt log probs (from 1.1, PR 7580) are computed from the context logits once the first token is chosen
+(tensorrt_llm/executor/base_worker.py ``_compute_pytorch_prompt_logprobs``): one entry per prompt position, the top
+``prompt_logprobs`` of the distribution that position predicts; PR 11235 (merged 2026-03-04, before the 1.3.0rc8
+bump) adds a prompt token to each entry, but the one the position was computed from (``prompt[t]``), which PR 12499
+(in v1.3.0rc11's release notes: "Adjust prompt logprobs to use the correct prompt token id") corrects to the token
+that follows (the next prompt token, or the first generated one).
 A checkpoint in nvidia-modelopt's unified HF format (``hf_quant_config.json``), which the real backend loads
 as pre-quantized (docs/source/features/quantization.md), is loaded for FP8 by dequantizing its weights
 (weight × weight_scale, as the FP8 GEMM scales them); other formats are refused.
@@ -39,14 +43,20 @@ Which sampler runs (``sampler_of``) and what it does with a request (``_Strategy
   2026-07); bad words ignored (PR 16052, 2026-07); ``_apply_min_length_penalty`` bans ``py_end_id`` while
   ``max_beam_num_tokens`` (prompt + generated) is below ``min_tokens`` (fixed to generated tokens by PR 12166,
   2026-03, on main), which under ``ignore_eos`` (end id -1) bans the last vocabulary entry (PR 12358).
-* TorchSampler on main (the fake's 1.3.0): all of the above per request, penalties (PR 16485; refused with beam
-  search: "safeguards for unsupported penalty combinations with beam search"), seed (PR 17172), bad words
-  (PR 16052), min length on generated tokens (PR 12166), and beam search (the only sampler: PR 18232).
+* TorchSampler on main: all of the above per request, penalties (PR 16485; refused with beam search: "safeguards
+  for unsupported penalty combinations with beam search"), seed (PR 17172), bad words (PR 16052), min length on
+  generated tokens (PR 12166, PR 12358), and beam search (the only sampler: PR 18232). The 1.3.0 release candidates
+  hold these fixes one by one (``_state.FIXES``: the first candidate verified to hold each; the fake's 1.3.0 holds all).
 Which sampler: 1.0 TRTLLMSampler iff ``enable_trtllm_sampler`` (_util.py ``instantiate_sampler`` of the 1.0
 line); 1.1/1.2 ``sampler_type``, where ``auto`` is TRTLLMSampler iff beam search (``decoding_mode.isBeamSearch()``,
-i.e. ``max_beam_width > 1``; _util.py of the 1.1/1.2 line); main TorchSampler. Beam search on the TRTLLMSampler
-needs the overlap scheduler and CUDA graphs off (docs features/sampling.md of 1.0.0 and 1.2: "To enable beam search,
-you must ... Disable overlap scheduling ... Disable the usage of CUDA Graphs"); the fake refuses it otherwise.
+i.e. ``max_beam_width > 1``; _util.py of the 1.1/1.2 line); main TorchSampler. Which one ``auto`` picks for beams on
+the 1.3.0 candidates before PR 18232 was not pinned down (the 1.2-era docs say the TRTLLMSampler; PR 14487, 2026-05,
+says main's ``auto`` picks the TorchSampler): the fake refuses to guess. Beam search on 1.0's TRTLLMSampler needs the
+overlap scheduler and CUDA graphs off (docs features/sampling.md of 1.0.0: "To enable beam search, you must ...
+Disable overlap scheduling ... Disable the usage of CUDA Graphs"); from 1.1 it runs beside both (PR 6223 and PR 6217,
+tested by PR 7326 on main 2025-08-29: "Add beam search CudaGraph + Overlap Scheduler tests"; 1.2-era
+tests/unittest/_torch/sampler/test_beam_search.py ``test_beam_search_e2e_cuda_graph_and_overlap``).
+Every request's beam width must equal ``max_beam_width`` up to PR 16620 (``BEAM_WIDTH_CHECK``).
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ from dataclasses import dataclass, field
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
 from tensorrt_llm._runtime import _load_model, _select
+from tensorrt_llm._state import has
 from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
 
 TORCH, TRTLLM = "TorchSampler", "TRTLLMSampler"
@@ -73,17 +84,22 @@ def sampler_of(args) -> str:
         sampler = TRTLLM if args.enable_trtllm_sampler else TORCH
         if sampler == TORCH and beams:
             raise AssertionError("TorchSampler only supports beam_width = 1")
-    elif series < (1, 3):
+    elif not has("torch_only"):
         chosen = args.sampler_type
+        if series >= (1, 3) and beams and chosen == "auto":
+            raise NotImplementedError(
+                f"fake tensorrt_llm {_state.version()}: which sampler sampler_type='auto' picks for beam search on a "
+                "1.3.0 release candidate before PR 18232 is not modelled"
+            )
         sampler = TRTLLM if chosen == TRTLLM or (chosen == "auto" and beams) else TORCH
         if sampler == TORCH and beams:
-            raise NotImplementedError("fake tensorrt_llm: TorchSampler beam search before 1.3 is not modelled")
+            raise NotImplementedError("fake tensorrt_llm: TorchSampler beam search before 1.3.0rc26 is not modelled")
     else:
         sampler = TORCH
-    if sampler == TRTLLM and beams and (not args.disable_overlap_scheduler or args.cuda_graph_config is not None):
+    if series < (1, 1) and beams and (not args.disable_overlap_scheduler or args.cuda_graph_config is not None):
         raise ValueError(
             "beam search on the TRTLLM sampler needs disable_overlap_scheduler=True and cuda_graph_config=None "
-            "(docs/source/features/sampling.md)"
+            "(docs/source/features/sampling.md of 1.0)"
         )
     return sampler
 
@@ -104,6 +120,7 @@ class _Strategy:
     min_length_total: int | None = None  # 1.1/1.2 TorchSampler: bans the end id while prompt + generated < this
     bans: bool = True  # bad words applied
     bias: bool = True  # embedding bias applied
+    ban_end_when_ignoring_eos: bool = False  # min length under ignore_eos bans logits[-1] (TorchSampler before 12358)
 
     @classmethod
     def of(cls, sp, sampler: str, *, mixed: bool) -> _Strategy:
@@ -125,15 +142,23 @@ class _Strategy:
                 top_k, top_p = 1, 1.0
             return cls(top_k, top_p, None, None, None, None, None, None, shared_generator=True, bans=False, bias=False)
         greedy = sp.params_imply_greedy_decoding(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
-        if series < (1, 3):
-            return cls._make(
-                sp, greedy, penalties=False, bans=False, shared=True, min_length_total=sp.min_tokens or None
-            )
         if sp.use_beam_search and any(
             v not in (None, 0.0, 1.0) for v in (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty)
         ):
             raise ValueError("penalties are not supported with beam search in TorchSampler")
-        return cls._make(sp, greedy, seed=sp.seed, min_tokens=sp.min_tokens, penalties=True)
+        on_generated = has("min_tokens_on_generated")
+        return cls._make(
+            sp,
+            greedy,
+            seed=sp.seed if has("seed") else None,
+            min_tokens=sp.min_tokens if on_generated else None,
+            penalties=has("penalties"),
+            bans=has("bad_words"),
+            shared=not has("seed"),
+            min_length_total=None if on_generated else sp.min_tokens or None,
+            # before PR 12358 an ignore_eos request's end id (-1) indexes the last vocabulary entry
+            ban_end_when_ignoring_eos=not has("ignore_eos_min_tokens"),
+        )
 
     @classmethod
     def _make(cls, sp, greedy: bool, *, seed=None, min_tokens=None, penalties: bool, **flags) -> _Strategy:
@@ -165,6 +190,9 @@ class _Seq:
     streaming: bool
     beam_width: int
     guide: tuple[str, str | None] | None = None  # (guide type, guide): see _grammar
+    # SamplingParams.length_penalty / early_stopping: the C++ SamplingConfig's (None: its defaults, 0 and 1)
+    length_penalty: float | None = None
+    early_stopping: int | None = None
     prompt_logprobs: int = 0  # SamplingParams.prompt_logprobs (0: none)
     embedding_bias: object = None  # SamplingParams.embedding_bias, added to the logits by _select
     context_logprobs: object = None  # [prompt len, vocab] log-softmax of the context logits
@@ -195,8 +223,7 @@ class LlmRuntime:
         self._grammars = None
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
-        positions = getattr(self._model.config, "max_position_embeddings", None)
-        self.max_seq_len = args.max_seq_len or positions
+        self.max_seq_len = _model_engine_max_seq_len(hf_dir, args.max_seq_len)
         self.tokens_per_block = args.kv_cache_config.tokens_per_block
         kv_tokens = args.kv_cache_config.max_tokens or args.max_batch_size * self.max_seq_len
         self.kv_blocks = kv_tokens // self.tokens_per_block
@@ -207,7 +234,8 @@ class LlmRuntime:
         self._stats: deque[str] = deque(maxlen=args.max_stats_len)
         self._iter = 0
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="fake-llmapi-executor", daemon=True)
+        self.dead: Exception | None = None  # what ended the executor loop
+        self._thread = threading.Thread(target=self._event_loop, name="fake-llmapi-executor", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ client side (event loop thread)
@@ -236,6 +264,16 @@ class LlmRuntime:
             self._thread.join()
 
     # ------------------------------------------------------------ step loop
+
+    def _event_loop(self) -> None:
+        """PyExecutor._event_loop_wrapper: an exception out of the loop is logged and ends it; nothing answers the
+        requests left in it, and later ones are queued for a loop that is gone (py_executor.py, every copy read)."""
+        try:
+            self._loop()
+        except Exception as exc:  # noqa: BLE001 — as the real wrapper: log, then the thread ends
+            print(f"[TensorRT-LLM][ERROR] Error in event loop: {exc}", flush=True)
+            self.dead = exc
+            raise
 
     def _loop(self) -> None:
         while True:
@@ -274,6 +312,11 @@ class LlmRuntime:
         used = sum(self._reserved_blocks(s) for s in self._active)
         while self._waiting and len(self._active) < self.args.max_batch_size:
             seq = self._waiting[0]
+            refused = _beam_width_problem(seq, self.args.max_beam_width or 1)  # raises where the real one asserts
+            if refused is not None:
+                self._waiting.popleft()
+                seq.result._enqueue(_Response([], None, None, None, True, error=refused))
+                continue
             if len(seq.prompt) >= self.max_seq_len:
                 # A stand-in for a run-time failure of one request: PyExecutor answers it with an error
                 # response for that request (the LLM API raises it as RequestError from its iterator).
@@ -296,6 +339,8 @@ class LlmRuntime:
             if self._active and used + need > self.kv_blocks:
                 break  # wait for KV cache room (a lone request always runs)
             self._waiting.popleft()
+            # executor/base_worker.py _deduce_max_tokens: a max_tokens beyond max_seq_len - prompt is cut to it, with
+            # a log line only ("User-specified `max_tokens` (...) is greater than deduced `default_max_tokens`")
             seq.max_tokens = min(seq.max_tokens, self.max_seq_len - len(seq.prompt))
             self._active.append(seq)
             admitted.add(seq)
@@ -335,9 +380,19 @@ class LlmRuntime:
         if sc.shared_generator:
             seq.generator = self._generator
         total = len(seq.prompt) + len(seq.generated)
-        if sc.min_length_total is None or total >= sc.min_length_total:
+        # _apply_min_length_penalty: logits[py_end_id] = -inf while short of min_tokens (1.1/1.2: prompt + generated;
+        # from PR 12166 generated only, which _select applies); an ignore_eos end id of -1 indexes the last entry
+        # until PR 12358
+        short_on_total = sc.min_length_total is not None and total < sc.min_length_total
+        short_ignoring_eos = (
+            sc.ban_end_when_ignoring_eos
+            and seq.end_id < 0
+            and bool(sc.min_tokens)
+            and len(seq.generated) < sc.min_tokens
+        )
+        if not (short_on_total or short_ignoring_eos):
             return _select(seq)[0]
-        raw = seq.logits  # 1.1/1.2: logits[py_end_id] = -inf, where an ignore_eos end id of -1 is the last entry
+        raw = seq.logits
         seq.logits = raw.clone()
         seq.logits[seq.end_id] = float("-inf")
         try:
@@ -368,9 +423,16 @@ class LlmRuntime:
     def _prompt_logprobs(self, seq: _Seq, first_token: int) -> list[dict[int, Logprob]] | None:
         if seq.context_logprobs is None:
             return None
-        following = seq.prompt[1:] + [first_token] if _state.series() >= (1, 3) else None
+        # PR 11235: each entry also holds a prompt token, prompt[t] (the one position t was computed from) until
+        # PR 12499 made it the one that follows (the next prompt token, or the first generated one)
+        if has("prompt_token_entry_fixed"):
+            held = seq.prompt[1:] + [first_token]
+        elif has("prompt_token_entry"):
+            held = list(seq.prompt)
+        else:
+            held = None
         entries = [
-            _top_entry(row, seq.prompt_logprobs, following[t] if following else None)
+            _top_entry(row, seq.prompt_logprobs, held[t] if held else None)
             for t, row in enumerate(seq.context_logprobs)
         ]
         seq.context_logprobs = None
@@ -387,7 +449,8 @@ class LlmRuntime:
         seq.cum_logprob += float(logprobs[token])
         seq.generated.append(token)
         if seq.top_logprobs:
-            sampled_only = _state.series() < (1, 1) or self.sampler == TRTLLM
+            # top k from PR 7976 (1.2; PR 7756 was reverted before the 1.1 cut); the TRTLLMSampler: the sampled one's
+            sampled_only = _state.series() < (1, 2) or self.sampler == TRTLLM
             seq.pending_logprobs.append(_logprob_entry(logprobs, token, None if sampled_only else seq.top_logprobs))
         if any(w and seq.generated[-len(w) :] == w for w in seq.stop_words):
             return "STOP_WORDS"
@@ -416,13 +479,16 @@ class LlmRuntime:
             do_sample=False,
             eos_token_id=seq.end_id if seq.end_id >= 0 else None,
             pad_token_id=max(seq.end_id, 0),
+            # as the Executor fake reads them (tests/fakes/tensorrt_llm/_runtime.py): executor.h's defaults
+            length_penalty=seq.length_penalty if seq.length_penalty is not None else 0.0,
+            early_stopping=seq.early_stopping in (None, 1),
         )
-        beams, ended = [], False
+        beams, reasons = [], []
         for row in gen[:, len(seq.prompt) :].tolist():
-            if seq.end_id in row:
-                row, ended = row[: row.index(seq.end_id)], ended or not beams
-            beams.append(row)
-        return _Response(beams, None, None, "END_ID" if ended else "LENGTH", True)
+            ended = seq.end_id in row
+            beams.append(row[: row.index(seq.end_id)] if ended else row)
+            reasons.append("END_ID" if ended else "LENGTH")
+        return _Response(beams, None, None, reasons, True)
 
     def _record_stats(self, started: float, new: int, finished: int) -> None:
         if not self.args.enable_iter_perf_stats:
@@ -450,9 +516,58 @@ class LlmRuntime:
         self._iter += 1
 
 
+def _beam_width_problem(seq: _Seq, max_beam_width: int) -> str | None:
+    """Why the executor refuses a request's beam width (an error response for it), None when it runs. Up to PR 16620
+    the width must equal ``max_beam_width`` ("Request beam width 1 is not equal to max_beam_width 8. This is not
+    supported!", NVIDIA/TensorRT-LLM#7368 on 1.1.0rc1): on 1.0 and 1.1 an ``assert`` in the executor's request loop
+    (added with beam search, PR 5333; executor_request_queue.py ``_validate_and_filter_requests`` on the 1.1 line),
+    which ends the loop; from 1.2 ``PyExecutor._validate_request``'s ValueError, that request's RequestError (1.2-era
+    test_beam_search.py ``test_smaller_beam_width``). PR 16620 (1.3.0rc26) refuses only a width above it, or below
+    it with log probs ("variable/smaller beam width is not yet wired through the log-probs path")."""
+    width = seq.beam_width
+    if has("torch_only"):
+        if width > max_beam_width:
+            return f"Request beam width {width} exceeds max_beam_width {max_beam_width}. This is not supported!"
+        if width < max_beam_width and seq.top_logprobs:
+            return (
+                f"Request beam width {width} is below max_beam_width {max_beam_width}, which log probs do not support"
+            )
+        return None
+    if width == max_beam_width:
+        return None
+    message = f"Request beam width {width} is not equal to max_beam_width {max_beam_width}. This is not supported!"
+    if _state.series() < (1, 2):
+        raise AssertionError(message)
+    return message
+
+
+def _model_engine_max_seq_len(hf_dir: str, given: int | None) -> int:
+    """The executor's max_seq_len (PyTorchModelEngine ``_init_max_seq_len`` / ``_infer_max_seq_len_from_config``,
+    model_engine.py, copies of the 1.x line and main): config.json's ``max_position_embeddings`` (or its
+    text_config's; 2048 when neither says), times the RoPE scaling ``factor`` unless the type is su, longrope, llama3
+    or yarn; a larger ``max_seq_len`` given to the LLM is lowered to it with a warning. It lives in the worker: the
+    LLM's own ``args.max_seq_len`` keeps what was passed (None when nothing was)."""
+    import math
+    from pathlib import Path
+
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    scale = 1
+    if rope and rope.get("type", rope.get("rope_type")) not in ("su", "longrope", "llama3", "yarn"):
+        scale = rope.get("factor", 1.0)
+    length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    length = length or 2048
+    if scale != 1:
+        length = int(math.ceil(length * scale))
+    if given is not None and given > length:
+        print(f"Specified self.max_seq_len={given} is larger than what the model can support ({length}).", flush=True)
+        return length
+    return given or length
+
+
 def _logprob_entry(logprobs, token: int, k: int | None) -> dict[int, Logprob]:
-    """A generated token's entry: the sampled token's log prob only (k None: 1.0.0's TorchSampler, PR 6097; the
-    TRTLLMSampler, see the module docstring), else the top k (PR 7756)."""
+    """A generated token's entry: the sampled token's log prob only (k None: the TorchSampler before 1.2, PR 6097; the
+    TRTLLMSampler, see the module docstring), else the top k (PR 7976)."""
     if k is None:  # 1.0's TorchSampler.handle_logits: {int(token): Logprob(logprob=logprob, rank=1)}
         return {token: Logprob(float(logprobs[token]), 1)}
     return _top_entry(logprobs, k)

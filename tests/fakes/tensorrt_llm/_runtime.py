@@ -31,7 +31,12 @@ tensorrt_llm/builder.py):
   tokens generated but not yet sent (streaming; all of them otherwise); 0.12 sends none;
 * leader mode: rank 0 generates; other ranks' ``shutdown()`` blocks until the leader's.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
-``transformers``' beam search and answered with one final result, without log probs.
+``transformers``' beam search and answered with one final result, without log probs. What it reads of the
+request is TensorRT-LLM's (executor.h SamplingConfig, 0.12-1.2): ``numReturnSequences`` beams come back (all
+``beamWidth`` when unset: numReturnBeams), ``lengthPenalty`` divides a beam's log-prob by its length to that power
+(default 0: none; applyLengthPenalty in cpp/tensorrt_llm/kernels/beamSearchKernels.h, as transformers divides),
+``earlyStopping`` 1 (the default) ends once ``beamWidth`` beams finished, as transformers' early_stopping=True,
+other values compare running and finished beams (the stage-3 kernels), as early_stopping=False.
 """
 
 from __future__ import annotations
@@ -515,12 +520,13 @@ class ExecutorImpl:
         gen = self._model.generate(
             torch.tensor([seq.prompt]),
             num_beams=seq.beam_width,
-            num_return_sequences=seq.beam_width,
+            num_return_sequences=sc.num_return_sequences or seq.beam_width,
             max_new_tokens=seq.max_tokens,
             do_sample=False,
             eos_token_id=seq.end_id if seq.end_id >= 0 else None,
             pad_token_id=max(seq.end_id, 0),
-            length_penalty=sc.length_penalty if sc.length_penalty is not None else 1.0,
+            length_penalty=sc.length_penalty if sc.length_penalty is not None else 0.0,
+            early_stopping=sc.early_stopping in (None, 1),
         )
         fr, beams, reasons = self._api.FinishReason, [], []
         for row in gen[:, len(seq.prompt) :].tolist():

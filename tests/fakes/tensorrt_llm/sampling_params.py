@@ -8,8 +8,9 @@ strings ``_setup`` did not tokenize, as the real ones do. Per release:
 * 1.0 (@000a01de): ``_greedy_decoding`` looks at ``top_k``/``top_p`` only (temperature is not consulted) and
   ``_validate`` has no range checks; ``_setup(tokenizer, add_special_tokens=False)``;
 * later (@a98a9061): ``params_imply_greedy_decoding`` (temperature 0 is greedy too), range checks on
-  ``top_p``/``top_k``/``temperature``; ``_setup(tokenizer, hf_model_config, generation_config, ...)`` (its
-  kimi_k2 end-id rule is not modelled: no tiny model is one).
+  ``top_p``/``top_k``/``temperature``; ``_setup(tokenizer, hf_model_config, generation_config, ...)``, whose end
+  id for a ``kimi_k2`` model is generation_config.json's ``eos_token_id`` when that is one id (PR 7120, merged
+  2025-09-23, before the 1.1 branch cut; the 1.1–1.2 copy @a98a9061).
 """
 
 from __future__ import annotations
@@ -145,6 +146,13 @@ class SamplingParams:
         if self.end_id is None:
             self.end_id = tokenizer.eos_token_id
             self.pad_id = tokenizer.pad_token_id
+            hf_model_config, generation_config = args or (None, None)
+            if (
+                getattr(hf_model_config, "model_type", None) == "kimi_k2"
+                and generation_config is not None
+                and isinstance(generation_config.eos_token_id, int)
+            ):
+                self.end_id = generation_config.eos_token_id
             if self.pad_id is None:
                 self.pad_id = self.end_id
         if self.bad is not None:

@@ -71,7 +71,9 @@ class _Response:
     beams: list[list[int]]  # new tokens per sequence (beam search: all tokens of each beam)
     logprobs: list[dict] | None  # new per-token dicts (sequence 0)
     cum_logprob: float | None
-    finish_reason: str | None  # "END_ID", "STOP_WORDS", "LENGTH", "CANCELLED" or None
+    # "END_ID", "STOP_WORDS", "LENGTH", "CANCELLED" or None; a beam search's final one: one per beam (the real
+    # _handle_sequence reads finish_reasons[beam] for each beam's CompletionOutput)
+    finish_reason: str | list[str] | None
     is_final: bool
     error: str | None = None
     prompt_logprobs: list[dict] | None = None  # on the first response of a request that asked for them
@@ -144,9 +146,11 @@ class GenerationResult:
                 out.finish_reason = "cancelled"
             if not self._done:
                 continue
-            if response.finish_reason == "END_ID":
+            reason = response.finish_reason
+            reason = reason[index] if isinstance(reason, list) else reason
+            if reason == "END_ID":
                 out.finish_reason = "stop"
-            elif response.finish_reason == "STOP_WORDS":
+            elif reason == "STOP_WORDS":
                 out.finish_reason = "stop"
                 for reason, ids in sp._get_stop_reasons_and_words():
                     if out.token_ids[-len(ids) :] == ids:
@@ -154,7 +158,7 @@ class GenerationResult:
                         if not sp.include_stop_str_in_output:
                             out.token_ids = out.token_ids[: -len(ids)]
                         break
-            elif response.finish_reason == "LENGTH":
+            elif reason == "LENGTH":
                 out.finish_reason = "length"
 
     async def aresult(self) -> GenerationResult:

@@ -4,7 +4,7 @@
 Kept from the real one: the constructor's keywords and order; ``**kwargs`` must be ``TorchLlmArgs`` fields of
 the release (1.x names the TensorRT-engine LLM for TrtLlmArgs-only keys; llm_args.py for the sampler keys);
 ``generate_async`` returns at once (input errors raise synchronously: a prompt over ``max_num_tokens`` without
-chunked prefill, logprobs > 1 on 1.0.0).
+chunked prefill).
 ``SamplingParams._setup`` (end/pad id from the tokenizer, stop/bad strings tokenized) runs only for a request
 without ``end_id``: tensorrt_llm/llmapi/llm.py ``BaseLLM._prepare_sampling_params``,
 ``if sampling_params.end_id is None: ... sampling_params._setup(...)`` (the 1.1-line copy 4c05a748 and the newest
@@ -34,6 +34,23 @@ from tensorrt_llm.sampling_params import SamplingParams
 
 # generate_async keywords that came with the 1.2 line (LLM-new); earlier releases reject them.
 _NEWER_KEYWORDS = {"trace_headers": None, "conversation_params": None, "priority": 0.5}
+
+
+def _model_configs(folder: Path):
+    """The checkpoint's config and generation config as the LLM loads them (ModelLoader.load_hf_model_config /
+    load_hf_generation_config; None where it has none). Plain namespaces: ``_setup`` reads ``model_type`` and
+    ``eos_token_id`` only, and a config transformers cannot load (a remote-code model) still has those."""
+    import json
+    from types import SimpleNamespace
+
+    def read(name: str):
+        path = folder / name
+        return SimpleNamespace(**json.loads(path.read_text())) if path.is_file() else None
+
+    config, generation = read("config.json"), read("generation_config.json")
+    if generation is not None and not hasattr(generation, "eos_token_id"):
+        generation.eos_token_id = None
+    return config, generation
 
 
 class RequestOutput(GenerationResult):
@@ -126,6 +143,8 @@ class LLM:
                 raise ValueError("guided decoding needs the tokenizer (skip_tokenizer_init=True)")
             if self.args.guided_decoding_backend != "xgrammar":
                 raise NotImplementedError("fake tensorrt_llm: guided decoding through xgrammar only")
+        # _TorchLLM._build_model: _try_load_hf_model_config / _try_load_generation_config, for SamplingParams._setup
+        self._hf_config, self._generation_config = _model_configs(folder)
         self._executor = LlmRuntime(str(folder), self.args, self._tokenizer)
         self._next_id = 1
         self._submitted = False  # the real executor's _iter_stats_result exists from the first request on
@@ -168,7 +187,9 @@ class LLM:
                     "tokenizer is required to reset end_id if it is None, or you can explicitly specify the end_id "
                     "for sampling_params"
                 )
-            sp._setup(self._tokenizer, *(() if _state.series() < (1, 1) else (None, None)))
+            sp._setup(
+                self._tokenizer, *(() if _state.series() < (1, 1) else (self._hf_config, self._generation_config))
+            )
         self._check_arguments(prompt, sp)
         result = RequestOutput._from_generation(self._next_id, prompt, sp, streaming, self._executor)
         self._next_id += 1
@@ -176,11 +197,9 @@ class LLM:
         self._stats.mark_undone()  # _maybe_initialize_iteration_results: more stats expected
         try:  # what the worker's _enqueue_request and the sampler read; a failure fails this request only
             bad_words, stop_words = sp._get_bad_words(), sp._get_stop_words()
+            # the PyTorch _check_arguments has no beam check (it returns after max_num_tokens): the executor checks
+            # the beam width when it takes the request (_llm_runtime._beam_width_problem)
             strategy = _Strategy.of(sp, self._executor.sampler, mixed=self.args.enable_mixed_sampler)
-            if sp.use_beam_search and sp.best_of > self.args.max_beam_width:
-                # the PyTorch _check_arguments has no beam check (it returns after max_num_tokens); what fails
-                # instead was not read: the fake fails the request
-                raise ValueError(f"best_of ({sp.best_of}) exceeds max_beam_width ({self.args.max_beam_width})")
         except Exception as exc:  # noqa: BLE001 — the worker re-raises any of them as RequestError
             result._enqueue(_Response([], None, None, None, True, error=str(exc)))
             return result
@@ -202,6 +221,8 @@ class LLM:
                 embedding_bias=sp.embedding_bias if strategy.bias else None,
                 streaming=streaming,
                 beam_width=sp.best_of if sp.use_beam_search else 1,
+                length_penalty=sp.length_penalty,
+                early_stopping=sp.early_stopping,
                 guide=guide_of(sp.guided_decoding) if sp.guided_decoding is not None else None,
             )
         )

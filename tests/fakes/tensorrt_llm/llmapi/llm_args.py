@@ -8,8 +8,10 @@ The sampler keys differ by release (``_RELEASE_FIELDS``); a key the release lack
   features/sampling.md: "Enable the enable_trtllm_sampler option in the LLM class");
 * 1.1 and 1.2: ``sampler_type`` = ``auto`` | ``TorchSampler`` | ``TRTLLMSampler`` (PR 6831, merged 2025-08-16
   after main became 1.1.0rc1); PR 7294 removed ``enable_mixed_sampler``;
-* main (the fake's 1.3.0): PR 18232 removed ``TRTLLMSampler`` and ``sampler_type``; PR 18513 accepts ``auto``
-  and ``TorchSampler`` again, ignored, and rejects ``TRTLLMSampler``.
+* main: PR 18232 (1.3.0rc26) removed ``TRTLLMSampler`` and ``sampler_type``; PR 18513 (1.3.0rc27) accepts
+  ``auto`` and ``TorchSampler`` again, ignored, and rejects ``TRTLLMSampler`` (``_state.FIXES``).
+``KvCacheConfig.free_gpu_memory_fraction``: None on 1.0 (``default=None``, "Default is 90%"), 0.9 from 1.1 (the
+1.1/1.2 copy), bounded to [0, 1] on main (the newest copy).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class KvCacheConfig(_Strict):
     max_tokens: int | None = None
     max_attention_window: list[int] | None = None
     sink_token_length: int | None = None
-    free_gpu_memory_fraction: float | None = Field(0.9, ge=0.0, le=1.0)
+    free_gpu_memory_fraction: float | None = 0.9  # 1.0: None (_release_default)
     host_cache_size: int | None = None
     onboard_blocks: bool = True
     cross_kv_cache_fraction: float | None = None
@@ -54,6 +56,20 @@ class KvCacheConfig(_Strict):
     use_uvm: bool = False
     dtype: str = "auto"
     tokens_per_block: int = 32
+
+    @model_validator(mode="before")
+    @classmethod
+    def _release_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "free_gpu_memory_fraction" not in data and _state.series() < (1, 1):
+            return {**data, "free_gpu_memory_fraction": None}
+        return data
+
+    @field_validator("free_gpu_memory_fraction")
+    @classmethod
+    def _fraction(cls, value: float | None) -> float | None:
+        if value is not None and _state.series() >= (1, 3) and not 0.0 <= value <= 1.0:
+            raise ValueError("Input should be less than or equal to 1 and greater than or equal to 0")
+        return value
 
 
 class CudaGraphConfig(_Strict):
@@ -221,7 +237,7 @@ class TorchLlmArgs(_Strict):
         for key in data:
             if not _field_in_release(key):
                 raise ValueError(f"{key}: not a field of TorchLlmArgs in TensorRT-LLM {_state.version()}")
-        if data.get("sampler_type") == "TRTLLMSampler" and _state.series() >= (1, 3):
+        if data.get("sampler_type") == "TRTLLMSampler" and _state.has("torch_only"):
             raise ValueError("sampler_type='TRTLLMSampler' was removed; TorchSampler is the only sampler (PR 18513)")
         return data
 
@@ -233,20 +249,19 @@ class TorchLlmArgs(_Strict):
         return {k: (defaults[k] if v is None and k in defaults else v) for k, v in data.items()}
 
 
-# TorchLlmArgs fields that exist in some releases only: (first series, last series or None).
+# TorchLlmArgs fields that exist in some releases only (see the module docstring).
 _RELEASE_FIELDS = {
-    "enable_mixed_sampler": ((1, 0), (1, 0)),
-    "enable_trtllm_sampler": ((1, 0), (1, 0)),
-    "sampler_type": ((1, 1), None),
+    "enable_mixed_sampler": lambda: _state.series() == (1, 0),
+    "enable_trtllm_sampler": lambda: _state.series() == (1, 0),
+    "sampler_type": lambda: (
+        _state.series() >= (1, 1) and (not _state.has("torch_only") or _state.has("sampler_type_again"))
+    ),
 }
 
 
 def _field_in_release(key: str) -> bool:
-    """Whether ``key`` is a TorchLlmArgs field of the release the fake plays (see the module docstring)."""
-    if key not in _RELEASE_FIELDS:
-        return True
-    first, last = _RELEASE_FIELDS[key]
-    return first <= _state.series() and (last is None or _state.series() <= last)
+    """Whether ``key`` is a TorchLlmArgs field of the release the fake plays."""
+    return key not in _RELEASE_FIELDS or _RELEASE_FIELDS[key]()
 
 
 # Keys that only the TensorRT-engine LLM (TrtLlmArgs) takes; 1.x's _TorchLLM names them in its error.
