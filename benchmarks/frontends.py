@@ -25,12 +25,10 @@ import contextlib
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,36 +37,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 
 @contextlib.contextmanager
-def serving(serve_args: list[str], log: Path) -> Iterator[tuple[str, int]]:
-    """`lmi-trt serve ARGS` on a free port until /ping answers 200; (its URL, its pid); SIGTERM at the end."""
-    from lmi_trt.bench import free_port
+def serving(serve_args: list[str], work: Path) -> Iterator[tuple[str, int]]:
+    """`lmi-trt serve ARGS` (tests/cliserver.py's: a free port, /ping 200, SIGTERM at the end); (its URL, its pid)."""
+    from cliserver import serve
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "lmi_trt", "serve", *" ".join(serve_args).split(), "--port", str(port)]
-    print("$", " ".join(cmd), flush=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url + "/ping", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no /ping 200 after 900 s: {log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield url, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with serve(" ".join(serve_args).split(), work, ready_timeout=900.0) as server:
+        yield server.url, server.proc.pid
 
 
 def bench(server: tuple[str, int], api: str, streams: int, out: Path, extra: list[str]) -> dict:
@@ -119,7 +93,7 @@ def synthetic(args: argparse.Namespace) -> dict:
             f"-o option.max_rolling_batch_size={max(args.concurrency)}",
             f"-o option.api_server_count={n}",
         ]
-        with serving(serve_args, work / f"server-n{n}.log") as server:
+        with serving(serve_args, work) as server:
             for streams in args.concurrency:
                 level = bench(
                     server,
@@ -207,7 +181,7 @@ def gpu(args: argparse.Namespace) -> dict:
             "-o option.max_num_tokens=8192",
             f"-o option.api_server_count={n}",
         ]
-        with serving(serve_args, work / f"server-n{n}.log") as server:
+        with serving(serve_args, work) as server:
             for streams, api in itertools.product(args.concurrency, ("openai", "lmi", "tgi")):
                 level = bench(
                     server,

@@ -78,6 +78,7 @@ def serve(
     cwd: Path | None = None,
     ca: Path | None = None,
     client_cert: tuple[str, str] | None = None,
+    ready_timeout: float = 120.0,
 ):
     """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit. With
     ``ca`` the server serves HTTPS (ARGS set its certificate) and the Server's requests verify it by ``ca``
@@ -100,7 +101,7 @@ def serve(
     server = Server(proc, port, log_path, ca, client_cert)
     try:
         if ready:
-            wait_ready(server)
+            wait_ready(server, ready_timeout)
         yield server
     finally:
         if proc.poll() is None:

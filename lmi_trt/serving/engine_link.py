@@ -29,15 +29,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from lmi_trt.engines import base
 from lmi_trt.engines.base import (
     AdapterHost,
     AdapterInfo,
-    Capabilities,
     Engine,
     EngineError,
-    EngineLimits,
     EngineOutput,
-    EngineStats,
     FinishReason,
     GenerationRequest,
     error_output,
@@ -57,11 +55,11 @@ class EngineState:
     phase: str = "loading"  # loading | ready | failed
     error: str | None = None
     name: str = ""
-    limits: EngineLimits | None = None
-    capabilities: Capabilities | None = None
+    limits: base.EngineLimits | None = None
+    capabilities: base.Capabilities | None = None
     tokenizer_dir: Path | None = None
     healthy: bool = True
-    stats: EngineStats = field(default_factory=EngineStats)
+    stats: base.EngineStats = field(default_factory=base.EngineStats)
     adapters: tuple[AdapterInfo, ...] = ()  # the LoRA adapters registered (an AdapterHost's)
 
 
@@ -319,12 +317,12 @@ class RemoteEngine:
         return self.state.name
 
     @property
-    def limits(self) -> EngineLimits:
+    def limits(self) -> base.EngineLimits:
         assert self.state.limits is not None
         return self.state.limits
 
     @property
-    def capabilities(self) -> Capabilities:
+    def capabilities(self) -> base.Capabilities:
         assert self.state.capabilities is not None
         return self.state.capabilities
 
@@ -362,7 +360,7 @@ class RemoteEngine:
         if self._sock is not None and self._lost is None:
             self._sock.send(pickle.dumps(("cancel", request_id + self._suffix), _PICKLE), flags=zmq.NOBLOCK)
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> base.EngineStats:
         return self.state.stats
 
     # --- the LoRA registry (AdapterHost), held by the engine's process for every front end
