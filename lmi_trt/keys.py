@@ -1280,6 +1280,16 @@ class LmiConfig(BaseModel):
     job_queue_size: Annotated[
         int, KeySpec("job_queue_size", _integer(1, 1000), "queued requests beyond which the server answers 503")
     ] = 1000
+    api_server_count: Annotated[
+        int | None,
+        KeySpec(
+            "option.api_server_count",
+            _integer(1, 2),
+            "HTTP front-end processes sharing the port (vLLM's --api-server-count); above 1 the engine runs in a "
+            "process of its own and the front ends tokenize, detokenize and render; unset: from the CPU cores "
+            "this process may use (1 below 8, else a quarter of them, at most 8)",
+        ),
+    ] = None
     output_formatter: Annotated[
         str | None,
         KeySpec(

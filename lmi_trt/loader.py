@@ -76,7 +76,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     refusing = [name for name, c in engine.capabilities.features().items() if not c.honoured]
     if refusing:  # each with its reason at GET /v1/capabilities and in the 400 of a request that asks
         log.info("engine %s refuses requests for: %s (see GET /v1/capabilities)", engine.name, ", ".join(refusing))
-    return LoadedModel(engine=engine, tokenizer=tokenizer, adapter_source=adapter_source)
+    return LoadedModel(engine=engine, tokenizer=tokenizer, adapter_source=adapter_source, tokenizer_dir=tok_dir)
 
 
 def check_reasoning(config: LmiConfig, tokenizer: Any) -> None:

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import requests
 
+# Set (to N), every server these helpers start runs N HTTP front-end processes (option.api_server_count), unless
+# the test sets the option itself: .ci/run runs a subset of the HTTP integration tests so.
+FRONTENDS_VAR = "LMI_TEST_API_SERVER_COUNT"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -74,6 +78,7 @@ def serve(
     cwd: Path | None = None,
     ca: Path | None = None,
     client_cert: tuple[str, str] | None = None,
+    ready_timeout: float = 120.0,
 ):
     """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit. With
     ``ca`` the server serves HTTPS (ARGS set its certificate) and the Server's requests verify it by ``ca``
@@ -82,6 +87,8 @@ def serve(
     log_path = tmp_path / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_"))}
     full_env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    if os.environ.get(FRONTENDS_VAR):  # .ci/run: these tests again with N front-end processes
+        full_env["OPTION_API_SERVER_COUNT"] = os.environ[FRONTENDS_VAR]
     full_env.update(env or {})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -94,7 +101,7 @@ def serve(
     server = Server(proc, port, log_path, ca, client_cert)
     try:
         if ready:
-            wait_ready(server)
+            wait_ready(server, ready_timeout)
         yield server
     finally:
         if proc.poll() is None:

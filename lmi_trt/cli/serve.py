@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -39,7 +40,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from lmi_trt.launch import plan_for, run_serve
     from lmi_trt.loader import load_model, preflight
     from lmi_trt.log_redaction import install_log_redaction
-    from lmi_trt.serving.app import build_app, run_app
+    from lmi_trt.serving.app import build_app, run_app, run_loop
+    from lmi_trt.serving.core import LoadedModel
+    from lmi_trt.serving.frontends import frontend_count, serve_engine, usable_cores
     from lmi_trt.serving.protocols import DEFAULT_ADAPTERS
     from lmi_trt.serving.tls import check_tls
 
@@ -69,10 +72,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         (log.warning if "idle" in note else log.info)("launch: %s", note)
     model_name = args.model_name or _model_name(config)
 
+    frontends = frontend_count(config.api_server_count, usable_cores())
+    log.info(
+        "HTTP front ends: %d%s",
+        frontends,
+        "" if config.api_server_count is not None else f" (option.api_server_count unset: {usable_cores()} cores)",
+    )
+
     def serve_http() -> int:
-        app = build_app(
-            lambda: load_model(config, kind, plan), config, model_name=model_name, adapters=DEFAULT_ADAPTERS
-        )
+        def load() -> Awaitable[LoadedModel]:
+            return load_model(config, kind, plan)
+
+        if frontends > 1:  # the engine here, the HTTP servers in processes of their own
+            engine_here = serve_engine(
+                load, config, model_name=model_name, host=args.host, port=args.port, count=frontends
+            )
+            return run_loop(engine_here)
+        app = build_app(load, config, model_name=model_name, adapters=DEFAULT_ADAPTERS)
         return run_app(app, host=args.host, port=args.port)
 
     try:

@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -26,6 +26,7 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.errors import LmiError
 from lmi_trt.log_redaction import loggable
 from lmi_trt.serving import access, tls
+from lmi_trt.serving.admission import Admission
 from lmi_trt.serving.core import GenerationService, LoadedModel
 from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.health_responder import HealthResponder
@@ -114,19 +115,24 @@ def build_app(
     *,
     model_name: str,
     adapters: Sequence[ProtocolAdapter] | None = None,
+    admission: Admission | None = None,
+    metrics_dir: str | None = None,
+    ready_gate: Callable[[], Awaitable[None]] | None = None,
 ) -> web.Application:
     """The application; ``load`` runs in the background once the server is listening.
 
-    ``adapters`` defaults to the LMI protocol (/invocations, /predictions/{model}).
+    ``adapters`` defaults to the LMI protocol (/invocations, /predictions/{model}). A front end of several
+    (serving/frontends.py) passes the ``admission`` they share, the folder of their metrics, and a ``ready_gate``
+    it waits at, loaded, until every front end is (so /ping turns 200 when any of them can serve).
     """
     if adapters is None:
         from lmi_trt.serving.protocols import lmi
 
         adapters = (lmi.install,)
-    metrics = Metrics(model_name)
+    metrics = Metrics(model_name, metrics_dir)
     ctx = ServingContext(config=config, model_name=model_name, metrics=metrics)
     metrics.attach_live(
-        lambda: ctx.service.in_system if ctx.service else 0,
+        lambda: ctx.service.admission.total() if ctx.service else 0,
         lambda: ctx.service.engine.stats() if ctx.service else None,
     )
     # request_context outermost: a 401 and an error response carry X-Request-Id too, and the log lines
@@ -156,9 +162,17 @@ def build_app(
             ctx.load_error = f"{type(e).__name__}: {e}"
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
-        ctx.service = GenerationService(
-            loaded.engine, loaded.tokenizer, config, metrics=metrics, adapter_source=loaded.adapter_source
+        service = GenerationService(
+            loaded.engine,
+            loaded.tokenizer,
+            config,
+            metrics=metrics,
+            adapter_source=loaded.adapter_source,
+            admission=admission,
         )
+        if ready_gate is not None:
+            await ready_gate()
+        ctx.service = service
         log.info("model %r ready (engine %s) after %.1f s", model_name, loaded.engine.name, time.perf_counter() - t0)
 
     async def on_startup(app: web.Application) -> None:
@@ -351,9 +365,14 @@ async def serve(
     shutdown_timeout: float = 30.0,
     exit_on_failure_after: float | None = 10.0,
     stop: asyncio.Event | None = None,
+    sock: socket.socket | None = None,
+    answer_while_loading: bool = True,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then stop accepting, give in-flight
     requests up to ``shutdown_timeout`` seconds, cancel what is left, and close the engine.
+    ``sock``: a listening socket to accept on (a front end's, shared with the others), else one on host:port.
+    ``answer_while_loading`` False: accept nothing until loaded (a front end replacing one that died, while the
+    others serve).
 
     Returns the process exit code: 0 after a requested stop, 1 when the model FAILED and
     ``exit_on_failure_after`` (seconds; None = serve 503 FAILED for ever) ran out.
@@ -365,8 +384,9 @@ async def serve(
     ctx.json_worker = JsonWorker()
     # The socket, and the responder answering on it, come before runner.setup() starts the load: a load
     # that holds the GIL from its first steps would keep this coroutine from starting them later.
-    sock = _listen(host, port)
-    responder = HealthResponder(sock, ctx.model_name, files) if ctx.status is ModelStatus.PENDING else None
+    sock = sock if sock is not None else listen(host, port)
+    loading = ctx.status is ModelStatus.PENDING
+    responder = HealthResponder(sock, ctx.model_name, files) if loading and answer_while_loading else None
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -389,7 +409,7 @@ async def serve(
     watcher: asyncio.Task[bool] | None = None
     listener: asyncio.base_events.Server | None = None
     try:
-        if responder is not None and not await _responder_answers_until_loaded(app, responder, stop):
+        if loading and not await _until_loaded(app, responder, stop):
             return 0
         guard = ConnectionGuard(connection_limit(ctx.config.max_connections), ctx.config.header_read_timeout)
         server = runner.server
@@ -453,21 +473,20 @@ async def serve(
     return 1 if failed else 0
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     """The listening socket, ours rather than aiohttp's, so the health responder can share it."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     return socket.create_server((host, port), family=family, backlog=1024)
 
 
-async def _responder_answers_until_loaded(
-    app: web.Application, responder: HealthResponder, stop: asyncio.Event
-) -> bool:
-    """While the model loads, only the health responder accepts on the listening socket; this process
+async def _until_loaded(app: web.Application, responder: HealthResponder | None, stop: asyncio.Event) -> bool:
+    """While the model loads, only the health responder (if any) accepts on the listening socket; this process
     does not even watch it. An engine load that holds the GIL (TensorRT-LLM's Executor constructor
     does) freezes every Python thread here, yet an event loop can still accept: uvloop's libuv accepts
     in C with the GIL released, then waits for the GIL to run the callback, leaving the connection
     unanswered until the load ends. True once the load ended (ready or failed), False if stopped first."""
-    log.info("health responder (pid %d) answers /ping while the model loads", responder.pid)
+    if responder is not None:
+        log.info("health responder (pid %d) answers /ping while the model loads", responder.pid)
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({app[_LOAD_TASK], stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -506,13 +525,28 @@ def run_app(
     shutdown_timeout: float = 30.0,
     exit_on_failure_after: float | None = 10.0,
     event_loop: EventLoopChoice = "auto",
+    sock: socket.socket | None = None,
+    answer_while_loading: bool = True,
 ) -> int:
     """Blocking entry point for the CLI; returns the exit code (see ``serve``).
 
     ``event_loop``: see ``event_loop_factory`` (auto: uvloop when installed, else asyncio)."""
+    main = serve(
+        app,
+        host,
+        port,
+        shutdown_timeout=shutdown_timeout,
+        exit_on_failure_after=exit_on_failure_after,
+        sock=sock,
+        answer_while_loading=answer_while_loading,
+    )
+    return run_loop(main, event_loop)
+
+
+def run_loop(main: Coroutine[Any, Any, int], event_loop: EventLoopChoice = "auto") -> int:
+    """Run ``main`` to its end on the chosen event loop (see ``event_loop_factory``); its result."""
     factory, name = event_loop_factory(event_loop)
     log.info("event loop: %s", name)
-    main = serve(app, host, port, shutdown_timeout=shutdown_timeout, exit_on_failure_after=exit_on_failure_after)
     if factory is None:
         return asyncio.run(main)
     if sys.version_info >= (3, 11):

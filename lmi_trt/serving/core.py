@@ -18,7 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from pathlib import Path
+from typing import Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -40,6 +41,7 @@ from lmi_trt.engines.base import (
 from lmi_trt.engines.guided import guide_problem, schema_text
 from lmi_trt.errors import LmiError
 from lmi_trt.log_context import REQUEST_ID
+from lmi_trt.serving.admission import Admission, LocalAdmission
 from lmi_trt.serving.detok import IncrementalDetokenizer, TokenCache, make_token_cache
 from lmi_trt.serving.errors import (
     BadRequest,
@@ -120,6 +122,8 @@ class LoadedModel:
     # A LoRA adapter's src (a folder, s3:// or a hub id) → its local folder (lmi_trt.sources.resolve_adapter, bound
     # to the configuration); None where adapters are off.
     adapter_source: Callable[[str], Any] | None = None
+    # The folder it was loaded from (front-end processes load their own copy: serving/frontends.py)
+    tokenizer_dir: Path | None = None
 
 
 class FeatureRefused(BadRequest):
@@ -676,6 +680,7 @@ class GenerationService:
         *,
         metrics: Metrics | None = None,
         adapter_source: Callable[[str], Any] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.engine = engine
         self._adapter_source = adapter_source
@@ -685,7 +690,9 @@ class GenerationService:
         self.facts = tokenizer_facts(tokenizer)
         # Per-token decode facts shared by every request's detokenizer (see detok.TokenCache).
         self._token_caches = {flag: make_token_cache(tokenizer, flag) for flag in (True, False)}
-        self._in_system = 0
+        self._in_system = 0  # this process's requests (what its drain waits for)
+        # job_queue_size counts every front end's (option.api_server_count)
+        self.admission: Admission = admission if admission is not None else LocalAdmission()
         self._ids = itertools.count(1)
         # The progress watchdog's bookkeeping (stalled_for): streams waiting on the engine now, the time
         # streams waited before the current waiting period since the engine last produced a token, when
@@ -752,8 +759,21 @@ class GenerationService:
 
     @property
     def in_system(self) -> int:
-        """Requests admitted and not finished (what job_queue_size bounds)."""
+        """Requests this process admitted and has not finished (what its drain waits for)."""
         return self._in_system
+
+    def _enter(self, checked: bool) -> None:
+        """One more request in the system: ``checked`` False takes it within job_queue_size or answers 503
+        (atomically across front ends); True, a batch's prompt whose room ``admit_batch`` checked."""
+        if checked:
+            self.admission.add(1)
+        elif not self.admission.take(1, self.config.job_queue_size):
+            self._busy(1)
+        self._in_system += 1
+
+    def _leave(self) -> None:
+        self._in_system -= 1
+        self.admission.add(-1)
 
     @property
     def waiting_on_engine(self) -> int:
@@ -824,13 +844,16 @@ class GenerationService:
         """
         if not self.engine.healthy:
             raise ServiceUnavailable("the engine is not healthy; the server is restarting or has failed", retry_after=5)
-        limit = self.config.job_queue_size
-        if self._in_system + n > limit:
-            self._reject(503)
-            more = f" and this request brings {n}" if n > 1 else ""
-            raise ServiceUnavailable(
-                f"server busy: {self._in_system} requests in the system{more}, job_queue_size={limit}; retry later"
-            )
+        if self.admission.total() + n > self.config.job_queue_size:
+            self._busy(n)
+
+    def _busy(self, n: int) -> NoReturn:
+        self._reject(503)
+        more = f" and this request brings {n}" if n > 1 else ""
+        raise ServiceUnavailable(
+            f"server busy: {self.admission.total()} requests in the system{more}, "
+            f"job_queue_size={self.config.job_queue_size}; retry later"
+        )
 
     async def start(
         self,
@@ -856,7 +879,7 @@ class GenerationService:
         self.check_features(params, names or {})
         if not admitted:
             self.check_admission()
-        self._in_system += 1
+        self._enter(checked=admitted)
         try:
             ids = await self._prompt_ids(prompt, add_special_tokens, field_name, user_text)
             if params.truncate is not None and len(ids) > params.truncate:
@@ -875,11 +898,11 @@ class GenerationService:
             )
             it = self.engine.submit(request).__aiter__()  # never raises: refusals are final outputs (engines/base.py)
         except LmiHttpError as e:
-            self._in_system -= 1
+            self._leave()
             self._reject(e.status)
             raise
         except BaseException:
-            self._in_system -= 1
+            self._leave()
             raise
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(ids))
@@ -1021,7 +1044,7 @@ class GenerationService:
     def release(
         self, stream: GenerationStream, reason: FinishReason, seconds: float, first_token_after: float | None = None
     ) -> None:
-        self._in_system -= 1
+        self._leave()
         if self.metrics is not None:
             self.metrics.finished(
                 reason.value, stream.generated_tokens, seconds, first_token_after, stream.params.adapter

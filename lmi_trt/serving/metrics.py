@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from lmi_trt.engines.base import ACCEPTED_PER_POSITION, EngineStats
@@ -197,10 +198,19 @@ class _LiveGauges(Collector):
 
 
 class Metrics:
-    def __init__(self, model_name: str = "model") -> None:
+    """``multiprocess_dir``: one of several front-end processes (option.api_server_count); its counters and
+    histograms live in that folder (prometheus_client's multiprocess mode, chosen by PROMETHEUS_MULTIPROC_DIR,
+    which the process that starts the front ends sets), and /metrics adds up every front end's, dead ones
+    included, so a counter never goes back."""
+
+    def __init__(self, model_name: str = "model", multiprocess_dir: str | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._view = r
+        if multiprocess_dir is not None:
+            self._view = CollectorRegistry()
+            MultiProcessCollector(self._view, path=multiprocess_dir)
         self.requests = Counter(
             "lmi_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
@@ -281,7 +291,7 @@ class Metrics:
             self.time_per_output_token.observe((seconds - first_token_after) / (generated - 1))
 
     def attach_live(self, in_system: Callable[[], int], engine_stats: Callable[[], EngineStats | None]) -> None:
-        self.registry.register(_LiveGauges(self.model_name, in_system, engine_stats))
+        self._view.register(_LiveGauges(self.model_name, in_system, engine_stats))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._view)

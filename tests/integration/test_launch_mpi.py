@@ -165,10 +165,19 @@ class Job:
                 pass
 
 
-def test_rank0_serves_rank1_follows_and_sigterm_ends_both(engine_dir, hf_dir, site_dir, tmp_path):
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_rank0_serves_rank1_follows_and_sigterm_ends_both(engine_dir, hf_dir, site_dir, tmp_path, frontends):
+    """With option.api_server_count=2 rank 0 is the engine's process and its two front ends serve HTTP."""
     port = free_port()
     job = Job(
-        [sys.executable, "-m", "lmi_trt", *_serve_args(engine_dir, hf_dir, port)],
+        [
+            sys.executable,
+            "-m",
+            "lmi_trt",
+            *_serve_args(engine_dir, hf_dir, port),
+            "-o",
+            f"option.api_server_count={frontends}",
+        ],
         _env(site_dir),
         tmp_path / "job.log",
         port,
@@ -190,7 +199,9 @@ def test_rank0_serves_rank1_follows_and_sigterm_ends_both(engine_dir, hf_dir, si
         log = job.log()
         tail = log[-4000:]
         assert "mpirun -n 2" in log and "--under-mpi" in log, tail  # relaunched itself under MPI
-        assert log.count("listening on http://") == 1 and "rank0 INFO lmi_trt.serving.app: listening" in log, tail
+        assert log.count("listening on http://") == frontends, tail
+        listener = "rank0" if frontends == 1 else "frontend1"
+        assert f"{listener} INFO lmi_trt.serving.app: listening" in log, tail
         assert "rank1 INFO lmi_trt.launch: follower rank ready" in log, tail  # rank 1 follows, serves nothing
         assert _rank_pid(job.token, 0) and _rank_pid(job.token, 1), _job_pids(job.token)
 

@@ -1,0 +1,163 @@
+"""The engine's process and its front ends (option.api_server_count): how many, the shared admission count, and the
+ZeroMQ link between a real synthetic engine and a RemoteEngine in this process (the same sockets the processes use)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+import pytest
+from serverproc import synthetic_engine, tiny_tokenizer
+
+from lmi_trt.config import LmiConfig
+from lmi_trt.engines.base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.serving.admission import LocalAdmission, SharedAdmission
+from lmi_trt.serving.engine_link import EngineServer, RemoteEngine, _unwire, _wire
+from lmi_trt.serving.frontends import frontend_config, frontend_count
+
+
+def test_frontend_count_follows_the_option_then_the_cores():
+    assert frontend_count(3, 2) == 3
+    assert [frontend_count(None, cores) for cores in (1, 2, 4, 7, 8, 16, 32, 64)] == [1, 1, 1, 1, 2, 4, 8, 8]
+
+
+def test_each_front_end_gets_its_share_of_the_per_process_bounds():
+    config = frontend_config(LmiConfig(max_connections=1000, max_upload_bytes=1000), 3)
+    assert (config.max_connections, config.max_upload_bytes) == (333, 333)
+
+
+def test_shared_admission_counts_every_front_end_and_never_overshoots():
+    slots = [0, 0]
+    a, b = SharedAdmission(slots, 0), SharedAdmission(slots, 1)
+    assert a.take(1, 2) and b.take(1, 2)
+    assert not a.take(1, 2) and not b.take(1, 2)
+    assert slots == [1, 1] and a.total() == 2
+    b.add(-1)
+    assert a.take(1, 2) and slots == [2, 0]
+    local = LocalAdmission()
+    assert local.take(2, 2) and not local.take(1, 2) and local.total() == 2
+
+
+def test_an_output_crosses_the_wire_unchanged():
+    out = EngineOutput(
+        "r1",
+        [5, 6],
+        logprobs=[-0.5, -1.0],
+        top_logprobs=[[(5, -0.5)], [(6, -1.0)]],
+        finished=True,
+        finish_reason=FinishReason.LENGTH,
+        queue_time_s=0.25,
+    )
+    assert _unwire(_wire(out)) == out
+    plain = EngineOutput("r2", [1])
+    assert _unwire(_wire(plain)) == plain
+
+
+def _request(rid: str, n: int) -> GenerationRequest:
+    return GenerationRequest(rid, [11, 12, 13], SamplingParams(max_new_tokens=n))
+
+
+@contextlib.asynccontextmanager
+async def _linked(tmp_path, engine, fronts: int = 1):
+    """An EngineServer and ``fronts`` RemoteEngines connecting to it (their ``connect()`` tasks); all closed after."""
+    if engine is not None:
+        await engine.start()
+    server = EngineServer(f"ipc://{tmp_path}/engine")
+    server.start()
+    remotes = [RemoteEngine(server.address, f"fe-{i}", os.getppid()) for i in range(fronts)]
+    connecting = [asyncio.ensure_future(r.connect()) for r in remotes]
+    try:
+        yield server, remotes, connecting
+    finally:
+        for remote in remotes:
+            await remote.close()
+        await server.close()
+        if engine is not None:
+            await engine.close()
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_remote_engine_streams_what_the_engine_does_and_cancels_it(tmp_path, cancel):
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None if not cancel else 50.0)
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            await asyncio.sleep(0.2)
+            assert not connecting.done()  # loading: the front end waits
+            server.ready(engine, None)
+            state = await asyncio.wait_for(connecting, 10)
+            assert state.phase == "ready" and remote.limits == engine.limits and remote.name == engine.name
+
+            direct = [o async for o in engine.submit(_request("direct", 8))]
+            if not cancel:
+                remote_outs = [o async for o in remote.submit(_request("via-link", 8))]
+                assert [t for o in remote_outs for t in o.token_ids] == [t for o in direct for t in o.token_ids]
+                assert remote_outs[-1].finished and remote_outs[-1].finish_reason is FinishReason.LENGTH
+            else:
+                stream = remote.submit(_request("left", 400))
+                first = await stream.__anext__()
+                assert first.token_ids
+                await stream.aclose()  # the client left: the engine frees the slot
+                for _ in range(200):
+                    if engine.stats().active_requests == 0 and server.in_flight == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert engine.stats().active_requests == 0 and server.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_failed_load_reaches_the_front_end(tmp_path):
+    async def main() -> None:
+        async with _linked(tmp_path, None) as (server, [remote], [connecting]):
+            await asyncio.sleep(0.1)
+            server.failed("option.model_id=x: no such folder")
+            state = await asyncio.wait_for(connecting, 10)
+            assert state.phase == "failed" and state.error == "option.model_id=x: no such folder"
+            assert not remote.healthy
+            out = [o async for o in remote.submit(_request("late", 2))]
+            assert out[-1].error_code == 503
+
+    asyncio.run(main())
+
+
+def test_an_unhealthy_engine_turns_the_front_end_unhealthy(tmp_path):
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer())
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 10)
+            assert remote.healthy
+            engine.fail("a CUDA error")
+            for _ in range(100):
+                if not remote.healthy:
+                    break
+                await asyncio.sleep(0.05)
+            assert not remote.healthy
+
+    asyncio.run(main())
+
+
+def test_two_front_ends_may_send_the_same_request_id(tmp_path):
+    """X-Request-Id comes from the client, and each front end counts from 1: the engine must keep them apart."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=200.0)
+        async with _linked(tmp_path, engine, fronts=2) as (server, remotes, connecting):
+            server.ready(engine, None)
+            await asyncio.wait_for(asyncio.gather(*connecting), 10)
+            requests = [
+                GenerationRequest("same-1", [11, 12, 13], SamplingParams(max_new_tokens=6)),
+                GenerationRequest("same-1", [21, 22], SamplingParams(max_new_tokens=9)),
+            ]
+            runs = await asyncio.gather(*(_collect(r.submit(q)) for r, q in zip(remotes, requests)))
+            for outs, request in zip(runs, requests):
+                assert all(o.request_id == "same-1" for o in outs)
+                assert sum(len(o.token_ids) for o in outs) == request.sampling.max_new_tokens
+                assert outs[-1].finish_reason is FinishReason.LENGTH
+
+    asyncio.run(main())
+
+
+async def _collect(stream) -> list[EngineOutput]:
+    return [o async for o in stream]
