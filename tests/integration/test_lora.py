@@ -304,3 +304,42 @@ def test_openai_chat_generates_with_the_adapter_its_model_names(srv, world):
     ref = reference(world["merged"]["local-a"], ids, NEW, eos_token_id=None)
     assert ref.tokens != reference(world["merged"][None], ids, NEW, eos_token_id=None).tokens
     assert answers["local-a"] != answers["tiny-llama"]
+
+
+async def test_steps_without_adapter_rows_run_the_base_models_pass(world, monkeypatch):
+    """A step none of whose rows uses an adapter passes no slot indices: the decoder runs no LoRA kernel (the decode
+    loop's base graphs on a GPU), and the outputs are the base model's; a step with one runs them. Before, every step
+    of a LoRA engine ran them, for base rows too."""
+    from lmi_trt.engines.base import GenerationRequest, SamplingParams
+    from lmi_trt.engines.torch import TorchEngine
+    from lmi_trt.engines.torch.llama_decoder import LlamaDecoder
+    from lmi_trt.engines.torch.lora import LoraSlots
+
+    passes, deltas = [], []
+    forward, add_delta = LlamaDecoder.forward, LoraSlots.add_delta
+    monkeypatch.setattr(LlamaDecoder, "forward", lambda self, batch: passes.append(batch.lora) or forward(self, batch))
+    monkeypatch.setattr(LoraSlots, "add_delta", lambda self, *a: deltas.append(a[1]) or add_delta(self, *a))
+    engine = TorchEngine(world["model_dir"], max_batch_size=4, max_input_len=64, max_new_tokens=64, enable_lora=True)
+    await engine.start()
+    tokenizer = AutoTokenizer.from_pretrained(world["model_dir"])
+
+    async def generate(prompt: str, adapter: str | None) -> list[int]:
+        params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+        request = GenerationRequest(prompt, tokenizer(prompt).input_ids, params, adapter=adapter)
+        return [t for out in [o async for o in engine.submit(request)] for t in out.token_ids]
+
+    try:
+        folder = str(world["folders"]["vllm-d"])
+        await engine.register_adapter("vllm-d", folder, folder)
+        passes.clear()
+        base = await asyncio.gather(*(generate(p, None) for p in PROMPTS))
+        assert len(passes) >= NEW and all(lora is None for lora in passes) and not deltas
+        for prompt, tokens in zip(PROMPTS, base):
+            assert_greedy(tokens, _expected(world, None, prompt))
+        passes.clear()
+        mixed = await asyncio.gather(generate(PROMPTS[0], "vllm-d"), generate(PROMPTS[1], None))
+        assert any(lora is not None for lora in passes) and {"qkv", "o", "gate_up", "down"} <= set(deltas)
+        assert_greedy(mixed[0], _expected(world, "vllm-d", PROMPTS[0]))
+        assert_greedy(mixed[1], _expected(world, None, PROMPTS[1]))
+    finally:
+        await engine.close()

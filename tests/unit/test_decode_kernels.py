@@ -129,6 +129,34 @@ for fused in (False, True):
     results.append((first, second, third))
 torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
 
+# LoRA's expand (lora.py): each token's slot's columns of the low-rank activations times the stacked B, added in
+# place; a token of no adapter (-1) gets exactly + 0. 37 tokens, 3 parts of 4 slots of rank 6 (72 columns): no
+# size a multiple of the kernel's tiles.
+from lmi_trt.engines.torch.decode_kernels import lora_expand
+span, rank = 4 * 6, 6
+low, up = torch.randn(37, 3 * span), torch.randn(3 * span, 100)
+token_slots = torch.arange(37) % 5 - 1
+before = torch.randn(37, 100)
+out = before.clone()
+assert lora_expand(low, token_slots, up, out, span, rank) is out
+kept = token_slots[:, None] == torch.arange(3 * span) % span // rank
+torch.testing.assert_close(out, before + (low * kept) @ up, rtol=1e-5, atol=1e-5)
+assert torch.equal(out[token_slots < 0], before[token_slots < 0])
+# The first pass again with adapters (random buffers, 2 slots of rank 4): the kernel against the torch path.
+lora = decoder.attach_lora(model.config, 2, 4)
+for layer in lora.buffers:
+    for buffer in (t for pair in layer.values() for t in pair):
+        buffer.normal_(std=0.2)
+adapted = []
+for fused in (False, True):
+    decoder.fused_kernels = fused
+    batch = flat([(a_table, 0, 8), (b_table, 0, 3)], a + b[:3], [7, 10])
+    batch.lora = torch.tensor([1] * 8 + [0, -1, 0])
+    with torch.no_grad():
+        adapted.append(decoder.forward(batch))
+torch.testing.assert_close(adapted[1], adapted[0], rtol=1e-5, atol=1e-5)
+assert not torch.allclose(adapted[0][0], results[0][0][0])  # the adapter changed the logits
+
 # A verification step (speculative decoding): each of 3 sequences feeds its last token and 3 drafts, k + 1 = 4
 # queries of a sequence sharing each KV head's 2 query heads, the positions past a sequence's drafts padding
 # (cache slot -1). The drafts are the model's own greedy tokens (each found from the position before it), one

@@ -94,7 +94,7 @@ def test_stop_and_stop_sequences_merge_and_details_ask_for_logprobs():
 
 
 def test_multi_sequence_parameters_are_refused_not_ignored():
-    for name, value in (("n", 2), ("best_of", 3), ("typical_p", 0.5), ("watermark", True), ("adapter_id", "a")):
+    for name, value in (("n", 2), ("best_of", 3), ("typical_p", 0.5), ("watermark", True)):
         with pytest.raises(BadRequest, match=rf"parameters\.{name}="):
             _lmi({"inputs": "x", "parameters": {name: value}}).parameters.to_generate()
     with pytest.raises(BadRequest, match=r"parameters\.num_return_sequences=2: this schema returns the best beam"):

@@ -62,13 +62,19 @@ def test_each_row_gets_its_own_slot_and_a_base_row_exactly_nothing(tmp_path):
     slots.write(2, adapter)
     x = torch.randn(3, 8)
     mask = slots.mask(torch.tensor([2, -1, 0]))  # adapter a, the base model, an empty slot
-    got = slots.delta(1, "qkv", x, mask)  # [3, q 8 + k 4 + v 4]
+    base = torch.randn(3, 16)
+    out = base.clone()
+    assert slots.add_delta(1, "qkv", x, out, mask) is out  # in place: [3, q 8 + k 4 + v 4]
+    got = out - base
     stem = "base_model.model.model.layers.1.self_attn.q_proj"
     a, b = tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"]
     want = x[0] @ a.t() @ b.t() * (4 / 2)  # scaling = lora_alpha / r (peft LoraLayer.update_layer)
     torch.testing.assert_close(got[0, :8], want)
     assert not got[0, 8:].any()  # k and v: not in the adapter
-    assert not got[1:].any()  # the base row and the empty slot's row add exactly zero
+    assert torch.equal(out[1:], base[1:])  # the base row and the empty slot's row add exactly zero
+    down = torch.zeros(3, 8)  # one part: the mask's leading S·R columns
+    slots.add_delta(1, "down", torch.randn(3, 12), down, mask)
+    assert down[0].any() and not down[1:].any()
     rslora = _adapter(tmp_path / "r", use_rslora=True)
     scaled = read_adapter("r", tmp_path / "r", max_rank=4, num_layers=2, dtype=torch.float32)
     b_r = rslora[f"{stem}.lora_B.weight"]

@@ -15,6 +15,9 @@
   cache writes of k and v at each token's cache slot (block, offset), one program per token: five
   kernels of the torch path in one.
 * ``silu_mul`` — ``silu(gate) * up`` of the fused gate/up projection in one pass.
+* ``lora_expand`` — a LoRA projection's expand (lora.py): each token's low-rank activations, masked to its
+  adapter slot's columns, times the stacked B, added into the projection's output in place; three kernels of
+  the torch path (the mask's build and multiply, the ``addmm_``) in one, which reads the tokens' slot indices.
 
 The torch operations in ``llama_decoder`` stay the reference and the CPU path; these compute in
 fp32 and round once where the torch path rounds after each operation.
@@ -34,6 +37,7 @@ except ImportError:  # CPU installs: the matmul path runs
     triton = None
 
 _SILU_BLOCK = 1024
+_LORA_BLOCK_K, _LORA_BLOCK_N = 32, 64
 _ROTARY_ELEMENTS = 4096  # values of a token one rotary program handles (heads × head_dim)
 
 
@@ -173,6 +177,41 @@ if triton is not None:
         out = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out_ptr + token * stride_out + i, out.to(out_ptr.dtype.element_ty), mask=inside)
 
+    @triton.jit
+    def _lora_expand_kernel(
+        low_ptr,
+        slots_ptr,
+        b_ptr,
+        out_ptr,
+        tokens,
+        width,
+        n_out,
+        stride_low,
+        stride_b,
+        stride_out,
+        SPAN: tl.constexpr,
+        RANK: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + m, mask=m < tokens, other=-1)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, width, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            keep = ((k[None, :] % SPAN) // RANK == slot[:, None]) & (k[None, :] < width)
+            low = tl.load(low_ptr + m[:, None] * stride_low + k[None, :], mask=keep, other=0.0)
+            b = tl.load(
+                b_ptr + k[:, None] * stride_b + n[None, :], mask=(k[:, None] < width) & (n[None, :] < n_out), other=0.0
+            )
+            acc += tl.dot(low, b)
+        target = out_ptr + m[:, None] * stride_out + n[None, :]
+        inside = (m[:, None] < tokens) & (n[None, :] < n_out)
+        out = tl.load(target, mask=inside, other=0.0).to(tl.float32) + acc
+        tl.store(target, out.to(out_ptr.dtype.element_ty), mask=inside)
+
 
 def rotary_into_cache(
     qkv: torch.Tensor,
@@ -225,6 +264,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[(tokens, triton.cdiv(width, _SILU_BLOCK))](
         gate_up, out, width, gate_up.stride(0), out.stride(0), BLOCK=_SILU_BLOCK
     )
+    return out
+
+
+def lora_expand(low: torch.Tensor, slots: torch.Tensor, b: torch.Tensor, out: torch.Tensor, span: int, rank: int):
+    """``out`` [T, N] += (``low`` [T, W] with the columns ``c`` of token t whose ``(c % span) // rank`` is not
+    ``slots[t]`` zeroed; -1: all) @ ``b`` [W, N], in place (rows of ``low``, ``b`` and ``out`` contiguous). A
+    token of no adapter gets exactly ``+ 0``."""
+    tokens, width, n_out = low.size(0), low.size(1), b.size(1)
+    # A decode step's tokens in one row tile where they fit (B is read once per tile); tl.dot's smallest is 16.
+    block_m = min(64, max(16, triton.next_power_of_2(tokens)))
+    grid = (triton.cdiv(tokens, block_m), triton.cdiv(n_out, _LORA_BLOCK_N))
+    strides = (low.stride(0), b.stride(0), out.stride(0))
+    tiles = {"BLOCK_M": block_m, "BLOCK_K": _LORA_BLOCK_K, "BLOCK_N": _LORA_BLOCK_N}
+    _lora_expand_kernel[grid](low, slots, b, out, tokens, width, n_out, *strides, SPAN=span, RANK=rank, **tiles)
     return out
 
 

@@ -352,7 +352,7 @@ class DecodeLoopBackend(QueuedBackend):
             else None
         )
         # LoRA adapters: max_loras slots of stacked weights (lora.py); per batch slot, the LoRA slot its row reads
-        # (-1: the base model), which the decode graphs read at a fixed address; per LoRA slot, the adapter it
+        # (-1: the base model), which the LoRA decode graphs read at a fixed address; per LoRA slot, the adapter it
         # holds, the rows using it, and when it was last taken (the least recently used free one is replaced).
         self._lora = self._decoder.attach_lora(config, lora_slots, engine.max_lora_rank) if lora_slots else None
         self._lora_of = torch.full((self.slots,), -1, dtype=torch.long, device=self._device)
@@ -374,6 +374,9 @@ class DecodeLoopBackend(QueuedBackend):
         self._ones, self._zeros = torch.ones_like(self._arange), torch.zeros_like(self._arange)
         self._sizes = graph_batch_sizes(self.slots) if self._cuda else []
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
+        # With LoRA, the decode steps some row of which uses an adapter (lora.py's kernels); the others replay
+        # ``_graphs``, the base model's, so base-only steps cost what they cost without option.enable_lora.
+        self._lora_graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
         # Verification steps (speculation): rows packed at positions 0..n-1, each with k + 1 tokens,
         # read from these buffers; a padding row points at the spare slot and proposes -1 drafts.
         limit, width = max(self._spec_limit, 1), self._draft_len + 1
@@ -499,8 +502,9 @@ class DecodeLoopBackend(QueuedBackend):
 
     # -- the device steps ------------------------------------------------------------------------
 
-    def _decode_batch(self, size: int, max_context: int | None = None) -> Batch:
-        """Slots ``0..size-1`` one token each, read from the fixed buffers (graph-capturable)."""
+    def _decode_batch(self, size: int, max_context: int | None = None, lora: bool = False) -> Batch:
+        """Slots ``0..size-1`` one token each, read from the fixed buffers (graph-capturable); ``lora``: with
+        each slot's adapter (``_lora_of``), else the base model's pass."""
         rows = self._arange[:size]
         return Batch(
             tokens=self._next[:size],
@@ -514,7 +518,7 @@ class DecodeLoopBackend(QueuedBackend):
             tile_row=self._zeros[:size],
             max_q=1,
             max_context=max_context or self._width * self._pool.block_size,
-            lora=self._lora_of[:size] if self._lora is not None else None,
+            lora=self._lora_of[:size] if lora else None,
         )
 
     def _decode_step(
@@ -524,11 +528,12 @@ class DecodeLoopBackend(QueuedBackend):
         top: bool = False,
         bias: torch.Tensor | None = None,
         max_context: int | None = None,
+        lora: bool = False,
     ) -> None:
         """Everything a decode step does on the device, for slots ``0..size-1`` (graph-capturable).
         ``top``: also the top log-probs; ``bias``: logit_bias per slot (eager steps only: few
-        requests ask, the graphs stay lean)."""
-        logits = self._decoder.forward(self._decode_batch(size, max_context))
+        requests ask, the graphs stay lean); ``lora``: some row uses an adapter."""
+        logits = self._decoder.forward(self._decode_batch(size, max_context, lora))
         valid = self._meta[1, :size] >= 0
         tokens, logprobs, status = sample(
             logits, self._state.rows(slice(0, size)), self._meta[3, :size], self._state.eos, mode, bias
@@ -613,7 +618,7 @@ class DecodeLoopBackend(QueuedBackend):
         spans = [(scratch, 0, 1), (scratch, 0, 64)]
         layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
         parts = layout | {"tokens": torch.zeros(65, dtype=torch.long)}
-        if self._lora is not None:
+        if self._lora is not None:  # the LoRA expand kernel's variants too (no row's adapter: adds zeros)
             parts["lora"] = torch.full((65,), -1, dtype=torch.long)
         device = self._upload(parts)
         # As wide as the real steps' tables: Triton specializes on their stride too.
@@ -624,6 +629,9 @@ class DecodeLoopBackend(QueuedBackend):
         with torch.inference_mode():
             self._warm_mixed()
             pool = self._capture_steps(self._decode_step, self._sizes, self._graphs, "decode", None)
+            if self._lora is not None:
+                lora_step = functools.partial(self._decode_step, lora=True)
+                pool = self._capture_steps(lora_step, self._sizes, self._lora_graphs, "LoRA decode", pool)
             # The verification buffers hold padding rows only: capturing writes nothing.
             self._capture_steps(self._spec_step, self._spec_sizes, self._spec_graphs, "verification", pool)
 
@@ -739,7 +747,7 @@ class DecodeLoopBackend(QueuedBackend):
             "sampled": torch.tensor([r.index for r in rows], dtype=torch.long),
             "generated": torch.tensor([r.launched for r in rows], dtype=torch.long),
         }
-        if self._lora is not None:  # each token's LoRA slot
+        if any(r.lora >= 0 for r in decode) or any(row.lora >= 0 for row, _, _ in chunks):  # each token's LoRA slot
             lora = array("q", [r.lora for r in decode])
             for row, _, count in chunks:
                 lora.extend([row.lora] * count)
@@ -796,6 +804,7 @@ class DecodeLoopBackend(QueuedBackend):
         columns: list[_Row | None] = [None] * size
         block = self._pool.block_size
         mode, special = Mode.GREEDY, []  # one pass over the rows: this runs every few milliseconds
+        lora = False  # some row uses an adapter: else the base model's step, no LoRA kernels
         for r in rows:
             i, filled = r.index, r.filled
             meta[0][i] = filled
@@ -807,16 +816,19 @@ class DecodeLoopBackend(QueuedBackend):
                 mode = max(mode, r.mode())
             if not r.plain:
                 special.append(r)
+            if r.lora >= 0:
+                lora = True
         self._meta[:, :size].copy_(self._put(meta), non_blocking=True)
         self._write_tables()
         self._step_bans(special, True)
         top = any(r.slot.sampling.top_logprobs for r in special)
         bias = self._bias(columns) if special else None
-        graph = None if top or bias is not None else self._graphs.get((size, mode))
+        graphs = self._lora_graphs if lora else self._graphs
+        graph = None if top or bias is not None else graphs.get((size, mode))
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(size, mode, top, bias, max(meta[2]))
+            self._decode_step(size, mode, top, bias, max(meta[2]), lora)
         self._step_bans(special, False)
         for r in rows:
             r.filled += 1

@@ -120,7 +120,7 @@ class Batch:
     max_context: int  # an upper bound of context: how far the torch path gathers
     pad_index: torch.Tensor | None = None  # [T] each token's row in [S, max_q] (needed when max_q > 1)
     logits_at: torch.Tensor | None = None  # tokens to compute logits for; None: every token
-    lora: torch.Tensor | None = None  # [T] each token's adapter slot (-1: the base model); None: no adapters
+    lora: torch.Tensor | None = None  # [T] each token's adapter slot (-1: the base model); None: no LoRA kernels at all
 
 
 # Batch's index tensors that batch_layout plans on the host, and its sizes.
@@ -266,11 +266,11 @@ class LlamaDecoder:
         return torch.addcmul(x * cos, swapped, sin)
 
     def _linear(
-        self, index: int, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask
+        self, index: int, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, adapters
     ) -> torch.Tensor:
-        """``x @ weight.T (+ bias)``, plus each token's adapter (``mask``: LoraSlots.mask; None: no adapters)."""
+        """``x @ weight.T (+ bias)``, plus each token's adapter (``adapters``: LoraSlots.add_delta's rows)."""
         out = F.linear(x, weight, bias)
-        return out if mask is None else out.add_(self.lora.delta(index, group, x, mask))
+        return out if adapters is None else self.lora.add_delta(index, group, x, out, adapters)
 
     def _queries(
         self,
@@ -279,12 +279,12 @@ class LlamaDecoder:
         x: torch.Tensor,
         batch: Batch,
         cells: tuple[torch.Tensor, torch.Tensor] | None,
-        mask: torch.Tensor | None,
+        adapters: torch.Tensor | None,
     ) -> torch.Tensor:
         """Project and rotate; k and v go into the cache at the tokens' slots (``cells``: block and
         offset, the torch path's); q [T, heads, D]."""
         if self.fused_kernels and layer.q_norm is None:
-            qkv = self._linear(index, "qkv", self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias, mask)
+            qkv = self._linear(index, "qkv", self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias, adapters)
             return decode_kernels.rotary_into_cache(
                 qkv,
                 self.cos,
@@ -296,15 +296,15 @@ class LlamaDecoder:
                 self.heads,
             )
         cos, sin = self.cos[batch.positions].unsqueeze(1), self.sin[batch.positions].unsqueeze(1)
-        q, k, v = self._qkv(layer, x, cos, sin, index, mask)
+        q, k, v = self._qkv(layer, x, cos, sin, index, adapters)
         blocks, offsets = cells
         self.k_cache[index][blocks, :, offsets] = k
         self.v_cache[index][blocks, :, offsets] = v
         return q
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin, index: int, mask: torch.Tensor | None):
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin, index: int, adapters: torch.Tensor | None):
         t = x.size(0)
-        qkv = self._linear(index, "qkv", self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias, mask)
+        qkv = self._linear(index, "qkv", self._norm(x, layer.in_norm), layer.qkv, layer.qkv_bias, adapters)
         q_end, k_end = self.heads * self.head_dim, (self.heads + self.kv_heads) * self.head_dim
         q = qkv[:, :q_end].view(t, self.heads, self.head_dim)
         k = qkv[:, q_end:k_end].view(t, self.kv_heads, self.head_dim)
@@ -378,13 +378,13 @@ class LlamaDecoder:
         return residual + F.linear(x, weight, bias)
 
     def _mlp_residual(
-        self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, index: int, mask: torch.Tensor | None
+        self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, index: int, adapters: torch.Tensor | None
     ) -> torch.Tensor:
         x = self._add_linear(x, attn, layer.o, layer.o_bias)
-        if mask is not None:
-            x = x.add_(self.lora.delta(index, "o", attn, mask))
+        if adapters is not None:
+            x = self.lora.add_delta(index, "o", attn, x, adapters)
         gate_up = self._linear(
-            index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, mask
+            index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, adapters
         )
         if self.fused_kernels:
             hidden = decode_kernels.silu_mul(gate_up)
@@ -392,7 +392,7 @@ class LlamaDecoder:
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = F.silu(gate) * up
         x = self._add_linear(x, hidden, layer.down, layer.down_bias)
-        return x if mask is None else x.add_(self.lora.delta(index, "down", hidden, mask))
+        return x if adapters is None else self.lora.add_delta(index, "down", hidden, x, adapters)
 
     # -- the pass --------------------------------------------------------------------------------
 
@@ -405,7 +405,9 @@ class LlamaDecoder:
             kept = torch.where(batch.slots >= 0, batch.slots, self.scratch_slot)
             cells = (kept // self.block_size, kept % self.block_size)
         masks = None if self.fused_kernels else self._masks(batch)
-        adapters = self.lora.mask(batch.lora) if self.lora is not None and batch.lora is not None else None
+        adapters = None  # LoraSlots.add_delta's rows: slot indices for the Triton kernel, else the torch path's mask
+        if self.lora is not None and batch.lora is not None:
+            adapters = batch.lora if self.fused_kernels else self.lora.mask(batch.lora)
         x = F.embedding(batch.tokens, self.embed)
         for index, layer in enumerate(self.layers):
             q = self._queries(layer, index, x, batch, cells, adapters)
