@@ -696,7 +696,10 @@ def plan_request(
     match; a banned sequence it cannot match is refused."""
     # the LLM's end id first: the others stop as stop words (map_request)
     eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
-    spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
+    # beams with stop words: the release table's beam_width+stop row decides (release_refusals)
+    spec = map_request(
+        req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed, beams_stop=True
+    )
     if beam_rule is not None and req.sampling.beam_width != max_beam_width:
         raise EngineError(f"beam_width={req.sampling.beam_width}: {beam_rule}", code=400, field="beam_width")
     unsupported = unsupported or {}

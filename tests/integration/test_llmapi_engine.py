@@ -634,6 +634,9 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
         )
         assert [b.token_ids for b in both[-1].beams] == rows
         assert capabilities_beams(engine) == 2
+        # the worker builds the C++ SamplingConfig, whose constructor asserts lengthPenalty >= 0 (samplingConfig.cpp)
+        neg = await collect(engine, req("neg", PROMPTS[0], False, max_new_tokens=4, beam_width=2, length_penalty=-1.0))
+        assert (neg[0].error_code, neg[0].error_field) == (400, "length_penalty"), neg
         pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
         if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
             assert (

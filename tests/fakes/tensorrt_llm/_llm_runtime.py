@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
-from tensorrt_llm._runtime import _load_model, _select
+from tensorrt_llm._runtime import _load_model, _select, early_stopping_hf
 from tensorrt_llm._state import has
 from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
 
@@ -484,7 +484,7 @@ class LlmRuntime:
             pad_token_id=max(seq.end_id, 0),
             # as the Executor fake reads them (tests/fakes/tensorrt_llm/_runtime.py): executor.h's defaults
             length_penalty=seq.length_penalty if seq.length_penalty is not None else 0.0,
-            early_stopping=seq.early_stopping in (None, 1),
+            early_stopping=early_stopping_hf(seq.early_stopping),
         )
         beams, reasons = [], []
         for row in gen[:, len(seq.prompt) :].tolist():
