@@ -231,8 +231,9 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         config,
         runtime=trtllm_settings(config),
         max_seq_len=config.max_seq_len,  # unset: TensorRT-LLM's, from the checkpoint (llmapi.release_max_seq_len)
-        # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it
-        given=frozenset(name for name in LLM_RELEASE_DEFAULTED if config.is_given(name)),
+        # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it;
+        # max_input_len: lmi-trt's own default when unset, which the start-up log says
+        given=frozenset(name for name in (*LLM_RELEASE_DEFAULTED, "max_input_len") if config.is_given(name)),
         # planned per release, and refused where the release cannot run it, by llmapi.llm_plan (check_release)
         speculative=speculation(config),
     )

@@ -52,8 +52,10 @@ executor/result.py; 1.0–1.2 and main):
   ``GUARANTEED_NO_EVICT``, block reuse on, CUDA graphs up to 128, ``max_seq_len`` from the checkpoint); the
   start-up log says which keywords are the user's, which lmi-trt's and what the release chose, read back from
   ``LLM.args`` (``max_seq_len``, which the worker infers, from the checkpoint as the release does:
-  ``release_max_seq_len``). The server's prompt + max_new_tokens limit is that max_seq_len: past it the worker cuts
-  max_tokens silently (executor/base_worker.py ``_deduce_max_tokens``).
+  ``release_max_seq_len``, through transformers' AutoConfig as the release reads it: an estimate, since the KV cache
+  manager can lower the worker's value). The server's prompt + max_new_tokens limit is that max_seq_len. Past the
+  worker's own, 1.0's ``_deduce_max_tokens`` (executor/base_worker.py) leaves a given max_tokens as it is (read_file
+  ids 51807206653, 2646354960); later workers cut it with a server-side warning (id 55301320707).
 
 The ``tensorrt_llm.llmapi`` module is always named ``llmapi`` here and loaded by ``probe_llm_api``; the
 test tests/unit/test_llmapi_surface.py checks every name and keyword used on it against the listing of the
@@ -99,6 +101,8 @@ from lmi_trt.engines.base import (
 )
 from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.llmapi_releases import (
+    AFTER_LAST_READ,
+    TRTLLM,
     Sampler,
     beam_width_rule,
     beams_refused,
@@ -160,7 +164,8 @@ _REASON_NAMES = {"length": "LENGTH", "cancelled": "CANCELLED", "timeout": "TIMED
 def llm_api_release(version: str) -> Version:
     """Pure: a TensorRT-LLM version whose LLM API is the PyTorch one, as a PEP 440 version (the 1.3.0 release
     candidates differ one from the next: ``llmapi_releases``), or a refusal. The pre-releases of 1.0-1.2 were not
-    read (1.1.0rc0 still builds the TRTLLMSampler by default, PR 6216; sampler_type came with 1.1.0rc1, PR 6831)."""
+    read (1.1.0rc0 still builds the TRTLLMSampler by default, PR 6216; sampler_type came with 1.1.0rc1, PR 6831), nor
+    any line after 1.3 (``AFTER_LAST_READ``): both are refused."""
     try:
         release = Version(version or "")
     except InvalidVersion:
@@ -171,6 +176,12 @@ def llm_api_release(version: str) -> Version:
         raise TrtllmUnavailable(
             f"TensorRT-LLM {version} has no PyTorch LLM API (tensorrt_llm.LLM builds TensorRT engines before 1.0); "
             "set option.backend=tensorrt, or use a TensorRT-LLM 1.0+ image"
+        )
+    if release >= AFTER_LAST_READ:
+        raise TrtllmUnavailable(
+            f"TensorRT-LLM {version} is newer than the releases this engine was checked against (1.0.x-1.2.x and "
+            "the 1.3 line: 1.3.0 candidates and 1.3.x); use a TensorRT-LLM 1.0-1.3 image, or set "
+            "option.backend=tensorrt where the release still has TensorRT engines"
         )
     if release.is_prerelease and series(release) <= (1, 2):
         line = f"{release.major}.{release.minor}"
@@ -336,8 +347,16 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
     if rt.max_num_tokens is not None:
         put("max_num_tokens", rt.max_num_tokens, "option.max_num_tokens")
     if settings.max_input_len is not None:
-        # the PyTorch backend does not enforce it (the server does); sent as DJL sends it
-        put("max_input_len", settings.max_input_len, "lmi-trt: the longest prompt the server takes")
+        # the PyTorch backend does not enforce it (its _check_arguments checks max_num_tokens only); the server does.
+        # Sent as DJL sends it; unset, the value is lmi-trt's default, which the start-up log says.
+        put(
+            "max_input_len",
+            settings.max_input_len,
+            "option.max_input_len (the longest prompt the server takes)"
+            if "max_input_len" in given
+            else "lmi-trt: the longest prompt the server takes, lmi-trt's default (1024, or what the model's positions "
+            "leave after max_output_len), not TensorRT-LLM's; set option.max_input_len for longer prompts",
+        )
     if settings.max_seq_len is not None:  # else TensorRT-LLM's, from the checkpoint (release_max_seq_len)
         put("max_seq_len", settings.max_seq_len, "option.max_seq_len")
     put("enable_iter_perf_stats", True, "lmi-trt: /metrics reads the iteration stats, collected only when asked for")
@@ -358,6 +377,14 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
             "lmi-trt: 1.0's default TorchSampler takes the argmax for every request; its TRTLLMSampler samples "
             "(docs/source/features/sampling.md of 1.0.0). A 'prototype' knob in 1.0's TorchLlmArgs: TensorRT-LLM "
             "logs that it is not recommended for production use, and 1.0 has no other sampler that samples",
+        )
+    if beams > 1 and series(release) in ((1, 1), (1, 2)):
+        # TorchLlmArgs.sampler_type (PR 6831, first in 1.1.0rc1; llm_args.py read_file id 1090804222: "Options are
+        # TRTLLMSampler, TorchSampler or auto"): which sampler 'auto' builds for beams on 1.2 is not pinned down
+        put(
+            "sampler_type",
+            TRTLLM,
+            "lmi-trt: beam search on the TRTLLMSampler (1.2's sampler_type='auto' choice for beams was not verified)",
         )
     kv: dict[str, Any] = {}
     reuse = rt.enable_kv_cache_reuse if "enable_kv_cache_reuse" in given else None  # the release's default: on
@@ -556,21 +583,46 @@ def config_vocab_size(config: Mapping[str, Any]) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def release_max_seq_len(config: Mapping[str, Any]) -> int:
+def checkpoint_config(model_dir: Path, trust_remote_code: bool) -> Any:
+    """The checkpoint's config as TensorRT-LLM's PyTorch backend reads it: ``ModelConfig.from_pretrained`` calls
+    ``transformers.AutoConfig.from_pretrained(checkpoint_dir, trust_remote_code=...)`` (tensorrt_llm/_torch/
+    model_config.py; read_file ids 2419649560, 5907795105), so attribute_map aliases (GPT-2's ``n_positions``) and
+    class defaults count. config.json's own keys where the installed transformers cannot load it."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError):  # a model_type this transformers does not know
+        return read_json(model_dir / "config.json")
+
+
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+
+def release_max_seq_len(config: Any) -> int:
     """Pure: the max_seq_len TensorRT-LLM's PyTorch backend takes for a checkpoint when the LLM gets none, and lowers
     a larger one to ("Specified max_seq_len ... is larger than what the model can support"): PyTorchModelEngine
     ``_init_max_seq_len`` / ``_infer_max_seq_len_from_config`` (tensorrt_llm/_torch/pyexecutor/model_engine.py,
-    copies of the 1.x line and main): config.json's max_position_embeddings (a multimodal config's text_config's;
-    2048 when neither says), times rope_scaling's factor unless its type is su, longrope, llama3 or yarn. The value
-    lives in the executor's worker (executor/base_worker.py ``self.max_seq_len = _executor.max_seq_len``), not in
-    the LLM's ``args``. A model class with its own ``infer_max_seq_len`` answers for itself: not modelled."""
-    rope = config.get("rope_scaling") or config.get("rope_parameters")  # the latter: transformers 5's spelling
+    copies of the 1.x line and main, read_file ids 707893322, 69471950776): ``getattr`` on the transformers config
+    (``checkpoint_config``): max_position_embeddings (a multimodal config's text_config's; 2048 when neither says),
+    times rope_scaling's factor unless its type is su, longrope, llama3 or yarn; a multimodal model's pretrained
+    config is its text config, so its rope_scaling counts too. The value lives in the executor's worker
+    (executor/base_worker.py ``self.max_seq_len = _executor.max_seq_len``), not in the LLM's ``args``, and the KV
+    cache manager may lower it further (py_executor_creator): an estimate. A model class with its own
+    ``infer_max_seq_len`` answers for itself: not modelled."""
+    text = _field(config, "text_config") or {}
+    # rope_parameters: transformers 5's spelling
+    rope = next((r for c in (config, text) for k in ("rope_scaling", "rope_parameters") if (r := _field(c, k))), None)
     factor: float = 1.0
-    if isinstance(rope, dict) and rope.get("type", rope.get("rope_type")) not in ("su", "longrope", "llama3", "yarn"):
+    if isinstance(rope, Mapping) and rope.get("type", rope.get("rope_type")) not in (
+        "su",
+        "longrope",
+        "llama3",
+        "yarn",
+    ):
         factor = rope.get("factor", 1.0)
-    positions = config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
-        "max_position_embeddings"
-    )
+    positions = _field(config, "max_position_embeddings") or _field(text, "max_position_embeddings")
     positions = positions if isinstance(positions, int) and positions > 0 else 2048
     return positions if factor == 1 else math.ceil(positions * factor)
 
@@ -712,7 +764,10 @@ def plan_request(
     match; a banned sequence it cannot match is refused."""
     # the LLM's end id first: the others stop as stop words (map_request)
     eos = [end_id, *(e for e in eos_token_ids if e != end_id)] if end_id is not None else list(eos_token_ids)
-    spec = map_request(req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed)
+    # beams with stop words: the release table's beam_width+stop row decides (release_refusals)
+    spec = map_request(
+        req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed, beams_stop=True
+    )
     if beam_rule is not None and req.sampling.beam_width != max_beam_width:
         raise EngineError(f"beam_width={req.sampling.beam_width}: {beam_rule}", code=400, field="beam_width")
     unsupported = unsupported or {}
@@ -847,7 +902,9 @@ class LlmApiEngine:
         self._config = read_json(self._model_dir / "config.json")
         self._generation_config = read_json(self._model_dir / "generation_config.json")
         # What the release takes for this checkpoint (its worker's value; the LLM's args do not carry it)
-        self._release_max_seq_len = release_max_seq_len(self._config)
+        self._release_max_seq_len = release_max_seq_len(
+            checkpoint_config(self._model_dir, self.settings.trust_remote_code)
+        )
         given = self.settings.max_seq_len
         if given is not None and given > self._release_max_seq_len:
             raise TrtllmConfigError(
@@ -940,7 +997,12 @@ class LlmApiEngine:
         inferred = []
         if self.settings.max_seq_len is None:
             read_back = self._llm.args.max_seq_len  # a release that fills it in (in-process worker): its own word
-            how = "read back from the LLM" if read_back else "from the checkpoint, as its model engine infers it"
+            how = (
+                "read back from the LLM"
+                if read_back
+                else "an estimate from the checkpoint, as its model engine infers it; the worker's KV cache may hold "
+                "less (py_executor_creator), so set option.max_seq_len for a limit of your own"
+            )
             max_seq_len = read_back or self._release_max_seq_len
             self._limits = dataclasses.replace(self._limits, max_seq_len=max_seq_len)
             inferred.append(f"max_seq_len={max_seq_len} ({how}; the server's prompt + max_new_tokens limit)")

@@ -20,9 +20,12 @@ Which sampler runs a request decides most of it; the LLM has one for every reque
   enable_trtllm_sampler option in the LLM class"), which this engine sets there. 1.0's ``TorchLlmArgs`` marks that
   knob ``status="prototype"``, so TensorRT-LLM logs "The 'enable_trtllm_sampler' knob is a 'prototype' feature. It
   is not recommended for production use" (``warn_on_unstable_feature_usage``): 1.0 samples only through it.
-* 1.1 and 1.2: ``sampler_type="auto"`` (PR 6831): the ``TRTLLMSampler`` when ``max_beam_width > 1``, else the
-  ``TorchSampler`` (_util.py ``instantiate_sampler``: ``sampler_type == TRTLLMSampler or (sampler_type == auto
-  and decoding_mode.isBeamSearch())``). This engine leaves the choice to the release.
+* 1.1 and 1.2: ``sampler_type="auto"`` (PR 6831): the ``TorchSampler`` without beam search; with
+  ``max_beam_width > 1`` the 1.1 line's _util.py ``instantiate_sampler`` builds the ``TRTLLMSampler``
+  (``sampler_type == TRTLLMSampler or (sampler_type == auto and decoding_mode.isBeamSearch())``, read_file id
+  843526953), but no 1.2 ``instantiate_sampler`` was read (PR 8509, on the 1.2 line, gave the TorchSampler beam
+  search), so with ``max_beam_width > 1`` this engine sends ``sampler_type="TRTLLMSampler"`` on both
+  (``llm_plan``): the beam column below holds by construction.
 * the 1.3.0 candidates: the ``TorchSampler`` for every request without beam search. Which sampler ``auto`` picks for
   beams there was not pinned down (the docs said the TRTLLMSampler until PR 14487, 2026-05, which says main's
   ``auto`` picks the TorchSampler), so beam search is refused before 1.3.0rc26, the first candidate with PR 18232
@@ -59,6 +62,9 @@ TRTLLM: Sampler = "TRTLLMSampler"
 
 V1_0, V1_1, V1_2 = Version("1.0.0"), Version("1.1.0"), Version("1.2.0")
 LINE_1_3 = Version("1.3.0.dev0")  # the first version of the line after 1.2 (every 1.3.0 candidate is above it)
+# the first version past the last line read: PR 11938 (v1.3.0rc11's notes) announces the TRTLLMSampler's removal "in
+# release 1.4", so a later line's sampler and fields are not this table's
+AFTER_LAST_READ = Version("1.4.0.dev0")
 # PR 18232 (TorchSampler only) and PR 16620 (TorchSampler beam search completed), both before the rc26 bump
 TORCH_BEAMS = Version("1.3.0rc26")
 
@@ -191,6 +197,26 @@ TABLE: tuple[Support, ...] = (
         "2025-12/2026-01); 1.2 was not read, so it is refused there too",
     ),
     Support("logprobs", "logprobs (the chosen token's)", ALL, ALL, "PR 6097: top-1 log prob on PyTorch (1.0)"),
+    # From 1.2 the TorchSampler's per-step dict is the top k of log_softmax(raw logits) only (handle_logprobs reads
+    # py_topk_logprobs_indices/vals, PR 7976; sampler.py of the 1.2 line, read_file ids 440197692 and 9889077999);
+    # a sampled token outside them has no log prob (PR 9374, "Change PyT to always include sampled logprob", was
+    # closed unmerged). Later main copies keep it apart (LogProbsStore.sampled_log_prob_indices), in a 1.3.0
+    # candidate not yet pinned down: refused on every 1.3.0 candidate until one is verified.
+    Support(
+        "sampling+logprobs",
+        "logprobs of a sampled request",
+        (V1_0, V1_2),
+        ALL,
+        "the TorchSampler reports the top k of the raw log-softmax from 1.2 (PR 7976), without the sampled token "
+        "(PR 9374 closed unmerged); which 1.3.0 candidate adds it was not verified; greedy requests are served",
+    ),
+    Support(
+        "sampling+top_logprobs",
+        "top_logprobs of a sampled request",
+        None,
+        None,
+        "the TorchSampler's top k leave out a sampled token outside them (PR 7976; PR 9374 closed unmerged)",
+    ),
     Support(
         "top_logprobs",
         "top_logprobs (alternatives)",
@@ -317,8 +343,8 @@ COLUMNS: tuple[tuple[str, Version, Sampler], ...] = (
     ("1.1 (TorchSampler)", V1_1, TORCH),
     ("1.2 (TorchSampler)", V1_2, TORCH),
 )
-# 1.1 and 1.2 with option.max_beam_width > 1 run every request on the TRTLLMSampler
-BEAMS = ("1.1, 1.2 with `option.max_beam_width` > 1 (TRTLLMSampler)", (V1_1, V1_2), TRTLLM)
+# 1.1 and 1.2 with option.max_beam_width > 1 run every request on the TRTLLMSampler, which llm_plan asks for by name
+BEAMS = ("1.1, 1.2 with `option.max_beam_width` > 1 (sampler_type=TRTLLMSampler)", (V1_1, V1_2), TRTLLM)
 MAIN_COLUMN = "1.3.0rcN / main (TorchSampler)"
 
 

@@ -583,11 +583,13 @@ def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
     if p.min_new_tokens:
         kw["min_tokens"] = p.min_new_tokens
     if p.beam_width > 1:
-        # executor.h SamplingConfig (0.12-1.2): lengthPenalty divides a beam's cumulative log-prob by its length to
+        # executor.h SamplingConfig (1.0-1.2): lengthPenalty divides a beam's cumulative log-prob by its length to
         # that power (applyLengthPenalty, cpp/tensorrt_llm/kernels/beamSearchKernels.h), as transformers does;
-        # earlyStopping 1 ends the search once beamWidth beams finished, other values compare the running beams
-        # with the finished ones (the stage-3 kernels' "earlyStopping == 1 && numBeamsCBA == nBM" test);
-        # numReturnSequences <= beamWidth beams come back (numReturnBeams).
+        # earlyStopping 1 ends the search once beamWidth beams finished, 0 compares the running beams with the
+        # finished ones at their current length (transformers' False), and any other value is transformers'
+        # "never" bounded by the engine's max_seq_len (beamSearchKernelsTemplate.h: "Specialization for
+        # earlyStopping == 'never'" uses nMaxSeqLen - inputLength), which map_request refuses; numReturnSequences
+        # <= beamWidth beams come back (numReturnBeams).
         kw["length_penalty"] = p.length_penalty
         kw["early_stopping"] = 1 if p.early_stopping is True else 0
         kw["num_return_sequences"] = p.num_return_sequences
@@ -601,8 +603,11 @@ def map_request(
     pad_token_id: int,
     max_beam_width: int,
     seed: int,
+    beams_stop: bool = False,
 ) -> RequestSpec:
-    """Pure: a protocol request as Executor keywords; ``EngineError(400)`` for what cannot be served."""
+    """Pure: a protocol request as Executor keywords; ``EngineError(400)`` for what cannot be served.
+    ``beams_stop``: stop words (a model's further EOS ids too) may go with beams; the caller says so where
+    its release is read to handle them (the LLM API's own table), else beams with stop words are refused."""
     p = req.sampling
     if not req.prompt_token_ids:
         raise EngineError("the prompt has no tokens", code=400)
@@ -615,11 +620,24 @@ def map_request(
             code=400,
         )
     if p.beam_width > 1 and p.early_stopping == "never":
+        # TensorRT-LLM's "never" (earlyStopping >= 2) scores a running beam against the longest sequence the
+        # engine holds (nMaxSeqLen, beamSearchKernelsTemplate.h), transformers' against this request's length.
         raise EngineError(
-            "early_stopping='never' has no SamplingConfig value in TensorRT-LLM (earlyStopping 1 stops once the beams "
-            "finished, other values use the heuristic that early_stopping=false names); use true or false",
+            "early_stopping='never' is not transformers' rule in TensorRT-LLM: its earlyStopping 2 bounds a running "
+            "beam's best score by the engine's max_seq_len, not this request's length, so its beams can differ; "
+            "use true or false",
             code=400,
             field="early_stopping",
+        )
+    if p.beam_width > 1 and p.length_penalty < 0:
+        # SamplingConfig's constructor asserts lengthPenalty >= 0 from 1.0 (checkLengthPenalty,
+        # cpp/tensorrt_llm/executor/samplingConfig.cpp); the LLM API builds the same one
+        # (tensorrt_llm/sampling_params.py _get_sampling_config). 0.12 takes no beams here (executor_capabilities).
+        raise EngineError(
+            f"length_penalty={p.length_penalty}: TensorRT-LLM takes a length penalty of 0 or more; use 0 for the raw "
+            "log-prob, or a positive value",
+            code=400,
+            field="length_penalty",
         )
     if p.beam_width > max_beam_width:
         raise EngineError(
@@ -631,6 +649,19 @@ def map_request(
     if not p.ignore_eos:
         # One end_id per request: further EOS ids (Llama-3's <|eot_id|>, …) stop as stop words.
         stop_words += [[e] for e in eos_token_ids[1:] if [e] not in stop_words]
+    if p.beam_width > 1 and stop_words and not beams_stop:
+        # The beam kernels move a beam into the finished candidates on end_id only (is_end_token, cpp/tensorrt_llm/
+        # kernels/beamSearchKernelsTemplate.h); a stop word only marks it finished. TensorRT-LLM's own
+        # tests/unittest/_torch/sampler/test_beam_search.py (1.2 era) skips "Beam search on TRTLLMSampler does not
+        # correctly handle stop_token_ids", and NVIDIA/TensorRT-LLM#7145 (0.21) crashes on them: refused until read.
+        asked = "stop_token_ids" if req.stop_token_ids else "beam_width"
+        why = "stop tokens" if req.stop_token_ids else f"the model's further EOS ids {eos_token_ids[1:]} (stop words)"
+        raise EngineError(
+            f"beam_width={p.beam_width} cannot be combined with {why} on TensorRT-LLM's Executor: its beam search "
+            "finishes a beam on the end id only; ask for 1 beam, or set ignore_eos",
+            code=400,
+            field=asked,
+        )
     request = {
         "input_token_ids": list(req.prompt_token_ids),
         "max_tokens": p.max_new_tokens,
@@ -660,7 +691,7 @@ NO_TRTLLM_LORA = (
 
 
 def executor_capabilities(
-    release: str, has_vocab_size: bool, guided: Capability, max_beam_width: int = 1
+    release: str, has_vocab_size: bool, guided: Capability, max_beam_width: int = 1, series: tuple[int, int] = (1, 0)
 ) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
@@ -685,14 +716,27 @@ def executor_capabilities(
         # minTokens) and its Request's badWords/stopWords, end id -1 or not (executor.h)
         **dict.fromkeys(SAMPLING_FEATURES, can()),
         # SamplingConfig's beamWidth, up to the ExecutorConfig's maxBeamWidth, which the engine was built for
-        beam_search=can(most=max_beam_width)
-        if max_beam_width > 1
-        else cannot(
-            "the trtllm engine runs 1 beam: option.max_beam_width is 1; serve with option.max_beam_width set to the "
-            "widest beam (an engine built with at least that --max_beam_width)"
-        ),
+        beam_search=beam_capability(max_beam_width, series),
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=cannot(NO_TRTLLM_LORA),
+    )
+
+
+def beam_capability(max_beam_width: int, series: tuple[int, int]) -> Capability:
+    """SamplingConfig's beamWidth, up to the ExecutorConfig's maxBeamWidth, which the engine was built for. Not on
+    0.12: whether its SamplingConfig takes num_return_sequences and earlyStopping 0 was not read at that tag
+    (NVIDIA/TensorRT-LLM#2239 shows 0.11's BeamSearchLayer refusing earlyStopping 0), so it is refused, not assumed."""
+    if series < (1, 0):
+        return cannot(
+            f"the trtllm engine does not run beams on TensorRT-LLM {series[0]}.{series[1]}: its beam settings "
+            "(num_return_sequences, early_stopping 0) are not verified there; ask for 1 beam, or serve with 1.0 "
+            "or later"
+        )
+    if max_beam_width > 1:
+        return can(most=max_beam_width)
+    return cannot(
+        "the trtllm engine runs 1 beam: option.max_beam_width is 1; serve with option.max_beam_width set to the "
+        "widest beam (an engine built with at least that --max_beam_width)"
     )
 
 
@@ -963,6 +1007,7 @@ class TrtllmEngine:
             self.facts.vocab_size is not None,
             guided_capability(tle, self._guide_vocab),
             self._limits.max_beam_width,
+            spec.series,
         )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())

@@ -298,6 +298,29 @@ async def test_a_sampled_request_samples_on_every_release(trt, monkeypatch, mode
         await engine.close()
 
 
+@pytest.mark.parametrize("release", RELEASES)
+async def test_log_probs_of_sampled_requests_are_the_tokens_or_refused(trt, monkeypatch, model_dir, release):
+    """From 1.2 the TorchSampler reports only the top k of each step (PR 7976), so a sampled token outside them would
+    come back with trtllm-serve's floor, -9999: logprobs/top_logprobs with sampling are refused there (and on the
+    1.3.0 candidates until one is verified to add the sampled token); greedy requests keep them."""
+    monkeypatch.setattr(trt, "__version__", release)
+    engine = await started(model_dir)
+    try:
+        hot = await collect(engine, req("hot", PROMPTS[0], logprobs=True, **HOT))
+        top = await collect(engine, req("top", PROMPTS[0], logprobs=True, top_logprobs=2, **HOT))
+        if release in ("1.2.1", "1.3.0"):
+            assert refused(hot, "logprobs", release) and "sampling" in hot[0].error, hot
+            assert refused(top, "logprobs", release), top
+        else:  # 1.0's TRTLLMSampler, 1.1's TorchSampler: the sampled token's own log prob
+            assert hot[-1].error is None
+            got = [lp for o in hot for lp in o.logprobs]
+            assert len(got) == 16 and all(-100 < lp <= 0 for lp in got), got
+        greedy = await collect(engine, req("greedy", PROMPTS[0], logprobs=True, max_new_tokens=4))
+        assert greedy[-1].error is None and all(-100 < lp <= 0 for o in greedy for lp in o.logprobs)
+    finally:
+        await engine.close()
+
+
 @pytest.mark.parametrize("release", RELEASES + SEED_AND_PENALTIES)
 async def test_seed_and_penalties_are_honoured_or_refused(trt, monkeypatch, model_dir, reference, release):
     monkeypatch.setattr(trt, "__version__", release)
@@ -578,6 +601,10 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
     try:
         report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
         assert "max_beam_width=2 (option.max_beam_width)" in report
+        # 1.1/1.2: the TRTLLMSampler asked for by name (which one 1.2's sampler_type='auto' builds was not read)
+        assert ("sampler_type='TRTLLMSampler' (beam search on the TRTLLMSampler" in report) is (
+            release in ("1.1.0", "1.2.1")
+        )
         forced = "cuda_graph_config=None (beam search on 1.0's TRTLLMSampler" in report
         assert forced is (release == "1.0.0")
         assert ("disable_overlap_scheduler=True (beam search on 1.0's TRTLLMSampler" in report) is forced
@@ -607,6 +634,9 @@ async def test_beam_search_runs_on_the_sampler_that_does_it(trt, monkeypatch, mo
         )
         assert [b.token_ids for b in both[-1].beams] == rows
         assert capabilities_beams(engine) == 2
+        # the worker builds the C++ SamplingConfig, whose constructor asserts lengthPenalty >= 0 (samplingConfig.cpp)
+        neg = await collect(engine, req("neg", PROMPTS[0], False, max_new_tokens=4, beam_width=2, length_penalty=-1.0))
+        assert (neg[0].error_code, neg[0].error_field) == (400, "length_penalty"), neg
         pen = await collect(engine, req("pen", PROMPTS[0], False, max_new_tokens=4, beam_width=2, presence_penalty=1.0))
         if release == "1.3.0":  # PR 16485: no penalties with the TorchSampler's beams
             assert (
@@ -682,3 +712,21 @@ async def test_the_sequence_limit_is_the_releases_unless_given(trt, model_dir, c
     with pytest.raises(EngineError, match="option.max_seq_len=600") as err:
         LlmApiEngine(model_dir, settings().model_copy(update={"max_seq_len": 600}), eos_token_ids=[2])
     assert "512" in str(err.value)
+
+
+async def test_the_sequence_limit_reads_the_checkpoint_as_transformers_does(trt, caplog):
+    """GPT-2 states its positions as n_positions, which transformers' GPT2Config maps onto max_position_embeddings
+    (attribute_map): TensorRT-LLM reads the config through AutoConfig, so its worker takes 512, not the 2048 fallback.
+    The start-up log says the limit is an estimate and that the prompt cap is lmi-trt's default."""
+    unset = settings().model_copy(update={"max_seq_len": None})
+    with caplog.at_level("INFO", logger="lmi_trt.engines.llmapi"):
+        engine = await started(tiny_model("gpt2"), unset)
+    try:
+        assert engine.limits.max_seq_len == 512
+        report = next(r.getMessage() for r in caplog.records if "LLM: sampler" in r.getMessage())
+        assert "max_seq_len=512 (an estimate from the checkpoint" in report
+        assert "max_input_len=64 (the longest prompt the server takes, lmi-trt's default" in report
+        outs = await collect(engine, req("long", PROMPTS[0], max_new_tokens=4))
+        assert outs[-1].error is None
+    finally:
+        await engine.close()

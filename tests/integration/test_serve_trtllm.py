@@ -314,10 +314,17 @@ async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, t
         )
         return [tok.decode(row, skip_special_tokens=True) for row in rows]
 
+    import tensorrt_llm  # the fake, impersonating LMI_TRT_FAKE_RELEASE
+
     server = await _server(config, DEFAULT_ADAPTERS)
     try:
         client = AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
         extra = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True}
+        if tensorrt_llm.__version__.startswith("0."):  # 0.12's beam settings are unread: refused, not assumed
+            with pytest.raises(BadRequestError) as e:
+                await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=extra)
+            assert e.value.body["param"] == "use_beam_search" and "TensorRT-LLM 0.12" in e.value.body["message"]
+            return
         out = await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=extra)
         assert [c.text for c in out.choices] == beams(2, 2, 0.5, True)  # n beams searched, n returned
         wide = await client.completions.create(
@@ -331,6 +338,10 @@ async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, t
             never = {**extra, "early_stopping": "never"}
             await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=never)
         assert e.value.body["param"] == "early_stopping"
+        with pytest.raises(BadRequestError) as e:  # samplingConfig.cpp (1.x): lengthPenalty >= 0
+            negative = {**extra, "length_penalty": -1.0}
+            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=negative)
+        assert e.value.body["param"] == "length_penalty" and "0 or more" in e.value.body["message"]
         async with ClientSession(timeout=ClientTimeout(total=60)) as s:
             body = {"inputs": prompt, "parameters": {"max_new_tokens": 8, "num_beams": 3, "early_stopping": True}}
             async with s.post(server.make_url("/invocations"), json=body) as r:
@@ -341,5 +352,11 @@ async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, t
                 assert r.status == 200, await r.text()
                 # all beamWidth beams come back when num_return_sequences is not given (numReturnBeams)
                 assert (await r.json())["text_output"] == beams(3, 3, 0.0, False)
+            # tensorrt_llm/config.pbtxt's early_stopping (TYPE_BOOL) reaches SamplingConfig.earlyStopping
+            async with s.post(
+                server.make_url("/v2/models/ensemble/generate"), json={**triton, "early_stopping": True}
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["text_output"] == beams(3, 3, 0.0, True)
     finally:
         await server.close()

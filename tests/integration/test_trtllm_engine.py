@@ -293,6 +293,39 @@ async def test_extra_eos_ids_stop_like_eos(engine_dir, reference):
         await engine.close()
 
 
+async def test_beams_with_a_models_further_eos_ids_are_refused(engine_dir):
+    """The beam kernels finish a beam on end_id only; the further EOS ids would go as stop words (map_request)."""
+    engine = await started(engine_dir, eos_token_ids=[2, 5], settings=BEAMS)
+    try:
+        outs = await collect(engine, req("beam-eos2", PROMPTS[0], streaming=False, beam_width=2, max_new_tokens=4))
+        assert outs[-1].error_code == 400 and outs[-1].error_field == "beam_width", outs[-1]
+        assert "[5]" in outs[-1].error
+    finally:
+        await engine.close()
+
+
+async def test_the_fake_executor_fails_beams_with_stop_words(engine_dir):
+    """Never kinder than the real thing: a stop word does not put a beam among the finished candidates
+    (beamSearchKernelsTemplate.h) and NVIDIA/TensorRT-LLM#7145 crashes on it; the fake fails the request."""
+    from tensorrt_llm.bindings import executor as tle
+
+    executor = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig(max_beam_width=2))
+    try:
+        rid = executor.enqueue_request(
+            tle.Request(
+                input_token_ids=PROMPTS[0],
+                max_tokens=4,
+                end_id=2,
+                stop_words=[[5]],
+                sampling_config=tle.SamplingConfig(beam_width=2),
+            )
+        )
+        responses = executor.await_responses(rid)
+        assert responses[0].has_error() and "stop words" in responses[0].error_msg
+    finally:
+        executor.shutdown()
+
+
 async def test_close_ends_inflight_requests_and_returns(engine_dir):
     engine = await started(engine_dir)
     stream = engine.submit(req("inflight", PROMPTS[0], max_new_tokens=150, ignore_eos=True))

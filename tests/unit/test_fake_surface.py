@@ -434,6 +434,31 @@ def test_012_shapes_follow_the_listing_notes(trt, monkeypatch):
         assert list(tle.FinishReason.__members__) == ex["FinishReason"]["members"]
 
 
+def test_sampling_config_checks_what_the_release_checks(trt):
+    """1.x samplingConfig.cpp (the copy with beamWidthArray) asserts these in the constructor; the older 0.1x copy
+    stores lengthPenalty and earlyStopping unchecked (tests/fakes/tensorrt_llm/bindings/executor.py)."""
+    from tensorrt_llm.bindings import executor as tle
+
+    refused = [
+        {"beam_width": 2, "length_penalty": -1.0},
+        {"beam_width": 2, "early_stopping": -1},
+        {"beam_width": 2, "num_return_sequences": 3},
+        {"beam_width": 1025},
+        {"top_p": 0.0},
+    ]
+    if trt.__version__.startswith("0."):
+        tle.SamplingConfig(beam_width=2, length_penalty=-1.0, early_stopping=-1)
+        return
+    for kwargs in refused:
+        with pytest.raises(RuntimeError, match="Assertion failed"):
+            tle.SamplingConfig(**kwargs)
+    from tensorrt_llm import SamplingParams  # the LLM API builds the same SamplingConfig per request
+
+    with pytest.raises(RuntimeError, match="lengthPenalty"):
+        SamplingParams(use_beam_search=True, best_of=2, n=2, length_penalty=-1.0)._get_sampling_config()
+    assert SamplingParams(use_beam_search=True, best_of=3, n=2)._get_sampling_config().beam_width == 3
+
+
 # ------------------------------------------------------------------------------ per-release shapes
 
 

@@ -63,6 +63,11 @@ def test_versions_compare_in_full():
         llm_api_release("0.21.0")
     with pytest.raises(TrtllmUnavailable, match="cannot read"):
         llm_api_release("main")
+    # a line after 1.3 (PR 11938: the TRTLLMSampler goes in 1.4) was not read
+    assert llm_api_release("1.3.5") > llm_api_release("1.3.0")
+    for unread in ("1.4.0rc0", "1.4.0", "2.0.0"):
+        with pytest.raises(TrtllmUnavailable, match=rf"TensorRT-LLM {unread} is newer .*1\.3"):
+            llm_api_release(unread)
 
 
 def test_every_request_must_be_at_max_beam_width():
@@ -73,34 +78,61 @@ def test_every_request_must_be_at_max_beam_width():
 
 
 BEAMS_ON_TORCH = {"beam_width", "beam_width+logprobs", "beam_width+stop"}
+# From 1.2 the TorchSampler's log probs are the top k only, without the sampled token (PR 7976; PR 9374 unmerged)
+SAMPLED_LOGPROBS = {"sampling+logprobs", "sampling+top_logprobs"}
 
 
 @pytest.mark.parametrize(
     "version, sampler, expected",
     [
-        ("1.0.0", TRTLLM, {"top_logprobs", "prompt_logprobs", "logit_bias", "beam_width+logprobs", "beam_width+stop"}),
-        ("1.1.0", TORCH, IGNORED_BY_TORCH_SAMPLER | BEAMS_ON_TORCH | {"bad_words", "prompt_logprobs", "top_logprobs"}),
+        (
+            "1.0.0",
+            TRTLLM,
+            {"top_logprobs", "prompt_logprobs", "logit_bias", "beam_width+logprobs", "beam_width+stop"}
+            | {"sampling+top_logprobs"},
+        ),
+        (
+            "1.1.0",
+            TORCH,
+            IGNORED_BY_TORCH_SAMPLER
+            | BEAMS_ON_TORCH
+            | {"bad_words", "prompt_logprobs", "top_logprobs"}
+            | {"sampling+top_logprobs"},
+        ),
         (
             "1.2.1",
             TORCH,
-            IGNORED_BY_TORCH_SAMPLER | BEAMS_ON_TORCH | {"bad_words", "stop_token_ids", "prompt_logprobs"},
+            IGNORED_BY_TORCH_SAMPLER
+            | BEAMS_ON_TORCH
+            | SAMPLED_LOGPROBS
+            | {"bad_words", "stop_token_ids", "prompt_logprobs"},
         ),
         # main's fixes, one by one: min_tokens and prompt log probs (rc11), bad words (rc23), seed and penalties
         # (rc25), beams on the TorchSampler (rc26)
         (
             "1.3.0rc10",
             TORCH,
-            IGNORED_BY_TORCH_SAMPLER | BEAMS_ON_TORCH | {"bad_words", "stop_token_ids", "prompt_logprobs"},
+            IGNORED_BY_TORCH_SAMPLER
+            | BEAMS_ON_TORCH
+            | SAMPLED_LOGPROBS
+            | {"bad_words", "stop_token_ids", "prompt_logprobs"},
         ),
         (
             "1.3.0rc11",
             TORCH,
-            IGNORED_BY_TORCH_SAMPLER - {"min_new_tokens"} | BEAMS_ON_TORCH | {"bad_words", "stop_token_ids"},
+            IGNORED_BY_TORCH_SAMPLER - {"min_new_tokens"}
+            | BEAMS_ON_TORCH
+            | SAMPLED_LOGPROBS
+            | {"bad_words", "stop_token_ids"},
         ),
-        ("1.3.0rc23", TORCH, IGNORED_BY_TORCH_SAMPLER - {"min_new_tokens"} | BEAMS_ON_TORCH | {"stop_token_ids"}),
-        ("1.3.0rc25", TORCH, BEAMS_ON_TORCH | {"stop_token_ids"}),
-        ("1.3.0rc26", TORCH, {"stop_token_ids", "beam_width+logprobs"}),
-        ("1.3.0", TORCH, {"stop_token_ids", "beam_width+logprobs"}),
+        (
+            "1.3.0rc23",
+            TORCH,
+            IGNORED_BY_TORCH_SAMPLER - {"min_new_tokens"} | BEAMS_ON_TORCH | SAMPLED_LOGPROBS | {"stop_token_ids"},
+        ),
+        ("1.3.0rc25", TORCH, BEAMS_ON_TORCH | SAMPLED_LOGPROBS | {"stop_token_ids"}),
+        ("1.3.0rc26", TORCH, SAMPLED_LOGPROBS | {"stop_token_ids", "beam_width+logprobs"}),
+        ("1.3.0", TORCH, SAMPLED_LOGPROBS | {"stop_token_ids", "beam_width+logprobs"}),
     ],
 )
 def test_what_each_release_refuses(version, sampler, expected):
@@ -173,6 +205,14 @@ def test_the_sequence_limit_is_what_the_release_infers_from_the_checkpoint():
         assert release_max_seq_len(config) == 131072
     assert release_max_seq_len({"text_config": {"max_position_embeddings": 8192}}) == 8192
     assert release_max_seq_len({}) == 2048
+    # The release reads the transformers config (ModelConfig.from_pretrained: AutoConfig): GPT-2's n_positions is its
+    # max_position_embeddings (attribute_map), which config.json does not spell out
+    from transformers import GPT2Config
+
+    assert release_max_seq_len(GPT2Config(n_positions=1024)) == 1024
+    # a multimodal model's pretrained config is its text config: its rope scaling counts
+    mm = {"text_config": {"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}}
+    assert release_max_seq_len(mm) == 8192
 
 
 def test_kimi_k2_ends_on_its_generation_configs_eos_from_11():

@@ -120,6 +120,9 @@ async def test_triton_stream_events_and_stop_words():
         ({"bad_words": [1]}, "bad_words"),
         ({"return_perf_metrics": True}, "return_perf_metrics"),
         ({"len_penalty": 0.5}, "length_penalty=0.5 applies to beam search only"),  # the old name, not ignored
+        # tensorrt_llm/config.pbtxt's early_stopping (TYPE_BOOL) is read, and its beam_search_diversity_rate refused
+        ({"early_stopping": True}, "early_stopping=True applies to beam search only"),
+        ({"beam_search_diversity_rate": 0.3}, "beam_search_diversity_rate=0.3 is not supported"),
         ({"request_output_len": 3, "max_tokens": 4}, "request_output_len is max_tokens under another name"),
     ],
 )

@@ -11,7 +11,14 @@ import pytest
 from tinymodels import tiny_model
 from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
-from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, GuidedDecoding, SamplingParams
+from lmi_trt.engines.base import (
+    EngineError,
+    FinishReason,
+    GenerationRequest,
+    GuidedDecoding,
+    SamplingParams,
+    can,
+)
 from lmi_trt.engines.trtllm import (
     TrtllmConfigError,
     TrtllmSettings,
@@ -20,6 +27,7 @@ from lmi_trt.engines.trtllm import (
     build_executor_config,
     check_settings,
     effective_multi_block_mode,
+    executor_capabilities,
     expected_engine_file,
     final_tokens_and_reason,
     map_request,
@@ -507,9 +515,41 @@ def test_beam_search_when_built_for_it():
     # and earlyStopping 1); numReturnSequences beams come back
     assert spec.sampling == {"beam_width": 2, "length_penalty": 1.0, "early_stopping": 0, "num_return_sequences": 1}
     never = request(streaming=False, beam_width=2, early_stopping="never")
-    with pytest.raises(EngineError, match="early_stopping='never' has no SamplingConfig value") as e:
+    with pytest.raises(EngineError, match="bounds a running beam's best score by the engine's max_seq_len") as e:
         map_request(never, eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1)
     assert e.value.field == "early_stopping"
+
+
+def test_a_negative_length_penalty_with_beams_is_a_400_naming_it():
+    # samplingConfig.cpp (1.x) checkLengthPenalty: lengthPenalty >= 0, asserted in the constructor
+    negative = request(streaming=False, beam_width=2, length_penalty=-1.0)
+    with pytest.raises(EngineError, match="length_penalty=-1.0") as e:
+        map_request(negative, eos_token_ids=[2], pad_token_id=0, max_beam_width=2, seed=1)
+    assert (e.value.code, e.value.field) == (400, "length_penalty")
+
+
+@pytest.mark.parametrize(
+    "eos, stop_ids, field",
+    [([2, 128009], [], "beam_width"), ([2], [[7]], "stop_token_ids")],
+)
+def test_beams_with_stop_words_are_refused_on_the_executor_only(eos, stop_ids, field):
+    req = GenerationRequest("r", [1, 2, 3], SamplingParams(beam_width=2), stop_token_ids=stop_ids, streaming=False)
+    with pytest.raises(EngineError, match="finishes a beam on the end id only") as e:
+        map_request(req, eos_token_ids=eos, pad_token_id=0, max_beam_width=2, seed=1)
+    assert (e.value.code, e.value.field) == (400, field)
+    # the LLM API's release table decides there (its beam_width+stop row)
+    spec = map_request(req, eos_token_ids=eos, pad_token_id=0, max_beam_width=2, seed=1, beams_stop=True)
+    assert spec.request["stop_words"]
+    ignoring = GenerationRequest("r", [1, 2, 3], SamplingParams(beam_width=2, ignore_eos=True), streaming=False)
+    assert (
+        map_request(ignoring, eos_token_ids=eos, pad_token_id=0, max_beam_width=2, seed=1).request["stop_words"] is None
+    )
+
+
+def test_beams_are_refused_on_0_12_where_their_settings_are_unread():
+    caps = executor_capabilities("TensorRT-LLM 0.12.0", True, can(), 4, (0, 12))
+    assert not caps.beam_search.honoured and "TensorRT-LLM 0.12" in caps.beam_search.reason
+    assert executor_capabilities("TensorRT-LLM 1.0.0", True, can(), 4, (1, 0)).beam_search.most == 4
 
 
 @pytest.mark.parametrize("version", ["0.12.0", "1.2.0rc2"])

@@ -99,6 +99,10 @@ class TritonRequest(BaseModel):
     return_generation_logits: bool = False
     beam_width: int = Field(1, ge=1)
     num_return_sequences: int | None = Field(None, ge=1)
+    # tensorrtllm_backend all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt: early_stopping TYPE_BOOL
+    # (true: stop once beam_width beams finished; false: transformers' heuristic) and beam_search_diversity_rate
+    early_stopping: bool | None = None
+    beam_search_diversity_rate: float | None = Field(None, allow_inf_nan=False)
     exclude_input_in_output: bool = True
     stream: bool = False
 
@@ -108,6 +112,12 @@ class TritonRequest(BaseModel):
                 "num_return_sequences",
                 f"num_return_sequences={self.num_return_sequences} without beam search is not supported: this "
                 "server samples one sequence per request; set beam_width, or use 1",
+            )
+        if self.beam_search_diversity_rate:
+            raise FieldError(
+                "beam_search_diversity_rate",
+                f"beam_search_diversity_rate={self.beam_search_diversity_rate} is not supported: beams here are "
+                "scored by log-prob alone; leave it out or send 0",
             )
         for name in ("return_context_logits", "return_generation_logits"):
             if getattr(self, name):
@@ -152,6 +162,7 @@ class TritonRequest(BaseModel):
             beam_width=self.beam_width,
             num_return_sequences=self.num_return_sequences or self.beam_width,
             length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
         )
 
 

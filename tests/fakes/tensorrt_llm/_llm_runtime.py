@@ -47,15 +47,16 @@ Which sampler runs (``sampler_of``) and what it does with a request (``_Strategy
   for unsupported penalty combinations with beam search"), seed (PR 17172), bad words (PR 16052), min length on
   generated tokens (PR 12166, PR 12358), and beam search (the only sampler: PR 18232). The 1.3.0 release candidates
   hold these fixes one by one (``_state.FIXES``: the first candidate verified to hold each; the fake's 1.3.0 holds all).
-Which sampler: 1.0 TRTLLMSampler iff ``enable_trtllm_sampler`` (_util.py ``instantiate_sampler`` of the 1.0
-line); 1.1/1.2 ``sampler_type``, where ``auto`` is TRTLLMSampler iff beam search (``decoding_mode.isBeamSearch()``,
-i.e. ``max_beam_width > 1``; _util.py of the 1.1/1.2 line); main TorchSampler. Which one ``auto`` picks for beams on
-the 1.3.0 candidates before PR 18232 was not pinned down (the 1.2-era docs say the TRTLLMSampler; PR 14487, 2026-05,
-says main's ``auto`` picks the TorchSampler): the fake refuses to guess. Beam search on 1.0's TRTLLMSampler needs the
-overlap scheduler and CUDA graphs off (docs features/sampling.md of 1.0.0: "To enable beam search, you must ...
-Disable overlap scheduling ... Disable the usage of CUDA Graphs"); from 1.1 it runs beside both (PR 6223 and PR 6217,
-tested by PR 7326 on main 2025-08-29: "Add beam search CudaGraph + Overlap Scheduler tests"; 1.2-era
-tests/unittest/_torch/sampler/test_beam_search.py ``test_beam_search_e2e_cuda_graph_and_overlap``).
+Which sampler: 1.0 TRTLLMSampler iff ``enable_trtllm_sampler`` (_util.py ``instantiate_sampler`` of the 1.0 line);
+1.1/1.2 ``sampler_type``, where ``auto`` is TRTLLMSampler iff beam search (``decoding_mode.isBeamSearch()``, i.e.
+``max_beam_width > 1``; _util.py of the 1.1 line); main TorchSampler. Which one ``auto`` picks for beams on 1.2 and
+the 1.3.0 candidates before PR 18232 was not pinned down (the 1.2-era docs say the TRTLLMSampler; PR 8509 gave 1.2's
+TorchSampler beams; PR 14487, 2026-05, says main's ``auto`` picks the TorchSampler): the fake refuses to guess. Beam
+search on 1.0's TRTLLMSampler needs the overlap scheduler and CUDA graphs off (docs features/sampling.md of 1.0.0:
+"To enable beam search, you must ... Disable overlap scheduling ... Disable the usage of CUDA Graphs"); from 1.1 it
+runs beside both (PR 6223 and PR 6217, tested by PR 7326 on main 2025-08-29: "Add beam search CudaGraph + Overlap
+Scheduler tests"; 1.2-era tests/unittest/_torch/sampler/test_beam_search.py
+``test_beam_search_e2e_cuda_graph_and_overlap``).
 Every request's beam width must equal ``max_beam_width`` up to PR 16620 (``BEAM_WIDTH_CHECK``).
 """
 
@@ -69,7 +70,7 @@ from dataclasses import dataclass, field
 
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
-from tensorrt_llm._runtime import _load_model, _select
+from tensorrt_llm._runtime import _load_model, _select, early_stopping_hf
 from tensorrt_llm._state import has
 from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
 
@@ -93,10 +94,12 @@ def sampler_of(args) -> str:
             raise AssertionError("TorchSampler only supports beam_width = 1")
     elif not has("torch_only"):
         chosen = args.sampler_type
-        if series >= (1, 3) and beams and chosen == "auto":
+        # auto → TRTLLMSampler for beams is read in the 1.1 line's _util.py only (read_file id 843526953); no 1.2
+        # instantiate_sampler was read (PR 8509 gave 1.2's TorchSampler beams), nor a 1.3.0 candidate's before PR 18232
+        if series >= (1, 2) and beams and chosen == "auto":
             raise NotImplementedError(
-                f"fake tensorrt_llm {_state.version()}: which sampler sampler_type='auto' picks for beam search on a "
-                "1.3.0 release candidate before PR 18232 is not modelled"
+                f"fake tensorrt_llm {_state.version()}: which sampler sampler_type='auto' picks for beam search on "
+                "this release is not modelled"
             )
         sampler = TRTLLM if chosen == TRTLLM or (chosen == "auto" and beams) else TORCH
         if sampler == TORCH and beams:
@@ -240,7 +243,7 @@ class LlmRuntime:
             raise ValueError("Guided decoding is not supported with speculative decoding.")
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
-        self.max_seq_len = _model_engine_max_seq_len(hf_dir, args.max_seq_len)
+        self.max_seq_len = _model_engine_max_seq_len(hf_dir, args.max_seq_len, args.trust_remote_code)
         self.tokens_per_block = args.kv_cache_config.tokens_per_block
         kv_tokens = args.kv_cache_config.max_tokens or args.max_batch_size * self.max_seq_len
         self.kv_blocks = kv_tokens // self.tokens_per_block
@@ -533,7 +536,7 @@ class LlmRuntime:
             pad_token_id=max(seq.end_id, 0),
             # as the Executor fake reads them (tests/fakes/tensorrt_llm/_runtime.py): executor.h's defaults
             length_penalty=seq.length_penalty if seq.length_penalty is not None else 0.0,
-            early_stopping=seq.early_stopping in (None, 1),
+            early_stopping=early_stopping_hf(seq.early_stopping),
         )
         beams, reasons = [], []
         for row in gen[:, len(seq.prompt) :].tolist():
@@ -686,21 +689,26 @@ def _beam_width_problem(seq: _Seq, max_beam_width: int) -> str | None:
     return message
 
 
-def _model_engine_max_seq_len(hf_dir: str, given: int | None) -> int:
+def _model_engine_max_seq_len(hf_dir: str, given: int | None, trust_remote_code: bool = False) -> int:
     """The executor's max_seq_len (PyTorchModelEngine ``_init_max_seq_len`` / ``_infer_max_seq_len_from_config``,
-    model_engine.py, copies of the 1.x line and main): config.json's ``max_position_embeddings`` (or its
-    text_config's; 2048 when neither says), times the RoPE scaling ``factor`` unless the type is su, longrope, llama3
-    or yarn; a larger ``max_seq_len`` given to the LLM is lowered to it with a warning. It lives in the worker: the
-    LLM's own ``args.max_seq_len`` keeps what was passed (None when nothing was)."""
+    model_engine.py, copies of the 1.x line and main): ``getattr`` on the model's ``pretrained_config``, which
+    ``ModelConfig.from_pretrained`` loads with ``transformers.AutoConfig.from_pretrained`` (_torch/model_config.py),
+    so attribute_map aliases such as GPT-2's ``n_positions`` count: ``max_position_embeddings`` (or its text_config's;
+    2048 when neither says), times the RoPE scaling ``factor`` unless the type is su, longrope, llama3 or yarn; a
+    larger ``max_seq_len`` given to the LLM is lowered to it with a warning. It lives in the worker: the LLM's own
+    ``args.max_seq_len`` keeps what was passed (None when nothing was)."""
     import math
-    from pathlib import Path
 
-    config = json.loads((Path(hf_dir) / "config.json").read_text())
-    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
+    rope = getattr(config, "rope_scaling", None)
     scale = 1
     if rope and rope.get("type", rope.get("rope_type")) not in ("su", "longrope", "llama3", "yarn"):
         scale = rope.get("factor", 1.0)
-    length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    length = getattr(config, "max_position_embeddings", None)
+    if length is None and hasattr(config, "text_config"):
+        length = getattr(config.text_config, "max_position_embeddings", None)
     length = length or 2048
     if scale != 1:
         length = int(math.ceil(length * scale))

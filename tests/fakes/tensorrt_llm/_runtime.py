@@ -516,6 +516,11 @@ class ExecutorImpl:
     def _beam_search(self, seq: _Seq):
         import torch
 
+        if seq.stop_words:
+            # Not modelled, and never kinder than the real thing: the beam kernels put a beam in the finished
+            # candidates on end_id only (is_end_token, beamSearchKernelsTemplate.h) and a stop word merely marks
+            # it finished; NVIDIA/TensorRT-LLM#7145 (0.21) crashes on beams with stop tokens.
+            raise RuntimeError("beam search with stop words: not modelled by this fake (see NVIDIA/TensorRT-LLM#7145)")
         sc = seq.sampling
         gen = self._model.generate(
             torch.tensor([seq.prompt]),
@@ -526,7 +531,7 @@ class ExecutorImpl:
             eos_token_id=seq.end_id if seq.end_id >= 0 else None,
             pad_token_id=max(seq.end_id, 0),
             length_penalty=sc.length_penalty if sc.length_penalty is not None else 0.0,
-            early_stopping=sc.early_stopping in (None, 1),
+            early_stopping=early_stopping_hf(sc.early_stopping),
         )
         fr, beams, reasons = self._api.FinishReason, [], []
         for row in gen[:, len(seq.prompt) :].tolist():
@@ -591,6 +596,16 @@ def _load_model(hf_dir: str | None):
     from lmi_trt.compat import dtype_kwargs  # transformers < 4.56 (the 0.12 and 1.0 images) spells it torch_dtype
 
     return AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
+
+
+def early_stopping_hf(early_stopping: int | None) -> bool | str:
+    """SamplingConfig's earlyStopping as transformers' generate reads it: None is executor.h's default 1; 0 is the
+    current-length heuristic (False), 1 True, and any other value "never" (beamSearchKernelsTemplate.h's
+    "Specialization for earlyStopping == 'never'", which bounds by the engine's max_seq_len where transformers
+    bounds by the request's length: the difference is why the serving code refuses "never")."""
+    if early_stopping in (None, 1):
+        return True
+    return False if early_stopping == 0 else "never"
 
 
 def _select(seq: _Seq) -> tuple[int, float]:

@@ -15,6 +15,7 @@ strings ``_setup`` did not tokenize, as the real ones do. Per release:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,10 @@ class GuidedDecodingParams:
         ]
         if sum(guides) > 1:
             raise ValueError(f"Only one guide can be used for a request, but got {sum(guides)}.")
+
+
+# SamplingParams fields _get_sampling_config maps itself rather than by name.
+_UNMATCHED = ("num_return_sequences", "beam_width", "n", "best_of", "use_beam_search")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -120,6 +125,20 @@ class SamplingParams:
             self.guided_decoding._validate()
         self.logprobs = self.logprobs and int(self.logprobs)
         self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
+
+    def _get_sampling_config(self):
+        """The C++ SamplingConfig from this request's fields of the same names, with the real method's beam table:
+        beam search sends best_of as beam_width and n as num_return_sequences, sampling best_of as
+        num_return_sequences and beam width 1 (tensorrt_llm/sampling_params.py _get_sampling_config, 1.x)."""
+        from tensorrt_llm.bindings import executor as tllme
+
+        names = [n for n in inspect.signature(tllme.SamplingConfig).parameters if n not in _UNMATCHED]
+        kwargs = {n: getattr(self, n) for n in names if hasattr(self, n)}
+        if self.use_beam_search:
+            kwargs.update(num_return_sequences=self.n, beam_width=self.best_of)
+        else:
+            kwargs.update(num_return_sequences=self.best_of, beam_width=1)
+        return tllme.SamplingConfig(**kwargs)
 
     @staticmethod
     def params_imply_greedy_decoding(*, temperature, top_p, top_k) -> bool:

@@ -385,6 +385,7 @@ class _SamplingConfig1x:
         beam_width_array=None,
     ):
         _check_sampling(beam_width, top_k, top_p, temperature, repetition_penalty, min_tokens)
+        _check_sampling_1x(beam_width, top_p, length_penalty, early_stopping, num_return_sequences)
         for name, value in list(locals().items()):
             if name != "self":
                 setattr(self, name, value)
@@ -441,6 +442,25 @@ def _check_sampling(beam_width, top_k, top_p, temperature, repetition_penalty, m
         raise _tllm_error(f"repetitionPenalty ({repetition_penalty}) must be > 0")
     if min_tokens is not None and min_tokens < 0:
         raise _tllm_error(f"minTokens ({min_tokens}) must be >= 0")
+
+
+def _check_sampling_1x(beam_width, top_p, length_penalty, early_stopping, num_return_sequences) -> None:
+    """The 1.x constructor's further checks (cpp/tensorrt_llm/executor/samplingConfig.cpp, the copy with
+    beamWidthArray: checkBeamWidth against kMaxBeamWidth 1024, checkTopP > 0, checkLengthPenalty >= 0,
+    checkEarlyStopping >= 0, checkNumReturnSequences). The older 0.1x copy (minP, no beamWidthArray) stores
+    lengthPenalty and earlyStopping unchecked, so _SamplingConfig012 leaves these out."""
+    if beam_width > 1024:
+        raise _tllm_error(f"beamWidth ({beam_width}) must be <= kMaxBeamWidth (1024)")
+    if top_p is not None and top_p <= 0.0:
+        raise _tllm_error(f"topP ({top_p}) must be > 0")
+    if length_penalty is not None and length_penalty < 0.0:
+        raise _tllm_error(f"lengthPenalty ({length_penalty}) must be >= 0")
+    if early_stopping is not None and early_stopping < 0:
+        raise _tllm_error(f"earlyStopping ({early_stopping}) must be >= 0")
+    if num_return_sequences is not None and (
+        num_return_sequences <= 0 or (beam_width != 1 and num_return_sequences > beam_width)
+    ):
+        raise _tllm_error(f"numReturnSequences ({num_return_sequences}) must be > 0 and <= beamWidth ({beam_width})")
 
 
 class OutputConfig:

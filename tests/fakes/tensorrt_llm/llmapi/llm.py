@@ -196,6 +196,9 @@ class LLM:
         self._submitted = True
         self._stats.mark_undone()  # _maybe_initialize_iteration_results: more stats expected
         try:  # what the worker's _enqueue_request and the sampler read; a failure fails this request only
+            # the worker's executor Request takes sp._get_sampling_config(): the C++ SamplingConfig's checks
+            # (tensorrt_llm/sampling_params.py, the 1.x copy read; executor/base_worker.py _enqueue_request)
+            sp._get_sampling_config()
             bad_words, stop_words = sp._get_bad_words(), sp._get_stop_words()
             # the PyTorch _check_arguments has no beam check (it returns after max_num_tokens): the executor checks
             # the beam width when it takes the request (_llm_runtime._beam_width_problem)
