@@ -708,7 +708,7 @@ class LmiConfig(BaseModel):
             "option.max_draft_len",
             _integer(0, 4),
             "speculative decoding: most draft tokens per step (TensorRT-LLM's name; DJL lmi-dist's "
-            "speculative_length, vLLM's num_speculative_tokens); unset with a method: 4",
+            "speculative_length, vLLM's num_speculative_tokens); unset with a method: 5 (DJL's default)",
             compile_time=True,
             aliases=("option.speculative_length", "option.spec_length", "option.num_speculative_tokens"),
         ),
@@ -1060,7 +1060,7 @@ class LmiConfig(BaseModel):
             "option.speculative_decoding_mode",
             _choice(SPECULATIVE_SPELLINGS, shown=tuple(SPECULATIVE_METHODS)),
             "speculative decoding's drafter (trtllm-build's flag; TensorRT-LLM's and vLLM's spellings work "
-            "too); the torch engine runs ngram and draft_model",
+            "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp",
         ),
     ] = None
     speculative_draft_model: Annotated[
@@ -1098,7 +1098,7 @@ class LmiConfig(BaseModel):
             "option.speculative_disable_by_batch_size",
             _integer(1, 32),
             "no speculation in steps with more running requests than this (vLLM's name, TensorRT-LLM's "
-            "max_concurrency); unset: the engine's default (torch: 32)",
+            "max_concurrency, from 1.1); unset: the engine's default (torch: 32; TensorRT-LLM: no limit)",
         ),
     ] = None
     multi_block_mode: Annotated[

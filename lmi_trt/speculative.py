@@ -20,7 +20,8 @@ Three vocabularies say the same things, and a deployment may bring any of them:
   engines/python/setup/djl_python/properties_manager/lmi_dist_rb_properties.py, tnx_properties.py;
   properties.py ``draft_model_id``/``spec_length``): ``option.speculative_draft_model`` (an
   ``s3://`` one is downloaded first, wlm/ModelInfo.java ``downloadDraftModel``) and
-  ``option.speculative_length`` (default 4 on lmi-dist).
+  ``option.speculative_length`` (default 5: ``speculative_length: int = 5`` in lmi_dist_rb_properties.py and
+  tnx_properties.py).
 
 The configuration declares the flat keys (``lmi_trt.config``); ``resolve`` merges them with the JSON
 object into a ``Speculation`` or refuses, naming the key or member, what is wrong and what would work.
@@ -69,17 +70,25 @@ RUNS_ON = {
     "eagle3": "TensorRT-LLM's pytorch backend (option.rolling_batch=trtllm, option.backend=pytorch)",
     "mtp": "TensorRT-LLM's pytorch backend, for models with MTP heads (option.rolling_batch=trtllm, "
     "option.backend=pytorch)",
-    "eagle": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
-    "medusa": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
-    "lookahead": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
-    "explicit_draft_tokens": "TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
+    **dict.fromkeys(
+        ("eagle", "medusa", "lookahead", "explicit_draft_tokens"),
+        "TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive (its tensorrt backend "
+        "refuses speculation)",
+    ),
 }
-# DJL lmi-dist's option.speculative_length default (lmi_dist_rb_properties.py), for the flat keys; the JSON
-# forms require a length, as TensorRT-LLM ("max_draft_len must be > 0") and vLLM do.
-DEFAULT_DRAFT_LEN = 4
-# TensorRT-LLM NGramDecodingConfig.max_matching_ngram_size's default; vLLM's prompt_lookup_min defaults to 1.
+# DJL's option.speculative_length default (deepjavalibrary/djl-serving properties_manager lmi_dist_rb_properties.py
+# and tnx_properties.py: ``speculative_length: int = 5``), for the flat keys; the JSON forms require a length, as
+# TensorRT-LLM ("max_draft_len must be > 0") and vLLM do.
+DEFAULT_DRAFT_LEN = 5
+# The flat keys' and TensorRT-LLM's form: NGramDecodingConfig.max_matching_ngram_size's default, matching down to
+# one token (TensorRT-LLM has no shortest n-gram).
 DEFAULT_NGRAM_MAX = 2
 DEFAULT_NGRAM_MIN = 1
+# vLLM's form (vllm/config/speculative.py SpeculativeConfig.__post_init__): neither prompt_lookup bound given, both 5;
+# one given, the other copies it; ``model: "ngram"`` (or "[ngram]") without a method is the n-gram method.
+VLLM_NGRAM_DEFAULT = 5
+VLLM_MEMBERS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
+VLLM_NGRAM_MODELS = ("ngram", "[ngram]")
 
 # speculative_config members → the Speculation field each sets (TensorRT-LLM's names, then vLLM's).
 MEMBERS = {
@@ -87,6 +96,9 @@ MEMBERS = {
     "method": "method",
     "max_draft_len": "max_draft_len",
     "num_speculative_tokens": "max_draft_len",
+    # MTPDecodingConfig's draft length on 1.0-1.2 (1.0 validate_speculative_config, 1.1 __init__/from_dict:
+    # max_draft_len = num_nextn_predict_layers; llm_args.py)
+    "num_nextn_predict_layers": "max_draft_len",
     "speculative_model": "draft_model",
     "speculative_model_dir": "draft_model",
     "model": "draft_model",
@@ -130,7 +142,7 @@ class Speculation(BaseModel):
     draft_model: str | None = None
     max_matching_ngram_size: int = DEFAULT_NGRAM_MAX
     min_matching_ngram_size: int = DEFAULT_NGRAM_MIN
-    use_oldest: bool = False  # n-gram: the oldest match's continuation rather than the latest's
+    use_oldest: bool | None = None  # n-gram: the oldest match's continuation rather than the latest's (None: unset)
     max_concurrency: int | None = None  # no speculation in steps with more running requests
     options: dict[str, Any] = {}
     keys: dict[str, str] = {}
@@ -181,6 +193,11 @@ def _checked(field: str, key: str, value: Any) -> Any:
                 "use one of " + ", ".join(METHODS) + " (TensorRT-LLM's NGram, Draft_Target, Eagle3, Eagle, MTP, "
                 "Medusa and Lookahead spellings work too)",
             )
+        if key == f"{JSON_KEY}.decoding_type" and value.lower() == "eagle":
+            # TensorRT-LLM's own spelling: on the PyTorch backend EagleDecodingConfig is EAGLE-3 (spec_dec_mode gives
+            # EAGLE3_ONE_MODEL or EAGLE3; llm_args.py of 1.0, 1.1 and main), and 1.0/1.1's from_dict knows "Eagle"
+            # but not "Eagle3"; vLLM's method "eagle" and trtllm-build's mode "eagle" stay EAGLE-1/2
+            return "eagle3"
         return SPELLINGS[value.lower()]
     if field == "draft_model":
         if not isinstance(value, str) or not value.strip():
@@ -201,6 +218,11 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
     set both ways must agree; a method needs what it uses and takes nothing it does not."""
     fields, options = _member_fields(raw or {})
     fields = {field: (key, _checked(field, key, value)) for field, (key, value) in fields.items()}
+    model = fields.get("draft_model")
+    if model is not None and model[0] == f"{JSON_KEY}.model" and model[1] in VLLM_NGRAM_MODELS:
+        del fields["draft_model"]  # vLLM: the n-gram method's name, not a draft model id
+        if fields.setdefault("method", (model[0], "ngram"))[1] != "ngram":
+            raise SpeculationError(model[0], model[1], f"names n-gram, beside method {fields['method'][1]}", "keep one")
     for field, (key, value) in flat.items():
         if field in fields and fields[field][1] != value:
             other_key, other = fields[field]
@@ -231,6 +253,11 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
                 f"add max_draft_len (TensorRT-LLM) or num_speculative_tokens (vLLM) to {JSON_KEY}",
             )
         fields["max_draft_len"] = ("option.max_draft_len", DEFAULT_DRAFT_LEN)
+    length_key = fields["max_draft_len"][0]
+    if length_key.endswith(".num_nextn_predict_layers") and method != "mtp":
+        raise SpeculationError(
+            length_key, fields["max_draft_len"][1], f"is MTP's draft length, not {method}'s", "leave it out"
+        )
     if method == "draft_model" and "draft_model" not in fields:
         raise SpeculationError(
             method_key,
@@ -246,6 +273,13 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
             if field in fields:
                 key, value = fields[field]
                 raise SpeculationError(key, value, f"configures n-gram drafting, not {method}", "leave it out")
+    if (
+        method == "ngram"
+        and any(member in (raw or {}) for member in VLLM_MEMBERS)
+        or model is not None
+        and model[1] in VLLM_NGRAM_MODELS
+    ):
+        _vllm_ngram_bounds(fields)
     values = {field: value for field, (_, value) in fields.items()}
     if "min_matching_ngram_size" in values and "max_matching_ngram_size" not in values:
         values["max_matching_ngram_size"] = max(DEFAULT_NGRAM_MAX, values["min_matching_ngram_size"])
@@ -258,6 +292,20 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
             "lower it or raise the other",
         )
     return spec
+
+
+def _vllm_ngram_bounds(fields: dict[str, tuple[str, Any]]) -> None:
+    """vLLM's n-gram bounds where its form is used (``VLLM_NGRAM_DEFAULT``): the missing bound copies the given
+    one, or both are 5; the key named for a copied bound is the member vLLM would have set."""
+    low, high = fields.get("min_matching_ngram_size"), fields.get("max_matching_ngram_size")
+    if low is None and high is None:
+        low = high = (f"{JSON_KEY}.prompt_lookup_min", VLLM_NGRAM_DEFAULT)
+        high = (f"{JSON_KEY}.prompt_lookup_max", VLLM_NGRAM_DEFAULT)
+    elif low is None:
+        low = (f"{JSON_KEY}.prompt_lookup_min", high[1])
+    elif high is None:
+        high = (f"{JSON_KEY}.prompt_lookup_max", low[1])
+    fields["min_matching_ngram_size"], fields["max_matching_ngram_size"] = low, high
 
 
 def not_here(spec: Speculation, engine: str, runs: tuple[str, ...]) -> SpeculationError:

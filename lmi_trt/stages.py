@@ -199,6 +199,23 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
     )
 
 
+def executor_settings(config: LmiConfig) -> TrtllmSettings:
+    """The Executor's settings; speculative decoding is refused there, naming the key (reading it here makes the
+    refusal this one rather than refuse_ignored's)."""
+    spec = speculation(config)
+    if spec is not None:
+        raise SpeculationError(
+            spec.key("method"),
+            spec.method,
+            "lmi-trt's tensorrt backend (the Executor over TensorRT engines, TensorRT-LLM 0.12-1.2) neither builds "
+            "engines for speculative decoding (trtllm-build --speculative_decoding_mode) nor drives their draft "
+            "tokens, lookahead or Medusa heads",
+            "serve the Hugging Face checkpoint with option.backend=pytorch (TensorRT-LLM 1.0+: ngram, draft_model, "
+            "eagle3, mtp) or with option.rolling_batch=torch (ngram, draft_model)",
+        )
+    return trtllm_settings(config)
+
+
 # Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
 # free memory for the KV cache): on the pytorch backend an unset one is left to TensorRT-LLM (llmapi.llm_plan).
 LLM_RELEASE_DEFAULTED = (
@@ -217,6 +234,8 @@ def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
         # where DJL's default differs from TensorRT-LLM's, the LLM gets the option only when the user set it;
         # max_input_len: lmi-trt's own default when unset, which the start-up log says
         given=frozenset(name for name in (*LLM_RELEASE_DEFAULTED, "max_input_len") if config.is_given(name)),
+        # planned per release, and refused where the release cannot run it, by llmapi.llm_plan (check_release)
+        speculative=speculation(config),
     )
 
 
@@ -318,7 +337,7 @@ class Wiring:
 
 
 WIRING: dict[EngineEntry, Wiring] = {
-    TENSORRT: Wiring(trtllm_settings, _build_executor),
+    TENSORRT: Wiring(executor_settings, _build_executor),
     PYTORCH: Wiring(llmapi_settings, _build_llm),
     TORCH: Wiring(torch_settings, _build_torch),
     SYNTHETIC: Wiring(synthetic_settings, _build_synthetic),
@@ -411,10 +430,11 @@ def refuse_ignored(served: EngineEntry, config: LmiConfig) -> None:
             )
 
 
-def check_release(served: EngineEntry, config: LmiConfig) -> None:
+def check_release(served: EngineEntry, config: LmiConfig, hf_config: Mapping[str, Any] | None = None) -> None:
     """Where the entry's engine is the LLM API (its release installed, ``option.backend`` resolved), what the
     installed release's own LLM arguments lack or refuse is a ``TrtllmConfigError`` naming the option before
-    anything loads (``lmi_trt.engines.llmapi.llm_configs``); nothing to check elsewhere."""
+    anything loads (``lmi_trt.engines.llmapi.llm_configs``), speculative decoding included (``hf_config``: the
+    checkpoint's config.json where read, for MTP's heads); nothing to check elsewhere."""
     settings = WIRING[served].settings(config)
     if not isinstance(settings, LlmApiSettings):
         return
@@ -423,7 +443,7 @@ def check_release(served: EngineEntry, config: LmiConfig) -> None:
         split = (settings.moe_tensor_parallel_size or 1) * (settings.moe_expert_parallel_size or 1)
         settings = settings.model_copy(update={"runtime": runtime.model_copy(update={"tensor_parallel_degree": split})})
     llmapi, version = probe_llm_api(lambda: True)  # the GPU is the engine's to check, when it starts
-    llm_configs(llmapi, llm_plan(settings, llm_api_release(version)), version)
+    llm_configs(llmapi, llm_plan(settings, llm_api_release(version), hf_config), version)
 
 
 @functools.cache
@@ -548,7 +568,7 @@ def resolve(
         )
     if not chosen:
         refuse_ignored(served, config)
-    check_release(served, config)
+    check_release(served, config, model.hf_config if model is not None else None)
     if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, model.hf_config, kind)

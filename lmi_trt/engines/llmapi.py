@@ -112,6 +112,7 @@ from lmi_trt.engines.llmapi_releases import (
     requested,
     series,
 )
+from lmi_trt.engines.llmapi_speculation import SpecPlan, mtp_layers, speculation_refusals, speculative_plan
 from lmi_trt.engines.trtllm import (
     NO_TRTLLM_LORA,
     TrtllmConfigError,
@@ -122,6 +123,7 @@ from lmi_trt.engines.trtllm import (
     require_eos,
 )
 from lmi_trt.keys import reads
+from lmi_trt.speculative import Speculation, SpeculationError
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,12 @@ RELEASE_DEFAULTS = (
 )
 # trtllm-serve's floor for a log prob (postprocess_handlers.py: max(logprob, -9999.0)).
 LOGPROB_FLOOR = -9999.0
+# specDecodingStats fields (iteration stats JSON) → the /metrics counters the torch engine exports too (vLLM's names).
+SPEC_COUNTERS = {
+    "numRequestsWithDraftTokens": "spec_decode_num_drafts",
+    "numDraftTokens": "spec_decode_num_draft_tokens",
+    "numAcceptedTokens": "spec_decode_num_accepted_tokens",
+}
 # How long one get_stats_async pass waits for a new iteration before it ends (its default).
 STATS_TIMEOUT_S = 2.0
 STATS_PAUSE_S = 0.5
@@ -243,6 +251,9 @@ class LlmApiSettings(reads("dtype", "max_input_len", "trust_remote_code", *DJL_L
     # The options the user set (LmiConfig attribute names), of those whose DJL default differs from TensorRT-LLM's
     # (stages.LLM_RELEASE_DEFAULTED): an unset one is left to the release.
     given: frozenset[str] = frozenset()
+    # Speculative decoding from its keys merged (lmi_trt.speculative; the draft model a local folder by the time the
+    # engine is built), planned per release by lmi_trt.engines.llmapi_speculation.
+    speculative: Speculation | None = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +267,7 @@ class LlmPlan:
     moe_config: dict[str, Any]
     cuda_graph_config: dict[str, Any] | None  # None: no CUDA graphs; built only when an option or lmi-trt set it
     origins: dict[str, str]  # keyword (nested: "kv_cache_config.dtype") → an option key, or "lmi-trt: why"
+    speculative: SpecPlan | None = None  # the speculative_config, built by llm_configs
 
     @property
     def options(self) -> dict[str, str]:
@@ -288,9 +300,10 @@ def check_settings(settings: LlmApiSettings) -> None:
     _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
 
 
-def llm_plan(settings: LlmApiSettings, release: Version) -> LlmPlan:
+def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str, Any] | None = None) -> LlmPlan:
     """Pure: the options as ``LLM`` keywords for a release; a keyword no option sets is left to the release,
-    except the few lmi-trt needs (each with its reason in ``origins``)."""
+    except the few lmi-trt needs (each with its reason in ``origins``). ``hf_config``: the checkpoint's config.json
+    where read (MTP speculation needs its heads)."""
     check_settings(settings)
     rt, given = settings.runtime, settings.given
     beams = rt.max_beam_width
@@ -300,6 +313,19 @@ def llm_plan(settings: LlmApiSettings, release: Version) -> LlmPlan:
             f"option.max_beam_width={beams}: {refused}; use TensorRT-LLM 1.3.0rc26 or later, or set "
             "option.max_beam_width=1"
         )
+    spec = None
+    if settings.speculative is not None:
+        try:
+            spec = speculative_plan(
+                settings.speculative,
+                str(release),
+                series(release),
+                mtp_layers=mtp_layers(hf_config),
+                max_beam_width=beams,
+                overlap_scheduler=settings.enable_overlap_scheduler,
+            )
+        except SpeculationError as exc:
+            raise TrtllmConfigError(str(exc)) from exc
     keywords: dict[str, Any] = {}
     origins: dict[str, str] = {}
 
@@ -337,8 +363,14 @@ def llm_plan(settings: LlmApiSettings, release: Version) -> LlmPlan:
     # Constrained decoding (response_format, TGI grammar, tool_choice; guided.backend_guide) through the image's
     # xgrammar (llm_args.py guided_decoding_backend); it runs beside the overlap scheduler since
     # NVIDIA/TensorRT-LLM PR 6000 (in 1.0), and only requests that carry a guide are masked.
-    put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
-    if series(release) == (1, 0):
+    # Left out where guided decoding is refused beside the speculation that runs (speculation_refusals): on 1.0 the
+    # executor raises for both together, and a one-model path can fail at start-up for it ("Failed to set guided
+    # decoder for speculative decoding mode", py_executor_creator.py of the 1.1+ lines).
+    if spec is None or "guided" not in speculation_refusals(spec.method, str(release), series(release)):
+        put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
+    if spec is not None:  # built by llm_configs, as the release's own class
+        origins["speculative_config"] = settings.speculative.key("method")
+    if series(release) == (1, 0) and spec is None:  # beside drafts the TorchSampler verifies (llm_sampler)
         put(
             "enable_trtllm_sampler",
             True,
@@ -404,7 +436,7 @@ def llm_plan(settings: LlmApiSettings, release: Version) -> LlmPlan:
         why = "lmi-trt: beam search on 1.0's TRTLLMSampler needs it off (its docs/source/features/sampling.md)"
         put("disable_overlap_scheduler", True, why)
         graphs, origins["cuda_graph_config"] = None, why
-    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins)
+    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins, spec)
 
 
 def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler, inferred: Sequence[str] = ()) -> str:
@@ -477,6 +509,10 @@ def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, An
             "set option.attn_backend=TRTLLM"
         )
     built: dict[str, Any] = {}
+    if plan.speculative is not None:
+        built["speculative_config"] = speculative_config(
+            llmapi, plan.speculative, plan.origins["speculative_config"], version
+        )
     if plan.scheduler_config:  # none given: the release's own SchedulerConfig
         built["scheduler_config"] = llmapi.SchedulerConfig(
             capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
@@ -503,6 +539,24 @@ def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, An
                 + f": {exc}; set a value this release takes, or remove the key"
             ) from exc
     return built
+
+
+def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: str) -> Any:
+    """The release's own speculative config class (llmapi_speculation.CLASSES), which validates the fields; what it
+    lacks or refuses is a ``TrtllmConfigError`` naming the key."""
+    make = getattr(llmapi, spec.config_class, None)
+    if make is None:
+        raise TrtllmConfigError(
+            f"{key}={spec.method}: TensorRT-LLM {version} has no tensorrt_llm.llmapi.{spec.config_class}; use a "
+            "release that has it"
+        )
+    try:
+        return make(**spec.fields)
+    except (ValueError, TypeError, AssertionError) as exc:  # pydantic's ValidationError is a ValueError
+        raise TrtllmConfigError(
+            f"{key}={spec.method}: TensorRT-LLM {version} refuses {spec.config_class}({spec.fields}): {exc}; "
+            "set values this release takes"
+        ) from exc
 
 
 def make_llm(llmapi: ModuleType, model_dir: Path, plan: LlmPlan, version: str, tokenizer: Any = None) -> Any:
@@ -585,13 +639,21 @@ def llm_end_id(release: Version, tokenizer_eos: int | None, config: Mapping[str,
 
 
 def release_refusals(
-    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int]
+    version: str,
+    sampler: Sampler,
+    vocab_size: int | None,
+    eos_token_ids: Sequence[int],
+    speculation: str | None = None,
 ) -> dict[str, str]:
     """Pure: feature → why, for what this release's sampler does not apply (``llmapi_releases``' table; engine-only
-    features such as beam search with log probs too), and what no release can do for this model: bias logits
-    without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
+    features such as beam search with log probs too; with ``speculation``, the method running, what the release does
+    not do beside it: ``llmapi_speculation.speculation_refusals``), and what no release can do for this model: bias
+    logits without config.json's vocab_size, or hold back more than one EOS id for min_tokens (TorchSampler
     ``_apply_min_length_penalty`` bans ``py_end_id``; the C++ decoder its ``endId``)."""
-    no = not_applied(llm_api_release(version), sampler)
+    release = llm_api_release(version)
+    no = not_applied(release, sampler)
+    if speculation is not None:  # what the release does not do beside the speculative method that runs
+        no.update(speculation_refusals(speculation, version, series(release)))
     if len(eos_token_ids) > 1:
         no.setdefault(
             "min_new_tokens",
@@ -608,11 +670,16 @@ def release_refusals(
 
 
 def release_capabilities(
-    version: str, sampler: Sampler, vocab_size: int | None, eos_token_ids: Sequence[int], max_beam_width: int = 1
+    version: str,
+    sampler: Sampler,
+    vocab_size: int | None,
+    eos_token_ids: Sequence[int],
+    max_beam_width: int = 1,
+    speculation: str | None = None,
 ) -> Capabilities:
     """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities); beams
     where the table's beam row says the release runs them, up to option.max_beam_width."""
-    no = release_refusals(version, sampler, vocab_size, eos_token_ids)
+    no = release_refusals(version, sampler, vocab_size, eos_token_ids, speculation)
     if max_beam_width == 1:
         no.setdefault(
             "beam_width",
@@ -624,7 +691,8 @@ def release_capabilities(
         return cannot(no[feature]) if feature in no else can(**honoured)
 
     return Capabilities(
-        release=f"TensorRT-LLM {version} (pytorch backend, {sampler})",
+        release=f"TensorRT-LLM {version} (pytorch backend, {sampler}"
+        + (f", {speculation} speculative decoding)" if speculation else ")"),
         logprobs=capability("logprobs"),
         top_logprobs=capability("top_logprobs", most=MAX_TOP_LOGPROBS),
         prompt_logprobs=capability("prompt_logprobs"),
@@ -866,6 +934,13 @@ class LlmApiEngine:
         self._eos = list(eos_token_ids)
         self._pad = self._eos[0] if pad_token_id is None else pad_token_id
         self._vocab_size = config_vocab_size(self._config)
+        self._speculation: str | None = None  # the speculative method running, once started
+        # draft tokens proposed/accepted so far, from every iteration's specDecodingStats (C++ executor/types.h
+        # SpecDecodingStats: numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens); None until the release
+        # reports one: py_executor.py of the 1.1 line fills stats.specdec_stats only with a spec resource manager,
+        # which _torch/speculative/utils.py get_spec_resource_manager gives neither draft-target nor the one-model
+        # modes, so zeros there would read as a 0 % acceptance rate that was never measured
+        self._spec_counts: dict[str, float] | None = None
         self._gpu_available = gpu_available
         self._tokenizer = tokenizer  # ours, handed to the LLM (make_llm); None: the LLM loads the checkpoint's
         self._llm: Any = None
@@ -899,8 +974,9 @@ class LlmApiEngine:
             raise RuntimeError("LlmApiEngine.start() may be called once")
         llmapi, version = probe_llm_api(self._gpu_available)
         release = llm_api_release(version)
-        plan = llm_plan(self.settings, release)
-        sampler = llm_sampler(release, self._limits.max_beam_width)
+        plan = llm_plan(self.settings, release, self._config)
+        method = plan.speculative.method if plan.speculative is not None else None
+        sampler = llm_sampler(release, self._limits.max_beam_width, speculative=method is not None)
         log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)
         try:
             self._llm = await asyncio.to_thread(make_llm, llmapi, self._model_dir, plan, version, self._tokenizer)
@@ -931,10 +1007,16 @@ class LlmApiEngine:
             self._limits = dataclasses.replace(self._limits, max_seq_len=max_seq_len)
             inferred.append(f"max_seq_len={max_seq_len} ({how}; the server's prompt + max_new_tokens limit)")
         log.info("%s", settings_report(plan, self._llm.args, version, sampler, inferred))
-        self._capabilities = release_capabilities(
-            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width
+        log.info(
+            "TensorRT-LLM %s (pytorch backend): %s",
+            version,
+            f"speculative decoding: {plan.speculative.description}" if method else "no speculative decoding",
         )
-        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos)
+        self._speculation = method
+        self._capabilities = release_capabilities(
+            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width, method
+        )
+        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos, method)
         self._beam_rule = beam_width_rule(release, self._limits.max_beam_width)
         log.info(
             "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",
@@ -1140,6 +1222,7 @@ class LlmApiEngine:
             try:
                 async for stat in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
                     self._last_iteration = json.loads(stat) if isinstance(stat, str) else stat
+                    self._count_speculation(self._last_iteration.get("specDecodingStats"))
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 — stats must never take serving down
@@ -1151,8 +1234,17 @@ class LlmApiEngine:
                 failed_before = True
             await asyncio.sleep(STATS_PAUSE_S)
 
+    def _count_speculation(self, spec: Mapping[str, Any] | None) -> None:
+        """Add one iteration's speculative-decoding figures (each iteration is read once) to the running totals."""
+        if not spec or self._speculation is None:
+            return
+        if self._spec_counts is None:
+            self._spec_counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
+        for field, name in SPEC_COUNTERS.items():
+            self._spec_counts[name] += float(spec.get(field) or 0)
+
     def stats(self) -> EngineStats:
-        extra: dict[str, float] = {}
+        extra: dict[str, float] = dict(self._spec_counts or {})
         it = self._last_iteration
         if it is not None:
             extra["executor_active_requests"] = float(it.get("numActiveRequests", 0))

@@ -73,8 +73,12 @@ def series(release: Version) -> tuple[int, int]:
     return release.major, release.minor
 
 
-def llm_sampler(release: Version, max_beam_width: int) -> Sampler:
-    """Pure: the sampler that runs every request of the LLM this engine builds (module docstring)."""
+def llm_sampler(release: Version, max_beam_width: int, speculative: bool = False) -> Sampler:
+    """Pure: the sampler that runs every request of the LLM this engine builds (module docstring). With speculative
+    decoding, the TorchSampler (or the spec decoder, a TorchSampler subclass) on every release: lmi-trt asks for no
+    TRTLLMSampler beside drafts (lmi_trt.engines.llmapi_speculation: no enable_trtllm_sampler, no beams)."""
+    if speculative:
+        return TORCH
     if series(release) == (1, 0):
         return TRTLLM
     if series(release) <= (1, 2) and max_beam_width > 1:

@@ -59,6 +59,11 @@ SURFACE = {
             "ContextChunkingPolicy",
             "RequestError",
             "TorchLlmArgs",
+            "NGramDecodingConfig",
+            "DraftTargetDecodingConfig",
+            "EagleDecodingConfig",
+            "Eagle3DecodingConfig",
+            "MTPDecodingConfig",
         ],
         "LLM": {
             "source": "LLM-1.x, LLM-new: tensorrt_llm/llmapi/llm.py class LLM(_TorchLLM)",
@@ -487,8 +492,96 @@ SURFACE = {
                     "torch_compile_config=None",
                     "stream_interval=1",
                     "max_stats_len=1000",
+                    "speculative_config=None",
                 ]
             ],
+        },
+        # ---------------------------------------------------------------- speculative configs (SPEC)
+        # tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig and subclasses, read in the 1.0 copy (id 1520735490 in
+        # the index: enable_mixed_sampler), the 1.1 copy (1090804222: sampler_type, TRITON), the 1.2-dated copy
+        # (7019226376: MoE AUTO, Eagle3DecodingConfig, speculative_model with the speculative_model_dir alias) and
+        # main (55143598664). Only the fields lmi_trt sets are listed; the fake stores the draft model as
+        # speculative_model_dir, which every copy accepts (PR 10099 kept it as an alias).
+        "DecodingBaseConfig": {
+            "source": "SPEC: class DecodingBaseConfig(StrictBaseModel); max_concurrency from the 1.1 copy on",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "keyword-only (pydantic, unknown keys rejected)",
+            "ctor": [["*", "max_draft_len=None", "speculative_model_dir=None", "max_concurrency=None"]],
+            "methods": ["supports_backend"],
+        },
+        "NGramDecodingConfig": {
+            "source": "SPEC: class NGramDecodingConfig(DecodingBaseConfig); supports_backend: backend == 'pytorch'",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "notes": "max_matching_ngram_size defaults to 0 in the 1.0/1.1 copies (asserted > 0), 2 later",
+            "ctor": [
+                [
+                    "*",
+                    "max_draft_len=None",
+                    "speculative_model_dir=None",
+                    "max_concurrency=None",
+                    "max_matching_ngram_size=2",
+                    "is_keep_all=True",
+                    "is_use_oldest=True",
+                    "is_public_pool=True",
+                ]
+            ],
+            "methods": ["supports_backend"],
+            "props_ro": ["decoding_type"],
+        },
+        "DraftTargetDecodingConfig": {
+            "source": "SPEC: class DraftTargetDecodingConfig(DecodingBaseConfig); 'speculative_model must be "
+            "specified for DraftTarget'",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [["*", "max_draft_len=None", "speculative_model_dir=None", "max_concurrency=None"]],
+            "methods": ["supports_backend"],
+            "props_ro": ["decoding_type"],
+        },
+        "EagleDecodingConfig": {
+            "source": "SPEC: class EagleDecodingConfig(DecodingBaseConfig); 'Draft model must be provided for EAGLE'",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [
+                [
+                    "*",
+                    "max_draft_len=None",
+                    "speculative_model_dir=None",
+                    "max_concurrency=None",
+                    "eagle3_one_model=True",
+                ]
+            ],
+            "methods": ["supports_backend"],
+            "props_ro": ["decoding_type"],
+        },
+        "Eagle3DecodingConfig": {
+            "source": "SPEC: class Eagle3DecodingConfig(EagleDecodingConfig) (1.2-dated and main copies)",
+            "releases": ["1.2.1", "1.3.0"],
+            "ctor": [
+                [
+                    "*",
+                    "max_draft_len=None",
+                    "speculative_model_dir=None",
+                    "max_concurrency=None",
+                    "eagle3_one_model=True",
+                ]
+            ],
+            "methods": ["supports_backend"],
+            "props_ro": ["decoding_type"],
+        },
+        "MTPDecodingConfig": {
+            "source": "SPEC: class MTPDecodingConfig(DecodingBaseConfig); max_draft_len set from "
+            "num_nextn_predict_layers",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [
+                [
+                    "*",
+                    "max_draft_len=None",
+                    "speculative_model_dir=None",
+                    "max_concurrency=None",
+                    "num_nextn_predict_layers=1",
+                    "use_mtp_vanilla=False",
+                ]
+            ],
+            "methods": ["supports_backend"],
+            "props_ro": ["decoding_type"],
         },
     },
     # ------------------------------------------------------------------ module layout (real paths)
@@ -505,6 +598,12 @@ SURFACE = {
                 "ContextChunkingPolicy",
                 "LoadFormat",
                 "TorchLlmArgs",
+                "DecodingBaseConfig",
+                "NGramDecodingConfig",
+                "DraftTargetDecodingConfig",
+                "EagleDecodingConfig",
+                "Eagle3DecodingConfig",
+                "MTPDecodingConfig",
             ],
         },
         "tensorrt_llm.sampling_params": {"exports": ["SamplingParams", "GuidedDecodingParams"]},

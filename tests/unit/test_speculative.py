@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lmi_trt import stages
-from lmi_trt.config import ConfigError, StartupError, load_config, speculation, with_draft_model
+from lmi_trt.config import ConfigError, load_config, speculation, with_draft_model
 from lmi_trt.engines.base import SamplingParams
-from lmi_trt.engines.registry import PYTORCH, TORCH
+from lmi_trt.engines.registry import PYTORCH, TENSORRT, TORCH
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, sample
 from lmi_trt.engines.torch.speculation import (
     MAX_BACKOFF,
@@ -47,7 +47,13 @@ def test_the_three_vocabularies_say_the_same_thing():
     )
     vllm = spec_of(
         speculative_config=json.dumps(
-            {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "disable_by_batch_size": 8}
+            {
+                "method": "ngram",
+                "num_speculative_tokens": 3,
+                "prompt_lookup_max": 4,
+                "prompt_lookup_min": 1,
+                "disable_by_batch_size": 8,
+            }
         )
     )
     flat = spec_of(
@@ -63,7 +69,7 @@ def test_the_three_vocabularies_say_the_same_thing():
             4,
             8,
         )
-        assert spec.min_matching_ngram_size == 1 and not spec.use_oldest and spec.options == {}
+        assert spec.min_matching_ngram_size == 1 and spec.use_oldest is None and spec.options == {}
     assert trtllm.key("method") == "option.speculative_config.decoding_type"
     assert flat.key("max_draft_len") == "option.max_draft_len"
     # The environment works as for every key (DJL's OPTION_* rule).
@@ -73,9 +79,10 @@ def test_the_three_vocabularies_say_the_same_thing():
 
 
 def test_draft_models_djl_style_and_json_style():
-    # DJL lmi-dist: option.speculative_draft_model alone turns it on, option.speculative_length defaults to 4.
+    # DJL: option.speculative_draft_model alone turns it on, option.speculative_length defaults to 5
+    # (djl-serving lmi_dist_rb_properties.py and tnx_properties.py: speculative_length: int = 5).
     djl = spec_of(speculative_draft_model="s3://bucket/draft")
-    assert (djl.method, djl.max_draft_len, djl.draft_model) == ("draft_model", 4, "s3://bucket/draft")
+    assert (djl.method, djl.max_draft_len, djl.draft_model) == ("draft_model", 5, "s3://bucket/draft")
     assert spec_of(draft_model_id="org/small", spec_length="2").max_draft_len == 2  # DJL properties.py names
     trt = spec_of(
         speculative_config='{"decoding_type": "Draft_Target", "max_draft_len": 5, "speculative_model_dir": "/d"}'
@@ -147,7 +154,7 @@ def torch_view(**options):
         ),
         (
             {"speculative_decoding_mode": "medusa", "max_draft_len": "4"},
-            "medusa runs on TensorRT-LLM's TensorRT engines (option.rolling_batch=trtllm, option.backend=tensorrt)",
+            "medusa runs on TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive",
         ),
         ({"speculative_decoding_mode": "lookahead_decoding", "max_draft_len": "4"}, "lookahead runs on"),
     ],
@@ -171,14 +178,19 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
         torch_view(
             speculative_config='{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate_threshold": 0.5}'
         )
-    # The options it reads count as honoured by the torch engine; TensorRT-LLM's engine does not read them
-    # (yet), so there they are refused rather than ignored.
+    # The options it reads count as honoured by the torch engine and by the LLM API (which plans them per release:
+    # tests/unit/test_llmapi_speculative_plan.py); the Executor over TensorRT engines refuses them, saying where
+    # they run.
     cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
     assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
     stages.refuse_ignored(TORCH, cfg)
-    trt = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
-    with pytest.raises(StartupError, match="option.speculative_config.*serve with an engine that does: torch"):
-        stages.refuse_ignored(PYTORCH, trt)
+    llm = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
+    stages.refuse_ignored(PYTORCH, llm)
+    engines = stages.settle(cfg.model_copy(update={"backend": "tensorrt"}), "trtllm")
+    with pytest.raises(
+        SpeculationError, match=r"option.speculative_config.method='ngram': .*tensorrt backend.*pytorch"
+    ):
+        stages.refuse_ignored(TENSORRT, engines)
 
 
 # -- n-gram drafts and the drafting policy --------------------------------------------------------
@@ -287,3 +299,21 @@ def test_sampled_verification_keeps_the_target_distribution():
     tv_second = 0.5 * (second / second.sum() - p1).abs().sum()
     # ~4,000 second tokens (p0[3] = 0.2): a TV distance's sampling noise is about 0.02 at that size.
     assert second.sum() > 3_000 and tv_first < 0.02 and tv_second < 0.04, (tv_first, tv_second)
+
+
+def test_vllm_ngram_bounds_and_model_ngram_follow_vllm():
+    """vllm/config/speculative.py SpeculativeConfig.__post_init__: neither prompt_lookup bound given, both 5; one
+    given, the other copies it; ``model: "ngram"`` without a method is the n-gram method, not a draft model id."""
+
+    def bounds(**member):
+        spec = spec_of(speculative_config=json.dumps({"num_speculative_tokens": 3, **member}))
+        return spec.method, spec.draft_model, spec.min_matching_ngram_size, spec.max_matching_ngram_size
+
+    assert bounds(method="ngram") == ("ngram", None, 5, 5)
+    assert bounds(method="ngram", prompt_lookup_max=4) == ("ngram", None, 4, 4)
+    assert bounds(method="ngram", prompt_lookup_min=3) == ("ngram", None, 3, 3)
+    assert bounds(model="ngram", prompt_lookup_min=1, prompt_lookup_max=3) == ("ngram", None, 1, 3)
+    assert bounds(model="[ngram]") == ("ngram", None, 5, 5)
+    # TensorRT-LLM's form keeps its own default (max_matching_ngram_size 2, down to one token)
+    trt = spec_of(speculative_config=json.dumps({"decoding_type": "NGram", "max_draft_len": 3}))
+    assert (trt.min_matching_ngram_size, trt.max_matching_ngram_size) == (1, 2)

@@ -461,7 +461,7 @@ class DecodeLoopBackend(QueuedBackend):
                 f"a draft model ({type(draft).__name__}, {sum(p.numel() for p in draft.parameters()):,} parameters)"
             )
         else:
-            look = "the first" if spec.use_oldest else "the latest"
+            look = "the first" if spec.use_oldest else "the latest"  # unset: the latest, this engine's default
             drafter = (
                 f"n-gram prompt lookup ({look} match of the last {spec.min_matching_ngram_size}–"
                 f"{spec.max_matching_ngram_size} tokens)"
@@ -882,7 +882,7 @@ class DecodeLoopBackend(QueuedBackend):
         """The row's n-gram index, up to its newest token (built on its first use)."""
         state, spec = row.drafting, self._spec
         if state.ngram is None:
-            state.ngram = NgramIndex(spec.min_matching_ngram_size, spec.max_matching_ngram_size, spec.use_oldest)
+            state.ngram = NgramIndex(spec.min_matching_ngram_size, spec.max_matching_ngram_size, bool(spec.use_oldest))
             state.ngram.extend(row.prompt)
         state.ngram.extend(row.slot.generated[len(state.ngram.tokens) - len(row.prompt) :])
         return state.ngram

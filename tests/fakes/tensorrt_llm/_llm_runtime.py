@@ -81,6 +81,13 @@ GLOBAL_SEED = 42  # TorchSampler's one generator before PR 17172
 def sampler_of(args) -> str:
     """The sampler the LLM's executor builds (see the module docstring); construction-time failures raise."""
     series, beams = _state.series(), (args.max_beam_width or 1) > 1
+    spec = args.speculative_config
+    if spec is not None and type(spec).__name__ in ("MTPDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig"):
+        # _util.py instantiate_sampler: get_spec_decoder (a TorchSampler subclass) where has_spec_decoder(), before
+        # enable_trtllm_sampler is looked at (the two pre-1.1 copies read)
+        if beams:
+            raise AssertionError("TorchSampler only supports beam_width = 1")
+        return TORCH
     if series < (1, 1):
         sampler = TRTLLM if args.enable_trtllm_sampler else TORCH
         if sampler == TORCH and beams:
@@ -99,6 +106,8 @@ def sampler_of(args) -> str:
             raise NotImplementedError("fake tensorrt_llm: TorchSampler beam search before 1.3.0rc26 is not modelled")
     else:
         sampler = TORCH
+    if sampler == TRTLLM and spec is not None:
+        raise NotImplementedError("fake tensorrt_llm: the TRTLLMSampler beside draft tokens is not modelled (not read)")
     if series < (1, 1) and beams and (not args.disable_overlap_scheduler or args.cuda_graph_config is not None):
         raise ValueError(
             "beam search on the TRTLLM sampler needs disable_overlap_scheduler=True and cuda_graph_config=None "
@@ -224,6 +233,14 @@ class LlmRuntime:
         # load_format=dummy: "Initialize all weights randomly" (llm_args.py LoadFormat.DUMMY).
         self._model = _random_model(hf_dir) if args.load_format.name == "DUMMY" else _load_checkpoint(hf_dir)
         self._grammars = None
+        if (
+            args.guided_decoding_backend is not None
+            and args.speculative_config is not None
+            and _state.series() < (1, 1)
+        ):
+            # py_executor_creator.py of the 1.0 line (NVIDIA/TensorRT-LLM, before PR 6300, which 1.1 carries; still on
+            # main at 425dad01 per NVIDIA/TensorRT-LLM#7006): guided_decoding_config beside any spec_config raises
+            raise ValueError("Guided decoding is not supported with speculative decoding.")
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
         self.max_seq_len = _model_engine_max_seq_len(hf_dir, args.max_seq_len, args.trust_remote_code)
@@ -235,6 +252,8 @@ class LlmRuntime:
         self._active: list[_Seq] = []
         self._cancel: set[int] = set()
         self._stats: deque[str] = deque(maxlen=args.max_stats_len)
+        self._spec = _Speculation.of(args.speculative_config, self._active)
+        self._iter_spec = [0, 0, 0]  # this iteration's draft tokens, accepted ones, requests with drafts
         self._iter = 0
         self._stop = False
         self.dead: Exception | None = None  # what ended the executor loop
@@ -364,12 +383,16 @@ class LlmRuntime:
                         seq.matcher = self._grammars.create(*seq.guide)
                     self._check_bias(seq)
                     self._forward(seq, seq.prompt)
-                token = self._choose(seq)
-                if new:
-                    seq.prompt_entries = self._prompt_logprobs(seq, token)
-                reason = self._advance(seq, token)
-                if reason is None:
-                    self._forward(seq, [token])
+                drafts = [] if new or self._spec is None else self._spec.propose(seq, self._model)
+                if drafts:
+                    reason = self._verify(seq, drafts)
+                else:
+                    token = self._choose(seq)
+                    if new:
+                        seq.prompt_entries = self._prompt_logprobs(seq, token)
+                    reason = self._advance(seq, token)
+                    if reason is None:
+                        self._forward(seq, [token])
         except Exception as exc:  # one request's failure must not end the others
             seq.result._enqueue(_Response([], None, None, None, True, error=f"{type(exc).__name__}: {exc}"))
             return True
@@ -402,6 +425,35 @@ class LlmRuntime:
             return _select(seq)[0]
         finally:
             seq.logits = raw
+
+    def _verify(self, seq: _Seq, drafts: list[int]) -> str | None:
+        """One speculative step: the target reads the draft tokens in one forward, then the sampler chooses a token
+        at each position, as it would without drafts, keeping drafts while they equal its choice; the first choice
+        that differs (or the one after the last draft) is its own token. The KV cache drops the rejected drafts.
+        (_torch/pyexecutor/sampler.py: the TorchSampler samples the target at every draft position and accepts the
+        draft tokens up to the first mismatch; the resource manager rewinds the rest.)"""
+        first = seq.logits
+        res = self._model(input_ids=_tensor([drafts]), past_key_values=seq.past, use_cache=True)
+        positions = [first, *res.logits[0].float()]
+        accepted, reason = 0, None
+        for i, logits in enumerate(positions):
+            seq.logits = logits
+            token = self._choose(seq)
+            reason = self._advance(seq, token)
+            if reason is not None or i == len(drafts) or token != drafts[i]:
+                break
+            accepted += 1
+        self._iter_spec[0] += len(drafts)
+        self._iter_spec[1] += accepted
+        self._iter_spec[2] += 1
+        seq.past = res.past_key_values
+        if accepted < len(
+            drafts
+        ):  # the accepted drafts stay (a negative crop drops from the end, transformers 4.x/5.x)
+            seq.past.crop(-(len(drafts) - accepted))
+        if reason is None:
+            self._forward(seq, [seq.generated[-1]])
+        return reason
 
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
@@ -513,10 +565,103 @@ class LlmRuntime:
                         "usedNumBlocks": used,
                         "tokensPerBlock": self.tokens_per_block,
                     },
+                    **self._spec_stats(),
                 }
             )
         )
         self._iter += 1
+
+    def _spec_stats(self) -> dict:
+        """``specDecodingStats`` of an iteration while speculation is configured (py_executor.py fills
+        ``stats.specdec_stats`` from each scheduled request's draft tokens and ``py_num_accepted_draft_tokens``:
+        acceptance length = (accepted + requests with drafts) / requests with drafts; the JSON names are
+        cpp/include/tensorrt_llm/executor/types.h SpecDecodingStats')."""
+        if self._spec is None or self._spec._draft is not None:
+            # draft-target reports none: py_executor.py of the 1.1 line creates stats.specdec_stats only ``if
+            # spec_resource_manager is not None``, and _torch/speculative/utils.py get_spec_resource_manager returns
+            # None for DRAFT_TARGET; a later copy adds ``or has_spec_config`` (one-model), in a release not pinned, so
+            # the fake keeps the older behaviour on every release
+            return {}
+        drafted, accepted, requests = self._iter_spec
+        self._iter_spec = [0, 0, 0]
+        return {
+            "specDecodingStats": {
+                "numDraftTokens": drafted,
+                "numAcceptedTokens": accepted,
+                "numRequestsWithDraftTokens": requests,
+                "acceptanceLength": (accepted + requests) / requests if requests else 1.0,
+                "iterLatencyMS": 0.0,
+                "draftOverhead": 0.0,
+            }
+        }
+
+
+def _tensor(ids):
+    import torch
+
+    return torch.tensor(ids)
+
+
+class _Speculation:
+    """The drafter of the LLM's ``speculative_config``: n-gram lookup (``NGramDecodingConfig``, the field
+    descriptions of llm_args.py: the longest n-gram up to ``max_matching_ngram_size`` tokens that matched before,
+    ``is_use_oldest`` "the oldest match when pattern is hit, the newest one ... if False", ``is_public_pool`` "a
+    common pool for all requests, or the pool is private for each request") or a draft model
+    (``DraftTargetDecodingConfig``: a Hugging Face checkpoint at ``speculative_model_dir``, drafting greedily).
+    No drafts above ``max_concurrency`` requests ("speculation will be disabled at batch sizes above this value").
+    EAGLE-3 and MTP heads are not modelled: the fake refuses to build them."""
+
+    def __init__(self, config, active: list, draft_model=None) -> None:
+        self.config, self._active, self._draft = config, active, draft_model
+
+    @classmethod
+    def of(cls, config, active: list) -> _Speculation | None:
+        if config is None:
+            return None
+        kind = type(config).__name__
+        if kind not in ("NGramDecodingConfig", "DraftTargetDecodingConfig"):
+            raise NotImplementedError(f"fake tensorrt_llm: {kind} (draft heads) is not modelled")
+        draft = _load_model(config.speculative_model_dir) if kind == "DraftTargetDecodingConfig" else None
+        return cls(config, active, draft)
+
+    def propose(self, seq: _Seq, target) -> list[int]:
+        cfg = self.config
+        if cfg.max_concurrency is not None and len(self._active) > cfg.max_concurrency:
+            return []
+        room = min(cfg.max_draft_len, seq.max_tokens - len(seq.generated) - 1)
+        if room <= 0:
+            return []
+        if self._draft is not None:
+            return self._draft_tokens(seq, room)
+        return self._lookup(seq, room)
+
+    def _draft_tokens(self, seq: _Seq, k: int) -> list[int]:
+        import torch
+
+        ids = seq.prompt + seq.generated
+        out: list[int] = []
+        with torch.no_grad():
+            for _ in range(k):
+                logits = self._draft(input_ids=torch.tensor([ids + out])).logits[0, -1]
+                out.append(int(torch.argmax(logits)))
+        return out
+
+    def _lookup(self, seq: _Seq, k: int) -> list[int]:
+        cfg = self.config
+        tokens = seq.prompt + seq.generated
+        pools = [tokens]
+        if cfg.is_public_pool:
+            pools += [s.prompt + s.generated for s in self._active if s is not seq]
+        for n in range(min(cfg.max_matching_ngram_size, len(tokens) - 1), 0, -1):
+            pattern = tokens[-n:]
+            found = []
+            for pool in pools:
+                end = len(pool) - n if pool is tokens else len(pool) - n + 1  # not the pattern itself
+                found += [pool[i + n : i + n + k] for i in range(end) if pool[i : i + n] == pattern]
+            found = [f for f in found if f]
+            if found:
+                return found[0] if cfg.is_use_oldest else found[-1]
+        return []
 
 
 def _beam_width_problem(seq: _Seq, max_beam_width: int) -> str | None:

@@ -1,5 +1,7 @@
 """Fake ``tensorrt_llm.llmapi`` (real package: tensorrt_llm/llmapi/): the names lmi-trt uses, as the real
-``__all__`` exports them in 1.x and on main."""
+``__all__`` exports them in 1.x and on main (the speculative configs: tensorrt_llm/llmapi/__init__.py copies list
+EagleDecodingConfig, Eagle3DecodingConfig, MTPDecodingConfig, DraftTargetDecodingConfig; NVIDIA/Model-Optimizer's
+specdec bench imports NGramDecodingConfig, DraftTargetDecodingConfig and MTPDecodingConfig from tensorrt_llm.llmapi)."""
 
 from tensorrt_llm.executor import CompletionOutput, RequestError
 from tensorrt_llm.llmapi.llm import LLM, RequestOutput
@@ -7,8 +9,13 @@ from tensorrt_llm.llmapi.llm_args import (
     CapacitySchedulerPolicy,
     ContextChunkingPolicy,
     CudaGraphConfig,
+    DraftTargetDecodingConfig,
+    Eagle3DecodingConfig,
+    EagleDecodingConfig,
     KvCacheConfig,
     MoeConfig,
+    MTPDecodingConfig,
+    NGramDecodingConfig,
     SchedulerConfig,
     TorchLlmArgs,
 )
@@ -28,4 +35,9 @@ __all__ = [
     "ContextChunkingPolicy",
     "RequestError",
     "TorchLlmArgs",
+    "NGramDecodingConfig",
+    "DraftTargetDecodingConfig",
+    "EagleDecodingConfig",
+    "Eagle3DecodingConfig",
+    "MTPDecodingConfig",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from os import PathLike
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -140,6 +140,98 @@ class SchedulerConfig(_Strict):
     dynamic_batch_config: dict | None = None
 
 
+# ------------------------------------------------------------------ speculative decoding
+# The speculative configs (tensorrt_llm/llmapi/llm_args.py ``DecodingBaseConfig`` and its subclasses), read in four
+# copies dated as above: the 1.0 copy (enable_mixed_sampler), the 1.1 copy (sampler_type, TRITON), the 1.2-dated copy
+# (MoE AUTO default; may be an early main) and main. Only the fields lmi-trt sets, and the checks on them, are
+# modelled. Simplifications: the draft model is stored as ``speculative_model_dir``, which every copy accepts (the
+# field in 1.0/1.1; an alias of ``speculative_model`` from PR 10099 on); NGram's ``max_matching_ngram_size`` default
+# is 2 (the 1.0 and 1.1 copies default it to 0 and assert > 0; lmi-trt always sets it).
+
+
+class DecodingBaseConfig(_Strict):
+    max_draft_len: int | None = None
+    speculative_model_dir: str | None = None
+    max_concurrency: int | None = None  # "PyTorch only": from the 1.1 copy on
+
+    @model_validator(mode="before")
+    @classmethod
+    def _release_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_concurrency" in data and _state.series() < (1, 1):
+            raise ValueError("max_concurrency: Extra inputs are not permitted (DecodingBaseConfig of the 1.0 line)")
+        return data
+
+    def supports_backend(self, backend: str) -> bool:
+        return backend == "pytorch"
+
+    def _positive_draft_len(self, name: str, no_draft_model: str | None = None) -> None:
+        # "max_draft_len must be > 0 for NGram" (1.2-dated copy); the 1.0 copy asserts it in validate_speculative_config
+        if self.max_draft_len is None or self.max_draft_len <= 0:
+            raise ValueError(f"max_draft_len must be > 0 for {name}")
+        if no_draft_model is not None and self.speculative_model_dir is None:
+            raise ValueError(no_draft_model)
+
+
+class NGramDecodingConfig(DecodingBaseConfig):
+    max_matching_ngram_size: int = 2
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+    decoding_type: ClassVar[str] = "NGram"
+
+    @model_validator(mode="after")
+    def _check(self) -> NGramDecodingConfig:
+        self._positive_draft_len("NGram")
+        if self.max_matching_ngram_size <= 0:
+            raise ValueError("max_matching_ngram_size must be > 0 for NGram")
+        return self
+
+
+class DraftTargetDecodingConfig(DecodingBaseConfig):
+    decoding_type: ClassVar[str] = "Draft_Target"
+
+    @model_validator(mode="after")
+    def _check(self) -> DraftTargetDecodingConfig:
+        self._positive_draft_len("DraftTarget", "speculative_model must be specified for DraftTarget")
+        return self
+
+
+class EagleDecodingConfig(DecodingBaseConfig):
+    eagle3_one_model: bool | None = True
+    decoding_type: ClassVar[str] = "Eagle"
+
+    @model_validator(mode="after")
+    def _check(self) -> EagleDecodingConfig:
+        self._positive_draft_len("Eagle", "Draft model must be provided for EAGLE")
+        return self
+
+
+class Eagle3DecodingConfig(EagleDecodingConfig):
+    """``decoding_type: Literal["Eagle3"]``: in the 1.2-dated and main copies only."""
+
+    decoding_type: ClassVar[str] = "Eagle3"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _in_release(cls, data: Any) -> Any:
+        if _state.series() < (1, 2):
+            raise ValueError(f"Eagle3DecodingConfig is not in TensorRT-LLM {_state.version()}")
+        return data
+
+
+class MTPDecodingConfig(DecodingBaseConfig):
+    num_nextn_predict_layers: int = 1
+    use_mtp_vanilla: bool = False
+    decoding_type: ClassVar[str] = "MTP"
+
+    @model_validator(mode="after")
+    def _check(self) -> MTPDecodingConfig:
+        if self.num_nextn_predict_layers <= 0:
+            raise ValueError("num_nextn_predict_layers must be > 0")
+        self.max_draft_len = self.num_nextn_predict_layers  # set from it in every copy read
+        return self
+
+
 class LoadFormat(enum.Enum):
     AUTO = 0
     DUMMY = 1  # "Initialize all weights randomly."
@@ -197,6 +289,9 @@ class TorchLlmArgs(_Strict):
     torch_compile_config: dict | None = None
     stream_interval: int = Field(1, gt=0)
     max_stats_len: int = 1000
+    # NGram, Draft_Target, Eagle(3), MTP... (a DecodingBaseConfig); the PyTorch backend's validate_speculative_config
+    # refuses a type whose supports_backend("pytorch") is false (Medusa, Lookahead: not modelled here)
+    speculative_config: DecodingBaseConfig | None = None
 
     @field_validator("tokenizer")
     @classmethod

@@ -1,0 +1,315 @@
+"""Speculative decoding on the LLM API's PyTorch backend through the fake LLM API, per release: the release's
+speculative config reaches the LLM, the fake's draft-and-verify loop really runs (n-gram drafts from the sequence,
+or a draft model), greedy outputs equal decoding without speculation, the iteration stats' draft figures reach
+the engine's counters, and what a release does not do beside speculation is refused naming the key or field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from cliserver import serve
+from test_llmapi_engine import PROMPTS, collect, req, settings, tokens_of
+from test_serve_llmapi import SITECUSTOMIZE
+from tinymodels import tiny_model
+from trtllm_testing import FAKES, fake_tensorrt_llm
+
+from lmi_trt.engines.base import EngineError
+from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
+from lmi_trt.engines.trtllm import TrtllmConfigError
+from lmi_trt.speculative import Speculation
+
+RELEASES = ("1.0.0", "1.1.0", "1.2.1", "1.3.0")
+# Prompts that repeat themselves (n-gram drafts find matches) and ones that do not.
+SPEC_PROMPTS = [[1, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 20, 21, 22, 20, 21, 22, 20, 21], *PROMPTS[:3]]
+
+
+@pytest.fixture
+def trt(request):
+    with fake_tensorrt_llm() as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def draft_dir(model_dir, tmp_path_factory) -> Path:
+    """The target's first layer alone: a draft that agrees with it often, not always."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("draft")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return tiny_model("llama")
+
+
+def spec_settings(spec: Speculation | None, **runtime) -> LlmApiSettings:
+    return settings(**runtime).model_copy(update={"speculative": spec})
+
+
+async def start(model_dir, spec: Speculation | None, **runtime) -> LlmApiEngine:
+    engine = LlmApiEngine(
+        model_dir, spec_settings(spec, **runtime), eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True
+    )
+    await asyncio.wait_for(engine.start(), 120)
+    return engine
+
+
+async def greedy_outputs(engine: LlmApiEngine, tag: str) -> list[list[int]]:
+    requests = [req(f"{tag}{i}", p, max_new_tokens=24, ignore_eos=True) for i, p in enumerate(SPEC_PROMPTS)]
+    return [tokens_of(o) for o in await asyncio.gather(*(collect(engine, r) for r in requests))]
+
+
+async def counters(engine: LlmApiEngine) -> dict[str, float]:
+    """The engine's speculation counters once the fake's stats for every step were read."""
+    for _ in range(100):
+        extra = engine.stats().extra
+        if extra.get("spec_decode_num_drafts"):
+            await asyncio.sleep(3)  # a get_stats_async pass ends after its 2 s timeout: the rest are read by then
+            return engine.stats().extra
+        await asyncio.sleep(0.1)
+    return engine.stats().extra
+
+
+def ngram(k: int = 4, **kw) -> Speculation:
+    return Speculation(method="ngram", max_draft_len=k, **kw)
+
+
+def drafted(path: Path, k: int = 3) -> Speculation:
+    keys = {"method": "option.speculative_draft_model", "draft_model": "option.speculative_draft_model"}
+    return Speculation(method="draft_model", max_draft_len=k, draft_model=str(path), keys=keys)
+
+
+_PLAIN: dict[str, list[list[int]]] = {}
+
+
+async def without_speculation(model_dir) -> list[list[int]]:
+    """The greedy outputs without speculation (the same argmax on every release), decoded once."""
+    if "want" not in _PLAIN:
+        plain = await start(model_dir, None)
+        try:
+            _PLAIN["want"] = await greedy_outputs(plain, "p")
+        finally:
+            await plain.close()
+    return _PLAIN["want"]
+
+
+@pytest.mark.parametrize(
+    ("release", "method"), [(r, "ngram") for r in RELEASES] + [(r, "draft_model") for r in ("1.0.0", "1.2.1")]
+)
+async def test_greedy_outputs_equal_decoding_without_speculation(trt, model_dir, draft_dir, release, method, caplog):
+    trt.__version__ = release
+    want = await without_speculation(model_dir)
+    spec = ngram() if method == "ngram" else drafted(draft_dir)
+    caplog.set_level(logging.INFO, logger="lmi_trt.engines.llmapi")
+    engine = await start(model_dir, spec)
+    try:
+        got = await greedy_outputs(engine, "s")
+        figures = await counters(engine)
+        config = engine._llm.args.speculative_config
+    finally:
+        await engine.close()
+    assert got == want
+    assert type(config).__name__ == ("NGramDecodingConfig" if method == "ngram" else "DraftTargetDecodingConfig")
+    assert config.max_draft_len == spec.max_draft_len
+    if method == "ngram":  # the drafts ran: proposed, and some (not necessarily all) accepted
+        assert figures["spec_decode_num_draft_tokens"] > 0 and figures["spec_decode_num_drafts"] > 0
+        assert 0 < figures["spec_decode_num_accepted_tokens"] <= figures["spec_decode_num_draft_tokens"]
+    else:  # draft-target has no spec resource manager, so no specDecodingStats: no figures rather than zeros
+        assert not any(name.startswith("spec_decode") for name in figures), figures
+    assert any(
+        "speculative decoding: " + ("n-gram" if method == "ngram" else "a draft model") in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_a_wrong_verification_would_show(trt, model_dir, monkeypatch):
+    """The comparison above can fail: a verifier that keeps every draft changes the output."""
+    from tensorrt_llm import _llm_runtime
+
+    want = await without_speculation(model_dir)
+
+    def keep_all(self, seq, drafts):
+        for token in drafts:
+            if self._advance(seq, token) is not None:
+                return "LENGTH"
+        self._forward(seq, drafts)
+        return None
+
+    monkeypatch.setattr(_llm_runtime.LlmRuntime, "_verify", keep_all)
+    engine = await start(model_dir, ngram())
+    try:
+        got = await greedy_outputs(engine, "s")
+    finally:
+        await engine.close()
+    assert got != want
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0"])
+async def test_sampling_beside_speculation_is_refused_where_not_read(trt, model_dir, release):
+    trt.__version__ = release
+    engine = await start(model_dir, ngram())
+    try:
+        outs = await collect(engine, req("r", [1, 5, 6], do_sample=True, temperature=0.8, max_new_tokens=4))
+        assert outs[-1].error_field == "sampling" and release in outs[-1].error
+        outs = await collect(engine, req("l", [1, 5, 6], logprobs=True, max_new_tokens=4))
+        assert outs[-1].error_field == "logprobs"
+        assert not engine.capabilities.logprobs.honoured
+        assert "speculative decoding" in engine.capabilities.release
+    finally:
+        await engine.close()
+
+
+async def test_sampling_with_ngram_samples_from_12(trt, model_dir):
+    trt.__version__ = "1.2.1"
+    engine = await start(model_dir, ngram())
+    try:
+        outs = await collect(engine, req("r", [1, 5, 6, 7, 5, 6], do_sample=True, temperature=0.9, max_new_tokens=8))
+        assert outs[-1].finished and outs[-1].error is None and len(tokens_of(outs)) == 8
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "runtime", "named"),
+    [
+        (Speculation(method="medusa", max_draft_len=3), {}, "option.speculative_config"),
+        (Speculation(method="lookahead", max_draft_len=3), {}, "option.speculative_config"),
+        (ngram(), {"max_beam_width": 2}, "option.max_beam_width"),
+        (ngram(max_concurrency=4, keys={"max_concurrency": "option.speculative_disable_by_batch_size"}), {}, "1.0.0"),
+        (ngram(min_matching_ngram_size=2, keys={"min_matching_ngram_size": "option.prompt_lookup_min"}), {}, "min"),
+        (Speculation(method="mtp", max_draft_len=2), {}, "num_nextn_predict_layers"),
+        (ngram(options={"max_total_draft_tokens": 9}), {}, "max_total_draft_tokens"),
+    ],
+)
+async def test_what_the_release_cannot_run_is_refused_at_start(trt, model_dir, spec, runtime, named):
+    trt.__version__ = "1.0.0"
+    with pytest.raises(EngineError) as info:
+        await start(model_dir, spec, **runtime)
+    assert isinstance(info.value, TrtllmConfigError) and named in str(info.value)
+
+
+async def test_the_overlap_scheduler_switched_off_by_the_release_is_refused(trt, model_dir):
+    settings_ = spec_settings(ngram()).model_copy(update={"enable_overlap_scheduler": True})
+    engine = LlmApiEngine(model_dir, settings_, eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
+    with pytest.raises(TrtllmConfigError, match="option.enable_overlap_scheduler"):
+        await engine.start()
+
+
+@pytest.mark.slow
+def test_a_real_server_resolves_the_draft_model_logs_the_method_and_exports_the_figures(tmp_path, model_dir):
+    """DJL's keys → sources (the draft model's folder) → the LLM's DraftTargetDecodingConfig → /metrics and
+    /v1/capabilities, in a server process on the release the CI leg impersonates (LMI_TRT_FAKE_RELEASE). The model
+    is its own draft here, so drafts are kept (the figures cannot be zero by accident)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = os.pathsep.join([str(tmp_path / "site"), str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    args = ["--model-id", str(model_dir), "--engine", "trtllm", "--model-name", "tiny"]
+    for key, value in [
+        ("backend", "pytorch"),
+        ("max_input_len", 64),
+        ("max_output_len", 24),
+        ("speculative_draft_model", str(model_dir)),
+        ("speculative_length", 3),
+    ]:
+        args += ["-o", f"option.{key}={value}"]
+    with serve(args, tmp_path, env={"PYTHONPATH": path}) as server:
+        log = server.log()
+        assert "speculative decoding: a draft model" in log and "DraftTargetDecodingConfig" in log, log[-3000:]
+        body = {"inputs": "The quick brown fox. The quick brown fox.", "parameters": {"max_new_tokens": 20}}
+        response = server.post("/invocations", body)
+        assert response.status_code == 200 and response.json()["generated_text"]
+        sampled = server.post("/invocations", {"inputs": "Hi", "parameters": {"do_sample": True, "max_new_tokens": 4}})
+        capabilities = server.get("/v1/capabilities").json()
+        for _ in range(100):  # the stats poller has read iterations (the executor's gauges are there)
+            if "lmi_engine_executor_active_requests" in server.get("/metrics").text:
+                break
+            time.sleep(0.1)
+        time.sleep(3)  # one get_stats_async pass (2 s) later every iteration was read
+        metrics = server.get("/metrics").text
+    release = os.environ.get("LMI_TRT_FAKE_RELEASE", "1.0.0")
+    assert sampled.status_code == (200 if release >= "1.2" else 400), sampled.text
+    assert "speculative decoding" in json.dumps(capabilities)
+    # draft-target iterations carry no specDecodingStats (no spec resource manager): no figures rather than zeros
+    assert "lmi_spec_decode_num_drafts_total" not in metrics and "lmi_spec_decode_draft_acceptance_rate" not in metrics
+
+
+async def test_a_grammar_holds_across_accepted_drafts(trt, model_dir):
+    """n-gram drafts beside a grammar (the drafter keeps the guided decoder, interface.py support_guided_decoder):
+    the sampler masks each verified position with the grammar's state after the tokens before it, so the output
+    is the one decoding without speculation gives, and it matches the grammar."""
+    import re
+
+    from lmi_trt.engines.base import GuidedDecoding
+
+    trt.__version__ = "1.2.1"
+    guide = GuidedDecoding("regex", "(ab|cd){3}[0-9]{4}")
+    prompt = [1, 5, 6, 7, 5, 6, 7, 5, 6]
+    outputs = []
+    for spec in (None, ngram()):
+        engine = await start(model_dir, spec)
+        try:
+            outputs.append(tokens_of(await collect(engine, req("g", prompt, guided=guide, max_new_tokens=12))))
+            text = engine._llm.tokenizer.decode(outputs[-1])
+        finally:
+            await engine.close()
+        assert re.fullmatch("(ab|cd){3}[0-9]{4}", text.replace(" ", "")), text
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_a_grammar_beside_one_model_speculation_is_refused(method):
+    from lmi_trt.engines.llmapi import release_capabilities
+
+    capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], speculation=method)
+    assert not capabilities.guided.honoured and "support_guided_decoder" in capabilities.guided.reason
+
+
+async def test_on_10_speculation_starts_without_the_guided_backend_and_refuses_grammars(trt, model_dir):
+    """1.0's py_executor_creator.py raises "Guided decoding is not supported with speculative decoding." for
+    guided_decoding_backend beside any speculative config (lifted by PR 6300, in 1.1): the fake raises as it does,
+    the engine leaves the backend out and refuses a grammar per request, naming the field and the release."""
+    import importlib
+
+    from lmi_trt.engines.base import GuidedDecoding
+
+    trt.__version__ = "1.0.0"
+    llmapi = importlib.import_module("tensorrt_llm.llmapi")
+    with pytest.raises(ValueError, match="Guided decoding is not supported with speculative decoding"):
+        llmapi.LLM(
+            str(model_dir),
+            guided_decoding_backend="xgrammar",
+            speculative_config=llmapi.NGramDecodingConfig(max_draft_len=2, max_matching_ngram_size=2),
+        )
+    engine = await start(model_dir, ngram())
+    try:
+        assert engine._llm.args.guided_decoding_backend is None
+        guide = GuidedDecoding("regex", "[0-9]{4}")
+        outs = await collect(engine, req("g", [1, 5, 6], guided=guide, max_new_tokens=4))
+        assert outs[-1].error_field == "guided" and "1.0.0" in outs[-1].error and "PR 6300" in outs[-1].error
+        assert not engine.capabilities.guided.honoured
+    finally:
+        await engine.close()
+
+
+async def test_spec_figures_appear_only_once_the_release_reports_them(trt, model_dir):
+    """No specDecodingStats yet (no iteration ran): no figures, rather than zeros that read as a 0 % acceptance rate;
+    the first iteration that carries them starts the counters."""
+    trt.__version__ = "1.2.1"
+    engine = await start(model_dir, ngram())
+    try:
+        assert not any(name.startswith("spec_decode") for name in engine.stats().extra)
+        await greedy_outputs(engine, "m")
+        assert (await counters(engine))["spec_decode_num_drafts"] > 0
+    finally:
+        await engine.close()
