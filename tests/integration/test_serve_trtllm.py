@@ -127,16 +127,7 @@ async def test_greedy_tokens_match_generate_and_errors_stay_isolated(engine_dir,
 
 
 async def test_disconnect_cancels_inside_the_executor(engine_dir, hf_dir, tmp_path):
-    config = LmiConfig(
-        model_id=str(engine_dir),
-        tokenizer_id=str(hf_dir),
-        rolling_batch="trtllm",
-        max_input_len=64,
-        max_output_len=32,
-        max_rolling_batch_size=4,
-        download_dir=tmp_path / "dl",
-    )
-    server = await _server(config)
+    server = await _server(_config(engine_dir, hf_dir, tmp_path))
     try:
         async with ClientSession(timeout=ClientTimeout(total=60)) as s:
             body = {
