@@ -144,12 +144,14 @@ class PromptFactory:
         while len(ids) < n + 8:
             ids += tok.encode(" " + " ".join(rng.choices(WORDS, k=n + 8)), add_special_tokens=False)
         target = n
-        best: tuple[int, str, int] | None = None
+        best: tuple[tuple[bool, int], str, int] | None = None
         for _ in range(8):  # decode→re-encode can merge or split at the cut; steer the cut
             text = tok.decode(ids[:target]).strip()
             got = len(tok.encode(text, add_special_tokens=False))
-            if best is None or abs(got - n) < best[0]:
-                best = (abs(got - n), text, got)
+            # never over n where a cut at or under it was seen: a server whose max_input_len is n refuses n + 1
+            rank = (got > n, abs(got - n))
+            if best is None or rank < best[0]:
+                best = (rank, text, got)
             if got == n:
                 break
             target = max(1, min(len(ids), target + (n - got)))
