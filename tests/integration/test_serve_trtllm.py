@@ -280,7 +280,6 @@ async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, t
     """The Executor path: an engine built for 3 beams, served with option.max_beam_width=3. The beams the clients
     get back are transformers' (the fake Executor decodes beams with generate) for the SamplingConfig the engine
     sent: beamWidth, numReturnSequences, lengthPenalty and earlyStopping (executor.h)."""
-    from openai import AsyncOpenAI, BadRequestError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     engine = make_engine_dir(
@@ -308,31 +307,36 @@ async def test_beams_through_the_openai_lmi_and_triton_schemas(trtllm, hf_dir, t
     import tensorrt_llm  # the fake, impersonating LMI_TRT_FAKE_RELEASE
 
     server = await _server(config, DEFAULT_ADAPTERS)
+    # Plain HTTP, as the openai client sends extra_body's fields: the release legs install .[test-core], no openai.
+    extra = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True}
+
+    async def complete(**fields) -> tuple[int, dict]:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "n": 2, **extra, **fields}
+        async with ClientSession(timeout=ClientTimeout(total=60)) as s:
+            async with s.post(server.make_url("/v1/completions"), json=body) as r:
+                return r.status, await r.json()
+
+    def texts(answer: dict) -> list[str]:
+        return [c["text"] for c in sorted(answer["choices"], key=lambda c: c["index"])]
+
     try:
-        client = AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
-        extra = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True}
         if tensorrt_llm.__version__.startswith("0."):  # 0.12's beam settings are unread: refused, not assumed
-            with pytest.raises(BadRequestError) as e:
-                await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=extra)
-            assert e.value.body["param"] == "use_beam_search" and "TensorRT-LLM 0.12" in e.value.body["message"]
+            status, answer = await complete()
+            error = answer["error"]
+            assert status == 400 and error["param"] == "use_beam_search" and "TensorRT-LLM 0.12" in error["message"]
             return
-        out = await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=extra)
-        assert [c.text for c in out.choices] == beams(2, 2, 0.5, True)  # n beams searched, n returned
-        wide = await client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=8, n=2, best_of=3, extra_body=extra
-        )
-        assert [c.text for c in wide.choices] == beams(3, 2, 0.5, True)
-        with pytest.raises(BadRequestError) as e:  # wider than option.max_beam_width
-            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=4, extra_body=extra)
-        assert e.value.body["param"] == "use_beam_search" and "at most 3" in e.value.body["message"]
-        with pytest.raises(BadRequestError) as e:  # no SamplingConfig value says "never"
-            never = {**extra, "early_stopping": "never"}
-            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=never)
-        assert e.value.body["param"] == "early_stopping"
-        with pytest.raises(BadRequestError) as e:  # samplingConfig.cpp (1.x): lengthPenalty >= 0
-            negative = {**extra, "length_penalty": -1.0}
-            await client.completions.create(model="tiny", prompt=prompt, max_tokens=8, n=2, extra_body=negative)
-        assert e.value.body["param"] == "length_penalty" and "0 or more" in e.value.body["message"]
+        status, out = await complete()
+        assert status == 200 and texts(out) == beams(2, 2, 0.5, True), out  # n beams searched, n returned
+        status, wide = await complete(best_of=3)
+        assert status == 200 and texts(wide) == beams(3, 2, 0.5, True), wide
+        status, answer = await complete(n=4)  # wider than option.max_beam_width
+        assert status == 400 and answer["error"]["param"] == "use_beam_search", answer
+        assert "at most 3" in answer["error"]["message"]
+        status, answer = await complete(early_stopping="never")  # no SamplingConfig value says "never"
+        assert status == 400 and answer["error"]["param"] == "early_stopping", answer
+        status, answer = await complete(length_penalty=-1.0)  # samplingConfig.cpp (1.x): lengthPenalty >= 0
+        assert status == 400 and answer["error"]["param"] == "length_penalty", answer
+        assert "0 or more" in answer["error"]["message"]
         async with ClientSession(timeout=ClientTimeout(total=60)) as s:
             body = {"inputs": prompt, "parameters": {"max_new_tokens": 8, "num_beams": 3, "early_stopping": True}}
             async with s.post(server.make_url("/invocations"), json=body) as r:

@@ -145,7 +145,7 @@ def check_beams(request: GenerationRequest, capability: Capability) -> None:
     log-probs alone, as transformers' generate(do_sample=False) scores them; serving.core refuses the rest)."""
     width = request.sampling.beam_width
     if not capability.honoured:
-        raise EngineError(capability.reason, code=400, field="beam_search")
+        raise EngineError(f"beam_width={width}: {capability.reason}", code=400, field="beam_search")
     if capability.most is not None and width > capability.most:
         raise EngineError(
             f"beam_width={width}: each beam takes a batch slot, and this engine has {capability.most} "
@@ -154,7 +154,9 @@ def check_beams(request: GenerationRequest, capability: Capability) -> None:
             field="beam_search",
         )
     if request.streaming:
-        raise EngineError("beam search is not streamed: its beams rewrite earlier tokens", code=400)
+        raise EngineError(
+            f"beam_width={width}: beam search is not streamed: its beams rewrite earlier tokens", code=400
+        )
     if request.stop_token_ids:
         raise EngineError(
             "stop_token_ids cannot be combined with beam search on the torch engine (transformers' beam search "
