@@ -194,7 +194,9 @@ async def test_path_and_limits(bundle):
     assert bundle.engine.healthy
     limits = bundle.engine.limits
     assert (limits.max_batch_size, limits.max_input_len, limits.max_new_tokens) == (MAX_BATCH, MAX_INPUT, MAX_NEW)
-    assert bundle.engine.capabilities.logprobs.honoured and limits.max_beam_width == 1
+    # beams run in the built-in loop only, each beam a batch slot (issue 28)
+    assert bundle.engine.capabilities.logprobs.honoured
+    assert limits.max_beam_width == (MAX_BATCH if expected == "decode_loop" else 1)
 
 
 async def test_greedy_matches_generate_concurrently(bundle):
