@@ -89,13 +89,35 @@ def _config(arch: str):
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    if arch == "llama":
+    if arch in ("llama", "llama8"):  # llama8: deep enough for EAGLE-3's default capture (layers 1, 3 and 4 of 8)
         return tf.LlamaConfig(
             hidden_size=64,
-            num_hidden_layers=2,
+            num_hidden_layers=8 if arch == "llama8" else 2,
             num_attention_heads=4,
             num_key_value_heads=2,
             intermediate_size=128,
+            max_position_embeddings=512,
+            **common,
+        )
+    if arch == "deepseek_v3":  # MTP heads are added by speculative_heads.mtp_model
+        return tf.DeepseekV3Config(
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
             max_position_embeddings=512,
             **common,
         )

@@ -112,7 +112,14 @@ from lmi_trt.engines.llmapi_releases import (
     requested,
     series,
 )
-from lmi_trt.engines.llmapi_speculation import SpecPlan, mtp_layers, speculation_refusals, speculative_plan
+from lmi_trt.engines.llmapi_speculation import (
+    SpecPlan,
+    mtp_layers,
+    probed,
+    release_fields,
+    speculation_refusals,
+    speculative_plan,
+)
 from lmi_trt.engines.trtllm import (
     NO_TRTLLM_LORA,
     TrtllmConfigError,
@@ -366,7 +373,7 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
     # Left out where guided decoding is refused beside the speculation that runs (speculation_refusals): on 1.0 the
     # executor raises for both together, and a one-model path can fail at start-up for it ("Failed to set guided
     # decoder for speculative decoding mode", py_executor_creator.py of the 1.1+ lines).
-    if spec is None or "guided" not in speculation_refusals(spec.method, str(release), series(release)):
+    if spec is None or "guided" not in speculation_refusals(spec, str(release), series(release)):
         put("guided_decoding_backend", "xgrammar", "lmi-trt: constrained decoding (response_format, grammar, tools)")
     if spec is not None:  # built by llm_configs, as the release's own class
         origins["speculative_config"] = settings.speculative.key("method")
@@ -551,7 +558,7 @@ def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: st
             "release that has it"
         )
     try:
-        return make(**spec.fields)
+        return make(**release_fields(spec, make))
     except (ValueError, TypeError, AssertionError) as exc:  # pydantic's ValidationError is a ValueError
         raise TrtllmConfigError(
             f"{key}={spec.method}: TensorRT-LLM {version} refuses {spec.config_class}({spec.fields}): {exc}; "
@@ -643,7 +650,7 @@ def release_refusals(
     sampler: Sampler,
     vocab_size: int | None,
     eos_token_ids: Sequence[int],
-    speculation: str | None = None,
+    speculation: SpecPlan | None = None,
 ) -> dict[str, str]:
     """Pure: feature → why, for what this release's sampler does not apply (``llmapi_releases``' table; engine-only
     features such as beam search with log probs too; with ``speculation``, the method running, what the release does
@@ -675,7 +682,7 @@ def release_capabilities(
     vocab_size: int | None,
     eos_token_ids: Sequence[int],
     max_beam_width: int = 1,
-    speculation: str | None = None,
+    speculation: SpecPlan | None = None,
 ) -> Capabilities:
     """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities); beams
     where the table's beam row says the release runs them, up to option.max_beam_width."""
@@ -692,7 +699,7 @@ def release_capabilities(
 
     return Capabilities(
         release=f"TensorRT-LLM {version} (pytorch backend, {sampler}"
-        + (f", {speculation} speculative decoding)" if speculation else ")"),
+        + (f", {speculation.method} speculative decoding)" if speculation else ")"),
         logprobs=capability("logprobs"),
         top_logprobs=capability("top_logprobs", most=MAX_TOP_LOGPROBS),
         prompt_logprobs=capability("prompt_logprobs"),
@@ -1013,10 +1020,12 @@ class LlmApiEngine:
             f"speculative decoding: {plan.speculative.description}" if method else "no speculative decoding",
         )
         self._speculation = method
+        # what the installed speculative config class says about sampling on one-model paths (llmapi_speculation)
+        spec = probed(plan.speculative, getattr(llmapi, plan.speculative.config_class)) if method else None
         self._capabilities = release_capabilities(
-            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width, method
+            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width, spec
         )
-        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos, method)
+        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos, spec)
         self._beam_rule = beam_width_rule(release, self._limits.max_beam_width)
         log.info(
             "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",

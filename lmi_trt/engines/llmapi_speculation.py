@@ -22,12 +22,31 @@ default and no DENSEGEMM, and may be an early 1.3 main; main has DENSEGEMM):
   copy's ``DecodingBaseConfig`` and later, not in the 1.0 copy's.
 * ``Eagle3DecodingConfig`` (``decoding_type: Literal["Eagle3"]``) is in the 1.2-dated and main copies and exported
   by tensorrt_llm/llmapi/__init__.py there; this engine uses it from 1.3 and ``EagleDecodingConfig`` before.
-* sampling: the 1.2-dated copy's ``allow_advanced_sampling`` (prototype, default off): "allows non-greedy sampling
-  when speculation is used. Only applicable to 1-model code paths; non-greedy sampling is always enabled on 2-model
-  paths" — EAGLE-3 one-model and MTP decode greedily whatever a request asks, and n-gram / draft-target sample
-  from that copy on. In main's copy the flag is "kept for backward compatibility ... Non-greedy sampling is now
-  auto-detected per request; this flag no longer has any effect": the one-model paths sample from 1.3. Before 1.2,
-  sampling beside speculation was not read.
+* one-model and two-model paths: EAGLE-3 with ``eagle3_one_model`` (its default) and MTP run their heads inside the
+  target's engine and verify in their own worker (_torch/speculative/utils.py ``get_spec_worker``:
+  Eagle3OneModelWorker, MTPWorker, MTPEagleWorker; ``get_spec_drafter`` gives them no drafter); n-gram, draft-target
+  and EAGLE-3 with ``eagle3_one_model=false`` have a drafter and verify in the TorchSampler (``get_spec_decoder``:
+  TorchSampler for EAGLE3; the default sampler for the others). (utils.py copy id 13542650405.)
+* sampling on the one-model paths: their workers take the argmax of the target's logits ("Currently only support
+  greedy sampling. All decoding is done using Top1 and token equality is used for acceptance", mtp.py
+  ``sample_and_accept_draft_tokens``; eagle3.py ``Eagle3OneModelWorker``: ``torch.argmax(logits)``), unless
+  ``allow_advanced_sampling`` (DecodingBaseConfig; PR 9885, merged 2025-12-12; ``status="prototype"``, default off:
+  "allows non-greedy sampling when speculation is used. Only applicable to 1-model code paths; non-greedy sampling is
+  always enabled on 2-model paths"; py_executor_creator.py: "Falling back to greedy decoding ... set
+  allow_advanced_sampling=True") is set; from PR 14745 the flag is ``status="deprecated"``, "no-op kept for backward
+  compatibility ... Non-greedy sampling is now auto-detected per request". Whether release 1.2.x and which 1.3.0
+  candidate hold which of these is not pinned, so the engine probes the installed class (``advanced_sampling``):
+  no field, refused; a field that is not deprecated, set to true; deprecated, left out (llm_args.py's ``Field``
+  puts ``status`` into ``json_schema_extra``, 1.1 copy).
+* sampling on the two-model paths: the 1.1 line's TorchSampler (sampler.py, read_file id 440197692) draws each
+  position's token with the request's own strategy and keeps drafts while they equal it
+  (``_process_draft_tokens_greedy``), or rejection-samples where the drafter gave its probabilities
+  (``_process_draft_tokens_rejection_sampling``); both keep the target's distribution, and PR 7294 removed
+  ``enable_mixed_sampler`` in 1.1, so per-request strategies apply: they sample from 1.1. 1.0's TorchSampler takes the
+  argmax unless ``enable_mixed_sampler``, which lmi-trt does not set beside drafts: refused there. Its
+  ``update_requests`` gives log probs for every token it keeps (``handle_logprobs(..., count=1 + num_accepted)``), so
+  ``logprobs`` / ``top_logprobs`` are served beside the two-model paths from 1.1; prompt log probs and the one-model
+  samplers' log probs were not read: refused.
 * the sampler: _torch/pyexecutor/_util.py ``instantiate_sampler`` (two copies read, both from before 1.1: the
   ``mixed_sampler`` era) picks ``get_spec_decoder`` (a TorchSampler subclass) for a model with a ``spec_config`` —
   in the newer copy only where ``spec_dec_mode.has_spec_decoder()`` — before ``enable_trtllm_sampler``; otherwise
@@ -35,20 +54,21 @@ default and no DENSEGEMM, and may be an early 1.3 main; main has DENSEGEMM):
   it beside speculation (no ``enable_trtllm_sampler`` on 1.0; no beams, for which 1.1/1.2 pick it).
 * the overlap scheduler: _torch/pyexecutor/py_executor_creator.py turns it off ("Disable overlap scheduler for
   speculation mode ...") where ``spec_dec_mode.support_overlap_scheduler()`` is false; in the oldest
-  _torch/speculative/interface.py copy read it is true for MTP and EAGLE-3 one-model only (later copies add the
-  draft-model modes): ``option.enable_overlap_scheduler=true`` is refused beside the others rather than switched off.
+  _torch/speculative/interface.py copy read (id 2550156383) it is ``is_mtp() or is_eagle3_one_model()``; later copies
+  (ids 10039271475, 735060080) add ``has_draft_model()`` (EAGLE3 two-model and DRAFT_TARGET) from a release not
+  pinned: ``option.enable_overlap_scheduler=true`` is refused beside every two-model path rather than switched off
+  on some releases. N-gram has it in no copy read.
 * guided decoding: interface.py ``support_guided_decoder`` is ``is_none() or has_spec_drafter()``, and
-  ``has_spec_drafter`` counts n-gram and draft-target (every copy read): they keep the guided decoder. The one-model
-  EAGLE-3 and MTP paths go to a separate ``support_capturable_guided_decoder`` path, not read further: refused.
+  ``has_spec_drafter`` counts n-gram, draft-target and EAGLE3 two-model (every copy read): they keep the guided
+  decoder from 1.1 (PR 6300). The one-model EAGLE-3 and MTP paths go to a separate
+  ``support_capturable_guided_decoder`` path, not read further: refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-
-from packaging.version import Version
 
 from lmi_trt.speculative import JSON_KEY, METHODS, Speculation, SpeculationError
 
@@ -62,10 +82,8 @@ CLASSES: dict[str, tuple[tuple[Series, str], ...]] = {
     "eagle3": (((1, 0), "EagleDecodingConfig"), ((1, 3), "Eagle3DecodingConfig")),
     "mtp": (((1, 0), "MTPDecodingConfig"),),
 }
-# Two-model paths (a drafter beside the target): they sample from the 1.2-dated copy on and keep guided decoding;
-# the one-model paths sample from main's copy (1.3) on.
-TWO_MODEL = ("ngram", "draft_model")
-SAMPLES_FROM = {True: (1, 2), False: (1, 3)}  # two-model? → the first series that samples
+TWO_MODEL_SAMPLES_FROM: Series = (1, 1)  # the TorchSampler's per-request strategies beside drafts (docstring)
+ADVANCED_SAMPLING = "allow_advanced_sampling"  # DecodingBaseConfig, where the release has it (docstring)
 MAX_CONCURRENCY_FROM: Series = (1, 1)  # DecodingBaseConfig.max_concurrency
 # speculative_config members passed on as written, per method (TensorRT-LLM's own fields); others are refused.
 PASSED: dict[str, dict[str, type]] = {
@@ -76,7 +94,7 @@ PASSED: dict[str, dict[str, type]] = {
 }
 # Request features not read beside speculation on any release: refused rather than assumed.
 UNREAD = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_new_tokens", "bad_words", "logit_bias")
-UNREAD += ("logprobs", "top_logprobs", "prompt_logprobs", "beam_width")
+UNREAD += ("prompt_logprobs", "beam_width")
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,33 @@ class SpecPlan:
     fields: dict[str, Any]
     method: str
     description: str
+    one_model: bool = False  # heads inside the target's engine, verified by their own worker (docstring)
+    # the installed class's allow_advanced_sampling: "absent", its status ("prototype", "deprecated", or "stable" with
+    # none), or None before the class was probed (``probed``)
+    advanced_sampling: str | None = None
+
+
+def advanced_sampling(config_class: type) -> str:
+    """The release's ``allow_advanced_sampling`` field on ``config_class`` (a pydantic model): "absent", or its
+    ``status`` (llm_args.py's ``Field(status=...)`` → ``json_schema_extra``), "stable" when it has none."""
+    field = getattr(config_class, "model_fields", {}).get(ADVANCED_SAMPLING)
+    if field is None:
+        return "absent"
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return str(extra.get("status") or "stable")
+
+
+def release_fields(spec: SpecPlan, config_class: type) -> dict[str, Any]:
+    """The fields to build ``config_class`` with: ``spec.fields``, and ``allow_advanced_sampling=True`` on a one-model
+    path where the release has the field and it still does something (not deprecated: docstring)."""
+    if spec.one_model and advanced_sampling(config_class) not in ("absent", "deprecated"):
+        return spec.fields | {ADVANCED_SAMPLING: True}
+    return dict(spec.fields)
+
+
+def probed(spec: SpecPlan, config_class: type) -> SpecPlan:
+    """``spec`` with what the installed ``config_class`` says about sampling on one-model paths."""
+    return replace(spec, advanced_sampling=advanced_sampling(config_class))
 
 
 def config_class(method: str, series: Series) -> str:
@@ -125,13 +170,17 @@ def speculative_plan(
             'only supports beam_width = 1"); beam search would need the TRTLLMSampler, not read beside drafts',
             "set option.max_beam_width=1, or turn speculation off",
         )
-    if overlap_scheduler and spec.method in TWO_MODEL:
+    one_model = spec.method == "mtp" or (spec.method == "eagle3" and spec.options.get("eagle3_one_model", True))
+    if overlap_scheduler and not one_model:
         raise SpeculationError(
             "option.enable_overlap_scheduler",
             True,
-            f"TensorRT-LLM turns the overlap scheduler off for {spec.method} speculation (py_executor_creator.py: "
-            "'Disable overlap scheduler for speculation mode'), so it would not be honoured",
-            "leave option.enable_overlap_scheduler unset or false",
+            f"TensorRT-LLM turns the overlap scheduler off for two-model {spec.method} speculation where "
+            "support_overlap_scheduler() is false (py_executor_creator.py: 'Disable overlap scheduler for speculation "
+            "mode'; interface.py: MTP and EAGLE-3 one-model only in the oldest copy, the draft-model modes added "
+            "from a release not pinned, n-gram in none), so it may not be honoured",
+            "leave option.enable_overlap_scheduler unset or false"
+            + (f", or set {JSON_KEY}'s eagle3_one_model=true" if spec.method == "eagle3" else ""),
         )
     if spec.max_concurrency is not None and series < MAX_CONCURRENCY_FROM:
         raise SpeculationError(
@@ -140,7 +189,6 @@ def speculative_plan(
             f"TensorRT-LLM {version}'s speculative configs have no max_concurrency (DecodingBaseConfig: from 1.1)",
             "leave it out, or use a 1.1+ image",
         )
-    one_model = spec.method == "mtp" or (spec.method == "eagle3" and spec.options.get("eagle3_one_model", True))
     if spec.max_concurrency is not None and one_model:
         # max_concurrency is read by the drafter only (py_executor.py of the 1.1 line: ``if self.drafter is not None``
         # ... ``should_use_spec_decode``; PR 6676), and _torch/speculative/utils.py get_spec_drafter gives none to
@@ -180,10 +228,13 @@ def speculative_plan(
                 "the model has no multi-token-prediction heads (its config.json has no num_nextn_predict_layers)",
                 "use an MTP checkpoint (DeepSeek V3/R1), or another method",
             )
-        # MTPDecodingConfig sets max_draft_len from num_nextn_predict_layers (llm_args.py, every copy read)
-        fields = {"num_nextn_predict_layers": spec.max_draft_len} | {
-            k: v for k, v in fields.items() if k != "max_draft_len"
-        }
+        # MTPDecodingConfig sets max_draft_len from num_nextn_predict_layers before 1.3 (llm_args.py: 1.0's
+        # validate_speculative_config, 1.1's __init__ / from_dict); main's copy makes num_nextn_predict_layers an
+        # internal field remapped from max_draft_len (a given one with a deprecation warning): max_draft_len there
+        if series < (1, 3):
+            fields = {"num_nextn_predict_layers": spec.max_draft_len} | {
+                k: v for k, v in fields.items() if k != "max_draft_len"
+            }
         describe = "the model's MTP heads" + (f" ({mtp_layers} in config.json)" if mtp_layers else "")
     else:
         if spec.draft_model is None:  # resolve() requires it for draft_model; EAGLE-3 needs its draft heads
@@ -205,7 +256,8 @@ def speculative_plan(
         spec.method,
         f"{describe}, up to {spec.max_draft_len} draft tokens a step"
         + (f", off above {spec.max_concurrency} requests" if spec.max_concurrency else "")
-        + f" (TensorRT-LLM {version} {name})",
+        + f" ({'one' if one_model else 'two'}-model; TensorRT-LLM {version} {name})",
+        one_model,
     )
 
 
@@ -227,32 +279,35 @@ def _passed(spec: Speculation) -> dict[str, Any]:
     return out
 
 
-def speculation_refusals(method: str, version: str, series: Series) -> dict[str, str]:
-    """Pure: request feature → why, for what this release does not do beside ``method`` (module docstring)."""
+def speculation_refusals(spec: SpecPlan, version: str, series: Series) -> dict[str, str]:
+    """Pure: request feature → why, for what this release does not do beside ``spec`` (module docstring)."""
+    method = spec.method
     why = f"not read beside {method} speculation in TensorRT-LLM {version}; lmi-trt refuses it rather than assume"
     out = {feature: why for feature in UNREAD}
-    if method not in TWO_MODEL and series == (1, 3) and Version(version).is_prerelease:
-        # the one-model paths sample without allow_advanced_sampling only since PR 14745 ("Non-greedy sampling is now
-        # auto-detected per request", main's llm_args.py); earlier 1.3.0 candidates fall back to greedy decoding
-        # unless it is set (py_executor_creator.py: "Falling back to greedy decoding ... set
-        # allow_advanced_sampling=True"), which lmi-trt does not pass, and which candidate took PR 14745 is not pinned
-        out["sampling"] = (
-            f"TensorRT-LLM {version} may decode greedily beside {method} speculation: 1.3.0 release candidates before "
-            "PR 14745 need allow_advanced_sampling, and which candidate took it is not pinned; send a greedy request "
-            "(temperature 0), or use the 1.3.0 release"
+    if spec.one_model:
+        out["logprobs"] = out["top_logprobs"] = (
+            f"not read for the one-model {method} worker's sampler in TensorRT-LLM {version} (the TorchSampler's "
+            "log probs beside drafts were read for the two-model paths only); lmi-trt refuses it rather than assume"
         )
-        out["seed"] = out["sampling"]
-    elif series < SAMPLES_FROM[method in TWO_MODEL]:
-        out["sampling"] = (
-            f"TensorRT-LLM {version} decodes greedily beside {method} speculation"
-            + (
-                " (llm_args.py allow_advanced_sampling: non-greedy sampling is off on one-model paths before 1.3)"
-                if method not in TWO_MODEL
-                else " as far as read (non-greedy sampling on two-model paths is stated from 1.2)"
+        out["seed"] = (
+            f"the one-model {method} worker's sampling seed was not read in TensorRT-LLM {version}; lmi-trt refuses "
+            "it rather than assume"
+        )
+        if spec.advanced_sampling in (None, "absent"):
+            out["sampling"] = (
+                f"TensorRT-LLM {version} decodes greedily beside one-model {method} speculation: its worker takes the "
+                "argmax of the target's logits (mtp.py / eagle3.py sample_and_accept_draft_tokens), and this "
+                f"release's speculative config has no {ADVANCED_SAMPLING} (llm_args.py, PR 9885); send a greedy "
+                "request (temperature 0), or use a release that has it"
+                + (f", or set {JSON_KEY}'s eagle3_one_model=false" if method == "eagle3" else "")
             )
-            + "; send a greedy request (temperature 0), or use a release that samples beside it"
+    elif series < TWO_MODEL_SAMPLES_FROM:
+        out["sampling"] = out["seed"] = (
+            f"TensorRT-LLM {version}'s TorchSampler takes the argmax beside {method} speculation (enable_mixed_sampler "
+            "is off; per-request strategies from 1.1, PR 7294); send a greedy request (temperature 0), or use a 1.1+ "
+            "image"
         )
-        out["seed"] = out["sampling"]
+        out["logprobs"] = out["top_logprobs"] = why
     if series < (1, 1):
         # py_executor_creator.py of the 1.0 line raises "Guided decoding is not supported with speculative decoding."
         # for guided_decoding_config beside any spec_config (NVIDIA/TensorRT-LLM PR 6300, in 1.1, lifted it; 1.1's
@@ -263,11 +318,11 @@ def speculation_refusals(method: str, version: str, series: Series) -> dict[str,
             "supported with speculative decoding', py_executor_creator.py; lifted by PR 6300 in 1.1); leave the "
             "grammar out, serve without speculation, or use a 1.1+ image"
         )
-    elif method not in TWO_MODEL:
+    elif spec.one_model:
         out["guided"] = (
             f"TensorRT-LLM's one-model {method} speculation guides through its capturable guided decoder "
             "(_torch/speculative/interface.py support_guided_decoder: none or a drafter only), which lmi-trt has not "
-            "read; leave the grammar out, or use n-gram or a draft model"
+            "read; leave the grammar out, or use n-gram, a draft model or two-model EAGLE-3"
         )
     return out
 

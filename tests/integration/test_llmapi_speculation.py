@@ -94,14 +94,14 @@ _PLAIN: dict[str, list[list[int]]] = {}
 
 
 async def without_speculation(model_dir) -> list[list[int]]:
-    """The greedy outputs without speculation (the same argmax on every release), decoded once."""
-    if "want" not in _PLAIN:
+    """The greedy outputs without speculation (the same argmax on every release), decoded once per model."""
+    if str(model_dir) not in _PLAIN:
         plain = await start(model_dir, None)
         try:
-            _PLAIN["want"] = await greedy_outputs(plain, "p")
+            _PLAIN[str(model_dir)] = await greedy_outputs(plain, "p")
         finally:
             await plain.close()
-    return _PLAIN["want"]
+    return _PLAIN[str(model_dir)]
 
 
 @pytest.mark.parametrize(
@@ -133,19 +133,20 @@ async def test_greedy_outputs_equal_decoding_without_speculation(trt, model_dir,
     )
 
 
+def keep_all(self, seq, drafts):
+    """A verifier that keeps every draft (what a broken acceptance rule would do)."""
+    for token in drafts:
+        if self._advance(seq, token) is not None:
+            return "LENGTH"
+    self._forward(seq, drafts)
+    return None
+
+
 async def test_a_wrong_verification_would_show(trt, model_dir, monkeypatch):
     """The comparison above can fail: a verifier that keeps every draft changes the output."""
     from tensorrt_llm import _llm_runtime
 
     want = await without_speculation(model_dir)
-
-    def keep_all(self, seq, drafts):
-        for token in drafts:
-            if self._advance(seq, token) is not None:
-                return "LENGTH"
-        self._forward(seq, drafts)
-        return None
-
     monkeypatch.setattr(_llm_runtime.LlmRuntime, "_verify", keep_all)
     engine = await start(model_dir, ngram())
     try:
@@ -155,13 +156,13 @@ async def test_a_wrong_verification_would_show(trt, model_dir, monkeypatch):
     assert got != want
 
 
-@pytest.mark.parametrize("release", ["1.0.0", "1.1.0"])
-async def test_sampling_beside_speculation_is_refused_where_not_read(trt, model_dir, release):
-    trt.__version__ = release
+async def test_sampling_beside_speculation_is_refused_on_10(trt, model_dir):
+    """1.0's TorchSampler takes the argmax beside drafts (no enable_mixed_sampler): sampling and log probs refused."""
+    trt.__version__ = "1.0.0"
     engine = await start(model_dir, ngram())
     try:
         outs = await collect(engine, req("r", [1, 5, 6], do_sample=True, temperature=0.8, max_new_tokens=4))
-        assert outs[-1].error_field == "sampling" and release in outs[-1].error
+        assert outs[-1].error_field == "sampling" and "1.0.0" in outs[-1].error
         outs = await collect(engine, req("l", [1, 5, 6], logprobs=True, max_new_tokens=4))
         assert outs[-1].error_field == "logprobs"
         assert not engine.capabilities.logprobs.honoured
@@ -170,12 +171,19 @@ async def test_sampling_beside_speculation_is_refused_where_not_read(trt, model_
         await engine.close()
 
 
-async def test_sampling_with_ngram_samples_from_12(trt, model_dir):
-    trt.__version__ = "1.2.1"
+@pytest.mark.parametrize("release", ["1.1.0", "1.2.1"])
+async def test_sampling_and_log_probs_beside_ngram_from_11(trt, model_dir, release):
+    """The 1.1 line's TorchSampler draws each verified position with the request's strategy and gives every kept
+    token its log prob (sampler.py _process_draft_tokens_greedy, handle_logprobs with 1 + num_accepted)."""
+    trt.__version__ = release
     engine = await start(model_dir, ngram())
     try:
-        outs = await collect(engine, req("r", [1, 5, 6, 7, 5, 6], do_sample=True, temperature=0.9, max_new_tokens=8))
+        prompt = [1, 5, 6, 7, 5, 6]
+        outs = await collect(engine, req("r", prompt, do_sample=True, temperature=0.9, max_new_tokens=8))
         assert outs[-1].finished and outs[-1].error is None and len(tokens_of(outs)) == 8
+        outs = await collect(engine, req("l", prompt, logprobs=True, max_new_tokens=8, ignore_eos=True))
+        assert outs[-1].error is None and engine.capabilities.logprobs.honoured
+        assert len([lp for o in outs for lp in (o.logprobs or [])]) == 8  # one per token, drafted ones too
     finally:
         await engine.close()
 
@@ -238,7 +246,7 @@ def test_a_real_server_resolves_the_draft_model_logs_the_method_and_exports_the_
         time.sleep(3)  # one get_stats_async pass (2 s) later every iteration was read
         metrics = server.get("/metrics").text
     release = os.environ.get("LMI_TRT_FAKE_RELEASE", "1.0.0")
-    assert sampled.status_code == (200 if release >= "1.2" else 400), sampled.text
+    assert sampled.status_code == (200 if release >= "1.1" else 400), sampled.text
     assert "speculative decoding" in json.dumps(capabilities)
     # draft-target iterations carry no specDecodingStats (no spec resource manager): no figures rather than zeros
     assert "lmi_spec_decode_num_drafts_total" not in metrics and "lmi_spec_decode_draft_acceptance_rate" not in metrics
@@ -270,8 +278,10 @@ async def test_a_grammar_holds_across_accepted_drafts(trt, model_dir):
 @pytest.mark.parametrize("method", ["eagle3", "mtp"])
 def test_a_grammar_beside_one_model_speculation_is_refused(method):
     from lmi_trt.engines.llmapi import release_capabilities
+    from lmi_trt.engines.llmapi_speculation import SpecPlan
 
-    capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], speculation=method)
+    plan = SpecPlan("X", {}, method, "", one_model=True, advanced_sampling="deprecated")
+    capabilities = release_capabilities("1.3.0", "TorchSampler", 512, [2], speculation=plan)
     assert not capabilities.guided.honoured and "support_guided_decoder" in capabilities.guided.reason
 
 
@@ -313,3 +323,131 @@ async def test_spec_figures_appear_only_once_the_release_reports_them(trt, model
         assert (await counters(engine))["spec_decode_num_drafts"] > 0
     finally:
         await engine.close()
+
+
+# ------------------------------------------------------------------ draft heads: EAGLE-3 and MTP (fake: _spec_heads)
+
+
+@pytest.fixture(scope="module")
+def deep_dir() -> Path:
+    """A target deep enough for EAGLE-3's default capture (layers 1, 3 and 4 of 8; eagle3.py)."""
+    return tiny_model("llama8")
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(deep_dir, tmp_path_factory) -> Path:
+    from speculative_heads import eagle3_draft
+
+    return eagle3_draft(deep_dir, tmp_path_factory.mktemp("eagle3") / "head")
+
+
+def eagle3(path: Path, k: int = 3, **options) -> Speculation:
+    return Speculation(method="eagle3", max_draft_len=k, draft_model=str(path), options=options)
+
+
+def mtp(k: int = 2, **options) -> Speculation:
+    return Speculation(method="mtp", max_draft_len=k, options=options)
+
+
+def mtp_dir(layers: int) -> Path:
+    pytest.importorskip("transformers.models.deepseek_v3")
+    from speculative_heads import mtp_model
+
+    return mtp_model(layers)
+
+
+async def heads_output(target: Path, spec: Speculation, tag: str = "h") -> tuple[list[list[int]], object]:
+    engine = await start(target, spec)
+    try:
+        return await greedy_outputs(engine, tag), engine._llm.args.speculative_config
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize(("release", "one_model"), [("1.0.0", True), ("1.3.0", True), ("1.2.1", False)])
+async def test_eagle3_heads_keep_greedy_outputs(trt, deep_dir, eagle3_dir, release, one_model):
+    """The EAGLE-3 head drafts from the target's captured hidden states; the target verifies (its worker's argmax on
+    the one-model path, the TorchSampler on the two-model one): greedy outputs are the ones without speculation."""
+    trt.__version__ = release
+    want = await without_speculation(deep_dir)
+    options = {} if one_model else {"eagle3_one_model": False}
+    got, config = await heads_output(deep_dir, eagle3(eagle3_dir, **options))
+    assert got == want
+    assert type(config).__name__ == ("Eagle3DecodingConfig" if release >= "1.3" else "EagleDecodingConfig")
+    assert (config.max_draft_len, bool(config.eagle3_one_model)) == (3, one_model)
+
+
+@pytest.mark.parametrize(("layers", "vanilla"), [(1, False), (2, True)])
+async def test_mtp_layers_keep_greedy_outputs(trt, layers, vanilla):
+    """The checkpoint's MTP layers draft (one layer: MTP-Eagle, run max_draft_len times; several, or use_mtp_vanilla:
+    one layer per draft token) and the MTP worker's argmax verifies: greedy outputs unchanged."""
+    target = mtp_dir(layers)
+    trt.__version__ = "1.2.1"
+    want = await without_speculation(target)
+    got, config = await heads_output(target, mtp(2, **({"use_mtp_vanilla": True} if vanilla else {})))
+    assert got == want
+    assert (type(config).__name__, config.max_draft_len) == ("MTPDecodingConfig", 2)
+
+
+@pytest.mark.parametrize("head", ["eagle3", "mtp"])
+async def test_a_wrong_verification_of_head_drafts_would_show(trt, deep_dir, eagle3_dir, head, monkeypatch):
+    """The head comparisons can fail: a verifier that keeps every draft the head proposes changes the output."""
+    from tensorrt_llm import _llm_runtime
+
+    target = deep_dir if head == "eagle3" else mtp_dir(1)
+    want = await without_speculation(target)
+    monkeypatch.setattr(_llm_runtime.LlmRuntime, "_verify", keep_all)
+    got, _ = await heads_output(target, eagle3(eagle3_dir) if head == "eagle3" else mtp(2))
+    assert got != want
+
+
+@pytest.mark.parametrize("release", ["1.1.0", "1.2.1", "1.3.0"])
+async def test_sampling_beside_one_model_eagle3_follows_the_releases_allow_advanced_sampling(
+    trt, deep_dir, eagle3_dir, release
+):
+    """One-model EAGLE-3 decodes greedily unless the release's config has allow_advanced_sampling (1.0, 1.1: absent →
+    sampling refused, naming the field); a prototype flag is passed as true (1.2); deprecated, left out (1.3.0)."""
+    trt.__version__ = release
+    engine = await start(deep_dir, eagle3(eagle3_dir))
+    try:
+        config = engine._llm.args.speculative_config
+        outs = await collect(engine, req("s", [1, 5, 6], do_sample=True, temperature=1.0, max_new_tokens=6))
+        if release == "1.1.0":
+            assert outs[-1].error_field == "sampling" and "allow_advanced_sampling" in outs[-1].error
+            assert "allow_advanced_sampling" not in type(config).model_fields
+        else:
+            assert outs[-1].error is None and len(tokens_of(outs)) == 6
+            assert config.allow_advanced_sampling is (release == "1.2.1")
+        guided = await collect(engine, req("g", [1, 5, 6], guided=_regex(), max_new_tokens=4))
+        assert guided[-1].error_field == "guided"  # the capturable guided decoder was not read
+    finally:
+        await engine.close()
+
+
+def _regex():
+    from lmi_trt.engines.base import GuidedDecoding
+
+    return GuidedDecoding("regex", "[0-9]{4}")
+
+
+async def test_the_fake_one_model_worker_is_greedy_without_the_flag(trt, deep_dir, eagle3_dir):
+    """The fake's one-model verification ignores a request's sampling unless allow_advanced_sampling is on (the
+    worker's argmax, eagle3.py): the same sampled request with the flag off equals greedy, with it on it samples."""
+    import importlib
+
+    trt.__version__ = "1.2.1"
+    llmapi = importlib.import_module("tensorrt_llm.llmapi")
+    outputs = {}
+    for flag in (False, True):
+        config = llmapi.EagleDecodingConfig(
+            max_draft_len=3, speculative_model_dir=str(eagle3_dir), allow_advanced_sampling=flag
+        )
+        llm = llmapi.LLM(str(deep_dir), speculative_config=config)
+        try:
+            sampled = llmapi.SamplingParams(max_tokens=12, temperature=5.0, top_k=0, top_p=1.0, ignore_eos=True)
+            greedy = llmapi.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+            outputs[flag] = [(await llm.generate_async([1, 5, 6], p)).outputs[0].token_ids for p in (sampled, greedy)]
+        finally:
+            llm.shutdown()
+    assert outputs[False][0] == outputs[False][1]  # greedy whatever the request asked
+    assert outputs[True][0] != outputs[True][1]

@@ -12,7 +12,13 @@ from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt.config import ConfigError, load_config
 from lmi_trt.engines.llmapi import llm_api_release, llm_configs, llm_plan
-from lmi_trt.engines.llmapi_speculation import speculation_refusals
+from lmi_trt.engines.llmapi_speculation import (
+    SpecPlan,
+    advanced_sampling,
+    probed,
+    release_fields,
+    speculation_refusals,
+)
 from lmi_trt.engines.trtllm import TrtllmConfigError
 from lmi_trt.stages import llmapi_settings, settle
 
@@ -75,6 +81,13 @@ def test_draft_model_eagle3_and_mtp_are_the_releases_classes(release, tmp_path):
     )
     assert type(config).__name__ == "MTPDecodingConfig"
     assert (config.num_nextn_predict_layers, config.max_draft_len) == (2, 2)
+    # main's MTPDecodingConfig remaps max_draft_len (num_nextn_predict_layers internal): passed as max_draft_len there
+    assert ("max_draft_len" in plan_mtp(release).speculative.fields) == (release >= "1.3")
+
+
+def plan_mtp(release: str):
+    props = {"option.speculative_config": '{"decoding_type": "MTP", "max_draft_len": 2}'}
+    return llm_plan(settings(**props), Version(release), {"num_nextn_predict_layers": 1})
 
 
 def test_mtp_needs_the_models_heads_once_the_model_is_read():
@@ -110,25 +123,58 @@ def test_beam_search_and_the_overlap_scheduler_beside_speculation_are_refused():
         llm_plan(settings(**ngram, **{"option.max_beam_width": "2"}), Version("1.1.0"))
     with pytest.raises(TrtllmConfigError, match="option.enable_overlap_scheduler"):
         llm_plan(settings(**ngram, **{"option.enable_overlap_scheduler": "true"}), Version("1.1.0"))
+    # two-model EAGLE-3 too (interface.py support_overlap_scheduler: MTP and EAGLE-3 one-model in the oldest copy)
+    two = '{"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": "/d", "eagle3_one_model": false}'
+    overlap = {"option.enable_overlap_scheduler": "true"}
+    with pytest.raises(TrtllmConfigError, match="option.enable_overlap_scheduler.*eagle3_one_model=true"):
+        llm_plan(settings(**{"option.speculative_config": two}, **overlap), Version("1.2.1"))
+    one = two.replace("false", "true")
+    assert llm_plan(settings(**{"option.speculative_config": one}, **overlap), Version("1.2.1")).speculative
+
+
+def plan_of(method: str, **kw) -> SpecPlan:
+    return SpecPlan("X", {}, method, "", one_model=method in ("eagle3", "mtp"), **kw)
 
 
 def test_what_each_release_refuses_beside_each_method():
-    assert "sampling" in speculation_refusals("ngram", "1.1.0", (1, 1))
-    assert "sampling" not in speculation_refusals("ngram", "1.2.1", (1, 2))
-    assert "sampling" not in speculation_refusals("draft_model", "1.3.0", (1, 3))
+    # two-model paths: the TorchSampler's per-request strategies and log probs beside drafts from 1.1 (sampler.py of
+    # the 1.1 line), the argmax on 1.0
+    assert {"sampling", "logprobs"} <= set(speculation_refusals(plan_of("ngram"), "1.0.0", (1, 0)))
+    for release, line in (("1.1.0", (1, 1)), ("1.2.1", (1, 2)), ("1.3.0", (1, 3))):
+        no = speculation_refusals(plan_of("draft_model"), release, line)
+        assert not {"sampling", "logprobs", "top_logprobs", "guided"} & set(no)
+        assert {"prompt_logprobs", "bad_words", "logit_bias"} <= set(no)
     for method in ("eagle3", "mtp"):
-        no = speculation_refusals(method, "1.2.1", (1, 2))
-        assert {"sampling", "seed", "guided"} <= set(no) and "allow_advanced_sampling" in no["sampling"]
-        assert "sampling" not in speculation_refusals(method, "1.3.0", (1, 3))  # "auto-detected per request"
-        # a 1.3.0 candidate may predate PR 14745 (allow_advanced_sampling, not passed): refused, not greedy
-        assert "PR 14745" in speculation_refusals(method, "1.3.0rc5", (1, 3))["sampling"]
-        assert "guided" in speculation_refusals(method, "1.3.0", (1, 3))
+        # one-model: greedy unless the release's config has allow_advanced_sampling (probed: absent → refused)
+        for status in (None, "absent"):
+            no = speculation_refusals(plan_of(method, advanced_sampling=status), "1.2.1", (1, 2))
+            assert {"sampling", "seed", "guided", "logprobs"} <= set(no) and "allow_advanced_sampling" in no["sampling"]
+        for status in ("prototype", "deprecated"):
+            no = speculation_refusals(plan_of(method, advanced_sampling=status), "1.3.0rc5", (1, 3))
+            assert "sampling" not in no and {"seed", "guided", "logprobs"} <= set(no)
     # 1.0's py_executor_creator.py raises for guided decoding beside any speculation (lifted by PR 6300, in 1.1)
-    assert "PR 6300" in speculation_refusals("ngram", "1.0.0", (1, 0))["guided"]
-    assert "guided" not in speculation_refusals("ngram", "1.1.0", (1, 1))
-    assert {"logprobs", "top_logprobs", "bad_words", "logit_bias"} <= set(
-        speculation_refusals("ngram", "1.3.0", (1, 3))
-    )
+    assert "PR 6300" in speculation_refusals(plan_of("ngram"), "1.0.0", (1, 0))["guided"]
+    assert "guided" not in speculation_refusals(plan_of("ngram"), "1.1.0", (1, 1))
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_allow_advanced_sampling_is_passed_where_the_release_has_it_and_it_does_something(release, tmp_path):
+    """The field is probed on the installed class: absent (1.0, 1.1) → not passed, sampling refused; a prototype
+    (the 1.2-dated copy, 1.3.0 candidates before PR 14745) → passed as true on one-model paths only; deprecated
+    (main: a no-op) → left out, sampling served."""
+    eagle = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": str(tmp_path)}
+    line = tuple(int(n) for n in release.split(".")[:2])
+    for extra, one_model in (({}, True), ({"eagle3_one_model": False}, False)):
+        with fake_tensorrt_llm(release):
+            import tensorrt_llm.llmapi as llmapi
+
+            plan = llm_plan(settings(**{"option.speculative_config": json.dumps(eagle | extra)}), Version(release))
+            cls = getattr(llmapi, plan.speculative.config_class)
+            fields, status = release_fields(plan.speculative, cls), advanced_sampling(cls)
+            refused = "sampling" in speculation_refusals(probed(plan.speculative, cls), release, line)
+        assert status == {"1.0.0": "absent", "1.1.0": "absent", "1.2.1": "prototype", "1.3.0": "deprecated"}[release]
+        assert fields.get("allow_advanced_sampling") is (True if one_model and status == "prototype" else None)
+        assert refused == (release == "1.0.0" or (one_model and status == "absent"))
 
 
 def test_a_shortest_ngram_is_refused_naming_the_key():

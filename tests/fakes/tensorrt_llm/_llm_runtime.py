@@ -66,7 +66,7 @@ import json
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
@@ -216,6 +216,7 @@ class _Seq:
     pending_logprobs: list = field(default_factory=list)  # per-token dicts not sent yet
     past: object = None
     logits: object = None
+    features: list = field(default_factory=list)  # a draft head's input from the target, per position
     generator: object = None
 
     @property
@@ -252,7 +253,7 @@ class LlmRuntime:
         self._active: list[_Seq] = []
         self._cancel: set[int] = set()
         self._stats: deque[str] = deque(maxlen=args.max_stats_len)
-        self._spec = _Speculation.of(args.speculative_config, self._active)
+        self._spec = _Speculation.of(args.speculative_config, self._active, self._model, hf_dir)
         self._iter_spec = [0, 0, 0]  # this iteration's draft tokens, accepted ones, requests with drafts
         self._iter = 0
         self._stop = False
@@ -379,6 +380,8 @@ class LlmRuntime:
                     seq.result._enqueue(self._beam_search(seq))
                     return True
                 if new:
+                    if self._spec is not None and self._spec.greedy_only:  # the one-model worker's argmax
+                        seq.sampling = replace(seq.sampling, top_k=1, top_p=1.0, temperature=None)
                     if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
                         seq.matcher = self._grammars.create(*seq.guide)
                     self._check_bias(seq)
@@ -433,7 +436,7 @@ class LlmRuntime:
         (_torch/pyexecutor/sampler.py: the TorchSampler samples the target at every draft position and accepts the
         draft tokens up to the first mismatch; the resource manager rewinds the rest.)"""
         first = seq.logits
-        res = self._model(input_ids=_tensor([drafts]), past_key_values=seq.past, use_cache=True)
+        res = self._run(seq, drafts)
         positions = [first, *res.logits[0].float()]
         accepted, reason = 0, None
         for i, logits in enumerate(positions):
@@ -447,6 +450,7 @@ class LlmRuntime:
         self._iter_spec[1] += accepted
         self._iter_spec[2] += 1
         seq.past = res.past_key_values
+        del seq.features[len(seq.prompt) + len(seq.generated) - 1 :]  # the last token's comes with its forward
         if accepted < len(
             drafts
         ):  # the accepted drafts stay (a negative crop drops from the end, transformers 4.x/5.x)
@@ -455,10 +459,20 @@ class LlmRuntime:
             self._forward(seq, [seq.generated[-1]])
         return reason
 
+    def _run(self, seq: _Seq, ids: list[int]):
+        """The target over ``ids`` after the cached ones; a draft head's features of each position are kept."""
+        heads = self._spec is not None and self._spec.head is not None
+        res = self._model(
+            input_ids=_tensor([ids]), past_key_values=seq.past, use_cache=True, output_hidden_states=heads
+        )
+        if heads:
+            seq.features.extend(self._spec.feature(res.hidden_states))
+        return res
+
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
 
-        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        res = self._run(seq, ids)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
         if seq.prompt_logprobs and seq.context_logprobs is None:
             seq.context_logprobs = torch.log_softmax(res.logits[0].float(), -1)
@@ -576,11 +590,7 @@ class LlmRuntime:
         ``stats.specdec_stats`` from each scheduled request's draft tokens and ``py_num_accepted_draft_tokens``:
         acceptance length = (accepted + requests with drafts) / requests with drafts; the JSON names are
         cpp/include/tensorrt_llm/executor/types.h SpecDecodingStats')."""
-        if self._spec is None or self._spec._draft is not None:
-            # draft-target reports none: py_executor.py of the 1.1 line creates stats.specdec_stats only ``if
-            # spec_resource_manager is not None``, and _torch/speculative/utils.py get_spec_resource_manager returns
-            # None for DRAFT_TARGET; a later copy adds ``or has_spec_config`` (one-model), in a release not pinned, so
-            # the fake keeps the older behaviour on every release
+        if self._spec is None or not self._spec.reports:  # _Speculation.reports
             return {}
         drafted, accepted, requests = self._iter_spec
         self._iter_spec = [0, 0, 0]
@@ -602,37 +612,95 @@ def _tensor(ids):
     return torch.tensor(ids)
 
 
+def _stack(rows):
+    import torch
+
+    return torch.stack(rows)
+
+
+def _advanced_sampling_status() -> str | None:
+    from tensorrt_llm.llmapi.llm_args import advanced_sampling_status
+
+    return advanced_sampling_status()
+
+
 class _Speculation:
     """The drafter of the LLM's ``speculative_config``: n-gram lookup (``NGramDecodingConfig``, the field
     descriptions of llm_args.py: the longest n-gram up to ``max_matching_ngram_size`` tokens that matched before,
     ``is_use_oldest`` "the oldest match when pattern is hit, the newest one ... if False", ``is_public_pool`` "a
-    common pool for all requests, or the pool is private for each request") or a draft model
-    (``DraftTargetDecodingConfig``: a Hugging Face checkpoint at ``speculative_model_dir``, drafting greedily).
+    common pool for all requests, or the pool is private for each request"), a draft model
+    (``DraftTargetDecodingConfig``: a Hugging Face checkpoint at ``speculative_model_dir``, drafting greedily), an
+    EAGLE-3 draft head (``EagleDecodingConfig`` / ``Eagle3DecodingConfig``) or the checkpoint's MTP layers
+    (``MTPDecodingConfig``), both run on the target's hidden states (``_spec_heads``).
     No drafts above ``max_concurrency`` requests ("speculation will be disabled at batch sizes above this value").
-    EAGLE-3 and MTP heads are not modelled: the fake refuses to build them."""
 
-    def __init__(self, config, active: list, draft_model=None) -> None:
-        self.config, self._active, self._draft = config, active, draft_model
+    ``one_model``: EAGLE-3 with ``eagle3_one_model`` (its default) and MTP run inside the target's engine and verify
+    in their own worker (_torch/speculative/utils.py ``get_spec_worker``: MTPWorker, MTPEagleWorker,
+    Eagle3OneModelWorker; id 13542650405), which takes the argmax of the target's logits for every token
+    (``sample_and_accept_draft_tokens``, eagle3.py id 52274957693, mtp.py id 9034879030), unless
+    ``allow_advanced_sampling`` is set where it is a prototype (llm_args.py: "allows non-greedy sampling ... Only
+    applicable to 1-model code paths") or it is deprecated, sampling being per request since PR 14745. Sampled there,
+    the fake draws the target's token at each position and keeps drafts while equal (main's llm_args.py
+    ``use_rejection_sampling`` default: "exact-match verification on non-greedy batches"; which verification the
+    prototype flag used was not read). Two-model EAGLE-3 drafts with the same head and verifies in the TorchSampler
+    (``get_spec_decoder``: TorchSampler for EAGLE3), like the other drafters."""
+
+    def __init__(self, config, active: list, draft_model=None, head=None) -> None:
+        self.config, self._active, self._draft, self.head = config, active, draft_model, head
+        kind = type(config).__name__
+        self.one_model = kind == "MTPDecodingConfig" or (
+            kind != "DraftTargetDecodingConfig" and head is not None and bool(config.eagle3_one_model)
+        )
+        status = _advanced_sampling_status()
+        self.greedy_only = self.one_model and not (
+            status == "deprecated" or (status == "prototype" and getattr(config, "allow_advanced_sampling", False))
+        )
+        # specDecodingStats: py_executor.py of the 1.1 line fills stats.specdec_stats only ``if spec_resource_manager
+        # is not None``, and utils.py get_spec_resource_manager (id 13542650405) gives none to DRAFT_TARGET,
+        # EAGLE3_ONE_MODEL and MTP_EAGLE_ONE_MODEL (without relaxed acceptance), one to NGRAM, EAGLE3 (two-model) and
+        # MTP (vanilla); a later copy adds ``or has_spec_config`` (one-model), in a release not pinned, so the fake
+        # keeps the older behaviour on every release
+        self.reports = (
+            kind == "NGramDecodingConfig"
+            or (head is not None and not self.one_model)
+            or (kind == "MTPDecodingConfig" and head.vanilla)
+        )
 
     @classmethod
-    def of(cls, config, active: list) -> _Speculation | None:
+    def of(cls, config, active: list, target=None, hf_dir: str | None = None) -> _Speculation | None:
+        from tensorrt_llm import _spec_heads
+
         if config is None:
             return None
         kind = type(config).__name__
-        if kind not in ("NGramDecodingConfig", "DraftTargetDecodingConfig"):
-            raise NotImplementedError(f"fake tensorrt_llm: {kind} (draft heads) is not modelled")
-        draft = _load_model(config.speculative_model_dir) if kind == "DraftTargetDecodingConfig" else None
-        return cls(config, active, draft)
+        if kind == "DraftTargetDecodingConfig":
+            return cls(config, active, _load_model(config.speculative_model_dir))
+        if kind in ("EagleDecodingConfig", "Eagle3DecodingConfig"):
+            return cls(
+                config, active, head=_spec_heads.Eagle3Head(config.speculative_model_dir, target, _state.series())
+            )
+        if kind == "MTPDecodingConfig":
+            return cls(config, active, head=_spec_heads.MtpHead(hf_dir, target, config))
+        return cls(config, active)
+
+    def feature(self, hidden_states):
+        """What the head reads from the target at each position (None: no head)."""
+        return None if self.head is None else self.head.feature(hidden_states)
 
     def propose(self, seq: _Seq, target) -> list[int]:
         cfg = self.config
-        if cfg.max_concurrency is not None and len(self._active) > cfg.max_concurrency:
+        # read by the drafter only (py_executor.py of the 1.1 line: ``if self.drafter is not None``): the one-model
+        # paths have none (utils.py get_spec_drafter)
+        if cfg.max_concurrency is not None and not self.one_model and len(self._active) > cfg.max_concurrency:
             return []
         room = min(cfg.max_draft_len, seq.max_tokens - len(seq.generated) - 1)
         if room <= 0:
             return []
         if self._draft is not None:
             return self._draft_tokens(seq, room)
+        if self.head is not None:  # the features of every position but the last token's (its state comes next step)
+            tokens = seq.prompt + seq.generated
+            return self.head.draft(tokens, _stack(seq.features[: len(tokens) - 1]), room)
         return self._lookup(seq, room)
 
     def _draft_tokens(self, seq: _Seq, k: int) -> list[int]:

@@ -84,6 +84,10 @@ FIXES = {
     "torch_only": "1.3.0rc26",
     # PR 18513 (2026-09-03): sampler_type accepted again (auto/TorchSampler, ignored); after the rc26 bump
     "sampler_type_again": "1.3.0rc27",
+    # PR 14745 (opened 2026-05-29, reviewed 2026-06-03): allow_advanced_sampling a deprecated no-op, the one-model
+    # speculative paths sample per request. Not pinned to a candidate: only the fake's 1.3.0 (main) holds it, and
+    # the engine probes the field's status, so a candidate that took it earlier is served right too
+    "advanced_sampling_auto": "1.3.0",
 }
 
 

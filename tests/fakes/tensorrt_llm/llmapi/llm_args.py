@@ -20,7 +20,7 @@ import enum
 from os import PathLike
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from tensorrt_llm import _state
 
@@ -142,11 +142,32 @@ class SchedulerConfig(_Strict):
 
 # ------------------------------------------------------------------ speculative decoding
 # The speculative configs (tensorrt_llm/llmapi/llm_args.py ``DecodingBaseConfig`` and its subclasses), read in four
-# copies dated as above: the 1.0 copy (enable_mixed_sampler), the 1.1 copy (sampler_type, TRITON), the 1.2-dated copy
-# (MoE AUTO default; may be an early main) and main. Only the fields lmi-trt sets, and the checks on them, are
-# modelled. Simplifications: the draft model is stored as ``speculative_model_dir``, which every copy accepts (the
-# field in 1.0/1.1; an alias of ``speculative_model`` from PR 10099 on); NGram's ``max_matching_ngram_size`` default
-# is 2 (the 1.0 and 1.1 copies default it to 0 and assert > 0; lmi-trt always sets it).
+# copies dated as above: the 1.0 copy (enable_mixed_sampler; read_file id 1520735490), the 1.1 copy (sampler_type,
+# TRITON; id 1090804222), the 1.2-dated copy (MoE AUTO default; may be an early main; id 7019226376) and main (id
+# 55143598664). Only the fields lmi-trt sets, and the checks on them, are modelled. Simplifications: the draft model is
+# stored as ``speculative_model_dir``, which every copy accepts (the field in 1.0/1.1; an alias of
+# ``speculative_model`` from PR 10099 on); NGram's ``max_matching_ngram_size`` default is 2 (the 1.0 and 1.1 copies
+# default it to 0 and assert > 0; lmi-trt always sets it).
+#
+# ``allow_advanced_sampling`` differs by release, so the classes are built once per shape and the module's names are
+# rebound when the release played changes (``_rebind``), as the plugin and executor fakes do:
+# * absent in the 1.0 and 1.1 copies;
+# * ``Field(default=False, status="prototype", description="If true, allows non-greedy sampling when speculation is
+#   used. Only applicable to 1-model code paths; non-greedy sampling is always enabled on 2-model paths.")`` in the
+#   1.2-dated copy (PR 9885, merged 2025-12-12); llm_args.py's ``Field`` wrapper puts ``status`` into
+#   ``json_schema_extra`` (1.1 copy). Whether release 1.2.x was cut before PR 9885 is not pinned: the fake's 1.2 plays
+#   the 1.2-dated copy, and the engine probes the field rather than the version, so it is right either way;
+# * ``status="deprecated"`` ("DEPRECATED: no-op kept for backward compatibility ... Non-greedy sampling is now
+#   auto-detected per request; this flag no longer has any effect") in main's copy: PR 14745 (opened 2026-05-29).
+#   Which 1.3.0 candidate took it is not pinned: the fake's candidates play the prototype flag, its 1.3.0 main's.
+_ADVANCED_SAMPLING = "allow_advanced_sampling"
+
+
+def advanced_sampling_status() -> str | None:
+    """The ``allow_advanced_sampling`` field's status in the release played (None: no such field)."""
+    if _state.series() < (1, 2):
+        return None
+    return "deprecated" if _state.has("advanced_sampling_auto") else "prototype"
 
 
 class DecodingBaseConfig(_Strict):
@@ -172,64 +193,105 @@ class DecodingBaseConfig(_Strict):
             raise ValueError(no_draft_model)
 
 
-class NGramDecodingConfig(DecodingBaseConfig):
-    max_matching_ngram_size: int = 2
-    is_keep_all: bool = True
-    is_use_oldest: bool = True
-    is_public_pool: bool = True
-    decoding_type: ClassVar[str] = "NGram"
+def _speculative_classes(status: str | None) -> dict[str, type]:
+    """The speculative config classes of one shape of ``DecodingBaseConfig`` (module comment above)."""
+    base: type[DecodingBaseConfig] = DecodingBaseConfig
+    if status is not None:
+        field = (bool, Field(False, json_schema_extra={"status": status}))
+        base = create_model("DecodingBaseConfig", __base__=DecodingBaseConfig, **{_ADVANCED_SAMPLING: field})
 
-    @model_validator(mode="after")
-    def _check(self) -> NGramDecodingConfig:
-        self._positive_draft_len("NGram")
-        if self.max_matching_ngram_size <= 0:
-            raise ValueError("max_matching_ngram_size must be > 0 for NGram")
-        return self
+    class NGramDecodingConfig(base):
+        max_matching_ngram_size: int = 2
+        is_keep_all: bool = True
+        is_use_oldest: bool = True
+        is_public_pool: bool = True
+        decoding_type: ClassVar[str] = "NGram"
+
+        @model_validator(mode="after")
+        def _check(self) -> NGramDecodingConfig:
+            self._positive_draft_len("NGram")
+            if self.max_matching_ngram_size <= 0:
+                raise ValueError("max_matching_ngram_size must be > 0 for NGram")
+            return self
+
+    class DraftTargetDecodingConfig(base):
+        decoding_type: ClassVar[str] = "Draft_Target"
+
+        @model_validator(mode="after")
+        def _check(self) -> DraftTargetDecodingConfig:
+            self._positive_draft_len("DraftTarget", "speculative_model must be specified for DraftTarget")
+            return self
+
+    class EagleDecodingConfig(base):
+        eagle3_one_model: bool | None = True
+        decoding_type: ClassVar[str] = "Eagle"
+
+        @model_validator(mode="after")
+        def _check(self) -> EagleDecodingConfig:
+            self._positive_draft_len("Eagle", "Draft model must be provided for EAGLE")
+            return self
+
+    class Eagle3DecodingConfig(EagleDecodingConfig):
+        """``decoding_type: Literal["Eagle3"]``: in the 1.2-dated and main copies only."""
+
+        decoding_type: ClassVar[str] = "Eagle3"
+
+        @model_validator(mode="before")
+        @classmethod
+        def _in_release(cls, data: Any) -> Any:
+            if _state.series() < (1, 2):
+                raise ValueError(f"Eagle3DecodingConfig is not in TensorRT-LLM {_state.version()}")
+            return data
+
+    class MTPDecodingConfig(base):
+        num_nextn_predict_layers: int = 1
+        use_mtp_vanilla: bool = False
+        decoding_type: ClassVar[str] = "MTP"
+
+        @model_validator(mode="before")
+        @classmethod
+        def _main_spelling(cls, data: Any) -> Any:
+            # main's copy: num_nextn_predict_layers is an internal field remapped from max_draft_len (a given
+            # num_nextn_predict_layers is remapped with a deprecation warning); before, it sets max_draft_len
+            if isinstance(data, dict) and _state.series() >= (1, 3) and "max_draft_len" in data:
+                return {k: v for k, v in data.items() if k != "max_draft_len"} | {
+                    "num_nextn_predict_layers": data["max_draft_len"]
+                }
+            return data
+
+        @model_validator(mode="after")
+        def _check(self) -> MTPDecodingConfig:
+            if self.num_nextn_predict_layers <= 0:
+                raise ValueError("num_nextn_predict_layers must be > 0")
+            self.max_draft_len = self.num_nextn_predict_layers  # set from it in every copy read
+            return self
+
+    return {
+        "NGramDecodingConfig": NGramDecodingConfig,
+        "DraftTargetDecodingConfig": DraftTargetDecodingConfig,
+        "EagleDecodingConfig": EagleDecodingConfig,
+        "Eagle3DecodingConfig": Eagle3DecodingConfig,
+        "MTPDecodingConfig": MTPDecodingConfig,
+    }
 
 
-class DraftTargetDecodingConfig(DecodingBaseConfig):
-    decoding_type: ClassVar[str] = "Draft_Target"
-
-    @model_validator(mode="after")
-    def _check(self) -> DraftTargetDecodingConfig:
-        self._positive_draft_len("DraftTarget", "speculative_model must be specified for DraftTarget")
-        return self
+_SHAPES = {status: _speculative_classes(status) for status in (None, "prototype", "deprecated")}
+NGramDecodingConfig = DraftTargetDecodingConfig = EagleDecodingConfig = Eagle3DecodingConfig = MTPDecodingConfig = None
 
 
-class EagleDecodingConfig(DecodingBaseConfig):
-    eagle3_one_model: bool | None = True
-    decoding_type: ClassVar[str] = "Eagle"
+def _rebind(_version: str) -> None:
+    """Bind this module's (and ``tensorrt_llm.llmapi``'s) speculative config names to the release's shape."""
+    import sys
 
-    @model_validator(mode="after")
-    def _check(self) -> EagleDecodingConfig:
-        self._positive_draft_len("Eagle", "Draft model must be provided for EAGLE")
-        return self
-
-
-class Eagle3DecodingConfig(EagleDecodingConfig):
-    """``decoding_type: Literal["Eagle3"]``: in the 1.2-dated and main copies only."""
-
-    decoding_type: ClassVar[str] = "Eagle3"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _in_release(cls, data: Any) -> Any:
-        if _state.series() < (1, 2):
-            raise ValueError(f"Eagle3DecodingConfig is not in TensorRT-LLM {_state.version()}")
-        return data
+    shape = _SHAPES[advanced_sampling_status()]
+    for module in (sys.modules[__name__], sys.modules.get("tensorrt_llm.llmapi")):
+        if module is None:
+            continue
+        for name, cls in shape.items():
+            setattr(module, name, cls)
 
 
-class MTPDecodingConfig(DecodingBaseConfig):
-    num_nextn_predict_layers: int = 1
-    use_mtp_vanilla: bool = False
-    decoding_type: ClassVar[str] = "MTP"
-
-    @model_validator(mode="after")
-    def _check(self) -> MTPDecodingConfig:
-        if self.num_nextn_predict_layers <= 0:
-            raise ValueError("num_nextn_predict_layers must be > 0")
-        self.max_draft_len = self.num_nextn_predict_layers  # set from it in every copy read
-        return self
+_state.on_change(_rebind)
 
 
 class LoadFormat(enum.Enum):
