@@ -31,8 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..lora_sizes import group_sizes
 from . import decode_kernels
-from .lora import LoraSlots
+from . import lora as lora_slots
+from .lora import LoraSlots, spare_rows
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE types whose tables depend on the current sequence length cannot be precomputed once.
@@ -85,11 +87,12 @@ class _Layer:
     k_norm: torch.Tensor | None
 
 
-def _fuse(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) row-wise; the modules then view into the fused tensor,
-    so the model holds no second copy."""
+def _fuse(modules: list[nn.Linear], spare: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) row-wise, with ``spare`` zeroed rows after them (returned, the biases
+    not); the modules then view into the fused tensor, so the model holds no second copy."""
     with torch.no_grad():
-        weight = torch.cat([m.weight for m in modules])
+        first = modules[0].weight
+        weight = torch.cat([m.weight for m in modules] + [first.new_zeros(spare, first.size(1))])
         bias = None
         if any(m.bias is not None for m in modules):
             bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
@@ -175,7 +178,16 @@ class LlamaDecoder:
     """The forward pass and the paged KV cache (``num_blocks`` blocks of ``block_size`` positions)
     for sequences of up to ``max_seq_len`` positions."""
 
-    def __init__(self, model: nn.Module, *, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_seq_len: int,
+        lora: tuple[int, int] | None = None,
+    ) -> None:
+        """``lora``: (slots, rank) of the LoRA adapters applied to every batch that names slots (``LoraSlots``)."""
         config = model.config
         body = model.model
         self.device = model.device
@@ -197,27 +209,47 @@ class LlamaDecoder:
         self.lm_head = model.lm_head.weight
         self.lm_head_bias = model.lm_head.bias
         self.layers = []
+        # With LoRA folded (lora.FOLD), every fused projection carries the slots' A in rows after its own, so o and
+        # down are copied too (then the model's own weights are freed): the layer's weight is a view of its rows.
+        fold = lora is not None and lora_slots.FOLD
+        spare = {g: spare_rows(parts, *lora, fold) if fold else 0 for g, (_, parts, _) in group_sizes(config).items()}
+        full = []  # per layer, each fused projection's whole weight and its bias (LoraSlots)
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], spare["qkv"])
+            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj], spare["gate_up"])
+            o, o_bias = _fuse([attn.o_proj], spare["o"]) if fold else (attn.o_proj.weight, attn.o_proj.bias)
+            down, down_bias = (
+                _fuse([mlp.down_proj], spare["down"]) if fold else (mlp.down_proj.weight, mlp.down_proj.bias)
+            )
+            pairs = {
+                "qkv": (qkv, qkv_bias),
+                "o": (o, o_bias),
+                "gate_up": (gate_up, gate_up_bias),
+                "down": (down, down_bias),
+            }
+            full.append(pairs)
+            view = {g: w[: w.size(0) - spare[g]] for g, (w, _) in pairs.items()}
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             self.layers.append(
                 _Layer(
                     in_norm=layer.input_layernorm.weight,
                     post_norm=layer.post_attention_layernorm.weight,
-                    qkv=qkv,
+                    qkv=view["qkv"],
                     qkv_bias=qkv_bias,
-                    o=attn.o_proj.weight,
-                    o_bias=attn.o_proj.bias,
-                    gate_up=gate_up,
+                    o=view["o"],
+                    o_bias=o_bias,
+                    gate_up=view["gate_up"],
                     gate_up_bias=gate_up_bias,
-                    down=mlp.down_proj.weight,
-                    down_bias=mlp.down_proj.bias,
+                    down=view["down"],
+                    down_bias=down_bias,
                     q_norm=q_norm.weight if q_norm is not None else None,
                     k_norm=k_norm.weight if k_norm is not None else None,
                 )
             )
+        if fold and self.device.type == "cuda":  # the replaced o and down weights' memory, before the KV cache's
+            torch.cuda.empty_cache()
+        self.lora = None if lora is None else LoraSlots(config, full, slots=lora[0], rank=lora[1], fold=fold)
         positions = torch.arange(max_seq_len, device=self.device).unsqueeze(0)
         with torch.no_grad():
             probe = torch.empty(1, device=self.device, dtype=self.dtype)
@@ -232,12 +264,6 @@ class LlamaDecoder:
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         # The Triton kernels where they can run (CUDA); torch operations otherwise (CPU, CI).
         self.fused_kernels = decode_kernels.available(self.device, self.head_dim)
-        self.lora: LoraSlots | None = None  # attach_lora
-
-    def attach_lora(self, config, slots: int, rank: int) -> LoraSlots:
-        """Stacked buffers for ``slots`` adapters of rank ≤ ``rank``, applied to every batch that names slots."""
-        self.lora = LoraSlots(config, slots=slots, rank=rank, device=self.device, dtype=self.dtype)
-        return self.lora
 
     @staticmethod
     def block_bytes(model: nn.Module, block_size: int) -> int:
@@ -268,9 +294,8 @@ class LlamaDecoder:
     def _linear(
         self, index: int, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, adapters
     ) -> torch.Tensor:
-        """``x @ weight.T (+ bias)``, plus each token's adapter (``adapters``: LoraSlots.add_delta's rows)."""
-        out = F.linear(x, weight, bias)
-        return out if adapters is None else self.lora.add_delta(index, group, x, out, adapters)
+        """``x @ weight.T (+ bias)``, plus each token's adapter (``adapters``: LoraSlots.project's rows)."""
+        return F.linear(x, weight, bias) if adapters is None else self.lora.project(index, group, x, adapters)
 
     def _queries(
         self,
@@ -380,9 +405,10 @@ class LlamaDecoder:
     def _mlp_residual(
         self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, index: int, adapters: torch.Tensor | None
     ) -> torch.Tensor:
-        x = self._add_linear(x, attn, layer.o, layer.o_bias)
-        if adapters is not None:
-            x = self.lora.add_delta(index, "o", attn, x, adapters)
+        if adapters is None:
+            x = self._add_linear(x, attn, layer.o, layer.o_bias)
+        else:
+            x = self.lora.project(index, "o", attn, adapters, residual=x)
         gate_up = self._linear(
             index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, adapters
         )
@@ -391,8 +417,9 @@ class LlamaDecoder:
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = F.silu(gate) * up
-        x = self._add_linear(x, hidden, layer.down, layer.down_bias)
-        return x if adapters is None else self.lora.add_delta(index, "down", hidden, x, adapters)
+        if adapters is None:
+            return self._add_linear(x, hidden, layer.down, layer.down_bias)
+        return self.lora.project(index, "down", hidden, adapters, residual=x)
 
     # -- the pass --------------------------------------------------------------------------------
 
@@ -405,7 +432,7 @@ class LlamaDecoder:
             kept = torch.where(batch.slots >= 0, batch.slots, self.scratch_slot)
             cells = (kept // self.block_size, kept % self.block_size)
         masks = None if self.fused_kernels else self._masks(batch)
-        adapters = None  # LoraSlots.add_delta's rows: slot indices for the Triton kernel, else the torch path's mask
+        adapters = None  # LoraSlots.project's rows: slot indices for the Triton kernel, else the torch path's mask
         if self.lora is not None and batch.lora is not None:
             adapters = batch.lora if self.fused_kernels else self.lora.mask(batch.lora)
         x = F.embedding(batch.tokens, self.embed)
