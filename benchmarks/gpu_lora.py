@@ -56,13 +56,15 @@ from lmi_trt.engines.torch.decode_kernels import LoraTiles
 
 ADAPTERS = ("sql", "chat", "code", "math")
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-DEFAULT = (lora.FOLD, decode_kernels.LORA_TILES)
-# The engines compared: (name, lora.FOLD, the expand's tiles). The first is the layout and tiles before the fold.
+DEFAULT = (lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES)
+# The engines compared: (name, lora.FOLD, lora.FUSE_SILU, the expand's tiles). The first is the layout and tiles
+# before the fold; the default is marked in the table.
 VARIANTS = [
-    ("stacked k32 n64 w4", False, LoraTiles(32, 64, 4)),
-    ("folded k64 n64 w4", True, LoraTiles(64, 64, 4)),
-    ("folded k64 n32 w2", True, LoraTiles(64, 32, 2)),
-    ("folded k64 n128 w4", True, LoraTiles(64, 128, 4)),
+    ("stacked k32 n64 w4", False, False, LoraTiles(32, 64, 4)),
+    ("folded k64 n64 w4", True, False, LoraTiles(64, 64, 4)),
+    ("folded+silu k64 n64 w4", True, True, LoraTiles(64, 64, 4)),
+    ("folded+silu k64 n32 w2", True, True, LoraTiles(64, 32, 2)),
+    ("folded+silu k64 n128 w4", True, True, LoraTiles(64, 128, 4)),
 ]
 TILE_GRID = [LoraTiles(k, n, w) for k in (32, 64) for n in (32, 64, 128) for w in (2, 4)]
 
@@ -127,6 +129,27 @@ def gemm_times(x: torch.Tensor, folded: list[torch.Tensor], n_out: int, device: 
     }
 
 
+def silu_times(base, low, token_slots, ups, expand, span: int, rank: int, device: str) -> dict:
+    """gate/up's expand and silu_mul in one kernel (``lora_silu_mul``) against the two (checked), and the times of
+    it and of ``silu_mul`` alone (which the base model runs too)."""
+    gate_up = base.clone()
+    expand(ups[0], token_slots, gate_up)
+    inner = base.size(1) // 2
+    fused = decode_kernels.lora_silu_mul(base, low, token_slots, ups[0], span, rank)
+    if device == "cuda":
+        two = decode_kernels.silu_mul(gate_up)
+    else:
+        two = F.silu(gate_up[:, :inner]) * gate_up[:, inner:]
+    torch.testing.assert_close(fused.float(), two.float(), rtol=1.6e-2, atol=1e-2)
+    layers = len(ups)
+    return {
+        "gate_up+silu": graph_us(
+            lambda i: decode_kernels.lora_silu_mul(base, low, token_slots, ups[i], span, rank), layers, device
+        ),
+        "silu_mul": graph_us(lambda i: decode_kernels.silu_mul(gate_up), layers, device) if device == "cuda" else None,
+    }
+
+
 def kernels(config, layers: int, slots: int, rank: int, tokens: int, device: str, dtype: torch.dtype) -> dict:
     """The expand kernel of each ``TILE_GRID`` entry against the torch operations, and the times of it and of the
     projections' GEMMs in CUDA graphs of ``layers`` launches (the module docstring). Raises on a wrong result."""
@@ -176,23 +199,29 @@ def kernels(config, layers: int, slots: int, rank: int, tokens: int, device: str
                 assert torch.equal(got[rows], alone[rows]), (tiles, group, slot)
             out = start.clone()
             times[group] = graph_us(lambda i, e=expand, o=out, ups=ups: e(ups[i], token_slots, o), layers, device)
+            if group == "gate_up":
+                times |= silu_times(both[:, :n_out], low, token_slots, ups, expand, span, rank, device)
         report["checked"].append(str(tiles))
         report["expand_us"][str(tiles)] = times
-    decode_kernels.LORA_TILES = DEFAULT[1]
+    decode_kernels.LORA_TILES = DEFAULT[2]
     return report
 
 
 def print_kernels(report: dict, layers: int) -> None:
     groups = list(report["gemm_us"])
+    columns = [*groups, "gate_up+silu", "silu_mul"]
     print(f"\nexpand kernel, {layers} launches in a CUDA graph, µs (checked against torch: {len(report['checked'])})")
-    print("| tiles | " + " | ".join(groups) + " | step |")
-    print("| --- |" + " ---: |" * (len(groups) + 1))
+    print("step: the 4 expands; step, silu fused: qkv, o, down and gate_up+silu less silu_mul (the base model's)")
+    print("| tiles | " + " | ".join(columns) + " | step | step, silu fused |")
+    print("| --- |" + " ---: |" * (len(columns) + 2))
     for tiles, times in report["expand_us"].items():
         if None in times.values():
             continue
-        mark = " (default)" if tiles == str(DEFAULT[1]) else ""
-        cells = " | ".join(f"{times[g]:.1f}" for g in groups)
-        print(f"| {tiles}{mark} | {cells} | {sum(times.values()):.1f} |")
+        mark = " (default)" if tiles == str(DEFAULT[2]) else ""
+        cells = " | ".join(f"{times[c]:.1f}" for c in columns)
+        step = sum(times[g] for g in groups)
+        fused = step - times["gate_up"] + times["gate_up+silu"] - times["silu_mul"]
+        print(f"| {tiles}{mark} | {cells} | {step:.1f} | {fused:.1f} |")
     print(f"\nprojection GEMMs, {layers} launches in a CUDA graph, µs")
     print("| GEMM | " + " | ".join(groups) + " |")
     print("| --- |" + " ---: |" * len(groups))
@@ -225,7 +254,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "shapes": {"streams": streams, "prompt": prompt_len, "out": out, "rank": a.rank, "adapters": len(ADAPTERS)},
-        "variants": {name: {"fold": fold, "tiles": str(tiles)} for name, fold, tiles in VARIANTS},
+        "variants": {name: {"fold": f, "fuse_silu": u, "tiles": str(t)} for name, f, u, t in VARIANTS},
     }
 
     def save() -> None:
@@ -262,13 +291,13 @@ def main() -> None:
             return runs + alone
 
         settings = base | {"enable_lora": True, "max_loras": len(ADAPTERS), "max_lora_rank": a.rank}
-        for name, fold, tiles in VARIANTS:
-            print(f"lora engine: {name}", flush=True)
-            lora.FOLD, decode_kernels.LORA_TILES = fold, tiles
+        for name, *variant in VARIANTS:
+            print(f"lora engine: {name}{' (default)' if tuple(variant) == DEFAULT else ''}", flush=True)
+            lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES = variant
             try:
                 report[name] = asyncio.run(session(model_dir, device, settings, lora_workloads, log))
             finally:
-                lora.FOLD, decode_kernels.LORA_TILES = DEFAULT
+                lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES = DEFAULT
             save()
 
     ref = report["base"]["base_64"]
@@ -330,6 +359,8 @@ def main() -> None:
     for variant, checks in report["agreement"].items():
         for what, value in checks.items():
             print(f"  {variant}: {what}: {value['rows_identical']}/{value['rows']} rows identical")
+    default = [name for name, *variant in VARIANTS if tuple(variant) == DEFAULT]
+    print(f"\nthe default (lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES): {default or DEFAULT}")
     print_targets(report["targets"])
 
 

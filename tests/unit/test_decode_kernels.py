@@ -152,6 +152,13 @@ for tiles in (LORA_TILES, LoraTiles(block_k=16, block_n=32, num_warps=2)):
         want = before + (0 if added is None else base)
         torch.testing.assert_close(out, want + (low * kept) @ up, rtol=1e-5, atol=1e-5)
         assert torch.equal(out[token_slots < 0], want[token_slots < 0])
+    # The gate/up projection's expand and silu_mul in one: part 0 (gate) and part 1 (up) of 2, inner width 50.
+    two = up[: 2 * span].clone()
+    two[:span, 50:], two[span:, :50] = 0, 0
+    gate_up = base.clone()
+    lora_expand(low[:, : 2 * span], token_slots, two, gate_up, span, rank, (50, 100))
+    fused = kernels.lora_silu_mul(base, low[:, : 2 * span], token_slots, two, span, rank)
+    torch.testing.assert_close(fused, F.silu(gate_up[:, :50]) * gate_up[:, 50:], rtol=1e-5, atol=1e-5)
 kernels.LORA_TILES = LORA_TILES
 # The first pass again with adapters (random slots, 2 of rank 4, B zero outside each part's columns as written):
 # the kernel against the torch path, each with the slots' A folded into the base projections and apart.
@@ -167,16 +174,16 @@ for fold in (True, False):
             g.b.normal_(std=0.2)
             for part, (start, end) in enumerate(zip((0,) + g.ends, g.ends)):
                 g.b[part * 8 : (part + 1) * 8, :start], g.b[part * 8 : (part + 1) * 8, end:] = 0, 0
-    for fused in (False, True):
-        with_lora.fused_kernels = fused
+    for fused, silu in ((False, False), (True, False), (True, True)):  # the torch path; the kernels, silu apart or not
+        with_lora.fused_kernels, lora_module.FUSE_SILU = fused, silu
         batch = flat([(a_table, 0, 8), (b_table, 0, 3)], a + b[:3], [7, 10])
         batch.lora = torch.tensor([1] * 8 + [0, -1, 0])
         with torch.no_grad():
-            adapted[fold, fused] = with_lora.forward(batch)
-lora_module.FOLD = True
+            adapted[fold, fused, silu] = with_lora.forward(batch)
+lora_module.FOLD = lora_module.FUSE_SILU = True
 for key, logits in adapted.items():
-    torch.testing.assert_close(logits, adapted[True, False], rtol=1e-5, atol=1e-5)
-assert not torch.allclose(adapted[True, True][0], results[0][0][0])  # the adapter changed the logits
+    torch.testing.assert_close(logits, adapted[True, False, False], rtol=1e-5, atol=1e-5)
+assert not torch.allclose(adapted[True, True, True][0], results[0][0][0])  # the adapter changed the logits
 
 # A verification step (speculative decoding): each of 3 sequences feeds its last token and 3 drafts, k + 1 = 4
 # queries of a sequence sharing each KV head's 2 query heads, the positions past a sequence's drafts padding

@@ -15,6 +15,7 @@
   cache writes of k and v at each token's cache slot (block, offset), one program per token: five
   kernels of the torch path in one.
 * ``silu_mul`` — ``silu(gate) * up`` of the fused gate/up projection in one pass.
+* ``lora_silu_mul`` — the gate/up projection's expand and ``silu_mul`` in one (lora.py).
 * ``lora_expand`` — a LoRA projection's expand (lora.py): each token's low-rank activations, masked to its
   adapter slot's columns, times the stacked B (only the parts a tile of output columns lies in: B is
   block-diagonal), added into the projection's output in place (with the base output, into the residual
@@ -224,6 +225,49 @@ if triton is not None:
         out = tl.load(target, mask=inside, other=0.0).to(tl.float32) + acc
         tl.store(target, out.to(out_ptr.dtype.element_ty), mask=inside)
 
+    @triton.jit
+    def _lora_silu_mul_kernel(
+        base_ptr,
+        low_ptr,
+        slots_ptr,
+        b_ptr,
+        out_ptr,
+        tokens,
+        inner,
+        stride_base,
+        stride_low,
+        stride_b,
+        stride_out,
+        SPAN: tl.constexpr,
+        RANK: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        # gate and up columns n of the tile: each part's expand (its SPAN rows of B), then silu(gate) · up.
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + m, mask=m < tokens, other=-1)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, SPAN, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            keep = (k[None, :] // RANK == slot[:, None]) & (k[None, :] < SPAN)
+            rows = low_ptr + m[:, None] * stride_low + k[None, :]
+            cols = (k[:, None] < SPAN) & (n[None, :] < inner)
+            b_gate = tl.load(b_ptr + k[:, None] * stride_b + n[None, :], mask=cols, other=0.0)
+            b_up = tl.load(b_ptr + (SPAN + k[:, None]) * stride_b + inner + n[None, :], mask=cols, other=0.0)
+            gate += tl.dot(tl.load(rows, mask=keep, other=0.0), b_gate)
+            up += tl.dot(tl.load(rows + SPAN, mask=keep, other=0.0), b_up)
+        inside = (m[:, None] < tokens) & (n[None, :] < inner)
+        source = base_ptr + m[:, None] * stride_base + n[None, :]
+        # Rounded as the expand's output would be before silu_mul reads it: the two kernels' result, in one.
+        kind = out_ptr.dtype.element_ty
+        gate = (tl.load(source, mask=inside, other=0.0).to(tl.float32) + gate).to(kind).to(tl.float32)
+        up = (tl.load(source + inner, mask=inside, other=0.0).to(tl.float32) + up).to(kind).to(tl.float32)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + m[:, None] * stride_out + n[None, :], out.to(kind), mask=inside)
+
 
 def rotary_into_cache(
     qkv: torch.Tensor,
@@ -316,6 +360,38 @@ def lora_expand(
         SPAN=span,
         RANK=rank,
         HAS_BASE=base is not None,
+        BLOCK_M=block_m,
+        BLOCK_K=min(tiles.block_k, max(16, triton.next_power_of_2(span))),
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps,
+    )
+    return out
+
+
+def lora_silu_mul(
+    base: torch.Tensor, low: torch.Tensor, slots: torch.Tensor, b: torch.Tensor, span: int, rank: int
+) -> torch.Tensor:
+    """``silu_mul`` of the fused gate/up projection ``base`` [T, 2I] plus each token's adapter, ``lora_expand``'s
+    (``low`` [T, 2·span], ``b`` [2·span, 2I] block-diagonal over gate and up) without writing it back: [T, I]. Rows
+    of the inputs may be strided views, their last dimension contiguous."""
+    tokens, inner = base.size(0), base.size(1) // 2
+    out = torch.empty((tokens, inner), device=base.device, dtype=base.dtype)
+    block_m = min(64, max(16, triton.next_power_of_2(tokens)))
+    tiles = LORA_TILES
+    _lora_silu_mul_kernel[(triton.cdiv(tokens, block_m), triton.cdiv(inner, tiles.block_n))](
+        base,
+        low,
+        slots,
+        b,
+        out,
+        tokens,
+        inner,
+        base.stride(0),
+        low.stride(0),
+        b.stride(0),
+        out.stride(0),
+        SPAN=span,
+        RANK=rank,
         BLOCK_M=block_m,
         BLOCK_K=min(tiles.block_k, max(16, triton.next_power_of_2(span))),
         BLOCK_N=tiles.block_n,

@@ -409,14 +409,16 @@ class LlamaDecoder:
             x = self._add_linear(x, attn, layer.o, layer.o_bias)
         else:
             x = self.lora.project(index, "o", attn, adapters, residual=x)
-        gate_up = self._linear(
-            index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, adapters
-        )
-        if self.fused_kernels:
-            hidden = decode_kernels.silu_mul(gate_up)
+        normed = self._norm(x, layer.post_norm)
+        if self.fused_kernels and adapters is not None and lora_slots.FUSE_SILU:
+            hidden = self.lora.project_silu(index, normed, adapters)  # the gate/up expand and silu_mul in one
         else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            hidden = F.silu(gate) * up
+            gate_up = self._linear(index, "gate_up", normed, layer.gate_up, layer.gate_up_bias, adapters)
+            if self.fused_kernels:
+                hidden = decode_kernels.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                hidden = F.silu(gate) * up
         if adapters is None:
             return self._add_linear(x, hidden, layer.down, layer.down_bias)
         return self.lora.project(index, "down", hidden, adapters, residual=x)

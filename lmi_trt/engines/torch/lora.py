@@ -35,7 +35,8 @@ Kernels. At decode sizes the FLOPs are negligible and each kernel's launch and l
 is what matters. With the decoder's Triton kernels (CUDA) a pass with adapters runs, per projection, the folded
 GEMM and ``decode_kernels.lora_expand``, which masks by each token's slot index, multiplies by B and adds into the
 output (and, for o and down, adds the base output into the residual stream) in one: 1 kernel more than the base
-model per projection, 64 for a 16-layer model. With A apart (``FOLD`` off) a separate shrink matmul ran for each,
+model per projection, 64 for a 16-layer model; 48 with ``FUSE_SILU``, where gate/up's expand and ``silu_mul`` are
+one kernel (``decode_kernels.lora_silu_mul``). With A apart (``FOLD`` off) a separate shrink matmul ran for each,
 128 (measured on an H100: 0.64 ms a step over the base model's 1.61, benchmarks/README.md). The torch operations
 (the CPU path, the reference) run 3 or 4 per projection (the GEMM, the mask's in-place ``mul_``, the base output's
 ``add_`` into the residual stream for o and down, the expand ``addmm_``) and 2 per pass for the mask (``eq``, the
@@ -153,6 +154,9 @@ def read_adapter(name: str, folder: Path, *, max_rank: int, num_layers: int, dty
 # after the fused base projection's own (the module docstring); False, a buffer of their own and a second matmul.
 # Read when a decoder is built.
 FOLD = True
+# With the Triton kernels, the gate/up projection's expand and silu_mul as one kernel (True) or two; read at each
+# pass (a CUDA graph keeps what it captured). Also for benchmarks/gpu_lora.py's comparison.
+FUSE_SILU = True
 
 
 def spare_rows(parts: int, slots: int, rank: int, fold: bool) -> int:
@@ -233,6 +237,21 @@ class LoraSlots:
         for -1: the base model); a group of fewer parts reads its leading columns. Built once per pass."""
         return (token_slots.unsqueeze(1) == self._column_slot).to(self.dtype)
 
+    def _outputs(self, g: _Group, x: torch.Tensor, residual: torch.Tensor | None):
+        """The base projection's output (into ``residual`` when given), the low-rank activations, and the base output
+        the expand still adds into ``residual`` (folded: the GEMM's; else None, already added)."""
+        n_out = g.b.size(1)
+        if self.fold:  # one GEMM: the base output, then every slot's low-rank activations (strided views)
+            both = F.linear(x, g.weight, g.bias)
+            out, low = both[:, :n_out], both[:, n_out:]
+            return (out, low, None) if residual is None else (residual, low, out)
+        low = torch.mm(x, g.a.t())
+        if residual is None:
+            return F.linear(x, g.weight, g.bias), low, None
+        if g.bias is None:
+            return residual.addmm_(x, g.weight.t()), low, None
+        return residual.add_(F.linear(x, g.weight, g.bias)), low, None
+
     def project(
         self, index: int, group: str, x: torch.Tensor, rows: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -241,23 +260,17 @@ class LoraSlots:
         indices [T] (the Triton expand, CUDA) or their ``mask`` [T, G·S·R] (the torch operations, the reference);
         kernels: the module docstring."""
         g = self.layers[index][group]
-        n_out, base = g.b.size(1), None
-        if self.fold:  # one GEMM: the base output, then every slot's low-rank activations (strided views)
-            both = F.linear(x, g.weight, g.bias)
-            out, low = both[:, :n_out], both[:, n_out:]
-            if residual is not None:
-                base, out = out, residual
-        else:
-            low = torch.mm(x, g.a.t())
-            if residual is None:
-                out = F.linear(x, g.weight, g.bias)
-            elif g.bias is None:
-                out = residual.addmm_(x, g.weight.t())
-            else:
-                out = residual.add_(F.linear(x, g.weight, g.bias))
+        out, low, base = self._outputs(g, x, residual)
         if rows.dim() == 1:
             return decode_kernels.lora_expand(low, rows, g.b, out, self.slots * self.rank, self.rank, g.ends, base)
         low.mul_(rows[:, : low.size(1)])
         if base is not None:
             out.add_(base)
         return out.addmm_(low, g.b)
+
+    def project_silu(self, index: int, x: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) · up`` of layer ``index``'s gate/up ``project`` (the Triton path: ``token_slots`` [T]), its
+        expand and ``silu_mul`` one kernel."""
+        g = self.layers[index]["gate_up"]
+        out, low, _ = self._outputs(g, x, None)
+        return decode_kernels.lora_silu_mul(out, low, token_slots, g.b, self.slots * self.rank, self.rank)
