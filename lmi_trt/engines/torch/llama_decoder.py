@@ -62,13 +62,16 @@ def unsupported_reason(model: nn.Module, max_seq_len: int) -> str | None:
     if rope_type in _LENGTH_DEPENDENT_ROPE:
         return f"rope_type={rope_type!r} depends on the sequence length"
     for layer in getattr(body, "layers", []):
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        if not all(type(m) is nn.Linear for m in linears):
+        if not all(type(m) is nn.Linear for m in _projections(layer)):
             return "its projections are not plain nn.Linear layers (quantized or adapted weights)"
     if not isinstance(getattr(model, "lm_head", None), nn.Linear):
         return "no plain lm_head"
     return None
+
+
+def _projections(layer: nn.Module) -> list[nn.Module]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
 
 
 @dataclass
@@ -87,15 +90,16 @@ class _Layer:
     k_norm: torch.Tensor | None
 
 
-def _fuse(modules: list[nn.Linear], spare: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) row-wise, with ``spare`` zeroed rows after them (returned, the biases
-    not); the modules then view into the fused tensor, so the model holds no second copy."""
+def _fuse(modules: list[nn.Linear], device: torch.device, spare: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) row-wise on ``device``, with ``spare`` zeroed rows after them (returned,
+    the biases not); the modules then view into the fused tensor, so the model holds no second copy."""
     with torch.no_grad():
         first = modules[0].weight
-        weight = torch.cat([m.weight for m in modules] + [first.new_zeros(spare, first.size(1))])
+        weight = torch.cat([m.weight for m in modules] + [first.new_zeros(spare, first.size(1))]).to(device)
         bias = None
         if any(m.bias is not None for m in modules):
-            bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+            parts = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+            bias = torch.cat(parts).to(device)
         start = 0
         for m in modules:
             end = start + m.out_features
@@ -210,18 +214,30 @@ class LlamaDecoder:
         self.lm_head_bias = model.lm_head.bias
         self.layers = []
         # With LoRA folded (lora.FOLD), every fused projection carries the slots' A in rows after its own, so o and
-        # down are copied too (then the model's own weights are freed): the layer's weight is a view of its rows.
+        # down are copied too (the model's modules then view the copies): the layer's weight is a view of its rows.
         fold = lora is not None and lora_slots.FOLD
         spare = {g: spare_rows(parts, *lora, fold) if fold else 0 for g, (_, parts, _) in group_sizes(config).items()}
+        if fold and self.device.type == "cuda":
+            # Replaced one by one, the projections would leave holes between tensors still live (the embeddings,
+            # the norms, what the loader put beside them) that the wider copies do not fit; moved to the host first,
+            # the device memory they held is freed at once, and the copies reuse it.
+            for layer in body.layers:
+                for m in _projections(layer):
+                    m.weight.data = m.weight.data.cpu()
+                    if m.bias is not None:
+                        m.bias.data = m.bias.data.cpu()
+            torch.cuda.empty_cache()
         full = []  # per layer, each fused projection's whole weight and its bias (LoraSlots)
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], spare["qkv"])
-            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj], spare["gate_up"])
-            o, o_bias = _fuse([attn.o_proj], spare["o"]) if fold else (attn.o_proj.weight, attn.o_proj.bias)
-            down, down_bias = (
-                _fuse([mlp.down_proj], spare["down"]) if fold else (mlp.down_proj.weight, mlp.down_proj.bias)
-            )
+            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], self.device, spare["qkv"])
+            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj], self.device, spare["gate_up"])
+            if fold:
+                o, o_bias = _fuse([attn.o_proj], self.device, spare["o"])
+                down, down_bias = _fuse([mlp.down_proj], self.device, spare["down"])
+            else:
+                o, o_bias = attn.o_proj.weight, attn.o_proj.bias
+                down, down_bias = mlp.down_proj.weight, mlp.down_proj.bias
             pairs = {
                 "qkv": (qkv, qkv_bias),
                 "o": (o, o_bias),
@@ -247,8 +263,6 @@ class LlamaDecoder:
                     k_norm=k_norm.weight if k_norm is not None else None,
                 )
             )
-        if fold and self.device.type == "cuda":  # the replaced o and down weights' memory, before the KV cache's
-            torch.cuda.empty_cache()
         self.lora = None if lora is None else LoraSlots(config, full, slots=lora[0], rank=lora[1], fold=fold)
         positions = torch.arange(max_seq_len, device=self.device).unsqueeze(0)
         with torch.no_grad():
