@@ -323,6 +323,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _lora_tiles(tokens: int, columns: int, span: int) -> tuple[tuple[int, int], dict[str, int]]:
+    """A LoRA kernel's grid over ``tokens`` × ``columns`` and its tiles (``LORA_TILES``, read now)."""
+    # A decode step's tokens in one row tile where they fit (B is read once per tile); tl.dot's smallest is 16.
+    block_m = min(64, max(16, triton.next_power_of_2(tokens)))
+    tiles = LORA_TILES
+    grid = (triton.cdiv(tokens, block_m), triton.cdiv(columns, tiles.block_n))
+    block_k = min(tiles.block_k, max(16, triton.next_power_of_2(span)))
+    return grid, {"BLOCK_M": block_m, "BLOCK_K": block_k, "BLOCK_N": tiles.block_n, "num_warps": tiles.num_warps}
+
+
 def lora_expand(
     low: torch.Tensor,
     slots: torch.Tensor,
@@ -339,10 +349,7 @@ def lora_expand(
     ``span`` rows from ``p · span``) is zero outside output columns ``ends[p - 1]:ends[p]`` (at most 3 parts), which
     a tile of columns does not read. A token of no adapter gets exactly ``+ 0``."""
     tokens, width, n_out = low.size(0), low.size(1), b.size(1)
-    # A decode step's tokens in one row tile where they fit (B is read once per tile); tl.dot's smallest is 16.
-    block_m = min(64, max(16, triton.next_power_of_2(tokens)))
-    tiles = LORA_TILES
-    grid = (triton.cdiv(tokens, block_m), triton.cdiv(n_out, tiles.block_n))
+    grid, tiles = _lora_tiles(tokens, n_out, span)
     end0, end1 = (list(ends[:-1]) + [n_out, n_out])[:2]
     strides = (low.stride(0), b.stride(0), out.stride(0), 0 if base is None else base.stride(0))
     _lora_expand_kernel[grid](
@@ -360,10 +367,7 @@ def lora_expand(
         SPAN=span,
         RANK=rank,
         HAS_BASE=base is not None,
-        BLOCK_M=block_m,
-        BLOCK_K=min(tiles.block_k, max(16, triton.next_power_of_2(span))),
-        BLOCK_N=tiles.block_n,
-        num_warps=tiles.num_warps,
+        **tiles,
     )
     return out
 
@@ -376,9 +380,8 @@ def lora_silu_mul(
     of the inputs may be strided views, their last dimension contiguous."""
     tokens, inner = base.size(0), base.size(1) // 2
     out = torch.empty((tokens, inner), device=base.device, dtype=base.dtype)
-    block_m = min(64, max(16, triton.next_power_of_2(tokens)))
-    tiles = LORA_TILES
-    _lora_silu_mul_kernel[(triton.cdiv(tokens, block_m), triton.cdiv(inner, tiles.block_n))](
+    grid, tiles = _lora_tiles(tokens, inner, span)
+    _lora_silu_mul_kernel[grid](
         base,
         low,
         slots,
@@ -386,16 +389,10 @@ def lora_silu_mul(
         out,
         tokens,
         inner,
-        base.stride(0),
-        low.stride(0),
-        b.stride(0),
-        out.stride(0),
+        *(t.stride(0) for t in (base, low, b, out)),
         SPAN=span,
         RANK=rank,
-        BLOCK_M=block_m,
-        BLOCK_K=min(tiles.block_k, max(16, triton.next_power_of_2(span))),
-        BLOCK_N=tiles.block_n,
-        num_warps=tiles.num_warps,
+        **tiles,
     )
     return out
 
