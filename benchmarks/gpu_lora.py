@@ -359,6 +359,8 @@ def main() -> None:
     for variant, checks in report["agreement"].items():
         for what, value in checks.items():
             print(f"  {variant}: {what}: {value['rows_identical']}/{value['rows']} rows identical")
+    if "kernels" in report:  # again, beside the engines' figures
+        print_kernels(report["kernels"], layers)
     default = [name for name, *variant in VARIANTS if tuple(variant) == DEFAULT]
     print(f"\nthe default (lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES): {default or DEFAULT}")
     print_targets(report["targets"])
