@@ -506,7 +506,15 @@ SURFACE = {
             "source": "SPEC: class DecodingBaseConfig(StrictBaseModel); max_concurrency from the 1.1 copy on",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
             "notes": "keyword-only (pydantic, unknown keys rejected)",
-            "ctor": [["*", "max_draft_len=None", "speculative_model_dir=None", "max_concurrency=None"]],
+            "ctor": [
+                [
+                    "*",
+                    "max_draft_len=None",
+                    "speculative_model_dir=None",
+                    "max_concurrency=None",
+                    "allow_advanced_sampling=False  # only from PR 9885 (1.2-dated copy)",
+                ]
+            ],
             "methods": ["supports_backend"],
         },
         "NGramDecodingConfig": {
@@ -519,6 +527,7 @@ SURFACE = {
                     "max_draft_len=None",
                     "speculative_model_dir=None",
                     "max_concurrency=None",
+                    "allow_advanced_sampling=False  # only from PR 9885 (1.2-dated copy)",
                     "max_matching_ngram_size=2",
                     "is_keep_all=True",
                     "is_use_oldest=True",
@@ -532,7 +541,15 @@ SURFACE = {
             "source": "SPEC: class DraftTargetDecodingConfig(DecodingBaseConfig); 'speculative_model must be "
             "specified for DraftTarget'",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
-            "ctor": [["*", "max_draft_len=None", "speculative_model_dir=None", "max_concurrency=None"]],
+            "ctor": [
+                [
+                    "*",
+                    "max_draft_len=None",
+                    "speculative_model_dir=None",
+                    "max_concurrency=None",
+                    "allow_advanced_sampling=False  # only from PR 9885 (1.2-dated copy)",
+                ]
+            ],
             "methods": ["supports_backend"],
             "props_ro": ["decoding_type"],
         },
@@ -545,6 +562,7 @@ SURFACE = {
                     "max_draft_len=None",
                     "speculative_model_dir=None",
                     "max_concurrency=None",
+                    "allow_advanced_sampling=False  # only from PR 9885 (1.2-dated copy)",
                     "eagle3_one_model=True",
                 ]
             ],
@@ -560,6 +578,7 @@ SURFACE = {
                     "max_draft_len=None",
                     "speculative_model_dir=None",
                     "max_concurrency=None",
+                    "allow_advanced_sampling=False  # only from PR 9885 (1.2-dated copy)",
                     "eagle3_one_model=True",
                 ]
             ],
@@ -576,6 +595,7 @@ SURFACE = {
                     "max_draft_len=None",
                     "speculative_model_dir=None",
                     "max_concurrency=None",
+                    "allow_advanced_sampling=False  # only from PR 9885 (1.2-dated copy)",
                     "num_nextn_predict_layers=1",
                     "use_mtp_vanilla=False",
                 ]

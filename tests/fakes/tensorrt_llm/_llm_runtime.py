@@ -619,9 +619,9 @@ def _stack(rows):
 
 
 def _advanced_sampling_status() -> str | None:
-    from tensorrt_llm.llmapi.llm_args import advanced_sampling_status
+    from tensorrt_llm.llmapi.llm_args import _advanced_sampling_status as status
 
-    return advanced_sampling_status()
+    return status()
 
 
 class _Speculation:

@@ -163,7 +163,7 @@ class SchedulerConfig(_Strict):
 _ADVANCED_SAMPLING = "allow_advanced_sampling"
 
 
-def advanced_sampling_status() -> str | None:
+def _advanced_sampling_status() -> str | None:
     """The ``allow_advanced_sampling`` field's status in the release played (None: no such field)."""
     if _state.series() < (1, 2):
         return None
@@ -283,7 +283,7 @@ def _rebind(_version: str) -> None:
     """Bind this module's (and ``tensorrt_llm.llmapi``'s) speculative config names to the release's shape."""
     import sys
 
-    shape = _SHAPES[advanced_sampling_status()]
+    shape = _SHAPES[_advanced_sampling_status()]
     for module in (sys.modules[__name__], sys.modules.get("tensorrt_llm.llmapi")):
         if module is None:
             continue
