@@ -129,7 +129,14 @@ def _build_config(plan: BuildPlan) -> Any:
     plugins = PluginConfig()
     for name, value in plan.plugin_settings().items():
         setattr(plugins, name, value)
-    return BuildConfig(**plan.build_config_kwargs(), plugin_config=plugins)
+    kwargs = plan.build_config_kwargs()
+    if plan.speculative_decoding_mode is not None:
+        from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+        # BuildConfig takes the enum; trtllm-build's flag value is its member's name in lower case
+        # (tensorrt_llm/models/modeling_utils.py SpeculativeDecodingMode.from_arguments).
+        kwargs["speculative_decoding_mode"] = SpeculativeDecodingMode[plan.speculative_decoding_mode.upper()]
+    return BuildConfig(**kwargs, plugin_config=plugins)
 
 
 def _quantize(task: dict[str, Any], plan: BuildPlan, say: Progress) -> None:
