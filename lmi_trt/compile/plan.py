@@ -616,6 +616,11 @@ def _make_plan(
     max_batch_size = opts.max_batch_size or TRTLLM_DEFAULT_BATCH
     max_num_tokens, more = resolve_max_num_tokens(opts, max_batch_size, max_seq_len, plugins.use_paged_context_fmha)
     notes += more
+    if opts.speculative_decoding_mode is not None and max_num_tokens < max_batch_size * (opts.max_draft_len + 1):
+        # builder.py build raises it so (max_draft_len + 1 tokens a request each step); planned here, so the build
+        # keeps the plan's limits
+        max_num_tokens = max_batch_size * (opts.max_draft_len + 1)
+        notes.append(f"max_num_tokens={max_num_tokens}: max_batch_size × (max_draft_len + 1), as speculation needs")
     if from_hf:
         kwargs = converter_kwargs(spec, opts, hf_config)
         if opts.logits_dtype == "fp16":
