@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lmi_trt.engines.base import SAMPLING_FEATURES
 from lmi_trt.speculative import (
     JSON_KEY,
     LOOKAHEAD_MEMBERS,
@@ -207,23 +208,11 @@ def lookahead_refusals(lookahead: Lookahead) -> dict[str, str]:
         "leave it out, or serve without speculation"
     )
     return {
+        **dict.fromkeys(("guided", "logit_bias", *SAMPLING_FEATURES), unread),
         "sampling": greedy,
         "seed": greedy,
         "logprobs": "lookahead decoding does not return log-probs (lookaheadDecodingLayer.cpp: 'outputLogProbs are "
         "not supported'); leave them out, or serve without speculation",
         "beam_search": "lookahead decoding runs one beam ('Beam width must be 1 in Lookahead decoding.'); ask for 1 "
         "beam",
-        **dict.fromkeys(
-            (
-                "guided",
-                "logit_bias",
-                "repetition_penalty",
-                "presence_penalty",
-                "frequency_penalty",
-                "min_new_tokens",
-                "bad_words",
-                "stop_token_ids",
-            ),
-            unread,
-        ),
     }

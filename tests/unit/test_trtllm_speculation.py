@@ -4,6 +4,8 @@ refusals (other methods, members, beams, releases, GPUs), each naming the key.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lmi_trt import stages
@@ -21,19 +23,14 @@ LOOKAHEAD_JSON = (
     '{"decoding_type": "Lookahead", "max_window_size": 2, "max_ngram_size": 3, "max_verification_set_size": 2}'
 )
 H100 = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
-T4 = GpuFacts(name="Tesla T4", sm=75, memory_gib=16, count=1)
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1000,
-    "max_position_embeddings": 512,
-    "torch_dtype": "float16",
-}
+T4 = H100.model_copy(update={"name": "Tesla T4", "sm": 75})
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from tinymodels import tiny_model
+
+    return json.loads((tiny_model("llama") / "config.json").read_text())
 
 
 def config(**options):
@@ -111,19 +108,19 @@ def test_the_tensorrt_entry_honours_lookahead_keys():
     assert {"speculative_config", "speculative_decoding_mode"} <= stages.honoured(TENSORRT, cfg)
 
 
-def plan(gpu=H100, version="1.2.1", **opts):
-    base = dict(max_input_len=128, max_output_len=64, max_batch_size=4)
-    return make_plan(CompileOptions(**{**base, **opts}), LLAMA, gpu, version)
+def plan(hf, gpu=H100, version="1.2.1", **opts):
+    base = dict(max_input_len=64, max_output_len=32, max_batch_size=4)
+    return make_plan(CompileOptions(**{**base, **opts}), hf, gpu, version)
 
 
-def test_the_plan_and_its_cache_key_carry_the_mode_and_draft_length():
+def test_the_plan_and_its_cache_key_carry_the_mode_and_draft_length(llama):
     opts = stages.compile_options(stages.settle(config(speculative_config=LOOKAHEAD_JSON), "trtllm"))
     assert (opts.speculative_decoding_mode, opts.max_draft_len) == ("lookahead_decoding", 7)
-    small = {"max_batch_size": 4, "max_input_len": 128, "max_output_len": 64}
-    planned = make_plan(opts.model_copy(update=small), LLAMA, H100, "1.2.1")
+    small = {"max_batch_size": 4, "max_input_len": 64, "max_output_len": 32}
+    planned = make_plan(opts.model_copy(update=small), llama, H100, "1.2.1")
     key = planned.key_dict()
     assert (key["speculative_decoding_mode"], key["max_draft_len"]) == ("lookahead_decoding", 7)
-    assert "speculative_decoding_mode" not in plan().key_dict()  # plain plans keep their keys
+    assert "speculative_decoding_mode" not in plan(llama).key_dict()  # plain plans keep their keys
     assert planned.build_config_kwargs()["max_draft_len"] == 7
 
 
@@ -137,10 +134,10 @@ def test_the_plan_and_its_cache_key_carry_the_mode_and_draft_length():
         (dict(speculative_decoding_mode=None), "option.max_draft_len", "need a speculative decoding mode"),
     ],
 )
-def test_the_plan_refuses_engines_lmi_trt_would_not_serve(opts, key, words):
+def test_the_plan_refuses_engines_lmi_trt_would_not_serve(llama, opts, key, words):
     opts = {"speculative_decoding_mode": "lookahead_decoding", "max_draft_len": 7, **opts}
     with pytest.raises(PlanError) as err:
-        plan(**opts)
+        plan(llama, **opts)
     assert err.value.key == key and words in str(err.value)
 
 
