@@ -198,3 +198,83 @@ def test_the_compile_stage_builds_for_lookahead_and_keys_the_cache_by_it(trt, tm
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
         other = ensure_engine(compile_job(plain), artifact, gpu=gpu, trtllm_version="1.2.1")
     assert other.path != built.path and "plan.speculative_decoding_mode" in caplog.text
+
+
+async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_refusals(
+    trt, tmp_path, monkeypatch, caplog
+):
+    """The real load path: trtllm-serve's speculative_config → the compile stage builds the lookahead engine →
+    the Executor decodes greedily as without it; a sampled request is a 400 naming its field; /metrics counts."""
+    import torch
+    from aiohttp import ClientSession, ClientTimeout
+    from aiohttp.test_utils import TestServer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import lmi_trt.compile.jit as jit
+    import lmi_trt.engines.trtllm as engine_module
+    from lmi_trt.compile.plan import GpuFacts
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.loader import load_model
+    from lmi_trt.serving.app import build_app
+
+    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.1.0")  # the spawned build workers' release too
+    trt.__version__ = "1.1.0"
+    monkeypatch.setattr(engine_module, "cuda_available", lambda: True)
+    monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
+    monkeypatch.setattr(jit, "_host_trtllm", lambda: "1.1.0")
+    hf_dir = tiny_model("llama")
+    config = LmiConfig(
+        model_id=str(hf_dir),
+        rolling_batch="trtllm",
+        backend="tensorrt",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+        speculative_config={
+            "decoding_type": "Lookahead",
+            "max_window_size": 2,
+            "max_ngram_size": 3,
+            "max_verification_set_size": 2,
+        },
+    )
+    prompt = "the cat the cat the cat the cat"
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
+    want = want[: want.index(tok.eos_token_id)] if tok.eos_token_id in want else want
+    assert len(want) >= 4  # something to compare
+    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
+    server = TestServer(app, host="127.0.0.1")
+    with caplog.at_level("INFO"):
+        await server.start_server()
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=120)) as s:
+                deadline = asyncio.get_running_loop().time() + 300
+                while True:  # a JIT build on a loaded machine takes a while: bounded, not timed
+                    async with s.get(server.make_url("/ping")) as r:
+                        if r.status == 200:
+                            break
+                        assert "FAILED" not in await r.text()
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.05)
+                body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}  # no details: they carry log-probs
+                async with s.post(server.make_url("/invocations"), json=body) as r:
+                    assert r.status == 200, await r.text()
+                    got = (await r.json())["generated_text"]
+                assert got == tok.decode(want, skip_special_tokens=True)
+                async with s.post(server.make_url("/invocations"), json={**body, "parameters": {"details": True}}) as r:
+                    text = await r.text()
+                    assert r.status == 400 and "outputLogProbs are not supported" in text, text
+                sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
+                async with s.post(server.make_url("/invocations"), json=sampled) as r:
+                    text = await r.text()
+                    assert r.status == 400 and "temperature" in text and "greedily" in text, text
+                async with s.get(server.make_url("/metrics")) as r:
+                    metrics = await r.text()
+                assert "lmi_spec_decode_num_accepted_tokens_total" in metrics
+        finally:
+            await server.close()
+    assert "speculative decoding: lookahead decoding (max_window_size=2, max_ngram_size=3" in caplog.text
