@@ -64,11 +64,13 @@ from lmi_trt.engines.base import (
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
 from lmi_trt.engines.trtllm_speculation import (
+    STOP_WORDS_UNREAD,
     Lookahead,
     decoding_config,
     engine_speculation_errors,
     lookahead_refusals,
     release_error,
+    stop_words_error,
 )
 from lmi_trt.keys import reads
 
@@ -935,6 +937,9 @@ class TrtllmEngine:
         self._engine_dir = resolve_engine_dir(Path(engine_dir))
         self.facts = read_engine_facts(self._engine_dir)
         self.settings = settings or TrtllmSettings()
+        further_eos = stop_words_error(self.settings.lookahead, list(eos_token_ids))
+        if further_eos is not None:
+            raise TrtllmConfigError(further_eos)
         for warning in check_settings(self.settings, self.facts):
             log.warning("%s", warning)
         self._eos = list(eos_token_ids)
@@ -1121,6 +1126,9 @@ class TrtllmEngine:
             return error_output(rid, f"request id {rid!r} is already in flight", 400)
         if self.settings.lookahead is not None and request.sampling.do_sample:
             return error_output(rid, lookahead_refusals(self.settings.lookahead)["sampling"], 400, "temperature")
+        if self.settings.lookahead is not None and request.stop_token_ids:
+            why = f"stop_token_ids beside lookahead decoding: {STOP_WORDS_UNREAD}; leave them out"
+            return error_output(rid, why, 400, "stop_token_ids")
         try:
             spec = map_request(
                 request,

@@ -187,6 +187,25 @@ def release_error(lookahead: Lookahead | None, version: str, series: tuple[int, 
     )
 
 
+# Stop words beside lookahead: the copies of cpp/include/tensorrt_llm/executor/types.h read disagree on
+# DecodingMode::Lookahead()'s flags (an older one: kLookahead | kUseMinLength | kUseMaxLengthStop, no stop criteria;
+# later ones add kUseStandardStopCriteria | kUseExplicitEosStop), and which release has which was not pinned.
+STOP_WORDS_UNREAD = (
+    "whether TensorRT-LLM's lookahead decoding applies stop words is not pinned per release (types.h copies differ "
+    "on DecodingMode::Lookahead()'s stop criteria)"
+)
+
+
+def stop_words_error(lookahead: Lookahead | None, eos_token_ids: list[int]) -> str | None:
+    """Why a model whose further EOS ids go to the Executor as stop words cannot run lookahead decoding here."""
+    if lookahead is None or len(eos_token_ids) < 2:
+        return None
+    return (
+        f"{lookahead.key}=lookahead: this model also ends on {eos_token_ids[1:]} (generation_config.json), which the "
+        f"Executor gets as stop words, and {STOP_WORDS_UNREAD}; serve it without speculative decoding"
+    )
+
+
 def decoding_config(tle: Any, lookahead: Lookahead) -> Any:
     """The ExecutorConfig's ``decoding_config`` for ``lookahead``, as llm_args.py builds it for the TensorRT backend."""
     return tle.DecodingConfig(

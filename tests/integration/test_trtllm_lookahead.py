@@ -67,7 +67,8 @@ async def started(engine_dir, settings: TrtllmSettings) -> TrtllmEngine:
 
 async def generate(engine: TrtllmEngine, rid: str, prompt: list[int], **sampling) -> list:
     sampling.setdefault("max_new_tokens", 24)
-    request = GenerationRequest(rid, prompt, SamplingParams(**sampling), streaming=True)
+    stops = sampling.pop("stop_token_ids", [])
+    request = GenerationRequest(rid, prompt, SamplingParams(**sampling), stop_token_ids=stops, streaming=True)
 
     async def run():
         return [out async for out in engine.submit(request)]
@@ -125,6 +126,8 @@ async def test_what_the_executor_does_not_do_beside_lookahead_is_refused(trt, tm
         assert not caps.logprobs.honoured and "outputLogProbs are not supported" in caps.logprobs.reason
         assert not caps.beam_search.honoured and not caps.guided.honoured and not caps.repetition_penalty.honoured
         assert "lookahead" in caps.guided.reason
+        stopped = await generate(engine, "t", PROMPTS[1], stop_token_ids=[[5]])
+        assert stopped[-1].error_code == 400 and stopped[-1].error_field == "stop_token_ids"
     finally:
         await engine.close()
 
@@ -140,6 +143,9 @@ def test_an_engine_built_otherwise_is_a_start_up_error_naming_the_key(trt, tmp_p
         TrtllmEngine(built, TrtllmSettings(lookahead=other), eos_token_ids=[2])
     with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode lookahead_decoding and no"):
         TrtllmEngine(built, TrtllmSettings(), eos_token_ids=[2])
+    # a model's further EOS ids go to the Executor as stop words, not pinned beside lookahead
+    with pytest.raises(TrtllmConfigError, match=r"also ends on \[7\].*stop words"):
+        TrtllmEngine(built, TrtllmSettings(lookahead=LOOKAHEAD), eos_token_ids=[2, 7])
 
 
 async def test_012_predates_lookahead_on_the_executor(trt, tmp_path):
