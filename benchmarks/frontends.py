@@ -13,6 +13,12 @@ gpu       — the ~1.1B Llama-shaped bf16 model of gpu_decode.py (random weights
 
     python benchmarks/frontends.py gpu --counts 1,4 -c 64,256 --json frontends_gpu.json
 
+cost      — a fixed, paced load (the synthetic engine at ``--rate`` tokens/s per stream, ``-c`` streams, far under
+            what the host can serve): CPU seconds per 1,000 served tokens in the engine's process and in each front
+            end, per N. A per-token cost, so it means something on a 2-core box where throughput scaling does not.
+
+    python benchmarks/frontends.py cost --counts 1,2 -c 64 --rate 50 --duration 10
+
 Each starts one `lmi-trt serve` per front-end count (a free port, /ping 200, SIGTERM at the end) and runs
 `lmi-trt bench --url` against it for every stream count (and, on the GPU, API).
 """
@@ -122,6 +128,56 @@ def synthetic(args: argparse.Namespace) -> dict:
     return {"mode": "synthetic", "cpus": os.cpu_count(), "rows": rows}
 
 
+def _cpu(proc) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def cost(args: argparse.Namespace) -> dict:
+    import psutil
+    from tinymodels import tiny_model
+
+    model = tiny_model("llama")
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="frontends-cost-"))
+    streams = max(args.concurrency)
+    for n in args.counts:
+        serve_args = [
+            "--engine synthetic",
+            f"--model-id {model}",
+            f"-o option.synthetic_tokens_per_second={args.rate}",
+            f"-o option.max_rolling_batch_size={streams}",
+            f"-o option.api_server_count={n}",
+        ]
+        with serving(serve_args, work) as server:
+            engine = psutil.Process(server[1])
+            procs = {"engine": engine}
+            if n > 1:  # the front ends (multiprocessing's spawn: children named by their command line)
+                fronts = [c for c in engine.children() if "spawn_main" in " ".join(c.cmdline())]
+                procs.update({f"frontend{i}": c for i, c in enumerate(fronts)})
+            before = {k: _cpu(p) for k, p in procs.items()}
+            level = bench(
+                server,
+                args.api,
+                streams,
+                work / f"cost-n{n}.json",
+                ["--duration", str(args.duration), "--output-tokens", "256", "--client-procs", "1"],
+            )
+            used = {k: _cpu(p) - before[k] for k, p in procs.items()}
+        tokens = level["output_tokens"]
+        row = {
+            "frontends": n,
+            "streams": streams,
+            "tok_s": _tok_s(level),
+            "tokens": tokens,
+            "cpu_ms_per_1k_tokens": {k: round(1e6 * v / tokens, 2) for k, v in used.items()},
+        }
+        row["total_cpu_ms_per_1k_tokens"] = round(sum(row["cpu_ms_per_1k_tokens"].values()), 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"mode": "cost", "cpus": os.cpu_count(), "rate": args.rate, "rows": rows}
+
+
 async def _engine_protocol(
     model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int
 ) -> dict:
@@ -225,17 +281,18 @@ def gpu(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=("synthetic", "gpu"))
+    ap.add_argument("mode", choices=("synthetic", "gpu", "cost"))
     ap.add_argument("--counts", default="1,2,4,8", help="front-end counts (option.api_server_count)")
     ap.add_argument("-c", "--concurrency", default="256", help="streams, comma-separated")
     ap.add_argument("--api", default="openai", choices=("openai", "lmi", "tgi"), help="synthetic: the streams' API")
     ap.add_argument("--duration", type=float, default=15.0, help="synthetic: seconds per level")
     ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (lmi-trt bench)")
+    ap.add_argument("--rate", type=float, default=50.0, help="cost: the synthetic engine's tokens/s per stream")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.counts = [int(x) for x in args.counts.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
-    doc = synthetic(args) if args.mode == "synthetic" else gpu(args)
+    doc = {"synthetic": synthetic, "gpu": gpu, "cost": cost}[args.mode](args)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
 
