@@ -232,3 +232,37 @@ def test_a_batch_takes_its_room_under_job_queue_size_at_once(tmp_path):
         await engine.close()
 
     asyncio.run(main())
+
+
+def test_the_torch_engine_hands_its_steps_to_the_link(tmp_path):
+    """TorchEngine as a BatchedEngine behind the link: a streamed request's tokens are the engine's own (no task per
+    request), a request that needs _stream's work (prompt log-probs) is relayed whole, a cancel frees the slot."""
+    from tinymodels import tiny_model
+
+    from lmi_trt.engines.torch import TorchEngine
+
+    async def main() -> None:
+        engine = TorchEngine(tiny_model("llama"), max_batch_size=4, max_input_len=16, max_new_tokens=12)
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 60)
+            direct = await _collect(engine.submit(_request("direct", 12)))
+            linked = await _collect(remote.submit(_request("linked", 12)))
+            assert [t for o in linked for t in o.token_ids] == [t for o in direct for t in o.token_ids]
+            assert linked[-1].finish_reason is FinishReason.LENGTH and server.in_flight == 0
+            scored = GenerationRequest("scored", [11, 12, 13], SamplingParams(max_new_tokens=3, prompt_logprobs=1))
+            outs = await _collect(remote.submit(scored))
+            assert outs[0].prompt_logprobs is not None and len(outs[0].prompt_logprobs) == 3
+            assert sum(len(o.token_ids) for o in outs) == 3
+            refused = await _collect(remote.submit(GenerationRequest("long", list(range(40)), SamplingParams())))
+            assert refused[-1].error_code == 400
+            stream = remote.submit(_request("left", 12))
+            await stream.__anext__()
+            await stream.aclose()
+            for _ in range(200):
+                if engine.stats().active_requests == 0 and server.in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert engine.stats().active_requests == 0 and server.in_flight == 0
+
+    asyncio.run(main())
