@@ -98,11 +98,7 @@ def test_a_remote_engine_streams_what_the_engine_does_and_cancels_it(tmp_path, c
                 first = await stream.__anext__()
                 assert first.token_ids
                 await stream.aclose()  # the client left: the engine frees the slot
-                for _ in range(200):
-                    if engine.stats().active_requests == 0 and server.in_flight == 0:
-                        break
-                    await asyncio.sleep(0.05)
-                assert engine.stats().active_requests == 0 and server.in_flight == 0
+                await _slots_freed(engine, server)
 
     asyncio.run(main())
 
@@ -157,6 +153,14 @@ def test_two_front_ends_may_send_the_same_request_id(tmp_path):
                 assert outs[-1].finish_reason is FinishReason.LENGTH
 
     asyncio.run(main())
+
+
+async def _slots_freed(engine, server) -> None:
+    for _ in range(200):
+        if engine.stats().active_requests == 0 and server.in_flight == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert engine.stats().active_requests == 0 and server.in_flight == 0
 
 
 async def _collect(stream) -> list[EngineOutput]:
@@ -259,10 +263,6 @@ def test_the_torch_engine_hands_its_steps_to_the_link(tmp_path):
             stream = remote.submit(_request("left", 12))
             await stream.__anext__()
             await stream.aclose()
-            for _ in range(200):
-                if engine.stats().active_requests == 0 and server.in_flight == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert engine.stats().active_requests == 0 and server.in_flight == 0
+            await _slots_freed(engine, server)
 
     asyncio.run(main())
