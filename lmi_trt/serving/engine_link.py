@@ -217,6 +217,7 @@ class EngineServer:
     def frontend_gone(self, identity: bytes) -> None:
         """A front end died: its requests are cancelled (their engine slots freed), nobody else's."""
         self._peers.pop(identity, None)
+        self._room.set()  # what waited for it is no longer waited for (``taken`` looks again)
         gone = [rid for rid, owner in self._owner.items() if owner == identity]
         if gone:
             log.warning("front end %s is gone: cancelling its %d requests", identity.decode(), len(gone))
