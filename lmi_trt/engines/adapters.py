@@ -22,13 +22,13 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .base import AdapterInfo, EngineError
 from .lora_sizes import GROUPS
+
+if TYPE_CHECKING:
+    import torch
 
 MODULES = tuple(m for parts in GROUPS.values() for m in parts)
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -89,6 +89,8 @@ def read_adapter(
     """The adapter in ``folder`` (PEFT's layout), checked against what the engine applies; an ``EngineError``
     (400) names what cannot be served and what would. ``rslora``: why ``use_rslora`` is refused, where the engine
     does not scale by ``lora_alpha / sqrt(r)`` (None: it does)."""
+    from safetensors.torch import load_file  # torch: only where an adapter is read
+
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not config_path.is_file() or not weights_path.is_file():
         raise _refuse(name, folder, f"a PEFT LoRA adapter folder holds {CONFIG_FILE} and {WEIGHTS_FILE}")
