@@ -1,9 +1,9 @@
 """Fake ``tensorrt_llm.lora_helper`` (real file: tensorrt_llm/lora_helper.py, read_file id 53470212518, one undated
 copy; the docs' examples, docs/source/features/lora.md, build the same fields): ``LoraConfig`` and the default
 mapping of TensorRT-LLM LoRA modules to Hugging Face ones. The PyTorch backend reads ``lora_dir``,
-``lora_target_modules``,
-``trtllm_modules_to_hf_modules``, ``max_lora_rank``, ``max_loras`` and ``max_cpu_loras`` (_torch/pyexecutor/_util.py
-of the 1.1 line, read_file id 843526953; py_executor_creator.py copies ids 90899134 and 18543847370)."""
+``lora_target_modules``, ``trtllm_modules_to_hf_modules``, ``max_lora_rank``, ``max_loras`` and ``max_cpu_loras``
+(_torch/pyexecutor/_util.py of the 1.1 line, read_file id 843526953; py_executor_creator.py copies ids 90899134 and
+18543847370)."""
 
 from __future__ import annotations
 
