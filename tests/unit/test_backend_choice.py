@@ -113,3 +113,32 @@ def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
     text = capsys.readouterr().out
     assert f"backend        {backend} (auto:" in text and ("LLM keywords" in text) is (backend == "pytorch")
     assert ("converter" in text) is (backend == "tensorrt")
+
+
+@pytest.mark.parametrize(("version", "backend"), [("1.2.1", "pytorch"), ("1.1.0", "tensorrt")])
+def test_plan_with_lora_plans_the_pytorch_backends_lora_config_and_refuses_a_tensorrt_build(capsys, version, backend):
+    import json
+
+    from tinymodels import tiny_model
+
+    from lmi_trt.cli import main
+
+    argv = [
+        "plan",
+        "--model-id",
+        str(tiny_model("llama")),
+        "--trtllm-version",
+        version,
+        "-o",
+        "option.enable_lora=true",
+    ]
+    argv += ["-o", f"option.backend={backend}", "-o", "option.max_loras=2"]
+    if backend == "tensorrt":
+        assert main(argv) == 2
+        assert "option.backend=pytorch" in capsys.readouterr().err
+        return
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    keywords = report["backend"]["llm_keywords"]
+    assert keywords["lora_config"]["max_loras"] == 2 and keywords["cuda_graph_config"] is None
+    assert "max_lora_rank 16 × 2 layers × 7 modules × max_loras 2 = 448 rows" in report["assumption"]
