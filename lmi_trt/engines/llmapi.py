@@ -57,6 +57,14 @@ executor/result.py; 1.0–1.2 and main):
   worker's own, 1.0's ``_deduce_max_tokens`` (executor/base_worker.py) leaves a given max_tokens as it is (read_file
   ids 51807206653, 2646354960); later workers cut it with a server-side warning (id 55301320707).
 
+* LoRA adapters (option.enable_lora): the LLM gets the release's ``LoraConfig`` (``lora_plan``; built from
+  ``tensorrt_llm.lora_manager`` as docs/source/features/lora.md imports it), each request the registered adapter's
+  ``LoRARequest(name, int id, folder)`` (``tensorrt_llm.executor.request``), as trtllm-serve passes its clients' own
+  (openai_server.py ``generate_async(..., lora_request=request.lora_request)``). The worker's LoraManager loads an
+  adapter once per id (lora_manager.py ``load_from_hf`` skips ids it has seen), so every registration gets a new id;
+  it skips modules outside ``lora_target_modules`` with a warning, so adapters are checked when registered
+  (``lmi_trt.engines.adapters.read_adapter``: a 400 naming what the release would not apply as peft does).
+
 The ``tensorrt_llm.llmapi`` module is always named ``llmapi`` here and loaded by ``probe_llm_api``; the
 test tests/unit/test_llmapi_surface.py checks every name and keyword used on it against the listing of the
 real API (tests/fakes/llmapi_surface.py).
