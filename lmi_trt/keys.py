@@ -1061,7 +1061,8 @@ class LmiConfig(BaseModel):
             "option.speculative_decoding_mode",
             _choice(SPECULATIVE_SPELLINGS, shown=tuple(SPECULATIVE_METHODS)),
             "speculative decoding's drafter (trtllm-build's flag; TensorRT-LLM's and vLLM's spellings work "
-            "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp",
+            "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp, "
+            "the trtllm tensorrt backend lookahead (lookahead_decoding)",
         ),
     ] = None
     speculative_draft_model: Annotated[

@@ -325,9 +325,9 @@ async def test_steps_without_adapter_rows_run_the_base_models_pass(world, monkey
     from lmi_trt.engines.torch.lora import LoraSlots
 
     passes, deltas = [], []
-    forward, add_delta = LlamaDecoder.forward, LoraSlots.add_delta
+    forward, project = LlamaDecoder.forward, LoraSlots.project
     monkeypatch.setattr(LlamaDecoder, "forward", lambda self, batch: passes.append(batch.lora) or forward(self, batch))
-    monkeypatch.setattr(LoraSlots, "add_delta", lambda self, *a: deltas.append(a[1]) or add_delta(self, *a))
+    monkeypatch.setattr(LoraSlots, "project", lambda self, *a, **k: deltas.append(a[1]) or project(self, *a, **k))
     engine = TorchEngine(world["model_dir"], max_batch_size=4, max_input_len=64, max_new_tokens=64, enable_lora=True)
     await engine.start()
     tokenizer = AutoTokenizer.from_pretrained(world["model_dir"])

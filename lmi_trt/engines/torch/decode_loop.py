@@ -345,7 +345,13 @@ class DecodeLoopBackend(QueuedBackend):
         )
         self._pool = BlockPool(num_blocks, block_size, caching=engine.enable_kv_cache_reuse)
         self._watermark = int(_WATERMARK * num_blocks)
-        self._decoder = LlamaDecoder(model, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
+        self._decoder = LlamaDecoder(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_seq_len=self._max_seq,
+            lora=(lora_slots, engine.max_lora_rank) if lora_slots else None,
+        )
         self._drafter = (
             LlamaDecoder(draft, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
             if draft is not None
@@ -354,7 +360,7 @@ class DecodeLoopBackend(QueuedBackend):
         # LoRA adapters: max_loras slots of stacked weights (lora.py); per batch slot, the LoRA slot its row reads
         # (-1: the base model), which the LoRA decode graphs read at a fixed address; per LoRA slot, the adapter it
         # holds, the rows using it, and when it was last taken (the least recently used free one is replaced).
-        self._lora = self._decoder.attach_lora(config, lora_slots, engine.max_lora_rank) if lora_slots else None
+        self._lora = self._decoder.lora
         self._lora_of = torch.full((self.slots,), -1, dtype=torch.long, device=self._device)
         self._lora_held: list[LoraAdapter | None] = [None] * lora_slots
         self._lora_users = [0] * lora_slots
