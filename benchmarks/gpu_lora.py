@@ -18,7 +18,7 @@ Then engines, each in turn in this process:
   its CUDA graphs keep them) — option.enable_lora=true, max_loras=4, max_lora_rank=16, the 4 adapters registered:
          base_64  — the same 64 base-model streams (what the adapter slots cost rows that use none),
          mixed_64 — 64 streams, 16 per adapter, interleaved (every decode step mixes the 4 adapters);
-                    3 runs, the median counts (the first also writes the 4 adapters into their slots);
+                    --runs runs (3), the median counts (the first also writes the 4 adapters into their slots);
                     the issue's target: mixed_64 tokens/s ≥ 0.8 × the base engine's;
          half_64  — 64 streams, every other one of the base model, the rest of the 4 adapters;
          {adapter}_alone — the same 64 prompts, every row of one adapter.
@@ -64,6 +64,8 @@ VARIANTS = [
     ("folded k64 n64 w4", True, False, LoraTiles(64, 64, 4)),
     ("folded+silu k64 n64 w4", True, True, LoraTiles(64, 64, 4)),
     ("folded+silu k64 n32 w2", True, True, LoraTiles(64, 32, 2)),
+    ("folded k64 n32 w4", True, False, LoraTiles(64, 32, 4)),
+    ("folded+silu k64 n32 w4", True, True, LoraTiles(64, 32, 4)),
     ("folded+silu k64 n128 w4", True, True, LoraTiles(64, 128, 4)),
 ]
 TILE_GRID = [LoraTiles(k, n, w) for k in (32, 64) for n in (32, 64, 128) for w in (2, 4)]
@@ -236,7 +238,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny random model, small counts")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--variants", help="comma-separated names of VARIANTS to run (default: all)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of base_64 and mixed_64, the median counts")
     a = ap.parse_args()
+    variants = [v for v in VARIANTS if a.variants is None or v[0] in a.variants.split(",")]
     clock = time.perf_counter()
     log = KvLog.attached()
     if a.smoke:
@@ -254,7 +259,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "shapes": {"streams": streams, "prompt": prompt_len, "out": out, "rank": a.rank, "adapters": len(ADAPTERS)},
-        "variants": {name: {"fold": f, "fuse_silu": u, "tiles": str(t)} for name, f, u, t in VARIANTS},
+        "variants": {name: {"fold": f, "fuse_silu": u, "tiles": str(t)} for name, f, u, t in variants},
     }
 
     def save() -> None:
@@ -280,18 +285,22 @@ def main() -> None:
         folders = make_adapters(model_dir, Path(tmp) / "adapters", a.rank, dtype)
         base = {"max_batch_size": streams, **limit}
         print("base engine", flush=True)
-        report["base"] = asyncio.run(session(model_dir, device, base, [("base_64", batch, out, 3)], log))
+        report["base"] = asyncio.run(session(model_dir, device, base, [("base_64", batch, out, a.runs)], log))
         save()
 
         async def lora_workloads(engine) -> list[tuple]:
             for name, folder in folders.items():
                 await engine.register_adapter(name, folder, folder)
             alone = [(f"{n}_alone", batch, out, 1, [n] * streams) for n in ADAPTERS]
-            runs = [("base_64", batch, out, 3), ("mixed_64", batch, out, 3, mixed), ("half_64", batch, out, 1, half)]
+            runs = [
+                ("base_64", batch, out, a.runs),
+                ("mixed_64", batch, out, a.runs, mixed),
+                ("half_64", batch, out, 1, half),
+            ]
             return runs + alone
 
         settings = base | {"enable_lora": True, "max_loras": len(ADAPTERS), "max_lora_rank": a.rank}
-        for name, *variant in VARIANTS:
+        for name, *variant in variants:
             print(f"lora engine: {name}{' (default)' if tuple(variant) == DEFAULT else ''}", flush=True)
             lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES = variant
             try:
@@ -302,7 +311,7 @@ def main() -> None:
 
     ref = report["base"]["base_64"]
     report["agreement"], report["targets"] = {}, []
-    for variant, *_ in VARIANTS:
+    for variant, *_ in variants:
         runs = report[variant]
         checks = report["agreement"][variant] = {
             "base rows vs the base engine": agreement(runs["base_64"]["generated"], ref["generated"])
@@ -337,7 +346,7 @@ def main() -> None:
                 "met" if same == streams else "see JSON",
             ),
         ]
-    for engine in ["base"] + [name for name, *_ in VARIANTS]:
+    for engine in ["base"] + [name for name, *_ in variants]:
         for value in report[engine].values():
             if isinstance(value, dict):
                 value.pop("generated", None)
@@ -348,7 +357,7 @@ def main() -> None:
         print(f"  {line.split('; ')[-1]}")
     print("\n| engine | workload | streams | tok/s | runs | ITL p50 ms | ITL p99 ms | TTFT p50 ms |")
     print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
-    for engine in ["base"] + [name for name, *_ in VARIANTS]:
+    for engine in ["base"] + [name for name, *_ in variants]:
         for name, r in report[engine].items():
             if isinstance(r, dict) and "tok_s" in r:
                 each = ", ".join(f"{t:,.0f}" for t in r.get("tok_s_runs", []))
@@ -361,7 +370,7 @@ def main() -> None:
             print(f"  {variant}: {what}: {value['rows_identical']}/{value['rows']} rows identical")
     if "kernels" in report:  # again, beside the engines' figures
         print_kernels(report["kernels"], layers)
-    default = [name for name, *variant in VARIANTS if tuple(variant) == DEFAULT]
+    default = [name for name, *variant in variants if tuple(variant) == DEFAULT]
     print(f"\nthe default (lora.FOLD, lora.FUSE_SILU, decode_kernels.LORA_TILES): {default or DEFAULT}")
     print_targets(report["targets"])
 

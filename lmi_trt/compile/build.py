@@ -129,7 +129,14 @@ def _build_config(plan: BuildPlan) -> Any:
     plugins = PluginConfig()
     for name, value in plan.plugin_settings().items():
         setattr(plugins, name, value)
-    return BuildConfig(**plan.build_config_kwargs(), plugin_config=plugins)
+    kwargs = plan.build_config_kwargs()
+    if plan.speculative_decoding_mode is not None:
+        from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+        # BuildConfig takes the enum; trtllm-build's flag value is its member's name in lower case
+        # (tensorrt_llm/models/modeling_utils.py SpeculativeDecodingMode.from_arguments).
+        kwargs["speculative_decoding_mode"] = SpeculativeDecodingMode[plan.speculative_decoding_mode.upper()]
+    return BuildConfig(**kwargs, plugin_config=plugins)
 
 
 def _quantize(task: dict[str, Any], plan: BuildPlan, say: Progress) -> None:
@@ -311,7 +318,12 @@ def _check_output(out_dir: Path, plan: BuildPlan) -> None:
     if missing or not (out_dir / "config.json").is_file():
         raise BuildError("save", f"{out_dir} lacks {', '.join(missing or ['config.json'])} after the build")
     built = json.loads((out_dir / "config.json").read_text()).get("build_config", {})
-    changed = [f"{k} {getattr(plan, k)} → {built.get(k)}" for k in _LIMITS if built.get(k) != getattr(plan, k)]
+    expected = {k: getattr(plan, k) for k in _LIMITS}
+    if plan.speculative_decoding_mode is not None:
+        # builder.py build adds max_draft_len to the recorded max_seq_len for speculation ("Maximum number of
+        # generated tokens remains the same"); the engine's reader takes it off again (trtllm.parse_engine_config)
+        expected["max_seq_len"] += plan.max_draft_len
+    changed = [f"{k} {expected[k]} → {built.get(k)}" for k in _LIMITS if built.get(k) != expected[k]]
     if changed:
         raise BuildError(
             "build",

@@ -38,7 +38,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -63,6 +63,15 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
+from lmi_trt.engines.trtllm_speculation import (
+    STOP_WORDS_UNREAD,
+    Lookahead,
+    decoding_config,
+    engine_speculation_errors,
+    lookahead_refusals,
+    release_error,
+    stop_words_error,
+)
 from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
@@ -195,6 +204,8 @@ class TrtllmSettings(
     # the documented way to run several Executors in one process (workers spawned over MPI).
     device_ids: tuple[int, ...] | None = None
     orchestrator: bool = False
+    # Lookahead decoding's (W, N, G), the speculation the Executor runs here (lmi_trt.engines.trtllm_speculation).
+    lookahead: Lookahead | None = None
 
 
 # =============================================================================== engine facts
@@ -225,6 +236,8 @@ class EngineFacts:
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
     vocab_size: int | None = None  # the length of a request's embedding bias
+    speculative_decoding_mode: int | None = None  # config.json's SpeculativeDecodingMode integer (1: none)
+    max_draft_len: int = 0
 
     @property
     def world_size(self) -> int:
@@ -257,6 +270,12 @@ def parse_engine_config(config: dict) -> EngineFacts:
         max_seq = build.get("max_seq_len")
         if max_seq is None:  # ≤0.10 engines record max_output_len instead
             max_seq = max_input + _require(build, "max_output_len", "build_config")
+        speculative = build.get("speculative_decoding_mode")
+        draft_len = int(build.get("max_draft_len") or 0)
+        if speculative not in (None, 1):
+            # builder.py build raised the recorded max_seq_len by max_draft_len for speculation's scratch; "Maximum
+            # number of generated tokens remains the same" (trtllm_speculation's docstring)
+            max_seq -= draft_len
         kv_type = build.get("kv_cache_type")
         paged = (
             (str(getattr(kv_type, "name", kv_type)).upper() == "PAGED")
@@ -284,6 +303,8 @@ def parse_engine_config(config: dict) -> EngineFacts:
             quant_algo=quant.get("quant_algo"),
             kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
             vocab_size=pretrained.get("vocab_size"),
+            speculative_decoding_mode=speculative,
+            max_draft_len=draft_len,
         )
     if "builder_config" in config:
         builder, plugins = config["builder_config"], config.get("plugin_config") or {}
@@ -459,6 +480,7 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             f"option.max_tokens_in_paged_kv_cache={settings.max_tokens_in_paged_kv_cache} is less than one "
             f"max_seq_len={facts.max_seq_len} sequence; long requests will wait or be rejected"
         )
+    errors += engine_speculation_errors(settings.lookahead, facts.speculative_decoding_mode, facts.max_draft_len)
     if errors:
         raise TrtllmConfigError("; ".join(errors))
     return warnings
@@ -515,6 +537,8 @@ def build_executor_config(
             tokenizer_str=vocab.tokenizer_str,
             stop_token_ids=vocab.stop_token_ids,
         )
+    if settings.lookahead is not None:
+        extra["decoding_config"] = decoding_config(tle, settings.lookahead)
     if settings.enable_trt_overlap:
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
@@ -691,13 +715,19 @@ NO_TRTLLM_LORA = (
 
 
 def executor_capabilities(
-    release: str, has_vocab_size: bool, guided: Capability, max_beam_width: int = 1, series: tuple[int, int] = (1, 0)
+    release: str,
+    has_vocab_size: bool,
+    guided: Capability,
+    max_beam_width: int = 1,
+    series: tuple[int, int] = (1, 0),
+    lookahead: Lookahead | None = None,
 ) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
     (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2).
-    logit_bias is the request's embedding bias, [vocab_size] (every release's Request has it)."""
-    return Capabilities(
+    logit_bias is the request's embedding bias, [vocab_size] (every release's Request has it). With ``lookahead``,
+    what the Executor does not do beside it is refused (``trtllm_speculation.lookahead_refusals``)."""
+    capabilities = Capabilities(
         release=release,
         logprobs=can(),
         top_logprobs=cannot(
@@ -720,6 +750,11 @@ def executor_capabilities(
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=cannot(NO_TRTLLM_LORA),
     )
+    if lookahead is None:
+        return capabilities
+    features = capabilities.features()
+    refused = {k: cannot(why) for k, why in lookahead_refusals(lookahead).items() if k in features}
+    return replace(capabilities, **refused)
 
 
 def beam_capability(max_beam_width: int, series: tuple[int, int]) -> Capability:
@@ -902,6 +937,9 @@ class TrtllmEngine:
         self._engine_dir = resolve_engine_dir(Path(engine_dir))
         self.facts = read_engine_facts(self._engine_dir)
         self.settings = settings or TrtllmSettings()
+        further_eos = stop_words_error(self.settings.lookahead, list(eos_token_ids))
+        if further_eos is not None:
+            raise TrtllmConfigError(further_eos)
         for warning in check_settings(self.settings, self.facts):
             log.warning("%s", warning)
         self._eos = list(eos_token_ids)
@@ -919,6 +957,7 @@ class TrtllmEngine:
             self.facts.vocab_size is not None,
             cannot("the trtllm engine has not started yet"),
             self._limits.max_beam_width,
+            lookahead=self.settings.lookahead,
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -939,6 +978,7 @@ class TrtllmEngine:
         self._releasing = False
         self._total_requests = 0
         self._total_tokens = 0
+        self._accepted_drafts = 0  # lookahead: draft tokens accepted, over finished requests
         self._last_iteration: Any = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -968,6 +1008,9 @@ class TrtllmEngine:
         if self._executor is not None or self._closed:
             raise RuntimeError("TrtllmEngine.start() may be called once")
         tle, spec = probe_runtime(self._gpu_available)
+        too_old = release_error(self.settings.lookahead, spec.version, spec.series)
+        if too_old is not None:
+            raise TrtllmConfigError(too_old)
         if self._scratch is None:
             self._owned_scratch = self._scratch = Path(tempfile.mkdtemp(prefix="lmi-trt-engine-"))
         engine_dir = prepare_engine_dir(self._engine_dir, self.facts, self._scratch)
@@ -987,6 +1030,8 @@ class TrtllmEngine:
             self.facts.max_input_len,
             self.facts.max_seq_len,
         )
+        if self.settings.lookahead is not None:
+            log.info("speculative decoding: %s", self.settings.lookahead.describe())
         if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
             multi_block, source = effective_multi_block_mode(tle, self.settings)
             log.info("multi_block_mode=%s (%s)", "on" if multi_block else "off", source)
@@ -1008,6 +1053,7 @@ class TrtllmEngine:
             guided_capability(tle, self._guide_vocab),
             self._limits.max_beam_width,
             spec.series,
+            self.settings.lookahead,
         )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
@@ -1078,6 +1124,11 @@ class TrtllmEngine:
             return error_output(rid, "this MPI rank does not take requests (leader mode: rank 0 does)", 503)
         if rid in self._by_request_id:
             return error_output(rid, f"request id {rid!r} is already in flight", 400)
+        if self.settings.lookahead is not None and request.sampling.do_sample:
+            return error_output(rid, lookahead_refusals(self.settings.lookahead)["sampling"], 400, "temperature")
+        if self.settings.lookahead is not None and request.stop_token_ids:
+            why = f"stop_token_ids beside lookahead decoding: {STOP_WORDS_UNREAD}; leave them out"
+            return error_output(rid, why, 400, "stop_token_ids")
         try:
             spec = map_request(
                 request,
@@ -1255,6 +1306,11 @@ class TrtllmEngine:
             reason = FinishReason.CANCELLED
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]
+        if self.settings.lookahead is not None:
+            # Result.decodingIter: "In speculative decoding, might be less than maximum length of the beam in
+            # outputTokenIds as more than one token can be generated per iteration" (executor.h, 1.x): the tokens
+            # beyond one per iteration are accepted drafts.
+            self._accepted_drafts += max(stream.generated - result.decoding_iter, 0)
         return EngineOutput(stream.request_id, tokens, logprobs, finished=True, finish_reason=reason)
 
     def _beams_output(self, stream: _Stream, result: Any) -> EngineOutput:
@@ -1297,6 +1353,8 @@ class TrtllmEngine:
                 extra["kv_cache_free_blocks"] = float(kv.free_num_blocks)
                 extra["kv_cache_used_blocks"] = float(kv.used_num_blocks)
                 extra["kv_cache_max_blocks"] = float(kv.max_num_blocks)
+        if self.settings.lookahead is not None:
+            extra["spec_decode_num_accepted_tokens"] = float(self._accepted_drafts)
         return EngineStats(
             active_requests=len(self._streams),
             queued_requests=(it.num_queued_requests if it is not None else 0) + len(self._held),

@@ -46,12 +46,14 @@ FACTORY_ARGS = {
     ),
     "Response": dict(request_id=1, result="boom"),
     "GuidedDecodingConfig": dict(backend=0),
+    "LookaheadDecodingConfig": dict(max_window_size=4, max_ngram_size=3, max_verification_set_size=4),
     "GuidedDecodingParams": dict(guide_type=0, guide="a+"),
     "PretrainedConfig": dict(
         architecture="LlamaForCausalLM", dtype="float16", hidden_size=8, num_hidden_layers=1, num_attention_heads=2
     ),
 }
-NOT_INSTANTIATED = {"Executor", "EngineConfig", "Engine", "PretrainedModel"}
+# DecodingMode: made by its static factories (DecodingMode.Lookahead(), ...), the listing has no constructor.
+NOT_INSTANTIATED = {"Executor", "EngineConfig", "Engine", "PretrainedModel", "DecodingMode"}
 # Their 0.12 shapes are the listing's "only_in" notes, checked by test_012_shapes_follow_the_listing_notes.
 SHAPES_IN_012_NOTES = {"Request", "SamplingConfig", "KvCacheConfig", "ExecutorConfig", "ParallelConfig"}
 

@@ -461,7 +461,7 @@ class LoraTiles(NamedTuple):
 
 
 # Read at each launch: benchmarks/gpu_lora.py sets others to compare them (a CUDA graph keeps what it captured).
-LORA_TILES = LoraTiles(block_k=64, block_n=64, num_warps=4)
+LORA_TILES = LoraTiles(block_k=64, block_n=32, num_warps=4)
 
 
 class Config(NamedTuple):

@@ -228,6 +228,13 @@ def build(model, build_config):
         config.max_seq_len = pretrained.max_position_embeddings or 2048
     config.max_input_len = min(config.max_input_len, config.max_seq_len)
     config.max_num_tokens = min(config.max_num_tokens, config.max_batch_size * config.max_seq_len)
+    if int(config.speculative_decoding_mode) != 1:  # not SpeculativeDecodingMode.NONE
+        # builder.py build (crawl copy of the 1.x line): "Increasing max_seq_len ... by max_draft_len ... Maximum
+        # number of generated tokens remains the same", and max_num_tokens raised to max_batch_size *
+        # (max_draft_len + 1) where it is smaller. config.json keeps the mode's integer.
+        config.speculative_decoding_mode = int(config.speculative_decoding_mode)
+        config.max_seq_len += config.max_draft_len
+        config.max_num_tokens = max(config.max_num_tokens, config.max_batch_size * (config.max_draft_len + 1))
     if config.opt_num_tokens is None:
         config.opt_num_tokens = min(config.max_num_tokens, config.max_batch_size * config.max_beam_width)
     if config.plugin_config.use_paged_context_fmha and not (
