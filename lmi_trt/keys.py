@@ -979,8 +979,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_loras",
             _integer(1, 4),
-            "LoRA: adapters resident on the device at once (the torch engine's stacked slots); a request for "
-            "another waits until one is free",
+            "LoRA: adapters resident on the device at once (the torch engine's stacked slots; the pytorch "
+            "backend's LoraConfig.max_loras); a request for another waits until one is free",
         ),
     ] = 4
     max_lora_rank: Annotated[
@@ -994,7 +994,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_cpu_loras",
             _integer(1, 8),
-            "LoRA: adapters registered at most (kept in host memory); unset: no limit",
+            "LoRA: adapters registered at most (kept in host memory; the pytorch backend's "
+            "LoraConfig.max_cpu_loras, its host cache, at least option.max_loras); unset: no limit",
         ),
     ] = None
     batch_scheduler_policy: Annotated[

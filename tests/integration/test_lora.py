@@ -1,4 +1,5 @@
-"""LoRA adapters on `lmi-trt serve` (torch engine, built-in decode loop), driven as a process with real clients.
+"""LoRA adapters on `lmi-trt serve` (the torch engine's built-in decode loop, and the LLM API engine over the fake
+TensorRT-LLM), driven as a process with real clients.
 
 Adapters are real PEFT adapters (peft's ``get_peft_model`` with random A and B, ``save_pretrained``), each from
 another place: the model folder's ``adapters/`` (DJL's local directory, at start-up), the Hugging Face hub cache
@@ -23,6 +24,7 @@ from s3server import s3_env, s3_server  # noqa: F401  (fixtures)
 from test_torch_engine import assert_greedy, reference
 from tinymodels import make_hub_cache, tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from trtllm_testing import fake_server_env
 
 pytestmark = pytest.mark.slow
 
@@ -72,10 +74,17 @@ def world(tmp_path_factory):
     return {"model_dir": model_dir, "folders": folders, "merged": merged, "hf_home": hf_home, "root": root}
 
 
-@pytest.fixture(scope="module")
-def srv(world, s3_server):  # noqa: F811
+# The engines that serve adapters: the torch engine's decode loop, and the LLM API's PyTorch backend through the fake
+# TensorRT-LLM (the release LMI_TRT_FAKE_RELEASE names; tests/integration/test_llmapi_lora.py plays each release).
+ENGINES = {"torch": ["--engine", "torch"], "trtllm-pytorch": ["--engine", "trtllm", "-o", "option.backend=pytorch"]}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def srv(request, world, s3_server, tmp_path_factory):  # noqa: F811
     env = {**s3_server.env, "HF_HOME": str(world["hf_home"])}
-    args = ["--engine", "torch", "--model-id", str(world["model_dir"]), "--model-name", "tiny-llama"]
+    if request.param != "torch":
+        env.update(fake_server_env(tmp_path_factory.mktemp("site")))
+    args = [*ENGINES[request.param], "--model-id", str(world["model_dir"]), "--model-name", "tiny-llama"]
     for option in (
         "option.enable_lora=true",
         "option.max_loras=3",

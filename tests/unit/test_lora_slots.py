@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from lmi_trt.cli.flags import lora_refusal
+from lmi_trt.engines.adapters import read_adapter
 from lmi_trt.engines.base import EngineError
 from lmi_trt.engines.lora_sizes import buffer_bytes, group_sizes
-from lmi_trt.engines.torch.lora import LoraSlots, read_adapter, spare_rows
+from lmi_trt.engines.torch.lora import LoraSlots, spare_rows
 
 LLAMA3_8B = {
     "hidden_size": 4096,

@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..adapters import LoraAdapter
 from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, error_output
 from ..guided import allowed_tokens
 from ..lora_sizes import buffer_bytes
@@ -101,7 +102,6 @@ from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
-from .lora import LoraAdapter
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
 
 log = logging.getLogger(__name__)

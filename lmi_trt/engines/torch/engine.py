@@ -48,6 +48,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ...compat import dtype_kwargs, text_config
 from ...speculative import Speculation, SpeculationError
+from ..adapters import AdapterTable, LoraAdapter, read_adapter
 from ..base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
@@ -60,6 +61,7 @@ from ..base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    OutputSink,
     SamplingParams,
     can,
     cannot,
@@ -72,7 +74,6 @@ from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
 from .llama_decoder import unsupported_reason
-from .lora import LoraAdapter, read_adapter
 from .sampler import Pick, sample_next_tokens
 from .static import StaticBackend
 
@@ -297,13 +298,20 @@ class TorchEngine:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
-        self._adapters: dict[str, tuple[AdapterInfo, LoraAdapter]] = {}
+        self._adapters: AdapterTable[LoraAdapter] = AdapterTable(
+            enabled=enable_lora,
+            max_registered=max_cpu_loras,
+            using=lambda name: sum(1 for slot in self._slots.values() if slot.request.adapter == name),
+        )
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
         self.batching: str | None = None  # "continuous" | "static" once started
         self._backend: Backend | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sink: OutputSink | None = None
+        self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop
+        self._relays: set[asyncio.Task[None]] = set()
         # Outputs the engine thread handed over that the event loop has not pushed yet; while a
         # push is scheduled, more outputs join it rather than scheduling another (a wake-up of the
         # loop through its self-pipe costs a syscall and a GIL hand-over per call).
@@ -397,21 +405,57 @@ class TorchEngine:
         consumed never occupies a slot. Closing it early cancels the request.
         """
         try:
-            self._check_ready()
-            check_sampling(request.sampling, self.max_new_tokens)
-            check_token_ids(request, self._vocab_size, self.max_input_len)
-            if request.sampling.beam_width > 1:
-                check_beams(request, self.capabilities.beam_search)
-            self._adapter(request)
-            if request.sampling.guided is not None and request.sampling.ignore_eos:
-                raise EngineError(
-                    "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
-                    "output with EOS; leave ignore_eos out",
-                    code=400,
-                )
+            self._check_request(request)
         except EngineError as exc:
             return refused(request.request_id, exc)
         return self._stream(request)
+
+    # -- BatchedEngine (base.py): the engine's process of several front ends (serving/engine_link.py) ----------
+
+    def attach(self, sink: OutputSink) -> None:
+        self._sink = sink
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        """A plain streamed request goes straight to a slot whose outputs ``_push`` hands to the sink, a step's
+        together; one that needs ``_stream``'s own work (aggregating beams, scoring the prompt, compiling a
+        grammar) is relayed from it by a task."""
+        assert self._sink is not None, "attach() a sink first"
+        sampling = request.sampling
+        if not request.streaming or sampling.prompt_logprobs or sampling.guided is not None:
+            task = asyncio.get_running_loop().create_task(self._relay(self.submit(request)))
+            self._relays.add(task)
+            task.add_done_callback(self._relays.discard)
+            return
+        try:
+            self._check_request(request)
+            slot = self._open(request, None)
+        except EngineError as exc:
+            self._sink.put([error_output(request.request_id, str(exc), exc.code, exc.field)])
+            return
+        slot.sunk = True
+        self._backend.enqueue(slot)
+
+    async def _relay(self, outputs: AsyncIterator[EngineOutput]) -> None:
+        async for out in outputs:
+            self._sink.put([out])  # type: ignore[union-attr]
+
+    def _put_sunk(self) -> None:
+        outs, self._sunk = self._sunk, []
+        self._sink.put(outs)  # type: ignore[union-attr]
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        self._check_ready()
+        check_sampling(request.sampling, self.max_new_tokens)
+        check_token_ids(request, self._vocab_size, self.max_input_len)
+        if request.sampling.beam_width > 1:
+            check_beams(request, self.capabilities.beam_search)
+        self._adapter(request)
+        if request.sampling.guided is not None and request.sampling.ignore_eos:
+            raise EngineError(
+                "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
+                "output with EOS; leave ignore_eos out",
+                code=400,
+            )
 
     async def cancel(self, request_id: str) -> None:
         slot = self._slots.get(request_id)
@@ -612,22 +656,13 @@ class TorchEngine:
     # -- LoRA adapters (AdapterHost) ------------------------------------------------------------
 
     def adapters(self) -> list[AdapterInfo]:
-        return [info for info, _ in self._adapters.values()]
+        return self._adapters.infos()
 
     async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
         """Read the adapter in ``folder`` (off the event loop) and serve it as ``name``; 409 for a name taken or
         ``option.max_cpu_loras`` reached, 400 for an adapter the decode loop cannot apply."""
         self._check_ready()
-        if not self.enable_lora:
-            raise EngineError("LoRA adapters are off: set option.enable_lora=true", code=400, field="adapter")
-        if name in self._adapters:
-            raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
-        if self.max_cpu_loras is not None and len(self._adapters) >= self.max_cpu_loras:
-            raise EngineError(
-                f"option.max_cpu_loras={self.max_cpu_loras} adapters are registered; unregister one first, or "
-                "raise option.max_cpu_loras",
-                code=409,
-            )
+        self._adapters.check_room(name)
         config = self._model.config
         adapter = await asyncio.to_thread(
             read_adapter,
@@ -637,10 +672,8 @@ class TorchEngine:
             num_layers=config.num_hidden_layers,
             dtype=self._model.dtype,
         )
-        if name in self._adapters:  # registered meanwhile
-            raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
         info = AdapterInfo(name=name, src=src, folder=str(folder), rank=adapter.rank)
-        self._adapters[name] = (info, adapter)
+        self._adapters.add(info, adapter)
         log.info(
             "LoRA adapter %r registered from %s (rank %d, %.1f MiB)", name, src, adapter.rank, adapter.nbytes / 2**20
         )
@@ -648,30 +681,21 @@ class TorchEngine:
 
     async def unregister_adapter(self, name: str) -> None:
         """404 for a name not registered; 409 while a request uses it."""
-        if name not in self._adapters:
-            raise EngineError(f"LoRA adapter {name!r} is not registered", code=404, field="adapter")
-        using = sum(1 for slot in self._slots.values() if slot.request.adapter == name)
-        if using:
-            raise EngineError(
-                f"LoRA adapter {name!r} is in use by {using} request(s); unregister it once they finish", code=409
-            )
-        del self._adapters[name]
+        self._adapters.remove(name)
         log.info("LoRA adapter %r unregistered", name)
 
     def _adapter(self, request: GenerationRequest) -> LoraAdapter | None:
         """The registered adapter the request names (None: the base model); 404 for an unknown name."""
         if request.adapter is None:
             return None
-        found = self._adapters.get(request.adapter)
-        if found is None:
-            raise EngineError(f"LoRA adapter {request.adapter!r} is not registered", code=404, field="adapter")
+        adapter = self._adapters.get(request.adapter)
         if request.sampling.prompt_logprobs:
             raise EngineError(
                 "prompt log-probs are scored by the base model, not an adapter; leave them out of adapter requests",
                 code=400,
                 field="prompt_logprobs",
             )
-        return found[1]
+        return adapter
 
     def _open(self, request: GenerationRequest, matcher: Guide | None) -> Slot:
         self._check_ready()
@@ -770,7 +794,12 @@ class TorchEngine:
             slot.closed = True
             slot.cancelled = slot.cancelled or out.finish_reason == FinishReason.CANCELLED
             self._forget(slot)
-        slot.queue.put_nowait(out)
+        if slot.sunk:  # to the sink, with the other outputs of this turn of the loop (one engine step)
+            self._sunk.append(out)
+            if len(self._sunk) == 1:
+                self._loop.call_soon(self._put_sunk)  # type: ignore[union-attr]
+        else:
+            slot.queue.put_nowait(out)
 
     def _push_handed(self) -> None:
         with self._handed_lock:

@@ -1,14 +1,7 @@
-"""LoRA adapters on the built-in decode loop: a PEFT adapter folder read into per-layer (A, B) pairs, and the
-stacked device buffers that let one forward pass apply a different adapter to each row.
+"""LoRA adapters on the built-in decode loop: the stacked device buffers that let one forward pass apply a different
+adapter to each row.
 
-Reading. A PEFT LoRA folder is ``adapter_config.json`` and ``adapter_model.safetensors`` (peft's
-``save_pretrained``; huggingface/peft src/peft/utils/save_and_load.py). Its tensors are named
-``base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight``, A ``[r, in]`` and B ``[out, r]``,
-and the layer computes ``W x + scaling · B (A x)`` with ``scaling = lora_alpha / r``, or ``lora_alpha / sqrt(r)``
-with ``use_rslora`` (peft src/peft/tuners/lora/layer.py, ``LoraLayer.update_layer``). Only that plain form of the
-seven projections of a Llama block is applied here; what would change the math otherwise (DoRA, trained biases,
-``modules_to_save``, per-module rank or alpha patterns, fan-in-fan-out weights, other targets such as the
-embeddings or lm_head) is refused when the adapter is registered, naming the field, never ignored.
+Reading: ``lmi_trt.engines.adapters.read_adapter`` (PEFT's layout, shared with the LLM API engine).
 
 Applying. Each of the decoder's fused projections (``qkv``, ``o``, ``gate_up``, ``down``) gets per layer, of fixed
 size whatever is loaded, ``A [G·S·R, in]`` and ``B [G·S·R, out]`` for its ``G`` parts (q, k, v ...),
@@ -47,108 +40,15 @@ the decoder's pass is the base model's (decode_loop.py, its own CUDA graphs).
 from __future__ import annotations
 
 import itertools
-import json
-import math
-import re
-import secrets
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
-from ..base import EngineError
+from ..adapters import LoraAdapter
 from ..lora_sizes import GROUPS, group_sizes
 from . import decode_kernels
-
-MODULES = tuple(m for parts in GROUPS.values() for m in parts)
-CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
-_TENSOR = re.compile(
-    r"base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(MODULES) + r")\.lora_([AB])\.weight"
-)
-# adapter_config.json fields that change the math when set, and the value that leaves it plain LoRA.
-_PLAIN = {
-    "use_dora": False,
-    "bias": "none",
-    "fan_in_fan_out": False,
-    "modules_to_save": None,
-    "rank_pattern": {},
-    "alpha_pattern": {},
-    "layer_replication": None,
-    "trainable_token_indices": None,
-    "lora_bias": False,
-    "use_qalora": False,
-    "alora_invocation_tokens": None,
-    "arrow_config": None,
-}
-
-
-@dataclass(frozen=True)
-class LoraAdapter:
-    """An adapter read into host memory: per (layer, module) its ``A [r, in]`` and ``scaling · B [out, r]``."""
-
-    name: str
-    rank: int
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    # Unique per load: the prefix cache keys an adapter's blocks by it (a name registered again with other
-    # weights must not find the old weights' keys and values).
-    key: bytes = field(default_factory=lambda: secrets.token_bytes(16))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.weights.values())
-
-
-def _refuse(name: str, folder: Path, why: str) -> EngineError:
-    return EngineError(f"LoRA adapter {name!r} ({folder}): {why}", code=400, field="adapter")
-
-
-def read_adapter(name: str, folder: Path, *, max_rank: int, num_layers: int, dtype: torch.dtype) -> LoraAdapter:
-    """The adapter in ``folder`` (PEFT's layout), checked against what the decoder applies; an ``EngineError``
-    (400) names what cannot be served and what would."""
-    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not config_path.is_file() or not weights_path.is_file():
-        raise _refuse(name, folder, f"a PEFT LoRA adapter folder holds {CONFIG_FILE} and {WEIGHTS_FILE}")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise _refuse(name, folder, f"{CONFIG_FILE} is not JSON ({exc})") from exc
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        raise _refuse(name, folder, f"peft_type={config.get('peft_type')!r}: only LORA adapters are served")
-    for key, plain in _PLAIN.items():
-        if config.get(key, plain) not in (plain, None, [], {}):
-            raise _refuse(name, folder, f"{key}={config[key]!r} is not applied here; adapters with {key}={plain!r}")
-    rank, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, (int, float)):
-        raise _refuse(name, folder, f"r={rank!r}, lora_alpha={alpha!r}: a positive integer rank and a number alpha")
-    if rank > max_rank:
-        raise _refuse(name, folder, f"rank {rank} is above option.max_lora_rank={max_rank}; raise it to {rank}")
-    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for tensor_name, tensor in load_file(str(weights_path)).items():
-        found = _TENSOR.fullmatch(tensor_name)
-        if found is None:
-            raise _refuse(
-                name, folder, f"tensor {tensor_name!r} is not a LoRA A or B of {', '.join(MODULES)} in a decoder layer"
-            )
-        layer = int(found.group(1))
-        if layer >= num_layers:
-            raise _refuse(name, folder, f"tensor {tensor_name!r}: the model has {num_layers} layers")
-        pairs.setdefault((layer, found.group(2)), {})[found.group(3)] = tensor
-    weights = {}
-    for (layer, module), pair in pairs.items():
-        if set(pair) != {"A", "B"}:
-            raise _refuse(name, folder, f"layer {layer} {module} has lora_{''.join(pair)} without its pair")
-        a, b = pair["A"], pair["B"]
-        if a.shape[0] != rank or b.shape[1] != rank:
-            raise _refuse(name, folder, f"layer {layer} {module}: A {tuple(a.shape)}, B {tuple(b.shape)} for r={rank}")
-        weights[layer, module] = (a.to(dtype), (b.float() * scaling).to(dtype))
-    if not weights:
-        raise _refuse(name, folder, f"{WEIGHTS_FILE} holds no LoRA weights")
-    return LoraAdapter(name, rank, weights)
-
 
 # Where the slots' A matrices live (benchmarks/gpu_lora.py builds engines of both to compare them): True, as rows
 # after the fused base projection's own (the module docstring); False, a buffer of their own and a second matmul.
