@@ -48,6 +48,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ...compat import dtype_kwargs, text_config
 from ...speculative import Speculation, SpeculationError
+from ..adapters import AdapterTable
 from ..base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
@@ -297,7 +298,9 @@ class TorchEngine:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
-        self._adapters: dict[str, tuple[AdapterInfo, LoraAdapter]] = {}
+        self._adapters: AdapterTable[LoraAdapter] = AdapterTable(
+            max_cpu_loras=max_cpu_loras, off=None if enable_lora else "set option.enable_lora=true"
+        )
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
         self.pad_token_id = pad_token_id
@@ -612,22 +615,13 @@ class TorchEngine:
     # -- LoRA adapters (AdapterHost) ------------------------------------------------------------
 
     def adapters(self) -> list[AdapterInfo]:
-        return [info for info, _ in self._adapters.values()]
+        return self._adapters.infos()
 
     async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
         """Read the adapter in ``folder`` (off the event loop) and serve it as ``name``; 409 for a name taken or
         ``option.max_cpu_loras`` reached, 400 for an adapter the decode loop cannot apply."""
         self._check_ready()
-        if not self.enable_lora:
-            raise EngineError("LoRA adapters are off: set option.enable_lora=true", code=400, field="adapter")
-        if name in self._adapters:
-            raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
-        if self.max_cpu_loras is not None and len(self._adapters) >= self.max_cpu_loras:
-            raise EngineError(
-                f"option.max_cpu_loras={self.max_cpu_loras} adapters are registered; unregister one first, or "
-                "raise option.max_cpu_loras",
-                code=409,
-            )
+        self._adapters.check_new(name)
         config = self._model.config
         adapter = await asyncio.to_thread(
             read_adapter,
@@ -637,10 +631,8 @@ class TorchEngine:
             num_layers=config.num_hidden_layers,
             dtype=self._model.dtype,
         )
-        if name in self._adapters:  # registered meanwhile
-            raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
         info = AdapterInfo(name=name, src=src, folder=str(folder), rank=adapter.rank)
-        self._adapters[name] = (info, adapter)
+        self._adapters.add(info, adapter)
         log.info(
             "LoRA adapter %r registered from %s (rank %d, %.1f MiB)", name, src, adapter.rank, adapter.nbytes / 2**20
         )
@@ -648,30 +640,21 @@ class TorchEngine:
 
     async def unregister_adapter(self, name: str) -> None:
         """404 for a name not registered; 409 while a request uses it."""
-        if name not in self._adapters:
-            raise EngineError(f"LoRA adapter {name!r} is not registered", code=404, field="adapter")
-        using = sum(1 for slot in self._slots.values() if slot.request.adapter == name)
-        if using:
-            raise EngineError(
-                f"LoRA adapter {name!r} is in use by {using} request(s); unregister it once they finish", code=409
-            )
-        del self._adapters[name]
+        self._adapters.remove(name, sum(1 for slot in self._slots.values() if slot.request.adapter == name))
         log.info("LoRA adapter %r unregistered", name)
 
     def _adapter(self, request: GenerationRequest) -> LoraAdapter | None:
         """The registered adapter the request names (None: the base model); 404 for an unknown name."""
         if request.adapter is None:
             return None
-        found = self._adapters.get(request.adapter)
-        if found is None:
-            raise EngineError(f"LoRA adapter {request.adapter!r} is not registered", code=404, field="adapter")
+        adapter = self._adapters.get(request.adapter)
         if request.sampling.prompt_logprobs:
             raise EngineError(
                 "prompt log-probs are scored by the base model, not an adapter; leave them out of adapter requests",
                 code=400,
                 field="prompt_logprobs",
             )
-        return found[1]
+        return adapter
 
     def _open(self, request: GenerationRequest, matcher: Guide | None) -> Slot:
         self._check_ready()
