@@ -53,6 +53,7 @@ from pathlib import Path
 
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory
+from tensorrt_llm._lora import LoraRuntime
 
 log = logging.getLogger("tensorrt_llm")
 
@@ -200,6 +201,8 @@ class _Seq:
     guide: tuple[str, str | None] | None = None  # (guide type name, guide): see _grammar
     matcher: object = None
     embedding_bias: object = None  # [vocab] float32, added to the logits
+    lora_config: object = None  # the request's LoraConfig (checked and cached at admission: _lora)
+    lora: dict | None = None  # its decoded A and B by (layer, module)
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     sent: int = 0
@@ -246,6 +249,9 @@ class ExecutorImpl:
         self._grammars = None
         if self.is_leader:
             self._model = _load_model(blob["hf_model_dir"])
+            self._lora = LoraRuntime(
+                self._dir, self._model, self.limits.precision, getattr(config, "peft_cache_config", None)
+            )
             guided = getattr(config, "guided_decoding_config", None)
             if guided is not None:
                 if guided._backend.name != "XGRAMMAR":
@@ -296,6 +302,7 @@ class ExecutorImpl:
                     client_id=request.client_id,
                     guide=self._guide(request),
                     embedding_bias=self._embedding_bias(request),
+                    lora_config=request.lora_config,
                 )
             )
             self._cv.notify_all()
@@ -447,6 +454,12 @@ class ExecutorImpl:
             if seq.max_tokens <= 0:
                 out.append(self._result(seq, self._api.FinishReason.LENGTH))
                 continue
+            try:
+                in_use = {s.lora_config.task_id for s in [*self._active, *self._waiting] if s.lora_config is not None}
+                seq.lora = self._lora.admit(seq.lora_config, in_use)
+            except RuntimeError as exc:  # an error Response for this request only (PeftCacheManager::addRequestPeft)
+                out.append(self._api.Response(seq.id, str(exc), seq.client_id))
+                continue
             self._active.append(seq)
             admitted.add(seq.id)
         return admitted
@@ -476,7 +489,8 @@ class ExecutorImpl:
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
 
-        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        with self._lora.applying(seq.lora):
+            res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
 
     def _advance(self, seq: _Seq, token: int, logprob: float):
@@ -522,17 +536,18 @@ class ExecutorImpl:
             # it finished; NVIDIA/TensorRT-LLM#7145 (0.21) crashes on beams with stop tokens.
             raise RuntimeError("beam search with stop words: not modelled by this fake (see NVIDIA/TensorRT-LLM#7145)")
         sc = seq.sampling
-        gen = self._model.generate(
-            torch.tensor([seq.prompt]),
-            num_beams=seq.beam_width,
-            num_return_sequences=sc.num_return_sequences or seq.beam_width,
-            max_new_tokens=seq.max_tokens,
-            do_sample=False,
-            eos_token_id=seq.end_id if seq.end_id >= 0 else None,
-            pad_token_id=max(seq.end_id, 0),
-            length_penalty=sc.length_penalty if sc.length_penalty is not None else 0.0,
-            early_stopping=early_stopping_hf(sc.early_stopping),
-        )
+        with self._lora.applying(seq.lora):  # the adapter's deltas in every beam's forward pass
+            gen = self._model.generate(
+                torch.tensor([seq.prompt]),
+                num_beams=seq.beam_width,
+                num_return_sequences=sc.num_return_sequences or seq.beam_width,
+                max_new_tokens=seq.max_tokens,
+                do_sample=False,
+                eos_token_id=seq.end_id if seq.end_id >= 0 else None,
+                pad_token_id=max(seq.end_id, 0),
+                length_penalty=sc.length_penalty if sc.length_penalty is not None else 0.0,
+                early_stopping=early_stopping_hf(sc.early_stopping),
+            )
         fr, beams, reasons = self._api.FinishReason, [], []
         for row in gen[:, len(seq.prompt) :].tolist():
             ended = seq.end_id in row

@@ -262,6 +262,14 @@ class PeftCacheConfig:
         del self._values["self"]
 
 
+class LoraConfig:
+    """executor.h ``LoraConfig(taskId, weights = nullopt, config = nullopt)``; the LLM API's worker passes them as
+    ``task_id=``, ``weights=``, ``config=`` (tensorrt_llm/executor/worker.py _enqueue_request). Read by the runtime."""
+
+    def __init__(self, task_id, weights=None, config=None):
+        self.task_id, self.weights, self.config = task_id, weights, config
+
+
 class _ExtendedRuntimePerfKnobConfig1x:
     """1.x: ``multi_block_mode`` defaults on (cpp/tensorrt_llm/pybind/executor/executorConfig.cpp and
     cpp/include/tensorrt_llm/executor/executor.h, ``ExtendedRuntimePerfKnobConfig(bool multiBlockMode = true,

@@ -1,0 +1,159 @@
+"""LoRA adapters on the tensorrt backend (TrtllmEngine over the fake Executor): an engine built with the LoRA plugin,
+PEFT adapters converted to ``LoraConfig``'s layout, and the fake decoding that layout back into per-module A and B and
+applying them in its tiny torch model, so a wrong conversion changes the tokens. The adapters and the references are
+test_lora.py's (peft's ``merge_and_unload()`` models), the batch mixes the base model and four adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from test_lora import ADAPTERS, NEW, PROMPTS, _expected, _make_adapter, world  # noqa: F401  (fixture)
+from test_torch_engine import assert_greedy
+from tinymodels import tiny_model
+from transformers import AutoTokenizer
+from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
+from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmEngine, TrtllmSettings
+
+pytestmark = pytest.mark.slow
+
+ALL = ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_gate", "mlp_4h_to_h"]
+BUILD = dict(max_batch_size=16, max_input_len=64, max_seq_len=128)
+
+
+@pytest.fixture(scope="module")
+def trt():
+    with fake_tensorrt_llm() as module:
+        yield module
+
+
+def _engine_dir(world, out, targets=ALL, rank=8, plugin="auto"):  # noqa: F811
+    return make_engine_dir(
+        world["model_dir"],
+        out,
+        plugin_config={"lora_plugin": plugin},
+        lora_config={"max_lora_rank": rank, "lora_target_modules": targets},
+        **BUILD,
+    )
+
+
+@pytest.fixture(scope="module")
+def lora_dir(trt, world, tmp_path_factory):  # noqa: F811
+    return _engine_dir(world, tmp_path_factory.mktemp("trt-lora") / "engine")
+
+
+async def _started(engine_dir, **lora) -> TrtllmEngine:
+    settings = TrtllmSettings(enable_lora=True, max_lora_rank=8, **lora)
+    engine = TrtllmEngine(engine_dir, settings, eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
+    await asyncio.wait_for(engine.start(), 60)
+    return engine
+
+
+async def _generate(engine, world, prompt: str, adapter: str | None, rid: str) -> list[int]:  # noqa: F811
+    ids = AutoTokenizer.from_pretrained(world["model_dir"])(prompt).input_ids
+    request = GenerationRequest(rid, ids, SamplingParams(max_new_tokens=NEW, ignore_eos=True), adapter=adapter)
+    outs = [out async for out in engine.submit(request)]
+    assert outs[-1].error is None, outs[-1].error
+    return [t for out in outs for t in out.token_ids]
+
+
+async def _register(engine, world, names) -> None:  # noqa: F811
+    for name in names:
+        folder = str(world["folders"][name])
+        await engine.register_adapter(name, folder, folder)
+
+
+async def test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch(lora_dir, world):  # noqa: F811
+    engine = await _started(lora_dir, max_loras=4)
+    try:
+        assert engine.capabilities.lora.honoured
+        await _register(engine, world, ADAPTERS)
+        for round_ in range(2):  # the second round sends no weights: the Executor holds the tasks
+            jobs = [(adapter, prompt) for adapter in [None, *ADAPTERS] for prompt in PROMPTS[:2]]
+            got = await asyncio.gather(
+                *(_generate(engine, world, p, a, f"r{round_}-{i}") for i, (a, p) in enumerate(jobs))
+            )
+            outputs = {}
+            for (adapter, prompt), tokens in zip(jobs, got, strict=True):
+                ref = _expected(world, adapter, prompt)
+                assert ref.clear >= 3, (adapter, prompt, "too few clear choices to compare")
+                assert_greedy(tokens, ref)
+                outputs[adapter, prompt] = ref.tokens
+            for adapter in ADAPTERS:  # the adapters change the output (a test that cannot fail is no test)
+                assert any(outputs[adapter, p] != outputs[None, p] for p in PROMPTS[:2]), adapter
+    finally:
+        await engine.close()
+
+
+async def test_an_evicted_adapter_is_sent_again(lora_dir, world, caplog):  # noqa: F811
+    """max_loras=1: the host cache holds one rank-8 adapter of every module; hub-b evicts local-a, whose next request
+    (sent without weights) meets the Executor's cache miss and goes again with them."""
+    engine = await _started(lora_dir, max_loras=1)
+    try:
+        await _register(engine, world, ["local-a", "hub-b"])
+        caplog.set_level(logging.INFO, logger="lmi_trt.engines.trtllm")
+        for i, adapter in enumerate(["local-a", "hub-b", "local-a"]):
+            tokens = await _generate(engine, world, PROMPTS[0], adapter, f"e{i}")
+            assert_greedy(tokens, _expected(world, adapter, PROMPTS[0]))
+        assert "'local-a' was evicted from TensorRT-LLM's cache: sent again" in caplog.text
+    finally:
+        await engine.close()
+
+
+async def test_adapters_the_engine_cannot_apply_are_a_400_naming_why(trt, world, tmp_path):  # noqa: F811
+    qkv_only = _engine_dir(world, tmp_path / "qkv", targets=["attn_q", "attn_k", "attn_v"])
+    engine = await _started(qkv_only)
+    try:
+        folder = str(world["folders"]["s3-c"])  # o_proj, gate_proj, down_proj
+        with pytest.raises(EngineError) as modules:
+            await engine.register_adapter("c", folder, folder)
+        assert (
+            modules.value.code == 400 and "o_proj" in str(modules.value) and "lora_target_modules" in str(modules.value)
+        )
+        big = tmp_path / "rank16"
+        _make_adapter(tiny_model("llama"), big, 5, 16, ["q_proj"])
+        with pytest.raises(EngineError) as rank:
+            await engine.register_adapter("big", str(big), str(big))
+        assert rank.value.code == 400 and "option.max_lora_rank=8" in str(rank.value)
+        request = GenerationRequest("u", [1, 5], SamplingParams(max_new_tokens=2), adapter="nope")
+        unknown = [out async for out in engine.submit(request)][-1]
+        assert unknown.error_code == 404 and "'nope' is not registered" in unknown.error
+    finally:
+        await engine.close()
+
+
+async def test_an_adapter_in_use_is_not_unregistered(lora_dir, world):  # noqa: F811
+    engine = await _started(lora_dir)
+    try:
+        await _register(engine, world, ["vllm-d"])
+        ids = [1, 5, 6]
+        request = GenerationRequest("long", ids, SamplingParams(max_new_tokens=60, ignore_eos=True), adapter="vllm-d")
+        outputs = engine.submit(request)
+        first = await outputs.__anext__()
+        assert first.error is None
+        with pytest.raises(EngineError) as busy:
+            await engine.unregister_adapter("vllm-d")
+        assert busy.value.code == 409 and "in use" in str(busy.value)
+        await outputs.aclose()  # cancels it; the Executor's final result for it comes shortly
+        while True:
+            try:
+                await engine.unregister_adapter("vllm-d")
+                break
+            except EngineError as e:
+                assert e.code == 409
+                await asyncio.sleep(0.05)
+        assert engine.adapters() == []
+    finally:
+        await engine.close()
+
+
+def test_option_enable_lora_needs_an_engine_built_with_the_lora_plugin(trt, world, tmp_path):  # noqa: F811
+    plain = make_engine_dir(world["model_dir"], tmp_path / "plain", **BUILD)
+    with pytest.raises(TrtllmConfigError, match="lora_plugin"):
+        TrtllmEngine(plain, TrtllmSettings(enable_lora=True), eos_token_ids=[2])
+    rank4 = _engine_dir(world, tmp_path / "rank4", rank=4)
+    with pytest.raises(TrtllmConfigError, match="option.max_lora_rank=8 exceeds the engine's built max_lora_rank=4"):
+        TrtllmEngine(rank4, TrtllmSettings(enable_lora=True, max_lora_rank=8), eos_token_ids=[2])
