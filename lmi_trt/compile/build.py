@@ -129,7 +129,16 @@ def _build_config(plan: BuildPlan) -> Any:
     plugins = PluginConfig()
     for name, value in plan.plugin_settings().items():
         setattr(plugins, name, value)
-    return BuildConfig(**plan.build_config_kwargs(), plugin_config=plugins)
+    extra = {}
+    if plan.lora is not None:
+        # As trtllm-build does (tensorrt_llm/commands/build.py build_model): LoraConfig(lora_dir, lora_ckpt_source,
+        # max_lora_rank), then lora_target_modules assigned; build() applies it (model.use_lora, compile/lora.py).
+        from tensorrt_llm.lora_manager import LoraConfig
+
+        lora = LoraConfig(lora_dir=[], lora_ckpt_source="hf", max_lora_rank=plan.lora.max_lora_rank)
+        lora.lora_target_modules = list(plan.lora.target_modules)
+        extra["lora_config"] = lora
+    return BuildConfig(**plan.build_config_kwargs(), plugin_config=plugins, **extra)
 
 
 def _quantize(task: dict[str, Any], plan: BuildPlan, say: Progress) -> None:

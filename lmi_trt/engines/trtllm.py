@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from lmi_trt.compile.lora import TARGET_MODULES, peft_cache_sizes
 from lmi_trt.engines.adapters import AdapterTable
 from lmi_trt.engines.base import (
     SAMPLING_FEATURES,
@@ -66,7 +67,7 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
-from lmi_trt.engines.trtllm_lora import LoraBuild, executor_tensors, peft_cache_sizes
+from lmi_trt.engines.trtllm_lora import LoraBuild, executor_tensors
 from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
@@ -497,8 +498,9 @@ def lora_errors(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
         return [
             "option.enable_lora=true, but the engine was built without the LoRA plugin (its config.json "
             "build_config.plugin_config.lora_plugin is unset, or build_config.lora_config.lora_target_modules is "
-            "empty); rebuild it with trtllm-build --lora_plugin auto --lora_target_modules attn_q attn_k attn_v "
-            "attn_dense mlp_h_to_4h mlp_gate mlp_4h_to_h --max_lora_rank N, or set option.enable_lora=false"
+            f"empty); rebuild it with trtllm-build --lora_plugin auto --lora_target_modules {' '.join(TARGET_MODULES)} "
+            "--max_lora_rank N (or let lmi-trt build it from the Hugging Face checkpoint), or set "
+            "option.enable_lora=false"
         ]
     if lora.max_lora_rank is not None and settings.max_lora_rank > lora.max_lora_rank:
         return [

@@ -17,17 +17,15 @@ Sources (NVIDIA/TensorRT-LLM; the index holds one copy of each path, dated by co
   dtype in host memory, each row's layer in range, rank > 0 and ≤ the engine's max_lora_rank, its module one the
   engine was built for ("lora module X not enabled for this model"), and enough values for its in+out size.
   Three columns are accepted by every release, so that is what is sent (no DoRA here: read_adapter refuses it).
-* ``ExecutorConfig.peft_cache_config``: ``PeftCacheConfig`` (executor.h) counts its host and device caches in
-  "max sized 1-layer 1-module adapterSize=1 sets of weights"; the LLM API sizes them, for an engine with the LoRA
-  plugin, as max_lora_rank × layers × len(lora_target_modules + missing_qkv_modules) × max_loras (device) and ×
-  max_cpu_loras (host) (``tensorrt_llm/llmapi/llm.py`` ``_TrtLLM._build_model``, 0.1x-1.x copies alike).
+* The PEFT cache's sizing and the module names the JIT build targets: ``lmi_trt.compile.lora``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from lmi_trt.compile.lora import TARGET_MODULES
 
 from .base import EngineError
 
@@ -41,15 +39,6 @@ MODULES = {
     "down_proj": ("mlp_4h_to_h", 6),
     "up_proj": ("mlp_gate", 7),
 }
-QKV = ("attn_q", "attn_k", "attn_v")
-
-
-def with_missing_qkv(targets: Iterable[str]) -> list[str]:
-    """``lora_target_modules + LoraManager.get_missing_qkv_modules(...)``: q, k and v are all on or all off."""
-    targets = list(targets)
-    if any(m in targets for m in QKV):
-        targets += [m for m in QKV if m not in targets]
-    return targets
 
 
 @dataclass(frozen=True)
@@ -70,21 +59,6 @@ class LoraBuild:
         return cls(on, int(rank) if rank is not None else None, tuple(lora.get("lora_target_modules") or ()))
 
 
-def peft_cache_sizes(rank: int, num_layers: int, targets: Sequence[str], max_loras: int, max_cpu_loras: int) -> dict:
-    """``PeftCacheConfig`` keywords, as the LLM API sizes them (module docstring), with lmi-trt's options."""
-    module_layers = rank * num_layers * len(with_missing_qkv(targets))
-    return {
-        "num_device_module_layer": module_layers * max_loras,
-        "num_host_module_layer": module_layers * max_cpu_loras,
-    }
-
-
-def peft_cache_bytes(sizes: dict, in_out: int, itemsize: int) -> tuple[int, int]:
-    """(device, host) bytes of the caches: a unit is one rank of one module in one layer, ``in + out`` weights of
-    the widest module (executor.h's "max sized" set)."""
-    return sizes["num_device_module_layer"] * in_out * itemsize, sizes["num_host_module_layer"] * in_out * itemsize
-
-
 def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, Any]:
     """An adapter read by ``engines.torch.lora.read_adapter`` (A [r, in] and scaling·B [out, r] per (layer, HF
     module), the model's dtype) as ``LoraConfig``'s (weights [rows, longest], config int32 [rows, 3]); 400 naming
@@ -96,7 +70,7 @@ def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, An
         raise EngineError(
             f"LoRA adapter {name!r} targets {', '.join(missing)}, which the engine was not built for (its "
             f"lora_target_modules: {', '.join(built.target_modules) or 'none'}); rebuild it with trtllm-build "
-            f"--lora_target_modules {' '.join(with_missing_qkv(MODULES[m][0] for m in MODULES))}",
+            f"--lora_target_modules {' '.join(TARGET_MODULES)}",
             code=400,
             field="adapter",
         )

@@ -30,14 +30,13 @@ def trt():
         yield module
 
 
-def _engine_dir(world, out, targets=ALL, rank=8, plugin="auto"):  # noqa: F811
-    return make_engine_dir(
-        world["model_dir"],
-        out,
-        plugin_config={"lora_plugin": plugin},
-        lora_config={"max_lora_rank": rank, "lora_target_modules": targets},
-        **BUILD,
-    )
+def _engine_dir(world, out, targets=ALL, rank=8):  # noqa: F811
+    """trtllm-build --lora_plugin auto --lora_target_modules ... --max_lora_rank ``rank`` (commands/build.py)."""
+    from tensorrt_llm.lora_manager import LoraConfig
+
+    lora = LoraConfig(lora_dir=[], lora_ckpt_source="hf", max_lora_rank=rank)
+    lora.lora_target_modules = list(targets)
+    return make_engine_dir(world["model_dir"], out, plugin_config={"lora_plugin": "auto"}, lora_config=lora, **BUILD)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tensorrt_llm import _state
 from tensorrt_llm._runtime import ENGINE_FORMAT as _ENGINE_FORMAT
+from tensorrt_llm.lora_manager import LoraConfig, use_lora
 from tensorrt_llm.models.modeling_utils import PretrainedConfig
 from tensorrt_llm.plugin import plugin as _plugin
 
@@ -52,7 +53,7 @@ _BUILD_FIELDS_1X: tuple[tuple[str, object, object], ...] = (
     ("use_refit", bool, False),
     ("input_timing_cache", str | None, None),
     ("output_timing_cache", str, "model.cache"),
-    ("lora_config", dict, _Factory(dict)),
+    ("lora_config", object, _Factory(LoraConfig)),
     ("auto_parallel_config", dict, _Factory(dict)),
     ("weight_sparsity", bool, False),
     ("weight_streaming", bool, False),
@@ -83,6 +84,7 @@ class _BuildConfigMethods:
     def from_dict(cls, config, plugin_config=None):
         config = copy.deepcopy(config)
         plugins = config.pop("plugin_config", None)
+        config["lora_config"] = LoraConfig.from_dict(config.get("lora_config") or {})
         if plugin_config is None:
             plugin_config = _plugin_config_from_dict(plugins or {})
         return cls(**config, plugin_config=plugin_config)
@@ -94,6 +96,7 @@ class _BuildConfigMethods:
     def to_dict(self):
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["plugin_config"] = _plugin_config_to_dict(self.plugin_config)
+        out["lora_config"] = self.lora_config.to_dict()  # BuildConfig.to_dict (tensorrt_llm/builder.py)
         # dry_run and visualize_network never reach config.json (tensorrt_llm/builder.py, Engine.save).
         del out["dry_run"], out["visualize_network"]
         return out
@@ -222,6 +225,8 @@ def build(model, build_config):
     pretrained = copy.deepcopy(model.config)
     config.plugin_config.dtype = pretrained.dtype
     config.update_kv_cache_type(pretrained.architecture)
+    if config.plugin_config.lora_plugin is not None:  # build(): model.use_lora(build_config.lora_config)
+        use_lora(config.lora_config)
     if config.plugin_config.paged_kv_cache is None:
         config.plugin_config.paged_kv_cache = config.kv_cache_type == "PAGED"
     if config.max_seq_len is None:
