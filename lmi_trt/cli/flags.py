@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmi_trt.compile.errors import PlanError
 from lmi_trt.engines.registry import ENGINE_NAMES
 
 if TYPE_CHECKING:
@@ -81,20 +80,4 @@ def fitted_job(config: Any, model_config: Mapping[str, Any] | None) -> tuple[Any
     from lmi_trt.engines.registry import COMPILING_ENGINE
 
     config = stages.fit_lengths(config, model_config, COMPILING_ENGINE)
-    if config.enable_lora and model_config:
-        raise PlanError("option.enable_lora", "true", *lora_refusal(config, model_config))
     return config, stages.compile_job(config)
-
-
-def lora_refusal(config: Any, model_config: Mapping[str, Any]) -> tuple[str, str]:
-    """Pure: why `plan` and `compile` (a TensorRT-LLM build) refuse option.enable_lora, with the device memory
-    adapters take where they are served (the torch engine's stacked slots, ``lmi_trt.engines.lora_sizes``, at 2 bytes
-    a weight)."""
-    from lmi_trt.engines.lora_sizes import buffer_bytes
-
-    size = buffer_bytes(model_config, config.max_loras, config.max_lora_rank, 2)
-    return (
-        "the TensorRT-LLM backends here do not serve LoRA adapters",
-        f"Serve them with option.rolling_batch=torch, whose option.max_loras={config.max_loras} slots of rank "
-        f"{config.max_lora_rank} take {size / 2**20:.1f} MiB of device memory beside the weights",
-    )

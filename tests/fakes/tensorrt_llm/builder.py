@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tensorrt_llm import _state
 from tensorrt_llm._runtime import ENGINE_FORMAT as _ENGINE_FORMAT
-from tensorrt_llm.lora_manager import LoraConfig, use_lora
+from tensorrt_llm.lora_manager import LoraConfig as _LoraConfig
+from tensorrt_llm.lora_manager import _use_lora
 from tensorrt_llm.models.modeling_utils import PretrainedConfig
 from tensorrt_llm.plugin import plugin as _plugin
 
@@ -53,7 +54,7 @@ _BUILD_FIELDS_1X: tuple[tuple[str, object, object], ...] = (
     ("use_refit", bool, False),
     ("input_timing_cache", str | None, None),
     ("output_timing_cache", str, "model.cache"),
-    ("lora_config", object, _Factory(LoraConfig)),
+    ("lora_config", object, _Factory(_LoraConfig)),
     ("auto_parallel_config", dict, _Factory(dict)),
     ("weight_sparsity", bool, False),
     ("weight_streaming", bool, False),
@@ -84,7 +85,7 @@ class _BuildConfigMethods:
     def from_dict(cls, config, plugin_config=None):
         config = copy.deepcopy(config)
         plugins = config.pop("plugin_config", None)
-        config["lora_config"] = LoraConfig.from_dict(config.get("lora_config") or {})
+        config["lora_config"] = _LoraConfig.from_dict(config.get("lora_config") or {})
         if plugin_config is None:
             plugin_config = _plugin_config_from_dict(plugins or {})
         return cls(**config, plugin_config=plugin_config)
@@ -226,7 +227,7 @@ def build(model, build_config):
     config.plugin_config.dtype = pretrained.dtype
     config.update_kv_cache_type(pretrained.architecture)
     if config.plugin_config.lora_plugin is not None:  # build(): model.use_lora(build_config.lora_config)
-        use_lora(config.lora_config)
+        _use_lora(config.lora_config)
     if config.plugin_config.paged_kv_cache is None:
         config.plugin_config.paged_kv_cache = config.kv_cache_type == "PAGED"
     if config.max_seq_len is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-QKV = ("attn_q", "attn_k", "attn_v")
+_QKV = ("attn_q", "attn_k", "attn_v")
 
 
 @dataclass
@@ -42,10 +42,10 @@ class LoraConfig:
     @property
     def missing_qkv_modules(self) -> list:
         targets = self.lora_target_modules
-        return [m for m in QKV if m not in targets] if any(m in targets for m in QKV) else []
+        return [m for m in _QKV if m not in targets] if any(m in targets for m in _QKV) else []
 
 
-def use_lora(lora_config: LoraConfig) -> None:
+def _use_lora(lora_config: LoraConfig) -> None:
     """``load_hf_lora``'s effect on the config (the weights of a ``lora_dir`` are not modelled)."""
     if lora_config.lora_dir:
         raise NotImplementedError("fake tensorrt_llm: building with lora_dir is not modelled")

@@ -267,7 +267,12 @@ class LoraConfig:
     ``task_id=``, ``weights=``, ``config=`` (tensorrt_llm/executor/worker.py _enqueue_request). Read by the runtime."""
 
     def __init__(self, task_id, weights=None, config=None):
-        self.task_id, self.weights, self.config = task_id, weights, config
+        self._task_id, self._weights, self._config = task_id, weights, config
+
+    # read-only, as executor.h has getters only (getTaskId, getWeights, getConfig)
+    task_id = property(lambda self: self._task_id)
+    weights = property(lambda self: self._weights)
+    config = property(lambda self: self._config)
 
 
 class _ExtendedRuntimePerfKnobConfig1x:
