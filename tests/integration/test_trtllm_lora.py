@@ -156,3 +156,31 @@ def test_option_enable_lora_needs_an_engine_built_with_the_lora_plugin(trt, worl
     rank4 = _engine_dir(world, tmp_path / "rank4", rank=4)
     with pytest.raises(TrtllmConfigError, match="option.max_lora_rank=8 exceeds the engine's built max_lora_rank=4"):
         TrtllmEngine(rank4, TrtllmSettings(enable_lora=True, max_lora_rank=8), eos_token_ids=[2])
+
+
+async def test_the_jit_build_takes_the_lora_plugin_and_its_engine_serves_adapters(trt, world, tmp_path):  # noqa: F811
+    """option.enable_lora on a Hugging Face checkpoint: lmi-trt's build asks for the LoRA plugin as trtllm-build does,
+    config.json says so, and the engine it made serves an adapter as the peft-merged model generates."""
+    import json
+
+    from lmi_trt.compile.build import build_engine
+    from lmi_trt.compile.lora import TARGET_MODULES
+    from lmi_trt.compile.options import CompileOptions
+    from lmi_trt.compile.plan import GpuFacts, make_plan
+    from lmi_trt.engines.trtllm import read_engine_facts
+    from lmi_trt.engines.trtllm_lora import LoraBuild
+
+    hf = json.loads((world["model_dir"] / "config.json").read_text())
+    opts = CompileOptions(max_input_len=64, max_output_len=64, max_batch_size=8, enable_lora=True, max_lora_rank=8)
+    gpu = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
+    out = tmp_path / "jit"
+    build_engine(make_plan(opts, hf, gpu, trt.__version__), world["model_dir"], out)
+    assert read_engine_facts(out).lora == LoraBuild(True, 8, TARGET_MODULES)
+    engine = await _started(out, max_loras=2)
+    try:
+        await _register(engine, world, ["hub-b", "s3-c"])
+        for adapter in (None, "hub-b", "s3-c"):
+            tokens = await _generate(engine, world, PROMPTS[1], adapter, f"jit-{adapter}")
+            assert_greedy(tokens, _expected(world, adapter, PROMPTS[1]))
+    finally:
+        await engine.close()
