@@ -11,6 +11,8 @@ rule), for requests sent together so that base and adapter rows share steps, ove
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +43,10 @@ NEW = 8
 
 def _make_adapter(base_dir: Path, out: Path, seed: int, rank: int, targets: list[str]):
     """A PEFT LoRA adapter with random A and B (peft zeroes B unless init_lora_weights=False), saved to ``out``;
-    returns peft's merged model."""
+    returns peft's merged model. Where peft is not installed (the release legs: no TensorRT-LLM image has it), the
+    same folder and merge by hand (``_make_adapter_by_hand``, checked against peft's in the default run)."""
+    if importlib.util.find_spec("peft") is None:
+        return _make_adapter_by_hand(base_dir, out, seed, rank, targets)
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
@@ -50,6 +55,32 @@ def _make_adapter(base_dir: Path, out: Path, seed: int, rank: int, targets: list
     peft_model = get_peft_model(model, config)
     peft_model.save_pretrained(str(out))
     return peft_model.merge_and_unload().eval()
+
+
+def _make_adapter_by_hand(base_dir: Path, out: Path, seed: int, rank: int, targets: list[str]):
+    """peft's layout without peft (save_and_load.py: adapter_config.json and adapter_model.safetensors, tensors
+    ``base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight``, A [r, in], B [out, r]) and its
+    merge (``W += lora_alpha / r · B A``, tuners/lora/layer.py); lora_alpha = 2r as above."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir)).eval()
+    tensors = {}
+    for index, layer in enumerate(model.model.layers):
+        for name in targets:
+            where = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            linear = layer.get_submodule(f"{where}.{name}")
+            a = torch.randn(rank, linear.in_features) / linear.in_features**0.5
+            b = torch.randn(linear.out_features, rank) / rank**0.5
+            stem = f"base_model.model.model.layers.{index}.{where}.{name}"
+            tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"] = a, b
+            with torch.no_grad():
+                linear.weight += 2 * (b @ a)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank}
+    (out / "adapter_config.json").write_text(json.dumps({**config, "target_modules": targets, "bias": "none"}))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -343,3 +374,16 @@ async def test_steps_without_adapter_rows_run_the_base_models_pass(world, monkey
         assert_greedy(mixed[1], _expected(world, None, PROMPTS[1]))
     finally:
         await engine.close()
+
+
+def test_the_adapter_made_by_hand_is_what_peft_loads_and_merges(tmp_path):
+    """The release legs' adapters (no peft there) against peft here: peft reads the folder, and its merged model's
+    weights are the hand-merged ones."""
+    from peft import PeftModel
+
+    llama = tiny_model("llama")
+    by_hand = _make_adapter_by_hand(llama, tmp_path / "a", 7, 4, ["q_proj", "v_proj", "down_proj"])
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(llama)), str(tmp_path / "a"))
+    merged = merged.merge_and_unload()
+    for (name, want), (_, got) in zip(merged.state_dict().items(), by_hand.state_dict().items(), strict=True):
+        assert torch.allclose(want, got, atol=1e-6), name
