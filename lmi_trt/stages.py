@@ -57,7 +57,7 @@ from lmi_trt.engines.registry import (
     is_chosen,
 )
 from lmi_trt.engines.synthetic import SyntheticEngine
-from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
+from lmi_trt.engines.trtllm import NO_TRTLLM_LORA, TrtllmEngine, TrtllmSettings
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
 from lmi_trt.launch import LaunchPlan, Placement, trtllm_copy_settings
@@ -227,6 +227,13 @@ LLM_RELEASE_DEFAULTED = (
 
 
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
+    if config.enable_lora:  # its runtime view reads the key for the Executor; the LLM API's LoRARequest is not wired
+        raise StartupError(
+            "option.enable_lora",
+            True,
+            NO_TRTLLM_LORA,
+            "serve with option.backend=tensorrt or option.rolling_batch=torch",
+        )
     return LlmApiSettings.of(
         config,
         runtime=trtllm_settings(config),

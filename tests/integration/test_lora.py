@@ -15,6 +15,7 @@ import importlib.util
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -103,13 +104,15 @@ def world(tmp_path_factory):
     return {"model_dir": model_dir, "folders": folders, "merged": merged, "hf_home": hf_home, "root": root}
 
 
-@pytest.fixture(scope="module")
-def srv(world, s3_server):  # noqa: F811
-    env = {**s3_server.env, "HF_HOME": str(world["hf_home"])}
-    args = ["--engine", "torch", "--model-id", str(world["model_dir"]), "--model-name", "tiny-llama"]
+@contextmanager
+def lora_server(world, s3_server, engine: str, max_loras: int, env: dict | None = None, model_dir=None):  # noqa: F811
+    """`lmi-trt serve` of the model folder (or ``model_dir``: one with the same adapters/) with ``engine`` and its
+    adapters from the four places; yields the server."""
+    env = {**s3_server.env, "HF_HOME": str(world["hf_home"]), **(env or {})}
+    args = ["--engine", engine, "--model-id", str(model_dir or world["model_dir"]), "--model-name", "tiny-llama"]
     for option in (
         "option.enable_lora=true",
-        "option.max_loras=3",
+        f"option.max_loras={max_loras}",
         "option.max_lora_rank=8",
         "option.max_rolling_batch_size=8",
         "option.max_input_len=64",
@@ -117,7 +120,7 @@ def srv(world, s3_server):  # noqa: F811
         "option.enable_kv_cache_reuse=true",
     ):
         args += ["-o", option]
-    with serve(args, world["root"], env=env) as server:
+    with serve(args, world["root"], env=env, ready_timeout=600) as server:
         bucket = s3_server.new_bucket("adapters")
         s3_server.upload_folder(world["folders"]["s3-c"], f"s3://{bucket}/lora/c")
         hub = requests.post(f"{server.url}/models/tiny-llama/adapters", params={"name": "hub-b", "src": HUB_REPO})
@@ -129,6 +132,12 @@ def srv(world, s3_server):  # noqa: F811
             json={"lora_name": "vllm-d", "lora_path": str(world["folders"]["vllm-d"])},
         )
         assert load.status_code == 200 and "vllm-d" in load.text, load.text
+        yield server
+
+
+@pytest.fixture(scope="module")
+def srv(world, s3_server):  # noqa: F811
+    with lora_server(world, s3_server, "torch", max_loras=3) as server:  # 4 adapters: one waits for a slot
         yield server
 
 

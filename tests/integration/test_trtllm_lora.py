@@ -65,7 +65,7 @@ async def _register(engine, world, names) -> None:  # noqa: F811
         await engine.register_adapter(name, folder, folder)
 
 
-async def test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch(lora_dir, world):  # noqa: F811
+async def test_each_adapter_on_the_executor_generates_as_the_peft_merged_model(lora_dir, world):  # noqa: F811
     engine = await _started(lora_dir, max_loras=4)
     try:
         assert engine.capabilities.lora.honoured
@@ -186,3 +186,43 @@ async def test_the_jit_build_takes_the_lora_plugin_and_its_engine_serves_adapter
             assert_greedy(tokens, _expected(world, adapter, PROMPTS[1]))
     finally:
         await engine.close()
+
+
+# Over HTTP (every schema), the server compiling the Hugging Face folder with the LoRA plugin: test_lora.py's tests
+# of the torch engine, here with the tensorrt backend behind them (srv below).
+from s3server import s3_env, s3_server  # noqa: E402, F401  (fixtures)
+from test_lora import (  # noqa: E402
+    lora_server,
+    test_an_adapter_in_use_is_not_unloaded_then_is,  # noqa: F401
+    test_an_unknown_adapter_is_a_404_naming_it_in_every_schema,  # noqa: F401
+    test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch,  # noqa: F401
+)
+
+
+@pytest.fixture(scope="module")
+def srv(world, s3_server, tmp_path_factory):  # noqa: F811
+    """The server over an engine lmi-trt built with the LoRA plugin (the fake builder, as the JIT stage builds it on a
+    GPU host), its folder holding the model folder's adapters/ (DJL's start-up adapters)."""
+    import json
+    import shutil
+
+    from trtllm_testing import fake_server_env
+
+    from lmi_trt.compile.build import build_engine
+    from lmi_trt.compile.options import CompileOptions
+    from lmi_trt.compile.plan import GpuFacts, make_plan
+
+    out = tmp_path_factory.mktemp("served") / "engine"
+    with fake_tensorrt_llm() as trt:
+        hf = json.loads((world["model_dir"] / "config.json").read_text())
+        opts = CompileOptions(
+            max_input_len=64, max_output_len=400, max_batch_size=8, enable_lora=True, max_lora_rank=8
+        ).model_copy(update={"enable_kv_cache_reuse": True})
+        gpu = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
+        build_engine(
+            make_plan(opts, hf, gpu, trt.__version__), world["model_dir"], out, tokenizer_dir=world["model_dir"]
+        )
+    shutil.copytree(world["model_dir"] / "adapters", out / "adapters")
+    env = fake_server_env(tmp_path_factory.mktemp("site"))
+    with lora_server(world, s3_server, "trtllm", max_loras=4, env=env, model_dir=out) as server:
+        yield server
