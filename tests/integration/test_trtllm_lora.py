@@ -104,6 +104,20 @@ async def test_an_evicted_adapter_is_sent_again(trt, lora_dir, world, caplog):  
         await engine.close()
 
 
+async def test_adapters_beyond_max_loras_wait_for_the_device_cache(lora_dir, world):  # noqa: F811
+    """max_loras=1 (the device cache holds one rank-8 adapter of every module), two in host memory: hub-b's request
+    waits in the Executor's scheduler while local-a's runs, and both answer as their merged models."""
+    engine = await _started(lora_dir, max_loras=1, max_cpu_loras=2)
+    try:
+        await _register(engine, world, ["local-a", "hub-b"])
+        jobs = [("local-a", PROMPTS[0]), ("hub-b", PROMPTS[0]), (None, PROMPTS[1])]
+        got = await asyncio.gather(*(_generate(engine, world, p, a, f"w{i}") for i, (a, p) in enumerate(jobs)))
+        for (adapter, prompt), tokens in zip(jobs, got, strict=True):
+            assert_greedy(tokens, _expected(world, adapter, prompt))
+    finally:
+        await engine.close()
+
+
 async def test_adapters_the_engine_cannot_apply_are_a_400_naming_why(trt, world, tmp_path):  # noqa: F811
     qkv_only = _engine_dir(world, tmp_path / "qkv", targets=["attn_q", "attn_k", "attn_v"])
     engine = await _started(qkv_only)

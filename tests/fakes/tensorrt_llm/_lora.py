@@ -18,8 +18,12 @@ What is real here (NVIDIA/TensorRT-LLM; one stored copy per path, dated by conte
   put it in the host cache, which evicts tasks no request uses ("Cache is full. There are no done tasks to evict"
   when none can go: ``LoraCache`` claimPagesWithEvict). Its size is ``PeftCacheConfig.num_host_module_layer``:
   "number of max sized 1-layer 1-module adapterSize=1 sets of weights" (executor.h), so a row of rank r takes r.
-Simplification: the device cache (``num_device_module_layer``) and the scheduler's wait for its pages are not
-modelled; a 0.12 engine's 3-column rows only (DoRA's fourth column is refused here, not read).
+* the device cache: the capacity scheduler claims a running task's PEFT pages once per distinct task and leaves a
+  request pending while its new task's pages do not fit (``determineNumPages``, availablePeftPages:
+  cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp, every stored copy); here a page is a unit as above and the
+  device holds ``num_device_module_layer`` of them.
+Simplification: pages are units of rank, not TensorRT-LLM's pages of ``optimalAdapterSize``; 3-column rows only
+(DoRA's fourth column is refused here, not read).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class LoraRuntime:
         self.dtype = precision
         values = getattr(peft_cache_config, "_values", {}) if peft_cache_config is not None else {}
         self.host_units = int(values.get("num_host_module_layer", 0))
+        self.device_units = int(values.get("num_device_module_layer", 0))
         self.cache: OrderedDict[int, tuple[dict, int]] = OrderedDict()  # task id → (A/B by (layer, path), units)
         self._active: dict | None = None
         layers = model.model.layers
@@ -82,6 +87,22 @@ class LoraRuntime:
             yield
         finally:
             self._active = None
+
+    def fits(self, lora_config, running: list) -> bool:
+        """Whether the scheduler takes a request now: its task already runs, or its pages fit beside the running
+        tasks' (``running``: the running requests' LoraConfigs)."""
+        if lora_config is None:
+            return True
+        tasks = {c.task_id: self._units(c) for c in running if c is not None}
+        if lora_config.task_id in tasks:
+            return True
+        return sum(tasks.values()) + self._units(lora_config) <= self.device_units
+
+    def _units(self, lora_config) -> int:
+        if lora_config.config is not None:
+            return int(lora_config.config[:, 2].sum())
+        cached = self.cache.get(lora_config.task_id)
+        return cached[1] if cached is not None else 0
 
     def admit(self, lora_config, in_use: set[int]) -> dict | None:
         """The request's adapter weights (None: the base model), its task put into or found in the host cache;

@@ -428,6 +428,8 @@ class ExecutorImpl:
         while self._waiting and len(self._active) < self.max_batch_size:
             if self._waiting[0].beam_width != operating:
                 break
+            if not self._lora.fits(self._waiting[0].lora_config, [s.lora_config for s in self._active]):
+                break  # its adapter's PEFT pages do not fit beside the running ones' (capacityScheduler.cpp)
             seq = self._waiting.popleft()
             if len(seq.prompt) > self.limits.max_input_len:
                 out.append(
