@@ -979,8 +979,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_loras",
             _integer(1, 4),
-            "LoRA: adapters resident on the device at once (the torch engine's stacked slots); a request for "
-            "another waits until one is free",
+            "LoRA: adapters resident on the device at once (the torch engine's stacked slots, the Executor's PEFT "
+            "cache); a request for another waits until one is free",
         ),
     ] = 4
     max_lora_rank: Annotated[
@@ -994,7 +994,8 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_cpu_loras",
             _integer(1, 8),
-            "LoRA: adapters registered at most (kept in host memory); unset: no limit",
+            "LoRA: adapters registered at most (kept in host memory; the Executor's host PEFT cache holds this "
+            "many); unset: no limit (the Executor's host cache: option.max_loras)",
         ),
     ] = None
     batch_scheduler_policy: Annotated[
