@@ -28,7 +28,6 @@ Simplification: pages are units of rank, not TensorRT-LLM's pages of ``optimalAd
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -80,13 +79,9 @@ class LoraRuntime:
 
         return add
 
-    @contextlib.contextmanager
-    def applying(self, weights: dict | None):
+    def use(self, weights: dict | None) -> None:
+        """The adapter the model's next passes apply (None: the base model); set before every pass."""
         self._active = weights
-        try:
-            yield
-        finally:
-            self._active = None
 
     def fits(self, lora_config, running: list) -> bool:
         """Whether the scheduler takes a request now: its task already runs, or its pages fit beside the running

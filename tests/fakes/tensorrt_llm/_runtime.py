@@ -491,8 +491,8 @@ class ExecutorImpl:
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
 
-        with self._lora.applying(seq.lora):
-            res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        self._lora.use(seq.lora)  # every pass sets the adapter it runs with (None: the base model)
+        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
 
     def _advance(self, seq: _Seq, token: int, logprob: float):
@@ -538,18 +538,18 @@ class ExecutorImpl:
             # it finished; NVIDIA/TensorRT-LLM#7145 (0.21) crashes on beams with stop tokens.
             raise RuntimeError("beam search with stop words: not modelled by this fake (see NVIDIA/TensorRT-LLM#7145)")
         sc = seq.sampling
-        with self._lora.applying(seq.lora):  # the adapter's deltas in every beam's forward pass
-            gen = self._model.generate(
-                torch.tensor([seq.prompt]),
-                num_beams=seq.beam_width,
-                num_return_sequences=sc.num_return_sequences or seq.beam_width,
-                max_new_tokens=seq.max_tokens,
-                do_sample=False,
-                eos_token_id=seq.end_id if seq.end_id >= 0 else None,
-                pad_token_id=max(seq.end_id, 0),
-                length_penalty=sc.length_penalty if sc.length_penalty is not None else 0.0,
-                early_stopping=early_stopping_hf(sc.early_stopping),
-            )
+        self._lora.use(seq.lora)  # the adapter's deltas in every beam's forward pass
+        gen = self._model.generate(
+            torch.tensor([seq.prompt]),
+            num_beams=seq.beam_width,
+            num_return_sequences=sc.num_return_sequences or seq.beam_width,
+            max_new_tokens=seq.max_tokens,
+            do_sample=False,
+            eos_token_id=seq.end_id if seq.end_id >= 0 else None,
+            pad_token_id=max(seq.end_id, 0),
+            length_penalty=sc.length_penalty if sc.length_penalty is not None else 0.0,
+            early_stopping=early_stopping_hf(sc.early_stopping),
+        )
         fr, beams, reasons = self._api.FinishReason, [], []
         for row in gen[:, len(seq.prompt) :].tolist():
             ended = seq.end_id in row
