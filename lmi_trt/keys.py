@@ -979,8 +979,9 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_loras",
             _integer(1, 4),
-            "LoRA: adapters resident on the device at once (the torch engine's stacked slots, the Executor's PEFT "
-            "cache); a request for another waits until one is free",
+            "LoRA: adapters resident on the device at once (the torch engine's stacked slots; the pytorch "
+            "backend's LoraConfig.max_loras; the tensorrt backend's device PEFT cache); a request for another waits "
+            "until one is free",
         ),
     ] = 4
     max_lora_rank: Annotated[
@@ -994,8 +995,9 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_cpu_loras",
             _integer(1, 8),
-            "LoRA: adapters registered at most (kept in host memory; the Executor's host PEFT cache holds this "
-            "many); unset: no limit (the Executor's host cache: option.max_loras)",
+            "LoRA: adapters registered at most (kept in host memory; the pytorch backend's "
+            "LoraConfig.max_cpu_loras and the tensorrt backend's host PEFT cache, at least option.max_loras); unset: "
+            "no limit (those host caches: option.max_loras)",
         ),
     ] = None
     batch_scheduler_policy: Annotated[
@@ -1061,7 +1063,8 @@ class LmiConfig(BaseModel):
             "option.speculative_decoding_mode",
             _choice(SPECULATIVE_SPELLINGS, shown=tuple(SPECULATIVE_METHODS)),
             "speculative decoding's drafter (trtllm-build's flag; TensorRT-LLM's and vLLM's spellings work "
-            "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp",
+            "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp, "
+            "the trtllm tensorrt backend lookahead (lookahead_decoding)",
         ),
     ] = None
     speculative_draft_model: Annotated[

@@ -70,11 +70,28 @@ RUNS_ON = {
     "eagle3": "TensorRT-LLM's pytorch backend (option.rolling_batch=trtllm, option.backend=pytorch)",
     "mtp": "TensorRT-LLM's pytorch backend, for models with MTP heads (option.rolling_batch=trtllm, "
     "option.backend=pytorch)",
+    "lookahead": "lmi-trt's tensorrt backend (option.rolling_batch=trtllm, option.backend=tensorrt: TensorRT-LLM's "
+    "Executor, 0.12-1.2) on an engine built with --speculative_decoding_mode lookahead_decoding, which its compile "
+    "stage builds",
     **dict.fromkeys(
-        ("eagle", "medusa", "lookahead", "explicit_draft_tokens"),
-        "TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive (its tensorrt backend "
-        "refuses speculation)",
+        ("eagle", "medusa", "explicit_draft_tokens"),
+        "TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive (their head checkpoints "
+        "need TensorRT-LLM's own converters)",
     ),
+}
+# trtllm-build's --speculative_decoding_mode for the methods TensorRT engines are built for
+# (tensorrt_llm/commands/build.py choices; models/modeling_utils.py SpeculativeDecodingMode.from_arguments): the
+# draft-token methods' engine form is draft_tokens_external; EAGLE-3 and MTP have none (the compile stage refuses them
+# by that name).
+BUILD_MODES = {
+    "ngram": "draft_tokens_external",
+    "draft_model": "draft_tokens_external",
+    "lookahead": "lookahead_decoding",
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "explicit_draft_tokens": "explicit_draft_tokens",
+    "eagle3": "eagle3",
+    "mtp": "mtp",
 }
 # DJL's option.speculative_length default (deepjavalibrary/djl-serving properties_manager lmi_dist_rb_properties.py
 # and tnx_properties.py: ``speculative_length: int = 5``), for the flat keys; the JSON forms require a length, as
@@ -119,6 +136,20 @@ FLAT_FIELDS = {
     "speculative_disable_by_batch_size": "max_concurrency",
 }
 _NGRAM_ONLY = ("max_matching_ngram_size", "min_matching_ngram_size", "use_oldest")
+# Lookahead's (W, N, G), as trtllm-serve's LookaheadDecodingConfig names them (tensorrt_llm/llmapi/llm_args.py, every
+# copy read: max_window_size, max_ngram_size, max_verification_set_size, each "Value must be positive"), with the
+# Executor's defaults (cpp/include/tensorrt_llm/executor/executor.h LookaheadDecodingConfig's
+# kDefaultLookaheadDecodingWindow = 4, kDefaultLookaheadDecodingNgram = 3,
+# kDefaultLookaheadDecodingVerificationSet = 4).
+LOOKAHEAD_MEMBERS = {"max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}
+
+
+def lookahead_draft_len(window: int, ngram: int, verification_set: int) -> int:
+    """The draft tokens a lookahead step verifies, which the engine's --max_draft_len must equal
+    (cpp/tensorrt_llm/executor/decodingConfig.cpp LookaheadDecodingConfig::calculateSpeculativeResourceTuple's
+    maxDraftTokens; examples/lookahead/README.md: "Ensure the max_draft_len derived from executor_lookahead_config
+    equals to the max_draft_len specified in the engine-building phase")."""
+    return (0 if ngram == 1 else ngram - 2) + (window - 1 + verification_set) * (ngram - 1)
 
 
 class SpeculationError(LmiError, ValueError):
@@ -244,6 +275,22 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
             )
         fields["method"] = (fields["draft_model"][0], "draft_model")  # DJL: a draft model alone turns it on
     method_key, method = fields["method"]
+    if method == "lookahead":
+        options = _lookahead_members(options)
+        if "max_draft_len" not in fields:  # trtllm-serve's LookaheadDecodingConfig derives it (module docstring)
+            fields["max_draft_len"] = (
+                method_key,
+                lookahead_draft_len(*(options[m] for m in LOOKAHEAD_MEMBERS)),
+            )
+    else:
+        for member in LOOKAHEAD_MEMBERS:
+            if member in options:
+                raise SpeculationError(
+                    f"{JSON_KEY}.{member}",
+                    options[member],
+                    f"configures lookahead decoding, not {method}",
+                    "leave it out",
+                )
     if "max_draft_len" not in fields:
         if method_key.startswith(JSON_KEY):
             raise SpeculationError(
@@ -292,6 +339,26 @@ def resolve(raw: Mapping[str, Any] | None, flat: Mapping[str, tuple[str, Any]]) 
             "lower it or raise the other",
         )
     return spec
+
+
+def _lookahead_members(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with lookahead's (W, N, G) checked and filled in with the Executor's defaults: positive integers
+    (llm_args.py), and an n-gram of 1 only with a window of 1 and no verification set (executor.h
+    LookaheadDecodingConfig::isLegal), which positive values never are."""
+    out = {**LOOKAHEAD_MEMBERS, **options}
+    for member in LOOKAHEAD_MEMBERS:
+        value = out[member]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpeculationError(f"{JSON_KEY}.{member}", value, "is not a positive integer", "set an integer ≥ 1")
+    if out["max_ngram_size"] == 1:
+        raise SpeculationError(
+            f"{JSON_KEY}.max_ngram_size",
+            1,
+            "is legal only with max_window_size 1 and max_verification_set_size 0 (TensorRT-LLM's "
+            "LookaheadDecodingConfig::isLegal), and the verification set must be positive (llm_args.py)",
+            "set 2 or more",
+        )
+    return out
 
 
 def _vllm_ngram_bounds(fields: dict[str, tuple[str, Any]]) -> None:

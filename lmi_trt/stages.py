@@ -57,12 +57,13 @@ from lmi_trt.engines.registry import (
     is_chosen,
 )
 from lmi_trt.engines.synthetic import SyntheticEngine
-from lmi_trt.engines.trtllm import NO_TRTLLM_LORA, TrtllmEngine, TrtllmSettings
+from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
+from lmi_trt.engines.trtllm_speculation import executor_lookahead
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
 from lmi_trt.launch import LaunchPlan, Placement, trtllm_copy_settings
 from lmi_trt.sources import ModelArtifact, ModelPeek
-from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, not_here
+from lmi_trt.speculative import BUILD_MODES, JSON_KEY, Speculation, SpeculationError, not_here
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,15 @@ def _sequences(config: LmiConfig) -> int:
 def compile_options(config: LmiConfig) -> CompileOptions:
     """Every ``CompileOptions`` field from its key (``max_batch_size`` ← ``option.max_rolling_batch_size``)."""
 
-    return CompileOptions.of(config)
+    spec = speculation(config)
+    if spec is None:
+        return CompileOptions.of(config)
+    return CompileOptions.of(
+        config,
+        speculative_decoding_mode=BUILD_MODES[spec.method],
+        max_draft_len=spec.max_draft_len,
+        speculative_key=spec.key("method"),
+    )
 
 
 # The options the PyTorch backend's quantization stage reads (lmi_trt.compile.hf_quant).
@@ -200,20 +209,10 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 
 
 def executor_settings(config: LmiConfig) -> TrtllmSettings:
-    """The Executor's settings; speculative decoding is refused there, naming the key (reading it here makes the
-    refusal this one rather than refuse_ignored's)."""
-    spec = speculation(config)
-    if spec is not None:
-        raise SpeculationError(
-            spec.key("method"),
-            spec.method,
-            "lmi-trt's tensorrt backend (the Executor over TensorRT engines, TensorRT-LLM 0.12-1.2) neither builds "
-            "engines for speculative decoding (trtllm-build --speculative_decoding_mode) nor drives their draft "
-            "tokens, lookahead or Medusa heads",
-            "serve the Hugging Face checkpoint with option.backend=pytorch (TensorRT-LLM 1.0+: ngram, draft_model, "
-            "eagle3, mtp) or with option.rolling_batch=torch (ngram, draft_model)",
-        )
-    return trtllm_settings(config)
+    """The Executor's settings: with speculative decoding, lookahead decoding's (W, N, G); any other method is refused
+    there, naming the key (reading it here makes the refusal this one rather than refuse_ignored's)."""
+    lookahead = executor_lookahead(speculation(config), config.max_beam_width)
+    return trtllm_settings(config).model_copy(update={"lookahead": lookahead})
 
 
 # Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of
@@ -227,13 +226,6 @@ LLM_RELEASE_DEFAULTED = (
 
 
 def llmapi_settings(config: LmiConfig) -> LlmApiSettings:
-    if config.enable_lora:  # its runtime view reads the key for the Executor; the LLM API's LoRARequest is not wired
-        raise StartupError(
-            "option.enable_lora",
-            True,
-            NO_TRTLLM_LORA,
-            "serve with option.backend=tensorrt or option.rolling_batch=torch",
-        )
     return LlmApiSettings.of(
         config,
         runtime=trtllm_settings(config),

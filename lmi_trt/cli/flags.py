@@ -75,7 +75,8 @@ def load_compile_job(args: argparse.Namespace):
 
 def fitted_job(config: Any, model_config: Mapping[str, Any] | None) -> tuple[Any, CompileJob]:
     """``config`` with unset max_input_len / max_output_len fitted to the model's config.json as ``serve`` fits
-    them (one function for both: ``stages.fit_lengths``), and its CompileJob."""
+    them (one function for both: ``stages.fit_lengths``), and its CompileJob (option.enable_lora: the LoRA plugin
+    built in, the PEFT cache counted, ``compile.plan``)."""
     from lmi_trt import stages
     from lmi_trt.engines.registry import COMPILING_ENGINE
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from lmi_trt.compile.errors import PlanError
@@ -69,7 +70,24 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
         "scheduler_config": planned.scheduler_config,
         "moe_config": planned.moe_config,
     }
-    return backend, why, {**planned.keywords, **{k: v for k, v in nested.items() if v}}
+    nested["lora_config"] = planned.lora_config
+    graphs = {"cuda_graph_config": planned.cuda_graph_config} if "cuda_graph_config" in planned.origins else {}
+    return backend, why, {**planned.keywords, **{k: v for k, v in nested.items() if v}, **graphs}
+
+
+def lora_cache_note(config: Any, model_config: Mapping[str, Any], version: str) -> str:
+    """Pure: what is known of the LLM's adapter memory on the pytorch backend: TensorRT-LLM sizes its device PEFT cache
+    as ``max_lora_rank × layers × modules × max_loras`` rows (``num_device_module_layer``, _torch/pyexecutor/_util.py
+    of the 1.1 line, read_file id 843526953); the bytes of a row are the C++ PeftCacheManager's, which was not read."""
+    from lmi_trt.engines.llmapi import LORA_MODULES
+
+    layers = model_config.get("num_hidden_layers") or (model_config.get("text_config") or {}).get("num_hidden_layers")
+    rows = config.max_lora_rank * (layers or 0) * len(LORA_MODULES) * config.max_loras
+    return (
+        f"LoRA: TensorRT-LLM {version} sizes its device PEFT cache as max_lora_rank {config.max_lora_rank} × "
+        f"{layers} layers × {len(LORA_MODULES)} modules × max_loras {config.max_loras} = {rows:,} rows; the bytes of a "
+        "row are its C++ PeftCacheManager's (not read here), so adapter memory is not in this estimate"
+    )
 
 
 def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, dict[str, Any] | None]) -> str:
@@ -125,6 +143,7 @@ def render_plan(prepared: Any, assumption: str | None, backend: tuple[str, str, 
 def cmd_plan(args: argparse.Namespace) -> int:
     from lmi_trt.compile.jit import prepare_plan
     from lmi_trt.engines.base import EngineError
+    from lmi_trt.engines.registry import COMPILING_ENGINE, entry
     from lmi_trt.sources import SourceError
 
     try:
@@ -137,13 +156,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "is already a TensorRT-LLM engine",
                 "Serve it as it is; plan the HF checkpoint it was built from",
             )
+        version = args.trtllm_version or detect_trtllm_version()
+        installed = version is not None
+        version = version or DEFAULT_PLAN_TRTLLM_VERSION
+        builds_engine = entry(COMPILING_ENGINE, checkpoint_backend(config, version)[0]).builds_engine
         config, job = fitted_job(config, model_config)
         checkpoint = "architecture" in model_config and "architectures" not in model_config
         gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
-        version = args.trtllm_version or detect_trtllm_version()
-        if version is None:
-            version = DEFAULT_PLAN_TRTLLM_VERSION
+        if not installed:
             assumption = "; ".join(filter(None, [assumption, f"TensorRT-LLM not installed; planning for {version}"]))
+        if config.enable_lora and not builds_engine:
+            assumption = "; ".join(filter(None, [assumption, lora_cache_note(config, model_config, version)]))
         prepared = prepare_plan(job, model_config, gpu, version, checkpoint=checkpoint, require_fit=False)
         backend = plan_backend(config, version)
     except (PlanError, SourceError, ValueError, EngineError) as e:  # EngineError: a key the LLM cannot take

@@ -129,7 +129,13 @@ def _build_config(plan: BuildPlan) -> Any:
     plugins = PluginConfig()
     for name, value in plan.plugin_settings().items():
         setattr(plugins, name, value)
-    extra = {}
+    kwargs = plan.build_config_kwargs()
+    if plan.speculative_decoding_mode is not None:
+        from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+        # BuildConfig takes the enum; trtllm-build's flag value is its member's name in lower case
+        # (tensorrt_llm/models/modeling_utils.py SpeculativeDecodingMode.from_arguments).
+        kwargs["speculative_decoding_mode"] = SpeculativeDecodingMode[plan.speculative_decoding_mode.upper()]
     if plan.lora is not None:
         # As trtllm-build does (tensorrt_llm/commands/build.py build_model): LoraConfig(lora_dir, lora_ckpt_source,
         # max_lora_rank), then lora_target_modules assigned; build() applies it (model.use_lora, compile/lora.py).
@@ -137,8 +143,8 @@ def _build_config(plan: BuildPlan) -> Any:
 
         lora = LoraConfig(lora_dir=[], lora_ckpt_source="hf", max_lora_rank=plan.lora.max_lora_rank)
         lora.lora_target_modules = list(plan.lora.target_modules)
-        extra["lora_config"] = lora
-    return BuildConfig(**plan.build_config_kwargs(), plugin_config=plugins, **extra)
+        kwargs["lora_config"] = lora
+    return BuildConfig(**kwargs, plugin_config=plugins)
 
 
 def _quantize(task: dict[str, Any], plan: BuildPlan, say: Progress) -> None:
@@ -320,7 +326,12 @@ def _check_output(out_dir: Path, plan: BuildPlan) -> None:
     if missing or not (out_dir / "config.json").is_file():
         raise BuildError("save", f"{out_dir} lacks {', '.join(missing or ['config.json'])} after the build")
     built = json.loads((out_dir / "config.json").read_text()).get("build_config", {})
-    changed = [f"{k} {getattr(plan, k)} → {built.get(k)}" for k in _LIMITS if built.get(k) != getattr(plan, k)]
+    expected = {k: getattr(plan, k) for k in _LIMITS}
+    if plan.speculative_decoding_mode is not None:
+        # builder.py build adds max_draft_len to the recorded max_seq_len for speculation ("Maximum number of
+        # generated tokens remains the same"); the engine's reader takes it off again (trtllm.parse_engine_config)
+        expected["max_seq_len"] += plan.max_draft_len
+    changed = [f"{k} {expected[k]} → {built.get(k)}" for k in _LIMITS if built.get(k) != expected[k]]
     if changed:
         raise BuildError(
             "build",

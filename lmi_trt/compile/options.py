@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from lmi_trt.keys import reads
 from lmi_trt.vocabulary import QUANTIZE_NAMES, Quantization
@@ -38,7 +38,6 @@ class CompileOptions(
         "max_seq_len",
         "max_num_tokens",
         "max_beam_width",
-        "max_draft_len",
         "dtype",
         "tensor_parallel_degree",
         "pipeline_parallel_degree",
@@ -78,6 +77,13 @@ class CompileOptions(
     )
 ):
     """Every compile-time input the planner uses, and nothing else."""
+
+    # Speculative decoding as the configuration settled it (lmi_trt.stages.compile_options, from
+    # lmi_trt.speculative.resolve): trtllm-build's --speculative_decoding_mode name, the draft tokens per step the
+    # engine is built for (--max_draft_len), and the key that asked for it (for messages).
+    speculative_decoding_mode: str | None = None
+    max_draft_len: int = Field(0, ge=0)
+    speculative_key: str = "option.speculative_decoding_mode"
 
     @field_validator("quantize", mode="before")
     @classmethod

@@ -128,6 +128,7 @@ class BuildPlan(BaseModel):
     max_beam_width: int
     max_num_tokens: int
     max_draft_len: int = 0  # speculative decoding draft tokens per step
+    speculative_decoding_mode: str | None = None  # trtllm-build's --speculative_decoding_mode name
     tp_size: int
     pp_size: int
     plugins: PluginPlan
@@ -142,12 +143,13 @@ class BuildPlan(BaseModel):
 
     def key_dict(self) -> dict[str, Any]:
         """The plan as cache-key input: every field except the explanatory ``notes``."""
-        key = self.model_dump(mode="json", exclude={"notes"})
-        # Without LoRA the key is what it was before LoRA plans existed (engines cached then still match).
+        # no speculative mode or LoRA: left out, so plans (and cached engines) from before those fields keep their keys
+        exclude = {"notes"} | ({"speculative_decoding_mode"} if self.speculative_decoding_mode is None else set())
+        key = self.model_dump(mode="json", exclude=exclude)
         if self.lora is None:
             del key["lora"], key["plugins"]["lora_plugin"]
         else:
-            del key["lora"]["max_loras"]
+            del key["lora"]["max_loras"]  # a run-time size
         return key
 
     @property
@@ -563,6 +565,58 @@ def make_checkpoint_plan(
     return _make_plan(fixed, hf, gpu, trtllm_version, quant)
 
 
+# Lookahead decoding on TensorRT engines: first in TensorRT-LLM 0.13 ("Supported lookahead decoding (experimental)",
+# the 0.13.0 release notes, NVIDIA/TensorRT-LLM PR 2269), on compute capability 8.0 or newer
+# (examples/lookahead/README.md, "Support Matrix"), with one beam ("Beam width must be 1 in Lookahead decoding.",
+# cpp/tensorrt_llm/layers/lookaheadDecodingLayer.cpp).
+LOOKAHEAD_SINCE = Version("0.13.0")
+LOOKAHEAD_MIN_SM = 80
+
+
+def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> None:
+    """Pure: an engine built for speculative decoding is one lmi-trt serves (lookahead decoding), for a release, GPU
+    and beam width that run it; anything else is refused, naming the key, rather than built and left unused."""
+    mode, key = opts.speculative_decoding_mode, opts.speculative_key
+    if mode is None:
+        if opts.max_draft_len:
+            raise PlanError(
+                "option.max_draft_len",
+                opts.max_draft_len,
+                "draft tokens need a speculative decoding mode to build the engine for",
+                "set option.speculative_decoding_mode=lookahead_decoding (the mode lmi-trt's tensorrt backend runs), "
+                "or remove option.max_draft_len",
+            )
+        return
+    if mode != "lookahead_decoding":
+        raise PlanError(
+            key,
+            mode,
+            f"lmi-trt's compile stage builds TensorRT engines for lookahead decoding only, not {mode}: the Executor "
+            "path does not supply external draft tokens, and Medusa, EAGLE and ReDrafter heads need TensorRT-LLM's own "
+            "checkpoint converters",
+            "use lookahead decoding, or serve the Hugging Face checkpoint with option.backend=pytorch (n-gram, draft "
+            "model, EAGLE-3, MTP)",
+        )
+    if version < LOOKAHEAD_SINCE:
+        raise PlanError(
+            key, "lookahead", f"TensorRT-LLM {version} predates lookahead decoding (0.13)", "use a 1.x image"
+        )
+    if gpu.sm < LOOKAHEAD_MIN_SM:
+        raise PlanError(
+            key,
+            "lookahead",
+            f"lookahead decoding needs compute capability 8.0 or newer, and {gpu.name} is {gpu.sm // 10}.{gpu.sm % 10}",
+            "leave speculative decoding out on this GPU",
+        )
+    if opts.max_beam_width != 1:
+        raise PlanError(
+            "option.max_beam_width",
+            opts.max_beam_width,
+            "lookahead decoding runs one beam (TensorRT-LLM: 'Beam width must be 1 in Lookahead decoding.')",
+            "set option.max_beam_width=1, or leave speculative decoding out",
+        )
+
+
 def _make_plan(
     opts: CompileOptions,
     hf_config: dict[str, Any],
@@ -605,6 +659,11 @@ def _make_plan(
     max_batch_size = opts.max_batch_size or TRTLLM_DEFAULT_BATCH
     max_num_tokens, more = resolve_max_num_tokens(opts, max_batch_size, max_seq_len, plugins.use_paged_context_fmha)
     notes += more
+    if opts.speculative_decoding_mode is not None and max_num_tokens < max_batch_size * (opts.max_draft_len + 1):
+        # builder.py build raises it so (max_draft_len + 1 tokens a request each step); planned here, so the build
+        # keeps the plan's limits
+        max_num_tokens = max_batch_size * (opts.max_draft_len + 1)
+        notes.append(f"max_num_tokens={max_num_tokens}: max_batch_size × (max_draft_len + 1), as speculation needs")
     if from_hf:
         kwargs = converter_kwargs(spec, opts, hf_config)
         if opts.logits_dtype == "fp16":
@@ -617,15 +676,7 @@ def _make_plan(
         )
     else:
         converter = ConverterPlan(source="trtllm_checkpoint", trtllm_class=spec.trtllm_class)
-    if opts.max_draft_len:
-        # An engine built for external draft tokens is useless without a serving path that
-        # supplies them, which lmi-trt does not have yet: refuse rather than build it.
-        raise PlanError(
-            "option.max_draft_len",
-            opts.max_draft_len,
-            "speculative decoding (external draft tokens) is not supported by lmi-trt's executor path",
-            "Remove option.max_draft_len",
-        )
+    check_speculative(opts, version, gpu)
     return BuildPlan(
         architecture=hf_architecture(hf_config),
         family=spec.family,
@@ -638,6 +689,7 @@ def _make_plan(
         max_beam_width=opts.max_beam_width,
         max_num_tokens=max_num_tokens,
         max_draft_len=opts.max_draft_len,
+        speculative_decoding_mode=opts.speculative_decoding_mode,
         tp_size=tp,
         pp_size=pp,
         plugins=plugins,

@@ -1,61 +1,186 @@
-"""The registered-adapter table every ``AdapterHost`` keeps: names to what the engine read, with the rules that are
-the same on every engine (a name once; at most ``option.max_cpu_loras``; unknown names a 404; an adapter in use a
-409 until its requests finish). What an adapter is read into is the engine's own (``V``)."""
+"""LoRA adapters as the engines serve them: a PEFT adapter folder read and checked (``read_adapter``), and the table of
+registered adapters an ``AdapterHost`` keeps (``AdapterTable``: names, ``option.max_cpu_loras``, 404 for an unknown
+name, 409 for a name taken or one that requests are using), shared by the torch engine and the LLM API engine.
+
+A PEFT LoRA folder is ``adapter_config.json`` and ``adapter_model.safetensors`` (peft's
+``save_pretrained``; huggingface/peft src/peft/utils/save_and_load.py). Its tensors are named
+``base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight``, A ``[r, in]`` and B ``[out, r]``,
+and the layer computes ``W x + scaling · B (A x)`` with ``scaling = lora_alpha / r``, or ``lora_alpha / sqrt(r)``
+with ``use_rslora`` (peft src/peft/tuners/lora/layer.py, ``LoraLayer.update_layer``). Only that plain form of the
+seven projections of a Llama block is served (the torch engine's decode loop, engines/torch/lora.py; the LLM
+API's PyTorch backend, engines/llmapi.py); what would change the math otherwise (DoRA, trained biases,
+``modules_to_save``, per-module rank or alpha patterns, fan-in-fan-out weights, other targets such as the
+embeddings or lm_head) is refused when the adapter is registered, naming the field, never ignored.
+"""
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+import json
+import math
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .base import AdapterInfo, EngineError
+from .lora_sizes import GROUPS
 
-V = TypeVar("V")
+if TYPE_CHECKING:
+    import torch
+
+MODULES = tuple(m for parts in GROUPS.values() for m in parts)
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+_TENSOR = re.compile(
+    r"base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(MODULES) + r")\.lora_([AB])\.weight"
+)
+# adapter_config.json fields that change the math when set, and the value that leaves it plain LoRA.
+_PLAIN = {
+    "use_dora": False,
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "modules_to_save": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "layer_replication": None,
+    "trainable_token_indices": None,
+    "lora_bias": False,
+    "use_qalora": False,
+    "alora_invocation_tokens": None,
+    "arrow_config": None,
+}
 
 
-def unknown(name: str) -> EngineError:
-    return EngineError(f"LoRA adapter {name!r} is not registered", code=404, field="adapter")
+@dataclass(frozen=True)
+class LoraAdapter:
+    """An adapter read into host memory: per (layer, module) its ``A [r, in]`` and ``scaling · B [out, r]``."""
+
+    name: str
+    rank: int
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    # Unique per load: the prefix cache keys an adapter's blocks by it (a name registered again with other
+    # weights must not find the old weights' keys and values).
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(16))
+
+    @property
+    def modules(self) -> frozenset[str]:
+        """The PEFT modules it adapts (``MODULES``' names)."""
+        return frozenset(module for _, module in self.weights)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.weights.values())
 
 
-class AdapterTable(Generic[V]):
-    """Registered adapters by name; ``off``: why adapters are refused (None: they are on)."""
+def _refuse(name: str, folder: Path, why: str) -> EngineError:
+    return EngineError(f"LoRA adapter {name!r} ({folder}): {why}", code=400, field="adapter")
 
-    def __init__(self, *, max_cpu_loras: int | None, off: str | None = None) -> None:
-        self.max_cpu_loras = max_cpu_loras
-        self.off = off
-        self._entries: dict[str, tuple[AdapterInfo, V]] = {}
+
+def read_adapter(
+    name: str,
+    folder: Path,
+    *,
+    max_rank: int,
+    num_layers: int,
+    dtype: torch.dtype,
+    rslora: str | None = None,
+) -> LoraAdapter:
+    """The adapter in ``folder`` (PEFT's layout), checked against what the engine applies; an ``EngineError``
+    (400) names what cannot be served and what would. ``rslora``: why ``use_rslora`` is refused, where the engine
+    does not scale by ``lora_alpha / sqrt(r)`` (None: it does)."""
+    from safetensors.torch import load_file  # torch: only where an adapter is read
+
+    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not config_path.is_file() or not weights_path.is_file():
+        raise _refuse(name, folder, f"a PEFT LoRA adapter folder holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise _refuse(name, folder, f"{CONFIG_FILE} is not JSON ({exc})") from exc
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise _refuse(name, folder, f"peft_type={config.get('peft_type')!r}: only LORA adapters are served")
+    for key, plain in _PLAIN.items():
+        if config.get(key, plain) not in (plain, None, [], {}):
+            raise _refuse(name, folder, f"{key}={config[key]!r} is not applied here; adapters with {key}={plain!r}")
+    if config.get("use_rslora") and rslora is not None:
+        raise _refuse(name, folder, f"use_rslora=true: {rslora}; adapters with use_rslora=false")
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, (int, float)):
+        raise _refuse(name, folder, f"r={rank!r}, lora_alpha={alpha!r}: a positive integer rank and a number alpha")
+    if rank > max_rank:
+        raise _refuse(name, folder, f"rank {rank} is above option.max_lora_rank={max_rank}; raise it to {rank}")
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for tensor_name, tensor in load_file(str(weights_path)).items():
+        found = _TENSOR.fullmatch(tensor_name)
+        if found is None:
+            raise _refuse(
+                name, folder, f"tensor {tensor_name!r} is not a LoRA A or B of {', '.join(MODULES)} in a decoder layer"
+            )
+        layer = int(found.group(1))
+        if layer >= num_layers:
+            raise _refuse(name, folder, f"tensor {tensor_name!r}: the model has {num_layers} layers")
+        pairs.setdefault((layer, found.group(2)), {})[found.group(3)] = tensor
+    weights = {}
+    for (layer, module), pair in pairs.items():
+        if set(pair) != {"A", "B"}:
+            raise _refuse(name, folder, f"layer {layer} {module} has lora_{''.join(pair)} without its pair")
+        a, b = pair["A"], pair["B"]
+        if a.shape[0] != rank or b.shape[1] != rank:
+            raise _refuse(name, folder, f"layer {layer} {module}: A {tuple(a.shape)}, B {tuple(b.shape)} for r={rank}")
+        weights[layer, module] = (a.to(dtype), (b.float() * scaling).to(dtype))
+    if not weights:
+        raise _refuse(name, folder, f"{WEIGHTS_FILE} holds no LoRA weights")
+    return LoraAdapter(name, rank, weights)
+
+
+T = TypeVar("T")
+
+
+class AdapterTable(Generic[T]):
+    """The adapters an engine serves by name, each an ``AdapterInfo`` and what the engine keeps for it (``T``).
+    ``using(name)``: how many requests in flight name it (an adapter in use is not unregistered)."""
+
+    def __init__(self, *, enabled: bool, max_registered: int | None, using: Callable[[str], int]) -> None:
+        self.enabled, self.max_registered, self._using = enabled, max_registered, using
+        self._entries: dict[str, tuple[AdapterInfo, T]] = {}
 
     def infos(self) -> list[AdapterInfo]:
         return [info for info, _ in self._entries.values()]
 
-    def check_new(self, name: str) -> None:
+    def check_room(self, name: str) -> None:
         """Before reading an adapter: 400 when adapters are off, 409 for a name taken or a full table."""
-        if self.off is not None:
-            raise EngineError(f"LoRA adapters are off: {self.off}", code=400, field="adapter")
+        if not self.enabled:
+            raise EngineError("LoRA adapters are off: set option.enable_lora=true", code=400, field="adapter")
         if name in self._entries:
             raise EngineError(f"LoRA adapter {name!r} is registered already; unregister it first", code=409)
-        if self.max_cpu_loras is not None and len(self._entries) >= self.max_cpu_loras:
+        if self.max_registered is not None and len(self._entries) >= self.max_registered:
             raise EngineError(
-                f"option.max_cpu_loras={self.max_cpu_loras} adapters are registered; unregister one first, or "
+                f"option.max_cpu_loras={self.max_registered} adapters are registered; unregister one first, or "
                 "raise option.max_cpu_loras",
                 code=409,
             )
 
-    def add(self, info: AdapterInfo, value: V) -> None:
-        """After reading it (off the event loop): the checks again, as another registration may have come first."""
-        self.check_new(info.name)
+    def add(self, info: AdapterInfo, value: T) -> None:
+        """Once read (the name checked again: registered meanwhile is a 409)."""
+        self.check_room(info.name)
         self._entries[info.name] = (info, value)
 
-    def get(self, name: str) -> V:
+    def remove(self, name: str) -> None:
+        """404 for a name not registered; 409 while a request uses it."""
+        if name not in self._entries:
+            raise EngineError(f"LoRA adapter {name!r} is not registered", code=404, field="adapter")
+        using = self._using(name)
+        if using:
+            raise EngineError(
+                f"LoRA adapter {name!r} is in use by {using} request(s); unregister it once they finish", code=409
+            )
+        del self._entries[name]
+
+    def get(self, name: str) -> T:
+        """What the engine keeps for a registered adapter; 404 for an unknown name."""
         found = self._entries.get(name)
         if found is None:
-            raise unknown(name)
+            raise EngineError(f"LoRA adapter {name!r} is not registered", code=404, field="adapter")
         return found[1]
-
-    def remove(self, name: str, in_use: int) -> V:
-        """404 for a name not registered; 409 while ``in_use`` requests generate with it."""
-        if name not in self._entries:
-            raise unknown(name)
-        if in_use:
-            raise EngineError(
-                f"LoRA adapter {name!r} is in use by {in_use} request(s); unregister it once they finish", code=409
-            )
-        return self._entries.pop(name)[1]

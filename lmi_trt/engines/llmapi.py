@@ -57,6 +57,14 @@ executor/result.py; 1.0–1.2 and main):
   worker's own, 1.0's ``_deduce_max_tokens`` (executor/base_worker.py) leaves a given max_tokens as it is (read_file
   ids 51807206653, 2646354960); later workers cut it with a server-side warning (id 55301320707).
 
+* LoRA adapters (option.enable_lora): the LLM gets the release's ``LoraConfig`` (``lora_plan``; built from
+  ``tensorrt_llm.lora_manager`` as docs/source/features/lora.md imports it), each request the registered adapter's
+  ``LoRARequest(name, int id, folder)`` (``tensorrt_llm.executor.request``), as trtllm-serve passes its clients' own
+  (openai_server.py ``generate_async(..., lora_request=request.lora_request)``). The worker's LoraManager loads an
+  adapter once per id (lora_manager.py ``load_from_hf`` skips ids it has seen), so every registration gets a new id;
+  it skips modules outside ``lora_target_modules`` with a warning, so adapters are checked when registered
+  (``lmi_trt.engines.adapters.read_adapter``: a 400 naming what the release would not apply as peft does).
+
 The ``tensorrt_llm.llmapi`` module is always named ``llmapi`` here and loaded by ``probe_llm_api``; the
 test tests/unit/test_llmapi_surface.py checks every name and keyword used on it against the listing of the
 real API (tests/fakes/llmapi_surface.py).
@@ -69,6 +77,7 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -84,9 +93,11 @@ from packaging.version import InvalidVersion, Version
 from pydantic import Field
 
 from lmi_trt.engines import trtllm as trtllm_engine
+from lmi_trt.engines.adapters import AdapterTable, read_adapter
 from lmi_trt.engines.base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
+    AdapterInfo,
     Beam,
     Capabilities,
     EngineError,
@@ -102,6 +113,7 @@ from lmi_trt.engines.base import (
 from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.llmapi_releases import (
     AFTER_LAST_READ,
+    LINE_1_3,
     TRTLLM,
     Sampler,
     beam_width_rule,
@@ -114,7 +126,6 @@ from lmi_trt.engines.llmapi_releases import (
 )
 from lmi_trt.engines.llmapi_speculation import SpecPlan, mtp_layers, speculation_refusals, speculative_plan
 from lmi_trt.engines.trtllm import (
-    NO_TRTLLM_LORA,
     TrtllmConfigError,
     TrtllmSettings,
     TrtllmUnavailable,
@@ -156,6 +167,30 @@ DTYPES = {"auto": "auto", "fp16": "float16", "bf16": "bfloat16", "fp32": "float3
 POLICIES = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
 # LLM API finish reasons as the Executor's names, so one rule (final_tokens_and_reason) maps both paths.
 _REASON_NAMES = {"length": "LENGTH", "cancelled": "CANCELLED", "timeout": "TIMED_OUT"}
+
+
+# PEFT module → TensorRT-LLM's LoRA module (tensorrt_llm/lora_helper.py get_default_trtllm_modules_to_hf_modules,
+# read_file id 53470212518; py_executor_creator falls back to that mapping when lora_dir is not one folder, 1.1-line
+# _util.py id 843526953): the seven projections of a Llama block, the ones lmi_trt.engines.adapters reads.
+LORA_MODULES = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_dense",
+    "gate_proj": "mlp_h_to_4h",
+    "up_proj": "mlp_gate",
+    "down_proj": "mlp_4h_to_h",
+}
+# CUDA graphs beside LoRA adapters. PR 5480 ("Enable cuda graph by default", 2025-07-13, before 1.0): "LoRA does not
+# support CUDA graph enable mode, the output is different compare with CUDA graph disable"; PRs 7335 and 7336 (LoRA
+# CUDA graphs, 2025-08) closed unmerged; PR 8279 ("Multi-LoRA serving with CUDA Graph") opened 2025-10-11, after the
+# 1.2.0rc0 bump (2025-09-29) that cut 1.1. Whether the 1.2 branch holds it was not verified, so lmi-trt turns CUDA
+# graphs off beside adapters up to 1.2 and leaves them on for the 1.3.0 candidates (all cut in 2026).
+LORA_CUDA_GRAPHS = LINE_1_3
+# PEFT's use_rslora (scaling alpha / sqrt(r)): the HF loader reads it (lora_manager.py load_from_hf, ``rs_lora =
+# bool(hf_config.get("use_rslora", False))``) in one undated copy (id 1059464385, with MoE LoRA: late); not read per
+# release, so refused on every release.
+NO_RSLORA = "whether this TensorRT-LLM release scales by lora_alpha / sqrt(r) was not verified"
 
 
 # =============================================================================== versions
@@ -242,7 +277,19 @@ _DJL_TARGETS: dict[str, tuple[str | None, str]] = {
 DJL_LLM_FIELDS: tuple[str, ...] = (*_DJL_TARGETS, "enable_overlap_scheduler", "use_cuda_graph")
 
 
-class LlmApiSettings(reads("dtype", "max_input_len", "trust_remote_code", *DJL_LLM_FIELDS)):
+class LlmApiSettings(
+    reads(
+        "dtype",
+        "max_input_len",
+        "trust_remote_code",
+        *DJL_LLM_FIELDS,
+        # LoRA adapters (DJL's keys as its vLLM line means them): the release's LoraConfig (lora_plan)
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
+    )
+):
     """What the LLM takes beyond the Executor's runtime settings (``runtime``, shared with the trtllm engine); DJL
     LMI's keys under the LLM's own names (``DJL_LLM_FIELDS``; None: not given, TensorRT-LLM's default)."""
 
@@ -268,6 +315,7 @@ class LlmPlan:
     cuda_graph_config: dict[str, Any] | None  # None: no CUDA graphs; built only when an option or lmi-trt set it
     origins: dict[str, str]  # keyword (nested: "kv_cache_config.dtype") → an option key, or "lmi-trt: why"
     speculative: SpecPlan | None = None  # the speculative_config, built by llm_configs
+    lora_config: dict[str, Any] | None = None  # LoraConfig keywords (lora_plan), built by llm_configs
 
     @property
     def options(self) -> dict[str, str]:
@@ -436,7 +484,67 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
         why = "lmi-trt: beam search on 1.0's TRTLLMSampler needs it off (its docs/source/features/sampling.md)"
         put("disable_overlap_scheduler", True, why)
         graphs, origins["cuda_graph_config"] = None, why
-    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins, spec)
+    lora = None
+    if settings.enable_lora:
+        lora = lora_plan(settings, release, spec.method if spec is not None else None)
+        origins["lora_config"] = "option.enable_lora"
+        for field, option in (
+            ("max_lora_rank", "option.max_lora_rank"),
+            ("max_loras", "option.max_loras"),
+            ("max_cpu_loras", "option.max_cpu_loras"),
+            ("lora_dir", "lmi-trt: adapters are registered at run time, each request names its own"),
+            (
+                "lora_target_modules",
+                "lmi-trt: every projection an adapter may adapt (with no lora_dir the release asserts at least one; "
+                "_util.py of the 1.x line)",
+            ),
+        ):
+            if field in lora:
+                origins[f"lora_config.{field}"] = option
+        if release < LORA_CUDA_GRAPHS:
+            if settings.use_cuda_graph:
+                raise TrtllmConfigError(
+                    f"option.use_cuda_graph=true with option.enable_lora=true: TensorRT-LLM {release} does not apply "
+                    "LoRA adapters in CUDA graphs (PR 5480: 'the output is different'; PR 8279, which adds them, is "
+                    "not verified before the 1.3.0 candidates); remove option.use_cuda_graph (lmi-trt turns CUDA "
+                    "graphs off beside adapters there), or use a TensorRT-LLM 1.3.0 candidate"
+                )
+            graphs = None
+            origins["cuda_graph_config"] = (
+                f"lmi-trt: TensorRT-LLM {release} does not apply LoRA adapters in CUDA graphs (PR 5480)"
+            )
+    return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins, spec, lora)
+
+
+def lora_plan(settings: LlmApiSettings, release: Version, speculation: str | None) -> dict[str, Any]:
+    """Pure: ``LoraConfig`` keywords (tensorrt_llm/lora_helper.py ``LoraConfig``: lora_dir, max_lora_rank,
+    lora_target_modules, max_loras, max_cpu_loras) for DJL's keys as its vLLM line means them: ``max_loras`` adapters
+    in the device cache at once (py_executor_creator sizes ``PeftCacheConfig.num_device_module_layer`` from
+    ``max_loras``), ``max_cpu_loras`` in the host cache (``num_host_module_layer``; unset: the release's default
+    PeftCacheConfig), ``max_lora_rank`` the largest rank. No ``lora_dir``: adapters come per request, so
+    ``lora_target_modules`` names every projection (left empty with no lora_dir, the 1.1-line llm_args.py
+    ``validate_lora_config_consistency`` expects "all LoRA modules", MoE ones included: "serious memory
+    consumption"). What the release would not do beside adapters is a ``TrtllmConfigError`` naming the key."""
+    if speculation is not None:
+        raise TrtllmConfigError(
+            f"option.enable_lora=true with speculative decoding ({speculation}): LoRA adapters beside speculative "
+            f"decoding were not verified on TensorRT-LLM {release}; leave one of them out"
+        )
+    if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
+        raise TrtllmConfigError(
+            f"option.max_cpu_loras={settings.max_cpu_loras} is below option.max_loras={settings.max_loras}: every "
+            "adapter on the device is also in the host cache (vLLM, DJL's LoRA line: max_cpu_loras >= max_loras); "
+            f"set option.max_cpu_loras to at least {settings.max_loras}, or leave it unset"
+        )
+    plan: dict[str, Any] = {
+        "lora_dir": [],
+        "max_lora_rank": settings.max_lora_rank,
+        "max_loras": settings.max_loras,
+        "lora_target_modules": list(LORA_MODULES.values()),
+    }
+    if settings.max_cpu_loras is not None:
+        plan["max_cpu_loras"] = settings.max_cpu_loras
+    return plan
 
 
 def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler, inferred: Sequence[str] = ()) -> str:
@@ -447,6 +555,7 @@ def settings_report(plan: LlmPlan, args: Any, version: str, sampler: Sampler, in
     ours.update({f"kv_cache_config.{k}": v for k, v in plan.kv_cache_config.items()})
     ours.update({f"scheduler_config.{k}": v for k, v in plan.scheduler_config.items()})
     ours.update({f"moe_config.{k}": v for k, v in plan.moe_config.items()})
+    ours.update({f"lora_config.{k}": v for k, v in (plan.lora_config or {}).items()})
     if "cuda_graph_config" in plan.origins:
         ours["cuda_graph_config"] = plan.cuda_graph_config
     mine = {k for k in ours if plan.origins[k].startswith("lmi-trt: ")}
@@ -513,6 +622,8 @@ def llm_configs(llmapi: ModuleType, plan: LlmPlan, version: str) -> dict[str, An
         built["speculative_config"] = speculative_config(
             llmapi, plan.speculative, plan.origins["speculative_config"], version
         )
+    if plan.lora_config is not None:
+        built["lora_config"] = lora_config(plan.lora_config, version)
     if plan.scheduler_config:  # none given: the release's own SchedulerConfig
         built["scheduler_config"] = llmapi.SchedulerConfig(
             capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(plan.scheduler_config["capacity_scheduler_policy"])
@@ -556,6 +667,19 @@ def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: st
         raise TrtllmConfigError(
             f"{key}={spec.method}: TensorRT-LLM {version} refuses {spec.config_class}({spec.fields}): {exc}; "
             "set values this release takes"
+        ) from exc
+
+
+def lora_config(values: Mapping[str, Any], version: str) -> Any:
+    """The release's own ``LoraConfig`` (``from tensorrt_llm.lora_manager import LoraConfig``, as
+    docs/source/features/lora.md imports it; lora_manager.py imports it from lora_helper.py in the copies that have
+    that file); what it refuses is a ``TrtllmConfigError`` naming option.enable_lora."""
+    try:
+        return importlib.import_module("tensorrt_llm.lora_manager").LoraConfig(**values)
+    except (ValueError, TypeError, AssertionError) as exc:
+        raise TrtllmConfigError(
+            f"option.enable_lora=true: TensorRT-LLM {version} refuses LoraConfig({dict(values)}): {exc}; set "
+            "option.max_loras / option.max_lora_rank / option.max_cpu_loras to values this release takes"
         ) from exc
 
 
@@ -644,6 +768,7 @@ def release_refusals(
     vocab_size: int | None,
     eos_token_ids: Sequence[int],
     speculation: str | None = None,
+    lora: bool = False,
 ) -> dict[str, str]:
     """Pure: feature → why, for what this release's sampler does not apply (``llmapi_releases``' table; engine-only
     features such as beam search with log probs too; with ``speculation``, the method running, what the release does
@@ -665,7 +790,8 @@ def release_refusals(
             "logit_bias",
             "the trtllm-pytorch engine cannot bias logits: the checkpoint's config.json gives no vocab_size",
         )
-    no["lora"] = NO_TRTLLM_LORA  # not wired on any release here (option.enable_lora is refused at start-up)
+    if not lora:
+        no["lora"] = "LoRA adapters are off: set option.enable_lora=true"
     return no
 
 
@@ -676,10 +802,12 @@ def release_capabilities(
     eos_token_ids: Sequence[int],
     max_beam_width: int = 1,
     speculation: str | None = None,
+    lora: tuple[int, int] | None = None,
 ) -> Capabilities:
     """Pure: ``release_refusals`` as the serving layer's ``Capabilities`` (its 400s and /v1/capabilities); beams
-    where the table's beam row says the release runs them, up to option.max_beam_width."""
-    no = release_refusals(version, sampler, vocab_size, eos_token_ids, speculation)
+    where the table's beam row says the release runs them, up to option.max_beam_width; ``lora``: (option.max_loras,
+    option.max_lora_rank) where option.enable_lora is on."""
+    no = release_refusals(version, sampler, vocab_size, eos_token_ids, speculation, lora is not None)
     if max_beam_width == 1:
         no.setdefault(
             "beam_width",
@@ -701,7 +829,9 @@ def release_capabilities(
         **{feature: capability(feature) for feature in SAMPLING_FEATURES},
         beam_search=cannot(no["beam_width"]) if "beam_width" in no else can(most=max_beam_width),
         min_p=cannot("the trtllm-pytorch engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
-        lora=capability("lora"),
+        lora=capability("lora", most=lora[0], note=f"up to {lora[0]} adapters on the device, rank ≤ {lora[1]}")
+        if lora is not None
+        else capability("lora"),
     )
 
 
@@ -768,6 +898,12 @@ def plan_request(
     spec = map_request(
         req, eos_token_ids=eos, pad_token_id=pad_token_id, max_beam_width=max_beam_width, seed=seed, beams_stop=True
     )
+    if req.adapter is not None and req.sampling.beam_width > 1:
+        raise EngineError(
+            "beam search with a LoRA adapter was not verified on the pytorch backend; ask for 1 beam with an adapter",
+            code=400,
+            field="adapter",
+        )
     if beam_rule is not None and req.sampling.beam_width != max_beam_width:
         raise EngineError(f"beam_width={req.sampling.beam_width}: {beam_rule}", code=400, field="beam_width")
     unsupported = unsupported or {}
@@ -872,6 +1008,7 @@ class _Request:
     logprobs: bool
     top_logprobs: int
     prompt: Sequence[int] | None = None  # the prompt ids while its log probs are still to be reported
+    adapter: str | None = None  # the LoRA adapter it generates with (an adapter in use is not unregistered)
     generated: int = 0
     cancelled: bool = False
     done: bool = False
@@ -923,7 +1060,7 @@ class LlmApiEngine:
             release="",
             logprobs=can(),
             guided=can(),
-            lora=cannot(NO_TRTLLM_LORA),
+            lora=cannot(_NOT_STARTED),
             **dict.fromkeys(
                 ("top_logprobs", "prompt_logprobs", "logit_bias", "beam_search", "min_p", *SAMPLING_FEATURES),
                 cannot(_NOT_STARTED),
@@ -951,6 +1088,14 @@ class LlmApiEngine:
         self._healthy = False
         self._closed = False
         self._requests: dict[str, _Request] = {}
+        # LoRA adapters: name → the LoRARequest every request naming it sends (its int id unique per registration:
+        # the worker's LoraManager keeps an adapter's weights by that id, load_from_hf skipping ids it has seen)
+        self._adapters: AdapterTable[Any] = AdapterTable(
+            enabled=self.settings.enable_lora,
+            max_registered=self.settings.max_cpu_loras,
+            using=lambda name: sum(1 for entry in self._requests.values() if entry.adapter == name),
+        )
+        self._lora_ids = itertools.count(1)
         self._stats_task: asyncio.Task | None = None
         self._closing: asyncio.Future | None = None  # set by close(): ends every open stream
         self._last_iteration: dict | None = None
@@ -1013,10 +1158,11 @@ class LlmApiEngine:
             f"speculative decoding: {plan.speculative.description}" if method else "no speculative decoding",
         )
         self._speculation = method
+        lora = (self.settings.max_loras, self.settings.max_lora_rank) if self.settings.enable_lora else None
         self._capabilities = release_capabilities(
-            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width, method
+            version, sampler, self._vocab_size, self._eos, self._limits.max_beam_width, method, lora
         )
-        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos, method)
+        self._unsupported = release_refusals(version, sampler, self._vocab_size, self._eos, method, lora is not None)
         self._beam_rule = beam_width_rule(release, self._limits.max_beam_width)
         log.info(
             "TensorRT-LLM %s (pytorch backend, %s): refused per request: %s",
@@ -1135,9 +1281,13 @@ class LlmApiEngine:
             )
             guide = llmapi.GuidedDecodingParams(**plan.guide) if plan.guide is not None else None
             bias = trtllm_engine.embedding_bias(plan.bias, self._vocab_size) if plan.bias else None
+            # trtllm-serve passes the request's own LoRARequest (openai_server.py: generate_async(...,
+            # lora_request=request.lora_request)); here the registered adapter's
+            lora = self._adapters.get(request.adapter) if request.adapter is not None else None
             result = self._llm.generate_async(
                 inputs=list(request.prompt_token_ids),
                 sampling_params=llmapi.SamplingParams(**plan.sampling, guided_decoding=guide, embedding_bias=bias),
+                lora_request=lora,
                 streaming=request.streaming,
             )
         except EngineError as exc:
@@ -1154,6 +1304,7 @@ class LlmApiEngine:
             request.sampling.logprobs,
             request.sampling.top_logprobs,
             request.prompt_token_ids if request.sampling.prompt_logprobs else None,
+            request.adapter,
         )
         self._requests[rid] = entry
         self._total_requests += 1
@@ -1211,6 +1362,52 @@ class LlmApiEngine:
     def _forget(self, entry: _Request) -> None:
         entry.done = True
         self._requests.pop(entry.request_id, None)
+
+    # ------------------------------------------------------------------ LoRA adapters (AdapterHost)
+
+    def adapters(self) -> list[AdapterInfo]:
+        return self._adapters.infos()
+
+    async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
+        """Check the adapter in ``folder`` (off the event loop) and serve it as ``name``: 409 for a name taken or
+        option.max_cpu_loras reached; 400 for one the release would not serve as peft does: a rank above
+        option.max_lora_rank, modules outside ``lora_target_modules`` (the worker's LoraManager skips those with a
+        warning: lora_manager.py ``load_from_hf``), anything but plain LoRA (``read_adapter``)."""
+        if self._llm is None or not self._healthy:
+            raise EngineError("the TensorRT-LLM engine is not running", code=503)
+        import torch
+
+        self._adapters.check_room(name)
+        text = self._config.get("text_config") or {}
+        adapter = await asyncio.to_thread(
+            read_adapter,
+            name,
+            Path(folder),
+            max_rank=self.settings.max_lora_rank,
+            num_layers=self._config.get("num_hidden_layers") or text.get("num_hidden_layers") or 0,
+            dtype=torch.float32,  # read for its names and shapes only: the weights are the worker's to load
+            rslora=NO_RSLORA,
+        )
+        # LoRARequest(lora_name, lora_int_id, lora_path) as trtllm-serve's clients send it (docs/source/features/
+        # lora.md; examples/serve/openai_completion_client_for_lora.py); tensorrt_llm/executor/request.py checks the
+        # path exists
+        make = importlib.import_module("tensorrt_llm.executor.request").LoRARequest
+        try:
+            lora = make(name, next(self._lora_ids), str(folder))
+        except ValueError as exc:
+            raise EngineError(
+                f"LoRA adapter {name!r}: TensorRT-LLM refused it: {exc}", code=400, field="adapter"
+            ) from exc
+        info = AdapterInfo(name=name, src=src, folder=str(folder), rank=adapter.rank)
+        self._adapters.add(info, lora)
+        log.info("LoRA adapter %r registered from %s (rank %d, id %d)", name, src, adapter.rank, lora.lora_int_id)
+        return info
+
+    async def unregister_adapter(self, name: str) -> None:
+        """404 for a name not registered; 409 while a request uses it. The worker keeps the weights it loaded
+        under the adapter's id (its LoraManager has no unload): a name registered again gets a new id."""
+        self._adapters.remove(name)
+        log.info("LoRA adapter %r unregistered", name)
 
     # ------------------------------------------------------------------ stats
 

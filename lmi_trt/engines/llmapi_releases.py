@@ -251,6 +251,14 @@ TABLE: tuple[Support, ...] = (
         "xgrammar beside the overlap scheduler: PR 6000 (1.0); the PyExecutor masks the logits before any sampler",
     ),
     Support(
+        "lora",
+        "LoRA adapter per request (option.enable_lora)",
+        ALL,
+        ALL,
+        "LoraConfig + LoRARequest (docs features/lora.md); CUDA graphs off beside adapters up to 1.2 (PR 5480; PR "
+        "8279 not verified there); refused with speculative decoding, beam search and use_rslora",
+    ),
+    Support(
         "beam_width",
         "beam search (every request at option.max_beam_width)",
         (TORCH_BEAMS, None),

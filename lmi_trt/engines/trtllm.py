@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -68,6 +68,15 @@ from lmi_trt.engines.base import (
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
 from lmi_trt.engines.trtllm_lora import LoraBuild, executor_tensors
+from lmi_trt.engines.trtllm_speculation import (
+    STOP_WORDS_UNREAD,
+    Lookahead,
+    decoding_config,
+    engine_speculation_errors,
+    lookahead_refusals,
+    release_error,
+    stop_words_error,
+)
 from lmi_trt.keys import reads
 
 log = logging.getLogger(__name__)
@@ -214,6 +223,8 @@ class TrtllmSettings(
     # the documented way to run several Executors in one process (workers spawned over MPI).
     device_ids: tuple[int, ...] | None = None
     orchestrator: bool = False
+    # Lookahead decoding's (W, N, G), the speculation the Executor runs here (lmi_trt.engines.trtllm_speculation).
+    lookahead: Lookahead | None = None
 
 
 # =============================================================================== engine facts
@@ -244,6 +255,8 @@ class EngineFacts:
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
     vocab_size: int | None = None  # the length of a request's embedding bias
+    speculative_decoding_mode: int | None = None  # config.json's SpeculativeDecodingMode integer (1: none)
+    max_draft_len: int = 0
     num_layers: int | None = None  # pretrained_config.num_hidden_layers
     lora: LoraBuild = LoraBuild(False, None, ())
 
@@ -278,6 +291,12 @@ def parse_engine_config(config: dict) -> EngineFacts:
         max_seq = build.get("max_seq_len")
         if max_seq is None:  # ≤0.10 engines record max_output_len instead
             max_seq = max_input + _require(build, "max_output_len", "build_config")
+        speculative = build.get("speculative_decoding_mode")
+        draft_len = int(build.get("max_draft_len") or 0)
+        if speculative not in (None, 1):
+            # builder.py build raised the recorded max_seq_len by max_draft_len for speculation's scratch; "Maximum
+            # number of generated tokens remains the same" (trtllm_speculation's docstring)
+            max_seq -= draft_len
         kv_type = build.get("kv_cache_type")
         paged = (
             (str(getattr(kv_type, "name", kv_type)).upper() == "PAGED")
@@ -305,6 +324,8 @@ def parse_engine_config(config: dict) -> EngineFacts:
             quant_algo=quant.get("quant_algo"),
             kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
             vocab_size=pretrained.get("vocab_size"),
+            speculative_decoding_mode=speculative,
+            max_draft_len=draft_len,
             num_layers=pretrained.get("num_hidden_layers"),
             lora=LoraBuild.of(build),
         )
@@ -483,6 +504,7 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             f"option.max_tokens_in_paged_kv_cache={settings.max_tokens_in_paged_kv_cache} is less than one "
             f"max_seq_len={facts.max_seq_len} sequence; long requests will wait or be rejected"
         )
+    errors += engine_speculation_errors(settings.lookahead, facts.speculative_decoding_mode, facts.max_draft_len)
     if errors:
         raise TrtllmConfigError("; ".join(errors))
     return warnings
@@ -515,14 +537,14 @@ def lora_errors(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
 
 def peft_cache_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> Any:
     """``ExecutorConfig.peft_cache_config``: its host and device caches sized as the LLM API sizes them
-    (trtllm_lora.peft_cache_sizes) for option.max_lora_rank, option.max_loras adapters on the device and
-    option.max_cpu_loras (unset: option.max_loras) in host memory."""
+    (compile.lora.peft_cache_sizes) for option.max_lora_rank, option.max_loras adapters on the device and
+    option.max_cpu_loras (at least option.max_loras; unset: option.max_loras) in host memory."""
     sizes = peft_cache_sizes(
         settings.max_lora_rank,
         facts.num_layers or 0,
         facts.lora.target_modules,
         settings.max_loras,
-        settings.max_cpu_loras or settings.max_loras,
+        max(settings.max_cpu_loras or settings.max_loras, settings.max_loras),
     )
     return tle.PeftCacheConfig(**sizes)
 
@@ -578,6 +600,8 @@ def build_executor_config(
             tokenizer_str=vocab.tokenizer_str,
             stop_token_ids=vocab.stop_token_ids,
         )
+    if settings.lookahead is not None:
+        extra["decoding_config"] = decoding_config(tle, settings.lookahead)
     if settings.enable_lora:
         extra["peft_cache_config"] = peft_cache_config(tle, settings, facts)
     if settings.enable_trt_overlap:
@@ -749,13 +773,6 @@ def map_request(
     )
 
 
-# The LLM API engine's refusal (lmi_trt/engines/llmapi.py reads it): its LoRARequest is not wired there.
-NO_TRTLLM_LORA = (
-    "LoRA adapters are served by the torch engine (option.rolling_batch=torch) and by the tensorrt backend "
-    "(option.backend=tensorrt, an engine built with the LoRA plugin); the pytorch backend here does not take them yet"
-)
-
-
 def lora_capability(settings: TrtllmSettings) -> Capability:
     """LoRA adapters per request (``LoraConfig``), where option.enable_lora asked for them (check_settings made sure
     the engine was built with the LoRA plugin)."""
@@ -773,13 +790,15 @@ def executor_capabilities(
     guided: Capability,
     max_beam_width: int = 1,
     series: tuple[int, int] = (1, 0),
+    lookahead: Lookahead | None = None,
     lora: Capability | None = None,
 ) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
     (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2).
-    logit_bias is the request's embedding bias, [vocab_size] (every release's Request has it)."""
-    return Capabilities(
+    logit_bias is the request's embedding bias, [vocab_size] (every release's Request has it). With ``lookahead``,
+    what the Executor does not do beside it is refused (``trtllm_speculation.lookahead_refusals``)."""
+    capabilities = Capabilities(
         release=release,
         logprobs=can(),
         top_logprobs=cannot(
@@ -802,6 +821,11 @@ def executor_capabilities(
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=lora or cannot("LoRA adapters are off: set option.enable_lora=true"),
     )
+    if lookahead is None:
+        return capabilities
+    features = capabilities.features()
+    refused = {k: cannot(why) for k, why in lookahead_refusals(lookahead).items() if k in features}
+    return replace(capabilities, **refused)
 
 
 def beam_capability(max_beam_width: int, series: tuple[int, int]) -> Capability:
@@ -993,6 +1017,9 @@ class TrtllmEngine:
         self._engine_dir = resolve_engine_dir(Path(engine_dir))
         self.facts = read_engine_facts(self._engine_dir)
         self.settings = settings or TrtllmSettings()
+        further_eos = stop_words_error(self.settings.lookahead, list(eos_token_ids))
+        if further_eos is not None:
+            raise TrtllmConfigError(further_eos)
         for warning in check_settings(self.settings, self.facts):
             log.warning("%s", warning)
         self._eos = list(eos_token_ids)
@@ -1010,6 +1037,7 @@ class TrtllmEngine:
             self.facts.vocab_size is not None,
             cannot("the trtllm engine has not started yet"),
             self._limits.max_beam_width,
+            lookahead=self.settings.lookahead,
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -1030,14 +1058,12 @@ class TrtllmEngine:
         self._releasing = False
         self._total_requests = 0
         self._total_tokens = 0
+        self._accepted_drafts = 0  # lookahead: draft tokens accepted, over finished requests
         self._last_iteration: Any = None
         # LoRA adapters: name → (task id, LoraConfig's weights and config); task ids whose weights the Executor
         # was sent (1.x caches them: lora_weights_cached), and the next id.
         self._adapters: AdapterTable[tuple[int, Any, Any]] = AdapterTable(
-            max_cpu_loras=self.settings.max_cpu_loras,
-            off=None
-            if self.settings.enable_lora
-            else "set option.enable_lora=true (an engine built with the LoRA plugin)",
+            enabled=self.settings.enable_lora, max_registered=self.settings.max_cpu_loras, using=self._using_adapter
         )
         self._sent_tasks: set[int] = set()
         self._next_task = 1
@@ -1069,6 +1095,9 @@ class TrtllmEngine:
         if self._executor is not None or self._closed:
             raise RuntimeError("TrtllmEngine.start() may be called once")
         tle, spec = probe_runtime(self._gpu_available)
+        too_old = release_error(self.settings.lookahead, spec.version, spec.series)
+        if too_old is not None:
+            raise TrtllmConfigError(too_old)
         if self._scratch is None:
             self._owned_scratch = self._scratch = Path(tempfile.mkdtemp(prefix="lmi-trt-engine-"))
         engine_dir = prepare_engine_dir(self._engine_dir, self.facts, self._scratch)
@@ -1088,6 +1117,8 @@ class TrtllmEngine:
             self.facts.max_input_len,
             self.facts.max_seq_len,
         )
+        if self.settings.lookahead is not None:
+            log.info("speculative decoding: %s", self.settings.lookahead.describe())
         if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
             multi_block, source = effective_multi_block_mode(tle, self.settings)
             log.info("multi_block_mode=%s (%s)", "on" if multi_block else "off", source)
@@ -1109,6 +1140,7 @@ class TrtllmEngine:
             guided_capability(tle, self._guide_vocab),
             self._limits.max_beam_width,
             spec.series,
+            self.settings.lookahead,
             lora_capability(self.settings),
         )
         self._loop = asyncio.get_running_loop()
@@ -1180,6 +1212,11 @@ class TrtllmEngine:
             return error_output(rid, "this MPI rank does not take requests (leader mode: rank 0 does)", 503)
         if rid in self._by_request_id:
             return error_output(rid, f"request id {rid!r} is already in flight", 400)
+        if self.settings.lookahead is not None and request.sampling.do_sample:
+            return error_output(rid, lookahead_refusals(self.settings.lookahead)["sampling"], 400, "temperature")
+        if self.settings.lookahead is not None and request.stop_token_ids:
+            why = f"stop_token_ids beside lookahead decoding: {STOP_WORDS_UNREAD}; leave them out"
+            return error_output(rid, why, 400, "stop_token_ids")
         try:
             spec = map_request(
                 request,
@@ -1300,7 +1337,7 @@ class TrtllmEngine:
         """Read the PEFT adapter in ``folder`` into ``LoraConfig``'s layout (off the event loop) and serve it as
         ``name``, a task id of its own; 400 for an adapter this engine cannot apply, 409 for a name taken or
         option.max_cpu_loras reached."""
-        self._adapters.check_new(name)
+        self._adapters.check_room(name)
         weights, config, rank = await asyncio.to_thread(self._read_adapter, name, Path(folder))
         task = self._next_task
         self._next_task += 1
@@ -1312,7 +1349,7 @@ class TrtllmEngine:
     def _read_adapter(self, name: str, folder: Path) -> tuple[Any, Any, int]:
         import torch
 
-        from lmi_trt.engines.torch.lora import read_adapter  # PEFT's layout, read without peft (safetensors)
+        from lmi_trt.engines.adapters import read_adapter  # PEFT's layout, read without peft (safetensors)
 
         dtype = getattr(torch, self.facts.dtype)  # loraUtils.cpp: the weights must be of the model's dtype
         adapter = read_adapter(
@@ -1323,10 +1360,14 @@ class TrtllmEngine:
 
     async def unregister_adapter(self, name: str) -> None:
         """404 for a name not registered; 409 while a request (running or held back) uses it."""
-        streams = [*self._streams.values(), *self._held]
-        task, _, _ = self._adapters.remove(name, sum(1 for s in streams if s.adapter == name and not s.done))
+        task, _, _ = self._adapters.get(name)
+        self._adapters.remove(name)
         self._sent_tasks.discard(task)
         log.info("LoRA adapter %r unregistered", name)
+
+    def _using_adapter(self, name: str) -> int:
+        """Requests in flight (running or held back) that generate with adapter ``name``."""
+        return sum(1 for s in [*self._streams.values(), *self._held] if s.adapter == name and not s.done)
 
     def _with_lora(self, spec: RequestSpec, adapter: str | None) -> tuple[RequestSpec, RequestSpec | None]:
         """The spec with the adapter's ``LoraConfig``; on 1.x without its weights once the Executor was sent them,
@@ -1422,6 +1463,11 @@ class TrtllmEngine:
             reason = FinishReason.CANCELLED
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]
+        if self.settings.lookahead is not None:
+            # Result.decodingIter: "In speculative decoding, might be less than maximum length of the beam in
+            # outputTokenIds as more than one token can be generated per iteration" (executor.h, 1.x): the tokens
+            # beyond one per iteration are accepted drafts.
+            self._accepted_drafts += max(stream.generated - result.decoding_iter, 0)
         return EngineOutput(stream.request_id, tokens, logprobs, finished=True, finish_reason=reason)
 
     def _beams_output(self, stream: _Stream, result: Any) -> EngineOutput:
@@ -1464,6 +1510,8 @@ class TrtllmEngine:
                 extra["kv_cache_free_blocks"] = float(kv.free_num_blocks)
                 extra["kv_cache_used_blocks"] = float(kv.used_num_blocks)
                 extra["kv_cache_max_blocks"] = float(kv.max_num_blocks)
+        if self.settings.lookahead is not None:
+            extra["spec_decode_num_accepted_tokens"] = float(self._accepted_drafts)
         return EngineStats(
             active_requests=len(self._streams),
             queued_requests=(it.num_queued_requests if it is not None else 0) + len(self._held),

@@ -583,6 +583,53 @@ SURFACE = {
             "methods": ["supports_backend"],
             "props_ro": ["decoding_type"],
         },
+        # ------------------------------------------------------------------ LoRA (not in tensorrt_llm.llmapi's
+        # __all__ up to 1.0; llmapi/__init__.py copies ids 187165971 and 3832452477 export LoRARequest, none exports
+        # LoraConfig): imported from where docs/source/features/lora.md imports them
+        "LoraConfig": {
+            "source": "tensorrt_llm/lora_helper.py @dataclass class LoraConfig(DictConversion) (read_file id "
+            "53470212518, undated); tensorrt_llm/lora_manager.py imports it from there (id 1059464385); the docs "
+            "(docs/source/features/lora.md @050db34b) build it with lora_dir, max_lora_rank, max_loras, max_cpu_loras, "
+            "lora_target_modules, trtllm_modules_to_hf_modules; _torch/pyexecutor/_util.py (1.1 line, id 843526953) "
+            "reads lora_dir, lora_target_modules, trtllm_modules_to_hf_modules, max_lora_rank, max_loras, "
+            "max_cpu_loras, missing_qkv_modules. swap_gate_up_proj is spelled swap_gate_up_proj_lora_b_weight in the "
+            "_util.py copy: lmi-trt sets neither",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [
+                [
+                    "lora_dir=field(default_factory=list)",
+                    "lora_ckpt_source='hf'",
+                    "max_lora_rank=64",
+                    "lora_target_modules=field(default_factory=list)",
+                    "trtllm_modules_to_hf_modules=field(default_factory=dict)",
+                    "max_loras=None",
+                    "max_cpu_loras=None",
+                    "swap_gate_up_proj=True",
+                ]
+            ],
+            "props_rw": [
+                "lora_dir",
+                "lora_ckpt_source",
+                "max_lora_rank",
+                "lora_target_modules",
+                "trtllm_modules_to_hf_modules",
+                "max_loras",
+                "max_cpu_loras",
+                "swap_gate_up_proj",
+            ],
+            "props_ro": ["missing_qkv_modules"],
+        },
+        "LoRARequest": {
+            "source": "tensorrt_llm/executor/request.py @dataclass(slots=True) class LoRARequest (the 1.x copy with "
+            "SchedulingParams and lora_ckpt_source, find_string id 36422276; the pre-1.0 copy @08c33130 lacks "
+            "lora_ckpt_source); __post_init__ raises ValueError for a lora_path that does not exist. trtllm-serve "
+            "takes it from the request body (openai_server.py: generate_async(..., lora_request=request.lora_request), "
+            "copy @00057725; examples/serve/openai_completion_client_for_lora.py: lora_name, lora_int_id, lora_path)",
+            "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
+            "ctor": [["lora_name", "lora_int_id", "lora_path=''", "lora_ckpt_source='hf'"]],
+            "props_rw": ["lora_name", "lora_int_id", "lora_path", "lora_ckpt_source"],
+            "props_ro": ["adapter_id", "name", "path", "ckpt_source"],
+        },
     },
     # ------------------------------------------------------------------ module layout (real paths)
     "modules": {
@@ -612,6 +659,15 @@ SURFACE = {
             "exports": ["CompletionOutput", "Logprob", "GenerationResult", "IterationResult"],
         },
         "tensorrt_llm.executor.utils": {"exports": ["RequestError"]},
+        "tensorrt_llm.lora_helper": {
+            "exports": [
+                "LoraConfig",
+                "get_default_trtllm_modules_to_hf_modules",
+                "get_missing_qkv_modules_from_lora_modules",
+            ]
+        },
+        "tensorrt_llm.lora_manager": {"exports": ["LoraConfig"]},
+        "tensorrt_llm.executor.request": {"exports": ["LoRARequest"]},
         "tensorrt_llm.bindings.executor": {
             "exports": ["Executor"],
             "releases": ["1.0.0", "1.1.0", "1.2.1"],

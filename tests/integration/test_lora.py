@@ -1,4 +1,5 @@
-"""LoRA adapters on `lmi-trt serve` (torch engine, built-in decode loop), driven as a process with real clients.
+"""LoRA adapters on `lmi-trt serve` (the torch engine's built-in decode loop, and the LLM API engine over the fake
+TensorRT-LLM), driven as a process with real clients.
 
 Adapters are real PEFT adapters (peft's ``get_peft_model`` with random A and B, ``save_pretrained``), each from
 another place: the model folder's ``adapters/`` (DJL's local directory, at start-up), the Hugging Face hub cache
@@ -26,6 +27,7 @@ from s3server import s3_env, s3_server  # noqa: F401  (fixtures)
 from test_torch_engine import assert_greedy, reference
 from tinymodels import make_hub_cache, tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from trtllm_testing import fake_server_env
 
 pytestmark = pytest.mark.slow
 
@@ -104,12 +106,18 @@ def world(tmp_path_factory):
     return {"model_dir": model_dir, "folders": folders, "merged": merged, "hf_home": hf_home, "root": root}
 
 
+# The engines that serve adapters: the torch engine's decode loop, and the LLM API's PyTorch backend through the fake
+# TensorRT-LLM (the release LMI_TRT_FAKE_RELEASE names; tests/integration/test_llmapi_lora.py plays each release).
+# The tensorrt backend's (an engine built with the LoRA plugin): tests/integration/test_trtllm_lora.py.
+ENGINES = {"torch": ["--engine", "torch"], "trtllm-pytorch": ["--engine", "trtllm", "-o", "option.backend=pytorch"]}
+
+
 @contextmanager
-def lora_server(world, s3_server, engine: str, max_loras: int, env: dict | None = None, model_dir=None):  # noqa: F811
-    """`lmi-trt serve` of the model folder (or ``model_dir``: one with the same adapters/) with ``engine`` and its
-    adapters from the four places; yields the server."""
+def lora_server(world, s3_server, engine_args: list[str], max_loras: int, env: dict | None = None, model_dir=None):  # noqa: F811
+    """`lmi-trt serve` of the model folder (or ``model_dir``: one with the same adapters/) with ``engine_args`` and
+    its adapters from the four places; yields the server."""
     env = {**s3_server.env, "HF_HOME": str(world["hf_home"]), **(env or {})}
-    args = ["--engine", engine, "--model-id", str(model_dir or world["model_dir"]), "--model-name", "tiny-llama"]
+    args = [*engine_args, "--model-id", str(model_dir or world["model_dir"]), "--model-name", "tiny-llama"]
     for option in (
         "option.enable_lora=true",
         f"option.max_loras={max_loras}",
@@ -135,9 +143,10 @@ def lora_server(world, s3_server, engine: str, max_loras: int, env: dict | None 
         yield server
 
 
-@pytest.fixture(scope="module")
-def srv(world, s3_server):  # noqa: F811
-    with lora_server(world, s3_server, "torch", max_loras=3) as server:  # 4 adapters: one waits for a slot
+@pytest.fixture(scope="module", params=list(ENGINES))
+def srv(request, world, s3_server, tmp_path_factory):  # noqa: F811
+    env = fake_server_env(tmp_path_factory.mktemp("site")) if request.param != "torch" else {}
+    with lora_server(world, s3_server, ENGINES[request.param], 3, env) as server:  # 4 adapters: one waits for a slot
         yield server
 
 
@@ -356,9 +365,9 @@ async def test_steps_without_adapter_rows_run_the_base_models_pass(world, monkey
     from lmi_trt.engines.torch.lora import LoraSlots
 
     passes, deltas = [], []
-    forward, add_delta = LlamaDecoder.forward, LoraSlots.add_delta
+    forward, project = LlamaDecoder.forward, LoraSlots.project
     monkeypatch.setattr(LlamaDecoder, "forward", lambda self, batch: passes.append(batch.lora) or forward(self, batch))
-    monkeypatch.setattr(LoraSlots, "add_delta", lambda self, *a: deltas.append(a[1]) or add_delta(self, *a))
+    monkeypatch.setattr(LoraSlots, "project", lambda self, *a, **k: deltas.append(a[1]) or project(self, *a, **k))
     engine = TorchEngine(world["model_dir"], max_batch_size=4, max_input_len=64, max_new_tokens=64, enable_lora=True)
     await engine.start()
     tokenizer = AutoTokenizer.from_pretrained(world["model_dir"])

@@ -238,5 +238,5 @@ def srv(world, s3_server, tmp_path_factory):  # noqa: F811
         )
     shutil.copytree(world["model_dir"] / "adapters", out / "adapters")
     env = fake_server_env(tmp_path_factory.mktemp("site"))
-    with lora_server(world, s3_server, "trtllm", max_loras=4, env=env, model_dir=out) as server:
+    with lora_server(world, s3_server, ["--engine", "trtllm"], 4, env, model_dir=out) as server:
         yield server

@@ -87,6 +87,8 @@ VIEWS = (CompileOptions, TrtllmSettings, LlmApiSettings, TorchSettings, Syntheti
 DERIVED = {
     (TrtllmSettings, "tensor_parallel_degree"): "option.tensor_parallel_degree, 'max' as None (the engine's)",
     (LlmApiSettings, "max_seq_len"): "option.max_seq_len, else max_input_len + max_output_len",
+    (CompileOptions, "speculative_decoding_mode"): "the speculation the keys settle on, as trtllm-build's flag value",
+    (CompileOptions, "max_draft_len"): "the speculation's draft length (lookahead's derived from (W, N, G))",
 }
 
 

@@ -80,27 +80,21 @@ def test_pytorch_backend_runs_tp_in_one_process():
         plan_launch(4, 1, 2, "trtllm", "pytorch")
 
 
+def plan_argv(version: str, *options: str) -> list[str]:
+    """`lmi-trt plan` of the tiny Llama on an H100 for ``version``, with ``options`` (KEY=VALUE)."""
+    from tinymodels import tiny_model
+
+    argv = ["plan", "--model-id", str(tiny_model("llama")), "--gpu", "h100", "--trtllm-version", version]
+    return argv + [arg for option in options for arg in ("-o", option)]
+
+
 @pytest.mark.parametrize("version,backend", [("0.12.0", "tensorrt"), ("1.2.1", "pytorch"), ("1.3.0", "pytorch")])
 def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
     import json
 
-    from tinymodels import tiny_model
-
     from lmi_trt.cli import main
 
-    argv = [
-        "plan",
-        "--model-id",
-        str(tiny_model("llama")),
-        "--gpu",
-        "h100",
-        "--trtllm-version",
-        version,
-        "-o",
-        "option.max_input_len=256",
-        "-o",
-        "option.max_output_len=128",
-    ]
+    argv = plan_argv(version, "option.max_input_len=256", "option.max_output_len=128")
     assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"]["name"] == backend and report["memory"]["kv_bytes_per_token"] > 0
@@ -113,3 +107,22 @@ def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
     text = capsys.readouterr().out
     assert f"backend        {backend} (auto:" in text and ("LLM keywords" in text) is (backend == "pytorch")
     assert ("converter" in text) is (backend == "tensorrt")
+
+
+@pytest.mark.parametrize(("version", "backend"), [("1.2.1", "pytorch"), ("1.1.0", "tensorrt")])
+def test_plan_with_lora_plans_each_backends_lora(capsys, version, backend):
+    import json
+
+    from lmi_trt.cli import main
+
+    argv = plan_argv(version, "option.enable_lora=true", f"option.backend={backend}", "option.max_loras=2")
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    if backend == "tensorrt":  # the LoRA plugin built in (compile.lora), the Executor's PEFT cache counted
+        assert report["plan"]["plugins"]["lora_plugin"] == report["plan"]["dtype"]
+        assert report["plan"]["lora"]["max_lora_rank"] == 16 and report["plan"]["lora"]["max_loras"] == 2
+        assert any("PEFT cache for option.max_loras=2" in note for note in report["memory"]["notes"])
+        return
+    keywords = report["backend"]["llm_keywords"]
+    assert keywords["lora_config"]["max_loras"] == 2 and keywords["cuda_graph_config"] is None
+    assert "max_lora_rank 16 × 2 layers × 7 modules × max_loras 2 = 448 rows" in report["assumption"]

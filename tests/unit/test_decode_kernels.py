@@ -129,33 +129,61 @@ for fused in (False, True):
     results.append((first, second, third))
 torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
 
-# LoRA's expand (lora.py): each token's slot's columns of the low-rank activations times the stacked B, added in
-# place; a token of no adapter (-1) gets exactly + 0. 37 tokens, 3 parts of 4 slots of rank 6 (72 columns): no
-# size a multiple of the kernel's tiles.
-from lmi_trt.engines.torch.decode_kernels import lora_expand
-span, rank = 4 * 6, 6
-low, up = torch.randn(37, 3 * span), torch.randn(3 * span, 100)
+# LoRA's expand (lora.py): each token's slot's columns of the low-rank activations times the stacked B (block-
+# diagonal over 3 parts: a tile of output columns reads only its parts' rows), added in place, with the base output
+# too when given (o, down: into the residual stream); a token of no adapter (-1) gets exactly + 0. 37 tokens, 3
+# parts of 4 slots of rank 6 (72 columns) and ends 30, 55, 100: no size a multiple of the tiles, tiles across parts;
+# the activations a strided view after a base output, as the folded projection's GEMM leaves them.
+from lmi_trt.engines.torch.decode_kernels import LORA_TILES, LoraTiles, lora_expand
+span, rank, ends = 4 * 6, 6, (30, 55, 100)
+both, up = torch.randn(37, 100 + 3 * span), torch.randn(3 * span, 100)
+for part, (start, end) in enumerate(zip((0,) + ends, ends)):
+    rows = up[part * span : (part + 1) * span]
+    rows[:, :start], rows[:, end:] = 0, 0
+base, low = both[:, :100], both[:, 100:]
 token_slots = torch.arange(37) % 5 - 1
-before = torch.randn(37, 100)
-out = before.clone()
-assert lora_expand(low, token_slots, up, out, span, rank) is out
 kept = token_slots[:, None] == torch.arange(3 * span) % span // rank
-torch.testing.assert_close(out, before + (low * kept) @ up, rtol=1e-5, atol=1e-5)
-assert torch.equal(out[token_slots < 0], before[token_slots < 0])
-# The first pass again with adapters (random buffers, 2 slots of rank 4): the kernel against the torch path.
-lora = decoder.attach_lora(model.config, 2, 4)
-for layer in lora.buffers:
-    for buffer in (t for pair in layer.values() for t in pair):
-        buffer.normal_(std=0.2)
-adapted = []
-for fused in (False, True):
-    decoder.fused_kernels = fused
-    batch = flat([(a_table, 0, 8), (b_table, 0, 3)], a + b[:3], [7, 10])
-    batch.lora = torch.tensor([1] * 8 + [0, -1, 0])
-    with torch.no_grad():
-        adapted.append(decoder.forward(batch))
-torch.testing.assert_close(adapted[1], adapted[0], rtol=1e-5, atol=1e-5)
-assert not torch.allclose(adapted[0][0], results[0][0][0])  # the adapter changed the logits
+before = torch.randn(37, 100)
+for tiles in (LORA_TILES, LoraTiles(block_k=16, block_n=32, num_warps=2)):
+    kernels.LORA_TILES = tiles
+    for added in (None, base):
+        out = before.clone()
+        assert lora_expand(low, token_slots, up, out, span, rank, ends, added) is out
+        want = before + (0 if added is None else base)
+        torch.testing.assert_close(out, want + (low * kept) @ up, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[token_slots < 0], want[token_slots < 0])
+    # The gate/up projection's expand and silu_mul in one: part 0 (gate) and part 1 (up) of 2, inner width 50.
+    two = up[: 2 * span].clone()
+    two[:span, 50:], two[span:, :50] = 0, 0
+    gate_up = base.clone()
+    lora_expand(low[:, : 2 * span], token_slots, two, gate_up, span, rank, (50, 100))
+    fused = kernels.lora_silu_mul(base, low[:, : 2 * span], token_slots, two, span, rank)
+    torch.testing.assert_close(fused, F.silu(gate_up[:, :50]) * gate_up[:, 50:], rtol=1e-5, atol=1e-5)
+kernels.LORA_TILES = LORA_TILES
+# The first pass again with adapters (random slots, 2 of rank 4, B zero outside each part's columns as written):
+# the kernel against the torch path, each with the slots' A folded into the base projections and apart.
+import lmi_trt.engines.torch.lora as lora_module
+adapted = {}
+for fold in (True, False):
+    lora_module.FOLD = fold
+    torch.manual_seed(1)
+    with_lora = LlamaDecoder(model, num_blocks=12, block_size=4, max_seq_len=40, lora=(2, 4))
+    for layer in with_lora.lora.layers:
+        for g in layer.values():
+            g.a.normal_(std=0.2)
+            g.b.normal_(std=0.2)
+            for part, (start, end) in enumerate(zip((0,) + g.ends, g.ends)):
+                g.b[part * 8 : (part + 1) * 8, :start], g.b[part * 8 : (part + 1) * 8, end:] = 0, 0
+    for fused, silu in ((False, False), (True, False), (True, True)):  # the torch path; the kernels, silu apart or not
+        with_lora.fused_kernels, lora_module.FUSE_SILU = fused, silu
+        batch = flat([(a_table, 0, 8), (b_table, 0, 3)], a + b[:3], [7, 10])
+        batch.lora = torch.tensor([1] * 8 + [0, -1, 0])
+        with torch.no_grad():
+            adapted[fold, fused, silu] = with_lora.forward(batch)
+lora_module.FOLD = lora_module.FUSE_SILU = True
+for key, logits in adapted.items():
+    torch.testing.assert_close(logits, adapted[True, False, False], rtol=1e-5, atol=1e-5)
+assert not torch.allclose(adapted[True, True, True][0], results[0][0][0])  # the adapter changed the logits
 
 # A verification step (speculative decoding): each of 3 sequences feeds its last token and 3 drafts, k + 1 = 4
 # queries of a sequence sharing each KV head's 2 query heads, the positions past a sequence's drafts padding

@@ -29,7 +29,6 @@ FAKE_MODULES = [
     "tensorrt_llm.bindings",
     "tensorrt_llm.bindings.executor",
     "tensorrt_llm.builder",
-    "tensorrt_llm.lora_manager",
     "tensorrt_llm.mapping",
     "tensorrt_llm.models",
     "tensorrt_llm.models.modeling_utils",
@@ -47,6 +46,7 @@ FACTORY_ARGS = {
     ),
     "Response": dict(request_id=1, result="boom"),
     "GuidedDecodingConfig": dict(backend=0),
+    "LookaheadDecodingConfig": dict(max_window_size=4, max_ngram_size=3, max_verification_set_size=4),
     "GuidedDecodingParams": dict(guide_type=0, guide="a+"),
     # by (section, name) where two sections list a class of that name (the Executor's LoraConfig and lora_manager's)
     ("tensorrt_llm.bindings.executor", "LoraConfig"): dict(task_id=1),
@@ -54,7 +54,8 @@ FACTORY_ARGS = {
         architecture="LlamaForCausalLM", dtype="float16", hidden_size=8, num_hidden_layers=1, num_attention_heads=2
     ),
 }
-NOT_INSTANTIATED = {"Executor", "EngineConfig", "Engine", "PretrainedModel"}
+# DecodingMode: made by its static factories (DecodingMode.Lookahead(), ...), the listing has no constructor.
+NOT_INSTANTIATED = {"Executor", "EngineConfig", "Engine", "PretrainedModel", "DecodingMode"}
 # Their 0.12 shapes are the listing's "only_in" notes, checked by test_012_shapes_follow_the_listing_notes.
 SHAPES_IN_012_NOTES = {"Request", "SamplingConfig", "KvCacheConfig", "ExecutorConfig", "ParallelConfig"}
 
@@ -180,7 +181,6 @@ def section_of(module: str) -> str:
     for prefix, section in (
         ("tensorrt_llm.bindings.executor", "tensorrt_llm.bindings.executor"),
         ("tensorrt_llm.builder", "tensorrt_llm.builder"),
-        ("tensorrt_llm.lora_manager", "tensorrt_llm.lora_manager"),
         ("tensorrt_llm.plugin", "tensorrt_llm.plugin"),
         ("tensorrt_llm.quantization", "tensorrt_llm.quantization"),
         ("tensorrt_llm.models.modeling_utils", "tensorrt_llm.models.modeling_utils"),

@@ -10,9 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from lmi_trt.engines.adapters import read_adapter
 from lmi_trt.engines.base import EngineError
-from lmi_trt.engines.lora_sizes import buffer_bytes
-from lmi_trt.engines.torch.lora import LoraSlots, read_adapter
+from lmi_trt.engines.lora_sizes import buffer_bytes, group_sizes
+from lmi_trt.engines.torch.lora import LoraSlots, spare_rows
 
 LLAMA3_8B = {
     "hidden_size": 4096,
@@ -52,26 +53,43 @@ def _adapter(folder, rank=2, alpha=4, modules=("q_proj", "down_proj"), **config)
     return tensors
 
 
-def test_each_row_gets_its_own_slot_and_a_base_row_exactly_nothing(tmp_path):
+def _base_weights(fold: bool, slots: int, rank: int) -> list[dict]:
+    """TINY's fused projections per layer (random, no biases but qkv's), with the folded slots' spare rows."""
+    out = []
+    for _ in range(TINY.num_hidden_layers):
+        layer = {}
+        for group, (fan_in, parts, outs) in group_sizes(TINY).items():
+            weight = torch.randn(sum(outs) + spare_rows(parts, slots, rank, fold), fan_in)
+            weight[sum(outs) :] = 0
+            layer[group] = (weight, torch.randn(sum(outs)) if group == "qkv" else None)
+        out.append(layer)
+    return out
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_each_row_gets_its_own_slot_and_a_base_row_exactly_nothing(tmp_path, fold):
     tensors = _adapter(tmp_path / "a")
     adapter = read_adapter("a", tmp_path / "a", max_rank=4, num_layers=2, dtype=torch.float32)
-    slots = LoraSlots(TINY, slots=3, rank=4, device=torch.device("cpu"), dtype=torch.float32)
+    weights = _base_weights(fold, 3, 4)
+    slots = LoraSlots(TINY, weights, slots=3, rank=4, fold=fold)
     slots.write(2, adapter)
     x = torch.randn(3, 8)
     mask = slots.mask(torch.tensor([2, -1, 0]))  # adapter a, the base model, an empty slot
-    base = torch.randn(3, 16)
-    out = base.clone()
-    assert slots.add_delta(1, "qkv", x, out, mask) is out  # in place: [3, q 8 + k 4 + v 4]
-    got = out - base
+    weight, bias = weights[1]["qkv"]
+    base = x @ weight[:16].t() + bias  # [3, q 8 + k 4 + v 4]
+    got = slots.project(1, "qkv", x, mask) - base
     stem = "base_model.model.model.layers.1.self_attn.q_proj"
     a, b = tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"]
     want = x[0] @ a.t() @ b.t() * (4 / 2)  # scaling = lora_alpha / r (peft LoraLayer.update_layer)
     torch.testing.assert_close(got[0, :8], want)
     assert not got[0, 8:].any()  # k and v: not in the adapter
-    assert torch.equal(out[1:], base[1:])  # the base row and the empty slot's row add exactly zero
-    down = torch.zeros(3, 8)  # one part: the mask's leading S·R columns
-    slots.add_delta(1, "down", torch.randn(3, 12), down, mask)
-    assert down[0].any() and not down[1:].any()
+    assert not got[1:].any()  # the base row and the empty slot's row add exactly zero
+    hidden, residual = torch.randn(3, 12), torch.randn(3, 8)  # down, one part: the mask's leading S·R columns
+    stream = residual.clone()
+    assert slots.project(1, "down", hidden, mask, residual=stream) is stream  # into the residual stream, in place
+    delta = stream - residual - hidden @ weights[1]["down"][0][:8].t()
+    torch.testing.assert_close(delta[1:], torch.zeros(2, 8), rtol=0, atol=1e-5)
+    assert delta[0].abs().max() > 1e-2
     rslora = _adapter(tmp_path / "r", use_rslora=True)
     scaled = read_adapter("r", tmp_path / "r", max_rank=4, num_layers=2, dtype=torch.float32)
     b_r = rslora[f"{stem}.lora_B.weight"]

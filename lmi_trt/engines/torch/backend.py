@@ -19,9 +19,9 @@ from typing import Protocol
 import torch
 
 from ...speculative import Speculation
+from ..adapters import LoraAdapter
 from ..base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
 from ..guided import Guide
-from .lora import LoraAdapter
 
 CLOSE_TIMEOUT_S = 30.0
 EXCLUDED = (

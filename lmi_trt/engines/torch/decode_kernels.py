@@ -15,9 +15,11 @@
   cache writes of k and v at each token's cache slot (block, offset), one program per token: five
   kernels of the torch path in one.
 * ``silu_mul`` — ``silu(gate) * up`` of the fused gate/up projection in one pass.
+* ``lora_silu_mul`` — the gate/up projection's expand and ``silu_mul`` in one (lora.py).
 * ``lora_expand`` — a LoRA projection's expand (lora.py): each token's low-rank activations, masked to its
-  adapter slot's columns, times the stacked B, added into the projection's output in place; three kernels of
-  the torch path (the mask's build and multiply, the ``addmm_``) in one, which reads the tokens' slot indices.
+  adapter slot's columns, times the stacked B (only the parts a tile of output columns lies in: B is
+  block-diagonal), added into the projection's output in place (with the base output, into the residual
+  stream); the torch path's mask multiply, ``add_`` and ``addmm_`` in one, which reads the tokens' slot indices.
 
 The torch operations in ``llama_decoder`` stay the reference and the CPU path; these compute in
 fp32 and round once where the torch path rounds after each operation.
@@ -37,7 +39,6 @@ except ImportError:  # CPU installs: the matmul path runs
     triton = None
 
 _SILU_BLOCK = 1024
-_LORA_BLOCK_K, _LORA_BLOCK_N = 32, 64
 _ROTARY_ELEMENTS = 4096  # values of a token one rotary program handles (heads × head_dim)
 
 
@@ -183,9 +184,57 @@ if triton is not None:
         slots_ptr,
         b_ptr,
         out_ptr,
+        base_ptr,
         tokens,
         width,
         n_out,
+        end0,
+        end1,
+        stride_low,
+        stride_b,
+        stride_out,
+        stride_base,
+        SPAN: tl.constexpr,
+        RANK: tl.constexpr,
+        HAS_BASE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n0 = tl.program_id(1) * BLOCK_N
+        n = n0 + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + m, mask=m < tokens, other=-1)
+        # B is block-diagonal over the parts (lora.py): the tile's columns read only their parts' SPAN rows.
+        last = tl.minimum(n0 + BLOCK_N, n_out) - 1
+        first_part = (n0 >= end0).to(tl.int32) + (n0 >= end1).to(tl.int32)
+        last_part = (last >= end0).to(tl.int32) + (last >= end1).to(tl.int32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(first_part * SPAN, (last_part + 1) * SPAN, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            keep = ((k[None, :] % SPAN) // RANK == slot[:, None]) & (k[None, :] < width)
+            low = tl.load(low_ptr + m[:, None] * stride_low + k[None, :], mask=keep, other=0.0)
+            b = tl.load(
+                b_ptr + k[:, None] * stride_b + n[None, :], mask=(k[:, None] < width) & (n[None, :] < n_out), other=0.0
+            )
+            acc += tl.dot(low, b)
+        inside = (m[:, None] < tokens) & (n[None, :] < n_out)
+        if HAS_BASE:
+            acc += tl.load(base_ptr + m[:, None] * stride_base + n[None, :], mask=inside, other=0.0).to(tl.float32)
+        target = out_ptr + m[:, None] * stride_out + n[None, :]
+        out = tl.load(target, mask=inside, other=0.0).to(tl.float32) + acc
+        tl.store(target, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _lora_silu_mul_kernel(
+        base_ptr,
+        low_ptr,
+        slots_ptr,
+        b_ptr,
+        out_ptr,
+        tokens,
+        inner,
+        stride_base,
         stride_low,
         stride_b,
         stride_out,
@@ -195,22 +244,29 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
     ):
+        # gate and up columns n of the tile: each part's expand (its SPAN rows of B), then silu(gate) · up.
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         slot = tl.load(slots_ptr + m, mask=m < tokens, other=-1)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for start in range(0, width, BLOCK_K):
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, SPAN, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
-            keep = ((k[None, :] % SPAN) // RANK == slot[:, None]) & (k[None, :] < width)
-            low = tl.load(low_ptr + m[:, None] * stride_low + k[None, :], mask=keep, other=0.0)
-            b = tl.load(
-                b_ptr + k[:, None] * stride_b + n[None, :], mask=(k[:, None] < width) & (n[None, :] < n_out), other=0.0
-            )
-            acc += tl.dot(low, b)
-        target = out_ptr + m[:, None] * stride_out + n[None, :]
-        inside = (m[:, None] < tokens) & (n[None, :] < n_out)
-        out = tl.load(target, mask=inside, other=0.0).to(tl.float32) + acc
-        tl.store(target, out.to(out_ptr.dtype.element_ty), mask=inside)
+            keep = (k[None, :] // RANK == slot[:, None]) & (k[None, :] < SPAN)
+            rows = low_ptr + m[:, None] * stride_low + k[None, :]
+            cols = (k[:, None] < SPAN) & (n[None, :] < inner)
+            b_gate = tl.load(b_ptr + k[:, None] * stride_b + n[None, :], mask=cols, other=0.0)
+            b_up = tl.load(b_ptr + (SPAN + k[:, None]) * stride_b + inner + n[None, :], mask=cols, other=0.0)
+            gate += tl.dot(tl.load(rows, mask=keep, other=0.0), b_gate)
+            up += tl.dot(tl.load(rows + SPAN, mask=keep, other=0.0), b_up)
+        inside = (m[:, None] < tokens) & (n[None, :] < inner)
+        source = base_ptr + m[:, None] * stride_base + n[None, :]
+        # Rounded as the expand's output would be before silu_mul reads it: the two kernels' result, in one.
+        kind = out_ptr.dtype.element_ty
+        gate = (tl.load(source, mask=inside, other=0.0).to(tl.float32) + gate).to(kind).to(tl.float32)
+        up = (tl.load(source + inner, mask=inside, other=0.0).to(tl.float32) + up).to(kind).to(tl.float32)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + m[:, None] * stride_out + n[None, :], out.to(kind), mask=inside)
 
 
 def rotary_into_cache(
@@ -267,17 +323,77 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def lora_expand(low: torch.Tensor, slots: torch.Tensor, b: torch.Tensor, out: torch.Tensor, span: int, rank: int):
-    """``out`` [T, N] += (``low`` [T, W] with the columns ``c`` of token t whose ``(c % span) // rank`` is not
-    ``slots[t]`` zeroed; -1: all) @ ``b`` [W, N], in place (rows of ``low``, ``b`` and ``out`` contiguous). A
-    token of no adapter gets exactly ``+ 0``."""
-    tokens, width, n_out = low.size(0), low.size(1), b.size(1)
+def _lora_tiles(tokens: int, columns: int, span: int) -> tuple[tuple[int, int], dict[str, int]]:
+    """A LoRA kernel's grid over ``tokens`` × ``columns`` and its tiles (``LORA_TILES``, read now)."""
     # A decode step's tokens in one row tile where they fit (B is read once per tile); tl.dot's smallest is 16.
     block_m = min(64, max(16, triton.next_power_of_2(tokens)))
-    grid = (triton.cdiv(tokens, block_m), triton.cdiv(n_out, _LORA_BLOCK_N))
-    strides = (low.stride(0), b.stride(0), out.stride(0))
-    tiles = {"BLOCK_M": block_m, "BLOCK_K": _LORA_BLOCK_K, "BLOCK_N": _LORA_BLOCK_N}
-    _lora_expand_kernel[grid](low, slots, b, out, tokens, width, n_out, *strides, SPAN=span, RANK=rank, **tiles)
+    tiles = LORA_TILES
+    grid = (triton.cdiv(tokens, block_m), triton.cdiv(columns, tiles.block_n))
+    block_k = min(tiles.block_k, max(16, triton.next_power_of_2(span)))
+    return grid, {"BLOCK_M": block_m, "BLOCK_K": block_k, "BLOCK_N": tiles.block_n, "num_warps": tiles.num_warps}
+
+
+def lora_expand(
+    low: torch.Tensor,
+    slots: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    span: int,
+    rank: int,
+    ends: Sequence[int],
+    base: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out`` [T, N] (+= ``base`` [T, N] when given) += (``low`` [T, W] with the columns ``c`` of token t whose
+    ``(c % span) // rank`` is not ``slots[t]`` zeroed; -1: all) @ ``b`` [W, N], in place, with one rounding (rows of
+    the tensors may be strided views, their last dimension contiguous). ``b`` is block-diagonal: part p (its
+    ``span`` rows from ``p · span``) is zero outside output columns ``ends[p - 1]:ends[p]`` (at most 3 parts), which
+    a tile of columns does not read. A token of no adapter gets exactly ``+ 0``."""
+    tokens, width, n_out = low.size(0), low.size(1), b.size(1)
+    grid, tiles = _lora_tiles(tokens, n_out, span)
+    end0, end1 = (list(ends[:-1]) + [n_out, n_out])[:2]
+    strides = (low.stride(0), b.stride(0), out.stride(0), 0 if base is None else base.stride(0))
+    _lora_expand_kernel[grid](
+        low,
+        slots,
+        b,
+        out,
+        out if base is None else base,
+        tokens,
+        width,
+        n_out,
+        end0,
+        end1,
+        *strides,
+        SPAN=span,
+        RANK=rank,
+        HAS_BASE=base is not None,
+        **tiles,
+    )
+    return out
+
+
+def lora_silu_mul(
+    base: torch.Tensor, low: torch.Tensor, slots: torch.Tensor, b: torch.Tensor, span: int, rank: int
+) -> torch.Tensor:
+    """``silu_mul`` of the fused gate/up projection ``base`` [T, 2I] plus each token's adapter, ``lora_expand``'s
+    (``low`` [T, 2·span], ``b`` [2·span, 2I] block-diagonal over gate and up) without writing it back: [T, I]. Rows
+    of the inputs may be strided views, their last dimension contiguous."""
+    tokens, inner = base.size(0), base.size(1) // 2
+    out = torch.empty((tokens, inner), device=base.device, dtype=base.dtype)
+    grid, tiles = _lora_tiles(tokens, inner, span)
+    _lora_silu_mul_kernel[grid](
+        base,
+        low,
+        slots,
+        b,
+        out,
+        tokens,
+        inner,
+        *(t.stride(0) for t in (base, low, b, out)),
+        SPAN=span,
+        RANK=rank,
+        **tiles,
+    )
     return out
 
 
@@ -333,6 +449,19 @@ def paged_attention(
         num_stages=config.num_stages,
     )
     return out
+
+
+class LoraTiles(NamedTuple):
+    """``lora_expand``'s tiles: ``block_k`` low-rank columns per iteration (at most the slots' span), ``block_n``
+    output columns per program, Triton's ``num_warps``."""
+
+    block_k: int
+    block_n: int
+    num_warps: int
+
+
+# Read at each launch: benchmarks/gpu_lora.py sets others to compare them (a CUDA graph keeps what it captured).
+LORA_TILES = LoraTiles(block_k=64, block_n=32, num_warps=4)
 
 
 class Config(NamedTuple):

@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..adapters import LoraAdapter
 from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, error_output
 from ..guided import allowed_tokens
 from ..lora_sizes import buffer_bytes
@@ -101,7 +102,6 @@ from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
-from .lora import LoraAdapter
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,13 @@ class DecodeLoopBackend(QueuedBackend):
         )
         self._pool = BlockPool(num_blocks, block_size, caching=engine.enable_kv_cache_reuse)
         self._watermark = int(_WATERMARK * num_blocks)
-        self._decoder = LlamaDecoder(model, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
+        self._decoder = LlamaDecoder(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_seq_len=self._max_seq,
+            lora=(lora_slots, engine.max_lora_rank) if lora_slots else None,
+        )
         self._drafter = (
             LlamaDecoder(draft, num_blocks=num_blocks, block_size=block_size, max_seq_len=self._max_seq)
             if draft is not None
@@ -354,7 +360,7 @@ class DecodeLoopBackend(QueuedBackend):
         # LoRA adapters: max_loras slots of stacked weights (lora.py); per batch slot, the LoRA slot its row reads
         # (-1: the base model), which the LoRA decode graphs read at a fixed address; per LoRA slot, the adapter it
         # holds, the rows using it, and when it was last taken (the least recently used free one is replaced).
-        self._lora = self._decoder.attach_lora(config, lora_slots, engine.max_lora_rank) if lora_slots else None
+        self._lora = self._decoder.lora
         self._lora_of = torch.full((self.slots,), -1, dtype=torch.long, device=self._device)
         self._lora_held: list[LoraAdapter | None] = [None] * lora_slots
         self._lora_users = [0] * lora_slots

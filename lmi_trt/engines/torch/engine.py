@@ -48,7 +48,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ...compat import dtype_kwargs, text_config
 from ...speculative import Speculation, SpeculationError
-from ..adapters import AdapterTable
+from ..adapters import AdapterTable, LoraAdapter, read_adapter
 from ..base import (
     MAX_TOP_LOGPROBS,
     SAMPLING_FEATURES,
@@ -73,7 +73,6 @@ from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
 from .llama_decoder import unsupported_reason
-from .lora import LoraAdapter, read_adapter
 from .sampler import Pick, sample_next_tokens
 from .static import StaticBackend
 
@@ -299,7 +298,9 @@ class TorchEngine:
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
         self._adapters: AdapterTable[LoraAdapter] = AdapterTable(
-            max_cpu_loras=max_cpu_loras, off=None if enable_lora else "set option.enable_lora=true"
+            enabled=enable_lora,
+            max_registered=max_cpu_loras,
+            using=lambda name: sum(1 for slot in self._slots.values() if slot.request.adapter == name),
         )
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids or ())
         self._explicit_eos = eos_token_ids is not None
@@ -621,7 +622,7 @@ class TorchEngine:
         """Read the adapter in ``folder`` (off the event loop) and serve it as ``name``; 409 for a name taken or
         ``option.max_cpu_loras`` reached, 400 for an adapter the decode loop cannot apply."""
         self._check_ready()
-        self._adapters.check_new(name)
+        self._adapters.check_room(name)
         config = self._model.config
         adapter = await asyncio.to_thread(
             read_adapter,
@@ -640,7 +641,7 @@ class TorchEngine:
 
     async def unregister_adapter(self, name: str) -> None:
         """404 for a name not registered; 409 while a request uses it."""
-        self._adapters.remove(name, sum(1 for slot in self._slots.values() if slot.request.adapter == name))
+        self._adapters.remove(name)
         log.info("LoRA adapter %r unregistered", name)
 
     def _adapter(self, request: GenerationRequest) -> LoraAdapter | None:

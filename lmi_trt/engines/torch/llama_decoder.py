@@ -31,8 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..lora_sizes import group_sizes
 from . import decode_kernels
-from .lora import LoraSlots
+from . import lora as lora_slots
+from .lora import LoraSlots, spare_rows
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # RoPE types whose tables depend on the current sequence length cannot be precomputed once.
@@ -60,13 +62,16 @@ def unsupported_reason(model: nn.Module, max_seq_len: int) -> str | None:
     if rope_type in _LENGTH_DEPENDENT_ROPE:
         return f"rope_type={rope_type!r} depends on the sequence length"
     for layer in getattr(body, "layers", []):
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        if not all(type(m) is nn.Linear for m in linears):
+        if not all(type(m) is nn.Linear for m in _projections(layer)):
             return "its projections are not plain nn.Linear layers (quantized or adapted weights)"
     if not isinstance(getattr(model, "lm_head", None), nn.Linear):
         return "no plain lm_head"
     return None
+
+
+def _projections(layer: nn.Module) -> list[nn.Module]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
 
 
 @dataclass
@@ -85,14 +90,16 @@ class _Layer:
     k_norm: torch.Tensor | None
 
 
-def _fuse(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) row-wise; the modules then view into the fused tensor,
-    so the model holds no second copy."""
+def _fuse(modules: list[nn.Linear], device: torch.device, spare: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) row-wise on ``device``, with ``spare`` zeroed rows after them (returned,
+    the biases not); the modules then view into the fused tensor, so the model holds no second copy."""
     with torch.no_grad():
-        weight = torch.cat([m.weight for m in modules])
+        first = modules[0].weight
+        weight = torch.cat([m.weight for m in modules] + [first.new_zeros(spare, first.size(1))]).to(device)
         bias = None
         if any(m.bias is not None for m in modules):
-            bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+            parts = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+            bias = torch.cat(parts).to(device)
         start = 0
         for m in modules:
             end = start + m.out_features
@@ -175,7 +182,16 @@ class LlamaDecoder:
     """The forward pass and the paged KV cache (``num_blocks`` blocks of ``block_size`` positions)
     for sequences of up to ``max_seq_len`` positions."""
 
-    def __init__(self, model: nn.Module, *, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_seq_len: int,
+        lora: tuple[int, int] | None = None,
+    ) -> None:
+        """``lora``: (slots, rank) of the LoRA adapters applied to every batch that names slots (``LoraSlots``)."""
         config = model.config
         body = model.model
         self.device = model.device
@@ -197,27 +213,57 @@ class LlamaDecoder:
         self.lm_head = model.lm_head.weight
         self.lm_head_bias = model.lm_head.bias
         self.layers = []
+        # With LoRA folded (lora.FOLD), every fused projection carries the slots' A in rows after its own, so o and
+        # down are copied too (the model's modules then view the copies): the layer's weight is a view of its rows.
+        fold = lora is not None and lora_slots.FOLD
+        spare = {g: spare_rows(parts, *lora, fold) if fold else 0 for g, (_, parts, _) in group_sizes(config).items()}
+        if fold and self.device.type == "cuda":
+            # Replaced one by one, the projections would leave holes between tensors still live (the embeddings,
+            # the norms, what the loader put beside them) that the wider copies do not fit; moved to the host first,
+            # the device memory they held is freed at once, and the copies reuse it.
+            for layer in body.layers:
+                for m in _projections(layer):
+                    m.weight.data = m.weight.data.cpu()
+                    if m.bias is not None:
+                        m.bias.data = m.bias.data.cpu()
+            torch.cuda.empty_cache()
+        full = []  # per layer, each fused projection's whole weight and its bias (LoraSlots)
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], self.device, spare["qkv"])
+            gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj], self.device, spare["gate_up"])
+            if fold:
+                o, o_bias = _fuse([attn.o_proj], self.device, spare["o"])
+                down, down_bias = _fuse([mlp.down_proj], self.device, spare["down"])
+            else:
+                o, o_bias = attn.o_proj.weight, attn.o_proj.bias
+                down, down_bias = mlp.down_proj.weight, mlp.down_proj.bias
+            pairs = {
+                "qkv": (qkv, qkv_bias),
+                "o": (o, o_bias),
+                "gate_up": (gate_up, gate_up_bias),
+                "down": (down, down_bias),
+            }
+            full.append(pairs)
+            view = {g: w[: w.size(0) - spare[g]] for g, (w, _) in pairs.items()}
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             self.layers.append(
                 _Layer(
                     in_norm=layer.input_layernorm.weight,
                     post_norm=layer.post_attention_layernorm.weight,
-                    qkv=qkv,
+                    qkv=view["qkv"],
                     qkv_bias=qkv_bias,
-                    o=attn.o_proj.weight,
-                    o_bias=attn.o_proj.bias,
-                    gate_up=gate_up,
+                    o=view["o"],
+                    o_bias=o_bias,
+                    gate_up=view["gate_up"],
                     gate_up_bias=gate_up_bias,
-                    down=mlp.down_proj.weight,
-                    down_bias=mlp.down_proj.bias,
+                    down=view["down"],
+                    down_bias=down_bias,
                     q_norm=q_norm.weight if q_norm is not None else None,
                     k_norm=k_norm.weight if k_norm is not None else None,
                 )
             )
+        self.lora = None if lora is None else LoraSlots(config, full, slots=lora[0], rank=lora[1], fold=fold)
         positions = torch.arange(max_seq_len, device=self.device).unsqueeze(0)
         with torch.no_grad():
             probe = torch.empty(1, device=self.device, dtype=self.dtype)
@@ -232,12 +278,6 @@ class LlamaDecoder:
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         # The Triton kernels where they can run (CUDA); torch operations otherwise (CPU, CI).
         self.fused_kernels = decode_kernels.available(self.device, self.head_dim)
-        self.lora: LoraSlots | None = None  # attach_lora
-
-    def attach_lora(self, config, slots: int, rank: int) -> LoraSlots:
-        """Stacked buffers for ``slots`` adapters of rank ≤ ``rank``, applied to every batch that names slots."""
-        self.lora = LoraSlots(config, slots=slots, rank=rank, device=self.device, dtype=self.dtype)
-        return self.lora
 
     @staticmethod
     def block_bytes(model: nn.Module, block_size: int) -> int:
@@ -268,9 +308,8 @@ class LlamaDecoder:
     def _linear(
         self, index: int, group: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, adapters
     ) -> torch.Tensor:
-        """``x @ weight.T (+ bias)``, plus each token's adapter (``adapters``: LoraSlots.add_delta's rows)."""
-        out = F.linear(x, weight, bias)
-        return out if adapters is None else self.lora.add_delta(index, group, x, out, adapters)
+        """``x @ weight.T (+ bias)``, plus each token's adapter (``adapters``: LoraSlots.project's rows)."""
+        return F.linear(x, weight, bias) if adapters is None else self.lora.project(index, group, x, adapters)
 
     def _queries(
         self,
@@ -380,19 +419,23 @@ class LlamaDecoder:
     def _mlp_residual(
         self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor, index: int, adapters: torch.Tensor | None
     ) -> torch.Tensor:
-        x = self._add_linear(x, attn, layer.o, layer.o_bias)
-        if adapters is not None:
-            x = self.lora.add_delta(index, "o", attn, x, adapters)
-        gate_up = self._linear(
-            index, "gate_up", self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, adapters
-        )
-        if self.fused_kernels:
-            hidden = decode_kernels.silu_mul(gate_up)
+        if adapters is None:
+            x = self._add_linear(x, attn, layer.o, layer.o_bias)
         else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            hidden = F.silu(gate) * up
-        x = self._add_linear(x, hidden, layer.down, layer.down_bias)
-        return x if adapters is None else self.lora.add_delta(index, "down", hidden, x, adapters)
+            x = self.lora.project(index, "o", attn, adapters, residual=x)
+        normed = self._norm(x, layer.post_norm)
+        if self.fused_kernels and adapters is not None and lora_slots.FUSE_SILU:
+            hidden = self.lora.project_silu(index, normed, adapters)  # the gate/up expand and silu_mul in one
+        else:
+            gate_up = self._linear(index, "gate_up", normed, layer.gate_up, layer.gate_up_bias, adapters)
+            if self.fused_kernels:
+                hidden = decode_kernels.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                hidden = F.silu(gate) * up
+        if adapters is None:
+            return self._add_linear(x, hidden, layer.down, layer.down_bias)
+        return self.lora.project(index, "down", hidden, adapters, residual=x)
 
     # -- the pass --------------------------------------------------------------------------------
 
@@ -405,7 +448,7 @@ class LlamaDecoder:
             kept = torch.where(batch.slots >= 0, batch.slots, self.scratch_slot)
             cells = (kept // self.block_size, kept % self.block_size)
         masks = None if self.fused_kernels else self._masks(batch)
-        adapters = None  # LoraSlots.add_delta's rows: slot indices for the Triton kernel, else the torch path's mask
+        adapters = None  # LoraSlots.project's rows: slot indices for the Triton kernel, else the torch path's mask
         if self.lora is not None and batch.lora is not None:
             adapters = batch.lora if self.fused_kernels else self.lora.mask(batch.lora)
         x = F.embedding(batch.tokens, self.embed)

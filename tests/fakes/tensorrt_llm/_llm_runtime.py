@@ -62,6 +62,7 @@ Every request's beam width must equal ``max_beam_width`` up to PR 16620 (``BEAM_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -70,6 +71,7 @@ from dataclasses import dataclass, field
 
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
+from tensorrt_llm._lora import Loras
 from tensorrt_llm._runtime import _load_model, _select, early_stopping_hf
 from tensorrt_llm._state import has
 from tensorrt_llm.executor.result import GenerationResult, Logprob, _Response
@@ -207,6 +209,7 @@ class _Seq:
     early_stopping: int | None = None
     prompt_logprobs: int = 0  # SamplingParams.prompt_logprobs (0: none)
     embedding_bias: object = None  # SamplingParams.embedding_bias, added to the logits by _select
+    lora: object = None  # the request's LoRARequest (_lora)
     context_logprobs: object = None  # [prompt len, vocab] log-softmax of the context logits
     prompt_entries: list | None = None  # the prompt log probs, until a response carries them
     matcher: object = None
@@ -243,6 +246,11 @@ class LlmRuntime:
             raise ValueError("Guided decoding is not supported with speculative decoding.")
         if args.guided_decoding_backend == "xgrammar":
             self._grammars = MatcherFactory(tokenizer_info(tokenizer), self._model.config.vocab_size)
+        self._loras = (
+            Loras(self._model, args.lora_config, cuda_graphs=args.cuda_graph_config is not None)
+            if args.lora_config is not None
+            else None
+        )
         self.max_seq_len = _model_engine_max_seq_len(hf_dir, args.max_seq_len, args.trust_remote_code)
         self.tokens_per_block = args.kv_cache_config.tokens_per_block
         kv_tokens = args.kv_cache_config.max_tokens or args.max_batch_size * self.max_seq_len
@@ -376,13 +384,17 @@ class LlmRuntime:
         try:
             with torch.no_grad():
                 if seq.beam_width > 1:
+                    if seq.lora is not None:
+                        raise NotImplementedError("fake tensorrt_llm: beam search with a LoRA adapter is not modelled")
                     seq.result._enqueue(self._beam_search(seq))
                     return True
                 if new:
                     if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
                         seq.matcher = self._grammars.create(*seq.guide)
                     self._check_bias(seq)
-                    self._forward(seq, seq.prompt)
+                    if seq.lora is not None:  # the worker loads a request's adapter when it takes the request
+                        self._loras.load(seq.lora)
+                    self._forward(seq, seq.prompt, prefill=True)
                 drafts = [] if new or self._spec is None else self._spec.propose(seq, self._model)
                 if drafts:
                     reason = self._verify(seq, drafts)
@@ -433,7 +445,8 @@ class LlmRuntime:
         (_torch/pyexecutor/sampler.py: the TorchSampler samples the target at every draft position and accepts the
         draft tokens up to the first mismatch; the resource manager rewinds the rest.)"""
         first = seq.logits
-        res = self._model(input_ids=_tensor([drafts]), past_key_values=seq.past, use_cache=True)
+        with self._adapter(seq, prefill=False):
+            res = self._model(input_ids=_tensor([drafts]), past_key_values=seq.past, use_cache=True)
         positions = [first, *res.logits[0].float()]
         accepted, reason = 0, None
         for i, logits in enumerate(positions):
@@ -455,10 +468,14 @@ class LlmRuntime:
             self._forward(seq, [seq.generated[-1]])
         return reason
 
-    def _forward(self, seq: _Seq, ids: list[int]) -> None:
+    def _adapter(self, seq: _Seq, prefill: bool):
+        return self._loras.applying(seq.lora, prefill) if self._loras is not None else contextlib.nullcontext()
+
+    def _forward(self, seq: _Seq, ids: list[int], prefill: bool = False) -> None:
         import torch
 
-        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        with self._adapter(seq, prefill):
+            res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
         if seq.prompt_logprobs and seq.context_logprobs is None:
             seq.context_logprobs = torch.log_softmax(res.logits[0].float(), -1)

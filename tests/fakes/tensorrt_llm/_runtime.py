@@ -30,6 +30,16 @@ tensorrt_llm/builder.py):
 * ``cancel_request``: 1.x sends a final result with ``FinishReason.CANCELLED`` that carries the
   tokens generated but not yet sent (streaming; all of them otherwise); 0.12 sends none;
 * leader mode: rank 0 generates; other ranks' ``shutdown()`` blocks until the leader's.
+* lookahead decoding (``ExecutorConfig.decoding_config`` with a ``LookaheadDecodingConfig`` (W, N, G)): the
+  engine's ``max_draft_len`` + 1 must equal ``calculate_speculative_resource()``'s decoding tokens and the beam
+  width must be 1 (cpp/tensorrt_llm/layers/lookaheadDecodingLayer.cpp's checks), or the Executor fails to start;
+  each step verifies up to G candidate n-grams of N - 1 draft tokens in one pass and keeps the longest prefix the
+  target model's greedy choice agrees with, plus the target's next token (at most N tokens a step: maxPathLen), so
+  the output is the greedy one whatever the request's sampling says (the layer samples with maxTopK = 1);
+  ``Result.decoding_iter`` counts the steps (executor.h: fewer than the tokens when more than one is taken a step).
+  Log-probs are not returned beside it ("outputLogProbs are not supported"): the fake fails such a request.
+  Simplification: the real layer fills its n-gram pool from Jacobi iterations of a W-wide lookahead branch; the
+  fake's pool is the sequence's own earlier n-grams (what the tests rely on is the verification, not the pool).
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
 ``transformers``' beam search and answered with one final result, without log probs. What it reads of the
 request is TensorRT-LLM's (executor.h SamplingConfig, 0.12-1.2): ``numReturnSequences`` beams come back (all
@@ -52,8 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorrt_llm import _state
+from tensorrt_llm._executor_lora import LoraRuntime
 from tensorrt_llm._grammar import MatcherFactory
-from tensorrt_llm._lora import LoraRuntime
 
 log = logging.getLogger("tensorrt_llm")
 
@@ -111,6 +121,7 @@ class EngineLimits:
     max_beam_width: int
     use_paged_context_fmha: bool
     tokens_per_block: int
+    max_draft_len: int = 0
 
 
 def read_engine_config(engine_dir: Path) -> EngineLimits:
@@ -136,6 +147,7 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
             max_beam_width=build.get("max_beam_width", 1),
             use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
             tokens_per_block=plugins.get("tokens_per_block", 32),
+            max_draft_len=build.get("max_draft_len", 0),
         )
     builder, plugins = cfg["builder_config"], cfg.get("plugin_config", {})
     return EngineLimits(
@@ -209,6 +221,7 @@ class _Seq:
     past: object = None
     logits: object = None
     generator: object = None
+    steps: int = 0  # decoding iterations run for it
 
 
 class ExecutorImpl:
@@ -230,6 +243,7 @@ class ExecutorImpl:
             raise _tllm_error(
                 f"max_beam_width ({config.max_beam_width}) is larger than the engine's ({self.limits.max_beam_width})"
             )
+        self._lookahead = self._lookahead_config(config)
         # Runtime values may only lower the engine's build-time limits.
         self.max_batch_size = min(config.max_batch_size or self.limits.max_batch_size, self.limits.max_batch_size)
         self.max_beam_width = config.max_beam_width
@@ -267,6 +281,19 @@ class ExecutorImpl:
             self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
             self._thread.start()
 
+    def _lookahead_config(self, config):
+        """(W, N, G) when the ExecutorConfig asks for lookahead decoding, after lookaheadDecodingLayer.cpp's checks."""
+        decoding = getattr(config, "decoding_config", None)
+        la = getattr(decoding, "lookahead_decoding_config", None)
+        if la is None:
+            return None
+        if config.max_beam_width != 1:
+            raise _tllm_error("Beam width must be 1 in Lookahead decoding.")
+        tokens_per_step = la.calculate_speculative_resource()[0]
+        if tokens_per_step != self.limits.max_draft_len + 1:
+            raise _tllm_error(f"{tokens_per_step} != {self.limits.max_draft_len + 1}")
+        return la.max_window_size, la.max_ngram_size, la.max_verification_set_size
+
     # ---------------------------------------------------------------- client API
 
     def enqueue(self, request) -> int:
@@ -277,6 +304,10 @@ class ExecutorImpl:
         if request.__class__ is not self._api.Request:
             raise TypeError(f"enqueue_request(): expected a {self._api.Request.__module__}.Request, got {request!r}")
         sc, oc = request.sampling_config, request.output_config
+        if getattr(request, "lookahead_config", None) is not None:
+            raise NotImplementedError("fake tensorrt_llm: a request's own lookahead_config is not modelled")
+        if self._lookahead is not None and oc.return_log_probs:
+            raise _tllm_error("lookahead decoding: outputLogProbs are not supported")
         if sc.beam_width > self.max_beam_width:
             raise _tllm_error(
                 f"Request beam width ({sc.beam_width}) is larger than the executor's max beam width "
@@ -478,10 +509,14 @@ class ExecutorImpl:
                     if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
                         seq.matcher = self._grammars.create(*seq.guide)
                     self._forward(seq, seq.prompt)
-                token, logprob = _select(seq)
-                reason = self._advance(seq, token, logprob)
-                if reason is None:
-                    self._forward(seq, [token])
+                seq.steps += 1
+                if self._lookahead is not None:
+                    reason = self._lookahead_step(seq)
+                else:
+                    token, logprob = _select(seq)
+                    reason = self._advance(seq, token, logprob)
+                    if reason is None:
+                        self._forward(seq, [token])
         except Exception as exc:  # one request's failure must not end the others
             out.append(self._api.Response(seq.id, f"[TensorRT-LLM][ERROR] {exc}", seq.client_id))
             return
@@ -494,6 +529,36 @@ class ExecutorImpl:
         self._lora.use(seq.lora)  # every pass sets the adapter it runs with (None: the base model)
         res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+
+    def _lookahead_step(self, seq: _Seq):
+        """One lookahead step: verify the pool's candidates against the target's greedy choices, take the longest
+        accepted prefix and the target's token after it (module docstring)."""
+        import copy
+
+        import torch
+
+        _window, ngram, verification_set = self._lookahead
+        first = int(torch.argmax(seq.logits))
+        accepted, targets = [], [first]
+        for draft in lookahead_candidates(seq.prompt + seq.generated, ngram - 1, verification_set):
+            res = self._model(input_ids=torch.tensor([draft]), past_key_values=copy.deepcopy(seq.past), use_cache=True)
+            greedy = [first, *(int(t) for t in res.logits[0].argmax(-1))]
+            kept = []
+            for position, token in enumerate(draft):
+                if not accepts(greedy[position], token):
+                    break
+                kept.append(token)
+            if len(kept) > len(accepted):
+                accepted, targets = kept, greedy
+        emitted = [*accepted, targets[len(accepted)]]
+        taken = []
+        for token in emitted:
+            reason = self._advance(seq, token, 0.0)
+            if reason is not None:
+                return reason
+            taken.append(token)
+        self._forward(seq, taken)
+        return None
 
     def _advance(self, seq: _Seq, token: int, logprob: float):
         fr = self._api.FinishReason
@@ -523,7 +588,7 @@ class ExecutorImpl:
         seq.sent = len(seq.generated)
         res.output_token_ids = [list(tokens)]
         res.finish_reasons = [reason if reason is not None else self._api.FinishReason.NOT_FINISHED]
-        res.decoding_iter = len(seq.generated)
+        res.decoding_iter = seq.steps if self._lookahead is not None else len(seq.generated)
         if seq.return_log_probs:
             res.log_probs = [list(lps)]
             res.cum_log_probs = [float(sum(seq.log_probs))]
@@ -613,6 +678,25 @@ def _load_model(hf_dir: str | None):
     from lmi_trt.compat import dtype_kwargs  # transformers < 4.56 (the 0.12 and 1.0 images) spells it torch_dtype
 
     return AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
+
+
+def accepts(target: int, draft: int) -> bool:
+    """Lookahead verification: a draft token is kept only where the target model's greedy choice is that token (the
+    tests patch this to accept everything, to show the output then changes)."""
+    return target == draft
+
+
+def lookahead_candidates(history: list[int], length: int, most: int) -> list[list[int]]:
+    """Up to ``most`` distinct n-grams of ``length`` tokens that followed the last token earlier in ``history``,
+    latest first: the fake's stand-in for the lookahead pool (module docstring)."""
+    last, out = history[-1], []
+    for i in range(len(history) - 2, -1, -1):
+        draft = history[i + 1 : i + 1 + length]
+        if history[i] == last and len(draft) == length and draft not in out:
+            out.append(draft)
+            if len(out) == most:
+                break
+    return out
 
 
 def early_stopping_hf(early_stopping: int | None) -> bool | str:

@@ -18,7 +18,6 @@ from pathlib import Path
 from tensorrt_llm import _state
 from tensorrt_llm._runtime import ENGINE_FORMAT as _ENGINE_FORMAT
 from tensorrt_llm.lora_manager import LoraConfig as _LoraConfig
-from tensorrt_llm.lora_manager import _use_lora
 from tensorrt_llm.models.modeling_utils import PretrainedConfig
 from tensorrt_llm.plugin import plugin as _plugin
 
@@ -85,7 +84,7 @@ class _BuildConfigMethods:
     def from_dict(cls, config, plugin_config=None):
         config = copy.deepcopy(config)
         plugins = config.pop("plugin_config", None)
-        config["lora_config"] = _LoraConfig.from_dict(config.get("lora_config") or {})
+        config["lora_config"] = _LoraConfig(**(config.get("lora_config") or {}))  # DictConversion.from_dict
         if plugin_config is None:
             plugin_config = _plugin_config_from_dict(plugins or {})
         return cls(**config, plugin_config=plugin_config)
@@ -97,7 +96,8 @@ class _BuildConfigMethods:
     def to_dict(self):
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["plugin_config"] = _plugin_config_to_dict(self.plugin_config)
-        out["lora_config"] = self.lora_config.to_dict()  # BuildConfig.to_dict (tensorrt_llm/builder.py)
+        # BuildConfig.to_dict (tensorrt_llm/builder.py): lora_config.to_dict() (DictConversion: its fields)
+        out["lora_config"] = dataclasses.asdict(self.lora_config)
         # dry_run and visualize_network never reach config.json (tensorrt_llm/builder.py, Engine.save).
         del out["dry_run"], out["visualize_network"]
         return out
@@ -220,6 +220,21 @@ class Engine:
         return cls(config, bytes(engine_buffer))
 
 
+def _use_lora(lora_config) -> None:
+    """``model.use_lora(build_config.lora_config)`` in ``build`` (tensorrt_llm/builder.py, 0.12-era and 1.x copies):
+    lora_manager.py ``load_hf_lora`` takes the target modules from ``lora_dir`` when none are given (not modelled: a
+    ``lora_dir`` is refused), raises "lora_target_modules is empty" when there are neither, and adds the missing
+    ones of q/k/v (``get_missing_qkv_modules``)."""
+    if lora_config.lora_dir:
+        raise NotImplementedError("fake tensorrt_llm: building with lora_dir is not modelled")
+    if not lora_config.lora_target_modules:
+        raise ValueError(
+            "lora_target_modules is empty. "
+            "Please specify lora_target_modules or provide lora_dir to infer lora_target_modules."
+        )
+    lora_config.lora_target_modules.extend(lora_config.missing_qkv_modules)
+
+
 def build(model, build_config):
     """Settle the build settings the way TensorRT-LLM does, and "compile" one rank."""
     config = copy.deepcopy(build_config)
@@ -234,6 +249,13 @@ def build(model, build_config):
         config.max_seq_len = pretrained.max_position_embeddings or 2048
     config.max_input_len = min(config.max_input_len, config.max_seq_len)
     config.max_num_tokens = min(config.max_num_tokens, config.max_batch_size * config.max_seq_len)
+    if int(config.speculative_decoding_mode) != 1:  # not SpeculativeDecodingMode.NONE
+        # builder.py build (crawl copy of the 1.x line): "Increasing max_seq_len ... by max_draft_len ... Maximum
+        # number of generated tokens remains the same", and max_num_tokens raised to max_batch_size *
+        # (max_draft_len + 1) where it is smaller. config.json keeps the mode's integer.
+        config.speculative_decoding_mode = int(config.speculative_decoding_mode)
+        config.max_seq_len += config.max_draft_len
+        config.max_num_tokens = max(config.max_num_tokens, config.max_batch_size * (config.max_draft_len + 1))
     if config.opt_num_tokens is None:
         config.opt_num_tokens = min(config.max_num_tokens, config.max_batch_size * config.max_beam_width)
     if config.plugin_config.use_paged_context_fmha and not (

@@ -492,6 +492,97 @@ class OutputConfig:
                 setattr(self, name, value)
 
 
+class LookaheadDecodingConfig:
+    """executor.h ``LookaheadDecodingConfig`` (W, N, G) and its binding (cpp/tensorrt_llm/pybind/executor/request.cpp
+    and the nanobind copy: ``max_window_size``, ``max_ngram_size``, ``max_verification_set_size``, read-only;
+    ``calculate_speculative_resource`` and the static defaults), with the constructor's checks and
+    ``calculateSpeculativeResourceTuple`` of cpp/tensorrt_llm/executor/decodingConfig.cpp (read at the crawl copy
+    with ExternalDraftTokensConfig's fastLogits, a 1.x state)."""
+
+    def __init__(self, max_window_size, max_ngram_size, max_verification_set_size):
+        w, n, g = max_window_size, max_ngram_size, max_verification_set_size
+        for ok, message in (
+            (n >= 1, "ngramSize requires >= 1"),
+            (w >= 1, "windowSize requires >= 1"),
+            (n != 1 or g == 0, "ngramSize=1 requires verificationSetSize=0"),
+            (n != 1 or w == 1, "ngramSize=1 requires windowSize=1"),
+            (g >= 0, "verificationSetSize requires >=0"),
+        ):
+            if not ok:
+                raise _tllm_error(message)
+        self._w, self._n, self._g = w, n, g
+
+    max_window_size = property(lambda self: self._w)
+    max_ngram_size = property(lambda self: self._n)
+    max_verification_set_size = property(lambda self: self._g)
+
+    def calculate_speculative_resource(self):
+        return LookaheadDecodingConfig.calculate_speculative_resource_tuple(self._w, self._n, self._g)
+
+    @staticmethod
+    def calculate_speculative_resource_tuple(window_size, ngram_size, verification_set_size):
+        """(maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen), as decodingConfig.cpp computes them."""
+        draft = (0 if ngram_size == 1 else ngram_size - 2) + (window_size - 1 + verification_set_size) * (
+            ngram_size - 1
+        )
+        return draft + 1, ngram_size, draft, ngram_size - 1
+
+    @staticmethod
+    def get_default_lookahead_decoding_window():
+        return 4
+
+    @staticmethod
+    def get_default_lookahead_decoding_ngram():
+        return 3
+
+    @staticmethod
+    def get_default_lookahead_decoding_verification_set():
+        return 4
+
+
+class DecodingMode:
+    """executor.h ``DecodingMode``: built by its static factories, asked with ``is*``."""
+
+    _KINDS = ("Auto", "TopK", "TopP", "TopKTopP", "BeamSearch", "Medusa", "Lookahead", "ExplicitDraftTokens", "Eagle")
+
+    def __init__(self, kind):
+        self._kind = kind
+
+    name = property(lambda self: self._kind)
+
+
+def _decoding_mode_api():
+    for kind in DecodingMode._KINDS:
+        setattr(DecodingMode, kind, staticmethod(lambda kind=kind: DecodingMode(kind)))
+        setattr(DecodingMode, f"is{kind}", lambda self, kind=kind: self._kind == kind)
+    DecodingMode.isTopKorTopP = lambda self: self._kind in ("TopK", "TopP", "TopKTopP")
+    DecodingMode.isTopKandTopP = lambda self: self._kind == "TopKTopP"
+    del DecodingMode.isTopKTopP
+
+
+_decoding_mode_api()
+
+
+class DecodingConfig:
+    """executor.h ``DecodingConfig``; its constructor's checks (decodingConfig.cpp): a lookahead config, Medusa
+    choices or an EAGLE config needs the decoding mode set, to Lookahead, Medusa or Eagle."""
+
+    def __init__(self, decoding_mode=None, lookahead_decoding_config=None, medusa_choices=None, eagle_config=None):
+        for given, kind, what in (
+            (lookahead_decoding_config, "Lookahead", "LookaheadDecodingConfig is set"),
+            (medusa_choices, "Medusa", "MedusaChoices are set"),
+            (eagle_config, "Eagle", "EagleConfig is set"),
+        ):
+            if given is not None and decoding_mode is None:
+                raise _tllm_error(f"{what}, but DecodingMode is not set")
+            if given is not None and not getattr(decoding_mode, f"is{kind}")():
+                raise _tllm_error(f"{what}, but DecodingMode is not set to {kind}")
+        self.decoding_mode = decoding_mode
+        self.lookahead_decoding_config = lookahead_decoding_config
+        self.medusa_choices = medusa_choices
+        self.eagle_config = eagle_config
+
+
 class GuidedDecodingConfig:
     """executor.h ``GuidedDecodingConfig`` (1.x; 0.12's ExecutorConfig has no guided_decoding_config). The fake
     guides with xgrammar only."""

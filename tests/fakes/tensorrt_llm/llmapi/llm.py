@@ -177,6 +177,9 @@ class LLM:
                     raise TypeError(f"generate_async() got an unexpected keyword argument '{name}'")
         if self._executor is None:
             raise RuntimeError("LLM is shutting down")
+        if lora_request is not None and self.args.lora_config is None:
+            # what the real LLM does with an adapter it was not built for was not read: the fake refuses
+            raise ValueError("lora_request needs the LLM built with lora_config")
         prompt = self._prompt_ids(inputs)
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(sp, SamplingParams):
@@ -222,6 +225,7 @@ class LLM:
                 # Prompt log probs on the PyTorch backend from 1.1 (PR 7580).
                 prompt_logprobs=(sp.prompt_logprobs or 0) if _state.series() >= (1, 1) else 0,
                 embedding_bias=sp.embedding_bias if strategy.bias else None,
+                lora=lora_request,
                 streaming=streaming,
                 beam_width=sp.best_of if sp.use_beam_search else 1,
                 length_penalty=sp.length_penalty,

@@ -259,7 +259,7 @@ class TorchLlmArgs(_Strict):
     enable_attention_dp: bool = False
     load_format: Any = LoadFormat.AUTO
     enable_lora: bool = False
-    lora_config: dict | None = None
+    lora_config: Any = None  # Optional[LoraConfig] (tensorrt_llm/lora_helper.py)
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     enable_chunked_prefill: bool = False
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
@@ -292,6 +292,27 @@ class TorchLlmArgs(_Strict):
     # NGram, Draft_Target, Eagle(3), MTP... (a DecodingBaseConfig); the PyTorch backend's validate_speculative_config
     # refuses a type whose supports_backend("pytorch") is false (Medusa, Lookahead: not modelled here)
     speculative_config: DecodingBaseConfig | None = None
+
+    @field_validator("lora_config")
+    @classmethod
+    def _lora_config(cls, value: Any) -> Any:
+        from tensorrt_llm.lora_helper import LoraConfig
+
+        if value is not None and not isinstance(value, LoraConfig):
+            raise ValueError(f"lora_config must be a LoraConfig, not {type(value).__name__}")
+        return value
+
+    @model_validator(mode="after")
+    def _lora_config_consistency(self):
+        """BaseLlmArgs.validate_lora_config_consistency (llm_args.py, the 1.1-line copy id 1090804222, the same in
+        the 1.2-era id 7019226376): with neither lora_dir nor lora_target_modules, "all LoRA modules will be
+        expected" (every default module, MoE ones included)."""
+        lora = self.lora_config
+        if lora is not None and not lora.lora_dir and not lora.lora_target_modules:
+            from tensorrt_llm.lora_helper import get_default_trtllm_modules_to_hf_modules
+
+            lora.lora_target_modules = list(get_default_trtllm_modules_to_hf_modules())
+        return self
 
     @field_validator("tokenizer")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import fnmatch
 import json
 import os
@@ -81,6 +82,27 @@ class QuantConfig:
         out["quant_algo"] = None if self.quant_algo is None else self.quant_algo.value
         out["kv_cache_quant_algo"] = None if self.kv_cache_quant_algo is None else self.kv_cache_quant_algo.value
         return out
+
+
+class SpeculativeDecodingMode(enum.IntFlag):
+    """tensorrt_llm/models/modeling_utils.py ``SpeculativeDecodingMode``: auto() members in this order (1, 2, 4, ...),
+    and ``from_arguments`` mapping trtllm-build's --speculative_decoding_mode."""
+
+    NONE = enum.auto()
+    DRAFT_TOKENS_EXTERNAL = enum.auto()
+    MEDUSA = enum.auto()
+    LOOKAHEAD_DECODING = enum.auto()
+    EXPLICIT_DRAFT_TOKENS = enum.auto()
+    EAGLE = enum.auto()
+    NGRAM = enum.auto()
+    USER_PROVIDED = enum.auto()
+    SAVE_HIDDEN_STATES = enum.auto()
+    AUTO = enum.auto()
+
+    @staticmethod
+    def from_arguments(args):
+        mode = args.speculative_decoding_mode
+        return SpeculativeDecodingMode.NONE if mode is None else SpeculativeDecodingMode[mode.upper()]
 
 
 class PretrainedConfig:

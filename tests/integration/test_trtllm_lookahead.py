@@ -1,0 +1,286 @@
+"""Lookahead decoding on the Executor over TensorRT engines (issue 29), through the fake TensorRT-LLM per release: the
+compile stage builds the engine for it, the Executor gets its (W, N, G), greedy outputs equal decoding without it
+(the fake verifies drafts against its tiny model), and what a release would ignore or fail on is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from tinymodels import tiny_model
+from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.compat import dtype_kwargs
+from lmi_trt.engines.base import GenerationRequest, SamplingParams
+from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmEngine, TrtllmSettings
+from lmi_trt.engines.trtllm_speculation import Lookahead
+
+RELEASES = ("1.0.0", "1.1.0", "1.2.1")
+LOOKAHEAD = Lookahead(2, 3, 2, "option.speculative_config.decoding_type")  # 7 draft tokens a step
+BUILD = dict(max_batch_size=4, max_input_len=64, max_seq_len=160)
+# A prompt that repeats itself (drafts from its own n-grams get accepted) and two ordinary ones.
+PROMPTS = [[1, 45, 67, 89, 100, 45, 67, 89, 100, 45, 67], [1, 300, 22, 7], [1, 5, 6, 7, 5, 8, 9, 5]]
+
+
+@pytest.fixture(scope="module")
+def trt():
+    with fake_tensorrt_llm() as module:
+        yield module
+
+
+def lookahead_engine(trt, out, **build):
+    from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+    return make_engine_dir(
+        tiny_model("llama"),
+        out,
+        **{**BUILD, **build},
+        speculative_decoding_mode=SpeculativeDecodingMode.LOOKAHEAD_DECODING,
+        max_draft_len=LOOKAHEAD.draft_len,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Greedy continuations from transformers' own generate: decoding without speculation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model("llama")), **dtype_kwargs(torch.float32)).eval()
+
+    def generate(prompt: list[int], max_new_tokens: int) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=2, pad_token_id=0
+            )[0, len(prompt) :].tolist()
+        return out[: out.index(2)] if 2 in out else out
+
+    return generate
+
+
+async def started(engine_dir, settings: TrtllmSettings) -> TrtllmEngine:
+    engine = TrtllmEngine(engine_dir, settings, eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
+    await asyncio.wait_for(engine.start(), 60)
+    return engine
+
+
+async def generate(engine: TrtllmEngine, rid: str, prompt: list[int], **sampling) -> list:
+    sampling.setdefault("max_new_tokens", 24)
+    stops = sampling.pop("stop_token_ids", [])
+    request = GenerationRequest(rid, prompt, SamplingParams(**sampling), stop_token_ids=stops, streaming=True)
+
+    async def run():
+        return [out async for out in engine.submit(request)]
+
+    return await asyncio.wait_for(run(), 60)
+
+
+def tokens_of(outputs) -> list[int]:
+    return [t for out in outputs for t in out.token_ids]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_greedy_outputs_equal_decoding_without_lookahead(trt, tmp_path, reference, release, caplog):
+    trt.__version__ = release
+    engine_dir = lookahead_engine(trt, tmp_path / "engine")
+    built = json.loads((engine_dir / "config.json").read_text())["build_config"]
+    # builder.py: the mode's integer (LOOKAHEAD_DECODING = 8) and max_seq_len raised by max_draft_len
+    assert (built["speculative_decoding_mode"], built["max_draft_len"], built["max_seq_len"]) == (8, 7, 167)
+    with caplog.at_level("INFO", logger="lmi_trt"):
+        engine = await started(engine_dir, TrtllmSettings(lookahead=LOOKAHEAD))
+    try:
+        assert "speculative decoding: lookahead decoding (max_window_size=2, max_ngram_size=3" in caplog.text
+        assert engine.limits.max_seq_len == 160  # the draft slack is not the user's
+        for i, prompt in enumerate(PROMPTS):
+            assert tokens_of(await generate(engine, f"g{i}", prompt)) == reference(prompt, 24), prompt
+        accepted = engine.stats().extra["spec_decode_num_accepted_tokens"]
+        assert accepted > 0  # more than one token a step somewhere: the drafts were used
+    finally:
+        await engine.close()
+
+
+async def test_a_verifier_that_accepts_every_draft_changes_the_output(trt, tmp_path, reference, monkeypatch):
+    """The equality above can fail: with the fake's verification patched to keep every draft token, the output
+    is no longer the greedy one."""
+    import tensorrt_llm._runtime as runtime
+
+    trt.__version__ = "1.2.1"
+    engine = await started(lookahead_engine(trt, tmp_path / "engine"), TrtllmSettings(lookahead=LOOKAHEAD))
+    try:
+        monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
+        outputs = [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(PROMPTS)]
+        assert outputs != [reference(p, 24) for p in PROMPTS]
+    finally:
+        await engine.close()
+
+
+async def test_what_the_executor_does_not_do_beside_lookahead_is_refused(trt, tmp_path):
+    trt.__version__ = "1.1.0"
+    engine = await started(lookahead_engine(trt, tmp_path / "engine"), TrtllmSettings(lookahead=LOOKAHEAD))
+    try:
+        sampled = await generate(engine, "s", PROMPTS[1], do_sample=True, temperature=0.8)
+        assert sampled[-1].error_code == 400 and sampled[-1].error_field == "temperature"
+        assert "greedily" in sampled[-1].error
+        caps = engine.capabilities
+        assert not caps.logprobs.honoured and "outputLogProbs are not supported" in caps.logprobs.reason
+        assert not caps.beam_search.honoured and not caps.guided.honoured and not caps.repetition_penalty.honoured
+        assert "lookahead" in caps.guided.reason
+        stopped = await generate(engine, "t", PROMPTS[1], stop_token_ids=[[5]])
+        assert stopped[-1].error_code == 400 and stopped[-1].error_field == "stop_token_ids"
+    finally:
+        await engine.close()
+
+
+def test_an_engine_built_otherwise_is_a_start_up_error_naming_the_key(trt, tmp_path):
+    trt.__version__ = "1.2.1"
+    plain = make_engine_dir(tiny_model("llama"), tmp_path / "plain", **BUILD)
+    with pytest.raises(TrtllmConfigError, match=r"option.speculative_config.decoding_type=lookahead needs an engine "):
+        TrtllmEngine(plain, TrtllmSettings(lookahead=LOOKAHEAD), eos_token_ids=[2])
+    built = lookahead_engine(trt, tmp_path / "la")
+    other = Lookahead(4, 3, 4, "option.speculative_decoding_mode")  # 15 draft tokens
+    with pytest.raises(TrtllmConfigError, match=r"built with max_draft_len=7 .* needs exactly 15"):
+        TrtllmEngine(built, TrtllmSettings(lookahead=other), eos_token_ids=[2])
+    with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode lookahead_decoding and no"):
+        TrtllmEngine(built, TrtllmSettings(), eos_token_ids=[2])
+    # a model's further EOS ids go to the Executor as stop words, not pinned beside lookahead
+    with pytest.raises(TrtllmConfigError, match=r"also ends on \[7\].*stop words"):
+        TrtllmEngine(built, TrtllmSettings(lookahead=LOOKAHEAD), eos_token_ids=[2, 7])
+
+
+async def test_012_predates_lookahead_on_the_executor(trt, tmp_path):
+    trt.__version__ = "0.12.0"
+    engine = TrtllmEngine(
+        lookahead_engine(trt, tmp_path / "engine"),
+        TrtllmSettings(lookahead=LOOKAHEAD),
+        eos_token_ids=[2],
+        gpu_available=lambda: True,
+    )
+    with pytest.raises(TrtllmConfigError, match=r"TensorRT-LLM 0.12.0 predates lookahead .*PR 2269"):
+        await engine.start()
+
+
+def test_the_fake_executor_checks_what_the_lookahead_layer_checks(trt, tmp_path):
+    """lookaheadDecodingLayer.cpp: one beam, and the engine's decoding tokens equal (W, N, G)'s."""
+    from tensorrt_llm.bindings import executor as tle
+
+    trt.__version__ = "1.2.1"
+    engine_dir = lookahead_engine(trt, tmp_path / "engine", max_beam_width=2)
+
+    def config(w, n, g, beams=1):
+        la = tle.LookaheadDecodingConfig(w, n, g)
+        decoding = tle.DecodingConfig(decoding_mode=tle.DecodingMode.Lookahead(), lookahead_decoding_config=la)
+        return tle.ExecutorConfig(max_beam_width=beams, decoding_config=decoding)
+
+    with pytest.raises(RuntimeError, match="16 != 8"):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config(4, 3, 4))
+    with pytest.raises(RuntimeError, match="Beam width must be 1"):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config(2, 3, 2, beams=2))
+    with pytest.raises(RuntimeError, match="not set to Lookahead"):
+        tle.DecodingConfig(
+            decoding_mode=tle.DecodingMode.TopK(), lookahead_decoding_config=tle.LookaheadDecodingConfig(2, 3, 2)
+        )
+    assert tle.LookaheadDecodingConfig(2, 3, 2).calculate_speculative_resource() == (8, 3, 7, 2)
+
+
+def test_the_compile_stage_builds_for_lookahead_and_keys_the_cache_by_it(trt, tmp_path, monkeypatch, caplog):
+    from lmi_trt.compile.jit import ensure_engine
+    from lmi_trt.compile.plan import GpuFacts
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.sources import resolve_model
+    from lmi_trt.stages import compile_job, settle
+
+    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.2.1")  # what the spawned build workers impersonate too
+    trt.__version__ = "1.2.1"
+    gpu = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
+    spec = {"decoding_type": "Lookahead", "max_window_size": 2, "max_ngram_size": 3, "max_verification_set_size": 2}
+    base = dict(model_id=str(tiny_model("llama")), max_input_len=64, max_output_len=32, max_rolling_batch_size=4)
+    config = settle(LmiConfig(**base, download_dir=tmp_path / "dl", speculative_config=spec), "trtllm")
+    artifact = resolve_model(config)
+    built = ensure_engine(compile_job(config), artifact, gpu=gpu, trtllm_version="1.2.1")
+    build = json.loads((built.path / "config.json").read_text())["build_config"]
+    assert (build["speculative_decoding_mode"], build["max_draft_len"]) == (8, LOOKAHEAD.draft_len)
+    plain = settle(LmiConfig(**base, download_dir=tmp_path / "dl"), "trtllm")
+    with caplog.at_level("INFO", logger="lmi_trt.compile"):
+        other = ensure_engine(compile_job(plain), artifact, gpu=gpu, trtllm_version="1.2.1")
+    assert other.path != built.path and "plan.speculative_decoding_mode" in caplog.text
+
+
+async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_refusals(
+    trt, tmp_path, monkeypatch, caplog
+):
+    """The real load path: trtllm-serve's speculative_config → the compile stage builds the lookahead engine →
+    the Executor decodes greedily as without it; a sampled request is a 400 naming its field; /metrics counts."""
+    import torch
+    from aiohttp import ClientSession, ClientTimeout
+    from aiohttp.test_utils import TestServer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import lmi_trt.compile.jit as jit
+    import lmi_trt.engines.trtllm as engine_module
+    from lmi_trt.compile.plan import GpuFacts
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.loader import load_model
+    from lmi_trt.serving.app import build_app
+
+    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.1.0")  # the spawned build workers' release too
+    trt.__version__ = "1.1.0"
+    monkeypatch.setattr(engine_module, "cuda_available", lambda: True)
+    monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
+    monkeypatch.setattr(jit, "_host_trtllm", lambda: "1.1.0")
+    hf_dir = tiny_model("llama")
+    config = LmiConfig(
+        model_id=str(hf_dir),
+        rolling_batch="trtllm",
+        backend="tensorrt",
+        max_input_len=64,
+        max_output_len=32,
+        max_rolling_batch_size=4,
+        download_dir=tmp_path / "dl",
+        speculative_config={
+            "decoding_type": "Lookahead",
+            "max_window_size": 2,
+            "max_ngram_size": 3,
+            "max_verification_set_size": 2,
+        },
+    )
+    prompt = "the cat the cat the cat the cat"
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
+    want = want[: want.index(tok.eos_token_id)] if tok.eos_token_id in want else want
+    assert len(want) >= 4  # something to compare
+    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
+    server = TestServer(app, host="127.0.0.1")
+    with caplog.at_level("INFO"):
+        await server.start_server()
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=120)) as s:
+                deadline = asyncio.get_running_loop().time() + 300
+                while True:  # a JIT build on a loaded machine takes a while: bounded, not timed
+                    async with s.get(server.make_url("/ping")) as r:
+                        if r.status == 200:
+                            break
+                        assert "FAILED" not in await r.text()
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.05)
+                body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}  # no details: they carry log-probs
+                async with s.post(server.make_url("/invocations"), json=body) as r:
+                    assert r.status == 200, await r.text()
+                    got = (await r.json())["generated_text"]
+                assert got == tok.decode(want, skip_special_tokens=True)
+                async with s.post(server.make_url("/invocations"), json={**body, "parameters": {"details": True}}) as r:
+                    text = await r.text()
+                    assert r.status == 400 and "outputLogProbs are not supported" in text, text
+                sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
+                async with s.post(server.make_url("/invocations"), json=sampled) as r:
+                    text = await r.text()
+                    assert r.status == 400 and "temperature" in text and "greedily" in text, text
+                async with s.get(server.make_url("/metrics")) as r:
+                    metrics = await r.text()
+                assert "lmi_spec_decode_num_accepted_tokens_total" in metrics
+        finally:
+            await server.close()
+    assert "speculative decoding: lookahead decoding (max_window_size=2, max_ngram_size=3" in caplog.text
