@@ -155,6 +155,18 @@ def _expected(world, adapter: str | None, prompt: str):
     return reference(world["merged"][adapter], ids, NEW, eos_token_id=None)
 
 
+def check_mixed_batch(world, jobs: list[tuple[str | None, str]], got: list[list[int]]) -> None:  # noqa: F811
+    """Each (adapter, prompt) job's greedy tokens are its merged model's, and each adapter changes some output."""
+    outputs = {}
+    for (adapter, prompt), tokens in zip(jobs, got, strict=True):
+        ref = _expected(world, adapter, prompt)
+        assert ref.clear >= 3, (adapter, prompt, "too few clear choices to compare")
+        assert_greedy(tokens, ref)
+        outputs[adapter, prompt] = ref.tokens
+    for adapter in {a for a, _ in jobs} - {None}:  # a test that cannot fail is no test
+        assert any(outputs[adapter, p] != outputs[None, p] for a, p in jobs if a == adapter), adapter
+
+
 def _lmi(srv, prompt: str, adapter: str | None) -> list[int]:
     body = {"inputs": prompt, "parameters": {"max_new_tokens": NEW, "details": True, "ignore_eos": True}}
     if adapter is not None:
