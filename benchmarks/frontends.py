@@ -1,7 +1,9 @@
 """HTTP front ends (option.api_server_count): served tokens/s against the engine alone, one command per target.
 
 synthetic — the synthetic engine (no model: the serving layer alone) at 256 streams with N = 1, 2, 4, 8 front
-            ends (``--counts``): tokens/s per N, and each against N × the N = 1 figure.
+            ends (``--counts``): tokens/s per N, and each against N × the N = 1 figure. The load generator gets
+            ``--client-procs`` processes, by default as many as N (4 at least) within the cores the server leaves
+            (N front ends and the engine's process): 4 for every N left the client the ceiling at N = 8.
 
     python benchmarks/frontends.py synthetic --counts 1,2,4,8 -c 256 --json frontends_synthetic.json
 
@@ -9,9 +11,19 @@ gpu       — the ~1.1B Llama-shaped bf16 model of gpu_decode.py (random weights
             tokenizer's so that every token decodes), 128 prompt + 128 output tokens, greedy, ignore_eos. First
             the engine protocol (TorchEngine's built-in decode loop, every request submitted at once, as
             gpu_decode.py's lmi mode), then `lmi-trt serve` with N front ends and `lmi-trt bench` over OpenAI,
-            LMI and TGI streams at the same stream counts; served / engine protocol and TTFT p50 per row.
+            LMI and TGI streams at the same stream counts; served / engine protocol and TTFT p50 per row. Also the
+            decode loop in an engine process of its own (``engine_process``): the engine behind the link, as
+            `lmi-trt serve` runs it with N > 1, fed by 4 front ends that only submit and acknowledge (no HTTP), each
+            figure against the decode bound (gpu_decode.py's: weights and mean KV cache read once per step at the
+            measured copy bandwidth).
 
     python benchmarks/frontends.py gpu --counts 1,4 -c 64,256 --json frontends_gpu.json
+
+cost      — a fixed, paced load (the synthetic engine at ``--rate`` tokens/s per stream, ``-c`` streams, far under
+            what the host can serve): CPU seconds per 1,000 served tokens in the engine's process and in each front
+            end, per N. A per-token cost, so it means something on a 2-core box where throughput scaling does not.
+
+    python benchmarks/frontends.py cost --counts 1,2 -c 64 --rate 50 --duration 10
 
 Each starts one `lmi-trt serve` per front-end count (a free port, /ping 200, SIGTERM at the end) and runs
 `lmi-trt bench --url` against it for every stream count (and, on the GPU, API).
@@ -79,6 +91,12 @@ def _ttft_p50(level: dict) -> float | None:
     return ttft.get("p50")
 
 
+def client_procs(args: argparse.Namespace, frontends: int) -> int:
+    if args.client_procs is not None:
+        return args.client_procs
+    return max(2, min(max(4, frontends), (os.cpu_count() or 1) - frontends - 1))
+
+
 def synthetic(args: argparse.Namespace) -> dict:
     from tinymodels import tiny_model
 
@@ -106,33 +124,92 @@ def synthetic(args: argparse.Namespace) -> dict:
                         "--output-tokens",
                         "256",
                         "--client-procs",
-                        str(args.client_procs),
+                        str(client_procs(args, n)),
                     ],
                 )
-                row = {"frontends": n, "streams": streams, "tok_s": _tok_s(level), "ttft_p50_ms": _ttft_p50(level)}
+                row = {
+                    "frontends": n,
+                    "streams": streams,
+                    "tok_s": _tok_s(level),
+                    "ttft_p50_ms": _ttft_p50(level),
+                    "client_procs": client_procs(args, n),
+                    "client_cpu_cores": level.get("client_cpu_cores"),
+                    "server_cpu_cores": level.get("server_cpu_cores"),
+                }
                 rows.append(row)
     for row in rows:
         one = next(r["tok_s"] for r in rows if r["frontends"] == 1 and r["streams"] == row["streams"])
         row["vs_n_times_one"] = row["tok_s"] / (row["frontends"] * one) if one else None
-    print(f"{'N':>3} {'streams':>8} {'tok/s':>10} {'÷ N×(N=1)':>10} {'TTFT p50 ms':>12}")
+    print(f"{'N':>3} {'streams':>8} {'tok/s':>10} {'÷ N×(N=1)':>10} {'TTFT p50 ms':>12} {'cli procs/cpu':>14}")
     for r in rows:
         print(
-            f"{r['frontends']:>3} {r['streams']:>8} {r['tok_s']:>10.0f} {r['vs_n_times_one']:>10.2f} {r['ttft_p50_ms']}"
+            f"{r['frontends']:>3} {r['streams']:>8} {r['tok_s']:>10.0f} {r['vs_n_times_one']:>10.2f} "
+            f"{r['ttft_p50_ms']!s:>12} {r['client_procs']:>5}/{r['client_cpu_cores']}"
         )
     return {"mode": "synthetic", "cpus": os.cpu_count(), "rows": rows}
 
 
-async def _engine_protocol(
-    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int
-) -> dict:
-    """tokens/s and TTFT p50 of TorchEngine's built-in loop, every request submitted at once (gpu_decode.py)."""
-    from gpu_decode import pct, stream
-    from gpu_torch import prompts
+def _cpu(proc) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
 
+
+def cost(args: argparse.Namespace) -> dict:
+    import psutil
+    from tinymodels import tiny_model
+
+    model = tiny_model("llama")
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="frontends-cost-"))
+    streams = max(args.concurrency)
+    for n in args.counts:
+        serve_args = [
+            "--engine synthetic",
+            f"--model-id {model}",
+            f"-o option.synthetic_tokens_per_second={args.rate}",
+            f"-o option.max_rolling_batch_size={streams}",
+            f"-o option.api_server_count={n}",
+        ]
+        with serving(serve_args, work) as server:
+            engine = psutil.Process(server[1])
+            procs = {"engine": engine}
+            if n > 1:  # the front ends (multiprocessing's spawn: children named by their command line)
+                fronts = [c for c in engine.children() if "spawn_main" in " ".join(c.cmdline())]
+                procs.update({f"frontend{i}": c for i, c in enumerate(fronts)})
+            before = {k: _cpu(p) for k, p in procs.items()}
+            level = bench(
+                server,
+                args.api,
+                streams,
+                work / f"cost-n{n}.json",
+                [
+                    "--duration",
+                    str(args.duration),
+                    "--output-tokens",
+                    "256",
+                    "--client-procs",
+                    str(args.client_procs or 1),
+                ],
+            )
+            used = {k: _cpu(p) - before[k] for k, p in procs.items()}
+        tokens = level["output_tokens"]
+        row = {
+            "frontends": n,
+            "streams": streams,
+            "tok_s": _tok_s(level),
+            "tokens": tokens,
+            "cpu_ms_per_1k_tokens": {k: round(1e6 * v / tokens, 2) for k, v in used.items()},
+        }
+        row["total_cpu_ms_per_1k_tokens"] = round(sum(row["cpu_ms_per_1k_tokens"].values()), 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"mode": "cost", "cpus": os.cpu_count(), "rate": args.rate, "rows": rows}
+
+
+def _torch_engine(model_dir: Path, prompt: int, out_tokens: int, batch_size: int):
     from lmi_trt.engines.torch import TorchEngine
 
-    batch = prompts(streams, prompt, vocab=vocab)
-    engine = TorchEngine(
+    return TorchEngine(
         model_dir,
         dtype="bf16",
         device="cuda",
@@ -142,6 +219,17 @@ async def _engine_protocol(
         max_num_tokens=8192,
         decode_loop="builtin",
     )
+
+
+async def _engine_protocol(
+    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int
+) -> dict:
+    """tokens/s and TTFT p50 of TorchEngine's built-in loop, every request submitted at once (gpu_decode.py)."""
+    from gpu_decode import pct, stream
+    from gpu_torch import prompts
+
+    batch = prompts(streams, prompt, vocab=vocab)
+    engine = _torch_engine(model_dir, prompt, out_tokens, batch_size)
     await engine.start()
     try:
         await asyncio.gather(*(stream(engine, f"w{i}", ids, 8) for i, ids in enumerate(batch)))
@@ -154,18 +242,119 @@ async def _engine_protocol(
     return {"tok_s": sum(len(g) for g, _ in runs) / seconds, "ttft_p50_ms": 1e3 * ttft if ttft is not None else None}
 
 
+def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], out_tokens: int, results) -> None:
+    """Front ends that only submit and acknowledge, over engine_link's protocol (a DEALER each, as RemoteEngine):
+    every request at once, then the outputs until every request has ended; tokens/s and TTFT p50 into ``results``."""
+    import pickle
+
+    import zmq
+    from gpu_decode import pct
+
+    from lmi_trt.engines.base import GenerationRequest, SamplingParams
+
+    context = zmq.Context()
+    socks = []
+    for i in range(len(batches)):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"bench-{i}".encode())
+        sock.connect(address)
+        sock.send(pickle.dumps(("hello",)))
+        socks.append(sock)
+    for sock in socks:
+        while (m := pickle.loads(sock.recv()))[0] != "state" or m[1].phase != "ready":
+            pass
+    sampling = SamplingParams(max_new_tokens=out_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    for sock, batch in zip(socks, batches, strict=True):
+        for rid, ids in batch:
+            sock.send(pickle.dumps(("submit", GenerationRequest(rid, ids, sampling))))
+    poller = zmq.Poller()
+    for sock in socks:
+        poller.register(sock, zmq.POLLIN)
+    first: dict[str, float] = {}
+    tokens, left = 0, sum(len(b) for b in batches)
+    while left:
+        for sock, _ in poller.poll():
+            message = pickle.loads(sock.recv())
+            if message[0] != "outs" or not message[1]:
+                continue
+            now = time.perf_counter()
+            for t in message[1]:  # engine_link's wire: (id, tokens, log-probs[, ...finished, reason, error...])
+                if t[1]:
+                    first.setdefault(t[0], now)
+                    tokens += len(t[1])
+                if len(t) > 5 and t[5]:
+                    if t[7]:
+                        raise RuntimeError(t[7])
+                    left -= 1
+            sock.send(pickle.dumps(("ack", 1)))
+    seconds = time.perf_counter() - t0
+    ttft = pct([t - t0 for t in first.values()], 50)
+    results.put({"tok_s": tokens / seconds, "ttft_p50_ms": 1e3 * ttft if ttft is not None else None})
+    for sock in socks:
+        sock.close(0)
+    context.term()
+
+
+async def _engine_process(
+    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int, fronts: int = 4
+) -> dict:
+    """The decode loop in an engine process of its own (frontends.py's EngineServer, no HTTP here): tokens/s and
+    TTFT p50 with ``fronts`` bare front ends in another process."""
+    import multiprocessing
+
+    from gpu_torch import prompts
+
+    from lmi_trt.serving.engine_link import EngineServer
+
+    batch = prompts(streams, prompt, vocab=vocab)
+    engine = _torch_engine(model_dir, prompt, out_tokens, batch_size)
+    await engine.start()
+    server = EngineServer(f"ipc://{tempfile.mkdtemp(prefix='frontends-link-')}/engine")
+    server.start()
+    server.ready(engine, None)
+    spawn = multiprocessing.get_context("spawn")  # this process holds CUDA
+    results = spawn.Queue()
+    try:
+        for label, tokens in (("w", 8), ("r", out_tokens)):
+            batches = [[(f"{label}{i}", ids) for i, ids in enumerate(batch) if i % fronts == f] for f in range(fronts)]
+            proc = spawn.Process(target=_bare_front_ends, args=(server.address, batches, tokens, results))
+            proc.start()
+            while proc.is_alive() and results.empty():
+                await asyncio.sleep(0.05)
+            result = await asyncio.to_thread(results.get, True, 60)
+            proc.join()
+    finally:
+        await server.close()
+        await engine.close()
+    return result
+
+
 def gpu(args: argparse.Namespace) -> dict:
     import torch
-    from gpu_torch import build_model
+    from gpu_decode import decode_bound, kv_bytes_per_position
+    from gpu_torch import build_model, copy_bandwidth
     from tinymodels import build_tokenizer
 
     model_dir = Path(tempfile.mkdtemp(prefix="frontends-model-"))
     tokenizer = build_tokenizer(model_dir)
     vocab = len(tokenizer)
-    build_model(model_dir, layers=16, dtype=torch.bfloat16, vocab_size=vocab)
+    weights = build_model(model_dir, layers=16, dtype=torch.bfloat16, vocab_size=vocab)
+    bandwidth = copy_bandwidth()
     rows = []
     top = max(args.concurrency)
     engine = {c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab, top)) for c in args.concurrency}
+    own = {c: asyncio.run(_engine_process(model_dir, c, 128, 128, vocab, top)) for c in args.concurrency}
+    for c in args.concurrency:
+        bound = decode_bound(c, bandwidth, weights, kv_bytes_per_position(16), 128, 128)
+        for figure in (engine[c], own[c]):
+            figure["bound_tok_s"], figure["of_bound"] = bound, figure["tok_s"] / bound
+        print(
+            f"{c} streams: decode bound {bound:,.0f} tok/s; engine protocol {engine[c]['tok_s']:,.0f} "
+            f"({engine[c]['of_bound']:.0%}), in an engine process of its own {own[c]['tok_s']:,.0f} "
+            f"({own[c]['of_bound']:.0%}), TTFT p50 {own[c]['ttft_p50_ms']} ms",
+            flush=True,
+        )
     torch.cuda.empty_cache()
     work = model_dir / "bench"
     work.mkdir()
@@ -199,7 +388,7 @@ def gpu(args: argparse.Namespace) -> dict:
                         "-n",
                         str(4 * streams),
                         "--client-procs",
-                        str(args.client_procs),
+                        str(client_procs(args, n)),
                     ],
                 )
                 tok_s = _tok_s(level)
@@ -220,22 +409,28 @@ def gpu(args: argparse.Namespace) -> dict:
             f"{r['frontends']:>3} {r['streams']:>8} {r['api']:>7} {r['tok_s']:>10.0f} {r['engine_tok_s']:>10.0f} "
             f"{r['served_vs_engine']:>6.2f} {r['ttft_p50_ms']}"
         )
-    return {"mode": "gpu", "cpus": os.cpu_count(), "engine_protocol": engine, "rows": rows}
+    return {"mode": "gpu", "cpus": os.cpu_count(), "engine_protocol": engine, "engine_process": own, "rows": rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=("synthetic", "gpu"))
+    ap.add_argument("mode", choices=("synthetic", "gpu", "cost"))
     ap.add_argument("--counts", default="1,2,4,8", help="front-end counts (option.api_server_count)")
     ap.add_argument("-c", "--concurrency", default="256", help="streams, comma-separated")
     ap.add_argument("--api", default="openai", choices=("openai", "lmi", "tgi"), help="synthetic: the streams' API")
     ap.add_argument("--duration", type=float, default=15.0, help="synthetic: seconds per level")
-    ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (lmi-trt bench)")
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=None,
+        help="load-generator processes (lmi-trt bench; cost: 1); default as many as N, 4 at least, within the cores",
+    )
+    ap.add_argument("--rate", type=float, default=50.0, help="cost: the synthetic engine's tokens/s per stream")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.counts = [int(x) for x in args.counts.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
-    doc = synthetic(args) if args.mode == "synthetic" else gpu(args)
+    doc = {"synthetic": synthetic, "gpu": gpu, "cost": cost}[args.mode](args)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
 

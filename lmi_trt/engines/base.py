@@ -288,6 +288,33 @@ class AdapterHost(Protocol):
     async def unregister_adapter(self, name: str) -> None: ...
 
 
+class OutputSink(Protocol):
+    """Where a ``BatchedEngine`` hands its outputs: one call per engine step with every output of that step (no
+    task, iterator or queue per request), as the engine's process does for its front ends (serving/engine_link)."""
+
+    def put(self, outputs: list[EngineOutput]) -> None:
+        """A step's outputs (refusals and cancellations too: every request ends with one final output here)."""
+        ...
+
+    async def taken(self) -> None:
+        """Returns once the outputs put so far are on their way to their consumers: an engine that paces itself
+        by its consumers (the synthetic engine, unpaced) awaits it between steps."""
+        ...
+
+
+@runtime_checkable
+class BatchedEngine(Protocol):
+    """An engine that can deliver to an ``OutputSink`` instead of one iterator per request."""
+
+    def attach(self, sink: OutputSink) -> None:
+        """The sink of every ``submit_to_sink`` request (one per engine)."""
+        ...
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        """As ``submit`` (never raises), the outputs going to the attached sink."""
+        ...
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Lifecycle: construct (cheap) → ``await start()`` (loads weights) → submit … → ``await close()``."""

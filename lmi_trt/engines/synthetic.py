@@ -25,8 +25,10 @@ from lmi_trt.engines.base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    OutputSink,
     can,
     cannot,
+    error_output,
     refused,
 )
 from lmi_trt.engines.registry import SYNTHETIC
@@ -70,11 +72,13 @@ class _Sequence:
         "read",
         "reason",
         "request",
+        "sunk",
         "waiter",
     )
 
-    def __init__(self, request: GenerationRequest, cycle: list[int]) -> None:
+    def __init__(self, request: GenerationRequest, cycle: list[int], sunk: bool) -> None:
         self.request = request
+        self.sunk = sunk  # its outputs go to the engine's sink (submit_to_sink), not to a consumer's iterator
         self.cycle = cycle
         self.generated = 0  # tokens produced so far
         self.read = 0  # tokens handed to the consumer so far
@@ -184,6 +188,8 @@ class SyntheticEngine:
         self._by_id: dict[str, _Sequence] = {}
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._sink: OutputSink | None = None
+        self._outbox: list[EngineOutput] = []  # the sink's outputs of this step
         self._healthy = True
         self._closed = False
         self._total_requests = 0
@@ -207,16 +213,34 @@ class SyntheticEngine:
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="synthetic-engine")
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        seq = self._enqueue(request, sunk=False)
+        if isinstance(seq, EngineError):
+            return refused(request.request_id, seq)
+        return self._stream(seq)
+
+    # --- BatchedEngine (engines/base.py) ---
+    def attach(self, sink: OutputSink) -> None:
+        self._sink = sink
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        assert self._sink is not None, "attach() a sink first"
+        seq = self._enqueue(request, sunk=True)
+        if isinstance(seq, EngineError):
+            self._sink.put([error_output(request.request_id, str(seq), seq.code, seq.field)])
+        self._put_outbox()
+
+    def _put_outbox(self) -> None:
+        if self._outbox:
+            outs, self._outbox = self._outbox, []
+            self._sink.put(outs)  # type: ignore[union-attr]  # only sunk sequences fill the outbox
+
+    def _enqueue(self, request: GenerationRequest, sunk: bool) -> _Sequence | EngineError:
         if self._loop_task is None or self._closed:
-            return refused(
-                request.request_id, EngineError("the synthetic engine is not running (call start() first)", code=503)
-            )
+            return EngineError("the synthetic engine is not running (call start() first)", code=503)
         if request.request_id in self._by_id:
-            return refused(
-                request.request_id, EngineError(f"request id {request.request_id!r} is already in use", code=400)
-            )
+            return EngineError(f"request id {request.request_id!r} is already in use", code=400)
         seq = _Sequence(
-            request, [i for i in request.prompt_token_ids if 0 <= i < self.vocab_size] or self._fallback_cycle
+            request, [i for i in request.prompt_token_ids if 0 <= i < self.vocab_size] or self._fallback_cycle, sunk
         )
         self._by_id[request.request_id] = seq
         self._total_requests += 1
@@ -227,12 +251,13 @@ class SyntheticEngine:
             seq.queued_at = asyncio.get_running_loop().time()
             self._waiting.append(seq)
             self._work.set()
-        return self._stream(seq)
+        return seq
 
     async def cancel(self, request_id: str) -> None:
         seq = self._by_id.get(request_id)
         if seq is not None and seq.reason is None:
             self._end(seq, FinishReason.CANCELLED)
+            self._put_outbox()
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -248,6 +273,7 @@ class SyntheticEngine:
         for seq in list(self._by_id.values()):
             if seq.reason is None:
                 self._end(seq, FinishReason.CANCELLED)
+        self._put_outbox()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -260,6 +286,7 @@ class SyntheticEngine:
         for seq in list(self._by_id.values()):
             if seq.reason is None:
                 self._end(seq, FinishReason.ERROR, error=message, code=424)
+        self._put_outbox()
 
     # --- internals ---
     def _validate(self, request: GenerationRequest) -> str | None:
@@ -314,14 +341,40 @@ class SyntheticEngine:
         if self._active.pop(rid, None) is None:
             with contextlib.suppress(ValueError):  # already finished or never queued
                 self._waiting.remove(seq)
-        seq.wake()
+        if seq.sunk:
+            a, b = seq.read, seq.generated
+            seq.read = b
+            queue_time, seq.queue_time_s = seq.queue_time_s, None
+            self._outbox.append(
+                EngineOutput(
+                    rid,
+                    seq.ids[a:b],
+                    seq.lps[a:b],
+                    finished=True,
+                    finish_reason=reason,
+                    error=error,
+                    error_code=code,
+                    queue_time_s=queue_time,
+                )
+            )
+        else:
+            seq.wake()
 
     def _step(self, active: list[_Sequence]) -> None:
-        """One engine step: one token for every active sequence (each a counter and a wake-up)."""
+        """One engine step: one token for every active sequence (each a counter and a wake-up, or an output for the
+        sink: all of the step's in one call)."""
+        outbox = self._outbox
         for seq in active:
             k = seq.generated = seq.generated + 1
             if k >= seq.end_at:
                 self._end(seq, seq.end_reason)
+                continue
+            if seq.sunk:
+                a, seq.read = seq.read, k
+                outbox.append(
+                    EngineOutput(seq.request.request_id, seq.ids[a:k], seq.lps[a:k], queue_time_s=seq.queue_time_s)
+                )
+                seq.queue_time_s = None
                 continue
             w = seq.waiter
             if w is not None:
@@ -329,6 +382,7 @@ class SyntheticEngine:
                 if not w.done():
                     w.set_result(None)
         self._total_tokens += len(active)
+        self._put_outbox()
 
     def _admit(self) -> None:
         max_batch = self._limits.max_batch_size
@@ -364,7 +418,8 @@ class SyntheticEngine:
                 continue
             if not period:
                 self._step(list(active.values()))
-                await asyncio.sleep(0)
+                # As fast as the consumers take them: a sink's (front ends in other processes) say when.
+                await (self._sink.taken() if self._sink is not None else asyncio.sleep(0))
                 continue
             now = loop.time()
             if now < next_step:

@@ -671,6 +671,26 @@ class GenerationStream:
         )
 
 
+class Reservation:
+    """Room under job_queue_size for a batch's prompts, counted when taken (``GenerationService.admit_batch``)."""
+
+    def __init__(self, admission: Admission, n: int) -> None:
+        self._admission = admission
+        self.left = n
+
+    def use(self) -> None:
+        assert self.left > 0, "more prompts started than reserved"
+        self.left -= 1
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.left:  # prompts that never started (one failed before them): their room goes back
+            self._admission.add(-self.left)
+            self.left = 0
+
+
 class GenerationService:
     def __init__(
         self,
@@ -762,11 +782,11 @@ class GenerationService:
         """Requests this process admitted and has not finished (what its drain waits for)."""
         return self._in_system
 
-    def _enter(self, checked: bool) -> None:
-        """One more request in the system: ``checked`` False takes it within job_queue_size or answers 503
-        (atomically across front ends); True, a batch's prompt whose room ``admit_batch`` checked."""
-        if checked:
-            self.admission.add(1)
+    def _enter(self, reservation: Reservation | None) -> None:
+        """One more request in the system: taken within job_queue_size or a 503 (atomically across front ends),
+        or one of a batch's ``reservation`` (``admit_batch``)."""
+        if reservation is not None:
+            reservation.use()
         elif not self.admission.take(1, self.config.job_queue_size):
             self._busy(1)
         self._in_system += 1
@@ -825,9 +845,11 @@ class GenerationService:
                 f"{self.engine.limits.max_input_len} tokens can have ({self.max_prompt_chars}); shorten the prompt"
             )
 
-    def admit_batch(self, n: int, field_name: str) -> None:
-        """A request of ``n`` prompts: at most option.max_prompts_per_request, and room for all
-        of them under job_queue_size (each prompt is one request in the system)."""
+    def admit_batch(self, n: int, field_name: str) -> Reservation:
+        """A request of ``n`` prompts: at most option.max_prompts_per_request, and room for all of them under
+        job_queue_size (each prompt is one request in the system), taken at once, atomically across front ends
+        (so that batches admitted together on several front ends never overshoot it): each ``start`` given the
+        reservation uses one; leaving its ``with``, the rest go back."""
         cap = self.config.max_prompts_per_request
         if n > cap:
             raise BadRequest(
@@ -835,6 +857,9 @@ class GenerationService:
                 "split them over several requests"
             )
         self.check_admission(n)
+        if not self.admission.take(n, self.config.job_queue_size):
+            self._busy(n)
+        return Reservation(self.admission, n)
 
     def check_admission(self, n: int = 1) -> None:
         """503 now if a request could not be admitted: unhealthy engine, or job_queue_size reached.
@@ -863,23 +888,23 @@ class GenerationService:
         add_special_tokens: bool = True,
         field_name: str = "inputs",
         max_tokens_field: str = "max_new_tokens",
-        admitted: bool = False,
+        admitted: Reservation | None = None,
         user_text: bool = True,
         names: Mapping[str, str] | None = None,
     ) -> GenerationStream:
         """Admit, tokenize, validate and submit. Raises ``LmiHttpError`` (nothing sent yet).
 
         ``field_name`` and ``max_tokens_field`` are the adapter's names for the prompt and for
-        ``max_new_tokens``, used in error messages. ``admitted``: the caller already checked
-        admission for a batch (``admit_batch``) and starts its prompts one by one. ``user_text``
+        ``max_new_tokens``, used in error messages. ``admitted``: a batch's reservation
+        (``admit_batch``), whose prompts start one by one. ``user_text``
         False: a text prompt made by the server (a rendered chat template), whose special tokens count.
         ``names`` maps neutral feature fields (``top_logprobs``, ``prompt_logprobs``, ``guided``, ``logit_bias``)
         to the adapter's, for the 400 that refuses what the engine cannot do.
         """
         self.check_features(params, names or {})
-        if not admitted:
+        if admitted is None:
             self.check_admission()
-        self._enter(checked=admitted)
+        self._enter(admitted)
         try:
             ids = await self._prompt_ids(prompt, add_special_tokens, field_name, user_text)
             if params.truncate is not None and len(ids) > params.truncate:

@@ -3,13 +3,19 @@
 The engine side (``EngineServer``, a ROUTER socket) runs the engine and forwards every request's outputs; the
 front end side (``RemoteEngine``, a DEALER socket) is an ``Engine`` to the serving layer, which sees no
 difference. Outputs are coalesced per front end: all that the engine delivers in one turn of the event loop (one
-engine step) leave as one message of plain tuples, not one message per token per request. Front ends send a
-request (its ``GenerationRequest``) once and a cancel when its client leaves.
+engine step) leave as one message of plain tuples, not one message per token per request; an engine that can
+(``BatchedEngine``) hands a step's outputs over in one call, with no task per request in this process. Front ends
+send a request (its ``GenerationRequest``) once and a cancel when its client leaves.
 
-Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)`` and
-``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result, error)``,
+Flow control: a front end acknowledges each outputs message once its streams have taken them, and at most
+``WINDOW`` are unacknowledged; what the engine produces meanwhile waits here and leaves as one message, and the
+front end merges a request's deltas. A front end that falls behind thus gets fewer, larger deltas (as one process
+does) rather than a queue growing in the socket, whose delay every new request's first token would wait behind.
+
+Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)``, ``("ack", n)``
+and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result, error)``,
 ``("state", EngineState)`` and ``("outs", [output tuple, ...], EngineStats | None)`` back (the engine's figures
-with the outputs of a step that ended a request, to every front end).
+with the outputs that ended a request, and to every other front end alone).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from lmi_trt.engines import base
 from lmi_trt.engines.base import (
     AdapterHost,
     AdapterInfo,
+    BatchedEngine,
     Engine,
     EngineError,
     EngineOutput,
@@ -45,6 +52,9 @@ log = logging.getLogger(__name__)
 
 # Front ends hear the engine's health and statistics this often (for /ping and /metrics).
 HEARTBEAT_S = 0.25
+# Outputs messages in flight to one front end (sent, not yet acknowledged): two, so that the next is on its way
+# while the front end handles one.
+WINDOW = 2
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
@@ -75,11 +85,14 @@ _REASON = [f.name for f in fields(EngineOutput)].index("finish_reason")
 
 
 def _wire(out: EngineOutput) -> tuple:
-    """An output as a plain tuple (its fields in order; the finish reason by value): pickles several times faster
-    than the dataclass and its enum."""
-    t = tuple(vars(out).values())  # a dataclass's attributes, in its fields' order
-    reason = out.finish_reason
-    return (*t[:_REASON], reason.value if reason is not None else None, *t[_REASON + 1 :])
+    """An output as a plain tuple, which pickles several times faster than the dataclass and its enum: a plain
+    delta (tokens and their log-probs, the rest unset: nearly every output) as its first three fields, else every
+    field in order with the finish reason by value."""
+    if out.finished or out.queue_time_s is not None or out.top_logprobs is not None or out.prompt_logprobs is not None:
+        t = tuple(vars(out).values())  # a dataclass's attributes, in its fields' order
+        reason = out.finish_reason
+        return (*t[:_REASON], reason.value if reason is not None else None, *t[_REASON + 1 :])
+    return (out.request_id, out.token_ids, out.logprobs)
 
 
 def _unwire(t: tuple) -> EngineOutput:
@@ -89,9 +102,27 @@ def _unwire(t: tuple) -> EngineOutput:
     return out
 
 
+def _merge(items: collections.deque[EngineOutput]) -> EngineOutput:
+    """The deltas waiting for one stream as one (as an engine gives a consumer that fell behind): tokens and their
+    log-probs in order; the first's prompt log-probs and queue time; the last's end. An error is never merged
+    into: it stays an output of its own."""
+    out = items.popleft()
+    while items and not out.finished and items[0].error is None:
+        nxt = items.popleft()
+        out.token_ids = out.token_ids + nxt.token_ids
+        if out.logprobs is not None or nxt.logprobs is not None:
+            out.logprobs = (out.logprobs or []) + (nxt.logprobs or [])
+        if out.top_logprobs is not None or nxt.top_logprobs is not None:
+            out.top_logprobs = (out.top_logprobs or []) + (nxt.top_logprobs or [])
+        out.prompt_logprobs = out.prompt_logprobs if out.prompt_logprobs is not None else nxt.prompt_logprobs
+        out.queue_time_s = out.queue_time_s if out.queue_time_s is not None else nxt.queue_time_s
+        out.finished, out.finish_reason, out.beams = nxt.finished, nxt.finish_reason, nxt.beams
+    return out
+
+
 class _Inbox:
     """One stream's outputs as they arrive, and the stream waiting for them (lighter than an asyncio.Queue, which
-    the link would otherwise fill and empty once per token)."""
+    the link would otherwise fill and empty once per token). What arrived since the last read is read as one."""
 
     __slots__ = ("items", "waiter")
 
@@ -109,7 +140,7 @@ class _Inbox:
         while not self.items:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-        return self.items.popleft()
+        return self.items.popleft() if len(self.items) == 1 else _merge(self.items)
 
 
 def _socket(context: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
@@ -121,8 +152,20 @@ def _socket(context: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
     return sock
 
 
+class _Peer:
+    """A front end, as the engine's end sees it: outputs waiting to go, and messages it has not acknowledged."""
+
+    __slots__ = ("ended", "pending", "unacked")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple] = []
+        self.unacked = 0
+        self.ended = False  # a pending output ends its request: the engine's figures go with them
+
+
 class EngineServer:
-    """The engine's end: serves ``hello``/``submit``/``cancel`` from every front end at ``address``."""
+    """The engine's end: serves ``hello``/``submit``/``cancel`` from every front end at ``address``; the
+    ``OutputSink`` of a ``BatchedEngine``."""
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -132,11 +175,12 @@ class EngineServer:
         self._sock.bind(address)
         self.engine: Engine | None = None
         self.state = EngineState()
-        self._peers: set[bytes] = set()
-        self._owner: dict[str, bytes] = {}  # request id → the front end that sent it
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._pending: dict[bytes, list[tuple]] = {}
+        self._peers: dict[bytes, _Peer] = {}
+        self._owner: dict[str, bytes] = {}  # request id → the front end that sent it, until its final output
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # an engine that is no BatchedEngine: a task per request
         self._flushing = False
+        self._ended = False  # a request ended since the last flush
+        self._room = asyncio.Event()  # no front end has outputs waiting here
         self._background: set[asyncio.Task[None]] = set()
         self._receiver: asyncio.Task[None] | None = None
         self._heart: asyncio.Task[None] | None = None
@@ -148,10 +192,12 @@ class EngineServer:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        return len(self._owner)
 
     def ready(self, engine: Engine, tokenizer_dir: Path | None) -> None:
         self.engine = engine
+        if isinstance(engine, BatchedEngine):
+            engine.attach(self)
         self.state = EngineState(
             "ready",
             name=engine.name,
@@ -170,8 +216,8 @@ class EngineServer:
 
     def frontend_gone(self, identity: bytes) -> None:
         """A front end died: its requests are cancelled (their engine slots freed), nobody else's."""
-        self._peers.discard(identity)
-        self._pending.pop(identity, None)
+        self._peers.pop(identity, None)
+        self._room.set()  # what waited for it is no longer waited for (``taken`` looks again)
         gone = [rid for rid, owner in self._owner.items() if owner == identity]
         if gone:
             log.warning("front end %s is gone: cancelling its %d requests", identity.decode(), len(gone))
@@ -194,34 +240,40 @@ class EngineServer:
             kind = message[0]
             if kind == "submit":
                 self._submit(identity, message[1])
+            elif kind == "ack":
+                peer = self._peers.get(identity)
+                if peer is not None:
+                    peer.unacked -= message[1]
+                    if peer.pending:
+                        self._schedule_flush()
             elif kind == "cancel":
                 self._cancel(message[1])
             elif kind == "call":
                 self._spawn(self._call(identity, *message[1:]))
             elif kind == "hello":
-                self._peers.add(identity)
+                self._peers[identity] = _Peer()
                 self._send(identity, ("state", self.state))
 
     def _submit(self, identity: bytes, request: GenerationRequest) -> None:
         rid = request.request_id
-        if self.engine is None:  # a front end only submits once it heard "ready"; a late one after a failure
-            self._deliver(identity, error_output(rid, "the engine is not running", 503))
-            return
         self._owner[rid] = identity
-        self._tasks[rid] = asyncio.get_running_loop().create_task(self._forward(identity, request))
+        if self.engine is None:  # a front end only submits once it heard "ready"; a late one after a failure
+            self.put([error_output(rid, "the engine is not running", 503)])
+        elif isinstance(self.engine, BatchedEngine):
+            self.engine.submit_to_sink(request)
+        else:
+            self._tasks[rid] = asyncio.get_running_loop().create_task(self._forward(request))
 
-    async def _forward(self, identity: bytes, request: GenerationRequest) -> None:
+    async def _forward(self, request: GenerationRequest) -> None:
         assert self.engine is not None
-        rid = request.request_id
         try:
             async for out in self.engine.submit(request):
-                self._deliver(identity, out)
+                self.put([out])
         finally:
-            self._owner.pop(rid, None)
-            self._tasks.pop(rid, None)
+            self._tasks.pop(request.request_id, None)
 
     def _cancel(self, rid: str) -> None:
-        if self.engine is not None and rid in self._tasks:
+        if self.engine is not None and rid in self._owner:
             self._spawn(self.engine.cancel(rid))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -247,9 +299,27 @@ class EngineServer:
             self._broadcast()
         self._send(identity, ("reply", call_id, result, error))
 
-    # --- sending
-    def _deliver(self, identity: bytes, out: EngineOutput) -> None:
-        self._pending.setdefault(identity, []).append(_wire(out))
+    # --- sending (OutputSink)
+    def put(self, outputs: list[EngineOutput]) -> None:
+        owner, peers = self._owner, self._peers
+        for out in outputs:
+            rid = out.request_id
+            identity = owner.pop(rid, None) if out.finished else owner.get(rid)
+            peer = peers.get(identity) if identity is not None else None
+            if peer is None:  # its front end has gone (its requests are being cancelled)
+                continue
+            peer.pending.append(_wire(out))
+            if out.finished:
+                peer.ended = self._ended = True
+        self._schedule_flush()
+
+    async def taken(self) -> None:
+        await asyncio.sleep(0)  # this step's flush first (scheduled before)
+        while any(peer.pending for peer in self._peers.values()):
+            self._room.clear()
+            await self._room.wait()
+
+    def _schedule_flush(self) -> None:
         if not self._flushing:  # the other outputs of this engine step arrive in this turn of the loop
             self._flushing = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -260,23 +330,33 @@ class EngineServer:
             # A dead engine's last outputs (errors) reach the front ends after the news: /ping FAILED by then.
             self.state = replace(self.state, healthy=self.engine.healthy, stats=self.engine.stats())
             self._broadcast()
-        pending, self._pending = self._pending, {}
         stats = None
-        if self.engine is not None and any(t[5] for outs in pending.values() for t in outs):
-            # A request ended: every front end hears the engine's figures with it, so /metrics, wherever it is
-            # scraped, counts it gone as soon as its client has its last token (as with one process).
+        if self._ended and self.engine is not None:
+            # A request ended: every front end hears the engine's figures, its own with the last output, so
+            # /metrics, wherever it is scraped, counts it gone as soon as its client has its last token (as with one
+            # process).
+            self._ended = False
             stats = self.engine.stats()
             self.state = replace(self.state, stats=stats)
-            for identity in self._peers - pending.keys():
+        waiting = False
+        for identity, peer in self._peers.items():
+            if peer.pending and peer.unacked < WINDOW:
+                ended, peer.ended = peer.ended, False
+                outs, peer.pending = peer.pending, []
+                peer.unacked += 1
+                self._send(identity, ("outs", outs, self.state.stats if ended else None))
+            elif stats is not None:
                 self._send(identity, ("outs", [], stats))
-        for identity, outs in pending.items():
-            self._send(identity, ("outs", outs, stats))
+            waiting = waiting or bool(peer.pending)
+        if not waiting:
+            self._room.set()
 
     def _send(self, identity: bytes, message: tuple) -> None:
-        try:
-            self._sock.send_multipart([identity, pickle.dumps(message, _PICKLE)], flags=zmq.NOBLOCK)
-        except zmq.ZMQError as e:  # EHOSTUNREACH: that front end has gone (its supervisor cancels its requests)
-            log.debug("front end %s unreachable: %s", identity.decode(errors="replace"), e)
+        # A non-blocking send is over at once, its error in the future it returns (pyzmq zmq/_future.py
+        # _add_send_event): EHOSTUNREACH, that front end has gone (its supervisor cancels its requests).
+        error = self._sock.send_multipart([identity, pickle.dumps(message, _PICKLE)], flags=zmq.NOBLOCK).exception()
+        if error is not None:
+            log.debug("front end %s unreachable: %s", identity.decode(errors="replace"), error)
 
     def _broadcast(self) -> None:
         for identity in list(self._peers):
@@ -310,6 +390,7 @@ class RemoteEngine:
         self._lost: str | None = None  # why the engine is unreachable
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
+        self._taken = 0  # outputs messages handled and not yet acknowledged
 
     # --- the Engine protocol
     @property
@@ -408,8 +489,14 @@ class RemoteEngine:
             await self._changed.wait()
         return self.state
 
+    def _ack(self) -> None:
+        taken, self._taken = self._taken, 0
+        if taken and self._sock is not None and self._lost is None:
+            self._sock.send(pickle.dumps(("ack", taken), _PICKLE), flags=zmq.NOBLOCK)
+
     async def _receive(self) -> None:
         assert self._sock is not None
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 if not await self._sock.poll(HEARTBEAT_S * 4 * 1000):
@@ -417,32 +504,42 @@ class RemoteEngine:
                         self._engine_lost("the engine's process has exited")
                         return
                     continue
-                message = pickle.loads(await self._sock.recv())
-                if message[0] == "outs":
-                    _, outs, stats = message
-                    if stats is not None:
-                        self.state = replace(self.state, stats=stats)
-                    streams = self._streams
-                    for t in outs:
-                        inbox = streams.get(t[0])
-                        if inbox is not None:  # else the client left and a cancel is on its way
-                            inbox.put(_unwire(t))
-                elif message[0] == "state":
-                    self.state = message[1]
-                    self._changed.set()
-                elif message[0] == "reply":
-                    _, call_id, result, error = message
-                    future = self._calls.get(call_id)
-                    if future is not None and not future.done():
-                        if error is None:
-                            future.set_result(result)
-                        else:
-                            future.set_exception(EngineError(error[0], error[1], error[2]))
+                while True:  # all that has arrived, then one acknowledgement for its outputs messages
+                    try:
+                        payload = await self._sock.recv(flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._handle(pickle.loads(payload))
+                if self._taken:  # once the streams woken meanwhile have had their turn (they run first)
+                    loop.call_soon(self._ack)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken link: every open stream ends, /ping turns FAILED
             log.exception("the link to the engine failed")
             self._engine_lost(f"{type(e).__name__}: {e}")
+
+    def _handle(self, message: tuple) -> None:
+        if message[0] == "outs":
+            _, outs, stats = message
+            if stats is not None:
+                self.state = replace(self.state, stats=stats)
+            streams = self._streams
+            for t in outs:
+                inbox = streams.get(t[0])
+                if inbox is not None:  # else the client left and a cancel is on its way
+                    inbox.put(_unwire(t))
+            self._taken += bool(outs)
+        elif message[0] == "state":
+            self.state = message[1]
+            self._changed.set()
+        elif message[0] == "reply":
+            _, call_id, result, error = message
+            future = self._calls.get(call_id)
+            if future is not None and not future.done():
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(EngineError(error[0], error[1], error[2]))
 
     def _engine_lost(self, why: str) -> None:
         self._lost = why

@@ -98,11 +98,7 @@ def test_a_remote_engine_streams_what_the_engine_does_and_cancels_it(tmp_path, c
                 first = await stream.__anext__()
                 assert first.token_ids
                 await stream.aclose()  # the client left: the engine frees the slot
-                for _ in range(200):
-                    if engine.stats().active_requests == 0 and server.in_flight == 0:
-                        break
-                    await asyncio.sleep(0.05)
-                assert engine.stats().active_requests == 0 and server.in_flight == 0
+                await _slots_freed(engine, server)
 
     asyncio.run(main())
 
@@ -159,5 +155,114 @@ def test_two_front_ends_may_send_the_same_request_id(tmp_path):
     asyncio.run(main())
 
 
+async def _slots_freed(engine, server) -> None:
+    for _ in range(200):
+        if engine.stats().active_requests == 0 and server.in_flight == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert engine.stats().active_requests == 0 and server.in_flight == 0
+
+
 async def _collect(stream) -> list[EngineOutput]:
     return [o async for o in stream]
+
+
+def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
+    """At most WINDOW outputs messages go to a front end that has not acknowledged them: the unpaced synthetic engine
+    (as fast as its consumers take them) then waits, instead of filling the socket with steps that every later
+    token would queue behind."""
+    import pickle
+
+    import zmq
+    import zmq.asyncio
+
+    from lmi_trt.serving.engine_link import WINDOW
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None)
+        async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
+            server.ready(engine, None)
+            context = zmq.asyncio.Context()
+            sock = context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, b"fe-slow")
+            sock.connect(server.address)
+            try:
+                await sock.send(pickle.dumps(("hello",)))
+                assert pickle.loads(await sock.recv())[0] == "state"
+                await sock.send(pickle.dumps(("submit", _request("long", 1000))))
+                outs = []
+                for _ in range(WINDOW):
+                    message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
+                    assert message[0] == "outs"
+                    outs += message[1]
+                await asyncio.sleep(0.3)
+                while await sock.poll(0):  # the heartbeat's state, no outputs until acknowledged
+                    assert pickle.loads(await sock.recv())[0] == "state"
+                assert engine.stats().total_generated_tokens <= WINDOW + 1
+                await sock.send(pickle.dumps(("ack", WINDOW)))
+                message = ("state",)
+                while message[0] == "state":
+                    message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
+                assert message[0] == "outs" and message[1][0][0] == "long"
+            finally:
+                sock.close(0)
+                context.term()
+
+    asyncio.run(main())
+
+
+def test_a_batch_takes_its_room_under_job_queue_size_at_once(tmp_path):
+    """Two batches admitted together on two front ends must not both fit where only one does: each takes all of
+    its room in one atomic step, and what it does not use goes back."""
+    from lmi_trt.serving.core import GenerateParams, GenerationService
+    from lmi_trt.serving.errors import ServiceUnavailable
+
+    async def main() -> None:
+        tok = tiny_tokenizer()
+        engine = synthetic_engine(tok, max_new_tokens=8)
+        await engine.start()
+        slots = [0, 3]  # the other front end holds 3 of job_queue_size=5
+        service = GenerationService(engine, tok, LmiConfig(job_queue_size=5), admission=SharedAdmission(slots, 0))
+        with pytest.raises(ServiceUnavailable):
+            service.admit_batch(3, "inputs")
+        assert slots == [0, 3]
+        with service.admit_batch(2, "inputs") as reservation:
+            assert slots == [2, 3]  # counted before any prompt starts: a batch elsewhere sees it at once
+            stream = await service.start("hi", GenerateParams(max_new_tokens=2), admitted=reservation)
+        assert slots == [1, 3]  # the prompt that never started gave its room back
+        await stream.collect()
+        await stream.aclose()
+        assert slots == [0, 3]
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_the_torch_engine_hands_its_steps_to_the_link(tmp_path):
+    """TorchEngine as a BatchedEngine behind the link: a streamed request's tokens are the engine's own (no task per
+    request), a request that needs _stream's work (prompt log-probs) is relayed whole, a cancel frees the slot."""
+    from tinymodels import tiny_model
+
+    from lmi_trt.engines.torch import TorchEngine
+
+    async def main() -> None:
+        engine = TorchEngine(tiny_model("llama"), max_batch_size=4, max_input_len=16, max_new_tokens=12)
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 60)
+            direct = await _collect(engine.submit(_request("direct", 12)))
+            linked = await _collect(remote.submit(_request("linked", 12)))
+            assert [t for o in linked for t in o.token_ids] == [t for o in direct for t in o.token_ids]
+            assert linked[-1].finish_reason is FinishReason.LENGTH and server.in_flight == 0
+            scored = GenerationRequest("scored", [11, 12, 13], SamplingParams(max_new_tokens=3, prompt_logprobs=1))
+            outs = await _collect(remote.submit(scored))
+            assert outs[0].prompt_logprobs is not None and len(outs[0].prompt_logprobs) == 3
+            assert sum(len(o.token_ids) for o in outs) == 3
+            refused = await _collect(remote.submit(GenerationRequest("long", list(range(40)), SamplingParams())))
+            assert refused[-1].error_code == 400
+            stream = remote.submit(_request("left", 12))
+            await stream.__anext__()
+            await stream.aclose()
+            await _slots_freed(engine, server)
+
+    asyncio.run(main())

@@ -81,6 +81,7 @@ class Slot:
     started: bool = False
     matcher: Guide | None = None  # a constrained request's grammar matcher (engine thread only)
     adapter: LoraAdapter | None = None  # the LoRA adapter its request names, as registered when it opened
+    sunk: bool = False  # its outputs go to the engine's sink (TorchEngine.submit_to_sink), not to ``queue``
     # Queue time: from the slot's creation (enqueued at once) to its first batch, set by the
     # engine thread and sent with the first output (EngineOutput.queue_time_s).
     created_at: float = field(default_factory=time.monotonic)

@@ -61,6 +61,7 @@ from ..base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    OutputSink,
     SamplingParams,
     can,
     cannot,
@@ -308,6 +309,9 @@ class TorchEngine:
         self.batching: str | None = None  # "continuous" | "static" once started
         self._backend: Backend | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sink: OutputSink | None = None
+        self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop
+        self._relays: set[asyncio.Task[None]] = set()
         # Outputs the engine thread handed over that the event loop has not pushed yet; while a
         # push is scheduled, more outputs join it rather than scheduling another (a wake-up of the
         # loop through its self-pipe costs a syscall and a GIL hand-over per call).
@@ -401,21 +405,57 @@ class TorchEngine:
         consumed never occupies a slot. Closing it early cancels the request.
         """
         try:
-            self._check_ready()
-            check_sampling(request.sampling, self.max_new_tokens)
-            check_token_ids(request, self._vocab_size, self.max_input_len)
-            if request.sampling.beam_width > 1:
-                check_beams(request, self.capabilities.beam_search)
-            self._adapter(request)
-            if request.sampling.guided is not None and request.sampling.ignore_eos:
-                raise EngineError(
-                    "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
-                    "output with EOS; leave ignore_eos out",
-                    code=400,
-                )
+            self._check_request(request)
         except EngineError as exc:
             return refused(request.request_id, exc)
         return self._stream(request)
+
+    # -- BatchedEngine (base.py): the engine's process of several front ends (serving/engine_link.py) ----------
+
+    def attach(self, sink: OutputSink) -> None:
+        self._sink = sink
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        """A plain streamed request goes straight to a slot whose outputs ``_push`` hands to the sink, a step's
+        together; one that needs ``_stream``'s own work (aggregating beams, scoring the prompt, compiling a
+        grammar) is relayed from it by a task."""
+        assert self._sink is not None, "attach() a sink first"
+        sampling = request.sampling
+        if not request.streaming or sampling.prompt_logprobs or sampling.guided is not None:
+            task = asyncio.get_running_loop().create_task(self._relay(self.submit(request)))
+            self._relays.add(task)
+            task.add_done_callback(self._relays.discard)
+            return
+        try:
+            self._check_request(request)
+            slot = self._open(request, None)
+        except EngineError as exc:
+            self._sink.put([error_output(request.request_id, str(exc), exc.code, exc.field)])
+            return
+        slot.sunk = True
+        self._backend.enqueue(slot)
+
+    async def _relay(self, outputs: AsyncIterator[EngineOutput]) -> None:
+        async for out in outputs:
+            self._sink.put([out])  # type: ignore[union-attr]
+
+    def _put_sunk(self) -> None:
+        outs, self._sunk = self._sunk, []
+        self._sink.put(outs)  # type: ignore[union-attr]
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        self._check_ready()
+        check_sampling(request.sampling, self.max_new_tokens)
+        check_token_ids(request, self._vocab_size, self.max_input_len)
+        if request.sampling.beam_width > 1:
+            check_beams(request, self.capabilities.beam_search)
+        self._adapter(request)
+        if request.sampling.guided is not None and request.sampling.ignore_eos:
+            raise EngineError(
+                "ignore_eos cannot be combined with constrained decoding: the grammar ends the "
+                "output with EOS; leave ignore_eos out",
+                code=400,
+            )
 
     async def cancel(self, request_id: str) -> None:
         slot = self._slots.get(request_id)
@@ -754,7 +794,12 @@ class TorchEngine:
             slot.closed = True
             slot.cancelled = slot.cancelled or out.finish_reason == FinishReason.CANCELLED
             self._forget(slot)
-        slot.queue.put_nowait(out)
+        if slot.sunk:  # to the sink, with the other outputs of this turn of the loop (one engine step)
+            self._sunk.append(out)
+            if len(self._sunk) == 1:
+                self._loop.call_soon(self._put_sunk)  # type: ignore[union-attr]
+        else:
+            slot.queue.put_nowait(out)
 
     def _push_handed(self) -> None:
         with self._handed_lock:

@@ -5,6 +5,7 @@ written and ended. Generation semantics stay in ``serving.core``; this is wire p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import logging
 from collections.abc import Callable, Iterable
@@ -240,11 +241,11 @@ async def start_n(
     """``n`` sequences of one request into ``streams`` (the caller closes them): ``n`` engine requests of the
     prompt, admitted together; a given seed becomes seed, seed + 1, ... so that sampled choices differ yet stay
     reproducible, streamed or not."""
-    if n > 1:
-        service.admit_batch(n, what)
-    for i in range(n):
-        p = params if params.seed is None or i == 0 else params.model_copy(update={"seed": (params.seed + i) % 2**64})
-        streams.append(await service.start(prompt, p, admitted=n > 1, **start_kw))
+    with service.admit_batch(n, what) if n > 1 else contextlib.nullcontext() as reservation:
+        for i in range(n):
+            seed = params.seed
+            p = params if seed is None or i == 0 else params.model_copy(update={"seed": (seed + i) % 2**64})
+            streams.append(await service.start(prompt, p, admitted=reservation, **start_kw))
     return streams
 
 

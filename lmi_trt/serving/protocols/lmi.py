@@ -431,19 +431,19 @@ async def _batch(
     ctx: ServingContext, req: LmiRequest, params: GenerateParams, adapters: list[str | None]
 ) -> web.Response:
     service = ctx.require_service()
-    service.admit_batch(len(req.inputs), "inputs")
     streams: list[GenerationStream] = []
     try:
-        for text, adapter in zip(req.inputs, adapters, strict=True):
-            streams.append(
-                await service.start(
-                    text,
-                    params.model_copy(update={"adapter": adapter}),
-                    field_name=f"inputs[{len(streams)}]",
-                    admitted=True,
-                    names=req.parameters.field_names(),
+        with service.admit_batch(len(req.inputs), "inputs") as reservation:
+            for text, adapter in zip(req.inputs, adapters, strict=True):
+                streams.append(
+                    await service.start(
+                        text,
+                        params.model_copy(update={"adapter": adapter}),
+                        field_name=f"inputs[{len(streams)}]",
+                        admitted=reservation,
+                        names=req.parameters.field_names(),
+                    )
                 )
-            )
         shapes = [_Shape(ctx, req.parameters, text, "json") for text in req.inputs]
         collecting = (s.collect(keep_tokens=shape.details) for s, shape in zip(streams, shapes, strict=True))
         completions = await asyncio.gather(*collecting)

@@ -972,20 +972,20 @@ async def _completions_batch(
     ctx: ServingContext, prompts, params: GenerateParams, base: dict[str, Any], echo_text, names: dict[str, str]
 ) -> web.Response:
     service = ctx.require_service()
-    service.admit_batch(len(prompts), "prompt")
     streams: list[GenerationStream] = []
     try:
-        for i, p in enumerate(prompts):
-            streams.append(
-                await service.start(
-                    p,
-                    params,
-                    field_name=f"prompt[{i}]",
-                    max_tokens_field="max_tokens",
-                    admitted=True,
-                    names=names,
+        with service.admit_batch(len(prompts), "prompt") as reservation:
+            for i, p in enumerate(prompts):
+                streams.append(
+                    await service.start(
+                        p,
+                        params,
+                        field_name=f"prompt[{i}]",
+                        max_tokens_field="max_tokens",
+                        admitted=reservation,
+                        names=names,
+                    )
                 )
-            )
         completions = await asyncio.gather(*(s.collect(keep_tokens=params.logprobs) for s in streams))
     finally:
         for s in streams:
