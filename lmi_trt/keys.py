@@ -980,7 +980,8 @@ class LmiConfig(BaseModel):
             "option.max_loras",
             _integer(1, 4),
             "LoRA: adapters resident on the device at once (the torch engine's stacked slots; the pytorch "
-            "backend's LoraConfig.max_loras); a request for another waits until one is free",
+            "backend's LoraConfig.max_loras; the tensorrt backend's device PEFT cache); a request for another waits "
+            "until one is free",
         ),
     ] = 4
     max_lora_rank: Annotated[
@@ -995,7 +996,8 @@ class LmiConfig(BaseModel):
             "option.max_cpu_loras",
             _integer(1, 8),
             "LoRA: adapters registered at most (kept in host memory; the pytorch backend's "
-            "LoraConfig.max_cpu_loras, its host cache, at least option.max_loras); unset: no limit",
+            "LoraConfig.max_cpu_loras and the tensorrt backend's host PEFT cache, at least option.max_loras); unset: "
+            "no limit (those host caches: option.max_loras)",
         ),
     ] = None
     batch_scheduler_policy: Annotated[

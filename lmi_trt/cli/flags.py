@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmi_trt.compile.errors import PlanError
 from lmi_trt.engines.registry import ENGINE_NAMES
 
 if TYPE_CHECKING:
@@ -74,31 +73,12 @@ def load_compile_job(args: argparse.Namespace):
     return config, stages.compile_job(config)
 
 
-def fitted_job(
-    config: Any, model_config: Mapping[str, Any] | None, *, builds_engine: bool = True
-) -> tuple[Any, CompileJob]:
+def fitted_job(config: Any, model_config: Mapping[str, Any] | None) -> tuple[Any, CompileJob]:
     """``config`` with unset max_input_len / max_output_len fitted to the model's config.json as ``serve`` fits
-    them (one function for both: ``stages.fit_lengths``), and its CompileJob. ``builds_engine``: False where the
-    backend ``serve`` picks is the pytorch one, whose LLM serves adapters itself (no engine is built for them)."""
+    them (one function for both: ``stages.fit_lengths``), and its CompileJob (option.enable_lora: the LoRA plugin
+    built in, the PEFT cache counted, ``compile.plan``)."""
     from lmi_trt import stages
     from lmi_trt.engines.registry import COMPILING_ENGINE
 
     config = stages.fit_lengths(config, model_config, COMPILING_ENGINE)
-    if config.enable_lora and model_config and builds_engine:
-        raise PlanError("option.enable_lora", "true", *lora_refusal(config, model_config))
     return config, stages.compile_job(config)
-
-
-def lora_refusal(config: Any, model_config: Mapping[str, Any]) -> tuple[str, str]:
-    """Pure: why `plan` and `compile` (a TensorRT engine build) refuse option.enable_lora, with the device memory
-    adapters take where they are served (the torch engine's stacked slots, ``lmi_trt.engines.lora_sizes``, at 2 bytes
-    a weight)."""
-    from lmi_trt.engines.lora_sizes import buffer_bytes
-
-    size = buffer_bytes(model_config, config.max_loras, config.max_lora_rank, 2)
-    return (
-        "the Executor over TensorRT engines (option.backend=tensorrt) does not serve LoRA adapters here",
-        "Serve them with option.backend=pytorch (TensorRT-LLM 1.0+, its LoraConfig), or with "
-        f"option.rolling_batch=torch, whose option.max_loras={config.max_loras} slots of rank "
-        f"{config.max_lora_rank} take {size / 2**20:.1f} MiB of device memory beside the weights",
-    )

@@ -160,7 +160,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         installed = version is not None
         version = version or DEFAULT_PLAN_TRTLLM_VERSION
         builds_engine = entry(COMPILING_ENGINE, checkpoint_backend(config, version)[0]).builds_engine
-        config, job = fitted_job(config, model_config, builds_engine=builds_engine)
+        config, job = fitted_job(config, model_config)
         checkpoint = "architecture" in model_config and "architectures" not in model_config
         gpu, assumption = target_gpu(args, detect_gpu(), _wanted_gpus(job.options))
         if not installed:

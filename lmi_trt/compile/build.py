@@ -136,6 +136,14 @@ def _build_config(plan: BuildPlan) -> Any:
         # BuildConfig takes the enum; trtllm-build's flag value is its member's name in lower case
         # (tensorrt_llm/models/modeling_utils.py SpeculativeDecodingMode.from_arguments).
         kwargs["speculative_decoding_mode"] = SpeculativeDecodingMode[plan.speculative_decoding_mode.upper()]
+    if plan.lora is not None:
+        # As trtllm-build does (tensorrt_llm/commands/build.py build_model): LoraConfig(lora_dir, lora_ckpt_source,
+        # max_lora_rank), then lora_target_modules assigned; build() applies it (model.use_lora, compile/lora.py).
+        from tensorrt_llm.lora_manager import LoraConfig
+
+        lora = LoraConfig(lora_dir=[], lora_ckpt_source="hf", max_lora_rank=plan.lora.max_lora_rank)
+        lora.lora_target_modules = list(plan.lora.target_modules)
+        kwargs["lora_config"] = lora
     return BuildConfig(**kwargs, plugin_config=plugins)
 
 

@@ -68,6 +68,10 @@ class CompileOptions(
         "multi_block_mode",
         "use_fp8_context_fmha",
         "trust_remote_code",
+        # LoRA: the LoRA plugin and its max rank are built in; max_loras sizes the PEFT cache the plan counts
+        "enable_lora",
+        "max_lora_rank",
+        "max_loras",
         # option.max_rolling_batch_size as the wiring settled it; None (tests) → DEFAULT_MAX_BATCH_SIZE.
         max_batch_size="max_rolling_batch_size",
     )

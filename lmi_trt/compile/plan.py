@@ -36,6 +36,7 @@ from .archs import (
     read_dims,
 )
 from .errors import PlanError
+from .lora import LORA_FAMILIES, TARGET_MODULES, peft_cache_sizes, peft_device_bytes
 from .options import CompileOptions
 from .quant import QuantPlan, plan_quant
 
@@ -81,9 +82,23 @@ class PluginPlan(BaseModel):
     weight_only_groupwise_quant_matmul_plugin: str | None = None
     use_custom_all_reduce: bool | None = None  # a PluginConfig field before 0.12 only
     multi_block_mode: bool | None = None  # a build flag before 0.12; a runtime knob after
+    lora_plugin: str | None = None  # the LoRA plugin's dtype (option.enable_lora); None: no LoRA plugin
 
     def plugin_config_kwargs(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
+
+
+class LoraPlan(BaseModel):
+    """The LoRA plugin's build settings (``compile.lora``), and the adapters the PEFT cache holds on the device."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_lora_rank: int
+    target_modules: tuple[str, ...]
+    max_loras: int  # a run-time size, not part of the engine: out of the cache key
+
+    def lora_config_kwargs(self) -> dict[str, Any]:
+        return {"max_lora_rank": self.max_lora_rank, "lora_target_modules": list(self.target_modules)}
 
 
 class ConverterPlan(BaseModel):
@@ -119,6 +134,7 @@ class BuildPlan(BaseModel):
     plugins: PluginPlan
     quant: QuantPlan
     converter: ConverterPlan
+    lora: LoraPlan | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -127,9 +143,14 @@ class BuildPlan(BaseModel):
 
     def key_dict(self) -> dict[str, Any]:
         """The plan as cache-key input: every field except the explanatory ``notes``."""
-        # no speculative mode: left out, so plans (and cached engines) from before the field keep their keys
+        # no speculative mode or LoRA: left out, so plans (and cached engines) from before those fields keep their keys
         exclude = {"notes"} | ({"speculative_decoding_mode"} if self.speculative_decoding_mode is None else set())
-        return self.model_dump(mode="json", exclude=exclude)
+        key = self.model_dump(mode="json", exclude=exclude)
+        if self.lora is None:
+            del key["lora"], key["plugins"]["lora_plugin"]
+        else:
+            del key["lora"]["max_loras"]  # a run-time size
+        return key
 
     @property
     def _fused_mlp_on_build_config(self) -> bool:
@@ -440,6 +461,21 @@ def resolve_plugins(
     ), notes
 
 
+def plan_lora(opts: CompileOptions, spec: ArchSpec) -> LoraPlan | None:
+    """option.enable_lora: the LoRA plugin on every projection of a Llama-shaped decoder (``compile.lora``)."""
+    if not opts.enable_lora:
+        return None
+    if spec.family not in LORA_FAMILIES:
+        raise PlanError(
+            "option.enable_lora",
+            True,
+            f"lmi-trt builds the LoRA plugin for Llama-shaped decoders ({', '.join(sorted(LORA_FAMILIES))}), whose "
+            f"PEFT adapters it reads; this model is {spec.family}",
+            "Leave option.enable_lora out, or build the engine with trtllm-build --lora_plugin and serve that folder",
+        )
+    return LoraPlan(max_lora_rank=opts.max_lora_rank, target_modules=TARGET_MODULES, max_loras=opts.max_loras)
+
+
 def _check_version(spec: ArchSpec, hf: dict[str, Any], trtllm_version: str) -> Version:
     try:
         version = Version(trtllm_version)
@@ -613,6 +649,13 @@ def _make_plan(
         )
     plugins, more = resolve_plugins(opts, spec, gpu, version, quant)
     notes += more
+    lora = plan_lora(opts, spec)
+    if lora is not None:  # the plugin's dtype, the model's (trtllm-build --lora_plugin takes a dtype)
+        plugins = plugins.model_copy(update={"lora_plugin": dtype})
+        notes.append(
+            f"LoRA plugin for adapters of rank ≤ {lora.max_lora_rank} on {', '.join(lora.target_modules)} "
+            f"(option.enable_lora); option.max_loras={lora.max_loras} on the device at once"
+        )
     max_batch_size = opts.max_batch_size or TRTLLM_DEFAULT_BATCH
     max_num_tokens, more = resolve_max_num_tokens(opts, max_batch_size, max_seq_len, plugins.use_paged_context_fmha)
     notes += more
@@ -652,6 +695,7 @@ def _make_plan(
         plugins=plugins,
         quant=quant,
         converter=converter,
+        lora=lora,
         notes=tuple(notes),
     )
 
@@ -728,6 +772,16 @@ def _activation_bytes(plan: BuildPlan, dims: ModelDims) -> int:
     return plan.max_num_tokens * per_token * act + logits
 
 
+def _peft_bytes(plan: BuildPlan, dims: ModelDims) -> int:
+    """The Executor's device PEFT cache as lmi-trt sizes it (``compile.lora.peft_cache_sizes``, the LLM API's way):
+    units of one rank of one module in one layer, each the widest module's in + out weights."""
+    if plan.lora is None:
+        return 0
+    sizes = peft_cache_sizes(plan.lora.max_lora_rank, dims.num_layers, plan.lora.target_modules, plan.lora.max_loras, 0)
+    widest = dims.hidden_size + max(dims.intermediate_size, dims.num_heads * dims.head_dim)
+    return peft_device_bytes(sizes, widest, _DTYPE_BYTES[plan.dtype])
+
+
 def estimate_memory(
     plan: BuildPlan, hf_config: dict[str, Any], gpu: GpuFacts, kv_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION
 ) -> MemoryEstimate:
@@ -746,6 +800,8 @@ def estimate_memory(
     per_gpu = int(linear_bytes / plan.world_size + ends)
     kv_per_token = _kv_bytes_per_token(plan, dims)
     reserve = int(_activation_bytes(plan, dims) + RUNTIME_OVERHEAD_BYTES)
+    peft = _peft_bytes(plan, dims)
+    reserve += peft
     gpu_bytes = int(gpu.memory_gib * GiB)
     free = gpu_bytes - per_gpu - reserve
     kv_cache = int(max(0, free) * kv_fraction)
@@ -753,6 +809,12 @@ def estimate_memory(
     max_tokens = (kv_cache // kv_per_token) // block * block
     sequences = (max_tokens // block) // math.ceil(plan.max_seq_len / block)
     notes: list[str] = []
+    if peft:
+        notes.append(
+            f"the PEFT cache for option.max_loras={plan.lora.max_loras} adapters of rank {plan.lora.max_lora_rank} "
+            f"takes {peft / 2**20:.1f} MiB of device memory (counted with the activations; an upper bound with "
+            "tensor parallelism)"
+        )
     fits = free > 0 and sequences >= 1
     if free <= 0:
         notes.append(

@@ -28,6 +28,7 @@ AST scan can check every name and keyword this file uses against the real API li
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -46,8 +47,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from lmi_trt.compile.lora import TARGET_MODULES, peft_cache_sizes
+from lmi_trt.engines.adapters import AdapterTable
 from lmi_trt.engines.base import (
     SAMPLING_FEATURES,
+    AdapterInfo,
     Beam,
     Capabilities,
     Capability,
@@ -63,6 +67,7 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
+from lmi_trt.engines.trtllm_lora import LoraBuild, executor_tensors
 from lmi_trt.engines.trtllm_speculation import (
     STOP_WORDS_UNREAD,
     Lookahead,
@@ -105,6 +110,15 @@ class ApiSpec:
 
     version: str
     series: tuple[int, int]
+
+    @property
+    def lora_weights_cached(self) -> bool:
+        # 1.x's LLM API sends a task's weights only while it is not in the Executor's cache, and the Executor answers
+        # a task it does not hold "LoRA task N not found in cache. Please send LoRA weights with request"
+        # (tensorrt_llm/executor/worker.py _enqueue_request with is_adapter_in_cpu_cache;
+        # cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp addRequestPeft, PeftTaskNotCachedException). The
+        # 0.12-era worker (the copy passing max_new_tokens) sends them with every request: done so on 0.12.
+        return self.series >= (1, 0)
 
     @property
     def final_result_on_cancel(self) -> bool:
@@ -189,6 +203,11 @@ class TrtllmSettings(
         "enable_trt_overlap",
         "max_beam_width",
         "pipeline_parallel_degree",
+        # LoRA adapters: an engine built with the LoRA plugin, a PEFT cache sized from these (trtllm_lora.py)
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
     )
 ):
     """Runtime settings of the Executor: the keys it reads (types and defaults are theirs) and what the wiring
@@ -238,6 +257,8 @@ class EngineFacts:
     vocab_size: int | None = None  # the length of a request's embedding bias
     speculative_decoding_mode: int | None = None  # config.json's SpeculativeDecodingMode integer (1: none)
     max_draft_len: int = 0
+    num_layers: int | None = None  # pretrained_config.num_hidden_layers
+    lora: LoraBuild = LoraBuild(False, None, ())
 
     @property
     def world_size(self) -> int:
@@ -305,6 +326,8 @@ def parse_engine_config(config: dict) -> EngineFacts:
             vocab_size=pretrained.get("vocab_size"),
             speculative_decoding_mode=speculative,
             max_draft_len=draft_len,
+            num_layers=pretrained.get("num_hidden_layers"),
+            lora=LoraBuild.of(build),
         )
     if "builder_config" in config:
         builder, plugins = config["builder_config"], config.get("plugin_config") or {}
@@ -475,6 +498,7 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
                 'block reuse is set, model has to be built with paged context FMHA support"); rebuild with '
                 f"--use_paged_context_fmha enable, or set option.{key}=false"
             )
+    errors += lora_errors(settings, facts)
     if settings.max_tokens_in_paged_kv_cache and settings.max_tokens_in_paged_kv_cache < facts.max_seq_len:
         warnings.append(
             f"option.max_tokens_in_paged_kv_cache={settings.max_tokens_in_paged_kv_cache} is less than one "
@@ -484,6 +508,45 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
     if errors:
         raise TrtllmConfigError("; ".join(errors))
     return warnings
+
+
+def lora_errors(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
+    """option.enable_lora needs an engine built with the LoRA plugin (its config.json says so: trtllm_lora.LoraBuild)
+    and a max_lora_rank within the built one (loraUtils.cpp refuses a rank above it)."""
+    if not settings.enable_lora:
+        return []
+    lora = facts.lora
+    if not lora.plugin or not lora.target_modules:
+        return [
+            "option.enable_lora=true, but the engine was built without the LoRA plugin (its config.json "
+            "build_config.plugin_config.lora_plugin is unset, or build_config.lora_config.lora_target_modules is "
+            f"empty); rebuild it with trtllm-build --lora_plugin auto --lora_target_modules {' '.join(TARGET_MODULES)} "
+            "--max_lora_rank N (or let lmi-trt build it from the Hugging Face checkpoint), or set "
+            "option.enable_lora=false"
+        ]
+    if lora.max_lora_rank is not None and settings.max_lora_rank > lora.max_lora_rank:
+        return [
+            f"option.max_lora_rank={settings.max_lora_rank} exceeds the engine's built max_lora_rank="
+            f"{lora.max_lora_rank} (build_config.lora_config); set at most {lora.max_lora_rank}, or rebuild with "
+            f"--max_lora_rank {settings.max_lora_rank}"
+        ]
+    if facts.num_layers is None:
+        return ["option.enable_lora=true: the engine's config.json has no pretrained_config.num_hidden_layers"]
+    return []
+
+
+def peft_cache_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> Any:
+    """``ExecutorConfig.peft_cache_config``: its host and device caches sized as the LLM API sizes them
+    (compile.lora.peft_cache_sizes) for option.max_lora_rank, option.max_loras adapters on the device and
+    option.max_cpu_loras (at least option.max_loras; unset: option.max_loras) in host memory."""
+    sizes = peft_cache_sizes(
+        settings.max_lora_rank,
+        facts.num_layers or 0,
+        facts.lora.target_modules,
+        settings.max_loras,
+        max(settings.max_cpu_loras or settings.max_loras, settings.max_loras),
+    )
+    return tle.PeftCacheConfig(**sizes)
 
 
 def _orchestrator_config(tle: ModuleType) -> Any:
@@ -539,6 +602,8 @@ def build_executor_config(
         )
     if settings.lookahead is not None:
         extra["decoding_config"] = decoding_config(tle, settings.lookahead)
+    if settings.enable_lora:
+        extra["peft_cache_config"] = peft_cache_config(tle, settings, facts)
     if settings.enable_trt_overlap:
         if hasattr(tle.ExecutorConfig(), "enable_trt_overlap"):
             extra["enable_trt_overlap"] = True
@@ -581,6 +646,8 @@ class RequestSpec:
     output: dict[str, Any]
     guide: tuple[str, str] | None = None  # guided.backend_guide: ("regex" | "grammar", text)
     bias: dict[int, float] = field(default_factory=dict)  # logit_bias: token id → added to its logit
+    # LoraConfig(task_id, weights, config): weights and config None where the Executor holds the task cached
+    lora: tuple[int, Any, Any] | None = None
 
 
 def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
@@ -706,12 +773,15 @@ def map_request(
     )
 
 
-# The Executor's and the LLM API's LoRA (a LoRA-plugin engine with a PEFT cache, LoraConfig / LoRARequest per
-# request) is not wired here: option.enable_lora is refused at start-up on those backends (no settings read it).
-NO_TRTLLM_LORA = (
-    "LoRA adapters are served by the torch engine (option.rolling_batch=torch); the TensorRT-LLM backends here do "
-    "not take them yet"
-)
+def lora_capability(settings: TrtllmSettings) -> Capability:
+    """LoRA adapters per request (``LoraConfig``), where option.enable_lora asked for them (check_settings made sure
+    the engine was built with the LoRA plugin)."""
+    if not settings.enable_lora:
+        return cannot("LoRA adapters are off: set option.enable_lora=true (an engine built with the LoRA plugin)")
+    return can(
+        most=settings.max_loras,
+        note=f"up to {settings.max_loras} adapters on the device at once, rank ≤ {settings.max_lora_rank}",
+    )
 
 
 def executor_capabilities(
@@ -721,6 +791,7 @@ def executor_capabilities(
     max_beam_width: int = 1,
     series: tuple[int, int] = (1, 0),
     lookahead: Lookahead | None = None,
+    lora: Capability | None = None,
 ) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
@@ -748,7 +819,7 @@ def executor_capabilities(
         # SamplingConfig's beamWidth, up to the ExecutorConfig's maxBeamWidth, which the engine was built for
         beam_search=beam_capability(max_beam_width, series),
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
-        lora=cannot(NO_TRTLLM_LORA),
+        lora=lora or cannot("LoRA adapters are off: set option.enable_lora=true"),
     )
     if lookahead is None:
         return capabilities
@@ -810,6 +881,10 @@ def to_executor_request(tle: ModuleType, spec: RequestSpec, vocab_size: int | No
     extra = {}
     if spec.bias:
         extra["embedding_bias"] = embedding_bias(spec.bias, vocab_size)
+    if spec.lora is not None:
+        task_id, weights, config = spec.lora  # executor.h LoraConfig(taskId, weights, config); keywords as the
+        # LLM API's worker passes them (tensorrt_llm/executor/worker.py _enqueue_request)
+        extra["lora_config"] = tle.LoraConfig(task_id=task_id, weights=weights, config=config)
     if spec.guide is not None:
         kind, text = spec.guide
         extra["guided_decoding_params"] = tle.GuidedDecodingParams(
@@ -822,6 +897,9 @@ def to_executor_request(tle: ModuleType, spec: RequestSpec, vocab_size: int | No
         **extra,
     )
 
+
+# peftCacheManager.cpp addRequestPeft: a request naming a task the cache does not hold, without its weights.
+_LORA_NOT_CACHED = "not found in cache. Please send LoRA weights with request"
 
 _FINISH_REASONS = {
     "END_ID": FinishReason.EOS,
@@ -869,6 +947,8 @@ class _Stream:
     logprobs: bool
     beam_width: int
     exec_id: int | None = None  # None while held back (see TrtllmEngine._must_wait)
+    adapter: str | None = None  # the LoRA adapter it generates with
+    lora_resend: RequestSpec | None = None  # sent without the task's weights: this spec (with them) on a cache miss
     held: RequestSpec | None = None  # the request to enqueue when its beam width's turn comes
     # Outputs not read yet, and the consumer's future while it waits for one (event loop only).
     pending: list[EngineOutput] = field(default_factory=list)
@@ -980,6 +1060,13 @@ class TrtllmEngine:
         self._total_tokens = 0
         self._accepted_drafts = 0  # lookahead: draft tokens accepted, over finished requests
         self._last_iteration: Any = None
+        # LoRA adapters: name → (task id, LoraConfig's weights and config); task ids whose weights the Executor
+        # was sent (1.x caches them: lora_weights_cached), and the next id.
+        self._adapters: AdapterTable[tuple[int, Any, Any]] = AdapterTable(
+            enabled=self.settings.enable_lora, max_registered=self.settings.max_cpu_loras, using=self._using_adapter
+        )
+        self._sent_tasks: set[int] = set()
+        self._next_task = 1
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1054,6 +1141,7 @@ class TrtllmEngine:
             self._limits.max_beam_width,
             spec.series,
             self.settings.lookahead,
+            lora_capability(self.settings),
         )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
@@ -1137,6 +1225,7 @@ class TrtllmEngine:
                 max_beam_width=self._limits.max_beam_width,
                 seed=random.getrandbits(63),
             )
+            spec, resend = self._with_lora(spec, request.adapter)
         except EngineError as exc:
             return error_output(rid, str(exc), exc.code, exc.field)
         stream = _Stream(
@@ -1146,6 +1235,8 @@ class TrtllmEngine:
             extra_eos=frozenset(self._eos[1:]) if not request.sampling.ignore_eos else frozenset(),
             logprobs=request.sampling.logprobs,
             beam_width=request.sampling.beam_width,
+            adapter=request.adapter,
+            lora_resend=resend,
         )
         if self._must_wait(stream.beam_width):
             stream.held = spec
@@ -1237,6 +1328,69 @@ class TrtllmEngine:
         _push(stream, out)
         self._release_held()
 
+    # ------------------------------------------------------------------ LoRA adapters (AdapterHost)
+
+    def adapters(self) -> list[AdapterInfo]:
+        return self._adapters.infos()
+
+    async def register_adapter(self, name: str, src: str, folder: str) -> AdapterInfo:
+        """Read the PEFT adapter in ``folder`` into ``LoraConfig``'s layout (off the event loop) and serve it as
+        ``name``, a task id of its own; 400 for an adapter this engine cannot apply, 409 for a name taken or
+        option.max_cpu_loras reached."""
+        self._adapters.check_room(name)
+        weights, config, rank = await asyncio.to_thread(self._read_adapter, name, Path(folder))
+        task = self._next_task
+        self._next_task += 1
+        info = AdapterInfo(name=name, src=src, folder=str(folder), rank=rank)
+        self._adapters.add(info, (task, weights, config))
+        log.info("LoRA adapter %r registered from %s (rank %d, task %d, %d rows)", name, src, rank, task, len(config))
+        return info
+
+    def _read_adapter(self, name: str, folder: Path) -> tuple[Any, Any, int]:
+        import torch
+
+        from lmi_trt.engines.adapters import read_adapter  # PEFT's layout, read without peft (safetensors)
+
+        dtype = getattr(torch, self.facts.dtype)  # loraUtils.cpp: the weights must be of the model's dtype
+        adapter = read_adapter(
+            name, folder, max_rank=self.settings.max_lora_rank, num_layers=self.facts.num_layers, dtype=dtype
+        )
+        weights, config = executor_tensors(name, adapter, self.facts.lora)
+        return weights, config, adapter.rank
+
+    async def unregister_adapter(self, name: str) -> None:
+        """404 for a name not registered; 409 while a request (running or held back) uses it."""
+        task, _, _ = self._adapters.get(name)
+        self._adapters.remove(name)
+        self._sent_tasks.discard(task)
+        log.info("LoRA adapter %r unregistered", name)
+
+    def _using_adapter(self, name: str) -> int:
+        """Requests in flight (running or held back) that generate with adapter ``name``."""
+        return sum(1 for s in [*self._streams.values(), *self._held] if s.adapter == name and not s.done)
+
+    def _with_lora(self, spec: RequestSpec, adapter: str | None) -> tuple[RequestSpec, RequestSpec | None]:
+        """The spec with the adapter's ``LoraConfig``; on 1.x without its weights once the Executor was sent them,
+        with the full spec to resend on a cache miss (second of the pair)."""
+        if adapter is None:
+            return spec, None
+        task, weights, config = self._adapters.get(adapter)
+        full = dataclasses.replace(spec, lora=(task, weights, config))
+        if not self._spec.lora_weights_cached or task not in self._sent_tasks:
+            self._sent_tasks.add(task)
+            return full, None
+        return dataclasses.replace(spec, lora=(task, None, None)), full
+
+    def _resend_lora(self, stream: _Stream) -> None:
+        """The Executor no longer holds the task (evicted from its host cache): the same request again, with the
+        weights; its executor id changes (nothing was generated for it)."""
+        spec, stream.lora_resend = stream.lora_resend, None
+        self._streams.pop(stream.exec_id, None)
+        log.info("LoRA adapter %r was evicted from TensorRT-LLM's cache: sent again", stream.adapter)
+        error = self._submit(stream, spec)
+        if error is not None:
+            self._finish(stream, error)
+
     # ------------------------------------------------------------------ response pump
 
     def _pump_loop(self) -> None:
@@ -1269,6 +1423,9 @@ class TrtllmEngine:
             if stream is None:  # already ended here (0.12 cancel, shutdown, pump failure)
                 continue
             if response.has_error():
+                if stream.lora_resend is not None and _LORA_NOT_CACHED in response.error_msg:
+                    self._resend_lora(stream)
+                    continue
                 self._finish(stream, error_output(stream.request_id, response.error_msg, 424))
                 continue
             out = self._to_output(stream, response.result)

@@ -12,8 +12,11 @@ rule), for requests sent together so that base and adapter rows share steps, ove
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,10 @@ NEW = 8
 
 def _make_adapter(base_dir: Path, out: Path, seed: int, rank: int, targets: list[str]):
     """A PEFT LoRA adapter with random A and B (peft zeroes B unless init_lora_weights=False), saved to ``out``;
-    returns peft's merged model."""
+    returns peft's merged model. Where peft is not installed (the release legs: no TensorRT-LLM image has it), the
+    same folder and merge by hand (``_make_adapter_by_hand``, checked against peft's in the default run)."""
+    if importlib.util.find_spec("peft") is None:
+        return _make_adapter_by_hand(base_dir, out, seed, rank, targets)
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
@@ -52,6 +58,32 @@ def _make_adapter(base_dir: Path, out: Path, seed: int, rank: int, targets: list
     peft_model = get_peft_model(model, config)
     peft_model.save_pretrained(str(out))
     return peft_model.merge_and_unload().eval()
+
+
+def _make_adapter_by_hand(base_dir: Path, out: Path, seed: int, rank: int, targets: list[str]):
+    """peft's layout without peft (save_and_load.py: adapter_config.json and adapter_model.safetensors, tensors
+    ``base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight``, A [r, in], B [out, r]) and its
+    merge (``W += lora_alpha / r · B A``, tuners/lora/layer.py); lora_alpha = 2r as above."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir)).eval()
+    tensors = {}
+    for index, layer in enumerate(model.model.layers):
+        for name in targets:
+            where = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            linear = layer.get_submodule(f"{where}.{name}")
+            a = torch.randn(rank, linear.in_features) / linear.in_features**0.5
+            b = torch.randn(linear.out_features, rank) / rank**0.5
+            stem = f"base_model.model.model.layers.{index}.{where}.{name}"
+            tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"] = a, b
+            with torch.no_grad():
+                linear.weight += 2 * (b @ a)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank}
+    (out / "adapter_config.json").write_text(json.dumps({**config, "target_modules": targets, "bias": "none"}))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +108,19 @@ def world(tmp_path_factory):
 
 # The engines that serve adapters: the torch engine's decode loop, and the LLM API's PyTorch backend through the fake
 # TensorRT-LLM (the release LMI_TRT_FAKE_RELEASE names; tests/integration/test_llmapi_lora.py plays each release).
+# The tensorrt backend's (an engine built with the LoRA plugin): tests/integration/test_trtllm_lora.py.
 ENGINES = {"torch": ["--engine", "torch"], "trtllm-pytorch": ["--engine", "trtllm", "-o", "option.backend=pytorch"]}
 
 
-@pytest.fixture(scope="module", params=list(ENGINES))
-def srv(request, world, s3_server, tmp_path_factory):  # noqa: F811
-    env = {**s3_server.env, "HF_HOME": str(world["hf_home"])}
-    if request.param != "torch":
-        env.update(fake_server_env(tmp_path_factory.mktemp("site")))
-    args = [*ENGINES[request.param], "--model-id", str(world["model_dir"]), "--model-name", "tiny-llama"]
+@contextmanager
+def lora_server(world, s3_server, engine_args: list[str], max_loras: int, env: dict | None = None, model_dir=None):  # noqa: F811
+    """`lmi-trt serve` of the model folder (or ``model_dir``: one with the same adapters/) with ``engine_args`` and
+    its adapters from the four places; yields the server."""
+    env = {**s3_server.env, "HF_HOME": str(world["hf_home"]), **(env or {})}
+    args = [*engine_args, "--model-id", str(model_dir or world["model_dir"]), "--model-name", "tiny-llama"]
     for option in (
         "option.enable_lora=true",
-        "option.max_loras=3",
+        f"option.max_loras={max_loras}",
         "option.max_lora_rank=8",
         "option.max_rolling_batch_size=8",
         "option.max_input_len=64",
@@ -95,7 +128,7 @@ def srv(request, world, s3_server, tmp_path_factory):  # noqa: F811
         "option.enable_kv_cache_reuse=true",
     ):
         args += ["-o", option]
-    with serve(args, world["root"], env=env) as server:
+    with serve(args, world["root"], env=env, ready_timeout=600) as server:
         bucket = s3_server.new_bucket("adapters")
         s3_server.upload_folder(world["folders"]["s3-c"], f"s3://{bucket}/lora/c")
         hub = requests.post(f"{server.url}/models/tiny-llama/adapters", params={"name": "hub-b", "src": HUB_REPO})
@@ -110,9 +143,28 @@ def srv(request, world, s3_server, tmp_path_factory):  # noqa: F811
         yield server
 
 
+@pytest.fixture(scope="module", params=list(ENGINES))
+def srv(request, world, s3_server, tmp_path_factory):  # noqa: F811
+    env = fake_server_env(tmp_path_factory.mktemp("site")) if request.param != "torch" else {}
+    with lora_server(world, s3_server, ENGINES[request.param], 3, env) as server:  # 4 adapters: one waits for a slot
+        yield server
+
+
 def _expected(world, adapter: str | None, prompt: str):
     ids = AutoTokenizer.from_pretrained(world["model_dir"])(prompt).input_ids
     return reference(world["merged"][adapter], ids, NEW, eos_token_id=None)
+
+
+def check_mixed_batch(world, jobs: list[tuple[str | None, str]], got: list[list[int]]) -> None:  # noqa: F811
+    """Each (adapter, prompt) job's greedy tokens are its merged model's, and each adapter changes some output."""
+    outputs = {}
+    for (adapter, prompt), tokens in zip(jobs, got, strict=True):
+        ref = _expected(world, adapter, prompt)
+        assert ref.clear >= 3, (adapter, prompt, "too few clear choices to compare")
+        assert_greedy(tokens, ref)
+        outputs[adapter, prompt] = ref.tokens
+    for adapter in {a for a, _ in jobs} - {None}:  # a test that cannot fail is no test
+        assert any(outputs[adapter, p] != outputs[None, p] for a, p in jobs if a == adapter), adapter
 
 
 def _lmi(srv, prompt: str, adapter: str | None) -> list[int]:
@@ -352,3 +404,16 @@ async def test_steps_without_adapter_rows_run_the_base_models_pass(world, monkey
         assert_greedy(mixed[1], _expected(world, None, PROMPTS[1]))
     finally:
         await engine.close()
+
+
+def test_the_adapter_made_by_hand_is_what_peft_loads_and_merges(tmp_path):
+    """The release legs' adapters (no peft there) against peft here: peft reads the folder, and its merged model's
+    weights are the hand-merged ones."""
+    from peft import PeftModel
+
+    llama = tiny_model("llama")
+    by_hand = _make_adapter_by_hand(llama, tmp_path / "a", 7, 4, ["q_proj", "v_proj", "down_proj"])
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(llama)), str(tmp_path / "a"))
+    merged = merged.merge_and_unload()
+    for (name, want), (_, got) in zip(merged.state_dict().items(), by_hand.state_dict().items(), strict=True):
+        assert torch.allclose(want, got, atol=1e-6), name

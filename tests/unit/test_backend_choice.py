@@ -110,18 +110,19 @@ def test_plan_command_says_what_the_backend_will_do(version, backend, capsys):
 
 
 @pytest.mark.parametrize(("version", "backend"), [("1.2.1", "pytorch"), ("1.1.0", "tensorrt")])
-def test_plan_with_lora_plans_the_pytorch_backends_lora_config_and_refuses_a_tensorrt_build(capsys, version, backend):
+def test_plan_with_lora_plans_each_backends_lora(capsys, version, backend):
     import json
 
     from lmi_trt.cli import main
 
     argv = plan_argv(version, "option.enable_lora=true", f"option.backend={backend}", "option.max_loras=2")
-    if backend == "tensorrt":
-        assert main(argv) == 2
-        assert "option.backend=pytorch" in capsys.readouterr().err
-        return
     assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    if backend == "tensorrt":  # the LoRA plugin built in (compile.lora), the Executor's PEFT cache counted
+        assert report["plan"]["plugins"]["lora_plugin"] == report["plan"]["dtype"]
+        assert report["plan"]["lora"]["max_lora_rank"] == 16 and report["plan"]["lora"]["max_loras"] == 2
+        assert any("PEFT cache for option.max_loras=2" in note for note in report["memory"]["notes"])
+        return
     keywords = report["backend"]["llm_keywords"]
     assert keywords["lora_config"]["max_loras"] == 2 and keywords["cuda_graph_config"] is None
     assert "max_lora_rank 16 × 2 layers × 7 modules × max_loras 2 = 448 rows" in report["assumption"]

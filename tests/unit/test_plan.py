@@ -825,3 +825,28 @@ def test_checkpoint_plan_refuses_options_fixed_at_conversion(opts, key):
             CompileOptions(**{**SMALL, "tensor_parallel_degree": 2, **opts}), CKPT_LLAMA31_FP8_TP2, H100x8, "1.0.0"
         )
     assert e.value.key == key
+
+
+def test_option_enable_lora_plans_the_lora_plugin_into_the_cache_key_and_counts_the_peft_cache():
+    opts = CompileOptions(max_input_len=1024, max_output_len=512)
+    plain = make_plan(opts, LLAMA2_7B, H100, "1.0.0")
+    lora = make_plan(opts.model_copy(update={"enable_lora": True, "max_lora_rank": 16}), LLAMA2_7B, H100, "1.0.0")
+    assert "lora" not in plain.key_dict() and "lora_plugin" not in plain.key_dict()["plugins"]
+    assert lora.plugins.lora_plugin == lora.dtype and lora.plugin_settings()["lora_plugin"] == lora.dtype
+    assert lora.key_dict()["lora"] == {
+        "max_lora_rank": 16,
+        "target_modules": ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_gate", "mlp_4h_to_h"],
+    }
+    rank8 = make_plan(opts.model_copy(update={"enable_lora": True, "max_lora_rank": 8}), LLAMA2_7B, H100, "1.0.0")
+    more = make_plan(
+        opts.model_copy(update={"enable_lora": True, "max_lora_rank": 16, "max_loras": 8}), LLAMA2_7B, H100, "1.0.0"
+    )
+    assert rank8.key_dict() != lora.key_dict() and more.key_dict() == lora.key_dict()  # max_loras: run time only
+    # The device PEFT cache: rank 16 × 32 layers × 7 modules × 4 adapters units of the widest module's in + out
+    # (4096 + 11008) weights, at 2 bytes.
+    peft = 16 * 32 * 7 * 4 * (4096 + 11008) * 2
+    with_lora, without = estimate_memory(lora, LLAMA2_7B, H100), estimate_memory(plain, LLAMA2_7B, H100)
+    assert with_lora.activation_reserve_bytes - without.activation_reserve_bytes == peft
+    assert any("PEFT cache" in note and f"{peft / 2**20:.1f} MiB" in note for note in with_lora.notes)
+    with pytest.raises(PlanError, match="option.enable_lora"):
+        make_plan(CompileOptions(max_input_len=512, max_output_len=256, enable_lora=True), GPT2, H100, "1.0.0")

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorrt_llm import _state
+from tensorrt_llm._executor_lora import LoraRuntime
 from tensorrt_llm._grammar import MatcherFactory
 
 log = logging.getLogger("tensorrt_llm")
@@ -212,6 +213,8 @@ class _Seq:
     guide: tuple[str, str | None] | None = None  # (guide type name, guide): see _grammar
     matcher: object = None
     embedding_bias: object = None  # [vocab] float32, added to the logits
+    lora_config: object = None  # the request's LoraConfig (checked and cached at admission: _lora)
+    lora: dict | None = None  # its decoded A and B by (layer, module)
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     sent: int = 0
@@ -260,6 +263,9 @@ class ExecutorImpl:
         self._grammars = None
         if self.is_leader:
             self._model = _load_model(blob["hf_model_dir"])
+            self._lora = LoraRuntime(
+                self._dir, self._model, self.limits.precision, getattr(config, "peft_cache_config", None)
+            )
             guided = getattr(config, "guided_decoding_config", None)
             if guided is not None:
                 if guided._backend.name != "XGRAMMAR":
@@ -327,6 +333,7 @@ class ExecutorImpl:
                     client_id=request.client_id,
                     guide=self._guide(request),
                     embedding_bias=self._embedding_bias(request),
+                    lora_config=request.lora_config,
                 )
             )
             self._cv.notify_all()
@@ -452,6 +459,8 @@ class ExecutorImpl:
         while self._waiting and len(self._active) < self.max_batch_size:
             if self._waiting[0].beam_width != operating:
                 break
+            if not self._lora.fits(self._waiting[0].lora_config, [s.lora_config for s in self._active]):
+                break  # its adapter's PEFT pages do not fit beside the running ones' (capacityScheduler.cpp)
             seq = self._waiting.popleft()
             if len(seq.prompt) > self.limits.max_input_len:
                 out.append(
@@ -477,6 +486,12 @@ class ExecutorImpl:
                 seq.max_tokens = room
             if seq.max_tokens <= 0:
                 out.append(self._result(seq, self._api.FinishReason.LENGTH))
+                continue
+            try:
+                in_use = {s.lora_config.task_id for s in [*self._active, *self._waiting] if s.lora_config is not None}
+                seq.lora = self._lora.admit(seq.lora_config, in_use)
+            except RuntimeError as exc:  # an error Response for this request only (PeftCacheManager::addRequestPeft)
+                out.append(self._api.Response(seq.id, str(exc), seq.client_id))
                 continue
             self._active.append(seq)
             admitted.add(seq.id)
@@ -511,6 +526,7 @@ class ExecutorImpl:
     def _forward(self, seq: _Seq, ids: list[int]) -> None:
         import torch
 
+        self._lora.use(seq.lora)  # every pass sets the adapter it runs with (None: the base model)
         res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
 
@@ -587,6 +603,7 @@ class ExecutorImpl:
             # it finished; NVIDIA/TensorRT-LLM#7145 (0.21) crashes on beams with stop tokens.
             raise RuntimeError("beam search with stop words: not modelled by this fake (see NVIDIA/TensorRT-LLM#7145)")
         sc = seq.sampling
+        self._lora.use(seq.lora)  # the adapter's deltas in every beam's forward pass
         gen = self._model.generate(
             torch.tensor([seq.prompt]),
             num_beams=seq.beam_width,

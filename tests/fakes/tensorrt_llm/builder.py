@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tensorrt_llm import _state
 from tensorrt_llm._runtime import ENGINE_FORMAT as _ENGINE_FORMAT
+from tensorrt_llm.lora_manager import LoraConfig as _LoraConfig
 from tensorrt_llm.models.modeling_utils import PretrainedConfig
 from tensorrt_llm.plugin import plugin as _plugin
 
@@ -52,7 +53,7 @@ _BUILD_FIELDS_1X: tuple[tuple[str, object, object], ...] = (
     ("use_refit", bool, False),
     ("input_timing_cache", str | None, None),
     ("output_timing_cache", str, "model.cache"),
-    ("lora_config", dict, _Factory(dict)),
+    ("lora_config", object, _Factory(_LoraConfig)),
     ("auto_parallel_config", dict, _Factory(dict)),
     ("weight_sparsity", bool, False),
     ("weight_streaming", bool, False),
@@ -83,6 +84,7 @@ class _BuildConfigMethods:
     def from_dict(cls, config, plugin_config=None):
         config = copy.deepcopy(config)
         plugins = config.pop("plugin_config", None)
+        config["lora_config"] = _LoraConfig(**(config.get("lora_config") or {}))  # DictConversion.from_dict
         if plugin_config is None:
             plugin_config = _plugin_config_from_dict(plugins or {})
         return cls(**config, plugin_config=plugin_config)
@@ -94,6 +96,8 @@ class _BuildConfigMethods:
     def to_dict(self):
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["plugin_config"] = _plugin_config_to_dict(self.plugin_config)
+        # BuildConfig.to_dict (tensorrt_llm/builder.py): lora_config.to_dict() (DictConversion: its fields)
+        out["lora_config"] = dataclasses.asdict(self.lora_config)
         # dry_run and visualize_network never reach config.json (tensorrt_llm/builder.py, Engine.save).
         del out["dry_run"], out["visualize_network"]
         return out
@@ -216,12 +220,29 @@ class Engine:
         return cls(config, bytes(engine_buffer))
 
 
+def _use_lora(lora_config) -> None:
+    """``model.use_lora(build_config.lora_config)`` in ``build`` (tensorrt_llm/builder.py, 0.12-era and 1.x copies):
+    lora_manager.py ``load_hf_lora`` takes the target modules from ``lora_dir`` when none are given (not modelled: a
+    ``lora_dir`` is refused), raises "lora_target_modules is empty" when there are neither, and adds the missing
+    ones of q/k/v (``get_missing_qkv_modules``)."""
+    if lora_config.lora_dir:
+        raise NotImplementedError("fake tensorrt_llm: building with lora_dir is not modelled")
+    if not lora_config.lora_target_modules:
+        raise ValueError(
+            "lora_target_modules is empty. "
+            "Please specify lora_target_modules or provide lora_dir to infer lora_target_modules."
+        )
+    lora_config.lora_target_modules.extend(lora_config.missing_qkv_modules)
+
+
 def build(model, build_config):
     """Settle the build settings the way TensorRT-LLM does, and "compile" one rank."""
     config = copy.deepcopy(build_config)
     pretrained = copy.deepcopy(model.config)
     config.plugin_config.dtype = pretrained.dtype
     config.update_kv_cache_type(pretrained.architecture)
+    if config.plugin_config.lora_plugin is not None:  # build(): model.use_lora(build_config.lora_config)
+        _use_lora(config.lora_config)
     if config.plugin_config.paged_kv_cache is None:
         config.plugin_config.paged_kv_cache = config.kv_cache_type == "PAGED"
     if config.max_seq_len is None:

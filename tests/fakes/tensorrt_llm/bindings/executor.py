@@ -262,6 +262,19 @@ class PeftCacheConfig:
         del self._values["self"]
 
 
+class LoraConfig:
+    """executor.h ``LoraConfig(taskId, weights = nullopt, config = nullopt)``; the LLM API's worker passes them as
+    ``task_id=``, ``weights=``, ``config=`` (tensorrt_llm/executor/worker.py _enqueue_request). Read by the runtime."""
+
+    def __init__(self, task_id, weights=None, config=None):
+        self._task_id, self._weights, self._config = task_id, weights, config
+
+    # read-only, as executor.h has getters only (getTaskId, getWeights, getConfig)
+    task_id = property(lambda self: self._task_id)
+    weights = property(lambda self: self._weights)
+    config = property(lambda self: self._config)
+
+
 class _ExtendedRuntimePerfKnobConfig1x:
     """1.x: ``multi_block_mode`` defaults on (cpp/tensorrt_llm/pybind/executor/executorConfig.cpp and
     cpp/include/tensorrt_llm/executor/executor.h, ``ExtendedRuntimePerfKnobConfig(bool multiBlockMode = true,

@@ -1,0 +1,162 @@
+"""The fake Executor's LoRA (private): a request's ``LoraConfig`` checked as TensorRT-LLM checks it, its weights
+decoded from the real layout back into per-module A and B, kept in a host cache of the ``PeftCacheConfig``'s size,
+and applied to the tiny torch model's projections while that request's tokens go through it.
+
+What is real here (NVIDIA/TensorRT-LLM; one stored copy per path, dated by content):
+* the layout: ``tensorrt_llm/lora_manager.py`` ``LoraManager.load_from_hf`` (1.x copy): a row per (layer, module),
+  ``A`` [r, in] flattened then ``B`` (scaled) [out, r] flattened, zero-padded; config rows ``[module id, layer,
+  rank(, is_dora)]``; module ids ``LORA_MODULE_IDS`` and HF names ``get_default_trtllm_modules_to_hf_modules``;
+* the checks, in their order: ``cpp/tensorrt_llm/runtime/loraUtils.cpp`` ``loraValidateRequestTensorDims`` /
+  ``loraValidateRequestTensors`` (the 2-D tensors of ``executor::LoraConfig`` are unsqueezed to [1, ...] by
+  ``LlmRequest``, cpp/tensorrt_llm/batch_manager/llmRequest.h): "Request for LoRA inference must have both
+  lora_weights and lora_keys", int32 keys, 3 (3 or 4 from the DoRA release) columns, the model's dtype, the layer
+  range, rank > 0, "lora module X not enabled for this model", "lora_weights has to few values for X", rank ≤
+  max_lora_rank ("Invalid low_rank");
+* the cache: ``cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp`` ``addRequestPeft``: a task id without weights
+  that the cache does not hold fails the request with "LoRA task N not found in cache. Please send LoRA weights with
+  request" (an error Response: cpp/tests executorTest ``LoRA task 10 not found in cache``); weights sent for a task
+  put it in the host cache, which evicts tasks no request uses ("Cache is full. There are no done tasks to evict"
+  when none can go: ``LoraCache`` claimPagesWithEvict). Its size is ``PeftCacheConfig.num_host_module_layer``:
+  "number of max sized 1-layer 1-module adapterSize=1 sets of weights" (executor.h), so a row of rank r takes r.
+* the device cache: the capacity scheduler claims a running task's PEFT pages once per distinct task and leaves a
+  request pending while its new task's pages do not fit (``determineNumPages``, availablePeftPages:
+  cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp, every stored copy); here a page is a unit as above and the
+  device holds ``num_device_module_layer`` of them.
+Simplification: pages are units of rank, not TensorRT-LLM's pages of ``optimalAdapterSize``; 3-column rows only
+(DoRA's fourth column is refused here, not read).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+# LoraManager.LORA_MODULE_IDS → (TensorRT-LLM module name, HF submodule path in a Llama decoder layer).
+MODULE_IDS = {
+    1: ("attn_q", "self_attn.q_proj"),
+    2: ("attn_k", "self_attn.k_proj"),
+    3: ("attn_v", "self_attn.v_proj"),
+    4: ("attn_dense", "self_attn.o_proj"),
+    5: ("mlp_h_to_4h", "mlp.gate_proj"),
+    6: ("mlp_4h_to_h", "mlp.down_proj"),
+    7: ("mlp_gate", "mlp.up_proj"),
+}
+
+
+def _error(msg: str) -> RuntimeError:
+    return RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {msg}")
+
+
+class LoraRuntime:
+    def __init__(self, engine_dir: Path, model, precision: str, peft_cache_config) -> None:
+        build = json.loads((engine_dir / "config.json").read_text()).get("build_config", {})
+        plugin = (build.get("plugin_config") or {}).get("lora_plugin")
+        lora = build.get("lora_config") or {}
+        enabled = plugin not in (None, "disable") and lora.get("lora_target_modules")
+        self.modules = {i for i, (name, _) in MODULE_IDS.items() if enabled and name in lora["lora_target_modules"]}
+        self.max_rank = int(lora.get("max_lora_rank", 64))
+        self.model = model
+        self.dtype = precision
+        values = getattr(peft_cache_config, "_values", {}) if peft_cache_config is not None else {}
+        self.host_units = int(values.get("num_host_module_layer", 0))
+        self.device_units = int(values.get("num_device_module_layer", 0))
+        self.cache: OrderedDict[int, tuple[dict, int]] = OrderedDict()  # task id → (A/B by (layer, path), units)
+        self._active: dict | None = None
+        layers = model.model.layers
+        for index, layer in enumerate(layers):
+            for _, path in MODULE_IDS.values():
+                module = layer.get_submodule(path)
+                module.register_forward_hook(self._hook(index, path))
+
+    def _hook(self, index: int, path: str):
+        def add(module, inputs, output):
+            pair = self._active.get((index, path)) if self._active else None
+            if pair is None:
+                return output
+            a, b = pair
+            return output + (inputs[0].to(a.dtype) @ a.t() @ b.t()).to(output.dtype)
+
+        return add
+
+    def use(self, weights: dict | None) -> None:
+        """The adapter the model's next passes apply (None: the base model); set before every pass."""
+        self._active = weights
+
+    def fits(self, lora_config, running: list) -> bool:
+        """Whether the scheduler takes a request now: its task already runs, or its pages fit beside the running
+        tasks' (``running``: the running requests' LoraConfigs)."""
+        if lora_config is None:
+            return True
+        tasks = {c.task_id: self._units(c) for c in running if c is not None}
+        if lora_config.task_id in tasks:
+            return True
+        return sum(tasks.values()) + self._units(lora_config) <= self.device_units
+
+    def _units(self, lora_config) -> int:
+        if lora_config.config is not None:
+            return int(lora_config.config[:, 2].sum())
+        cached = self.cache.get(lora_config.task_id)
+        return cached[1] if cached is not None else 0
+
+    def admit(self, lora_config, in_use: set[int]) -> dict | None:
+        """The request's adapter weights (None: the base model), its task put into or found in the host cache;
+        ``in_use``: task ids of requests running or waiting (not evictable)."""
+        if lora_config is None:
+            return None
+        task, weights, config = lora_config.task_id, lora_config.weights, lora_config.config
+        if weights is None and config is None:
+            if task not in self.cache:
+                raise RuntimeError(f"LoRA task {task} not found in cache. Please send LoRA weights with request")
+            self.cache.move_to_end(task)
+            return self.cache[task][0]
+        decoded, units = self._decode(weights, config)
+        self.cache.pop(task, None)
+        while sum(u for _, u in self.cache.values()) + units > self.host_units:
+            victim = next((t for t in self.cache if t not in in_use), None)
+            if victim is None:
+                raise _error("Cache is full. There are no done tasks to evict")
+            del self.cache[victim]
+        self.cache[task] = (decoded, units)
+        return decoded
+
+    def _decode(self, weights, config) -> tuple[dict, int]:
+        import torch
+
+        if weights is None or config is None:
+            raise _error("Request for LoRA inference must have both lora_weights and lora_keys")
+        if weights.dim() != 2 or config.dim() != 2:  # LlmRequest unsqueezes 2-D to the checked 3-D
+            raise _error("Invalid shape for lora_weights tensor")
+        if weights.device.type != "cpu" or config.device.type != "cpu":
+            raise _error("Expected lora weights to be in CPU memory")
+        if config.dtype != torch.int32:
+            raise _error(f"Expected  lora keys to have TYPE_INT32 but was {config.dtype}")
+        if config.shape[0] != weights.shape[0]:
+            raise _error("Expected dim1 lora_weights and lora_keys to have the same size")
+        if config.shape[1] != 3:
+            raise _error("Expected dim2 of lora_keys to have a size of 3")
+        if weights.dtype != getattr(torch, self.dtype):
+            raise _error("Expected lora weights to be the same data type as base model")
+        layers = self.model.model.layers
+        decoded, units = {}, 0
+        for row, (module_id, layer, rank) in enumerate(config.tolist()):
+            if not 0 <= layer < len(layers):
+                raise _error("Expected layerId to be in the range [0, numModelLayers)")
+            if rank <= 0:
+                raise _error("Expected adapterSize to be > 0")
+            if module_id not in self.modules:
+                name = MODULE_IDS.get(module_id, (str(module_id),))[0]
+                raise _error(f"lora module {name} not enabled for this model")
+            name, path = MODULE_IDS[module_id]
+            linear = layers[layer].get_submodule(path)
+            fan_in, fan_out = linear.in_features, linear.out_features
+            if rank * (fan_in + fan_out) > weights.shape[1]:
+                raise _error(f"lora_weights has to few values for {name}")
+            if rank > self.max_rank:
+                raise _error(f"Invalid low_rank ({rank}). low_rank must be smaller than mMaxLowRank ({self.max_rank})")
+            flat = weights[row].float()
+            a = flat[: rank * fan_in].reshape(rank, fan_in)
+            b = flat[rank * fan_in : rank * (fan_in + fan_out)].reshape(fan_out, rank)
+            decoded[layer, path] = (a, b)
+            units += rank
+        return decoded, units
