@@ -63,7 +63,8 @@ class LoraRuntime:
         self.device_units = int(values.get("num_device_module_layer", 0))
         self.cache: OrderedDict[int, tuple[dict, int]] = OrderedDict()  # task id → (A/B by (layer, path), units)
         self._active: dict | None = None
-        layers = model.model.layers
+        # an engine built without the LoRA plugin has nothing to hook (benchmarks/pump_bench.py runs no model at all)
+        layers = model.model.layers if self.modules else []
         for index, layer in enumerate(layers):
             for _, path in MODULE_IDS.values():
                 module = layer.get_submodule(path)
