@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from lmi_trt import reasoning_parsers, stages
@@ -44,6 +46,16 @@ def _eos_ids(tokenizer, artifact: ModelArtifact) -> list[int]:
     return ids
 
 
+def _model_config(artifact: Any) -> dict | None:
+    """The model's sizes, as a Hugging Face config: its config.json, or a TensorRT-LLM engine's pretrained_config
+    (``head_size`` is its head_dim: tensorrt_llm/models/modeling_utils.py PretrainedConfig)."""
+    if artifact.hf_config is not None or artifact.engine_dir is None:
+        return artifact.hf_config
+    engine = Path(artifact.engine_dir) / "config.json"
+    pretrained = json.loads(engine.read_text()).get("pretrained_config") if engine.is_file() else None
+    return {**pretrained, "head_dim": pretrained.get("head_size")} if pretrained else None
+
+
 async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | None = None) -> LoadedModel:
     """``plan`` (``lmi_trt.launch.plan_launch``) with several copies gives a ``ReplicaSet`` of engines."""
     artifact = await asyncio.to_thread(resolve_model, config)
@@ -76,7 +88,13 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     refusing = [name for name, c in engine.capabilities.features().items() if not c.honoured]
     if refusing:  # each with its reason at GET /v1/capabilities and in the 400 of a request that asks
         log.info("engine %s refuses requests for: %s (see GET /v1/capabilities)", engine.name, ", ".join(refusing))
-    return LoadedModel(engine=engine, tokenizer=tokenizer, adapter_source=adapter_source, tokenizer_dir=tok_dir)
+    return LoadedModel(
+        engine=engine,
+        tokenizer=tokenizer,
+        adapter_source=adapter_source,
+        tokenizer_dir=tok_dir,
+        model_config=_model_config(artifact),
+    )
 
 
 def check_reasoning(config: LmiConfig, tokenizer: Any) -> None:

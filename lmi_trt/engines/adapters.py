@@ -135,6 +135,33 @@ def read_adapter(
     return LoraAdapter(name, rank, weights)
 
 
+def write_adapter(folder: Path, weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]) -> int:
+    """``read_adapter``'s inverse: per (layer, module) ``A`` and already scaled ``B`` as a PEFT folder (scaling 1:
+    ``lora_alpha = r``); returns the rank. PEFT has one ``r`` (a per-module one is its ``rank_pattern``, which
+    ``read_adapter`` refuses), so modules of a smaller rank are padded with zeros to the largest."""
+    import torch
+    from safetensors.torch import save_file
+
+    rank = max(a.shape[0] for a, _ in weights.values())
+    part = {m: "mlp" if m in GROUPS["gate_up"] + GROUPS["down"] else "self_attn" for m in MODULES}
+    tensors = {}
+    for (layer, module), (a, b) in weights.items():
+        stem = f"base_model.model.model.layers.{layer}.{part[module]}.{module}"
+        pad = rank - a.shape[0]  # zero rows of A and columns of B: the same B·A at the adapter's one rank
+        tensors[f"{stem}.lora_A.weight"] = torch.nn.functional.pad(a, (0, 0, 0, pad)).contiguous()
+        tensors[f"{stem}.lora_B.weight"] = torch.nn.functional.pad(b, (0, pad)).contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": sorted({m for _, m in weights}),
+    }
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    save_file(tensors, str(folder / WEIGHTS_FILE))
+    return rank
+
+
 T = TypeVar("T")
 
 

@@ -28,17 +28,7 @@ from typing import Any
 from lmi_trt.compile.lora import TARGET_MODULES
 
 from .base import EngineError
-
-# HF (PEFT) module → (TensorRT-LLM lora module, LoraManager.LORA_MODULE_IDS id), lora_manager.py.
-MODULES = {
-    "q_proj": ("attn_q", 1),
-    "k_proj": ("attn_k", 2),
-    "v_proj": ("attn_v", 3),
-    "o_proj": ("attn_dense", 4),
-    "gate_proj": ("mlp_h_to_4h", 5),
-    "down_proj": ("mlp_4h_to_h", 6),
-    "up_proj": ("mlp_gate", 7),
-}
+from .lora_layout import MODULES, encode
 
 
 @dataclass(frozen=True)
@@ -63,8 +53,6 @@ def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, An
     """An adapter read by ``engines.torch.lora.read_adapter`` (A [r, in] and scaling·B [out, r] per (layer, HF
     module), the model's dtype) as ``LoraConfig``'s (weights [rows, longest], config int32 [rows, 3]); 400 naming
     the modules the engine was not built for."""
-    import torch
-
     missing = sorted({m for _, m in adapter.weights if MODULES[m][0] not in built.target_modules})
     if missing:
         raise EngineError(
@@ -74,10 +62,4 @@ def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, An
             code=400,
             field="adapter",
         )
-    rows, keys = [], []
-    for (layer, module), (a, b) in sorted(adapter.weights.items()):
-        rows.append(torch.cat([a.contiguous().flatten(), b.contiguous().flatten()]))
-        keys.append([MODULES[module][1], layer, a.shape[0]])
-    longest = max(r.numel() for r in rows)
-    weights = torch.stack([torch.nn.functional.pad(r, (0, longest - r.numel())) for r in rows])
-    return weights, torch.tensor(keys, dtype=torch.int32)
+    return encode(adapter.weights)

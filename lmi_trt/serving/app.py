@@ -169,6 +169,7 @@ def build_app(
             metrics=metrics,
             adapter_source=loaded.adapter_source,
             admission=admission,
+            model_config=loaded.model_config,
         )
         if ready_gate is not None:
             await ready_gate()

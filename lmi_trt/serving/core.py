@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 import logging
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lmi_trt.config import LmiConfig
@@ -124,6 +128,8 @@ class LoadedModel:
     adapter_source: Callable[[str], Any] | None = None
     # The folder it was loaded from (front-end processes load their own copy: serving/frontends.py)
     tokenizer_dir: Path | None = None
+    # The model's config.json (its module sizes decode Triton's lora_weights rows); None where not known here.
+    model_config: Mapping[str, Any] | None = None
 
 
 class FeatureRefused(BadRequest):
@@ -691,6 +697,43 @@ class Reservation:
             self.left = 0
 
 
+TASK_PREFIX = "lora-task-"  # Triton lora_task_id N is served as the adapter "lora-task-N"
+
+
+def _write_task(model_config: Mapping[str, Any], task_id: int, weights: Any, config: Any) -> Path:
+    """Triton's ``lora_weights`` [1, rows, D] and ``lora_config`` [1, rows, 3] (JSON lists) decoded into A and B per
+    module and written as a PEFT folder of its own, which the engine registers like any adapter."""
+    import torch
+
+    from lmi_trt.engines.adapters import write_adapter
+    from lmi_trt.engines.lora_layout import decode, module_dims
+
+    try:
+        w = torch.tensor(weights, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise FieldError("lora_weights", f"lora_weights: a [1, rows, D] array of numbers ({e})") from e
+    try:
+        c = torch.tensor(config, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise FieldError("lora_config", f"lora_config: a [1, rows, 3] array of integers ({e})") from e
+    for name, t in (("lora_weights", w), ("lora_config", c)):
+        if t.dim() != 3 or t.shape[0] != 1:
+            raise FieldError(name, f"{name} of shape {list(t.shape)}: one request's tensor is [1, rows, ...]")
+    if not torch.isfinite(w).all():
+        raise FieldError("lora_weights", "lora_weights holds a NaN or infinity")
+    folder = Path(tempfile.mkdtemp(prefix=f"lmi-lora-task-{task_id}-"))
+    try:
+        decoded = decode(w[0], c[0], module_dims(model_config), int(model_config["num_hidden_layers"]))
+        write_adapter(folder, decoded)
+    except EngineError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise FieldError(e.field or "lora_weights", str(e)) from e
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
 class GenerationService:
     def __init__(
         self,
@@ -701,9 +744,14 @@ class GenerationService:
         metrics: Metrics | None = None,
         adapter_source: Callable[[str], Any] | None = None,
         admission: Admission | None = None,
+        model_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self._adapter_source = adapter_source
+        self._model_config = model_config
+        # Triton's lora_task_id → (digest of the weights it was sent with, the PEFT folder written for it)
+        self._tasks: dict[int, tuple[str, Path]] = {}
+        self._tasks_lock = asyncio.Lock()
         self.tokenizer = tokenizer
         self.config = config
         self.metrics = metrics
@@ -776,6 +824,84 @@ class GenerationService:
             await host.unregister_adapter(name)
         except EngineError as e:
             raise error_from_code(str(e), e.code) from e
+
+    async def task_adapter(self, task_id: int, weights: Any, config: Any) -> str:
+        """The adapter serving Triton's ``lora_task_id`` (named ``TASK_PREFIX`` + the id, apart from the engine's own
+        task ids): registered from ``lora_weights``/``lora_config`` (TensorRT-LLM's rows, ``engines.lora_layout``)
+        when they come, replaced when they differ from the last ones, and reused when only the id comes; 404 naming
+        the id for an unknown task without weights. As the backend's cache does (tensorrtllm_backend
+        tensorrt_llm/config.pbtxt: "If the cache is full the oldest LoRA will be evicted ... An error is returned if
+        `lora_task_id` is not cached"), a full table (option.max_cpu_loras) drops the least recently used task that no
+        request uses."""
+        name = f"{TASK_PREFIX}{task_id}"
+        if weights is None and config is None:
+            if name not in self.adapter_names():
+                raise NotFound(
+                    f"lora_task_id={task_id}: LoRA task {task_id} is not registered here; send its lora_weights and "
+                    "lora_config with the task's first request"
+                )
+            if task_id in self._tasks:
+                self._tasks[task_id] = self._tasks.pop(task_id)  # most recently used last
+            return name
+        if weights is None or config is None:
+            given, missing = ("lora_weights", "lora_config") if config is None else ("lora_config", "lora_weights")
+            raise FieldError(missing, f"{given} without {missing}: a task's first request carries both")
+        host = self._adapter_host()
+        dims_config = self._model_config
+        if dims_config is not None:
+            dims_config = dims_config.get("text_config") or dims_config
+        if dims_config is None or not dims_config.get("hidden_size") or not dims_config.get("num_hidden_layers"):
+            raise FieldError(
+                "lora_weights",
+                "lora_weights: this process does not know the model's module sizes to read the rows (front-end "
+                "processes, option.api_server_count > 1); register the adapter (POST /adapters) and choose it by "
+                "name in another schema",
+            )
+        digest = hashlib.sha256(orjson.dumps([weights, config])).hexdigest()
+        async with self._tasks_lock:
+            known = self._tasks.get(task_id)
+            if known is not None and known[0] == digest and name in self.adapter_names():
+                self._tasks[task_id] = self._tasks.pop(task_id)
+                return name
+            folder = await asyncio.to_thread(_write_task, dims_config, task_id, weights, config)
+            try:
+                if name in self.adapter_names():
+                    await self.unregister_adapter(name)  # 409 while requests use the task's old weights
+                self._drop_task(task_id)
+                full: EngineError | None = None
+                for victim in [None, *self._tasks]:  # then the oldest tasks, while the table is full
+                    if victim is not None and not await self._evict_task(victim):
+                        continue
+                    try:
+                        await host.register_adapter(name, f"lora_task_id={task_id}", str(folder))
+                        break
+                    except EngineError as e:  # the engine's checks (rank, modules built, ...) on the task's rows
+                        if e.code != 409:
+                            raise error_from_code(f"lora_weights of lora_task_id={task_id}: {e}", e.code) from e
+                        full = e
+                else:
+                    raise Conflict(f"lora_task_id={task_id}: {full}; every task adapter is in use")
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            self._tasks[task_id] = (digest, folder)
+        return name
+
+    def _drop_task(self, task_id: int) -> None:
+        known = self._tasks.pop(task_id, None)
+        if known is not None:
+            shutil.rmtree(known[1], ignore_errors=True)
+
+    async def _evict_task(self, task_id: int) -> bool:
+        """Unregister a Triton task's adapter to make room; False while requests use it."""
+        try:
+            await self.unregister_adapter(f"{TASK_PREFIX}{task_id}")
+        except Conflict:
+            return False
+        except NotFound:  # unregistered meanwhile through the adapter routes
+            pass
+        self._drop_task(task_id)
+        return True
 
     @property
     def in_system(self) -> int:

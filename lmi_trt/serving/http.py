@@ -314,8 +314,11 @@ def _parse_bounded(raw: bytes, max_values: int) -> tuple[bool, Any]:
 
 def max_json_values(config: LmiConfig) -> int:
     """JSON values a valid request may hold: each prompt (a batch's) as token ids, or a chat of
-    one message per token (a message is an object, a role, a content: 3 values), plus settings."""
-    return config.max_prompts_per_request * (config.max_input_len + 16) + 3 * config.max_input_len + 1024
+    one message per token (a message is an object, a role, a content: 3 values), plus settings. With
+    option.enable_lora, Triton's lora_weights may come in the body: as many numbers as max_request_size's bytes
+    hold (two bytes each at least, ``0,``)."""
+    most = config.max_prompts_per_request * (config.max_input_len + 16) + 3 * config.max_input_len + 1024
+    return max(most, config.max_request_size // 2) if config.enable_lora else most
 
 
 async def load_json(request: web.Request, raw: bytes) -> Any:

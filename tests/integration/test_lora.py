@@ -200,6 +200,19 @@ def _openai(srv, prompt: str, adapter: str | None) -> str:
 SCHEMAS = {"lmi": _lmi, "tgi": _tgi, "openai": _openai}
 
 
+def _check_text(world, ref, text: str, adapter: str | None, stops_at_eos: bool = False) -> None:
+    """Text answers: as the reference's tokens read, over their clear prefix; ``stops_at_eos``: a schema without
+    ignore_eos (Triton's) ends at the end token, so the reference is cut there."""
+    tok = AutoTokenizer.from_pretrained(world["model_dir"])
+    tokens, clear = ref.tokens, ref.clear
+    if stops_at_eos and tok.eos_token_id in tokens[:clear]:
+        tokens = tokens[: tokens.index(tok.eos_token_id)]
+        clear = len(tokens)
+    whole = tok.decode(tokens, skip_special_tokens=True) if clear == len(tokens) else None
+    expected = whole if whole is not None else tok.decode(tokens[:clear], skip_special_tokens=True)
+    assert text == expected if whole is not None else text.startswith(expected), (adapter, text, expected)
+
+
 @pytest.mark.parametrize("schema", SCHEMAS)
 def test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch(srv, world, schema):
     send = SCHEMAS[schema]
@@ -210,11 +223,8 @@ def test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch(srv,
     for (adapter, prompt), tokens in zip(jobs, got, strict=True):
         ref = _expected(world, adapter, prompt)
         assert ref.clear >= 3, (adapter, prompt, "too few clear choices to compare")
-        if isinstance(tokens, str):  # text: as the reference's tokens read, over their clear prefix
-            tok = AutoTokenizer.from_pretrained(world["model_dir"])
-            whole = tok.decode(ref.tokens, skip_special_tokens=True) if ref.clear == len(ref.tokens) else None
-            expected = whole if whole is not None else tok.decode(ref.tokens[: ref.clear], skip_special_tokens=True)
-            assert tokens == expected if whole is not None else tokens.startswith(expected), (adapter, tokens, expected)
+        if isinstance(tokens, str):
+            _check_text(world, ref, tokens, adapter)
         else:
             assert_greedy(tokens, ref)
         outputs[adapter, prompt] = ref.tokens
@@ -417,3 +427,76 @@ def test_the_adapter_made_by_hand_is_what_peft_loads_and_merges(tmp_path):
     merged = merged.merge_and_unload()
     for (name, want), (_, got) in zip(merged.state_dict().items(), by_hand.state_dict().items(), strict=True):
         assert torch.allclose(want, got, atol=1e-6), name
+
+
+def _triton_rows(world, adapter: str) -> tuple[list, list]:
+    """A PEFT adapter as Triton's ``lora_weights`` [1, rows, D] and ``lora_config`` [1, rows, 3] (JSON): TensorRT-LLM's
+    LoraManager layout (lmi_trt.engines.lora_layout.encode, checked against the fake Executor's independent decoder
+    of that layout in test_trtllm_lora.py)."""
+    from lmi_trt.engines.adapters import read_adapter
+    from lmi_trt.engines.lora_layout import encode
+
+    layers = json.loads((world["model_dir"] / "config.json").read_text())["num_hidden_layers"]
+    read = read_adapter(adapter, world["folders"][adapter], max_rank=8, num_layers=layers, dtype=torch.float32)
+    weights, config = encode(read.weights)
+    return [weights.tolist()], [config.tolist()]
+
+
+def _triton(srv, prompt: str, task: int | None, rows: tuple[list, list] | None = None) -> str:
+    body: dict = {"text_input": prompt, "max_tokens": NEW}
+    if task is not None:
+        body["lora_task_id"] = [task]
+    if rows is not None:
+        body.update(lora_weights=rows[0], lora_config=rows[1])
+    r = requests.post(f"{srv.url}/v2/models/ensemble/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["text_output"]
+
+
+def test_triton_lora_inputs_register_a_task_that_later_requests_name_by_id(srv, world):
+    """Triton's lora_task_id with lora_weights/lora_config (tensorrtllm_backend docs/lora.md): the first request
+    carries the rows, later ones only the id; each generates as the adapter chosen by name and as peft's merged model,
+    in one batch with base rows and the adapter by name (TGI)."""
+    task = 2**63 + 7  # a client's uint64 id: its own name space, apart from the engine's task ids
+    rows = _triton_rows(world, "hub-b")
+    unknown = requests.post(f"{srv.url}/v2/models/ensemble/generate", json={"text_input": "Hi", "lora_task_id": [task]})
+    assert unknown.status_code == 404 and str(task) in unknown.text and "lora_task_id" in unknown.text, unknown.text
+    try:
+        first = _triton(srv, PROMPTS[0], task, rows)
+        _check_text(world, _expected(world, "hub-b", PROMPTS[0]), first, "hub-b", stops_at_eos=True)
+        jobs = [(send, adapter, p) for p in PROMPTS[:2] for send, adapter in (("triton", None), ("triton", "hub-b"))]
+        jobs += [("tgi", "hub-b", p) for p in PROMPTS[:2]]
+
+        def one(job):
+            send, adapter, prompt = job
+            if send == "tgi":
+                return _tgi(srv, prompt, adapter)
+            return _triton(srv, prompt, task if adapter else None)
+
+        with ThreadPoolExecutor(len(jobs)) as pool:  # together: base rows and the task's share the decode steps
+            got = list(pool.map(one, jobs))
+        for (send, adapter, prompt), out in zip(jobs, got, strict=True):
+            ref = _expected(world, adapter, prompt)
+            if send == "tgi":
+                assert_greedy(out, ref)
+            else:
+                _check_text(world, ref, out, adapter, stops_at_eos=True)
+        base = [_expected(world, None, p).tokens for p in PROMPTS[:2]]
+        assert base != [_expected(world, "hub-b", p).tokens for p in PROMPTS[:2]]  # the adapter changes the output
+        half = requests.post(
+            f"{srv.url}/v2/models/ensemble/generate",
+            json={"text_input": "Hi", "lora_task_id": task + 1, "lora_weights": rows[0]},
+        )
+        assert half.status_code == 400 and "lora_config" in half.text, half.text
+        bad = requests.post(
+            f"{srv.url}/v2/models/ensemble/generate",
+            json={
+                "text_input": "Hi",
+                "lora_task_id": task + 1,
+                "lora_weights": [rows[0][0][:1]],
+                "lora_config": [[[9, 0, 4]]],
+            },
+        )
+        assert bad.status_code == 400 and "module id 9" in bad.text, bad.text
+    finally:
+        requests.delete(f"{srv.url}/adapters/lora-task-{task}")

@@ -203,6 +203,7 @@ from test_lora import (  # noqa: E402
     test_an_adapter_in_use_is_not_unloaded_then_is,  # noqa: F401
     test_an_unknown_adapter_is_a_404_naming_it_in_every_schema,  # noqa: F401
     test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batch,  # noqa: F401
+    test_triton_lora_inputs_register_a_task_that_later_requests_name_by_id,  # noqa: F401
 )
 
 

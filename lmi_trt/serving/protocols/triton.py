@@ -15,8 +15,13 @@ beam_width, num_return_sequences, exclude_input_in_output (default true), stream
 (beam_width > 1, with length_penalty) answers the best num_return_sequences beams (default: all of them, as
 TensorRT-LLM's SamplingConfig returns beamWidth beams unless numReturnSequences is set: executor.h) as a
 list in text_output, best first; not streamed. Refused with a 400 (the engine cannot honour them):
-num_return_sequences > 1 without beams, return_context_logits, return_generation_logits, lora_*,
+num_return_sequences > 1 without beams, return_context_logits, return_generation_logits,
 prompt_embedding_table, embedding_bias_*, guided_decoding_*.
+LoRA, as the backend's tensorrt_llm model takes it (triton-inference-server/tensorrtllm_backend docs/lora.md and
+all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt): ``lora_task_id`` [1] uint64, ``lora_weights``
+[1, rows, D×Hi + Ho×D] and ``lora_config`` [1, rows, 3] int32 (module id, layer, adapter size) in TensorRT-LLM's
+layout (engines/lora_layout.py); a task's first request carries the weights and config, later ones the id alone.
+The task is registered as the adapter ``lora-task-<id>`` (core.GenerationService.task_adapter) on every engine.
 ``stop_words`` end the text and are not part of it (server-side stop strings, multi-byte safe).
 """
 
@@ -52,8 +57,8 @@ NAMES = {
     "stop": "stop_words",
     "logprobs": "return_log_probs",
 }
-_LISTS = ("bad_words", "stop_words", "text_input")
-_REFUSED_PREFIXES = ("lora_", "embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
+_LISTS = ("bad_words", "stop_words", "text_input", "lora_weights", "lora_config")
+_REFUSED_PREFIXES = ("embedding_bias", "guided_decoding", "prompt_embedding_table", "prompt_vocab_size")
 # Inputs of the TensorRT-LLM backend's older ensemble and of its tensorrt_llm model (triton-inference-server/
 # tensorrtllm_backend all_models/inflight_batcher_llm/ensemble/config.pbtxt at 039e5b4, tensorrt_llm/config.pbtxt):
 # taken under the ensemble's names (never ignored); input_lengths is the prompt's, which the server counts itself.
@@ -105,6 +110,11 @@ class TritonRequest(BaseModel):
     beam_search_diversity_rate: float | None = Field(None, allow_inf_nan=False)
     exclude_input_in_output: bool = True
     stream: bool = False
+    # tensorrtllm_backend tensorrt_llm/config.pbtxt: lora_task_id TYPE_UINT64 [1], lora_weights (the model's dtype)
+    # [-1, -1], lora_config TYPE_INT32 [-1, 3], each with the request's batch dimension of 1 in front.
+    lora_task_id: int | None = Field(None, ge=0, lt=2**64)
+    lora_weights: list[Any] | None = None
+    lora_config: list[Any] | None = None
 
     def to_generate(self) -> GenerateParams:
         if self.beam_width == 1 and self.num_return_sequences not in (None, 1):
@@ -125,17 +135,13 @@ class TritonRequest(BaseModel):
         refuse_typos(self.model_extra or {}, [*type(self).model_fields, *_IGNORED], PEER_FIELDS)
         for name in self.model_extra or {}:
             if name.startswith(_REFUSED_PREFIXES):
-                lora = (
-                    " (LoRA adapters are registered by name, POST /adapters?name=...&src=..., and chosen by name in "
-                    "the LMI, OpenAI or TGI schemas; weights in a request are not taken)"
-                    if name.startswith("lora_")
-                    else ""
-                )
                 raise FieldError(
                     name,
-                    f"{name} is not supported by this server (no LoRA weights in requests, prompt tuning, embedding "
-                    f"bias or guided decoding){lora}; leave it out",
+                    f"{name} is not supported by this server (no prompt tuning, embedding bias or guided decoding); "
+                    "leave it out",
                 )
+        if self.lora_task_id is None and (self.lora_weights is not None or self.lora_config is not None):
+            raise FieldError("lora_task_id", "lora_weights and lora_config come with the lora_task_id they register")
         top_p = self.top_p
         return neutral_params(
             {
@@ -215,6 +221,9 @@ async def _handle(request: web.Request, force_stream: bool | None) -> web.Stream
         )
     req: TritonRequest = validate_body(TritonRequest, _flatten(body))
     params = req.to_generate()
+    if req.lora_task_id is not None:
+        adapter = await ctx.require_service().task_adapter(req.lora_task_id, req.lora_weights, req.lora_config)
+        params = params.model_copy(update={"adapter": adapter})
     stream_it = req.stream if force_stream is None else force_stream
     service = ctx.require_service()
     head = {"model_name": name, "model_version": version}
