@@ -834,6 +834,10 @@ class GenerationService:
         `lora_task_id` is not cached"), a full table (option.max_cpu_loras) drops the least recently used task that no
         request uses."""
         name = f"{TASK_PREFIX}{task_id}"
+        try:
+            host = self._adapter_host()
+        except BadRequest as e:
+            raise FieldError("lora_task_id", f"lora_task_id={task_id}: {e.message}") from e
         if weights is None and config is None:
             if name not in self.adapter_names():
                 raise NotFound(
@@ -846,7 +850,6 @@ class GenerationService:
         if weights is None or config is None:
             given, missing = ("lora_weights", "lora_config") if config is None else ("lora_config", "lora_weights")
             raise FieldError(missing, f"{given} without {missing}: a task's first request carries both")
-        host = self._adapter_host()
         dims_config = self._model_config
         if dims_config is not None:
             dims_config = dims_config.get("text_config") or dims_config
