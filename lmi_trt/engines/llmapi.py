@@ -113,7 +113,6 @@ from lmi_trt.engines.base import (
 from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.llmapi_releases import (
     AFTER_LAST_READ,
-    LINE_1_3,
     TRTLLM,
     Sampler,
     beam_width_rule,
@@ -190,14 +189,12 @@ LORA_MODULES = {
 }
 # CUDA graphs beside LoRA adapters. PR 5480 ("Enable cuda graph by default", 2025-07-13, before 1.0): "LoRA does not
 # support CUDA graph enable mode, the output is different compare with CUDA graph disable"; PRs 7335 and 7336 (LoRA
-# CUDA graphs, 2025-08) closed unmerged; PR 8279 ("Multi-LoRA serving with CUDA Graph") opened 2025-10-11, after the
-# 1.2.0rc0 bump (2025-09-29) that cut 1.1. Whether the 1.2 branch holds it was not verified, so lmi-trt turns CUDA
-# graphs off beside adapters up to 1.2 and leaves them on for the 1.3.0 candidates (all cut in 2026).
-LORA_CUDA_GRAPHS = LINE_1_3
-# PEFT's use_rslora (scaling alpha / sqrt(r)): the HF loader reads it (lora_manager.py load_from_hf, ``rs_lora =
-# bool(hf_config.get("use_rslora", False))``) in one undated copy (id 1059464385, with MoE LoRA: late); not read per
-# release, so refused on every release.
-NO_RSLORA = "whether this TensorRT-LLM release scales by lora_alpha / sqrt(r) was not verified"
+# CUDA graphs, 2025-08) closed unmerged; PR 8279 ("Multi-LoRA serving with CUDA Graph", commit 1dc49b266e) merged on
+# main 2026-01-22 *after* "Bump version to 1.3.0rc1" (#10923, commit 0243abee22; NVIDIA/TensorRT-LLM main's commit
+# log): in no 1.2 (on release branches by then) nor 1.3.0rc0, and by llmapi_releases.py's dating rule first verified
+# in 1.3.0rc2. Before it lmi-trt turns CUDA graphs off beside adapters (the fake runtime, tests/fakes/tensorrt_llm/
+# _lora.py, switches at the same release).
+LORA_CUDA_GRAPHS = Version("1.3.0rc2")
 
 
 # =============================================================================== versions
@@ -513,8 +510,8 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
                 raise TrtllmConfigError(
                     f"option.use_cuda_graph=true with option.enable_lora=true: TensorRT-LLM {release} does not apply "
                     "LoRA adapters in CUDA graphs (PR 5480: 'the output is different'; PR 8279, which adds them, is "
-                    "not verified before the 1.3.0 candidates); remove option.use_cuda_graph (lmi-trt turns CUDA "
-                    "graphs off beside adapters there), or use a TensorRT-LLM 1.3.0 candidate"
+                    f"first in {LORA_CUDA_GRAPHS}); remove option.use_cuda_graph (lmi-trt turns CUDA graphs off "
+                    f"beside adapters there), or use TensorRT-LLM {LORA_CUDA_GRAPHS} or later"
                 )
             graphs = None
             origins["cuda_graph_config"] = (
@@ -1394,8 +1391,10 @@ class LlmApiEngine:
             Path(folder),
             max_rank=self.settings.max_lora_rank,
             num_layers=self._config.get("num_hidden_layers") or text.get("num_hidden_layers") or 0,
-            dtype=torch.float32,  # read for its names and shapes only: the weights are the worker's to load
-            rslora=NO_RSLORA,
+            # read for its names and shapes only: the weights are the worker's to load. use_rslora is served: the
+            # loader scales by lora_alpha / sqrt(r) (lora_manager.py load_from_hf, ``rs_lora = bool(hf_config.get(
+            # "use_rslora", False))``, read_file id 1059464385), since NVIDIA/TensorRT-LLM PR 1669 (2024-06, before 1.0)
+            dtype=torch.float32,
         )
         # LoRARequest(lora_name, lora_int_id, lora_path) as trtllm-serve's clients send it (docs/source/features/
         # lora.md; examples/serve/openai_completion_client_for_lora.py); tensorrt_llm/executor/request.py checks the

@@ -17,7 +17,8 @@ from lmi_trt.engines.trtllm import TrtllmConfigError
 from lmi_trt.stages import llmapi_settings, settle
 
 SURFACE = load_assignments(FAKES / "llmapi_surface.py")["SURFACE"]["tensorrt_llm.llmapi"]
-RELEASES = ["1.0.0", "1.1.0", "1.2.1", "1.3.0"]
+# 1.3.0rc1 and rc2: either side of PR 8279 (CUDA graphs beside LoRA), so the engine and the fake must agree
+RELEASES = ["1.0.0", "1.1.0", "1.2.1", "1.3.0rc1", "1.3.0rc2"]
 
 
 def plan(release: str, **options):
@@ -47,9 +48,9 @@ def test_djl_keys_become_the_releases_lora_config(release):
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_cuda_graphs_are_off_beside_adapters_before_13_and_a_request_for_them_is_refused(release):
+def test_cuda_graphs_are_off_beside_adapters_before_13rc2_and_a_request_for_them_is_refused(release):
     planned = plan(release)
-    before_13 = Version(release) < Version("1.3.0.dev0")
+    before_13 = Version(release) < Version("1.3.0rc2")  # PR 8279, merged after the 1.3.0rc1 bump
     assert (planned.cuda_graph_config is None) == before_13
     if before_13:
         assert "PR 5480" in planned.origins["cuda_graph_config"]
