@@ -58,7 +58,7 @@ executor/result.py; 1.0–1.2 and main):
   ids 51807206653, 2646354960); later workers cut it with a server-side warning (id 55301320707).
 
 * LoRA adapters (option.enable_lora): the LLM gets the release's ``LoraConfig`` (``lora_plan``; built from
-  ``tensorrt_llm.lora_manager`` as docs/source/features/lora.md imports it), each request the registered adapter's
+  the module that defines it, ``LORA_CONFIG_MODULES``), each request the registered adapter's
   ``LoRARequest(name, int id, folder)`` (``tensorrt_llm.executor.request``), as trtllm-serve passes its clients' own
   (openai_server.py ``generate_async(..., lora_request=request.lora_request)``). The worker's LoraManager loads an
   adapter once per id (lora_manager.py ``load_from_hf`` skips ids it has seen), so every registration gets a new id;
@@ -674,12 +674,29 @@ def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: st
         ) from exc
 
 
+# Where a release defines ``LoraConfig``: tensorrt_llm/lora_helper.py in every copy read (ids 53470212518, 2545972156,
+# 388674781, 56112947133; NVIDIA's examples import it from there, ids 622098482 and 2457752084); the 1.3.0rc26 docs
+# (features/lora.html) import it from tensorrt_llm._torch.peft.lora.config, where the rc18/rc20 docs still used
+# tensorrt_llm.lora_manager's re-export, so the class moved between rc20 and rc26. The docs' newer path first.
+LORA_CONFIG_MODULES = ("tensorrt_llm._torch.peft.lora.config", "tensorrt_llm.lora_helper")
+
+
 def lora_config(values: Mapping[str, Any], version: str) -> Any:
-    """The release's own ``LoraConfig`` (``from tensorrt_llm.lora_manager import LoraConfig``, as
-    docs/source/features/lora.md imports it; lora_manager.py imports it from lora_helper.py in the copies that have
-    that file); what it refuses is a ``TrtllmConfigError`` naming option.enable_lora."""
+    """The release's own ``LoraConfig`` (from the first of ``LORA_CONFIG_MODULES`` that has it); what it refuses,
+    or a release where neither path holds it, is a ``TrtllmConfigError`` naming option.enable_lora."""
+    for name in LORA_CONFIG_MODULES:
+        try:
+            make = importlib.import_module(name).LoraConfig
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise TrtllmConfigError(
+            f"option.enable_lora=true: TensorRT-LLM {version} has no LoraConfig in {' or '.join(LORA_CONFIG_MODULES)}"
+            " (where the releases read define it); serve without option.enable_lora, or use a release lmi-trt reads"
+        )
     try:
-        return importlib.import_module("tensorrt_llm.lora_manager").LoraConfig(**values)
+        return make(**values)
     except (ValueError, TypeError, AssertionError) as exc:
         raise TrtllmConfigError(
             f"option.enable_lora=true: TensorRT-LLM {version} refuses LoraConfig({dict(values)}): {exc}; set "

@@ -89,7 +89,9 @@ async def test_an_rslora_adapter_generates_as_peft_scales_it(peft_world, tmp_pat
 
     model_dir = peft_world["model_dir"]
     torch.manual_seed(5)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, use_rslora=True)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, use_rslora=True
+    )
     peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), config)
     peft_model.save_pretrained(str(tmp_path / "rs"))
     merged = peft_model.merge_and_unload().eval()

@@ -61,6 +61,26 @@ def test_cuda_graphs_are_off_beside_adapters_before_13rc2_and_a_request_for_them
     assert plan(release, use_cuda_graph=False).cuda_graph_config is None
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_lora_config_field_the_release_lacks_or_no_lora_config_at_all_is_a_start_up_error(release, monkeypatch):
+    import dataclasses
+    import sys
+
+    planned = plan(release)
+    with fake_tensorrt_llm(release):
+        import tensorrt_llm.llmapi
+
+        # swap_gate_up_proj: in one copy of the real class only (lora_helper.py id 53470212518), not in the others
+        # (ids 2545972156, 388674781, 56112947133)
+        extra = dataclasses.replace(planned, lora_config={**planned.lora_config, "swap_gate_up_proj": False})
+        with pytest.raises(TrtllmConfigError, match=rf"option.enable_lora=true: TensorRT-LLM {release} refuses"):
+            llm_configs(tensorrt_llm.llmapi, extra, release)
+        # a release where neither path holds LoraConfig: named, not a bare ImportError
+        monkeypatch.setitem(sys.modules, "tensorrt_llm.lora_helper", None)
+        with pytest.raises(TrtllmConfigError, match=rf"option.enable_lora=true: TensorRT-LLM {release} has no Lora"):
+            llm_configs(tensorrt_llm.llmapi, planned, release)
+
+
 def test_what_the_release_would_not_do_beside_adapters_is_refused_naming_the_key():
     with pytest.raises(TrtllmConfigError, match=r"option.max_cpu_loras=2 is below option.max_loras=4"):
         plan("1.2.1", max_cpu_loras=2)
