@@ -534,10 +534,13 @@ def lora_plan(settings: LlmApiSettings, release: Version, speculation: str | Non
             f"option.enable_lora=true with speculative decoding ({speculation}): LoRA adapters beside speculative "
             f"decoding were not verified on TensorRT-LLM {release}; leave one of them out"
         )
+    # vLLM's rule, as DJL's keys mean it (vLLM's LoRAConfig: max_cpu_loras >= max_loras); TensorRT-LLM has no such
+    # check (_util.py sizes the device and host caches independently): a deliberate refusal for DJL compatibility
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
         raise TrtllmConfigError(
             f"option.max_cpu_loras={settings.max_cpu_loras} is below option.max_loras={settings.max_loras}: every "
-            "adapter on the device is also in the host cache (vLLM, DJL's LoRA line: max_cpu_loras >= max_loras); "
+            "adapter on the device is also in the host cache (vLLM's rule, as DJL's LoRA keys mean it: max_cpu_loras >= "
+            "max_loras); "
             f"set option.max_cpu_loras to at least {settings.max_loras}, or leave it unset"
         )
     plan: dict[str, Any] = {

@@ -81,6 +81,21 @@ def test_a_lora_config_field_the_release_lacks_or_no_lora_config_at_all_is_a_sta
             llm_configs(tensorrt_llm.llmapi, planned, release)
 
 
+def test_the_pytorch_backend_takes_ranks_and_cache_sizes_beyond_the_torch_engines():
+    """LoraConfig.max_lora_rank defaults to 64 and the cache sizes are plain ints (lora_helper.py, every copy read):
+    the keys' parsers bound only from below (their second number is the error message's example)."""
+    from lmi_trt.config import load_config
+
+    keys = {"option.model_id": "/models/m", "option.enable_lora": "true", "option.max_lora_rank": "64"}
+    config = load_config(overrides={**keys, "option.max_loras": "32", "option.max_cpu_loras": "64"})
+    planned = llm_plan(llmapi_settings(settle(config, "trtllm")), Version("1.2.1"))
+    assert {k: planned.lora_config[k] for k in ("max_lora_rank", "max_loras", "max_cpu_loras")} == {
+        "max_lora_rank": 64,
+        "max_loras": 32,
+        "max_cpu_loras": 64,
+    }
+
+
 def test_what_the_release_would_not_do_beside_adapters_is_refused_naming_the_key():
     with pytest.raises(TrtllmConfigError, match=r"option.max_cpu_loras=2 is below option.max_loras=4"):
         plan("1.2.1", max_cpu_loras=2)
