@@ -195,6 +195,10 @@ LORA_MODULES = {
 # in 1.3.0rc2. Before it lmi-trt turns CUDA graphs off beside adapters (the fake runtime, tests/fakes/tensorrt_llm/
 # _lora.py, switches at the same release).
 LORA_CUDA_GRAPHS = Version("1.3.0rc2")
+# Quantized checkpoints beside adapters: PR 7014 ("Guard against fp8 activations in lora forward", reviewed
+# 2025-08-20) fixed FP8 models with LoRA after main's "Bump version to 1.1.0rc0" (#6651, 2025-08-07), so it is in 1.1
+# and later; whether the 1.0 branch took it was not read, and no other quantization beside LoRA was read on 1.0.
+LORA_QUANTIZED = Version("1.1.0")
 
 
 # =============================================================================== versions
@@ -352,10 +356,27 @@ def check_settings(settings: LlmApiSettings) -> None:
     _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
 
 
-def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str, Any] | None = None) -> LlmPlan:
+def checkpoint_quantization(hf_config: Mapping[str, Any], hf_quant_config: Mapping[str, Any]) -> str | None:
+    """Pure: how a checkpoint is quantized, from config.json's ``quantization_config`` (transformers) or modelopt's
+    hf_quant_config.json ``quantization.quant_algo``; None for an unquantized one."""
+    algo = (hf_quant_config.get("quantization") or {}).get("quant_algo")
+    if algo:
+        return f"hf_quant_config.json quant_algo={algo}"
+    quant = hf_config.get("quantization_config")
+    if isinstance(quant, Mapping):
+        return f"config.json quantization_config.quant_method={quant.get('quant_method')}"
+    return None
+
+
+def llm_plan(
+    settings: LlmApiSettings,
+    release: Version,
+    hf_config: Mapping[str, Any] | None = None,
+    quantization: str | None = None,
+) -> LlmPlan:
     """Pure: the options as ``LLM`` keywords for a release; a keyword no option sets is left to the release,
     except the few lmi-trt needs (each with its reason in ``origins``). ``hf_config``: the checkpoint's config.json
-    where read (MTP speculation needs its heads)."""
+    where read (MTP speculation needs its heads); ``quantization``: the checkpoint's (``checkpoint_quantization``)."""
     check_settings(settings)
     rt, given = settings.runtime, settings.given
     beams = rt.max_beam_width
@@ -490,7 +511,7 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
         graphs, origins["cuda_graph_config"] = None, why
     lora = None
     if settings.enable_lora:
-        lora = lora_plan(settings, release, spec.method if spec is not None else None)
+        lora = lora_plan(settings, release, spec.method if spec is not None else None, quantization)
         origins["lora_config"] = "option.enable_lora"
         for field, option in (
             ("max_lora_rank", "option.max_lora_rank"),
@@ -520,7 +541,9 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
     return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins, spec, lora)
 
 
-def lora_plan(settings: LlmApiSettings, release: Version, speculation: str | None) -> dict[str, Any]:
+def lora_plan(
+    settings: LlmApiSettings, release: Version, speculation: str | None, quantization: str | None = None
+) -> dict[str, Any]:
     """Pure: ``LoraConfig`` keywords (tensorrt_llm/lora_helper.py ``LoraConfig``: lora_dir, max_lora_rank,
     lora_target_modules, max_loras, max_cpu_loras) for DJL's keys as its vLLM line means them: ``max_loras`` adapters
     in the device cache at once (py_executor_creator sizes ``PeftCacheConfig.num_device_module_layer`` from
@@ -533,6 +556,13 @@ def lora_plan(settings: LlmApiSettings, release: Version, speculation: str | Non
         raise TrtllmConfigError(
             f"option.enable_lora=true with speculative decoding ({speculation}): LoRA adapters beside speculative "
             f"decoding were not verified on TensorRT-LLM {release}; leave one of them out"
+        )
+    if quantization is not None and release < LORA_QUANTIZED:
+        raise TrtllmConfigError(
+            f"option.enable_lora=true with a quantized checkpoint ({quantization}): LoRA beside a quantized model "
+            f"was not verified on TensorRT-LLM {release} (PR 7014, which fixed FP8 models with LoRA, is first in "
+            f"{LORA_QUANTIZED}); serve an unquantized checkpoint, leave out option.enable_lora, or use TensorRT-LLM "
+            f"{LORA_QUANTIZED} or later"
         )
     # vLLM's rule, as DJL's keys mean it (vLLM's LoRAConfig: max_cpu_loras >= max_loras); TensorRT-LLM has no such
     # check (_util.py sizes the device and host caches independently): a deliberate refusal for DJL compatibility
@@ -1143,7 +1173,8 @@ class LlmApiEngine:
             raise RuntimeError("LlmApiEngine.start() may be called once")
         llmapi, version = probe_llm_api(self._gpu_available)
         release = llm_api_release(version)
-        plan = llm_plan(self.settings, release, self._config)
+        quantization = checkpoint_quantization(self._config, read_json(self._model_dir / "hf_quant_config.json"))
+        plan = llm_plan(self.settings, release, self._config, quantization)
         method = plan.speculative.method if plan.speculative is not None else None
         sampler = llm_sampler(release, self._limits.max_beam_width, speculative=method is not None)
         log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)

@@ -256,7 +256,8 @@ TABLE: tuple[Support, ...] = (
         ALL,
         ALL,
         "LoraConfig + LoRARequest (docs features/lora.md); CUDA graphs off beside adapters before 1.3.0rc2 (PR 5480; "
-        "PR 8279 merged after the 1.3.0rc1 bump); refused with speculative decoding and beam search",
+        "PR 8279 merged after the 1.3.0rc1 bump); refused with speculative decoding and beam search, and on 1.0 "
+        "with a quantized checkpoint (PR 7014, FP8 with LoRA, after the 1.1.0rc0 bump)",
     ),
     Support(
         "beam_width",

@@ -26,7 +26,7 @@ from trtllm_testing import fake_tensorrt_llm
 from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
 from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
 from lmi_trt.engines.lora_sizes import GROUPS, group_sizes
-from lmi_trt.engines.trtllm import TrtllmSettings
+from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmSettings
 
 # 1.3.0rc1 and rc2: either side of PR 8279 (CUDA graphs beside LoRA), so the engine and the fake must agree
 RELEASES = ["1.0.0", "1.1.0", "1.2.1", "1.3.0rc1", "1.3.0rc2"]
@@ -104,6 +104,21 @@ async def test_an_rslora_adapter_generates_as_peft_scales_it(peft_world, tmp_pat
         finally:
             await engine.close()
     assert got == reference(merged, ids, NEW, eos_token_id=None).tokens
+
+
+async def test_a_quantized_checkpoint_with_adapters_stops_start_up_on_10(tmp_path):
+    """The engine reads the checkpoint's modelopt hf_quant_config.json and refuses LoRA beside it on 1.0 (PR 7014,
+    FP8 with LoRA, first in 1.1), naming option.enable_lora and the release."""
+    import shutil
+
+    model_dir = tmp_path / "fp8"
+    shutil.copytree(tiny_model("llama"), model_dir)
+    (model_dir / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with fake_tensorrt_llm("1.0.0"):
+        engine = LlmApiEngine(model_dir, lora_settings(), eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
+        with pytest.raises(TrtllmConfigError, match=r"option.enable_lora=true with a quantized checkpoint .*1\.0\.0"):
+            await engine.start()
+        await engine.close()
 
 
 def write_adapter(folder, rank: int, modules=("q_proj", "v_proj"), seed: int = 0, **config):

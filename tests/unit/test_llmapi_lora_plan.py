@@ -12,7 +12,13 @@ from test_fake_surface import load_assignments
 from trtllm_testing import FAKES, fake_tensorrt_llm
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.engines.llmapi import LORA_MODULES, llm_configs, llm_plan, release_capabilities
+from lmi_trt.engines.llmapi import (
+    LORA_MODULES,
+    checkpoint_quantization,
+    llm_configs,
+    llm_plan,
+    release_capabilities,
+)
 from lmi_trt.engines.trtllm import TrtllmConfigError
 from lmi_trt.stages import llmapi_settings, settle
 
@@ -94,6 +100,24 @@ def test_the_pytorch_backend_takes_ranks_and_cache_sizes_beyond_the_torch_engine
         "max_loras": 32,
         "max_cpu_loras": 64,
     }
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_quantized_checkpoint_beside_adapters_is_refused_on_10(release):
+    """PR 7014 (FP8 activations in the LoRA forward) landed after the 1.1.0rc0 bump: unverified on 1.0."""
+    fp8 = checkpoint_quantization({}, {"quantization": {"quant_algo": "FP8"}})
+    assert fp8 == "hf_quant_config.json quant_algo=FP8"
+    assert checkpoint_quantization({"quantization_config": {"quant_method": "fp8"}}, {}) is not None
+    assert checkpoint_quantization({}, {}) is None
+    settings = llmapi_settings(settle(LmiConfig(enable_lora=True), "trtllm"))
+    if Version(release) < Version("1.1.0"):
+        with pytest.raises(
+            TrtllmConfigError, match=rf"option.enable_lora=true with a quantized checkpoint .*{release}"
+        ):
+            llm_plan(settings, Version(release), quantization=fp8)
+        assert llm_plan(settings, Version(release)).lora_config is not None  # unquantized: served
+    else:
+        assert llm_plan(settings, Version(release), quantization=fp8).lora_config is not None
 
 
 def test_what_the_release_would_not_do_beside_adapters_is_refused_naming_the_key():
