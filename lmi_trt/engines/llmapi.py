@@ -569,8 +569,8 @@ def lora_plan(
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
         raise TrtllmConfigError(
             f"option.max_cpu_loras={settings.max_cpu_loras} is below option.max_loras={settings.max_loras}: every "
-            "adapter on the device is also in the host cache (vLLM's rule, as DJL's LoRA keys mean it: max_cpu_loras >= "
-            "max_loras); "
+            "adapter on the device is also in the host cache (vLLM's rule, as DJL's LoRA keys mean it: "
+            "max_cpu_loras >= max_loras); "
             f"set option.max_cpu_loras to at least {settings.max_loras}, or leave it unset"
         )
     plan: dict[str, Any] = {
