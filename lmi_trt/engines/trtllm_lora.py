@@ -17,6 +17,11 @@ Sources (NVIDIA/TensorRT-LLM; the index holds one copy of each path, dated by co
   dtype in host memory, each row's layer in range, rank > 0 and ≤ the engine's max_lora_rank, its module one the
   engine was built for ("lora module X not enabled for this model"), and enough values for its in+out size.
   Three columns are accepted by every release, so that is what is sent (no DoRA here: read_adapter refuses it).
+* ``cpp/tensorrt_llm/runtime/loraModule.cpp`` ``createLoraModules`` (commit 2a9abd95): each module's in and out
+  sizes from the model config: attn_q hidden → heads × head size, attn_k/attn_v hidden → kv heads × head size,
+  attn_dense hidden → hidden, mlp_h_to_4h/mlp_gate hidden → mlp hidden, mlp_4h_to_h mlp hidden → hidden. loraUtils
+  only checks a row against the padded width, so the Executor would read a wrongly shaped adapter at these sizes
+  without a word: lmi-trt compares the shapes at registration.
 * The PEFT cache's sizing and the module names the JIT build targets: ``lmi_trt.compile.lora``.
 """
 
@@ -29,6 +34,7 @@ from lmi_trt.compile.lora import TARGET_MODULES
 
 from .base import EngineError
 from .lora_layout import MODULES, encode
+from .lora_layout import module_dims as layout_dims
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,35 @@ class LoraBuild:
         return cls(on, int(rank) if rank is not None else None, tuple(lora.get("lora_target_modules") or ()))
 
 
-def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, Any]:
+def module_dims(pretrained: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) of each HF projection as the engine's LoRA modules take them (loraModule.cpp, module docstring), from
+    config.json's pretrained_config (``head_size`` its head dim); empty where it lacks the sizes."""
+    if not all(pretrained.get(k) for k in ("hidden_size", "num_attention_heads", "intermediate_size")):
+        return {}
+    hidden = int(pretrained["hidden_size"])
+    # attn_dense is hidden → hidden there, whatever heads × head size is
+    return {**layout_dims({**pretrained, "head_dim": pretrained.get("head_size")}), "o_proj": (hidden, hidden)}
+
+
+def shape_error(name: str, adapter: Any, dims: dict[str, tuple[int, int]]) -> EngineError | None:
+    """A 400 naming the first (layer, module) whose A [r, in] / B [out, r] do not match the engine's sizes."""
+    for (layer, module), (a, b) in sorted(adapter.weights.items()):
+        want = dims.get(module)
+        if want is not None and (a.shape[1], b.shape[0]) != want:
+            return EngineError(
+                f"LoRA adapter {name!r}: {module} of layer {layer} maps {a.shape[1]} → {b.shape[0]} values, but the "
+                f"engine's {module} maps {want[0]} → {want[1]} (its config.json pretrained_config); the adapter was "
+                "trained for another model",
+                code=400,
+                field="adapter",
+            )
+    return None
+
+
+def executor_tensors(name: str, adapter: Any, built: LoraBuild, dims: dict[str, tuple[int, int]]) -> tuple[Any, Any]:
     """An adapter read by ``engines.torch.lora.read_adapter`` (A [r, in] and scaling·B [out, r] per (layer, HF
     module), the model's dtype) as ``LoraConfig``'s (weights [rows, longest], config int32 [rows, 3]); 400 naming
-    the modules the engine was not built for."""
+    the modules the engine was not built for or whose shapes differ from the engine's (``dims``: module_dims)."""
     missing = sorted({m for _, m in adapter.weights if MODULES[m][0] not in built.target_modules})
     if missing:
         raise EngineError(
@@ -62,4 +93,7 @@ def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, An
             code=400,
             field="adapter",
         )
+    wrong = shape_error(name, adapter, dims)
+    if wrong is not None:
+        raise wrong
     return encode(adapter.weights)
