@@ -70,7 +70,9 @@ from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
 from lmi_trt.engines.trtllm_lora import MODULES, LoraBuild, executor_tensors, module_dims
 from lmi_trt.engines.trtllm_speculation import (
     STOP_WORDS_UNREAD,
+    UNCOUNTED_DRAFTS,
     Lookahead,
+    counts_accepted_drafts,
     decoding_config,
     engine_speculation_errors,
     lookahead_refusals,
@@ -1082,6 +1084,7 @@ class TrtllmEngine:
         self._total_requests = 0
         self._total_tokens = 0
         self._accepted_drafts = 0  # lookahead: draft tokens accepted, over finished requests
+        self._counts_drafts = False  # lookahead on a release whose Result binds decoding_iter
         self._last_iteration: Any = None
         # LoRA adapters: name → (task id, LoraConfig's weights and config); task ids whose weights the Executor
         # was sent (1.x caches them: lora_weights_cached), and the next id.
@@ -1142,6 +1145,9 @@ class TrtllmEngine:
         )
         if self.settings.lookahead is not None:
             log.info("speculative decoding: %s", self.settings.lookahead.describe())
+            self._counts_drafts = counts_accepted_drafts(tle)
+            if not self._counts_drafts:
+                log.info("%s", UNCOUNTED_DRAFTS.format(version=spec.version))
         if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
             multi_block, source = effective_multi_block_mode(tle, self.settings)
             log.info("multi_block_mode=%s (%s)", "on" if multi_block else "off", source)
@@ -1501,7 +1507,7 @@ class TrtllmEngine:
             reason = FinishReason.CANCELLED
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]
-        if self.settings.lookahead is not None:
+        if self._counts_drafts:
             # Result.decodingIter: "In speculative decoding, might be less than maximum length of the beam in
             # outputTokenIds as more than one token can be generated per iteration" (executor.h, 1.x): the tokens
             # beyond one per iteration are accepted drafts.
@@ -1548,7 +1554,7 @@ class TrtllmEngine:
                 extra["kv_cache_free_blocks"] = float(kv.free_num_blocks)
                 extra["kv_cache_used_blocks"] = float(kv.used_num_blocks)
                 extra["kv_cache_max_blocks"] = float(kv.max_num_blocks)
-        if self.settings.lookahead is not None:
+        if self._counts_drafts:
             extra["spec_decode_num_accepted_tokens"] = float(self._accepted_drafts)
         return EngineStats(
             active_requests=len(self._streams),

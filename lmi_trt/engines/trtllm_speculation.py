@@ -1,6 +1,7 @@
-"""Speculative decoding on TensorRT-LLM's Executor over TensorRT engines (the tensorrt backend, 0.12-1.2): lookahead
-decoding, the one mode lmi-trt builds engines for and drives; every other method is refused at start-up, naming the
-key and why. Pure: the trtllm engine (``lmi_trt.engines.trtllm``) and the wiring (``lmi_trt.stages``) call these.
+"""Speculative decoding on TensorRT-LLM's Executor over TensorRT engines: lookahead decoding on 1.0-1.2 (the tensorrt
+backend serves 0.12 and 1.0-1.2; 0.12 predates lookahead), the one mode lmi-trt builds engines for and drives; every
+other method is refused at start-up, naming the key and why. Pure: the trtllm engine (``lmi_trt.engines.trtllm``)
+and the wiring (``lmi_trt.stages``) call these.
 
 What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, dated here by content):
 
@@ -8,7 +9,8 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
   (tensorrt_llm/commands/build.py, a late-0.x copy with ``auto_parallel``; the flags are the same in DJL's
   serving/docker/partition/trt_llm_partition.py, which forwards ``option.speculative_decoding_mode`` and
   ``option.max_draft_len`` to that parser), and ``max_draft_len = f(W, N, G)``, which "must equal" the Executor's
-  (examples/lookahead/README.md; ``lmi_trt.speculative.lookahead_draft_len``). builder.py ``build`` (a 1.x copy with
+  (examples/lookahead/README.md; ``lmi_trt.speculative.lookahead_draft_len``) -- or exceed, as the Executor itself
+  allows (``DRAFT_LEN_CHECK``). builder.py ``build`` (a 1.x copy with
   NVFP4) raises the recorded ``max_seq_len`` by ``max_draft_len`` ("Maximum number of generated tokens remains the
   same") and ``max_num_tokens`` to ``max_batch_size * (max_draft_len + 1)``; config.json keeps the mode's integer
   (cpp/tensorrt_llm/runtime/gptJsonConfig.cpp reads ``speculative_decoding_mode`` as
@@ -23,7 +25,13 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
   G); it picks tokens with top-k sampling of ``maxTopK = 1`` -- greedy whatever a request's sampling says -- and
   "outputLogProbs are not supported".
 * releases: lookahead decoding is announced in 0.13.0 ("Supported lookahead decoding (experimental)", release notes,
-  NVIDIA/TensorRT-LLM PR 2269); 0.12 is refused.
+  NVIDIA/TensorRT-LLM PR 2269); 0.12 is refused, and 0.13-0.21 are outside the trtllm engine's releases. Stopping at
+  the end id: an early cpp/include/tensorrt_llm/executor/types.h copy (no Eagle mode) has ``Lookahead() = kLookahead |
+  kUseMinLength | kUseMaxLengthStop`` with no EOS stop; the NVIDIA copy with ``CacheSaltIDType`` (after PR 7106,
+  September 2025) and an older renamed fork copy of it (Eagle and ExternalDraftTokens modes, no SpecDecodingStats)
+  both have ``kLookahead | kUseMinLength | kUseStandardStopCriteria | kUseExplicitEosStop`` (kStandardStopCriteria in
+  the fork), so the explicit EOS stop predates the 1.x releases lmi-trt runs lookahead on; no copy is a release tag.
+* accepted drafts: ``Result.decoding_iter`` (``counts_accepted_drafts``) where the binding has it.
 * per request: ``Request(lookahead_config=...)`` may lower (w, n, g) below the Executor's (README: "Ensure the
   Lookahead configuration for each request satisfies w <= W, n <= N, g <= G"); no client field maps onto it, so
   lmi-trt leaves it unset and every request runs the Executor's (W, N, G).
@@ -45,6 +53,15 @@ from lmi_trt.speculative import (
 )
 
 LOOKAHEAD_SINCE = (0, 13)
+# The Executor takes an engine built with more draft tokens than (W, N, G) needs, and shrinks the decoder to them:
+# cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp createBuffers/setupSpeculativeDecodingModule
+# checks only ``maxDraftTokens <= mModelConfig.getMaxDecodingDraftTokens()`` then ``setMaxDraftTokens(maxDraftTokens)``
+# (every crawl copy read, from one with the "FIXME(nkorobov) choose defaults" lookahead start to 1.x ones), and the
+# LLM API's TensorRT path builds with ``max(build_config.max_draft_len, max_draft_len)`` (llmapi/llm_args.py
+# ``validate_speculative_config``). examples/lookahead/README.md's "must equal" is stricter than the code.
+DRAFT_LEN_CHECK = (
+    "trtGptModelInflightBatching.cpp: TLLM_CHECK(maxDraftTokens <= mModelConfig.getMaxDecodingDraftTokens())"
+)
 # config.json's speculative_decoding_mode integers (SpeculativeDecodingMode's auto() members), by trtllm-build name.
 BUILT_MODES = {
     1: None,
@@ -128,13 +145,13 @@ def executor_lookahead(spec: Speculation | None, max_beam_width: int) -> Lookahe
     lookahead = Lookahead(
         sizes["max_window_size"], sizes["max_ngram_size"], sizes["max_verification_set_size"], spec.key("method")
     )
-    if spec.max_draft_len != lookahead.draft_len:
+    if spec.max_draft_len < lookahead.draft_len:
         raise SpeculationError(
             spec.key("max_draft_len"),
             spec.max_draft_len,
-            f"the engine's max_draft_len must equal the {lookahead.draft_len} draft tokens of {lookahead.describe()} "
-            "(TensorRT-LLM examples/lookahead/README.md)",
-            f"set it to {lookahead.draft_len}, or leave it out (it is derived from the window, n-gram and "
+            f"the engine's max_draft_len must be at least the {lookahead.draft_len} draft tokens of "
+            f"{lookahead.describe()} ({DRAFT_LEN_CHECK})",
+            f"set it to {lookahead.draft_len} or more, or leave it out (it is derived from the window, n-gram and "
             "verification set sizes)",
         )
     if max_beam_width != 1:
@@ -169,11 +186,11 @@ def engine_speculation_errors(lookahead: Lookahead | None, built_mode: int | Non
             f"this one was built with {mode or 'none'}; rebuild it (lmi-trt's compile stage does, from the Hugging "
             "Face checkpoint)"
         ]
-    if built_draft_len != lookahead.draft_len:
+    if built_draft_len < lookahead.draft_len:
         return [
             f"{lookahead.key}=lookahead: the engine was built with max_draft_len={built_draft_len} and "
-            f"{lookahead.describe()} needs exactly {lookahead.draft_len} (TensorRT-LLM examples/lookahead/README.md); "
-            "choose the (W, N, G) it was built for, or rebuild"
+            f"{lookahead.describe()} needs at least {lookahead.draft_len} ({DRAFT_LEN_CHECK}); choose a (W, N, G) "
+            "within it, or rebuild"
         ]
     return []
 
@@ -204,6 +221,20 @@ def stop_words_error(lookahead: Lookahead | None, eos_token_ids: list[int]) -> s
         f"{lookahead.key}=lookahead: this model also ends on {eos_token_ids[1:]} (generation_config.json), which the "
         f"Executor gets as stop words, and {STOP_WORDS_UNREAD}; serve it without speculative decoding"
     )
+
+
+def counts_accepted_drafts(tle: Any) -> bool:
+    """Whether this release's Result binds ``decoding_iter``, which the accepted-draft count is read from. The 1.x
+    bindings do (pybind and nanobind executor bindings: ``def_readwrite("decoding_iter", &tle::Result::decodingIter)``),
+    and a lookahead-era pybind copy (DecodingConfig with lookahead_decoding_config) binds no such field; the release
+    that added it was not pinned, so the binding itself is asked (``Result()`` is default-constructible in both)."""
+    return hasattr(tle.Result(), "decoding_iter")
+
+
+UNCOUNTED_DRAFTS = (
+    "spec_decode_num_accepted_tokens is not reported: TensorRT-LLM {version}'s Result has no decoding_iter to count "
+    "accepted draft tokens from (lookahead decoding itself runs)"
+)
 
 
 def decoding_config(tle: Any, lookahead: Lookahead) -> Any:

@@ -16,7 +16,7 @@ from lmi_trt.engines.base import GenerationRequest, SamplingParams
 from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmEngine, TrtllmSettings
 from lmi_trt.engines.trtllm_speculation import Lookahead
 
-RELEASES = ("1.0.0", "1.1.0", "1.2.1")
+RELEASES = ("1.1.0", "1.2.1")  # 1.0.0: test_a_release_whose_result_lacks_decoding_iter...
 LOOKAHEAD = Lookahead(2, 3, 2, "option.speculative_config.decoding_type")  # 7 draft tokens a step
 BUILD = dict(max_batch_size=4, max_input_len=64, max_seq_len=160)
 # A prompt that repeats itself (drafts from its own n-grams get accepted) and two ordinary ones.
@@ -35,9 +35,8 @@ def lookahead_engine(trt, out, **build):
     return make_engine_dir(
         tiny_model("llama"),
         out,
-        **{**BUILD, **build},
+        **{**BUILD, "max_draft_len": LOOKAHEAD.draft_len, **build},
         speculative_decoding_mode=SpeculativeDecodingMode.LOOKAHEAD_DECODING,
-        max_draft_len=LOOKAHEAD.draft_len,
     )
 
 
@@ -100,6 +99,35 @@ async def test_greedy_outputs_equal_decoding_without_lookahead(trt, tmp_path, re
         await engine.close()
 
 
+async def test_a_release_whose_result_lacks_decoding_iter_serves_without_the_accepted_draft_metric(
+    trt, tmp_path, reference, caplog
+):
+    """1.0 is not shown to bind Result.decoding_iter (the fake's _Result10): requests still finish with the greedy
+    output, and the accepted-draft count is left out, said once at start-up."""
+    trt.__version__ = "1.0.0"
+    with caplog.at_level("INFO", logger="lmi_trt"):
+        engine = await started(lookahead_engine(trt, tmp_path / "engine"), TrtllmSettings(lookahead=LOOKAHEAD))
+    try:
+        assert "spec_decode_num_accepted_tokens is not reported: TensorRT-LLM 1.0.0's Result has no" in caplog.text
+        for i, prompt in enumerate(PROMPTS):
+            assert tokens_of(await generate(engine, f"o{i}", prompt)) == reference(prompt, 24), prompt
+        assert "spec_decode_num_accepted_tokens" not in engine.stats().extra
+    finally:
+        await engine.close()
+
+
+async def test_an_engine_built_with_more_draft_tokens_serves_a_smaller_lookahead(trt, tmp_path, reference):
+    """trtGptModelInflightBatching.cpp: maxDraftTokens <= the engine's, then the decoder is resized to (W, N, G)."""
+    trt.__version__ = "1.2.1"
+    engine_dir = lookahead_engine(trt, tmp_path / "engine", max_draft_len=15)
+    engine = await started(engine_dir, TrtllmSettings(lookahead=LOOKAHEAD))
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            assert tokens_of(await generate(engine, f"m{i}", prompt)) == reference(prompt, 24), prompt
+    finally:
+        await engine.close()
+
+
 async def test_a_verifier_that_accepts_every_draft_changes_the_output(trt, tmp_path, reference, monkeypatch):
     """The equality above can fail: with the fake's verification patched to keep every draft token, the output
     is no longer the greedy one."""
@@ -139,7 +167,7 @@ def test_an_engine_built_otherwise_is_a_start_up_error_naming_the_key(trt, tmp_p
         TrtllmEngine(plain, TrtllmSettings(lookahead=LOOKAHEAD), eos_token_ids=[2])
     built = lookahead_engine(trt, tmp_path / "la")
     other = Lookahead(4, 3, 4, "option.speculative_decoding_mode")  # 15 draft tokens
-    with pytest.raises(TrtllmConfigError, match=r"built with max_draft_len=7 .* needs exactly 15"):
+    with pytest.raises(TrtllmConfigError, match=r"built with max_draft_len=7 .* needs at least 15"):
         TrtllmEngine(built, TrtllmSettings(lookahead=other), eos_token_ids=[2])
     with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode lookahead_decoding and no"):
         TrtllmEngine(built, TrtllmSettings(), eos_token_ids=[2])
@@ -161,7 +189,8 @@ async def test_012_predates_lookahead_on_the_executor(trt, tmp_path):
 
 
 def test_the_fake_executor_checks_what_the_lookahead_layer_checks(trt, tmp_path):
-    """lookaheadDecodingLayer.cpp: one beam, and the engine's decoding tokens equal (W, N, G)'s."""
+    """lookaheadDecodingLayer.cpp: one beam; trtGptModelInflightBatching.cpp: (W, N, G)'s draft tokens within the
+    engine's."""
     from tensorrt_llm.bindings import executor as tle
 
     trt.__version__ = "1.2.1"
@@ -172,7 +201,7 @@ def test_the_fake_executor_checks_what_the_lookahead_layer_checks(trt, tmp_path)
         decoding = tle.DecodingConfig(decoding_mode=tle.DecodingMode.Lookahead(), lookahead_decoding_config=la)
         return tle.ExecutorConfig(max_beam_width=beams, decoding_config=decoding)
 
-    with pytest.raises(RuntimeError, match="16 != 8"):
+    with pytest.raises(RuntimeError, match=r"maxDraftTokens <= .*\(15 > 7\)"):
         tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config(4, 3, 4))
     with pytest.raises(RuntimeError, match="Beam width must be 1"):
         tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config(2, 3, 2, beams=2))

@@ -81,10 +81,12 @@ def trt(request):
 
 
 def entry_for(entry: dict, release: str) -> dict:
-    """The listing entry as it is in ``release``: ``per_release`` overrides applied; a dataclass-shaped
-    entry (keywords refused) lists its fields under ``fields``."""
+    """The listing entry as it is in ``release``: ``per_release`` overrides applied (``props_removed``: read-write
+    properties it lacks); a dataclass-shaped entry (keywords refused) lists its fields under ``fields``."""
     overrides = entry.get("per_release", {}).get(release, {})
-    merged = {**entry, **{k: v for k, v in overrides.items() if k not in ("source", "ctor_added")}}
+    merged = {**entry, **{k: v for k, v in overrides.items() if k not in ("source", "ctor_added", "props_removed")}}
+    if "props_removed" in overrides:  # properties a release does not bind yet
+        merged["props_rw"] = [p for p in merged["props_rw"] if p not in overrides["props_removed"]]
     for after, param in overrides.get("ctor_added", []):
         ctor = list(merged["ctor"][0])
         ctor.insert(next(i for i, p in enumerate(ctor) if p.split("=")[0] == after) + 1, param)

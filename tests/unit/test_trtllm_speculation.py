@@ -56,13 +56,15 @@ def test_trtllm_serves_and_djls_spellings_give_the_executor_its_lookahead():
     djl = executor_view(speculative_decoding_mode="lookahead_decoding").lookahead
     assert (djl.window, djl.ngram, djl.verification_set, djl.draft_len) == (4, 3, 4, 15)
     assert executor_view(speculative_decoding_mode="lookahead_decoding", max_draft_len="15").lookahead == djl
+    # a larger engine draft length is served (trtGptModelInflightBatching.cpp checks maxDraftTokens <= the engine's)
+    assert executor_view(speculative_decoding_mode="lookahead_decoding", max_draft_len="20").lookahead == djl
     assert executor_view().lookahead is None
 
 
 @pytest.mark.parametrize(
     ("options", "key", "words"),
     [
-        ({"speculative_decoding_mode": "lookahead_decoding", "max_draft_len": "4"}, "option.max_draft_len", "equal"),
+        ({"speculative_decoding_mode": "lookahead_decoding", "max_draft_len": "4"}, "option.max_draft_len", "at least"),
         (
             {"speculative_config": '{"decoding_type": "Lookahead", "max_ngram_size": 1}'},
             "option.speculative_config.max_ngram_size",
@@ -157,5 +159,7 @@ def test_engine_facts_take_the_draft_slack_off_max_seq_len_and_name_the_built_mo
     assert (facts.max_seq_len, facts.speculative_decoding_mode, facts.max_draft_len) == (160, 8, 7)
     la = Lookahead(2, 3, 2, "option.speculative_decoding_mode")
     assert engine_speculation_errors(la, 8, 7) == []
+    assert engine_speculation_errors(la, 8, 15) == []  # the Executor resizes a larger draft length down
+    assert "needs at least 7" in engine_speculation_errors(la, 8, 6)[0]
     assert "built with --speculative_decoding_mode medusa" in engine_speculation_errors(None, 4, 3)[0]
     assert "this one was built with none" in engine_speculation_errors(la, 1, 0)[0]

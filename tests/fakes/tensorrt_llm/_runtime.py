@@ -31,12 +31,14 @@ tensorrt_llm/builder.py):
   tokens generated but not yet sent (streaming; all of them otherwise); 0.12 sends none;
 * leader mode: rank 0 generates; other ranks' ``shutdown()`` blocks until the leader's.
 * lookahead decoding (``ExecutorConfig.decoding_config`` with a ``LookaheadDecodingConfig`` (W, N, G)): the
-  engine's ``max_draft_len`` + 1 must equal ``calculate_speculative_resource()``'s decoding tokens and the beam
-  width must be 1 (cpp/tensorrt_llm/layers/lookaheadDecodingLayer.cpp's checks), or the Executor fails to start;
+  engine's ``max_draft_len`` must be at least ``calculate_speculative_resource()``'s draft tokens
+  (trtGptModelInflightBatching.cpp, which then resizes the decoder to them) and the beam width must be 1
+  (cpp/tensorrt_llm/layers/lookaheadDecodingLayer.cpp), or the Executor fails to start;
   each step verifies up to G candidate n-grams of N - 1 draft tokens in one pass and keeps the longest prefix the
   target model's greedy choice agrees with, plus the target's next token (at most N tokens a step: maxPathLen), so
   the output is the greedy one whatever the request's sampling says (the layer samples with maxTopK = 1);
-  ``Result.decoding_iter`` counts the steps (executor.h: fewer than the tokens when more than one is taken a step).
+  ``Result.decoding_iter``, where the release binds it, counts the steps (executor.h: fewer than the tokens when
+  more than one is taken a step).
   Log-probs are not returned beside it ("outputLogProbs are not supported"): the fake fails such a request.
   Simplification: the real layer fills its n-gram pool from Jacobi iterations of a W-wide lookahead branch; the
   fake's pool is the sequence's own earlier n-grams (what the tests rely on is the verification, not the pool).
@@ -290,9 +292,14 @@ class ExecutorImpl:
             return None
         if config.max_beam_width != 1:
             raise _tllm_error("Beam width must be 1 in Lookahead decoding.")
-        tokens_per_step = la.calculate_speculative_resource()[0]
-        if tokens_per_step != self.limits.max_draft_len + 1:
-            raise _tllm_error(f"{tokens_per_step} != {self.limits.max_draft_len + 1}")
+        # trtGptModelInflightBatching.cpp: an engine built with more draft tokens is resized down to (W, N, G)'s
+        # (setMaxDraftTokens), so only a larger (W, N, G) fails.
+        max_draft_tokens = la.calculate_speculative_resource()[2]
+        if max_draft_tokens > self.limits.max_draft_len:
+            raise _tllm_error(
+                f"maxDraftTokens <= mModelConfig.getMaxDecodingDraftTokens() ({max_draft_tokens} > "
+                f"{self.limits.max_draft_len})"
+            )
         return la.max_window_size, la.max_ngram_size, la.max_verification_set_size
 
     # ---------------------------------------------------------------- client API
@@ -602,7 +609,8 @@ class ExecutorImpl:
         seq.sent = len(seq.generated)
         res.output_token_ids = [list(tokens)]
         res.finish_reasons = [reason if reason is not None else self._api.FinishReason.NOT_FINISHED]
-        res.decoding_iter = seq.steps if self._lookahead is not None else len(seq.generated)
+        if hasattr(res, "decoding_iter"):  # not every release's Result binds it (bindings.executor._Result012)
+            res.decoding_iter = seq.steps if self._lookahead is not None else len(seq.generated)
         if seq.return_log_probs:
             res.log_probs = [list(lps)]
             res.cum_log_probs = [float(sum(seq.log_probs))]

@@ -738,24 +738,49 @@ for _cls in (_ParallelConfig1x, _ParallelConfig012):
 # --------------------------------------------------------------------------- responses & stats
 
 
-class Result:
+def _result_class(fields: dict, base: type = object) -> type:
+    """A Result shape binding ``fields`` (name -> default, or a factory for a fresh list) on top of ``base``'s.
+    Slots: a pybind/nanobind object takes no attribute it does not bind (no py::dynamic_attr())."""
+
     def __init__(self):
-        self.is_final = False
-        self.output_token_ids = []
-        self.cum_log_probs = None
-        self.log_probs = None
-        self.context_logits = None
-        self.generation_logits = None
-        self.spec_dec_fast_logits_info = None
-        self.encoder_output = None
-        self.finish_reasons = []
-        self.sequence_index = 0
-        self.is_sequence_final = False
-        self.decoding_iter = 0
-        self.avg_decoded_tokens_per_iter = 0.0
-        self.context_phase_params = None
-        self.request_perf_metrics = None
-        self.additional_outputs = []
+        base.__init__(self)
+        for name, default in fields.items():
+            setattr(self, name, default() if callable(default) else default)
+
+    return type("Result", (base,), {"__slots__": tuple(fields), "__init__": __init__})
+
+
+# 0.x: the pybind Result of a lookahead-era NVIDIA/TensorRT-LLM crawl copy of the executor bindings (its
+# DecodingConfig takes lookahead_decoding_config; its ExtendedRuntimePerfKnobConfig has enable_context_fmha_fp32_acc):
+# no decoding_iter.
+_Result012 = _result_class(
+    {
+        "is_final": False,
+        "output_token_ids": list,
+        "cum_log_probs": None,
+        "log_probs": None,
+        "context_logits": None,
+        "generation_logits": None,
+        "encoder_output": None,
+        "finish_reasons": list,
+        "sequence_index": 0,
+        "is_sequence_final": False,
+    }
+)
+# 1.0: the later fields but no decoding_iter, since 1.0 is not shown to bind it: every binding copy read that does
+# (pybind ``def_readwrite("decoding_iter", &tle::Result::decodingIter)``, nanobind ``def_rw``) is undated or 1.1+
+# (nanobind), and the release that added it was not pinned.
+_Result10 = _result_class(
+    {
+        "spec_dec_fast_logits_info": None,
+        "avg_decoded_tokens_per_iter": 0.0,
+        "context_phase_params": None,
+        "request_perf_metrics": None,
+        "additional_outputs": list,
+    },
+    _Result012,
+)
+_Result1x = _result_class({"decoding_iter": 0}, _Result10)
 
 
 class Response:
@@ -985,6 +1010,7 @@ ParallelConfig = _ParallelConfig1x
 FinishReason = _FinishReason1x
 CapacitySchedulerPolicy = _CapacitySchedulerPolicy1x
 ExtendedRuntimePerfKnobConfig = _ExtendedRuntimePerfKnobConfig1x
+Result = _Result1x
 
 
 _EXECUTOR = Executor
@@ -997,6 +1023,7 @@ def _select(version: str) -> None:
     g["__version__"] = version
     for name, (v012, v1x) in _VARIANTS.items():
         g[name] = v012 if old else v1x
+    g["Result"] = _Result012 if old else _Result10 if _state.series(version) < (1, 1) else _Result1x
     # NVIDIA/TensorRT-LLM PR 16369 (on main after 1.2, the fake's "1.3.0"): "The nanobind Executor class no
     # longer exists".
     if _state.series(version) >= (1, 3):
