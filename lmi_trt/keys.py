@@ -995,9 +995,10 @@ class LmiConfig(BaseModel):
         KeySpec(
             "option.max_cpu_loras",
             _integer(1, 8),
-            "LoRA: adapters registered at most (kept in host memory; the pytorch backend's "
-            "LoraConfig.max_cpu_loras and the tensorrt backend's host PEFT cache, at least option.max_loras); unset: "
-            "no limit (those host caches: option.max_loras)",
+            "LoRA: adapters registered at most (vLLM's meaning, as DJL's; at least option.max_loras), and the host "
+            "cache: the pytorch backend's LoraConfig.max_cpu_loras (from TensorRT-LLM 1.1 an evicting cache that "
+            "reloads an evicted adapter, PR 6510), the tensorrt backend's host PEFT cache; unset: no registration "
+            "limit, the pytorch backend's host cache the release's default, the tensorrt backend's option.max_loras",
         ),
     ] = None
     batch_scheduler_policy: Annotated[

@@ -17,7 +17,13 @@ Sources (NVIDIA/TensorRT-LLM; one stored copy per path, dated by content):
 * The PEFT cache: executor.h ``PeftCacheConfig`` counts "max sized 1-layer 1-module adapterSize=1 sets of weights";
   the LLM API sizes it for a LoRA-plugin engine as max_lora_rank × layers × len(lora_target_modules +
   missing_qkv_modules) × max_loras on the device, × max_cpu_loras in host memory (``tensorrt_llm/llmapi/llm.py``
-  ``_TrtLLM._build_model``).
+  ``_TrtLLM._build_model``), with the engine's built rank. lmi-trt sizes with option.max_lora_rank, which may be
+  below it, so it also passes ``max_adapter_size`` = that rank: ``PeftCacheManager``'s constructor clamps
+  ``maxAdapterSize`` to min(it, the engine's max_lora_rank) (default 64) and refuses to start ("Not enough space
+  allocated to device LoRA cache to hold 1 max sized LoRA") when the cache holds less than one adapter of that
+  size (``cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp`` ``getPageManagerConfig``, a 1.x copy; the
+  ``PeftCacheConfig`` keywords are in every release's binding). ``optimal_adapter_size`` (default 8) is clamped
+  the same way.
 """
 
 from __future__ import annotations
@@ -39,12 +45,32 @@ def with_missing_qkv(targets: Iterable[str]) -> list[str]:
 
 
 def peft_cache_sizes(rank: int, num_layers: int, targets: Sequence[str], max_loras: int, max_cpu_loras: int) -> dict:
-    """``PeftCacheConfig`` keywords, as the LLM API sizes them (module docstring)."""
+    """``PeftCacheConfig`` keywords, as the LLM API sizes them, for adapters of rank ≤ ``rank`` (module docstring)."""
     module_layers = rank * num_layers * len(with_missing_qkv(targets))
     return {
+        "max_adapter_size": rank,
+        "optimal_adapter_size": min(8, rank),
         "num_device_module_layer": module_layers * max_loras,
         "num_host_module_layer": module_layers * max_cpu_loras,
     }
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def host_module_layers(sizes: Sequence[int], num_layers: int, rank: int, adapters: int) -> int:
+    """``num_host_module_layer`` for a host cache that holds ``adapters`` adapters of rank ``rank`` on every module
+    (``sizes``: each enabled module's in + out) in whole pages. The Executor counts pages, not module-layers
+    (``cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp`` ``getPageManagerConfig``/``getMaxNumSlots``, a 1.x copy):
+    a slot is the smallest module's in + out values; a page holds max(optimalAdapterSize × Σ ceilDiv(size, slot) ×
+    layers, ceilDiv(maxAdapterSize × largest size, slot)) slots; N module-layers are N × ceilDiv(largest, slot)
+    slots; a task takes ceilDiv(rank × size, slot) slots a row in whole pages (``cpp/tensorrt_llm/runtime/
+    loraCache.cpp`` ``determineNumPages``). The LLM API's count can round to fewer pages than adapters."""
+    width, widest = min(sizes), max(sizes)
+    per_page = max(min(8, rank) * sum(_ceil(s, width) for s in sizes) * num_layers, _ceil(rank * widest, width))
+    task_pages = _ceil(num_layers * sum(_ceil(rank * s, width) for s in sizes), per_page)
+    return _ceil(adapters * task_pages * per_page, _ceil(widest, width))
 
 
 def peft_device_bytes(sizes: dict, widest_in_out: int, itemsize: int) -> int:

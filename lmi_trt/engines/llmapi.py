@@ -58,7 +58,7 @@ executor/result.py; 1.0–1.2 and main):
   ids 51807206653, 2646354960); later workers cut it with a server-side warning (id 55301320707).
 
 * LoRA adapters (option.enable_lora): the LLM gets the release's ``LoraConfig`` (``lora_plan``; built from
-  ``tensorrt_llm.lora_manager`` as docs/source/features/lora.md imports it), each request the registered adapter's
+  the module that defines it, ``LORA_CONFIG_MODULES``), each request the registered adapter's
   ``LoRARequest(name, int id, folder)`` (``tensorrt_llm.executor.request``), as trtllm-serve passes its clients' own
   (openai_server.py ``generate_async(..., lora_request=request.lora_request)``). The worker's LoraManager loads an
   adapter once per id (lora_manager.py ``load_from_hf`` skips ids it has seen), so every registration gets a new id;
@@ -113,7 +113,6 @@ from lmi_trt.engines.base import (
 from lmi_trt.engines.guided import warm_guide
 from lmi_trt.engines.llmapi_releases import (
     AFTER_LAST_READ,
-    LINE_1_3,
     TRTLLM,
     Sampler,
     beam_width_rule,
@@ -189,14 +188,16 @@ LORA_MODULES = {
 }
 # CUDA graphs beside LoRA adapters. PR 5480 ("Enable cuda graph by default", 2025-07-13, before 1.0): "LoRA does not
 # support CUDA graph enable mode, the output is different compare with CUDA graph disable"; PRs 7335 and 7336 (LoRA
-# CUDA graphs, 2025-08) closed unmerged; PR 8279 ("Multi-LoRA serving with CUDA Graph") opened 2025-10-11, after the
-# 1.2.0rc0 bump (2025-09-29) that cut 1.1. Whether the 1.2 branch holds it was not verified, so lmi-trt turns CUDA
-# graphs off beside adapters up to 1.2 and leaves them on for the 1.3.0 candidates (all cut in 2026).
-LORA_CUDA_GRAPHS = LINE_1_3
-# PEFT's use_rslora (scaling alpha / sqrt(r)): the HF loader reads it (lora_manager.py load_from_hf, ``rs_lora =
-# bool(hf_config.get("use_rslora", False))``) in one undated copy (id 1059464385, with MoE LoRA: late); not read per
-# release, so refused on every release.
-NO_RSLORA = "whether this TensorRT-LLM release scales by lora_alpha / sqrt(r) was not verified"
+# CUDA graphs, 2025-08) closed unmerged; PR 8279 ("Multi-LoRA serving with CUDA Graph", commit 1dc49b266e) merged on
+# main 2026-01-22 *after* "Bump version to 1.3.0rc1" (#10923, commit 0243abee22; NVIDIA/TensorRT-LLM main's commit
+# log): in no 1.2 (on release branches by then) nor 1.3.0rc0, and by llmapi_releases.py's dating rule first verified
+# in 1.3.0rc2. Before it lmi-trt turns CUDA graphs off beside adapters (the fake runtime, tests/fakes/tensorrt_llm/
+# _lora.py, switches at the same release).
+LORA_CUDA_GRAPHS = Version("1.3.0rc2")
+# Quantized checkpoints beside adapters: PR 7014 ("Guard against fp8 activations in lora forward", reviewed
+# 2025-08-20) fixed FP8 models with LoRA after main's "Bump version to 1.1.0rc0" (#6651, 2025-08-07), so it is in 1.1
+# and later; whether the 1.0 branch took it was not read, and no other quantization beside LoRA was read on 1.0.
+LORA_QUANTIZED = Version("1.1.0")
 
 
 # =============================================================================== versions
@@ -354,10 +355,27 @@ def check_settings(settings: LlmApiSettings) -> None:
     _check_moe_split(rt.tensor_parallel_degree, settings.moe_tensor_parallel_size, settings.moe_expert_parallel_size)
 
 
-def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str, Any] | None = None) -> LlmPlan:
+def checkpoint_quantization(hf_config: Mapping[str, Any], hf_quant_config: Mapping[str, Any]) -> str | None:
+    """Pure: how a checkpoint is quantized, from config.json's ``quantization_config`` (transformers) or modelopt's
+    hf_quant_config.json ``quantization.quant_algo``; None for an unquantized one."""
+    algo = (hf_quant_config.get("quantization") or {}).get("quant_algo")
+    if algo:
+        return f"hf_quant_config.json quant_algo={algo}"
+    quant = hf_config.get("quantization_config")
+    if isinstance(quant, Mapping):
+        return f"config.json quantization_config.quant_method={quant.get('quant_method')}"
+    return None
+
+
+def llm_plan(
+    settings: LlmApiSettings,
+    release: Version,
+    hf_config: Mapping[str, Any] | None = None,
+    quantization: str | None = None,
+) -> LlmPlan:
     """Pure: the options as ``LLM`` keywords for a release; a keyword no option sets is left to the release,
     except the few lmi-trt needs (each with its reason in ``origins``). ``hf_config``: the checkpoint's config.json
-    where read (MTP speculation needs its heads)."""
+    where read (MTP speculation needs its heads); ``quantization``: the checkpoint's (``checkpoint_quantization``)."""
     check_settings(settings)
     rt, given = settings.runtime, settings.given
     beams = rt.max_beam_width
@@ -492,7 +510,7 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
         graphs, origins["cuda_graph_config"] = None, why
     lora = None
     if settings.enable_lora:
-        lora = lora_plan(settings, release, spec.method if spec is not None else None)
+        lora = lora_plan(settings, release, spec.method if spec is not None else None, quantization)
         origins["lora_config"] = "option.enable_lora"
         for field, option in (
             ("max_lora_rank", "option.max_lora_rank"),
@@ -512,8 +530,8 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
                 raise TrtllmConfigError(
                     f"option.use_cuda_graph=true with option.enable_lora=true: TensorRT-LLM {release} does not apply "
                     "LoRA adapters in CUDA graphs (PR 5480: 'the output is different'; PR 8279, which adds them, is "
-                    "not verified before the 1.3.0 candidates); remove option.use_cuda_graph (lmi-trt turns CUDA "
-                    "graphs off beside adapters there), or use a TensorRT-LLM 1.3.0 candidate"
+                    f"first in {LORA_CUDA_GRAPHS}); remove option.use_cuda_graph (lmi-trt turns CUDA graphs off "
+                    f"beside adapters there), or use TensorRT-LLM {LORA_CUDA_GRAPHS} or later"
                 )
             graphs = None
             origins["cuda_graph_config"] = (
@@ -522,7 +540,9 @@ def llm_plan(settings: LlmApiSettings, release: Version, hf_config: Mapping[str,
     return LlmPlan(keywords, kv, scheduler, nested["moe_config"], graphs, origins, spec, lora)
 
 
-def lora_plan(settings: LlmApiSettings, release: Version, speculation: str | None) -> dict[str, Any]:
+def lora_plan(
+    settings: LlmApiSettings, release: Version, speculation: str | None, quantization: str | None = None
+) -> dict[str, Any]:
     """Pure: ``LoraConfig`` keywords (tensorrt_llm/lora_helper.py ``LoraConfig``: lora_dir, max_lora_rank,
     lora_target_modules, max_loras, max_cpu_loras) for DJL's keys as its vLLM line means them: ``max_loras`` adapters
     in the device cache at once (py_executor_creator sizes ``PeftCacheConfig.num_device_module_layer`` from
@@ -536,10 +556,20 @@ def lora_plan(settings: LlmApiSettings, release: Version, speculation: str | Non
             f"option.enable_lora=true with speculative decoding ({speculation}): LoRA adapters beside speculative "
             f"decoding were not verified on TensorRT-LLM {release}; leave one of them out"
         )
+    if quantization is not None and release < LORA_QUANTIZED:
+        raise TrtllmConfigError(
+            f"option.enable_lora=true with a quantized checkpoint ({quantization}): LoRA beside a quantized model "
+            f"was not verified on TensorRT-LLM {release} (PR 7014, which fixed FP8 models with LoRA, is first in "
+            f"{LORA_QUANTIZED}); serve an unquantized checkpoint, leave out option.enable_lora, or use TensorRT-LLM "
+            f"{LORA_QUANTIZED} or later"
+        )
+    # vLLM's rule, as DJL's keys mean it (vLLM's LoRAConfig: max_cpu_loras >= max_loras); TensorRT-LLM has no such
+    # check (_util.py sizes the device and host caches independently): a deliberate refusal for DJL compatibility
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
         raise TrtllmConfigError(
             f"option.max_cpu_loras={settings.max_cpu_loras} is below option.max_loras={settings.max_loras}: every "
-            "adapter on the device is also in the host cache (vLLM, DJL's LoRA line: max_cpu_loras >= max_loras); "
+            "adapter on the device is also in the host cache (vLLM's rule, as DJL's LoRA keys mean it: "
+            "max_cpu_loras >= max_loras); "
             f"set option.max_cpu_loras to at least {settings.max_loras}, or leave it unset"
         )
     plan: dict[str, Any] = {
@@ -676,12 +706,29 @@ def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: st
         ) from exc
 
 
+# Where a release defines ``LoraConfig``: tensorrt_llm/lora_helper.py in every copy read (ids 53470212518, 2545972156,
+# 388674781, 56112947133; NVIDIA's examples import it from there, ids 622098482 and 2457752084); the 1.3.0rc26 docs
+# (features/lora.html) import it from tensorrt_llm._torch.peft.lora.config, where the rc18/rc20 docs still used
+# tensorrt_llm.lora_manager's re-export, so the class moved between rc20 and rc26. The docs' newer path first.
+LORA_CONFIG_MODULES = ("tensorrt_llm._torch.peft.lora.config", "tensorrt_llm.lora_helper")
+
+
 def lora_config(values: Mapping[str, Any], version: str) -> Any:
-    """The release's own ``LoraConfig`` (``from tensorrt_llm.lora_manager import LoraConfig``, as
-    docs/source/features/lora.md imports it; lora_manager.py imports it from lora_helper.py in the copies that have
-    that file); what it refuses is a ``TrtllmConfigError`` naming option.enable_lora."""
+    """The release's own ``LoraConfig`` (from the first of ``LORA_CONFIG_MODULES`` that has it); what it refuses,
+    or a release where neither path holds it, is a ``TrtllmConfigError`` naming option.enable_lora."""
+    for name in LORA_CONFIG_MODULES:
+        try:
+            make = importlib.import_module(name).LoraConfig
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise TrtllmConfigError(
+            f"option.enable_lora=true: TensorRT-LLM {version} has no LoraConfig in {' or '.join(LORA_CONFIG_MODULES)}"
+            " (where the releases read define it); serve without option.enable_lora, or use a release lmi-trt reads"
+        )
     try:
-        return importlib.import_module("tensorrt_llm.lora_manager").LoraConfig(**values)
+        return make(**values)
     except (ValueError, TypeError, AssertionError) as exc:
         raise TrtllmConfigError(
             f"option.enable_lora=true: TensorRT-LLM {version} refuses LoraConfig({dict(values)}): {exc}; set "
@@ -1125,7 +1172,8 @@ class LlmApiEngine:
             raise RuntimeError("LlmApiEngine.start() may be called once")
         llmapi, version = probe_llm_api(self._gpu_available)
         release = llm_api_release(version)
-        plan = llm_plan(self.settings, release, self._config)
+        quantization = checkpoint_quantization(self._config, read_json(self._model_dir / "hf_quant_config.json"))
+        plan = llm_plan(self.settings, release, self._config, quantization)
         method = plan.speculative.method if plan.speculative is not None else None
         sampler = llm_sampler(release, self._limits.max_beam_width, speculative=method is not None)
         log.info("loading %s with TensorRT-LLM %s (pytorch backend)", self._model_dir, version)
@@ -1393,8 +1441,10 @@ class LlmApiEngine:
             Path(folder),
             max_rank=self.settings.max_lora_rank,
             num_layers=self._config.get("num_hidden_layers") or text.get("num_hidden_layers") or 0,
-            dtype=torch.float32,  # read for its names and shapes only: the weights are the worker's to load
-            rslora=NO_RSLORA,
+            # read for its names and shapes only: the weights are the worker's to load. use_rslora is served: the
+            # loader scales by lora_alpha / sqrt(r) (lora_manager.py load_from_hf, ``rs_lora = bool(hf_config.get(
+            # "use_rslora", False))``, read_file id 1059464385), since NVIDIA/TensorRT-LLM PR 1669 (2024-06, before 1.0)
+            dtype=torch.float32,
         )
         # LoRARequest(lora_name, lora_int_id, lora_path) as trtllm-serve's clients send it (docs/source/features/
         # lora.md; examples/serve/openai_completion_client_for_lora.py); tensorrt_llm/executor/request.py checks the

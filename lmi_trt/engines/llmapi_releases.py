@@ -255,8 +255,9 @@ TABLE: tuple[Support, ...] = (
         "LoRA adapter per request (option.enable_lora)",
         ALL,
         ALL,
-        "LoraConfig + LoRARequest (docs features/lora.md); CUDA graphs off beside adapters up to 1.2 (PR 5480; PR "
-        "8279 not verified there); refused with speculative decoding, beam search and use_rslora",
+        "LoraConfig + LoRARequest (docs features/lora.md); CUDA graphs off beside adapters before 1.3.0rc2 (PR 5480; "
+        "PR 8279 merged after the 1.3.0rc1 bump); refused with speculative decoding and beam search, and on 1.0 "
+        "with a quantized checkpoint (PR 7014, FP8 with LoRA, after the 1.1.0rc0 bump)",
     ),
     Support(
         "beam_width",

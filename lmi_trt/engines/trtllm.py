@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from lmi_trt.compile.lora import TARGET_MODULES, peft_cache_sizes
+from lmi_trt.compile.lora import TARGET_MODULES, host_module_layers, peft_cache_sizes, with_missing_qkv
 from lmi_trt.engines.adapters import AdapterTable
 from lmi_trt.engines.base import (
     SAMPLING_FEATURES,
@@ -67,7 +67,7 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
-from lmi_trt.engines.trtllm_lora import LoraBuild, executor_tensors
+from lmi_trt.engines.trtllm_lora import MODULES, LoraBuild, executor_tensors, module_dims
 from lmi_trt.engines.trtllm_speculation import (
     STOP_WORDS_UNREAD,
     Lookahead,
@@ -117,7 +117,9 @@ class ApiSpec:
         # a task it does not hold "LoRA task N not found in cache. Please send LoRA weights with request"
         # (tensorrt_llm/executor/worker.py _enqueue_request with is_adapter_in_cpu_cache;
         # cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp addRequestPeft, PeftTaskNotCachedException). The
-        # 0.12-era worker (the copy passing max_new_tokens) sends them with every request: done so on 0.12.
+        # 0.12-era worker (the copy passing max_new_tokens) sends them with every request, and so does lmi-trt on 0.x
+        # (sending once would work too: the miss path is in every copy). Safe: a task already cached is only bumped
+        # (runtime/loraCache.cpp LoraCache::put), at the cost of serialising its weights per request.
         return self.series >= (1, 0)
 
     @property
@@ -259,6 +261,7 @@ class EngineFacts:
     max_draft_len: int = 0
     num_layers: int | None = None  # pretrained_config.num_hidden_layers
     lora: LoraBuild = LoraBuild(False, None, ())
+    lora_dims: dict[str, tuple[int, int]] = field(default_factory=dict)  # trtllm_lora.module_dims
 
     @property
     def world_size(self) -> int:
@@ -328,6 +331,7 @@ def parse_engine_config(config: dict) -> EngineFacts:
             max_draft_len=draft_len,
             num_layers=pretrained.get("num_hidden_layers"),
             lora=LoraBuild.of(build),
+            lora_dims=module_dims(pretrained),
         )
     if "builder_config" in config:
         builder, plugins = config["builder_config"], config.get("plugin_config") or {}
@@ -532,21 +536,40 @@ def lora_errors(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
         ]
     if facts.num_layers is None:
         return ["option.enable_lora=true: the engine's config.json has no pretrained_config.num_hidden_layers"]
+    built = re.match(r"^(\d+)\.(\d+)", facts.version or "")
+    if settings.enable_kv_cache_reuse and (built is None or (int(built[1]), int(built[2])) < (0, 13)):
+        # KV cache block reuse learned LoRA (blocks keyed by the task id) after 0.12: NVIDIA/TensorRT-LLM PR #2184
+        # "Supported KV cache reuse for P-Tuning and LoRA" (2024-09-03, the push after 0.12). Before it, two adapters
+        # sharing a prompt prefix could reuse each other's KV blocks and answer wrongly without a word.
+        return [
+            "option.enable_lora=true beside option.enable_kv_cache_reuse=true on an engine of TensorRT-LLM "
+            f"{facts.version or 'unknown release'}: block reuse keys blocks by LoRA task only from the release after "
+            "0.12 (NVIDIA/TensorRT-LLM PR #2184), so adapters could share each other's cached prompts; set "
+            "option.enable_kv_cache_reuse=false, or use an engine of a 1.x release"
+        ]
     return []
 
 
 def peft_cache_config(tle: ModuleType, settings: TrtllmSettings, facts: EngineFacts) -> Any:
     """``ExecutorConfig.peft_cache_config``: its host and device caches sized as the LLM API sizes them
     (compile.lora.peft_cache_sizes) for option.max_lora_rank, option.max_loras adapters on the device and
-    option.max_cpu_loras (at least option.max_loras; unset: option.max_loras) in host memory."""
-    sizes = peft_cache_sizes(
-        settings.max_lora_rank,
-        facts.num_layers or 0,
-        facts.lora.target_modules,
-        settings.max_loras,
-        max(settings.max_cpu_loras or settings.max_loras, settings.max_loras),
-    )
+    option.max_cpu_loras (at least option.max_loras; unset: option.max_loras) in host memory, the host cache made
+    big enough for that many whole adapters in its pages (compile.lora.host_module_layers): the engine holds back a
+    request whose adapter would be one more than that (TrtllmEngine._lora_full)."""
+    layers, rank, held = facts.num_layers or 0, settings.max_lora_rank, host_adapters(settings)
+    sizes = peft_cache_sizes(rank, layers, facts.lora.target_modules, settings.max_loras, held)
+    targets = with_missing_qkv(facts.lora.target_modules)
+    dims = [sum(facts.lora_dims[hf]) for hf, (trt, _) in MODULES.items() if trt in targets and hf in facts.lora_dims]
+    if dims:
+        sizes["num_host_module_layer"] = max(
+            sizes["num_host_module_layer"], host_module_layers(dims, layers, rank, held)
+        )
     return tle.PeftCacheConfig(**sizes)
+
+
+def host_adapters(settings: TrtllmSettings) -> int:
+    """How many adapters the Executor's host cache holds: option.max_cpu_loras, at least option.max_loras."""
+    return max(settings.max_cpu_loras or settings.max_loras, settings.max_loras)
 
 
 def _orchestrator_config(tle: ModuleType) -> Any:
@@ -1238,7 +1261,7 @@ class TrtllmEngine:
             adapter=request.adapter,
             lora_resend=resend,
         )
-        if self._must_wait(stream.beam_width):
+        if self._must_wait(stream.beam_width) or self._lora_full(stream.adapter):
             stream.held = spec
             self._held.append(stream)
         else:
@@ -1266,6 +1289,18 @@ class TrtllmEngine:
             return True
         return bool(self._held) and self._passed_held >= self._limits.max_batch_size
 
+    def _lora_full(self, adapter: str | None) -> bool:
+        """Whether a request's adapter is held back here: it is not in flight and the Executor's host cache holds
+        as many adapters as run. The Executor puts every fetched request's task in its host cache, before
+        scheduling, and evicts only tasks no request uses; with none to evict the request fails with "PEFT Cache is
+        full. Could not store taskId=N" (``cpp/tensorrt_llm/executor/executorImpl.cpp`` updatePeftCache in the fetch
+        loop; ``peftCacheManager.cpp`` addRequestPeft; ``runtime/loraCache.cpp`` claimPagesWithEvict). Load is no
+        client's fault: it waits, as the torch engine waits for an adapter slot."""
+        if adapter is None:
+            return False
+        running = {s.adapter for s in self._streams.values() if s.adapter is not None}
+        return adapter not in running and len(running) >= host_adapters(self.settings)
+
     def _submit(self, stream: _Stream, spec: RequestSpec) -> EngineOutput | None:
         try:
             exec_id = self._executor.enqueue_request(to_executor_request(self._tle, spec, self.facts.vocab_size))
@@ -1288,6 +1323,9 @@ class TrtllmEngine:
             self._held = [s for s in self._held if s.beam_width != width]
             self._passed_held = 0
             for stream in group:
+                if self._lora_full(stream.adapter):  # its turn comes when the running batch drains again
+                    self._held.append(stream)
+                    continue
                 error = self._submit(stream, stream.held)
                 if error is not None:
                     self._finish(stream, error)
@@ -1355,7 +1393,7 @@ class TrtllmEngine:
         adapter = read_adapter(
             name, folder, max_rank=self.settings.max_lora_rank, num_layers=self.facts.num_layers, dtype=dtype
         )
-        weights, config = executor_tensors(name, adapter, self.facts.lora)
+        weights, config = executor_tensors(name, adapter, self.facts.lora, self.facts.lora_dims)
         return weights, config, adapter.rank
 
     async def unregister_adapter(self, name: str) -> None:

@@ -17,6 +17,11 @@ Sources (NVIDIA/TensorRT-LLM; the index holds one copy of each path, dated by co
   dtype in host memory, each row's layer in range, rank > 0 and ≤ the engine's max_lora_rank, its module one the
   engine was built for ("lora module X not enabled for this model"), and enough values for its in+out size.
   Three columns are accepted by every release, so that is what is sent (no DoRA here: read_adapter refuses it).
+* ``cpp/tensorrt_llm/runtime/loraModule.cpp`` ``createLoraModules`` (commit 2a9abd95): each module's in and out
+  sizes from the model config: attn_q hidden → heads × head size, attn_k/attn_v hidden → kv heads × head size,
+  attn_dense hidden → hidden, mlp_h_to_4h/mlp_gate hidden → mlp hidden, mlp_4h_to_h mlp hidden → hidden. loraUtils
+  only checks a row against the padded width, so the Executor would read a wrongly shaped adapter at these sizes
+  without a word: lmi-trt compares the shapes at registration.
 * The PEFT cache's sizing and the module names the JIT build targets: ``lmi_trt.compile.lora``.
 """
 
@@ -59,10 +64,47 @@ class LoraBuild:
         return cls(on, int(rank) if rank is not None else None, tuple(lora.get("lora_target_modules") or ()))
 
 
-def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, Any]:
+def module_dims(pretrained: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) of each HF projection as the engine's LoRA modules take them (loraModule.cpp, module docstring), from
+    config.json's pretrained_config; empty where it lacks the sizes."""
+    try:
+        hidden, heads = int(pretrained["hidden_size"]), int(pretrained["num_attention_heads"])
+        kv_heads = int(pretrained.get("num_key_value_heads") or heads)
+        head = int(pretrained.get("head_size") or hidden // heads)
+        mlp = int(pretrained["intermediate_size"])
+    except (KeyError, TypeError, ValueError):
+        return {}
+    q, kv = (hidden, heads * head), (hidden, kv_heads * head)
+    return {
+        "q_proj": q,
+        "k_proj": kv,
+        "v_proj": kv,
+        "o_proj": (hidden, hidden),
+        "gate_proj": (hidden, mlp),
+        "up_proj": (hidden, mlp),
+        "down_proj": (mlp, hidden),
+    }
+
+
+def shape_error(name: str, adapter: Any, dims: dict[str, tuple[int, int]]) -> EngineError | None:
+    """A 400 naming the first (layer, module) whose A [r, in] / B [out, r] do not match the engine's sizes."""
+    for (layer, module), (a, b) in sorted(adapter.weights.items()):
+        want = dims.get(module)
+        if want is not None and (a.shape[1], b.shape[0]) != want:
+            return EngineError(
+                f"LoRA adapter {name!r}: {module} of layer {layer} maps {a.shape[1]} → {b.shape[0]} values, but the "
+                f"engine's {module} maps {want[0]} → {want[1]} (its config.json pretrained_config); the adapter was "
+                "trained for another model",
+                code=400,
+                field="adapter",
+            )
+    return None
+
+
+def executor_tensors(name: str, adapter: Any, built: LoraBuild, dims: dict[str, tuple[int, int]]) -> tuple[Any, Any]:
     """An adapter read by ``engines.torch.lora.read_adapter`` (A [r, in] and scaling·B [out, r] per (layer, HF
     module), the model's dtype) as ``LoraConfig``'s (weights [rows, longest], config int32 [rows, 3]); 400 naming
-    the modules the engine was not built for."""
+    the modules the engine was not built for or whose shapes differ from the engine's (``dims``: module_dims)."""
     import torch
 
     missing = sorted({m for _, m in adapter.weights if MODULES[m][0] not in built.target_modules})
@@ -74,6 +116,9 @@ def executor_tensors(name: str, adapter: Any, built: LoraBuild) -> tuple[Any, An
             code=400,
             field="adapter",
         )
+    wrong = shape_error(name, adapter, dims)
+    if wrong is not None:
+        raise wrong
     rows, keys = [], []
     for (layer, module), (a, b) in sorted(adapter.weights.items()):
         rows.append(torch.cat([a.contiguous().flatten(), b.contiguous().flatten()]))

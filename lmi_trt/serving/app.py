@@ -32,6 +32,7 @@ from lmi_trt.serving.errors import LmiHttpError
 from lmi_trt.serving.health_responder import HealthResponder
 from lmi_trt.serving.http import (
     CONTEXT,
+    FrontendReadiness,
     JsonWorker,
     ModelStatus,
     ProtocolAdapter,
@@ -117,20 +118,21 @@ def build_app(
     adapters: Sequence[ProtocolAdapter] | None = None,
     admission: Admission | None = None,
     metrics_dir: str | None = None,
-    ready_gate: Callable[[], Awaitable[None]] | None = None,
+    readiness: FrontendReadiness | None = None,
 ) -> web.Application:
     """The application; ``load`` runs in the background once the server is listening.
 
     ``adapters`` defaults to the LMI protocol (/invocations, /predictions/{model}). A front end of several
-    (serving/frontends.py) passes the ``admission`` they share, the folder of their metrics, and a ``ready_gate``
-    it waits at, loaded, until every front end is (so /ping turns 200 when any of them can serve).
+    (serving/frontends.py) passes the ``admission`` they share, the folder of their metrics, and their
+    ``readiness``: loaded, it waits until every front end is, and /ping turns 200 only once every one serves
+    alone on the socket (no health responder of any answers "still loading" after a 200).
     """
     if adapters is None:
         from lmi_trt.serving.protocols import lmi
 
         adapters = (lmi.install,)
     metrics = Metrics(model_name, metrics_dir)
-    ctx = ServingContext(config=config, model_name=model_name, metrics=metrics)
+    ctx = ServingContext(config=config, model_name=model_name, metrics=metrics, readiness=readiness)
     metrics.attach_live(
         lambda: ctx.service.admission.total() if ctx.service else 0,
         lambda: ctx.service.engine.stats() if ctx.service else None,
@@ -170,8 +172,8 @@ def build_app(
             adapter_source=loaded.adapter_source,
             admission=admission,
         )
-        if ready_gate is not None:
-            await ready_gate()
+        if readiness is not None:
+            await readiness.loaded()
         ctx.service = service
         log.info("model %r ready (engine %s) after %.1f s", model_name, loaded.engine.name, time.perf_counter() - t0)
 
@@ -439,6 +441,9 @@ async def serve(
             # Stopped only once this server accepts too: a connection queued meanwhile is taken by one
             # of the two, both of which answer it.
             await asyncio.to_thread(responder.stop)
+        if ctx.readiness is not None and ctx.service is not None:
+            ctx.readiness.serving()  # no responder of this front end answers "still loading" any more
+        if responder is not None:
             log.info("health responder stopped: the server answers alone (model %s)", ctx.status.value)
         await stop.wait()
         log.info("shutting down: draining in-flight requests for up to %.0f s", shutdown_timeout)

@@ -6,8 +6,10 @@ then loads the model and serves the engine to them over ``engine_link``. A front
 (``app.serve``) with a ``RemoteEngine``: routes, validation, chat templates, tokenization, detokenization, stop
 strings, rendering, its own /ping (and health responder) and drain. What must hold across them is shared:
 ``job_queue_size`` (``admission.SharedAdmission``), /metrics (prometheus_client's multiprocess folder, plus the
-engine's statistics every front end hears), the engine's batch (one engine). A front end that dies is replaced
-and only its own requests end (the engine cancels them). SIGTERM: the front ends drain, then the engine closes.
+engine's statistics every front end hears), the engine's batch (one engine), readiness (``SharedReadiness``: /ping
+is 200 once every front end serves alone on the socket, no health responder left). A front end that dies is
+replaced and only its own requests end (the engine cancels them). SIGTERM: the front ends drain, then the engine
+closes.
 
 vLLM does the same with ``--api-server-count`` API-server processes around its engine core
 (vllm-project/vllm vllm/entrypoints/cli/serve.py, ``run_multi_api_server``).
@@ -76,6 +78,7 @@ class FrontendSpec:
     parent_pid: int
     slots: MutableSequence[int]  # SharedAdmission's
     loaded: MutableSequence[int]  # 1 for each front end that has loaded once
+    serving: MutableSequence[int]  # 1 for each front end that has served alone on the socket once
     metrics_dir: str
     log_level: int
     replacement: bool  # started in place of one that died: accepts nothing until loaded
@@ -122,11 +125,6 @@ def frontend_main(spec: FrontendSpec) -> None:
         source = functools.partial(resolve_adapter, config) if config.enable_lora else None
         return LoadedModel(engine, tokenizer, adapter_source=source)
 
-    async def every_front_end_loaded() -> None:
-        spec.loaded[spec.index] = 1
-        while not all(spec.loaded):
-            await asyncio.sleep(0.02)
-
     app = build_app(
         load,
         config,
@@ -134,13 +132,34 @@ def frontend_main(spec: FrontendSpec) -> None:
         adapters=DEFAULT_ADAPTERS,
         admission=SharedAdmission(spec.slots, spec.index),
         metrics_dir=spec.metrics_dir,
-        ready_gate=every_front_end_loaded,
+        readiness=SharedReadiness(spec.loaded, spec.serving, spec.index),
     )
     rc = run_app(app, host=spec.host, port=spec.port, sock=spec.sock, answer_while_loading=not spec.replacement)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)  # as `lmi-trt serve` leaves (cli/serve.py _exit_stopped): no teardown collection
+
+
+class SharedReadiness:
+    """``FrontendReadiness`` over arrays the front ends share. A flag, once set, stays set: a replacement
+    (which accepts nothing until loaded, and has no health responder) does not turn the others' /ping 503."""
+
+    def __init__(self, loaded: MutableSequence[int], serving: MutableSequence[int], index: int) -> None:
+        self._loaded = loaded
+        self._serving = serving
+        self._index = index
+
+    async def loaded(self) -> None:
+        self._loaded[self._index] = 1
+        while not all(self._loaded):
+            await asyncio.sleep(0.02)
+
+    def serving(self) -> None:
+        self._serving[self._index] = 1
+
+    def all_serving(self) -> bool:
+        return all(self._serving)
 
 
 class Frontends:
@@ -248,6 +267,7 @@ async def serve_engine(
     server.start()
     slots = multiprocessing.get_context("spawn").Array("q", count, lock=False)
     loaded = multiprocessing.get_context("spawn").Array("b", count, lock=False)
+    serving = multiprocessing.get_context("spawn").Array("b", count, lock=False)
     shared = frontend_config(config, count)
 
     def spec(index: int, replacement: bool) -> FrontendSpec:
@@ -263,6 +283,7 @@ async def serve_engine(
             os.getpid(),
             slots,
             loaded,
+            serving,
             metrics_dir,
             logging.getLogger().getEffectiveLevel(),
             replacement,

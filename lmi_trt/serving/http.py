@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
@@ -79,6 +79,19 @@ InvocationHandler = Callable[[web.Request, dict[str, Any]], Awaitable[web.Stream
 ProtocolAdapter = Callable[[web.Application, "ServingContext"], None]
 
 
+class FrontendReadiness(Protocol):
+    """Readiness shared by the front ends of one server (serving/frontends.py ``SharedReadiness``)."""
+
+    async def loaded(self) -> None:
+        """Mark this front end loaded; return once every front end is."""
+
+    def serving(self) -> None:
+        """Mark this front end as the only one answering on its socket (its health responder has stopped)."""
+
+    def all_serving(self) -> bool:
+        """Every front end marked serving: a connection any of them accepts is served by a loaded model."""
+
+
 @dataclass
 class ServingContext:
     config: LmiConfig
@@ -93,6 +106,7 @@ class ServingContext:
     feature_fields: dict[str, Mapping[str, str]] = field(default_factory=dict)
     uploads: UploadBudget = field(init=False)
     json_worker: JsonWorker | None = None
+    readiness: FrontendReadiness | None = None  # one of several front ends: healthy only once all serve
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
     _stalled: bool = field(default=False, init=False, repr=False)
 
@@ -103,7 +117,9 @@ class ServingContext:
     def status(self) -> ModelStatus:
         if self.dead:
             return ModelStatus.FAILED
-        if self.service is None:
+        if self.service is None or (self.readiness is not None and not self.readiness.all_serving()):
+            # With front ends, PENDING until none has a health responder left on the shared socket: a 200
+            # from one means any connection is served, not answered "still loading" by another's responder.
             return ModelStatus.PENDING
         if self._watchdog_trips(self.service):
             return ModelStatus.FAILED

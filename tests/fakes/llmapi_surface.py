@@ -612,8 +612,9 @@ SURFACE = {
             "(docs/source/features/lora.md @050db34b) build it with lora_dir, max_lora_rank, max_loras, max_cpu_loras, "
             "lora_target_modules, trtllm_modules_to_hf_modules; _torch/pyexecutor/_util.py (1.1 line, id 843526953) "
             "reads lora_dir, lora_target_modules, trtllm_modules_to_hf_modules, max_lora_rank, max_loras, "
-            "max_cpu_loras, missing_qkv_modules. swap_gate_up_proj is spelled swap_gate_up_proj_lora_b_weight in the "
-            "_util.py copy: lmi-trt sets neither",
+            "max_cpu_loras, missing_qkv_modules. Listed: the fields common to every copy read (a swap_gate_up_proj "
+            "dataclass, id 53470212518; a lora_weights_converters dataclass, id 2545972156; pydantic copies with "
+            "swap_gate_up_proj_lora_b_weight, ids 388674781 and 56112947133): which release holds which was not dated",
             "releases": ["1.0.0", "1.1.0", "1.2.1", "1.3.0"],
             "ctor": [
                 [
@@ -624,7 +625,6 @@ SURFACE = {
                     "trtllm_modules_to_hf_modules=field(default_factory=dict)",
                     "max_loras=None",
                     "max_cpu_loras=None",
-                    "swap_gate_up_proj=True",
                 ]
             ],
             "props_rw": [
@@ -635,7 +635,6 @@ SURFACE = {
                 "trtllm_modules_to_hf_modules",
                 "max_loras",
                 "max_cpu_loras",
-                "swap_gate_up_proj",
             ],
             "props_ro": ["missing_qkv_modules"],
         },

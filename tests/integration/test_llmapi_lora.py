@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from test_lora import ADAPTERS, PROMPTS, check_mixed_batch, world  # noqa: F401  (world: a fixture)
+from test_torch_engine import reference
 from tinymodels import tiny_model
 from transformers import AutoTokenizer
 from trtllm_testing import fake_tensorrt_llm
@@ -25,9 +26,10 @@ from trtllm_testing import fake_tensorrt_llm
 from lmi_trt.engines.base import EngineError, GenerationRequest, SamplingParams
 from lmi_trt.engines.llmapi import LlmApiEngine, LlmApiSettings
 from lmi_trt.engines.lora_sizes import GROUPS, group_sizes
-from lmi_trt.engines.trtllm import TrtllmSettings
+from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmSettings
 
-RELEASES = ["1.0.0", "1.1.0", "1.2.1", "1.3.0"]
+# 1.3.0rc1 and rc2: either side of PR 8279 (CUDA graphs beside LoRA), so the engine and the fake must agree
+RELEASES = ["1.0.0", "1.1.0", "1.2.1", "1.3.0rc1", "1.3.0rc2"]
 NEW = 8
 
 
@@ -77,6 +79,46 @@ async def test_each_adapter_generates_as_the_peft_merged_model_in_one_mixed_batc
         finally:
             await engine.close()
     check_mixed_batch(made, jobs, got)
+
+
+async def test_an_rslora_adapter_generates_as_peft_scales_it(peft_world, tmp_path):
+    """use_rslora: the release's loader scales by lora_alpha / sqrt(r) (lora_manager.py load_from_hf, PR 1669), as
+    peft does; rank 4 and alpha 8 make that 4 where alpha / r would be 2, so a wrong scaling changes the tokens."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model_dir = peft_world["model_dir"]
+    torch.manual_seed(5)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, use_rslora=True
+    )
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), config)
+    peft_model.save_pretrained(str(tmp_path / "rs"))
+    merged = peft_model.merge_and_unload().eval()
+    ids = AutoTokenizer.from_pretrained(model_dir)(PROMPTS[0]).input_ids
+    with fake_tensorrt_llm("1.0.0"):
+        engine = await started(model_dir, lora_settings())
+        try:
+            await engine.register_adapter("rs", str(tmp_path / "rs"), str(tmp_path / "rs"))
+            got = await generate(engine, "rs", ids, "rs")
+        finally:
+            await engine.close()
+    assert got == reference(merged, ids, NEW, eos_token_id=None).tokens
+
+
+async def test_a_quantized_checkpoint_with_adapters_stops_start_up_on_10(tmp_path):
+    """The engine reads the checkpoint's modelopt hf_quant_config.json and refuses LoRA beside it on 1.0 (PR 7014,
+    FP8 with LoRA, first in 1.1), naming option.enable_lora and the release."""
+    import shutil
+
+    model_dir = tmp_path / "fp8"
+    shutil.copytree(tiny_model("llama"), model_dir)
+    (model_dir / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with fake_tensorrt_llm("1.0.0"):
+        engine = LlmApiEngine(model_dir, lora_settings(), eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
+        with pytest.raises(TrtllmConfigError, match=r"option.enable_lora=true with a quantized checkpoint .*1\.0\.0"):
+            await engine.start()
+        await engine.close()
 
 
 def write_adapter(folder, rank: int, modules=("q_proj", "v_proj"), seed: int = 0, **config):
@@ -153,7 +195,6 @@ async def test_adapters_the_release_would_not_serve_as_peft_does_are_refused_nam
     try:
         cases = [
             ("big", write_adapter(tmp_path / "big", 16), "option.max_lora_rank=8"),
-            ("rs", write_adapter(tmp_path / "rs", 4, use_rslora=True), "use_rslora"),
             ("head", write_adapter(tmp_path / "head", 4, modules_to_save=["lm_head"]), "modules_to_save"),
             ("dora", write_adapter(tmp_path / "dora", 4, use_dora=True), "use_dora"),
         ]

@@ -113,9 +113,17 @@ ENGINES = {"torch": ["--engine", "torch"], "trtllm-pytorch": ["--engine", "trtll
 
 
 @contextmanager
-def lora_server(world, s3_server, engine_args: list[str], max_loras: int, env: dict | None = None, model_dir=None):  # noqa: F811
+def lora_server(
+    world,  # noqa: F811
+    s3_server,  # noqa: F811
+    engine_args: list[str],
+    max_loras: int,
+    env: dict | None = None,
+    model_dir=None,
+    kv_reuse: bool = True,
+):
     """`lmi-trt serve` of the model folder (or ``model_dir``: one with the same adapters/) with ``engine_args`` and
-    its adapters from the four places; yields the server."""
+    its adapters from the four places, KV cache block reuse on where ``kv_reuse``; yields the server."""
     env = {**s3_server.env, "HF_HOME": str(world["hf_home"]), **(env or {})}
     args = [*engine_args, "--model-id", str(model_dir or world["model_dir"]), "--model-name", "tiny-llama"]
     for option in (
@@ -125,7 +133,7 @@ def lora_server(world, s3_server, engine_args: list[str], max_loras: int, env: d
         "option.max_rolling_batch_size=8",
         "option.max_input_len=64",
         "option.max_output_len=400",
-        "option.enable_kv_cache_reuse=true",
+        f"option.enable_kv_cache_reuse={str(kv_reuse).lower()}",
     ):
         args += ["-o", option]
     with serve(args, world["root"], env=env, ready_timeout=600) as server:

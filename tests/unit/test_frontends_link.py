@@ -8,11 +8,12 @@ import contextlib
 import os
 
 import pytest
-from serverproc import synthetic_engine, tiny_tokenizer
+from serverproc import synthetic_engine, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.serving.admission import LocalAdmission, SharedAdmission
+from lmi_trt.serving.core import LoadedModel
 from lmi_trt.serving.engine_link import EngineServer, RemoteEngine, _unwire, _wire
 from lmi_trt.serving.frontends import frontend_config, frontend_count
 
@@ -264,5 +265,50 @@ def test_the_torch_engine_hands_its_steps_to_the_link(tmp_path):
             await stream.__anext__()
             await stream.aclose()
             await _slots_freed(engine, server)
+
+    asyncio.run(main())
+
+
+def test_ping_is_pending_until_every_front_end_serves_alone_on_the_socket():
+    """Front end 0 runs the real ``app.serve`` (its health responder, then its listener) on a socket; front end 1 is
+    driven by hand through the same shared flags. Loaded, front end 0 serves requests at once, but its /ping stays
+    503 PENDING while front end 1 may still have a health responder answering "still loading" on the socket; a
+    replacement for front end 1 (the flags stay set) does not turn it back."""
+    from aiohttp import ClientSession
+
+    from lmi_trt.serving.app import build_app, listen, serve
+    from lmi_trt.serving.frontends import SharedReadiness
+
+    async def main() -> None:
+        tok = tiny_tokenizer()
+        engine = synthetic_engine(tok, max_new_tokens=8)
+        loaded, serving = [0, 0], [0, 0]
+        other = SharedReadiness(loaded, serving, 1)
+
+        async def load() -> LoadedModel:
+            await engine.start()
+            return LoadedModel(engine, tok)
+
+        app = build_app(load, LmiConfig(), model_name="tiny", readiness=SharedReadiness(loaded, serving, 0))
+        sock = listen("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(serve(app, sock=sock, stop=stop, exit_on_failure_after=None))
+        async with ClientSession(url) as s:
+            await other.loaded()
+            assert await wait_until(lambda: serving[0] == 1, timeout=60)  # front end 0 serves alone: no responder
+            async with s.get("/ping") as r:
+                assert (r.status, await r.json()) == (503, {"tiny": {"status": "PENDING"}})
+            async with s.post("/invocations", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}}) as r:
+                assert r.status == 200, await r.text()
+            other.serving()
+            async with s.get("/ping") as r:
+                assert (r.status, await r.json()) == (200, {"tiny": {"status": "Healthy"}})
+            replacement = SharedReadiness(loaded, serving, 1)
+            await replacement.loaded()
+            async with s.get("/ping") as r:
+                assert r.status == 200
+        stop.set()
+        assert await server == 0
 
     asyncio.run(main())

@@ -307,6 +307,18 @@ def test_kv_reuse_needs_paged_context_fmha():
         check_settings(TrtllmSettings(enable_kv_cache_reuse=True), facts_1x(use_paged_context_fmha=False))
 
 
+def test_lora_beside_kv_reuse_is_refused_before_the_release_that_keyed_blocks_by_task():
+    from lmi_trt.engines.trtllm_lora import LoraBuild
+
+    lora = dict(lora=LoraBuild(True, 8, ("attn_q",)), num_layers=2)
+    settings = TrtllmSettings(enable_lora=True, max_lora_rank=8, enable_kv_cache_reuse=True)
+    check_settings(settings, facts_1x(**lora))
+    for version in ("0.12.0", None):
+        with pytest.raises(TrtllmConfigError, match="option.enable_lora=true beside option.enable_kv_cache_reuse=true"):
+            check_settings(settings, facts_1x(version=version, **lora))
+        check_settings(settings.model_copy(update={"enable_kv_cache_reuse": False}), facts_1x(version=version, **lora))
+
+
 def test_parallelism_must_match_the_engine():
     with pytest.raises(TrtllmConfigError, match=r"tensor_parallel_degree=1 .* built for tp=2 pp=1"):
         check_settings(TrtllmSettings(), parse_engine_config(CONFIG_0X))

@@ -15,15 +15,17 @@ What is real here (NVIDIA/TensorRT-LLM; one stored copy per path, dated by conte
 * the cache: ``cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp`` ``addRequestPeft``: a task id without weights
   that the cache does not hold fails the request with "LoRA task N not found in cache. Please send LoRA weights with
   request" (an error Response: cpp/tests executorTest ``LoRA task 10 not found in cache``); weights sent for a task
-  put it in the host cache, which evicts tasks no request uses ("Cache is full. There are no done tasks to evict"
-  when none can go: ``LoraCache`` claimPagesWithEvict). Its size is ``PeftCacheConfig.num_host_module_layer``:
-  "number of max sized 1-layer 1-module adapterSize=1 sets of weights" (executor.h), so a row of rank r takes r.
+  put it in the host cache, which evicts tasks no request uses, and fails the request with "PEFT Cache is full. Could
+  not store taskId=N" when none can go (``LoraCache`` claimPagesWithEvict's LoraCacheFullException, rethrown there);
+  a task the host cache holds keeps its weights when sent again (``LoraCache::put`` returns for a present task).
+* the pages (``PeftCacheManager`` constructor and ``getPageManagerConfig``/``getMaxNumSlots``, a 1.x copy):
+  ``_Pages`` below. The constructor refuses to start when either cache holds less than one adapter of
+  min(max_adapter_size, the engine's max_lora_rank).
 * the device cache: the capacity scheduler claims a running task's PEFT pages once per distinct task and leaves a
   request pending while its new task's pages do not fit (``determineNumPages``, availablePeftPages:
-  cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp, every stored copy); here a page is a unit as above and the
-  device holds ``num_device_module_layer`` of them.
-Simplification: pages are units of rank, not TensorRT-LLM's pages of ``optimalAdapterSize``; 3-column rows only
-(DoRA's fourth column is refused here, not read).
+  cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp, every stored copy).
+Simplifications: the host cache is filled when the scheduler takes a request, not when the Executor fetches it;
+3-column rows only (DoRA's fourth column is refused here, not read).
 """
 
 from __future__ import annotations
@@ -48,6 +50,40 @@ def _error(msg: str) -> RuntimeError:
     return RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {msg}")
 
 
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Pages:
+    """The page arithmetic of peftCacheManager.cpp ``getPageManagerConfig`` (1.x copy): a slot is ``pageWidth`` =
+    the smallest enabled module's in+out values; ``numSlotsPerPage`` = max(optimalAdapterSize × Σ_modules
+    ceilDiv(in+out, pageWidth) × layers, ceilDiv(maxAdapterSize × max in+out, pageWidth)); a cache of N module-layers
+    has N × ceilDiv(max in+out, pageWidth) slots (``getMaxNumSlots``), rounded up to whole pages; a task's rows take
+    ceilDiv(rank × (in+out), pageWidth) slots each, in whole pages (``LoraCache::determineNumPages``)."""
+
+    def __init__(self, sizes: dict[int, int], layers: int, max_rank: int, values: dict) -> None:
+        optimal = min(int(values.get("optimal_adapter_size", 8)), max_rank)  # the constructor's clamps
+        largest = min(int(values.get("max_adapter_size", 64)), max_rank)
+        self.sizes, self.width = sizes, min(sizes.values())
+        widest = max(sizes.values())
+        per_page = optimal * sum(_ceil(s, self.width) for s in sizes.values()) * layers
+        self.per_page = max(per_page, _ceil(largest * widest, self.width))
+        least = _ceil(largest * sum(sizes.values()) * layers, self.width)
+        self.pages = {}
+        for where in ("host", "device"):
+            # 0 means a size in bytes or a fraction of free memory instead (getMaxNumSlots): ample for the tiny model
+            slots = int(values.get(f"num_{where}_module_layer", 0)) * _ceil(widest, self.width) or 1 << 40
+            if slots < least:
+                raise _error(
+                    f"Not enough space allocated to {where} LoRA cache to hold 1 max sized LoRA {slots} < {least}"
+                )
+            self.pages[where] = _ceil(slots, self.per_page)
+
+    def of(self, config) -> int:
+        slots = sum(_ceil(rank * self.sizes[module], self.width) for module, _, rank in config.tolist())
+        return max(1, _ceil(slots, self.per_page))
+
+
 class LoraRuntime:
     def __init__(self, engine_dir: Path, model, precision: str, peft_cache_config) -> None:
         build = json.loads((engine_dir / "config.json").read_text()).get("build_config", {})
@@ -58,13 +94,17 @@ class LoraRuntime:
         self.max_rank = int(lora.get("max_lora_rank", 64))
         self.model = model
         self.dtype = precision
-        values = getattr(peft_cache_config, "_values", {}) if peft_cache_config is not None else {}
-        self.host_units = int(values.get("num_host_module_layer", 0))
-        self.device_units = int(values.get("num_device_module_layer", 0))
-        self.cache: OrderedDict[int, tuple[dict, int]] = OrderedDict()  # task id → (A/B by (layer, path), units)
+        self.cache: OrderedDict[int, tuple[dict, int]] = OrderedDict()  # task id → (A/B by (layer, path), pages)
         self._active: dict | None = None
         # an engine built without the LoRA plugin has nothing to hook (benchmarks/pump_bench.py runs no model at all)
         layers = model.model.layers if self.modules else []
+        if layers:
+            values = getattr(peft_cache_config, "_values", {}) if peft_cache_config is not None else {}
+            sizes = {}
+            for i in self.modules:
+                linear = layers[0].get_submodule(MODULE_IDS[i][1])
+                sizes[i] = linear.in_features + linear.out_features
+            self.pages = _Pages(sizes, len(layers), self.max_rank, values)
         for index, layer in enumerate(layers):
             for _, path in MODULE_IDS.values():
                 module = layer.get_submodule(path)
@@ -89,14 +129,14 @@ class LoraRuntime:
         tasks' (``running``: the running requests' LoraConfigs)."""
         if lora_config is None:
             return True
-        tasks = {c.task_id: self._units(c) for c in running if c is not None}
+        tasks = {c.task_id: self._pages(c) for c in running if c is not None}
         if lora_config.task_id in tasks:
             return True
-        return sum(tasks.values()) + self._units(lora_config) <= self.device_units
+        return sum(tasks.values()) + self._pages(lora_config) <= self.pages.pages["device"]
 
-    def _units(self, lora_config) -> int:
+    def _pages(self, lora_config) -> int:
         if lora_config.config is not None:
-            return int(lora_config.config[:, 2].sum())
+            return self.pages.of(lora_config.config)
         cached = self.cache.get(lora_config.task_id)
         return cached[1] if cached is not None else 0
 
@@ -111,17 +151,20 @@ class LoraRuntime:
                 raise RuntimeError(f"LoRA task {task} not found in cache. Please send LoRA weights with request")
             self.cache.move_to_end(task)
             return self.cache[task][0]
-        decoded, units = self._decode(weights, config)
-        self.cache.pop(task, None)
-        while sum(u for _, u in self.cache.values()) + units > self.host_units:
+        decoded = self._decode(weights, config)
+        if task in self.cache:  # LoraCache::put: a task present is only bumped; its weights stay
+            self.cache.move_to_end(task)
+            return self.cache[task][0]
+        pages = self.pages.of(config)
+        while sum(p for _, p in self.cache.values()) + pages > self.pages.pages["host"]:
             victim = next((t for t in self.cache if t not in in_use), None)
-            if victim is None:
-                raise _error("Cache is full. There are no done tasks to evict")
+            if victim is None:  # addRequestPeft rethrows LoraCacheFullException with this text
+                raise RuntimeError(f"PEFT Cache is full. Could not store taskId={task}")
             del self.cache[victim]
-        self.cache[task] = (decoded, units)
+        self.cache[task] = (decoded, pages)
         return decoded
 
-    def _decode(self, weights, config) -> tuple[dict, int]:
+    def _decode(self, weights, config) -> dict:
         import torch
 
         if weights is None or config is None:
@@ -139,7 +182,7 @@ class LoraRuntime:
         if weights.dtype != getattr(torch, self.dtype):
             raise _error("Expected lora weights to be the same data type as base model")
         layers = self.model.model.layers
-        decoded, units = {}, 0
+        decoded = {}
         for row, (module_id, layer, rank) in enumerate(config.tolist()):
             if not 0 <= layer < len(layers):
                 raise _error("Expected layerId to be in the range [0, numModelLayers)")
@@ -159,5 +202,4 @@ class LoraRuntime:
             a = flat[: rank * fan_in].reshape(rank, fan_in)
             b = flat[rank * fan_in : rank * (fan_in + fan_out)].reshape(fan_out, rank)
             decoded[layer, path] = (a, b)
-            units += rank
-        return decoded, units
+        return decoded

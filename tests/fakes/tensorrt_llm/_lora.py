@@ -13,9 +13,11 @@ Kept from the real one:
   skipped with a warning ("LoRA module ... not in target modules ..., skipping.").
 * CUDA graphs: PR 5480 (2025-07, before 1.0): "LoRA does not support CUDA graph enable mode, the output is different
   compare with CUDA graph disable"; CUDA graphs run batches of decoding requests only (TorchLlmArgs
-  ``cuda_graph_config``: "enabled for batches that consist of decoding requests *only*"). The fake renders that as
-  the adapter missing from decode steps while CUDA graphs are on, up to 1.2 (PR 8279, "Multi-LoRA serving with CUDA
-  Graph", opened 2025-10-11 after the 1.1 cut, is not verified in 1.2); from 1.3.0 adapters apply in every step.
+  ``cuda_graph_config``: "enabled for batches that consist of decoding requests *only*"). How the output differs was
+  not read: the fake's mechanism (the adapter missing from decode steps while CUDA graphs are on) is invented, only
+  its effect (output unlike peft's) is the release's. PR 8279 ("Multi-LoRA serving with CUDA Graph", commit
+  1dc49b266e) merged on main 2026-01-22 after "Bump version to 1.3.0rc1" (#10923, 0243abee22; main's commit log), so
+  the first candidate known to hold it is 1.3.0rc2: from there adapters apply in every step.
 Not read, so the fake fails the request instead of guessing: an adapter whose rank exceeds ``max_lora_rank`` (the
 C++ PEFT cache checks it), and a ``lora_request`` to an LLM built without ``lora_config``.
 """
@@ -47,7 +49,7 @@ class Loras:
         self.hf_to_trtllm = {hf: trt for trt, hf in config.trtllm_modules_to_hf_modules.items()}
         self.max_rank = config.max_lora_rank
         # adapters apply in decode steps unless CUDA graphs run them without (the module docstring)
-        self.in_decode = not cuda_graphs or _state.at_least("1.3.0")
+        self.in_decode = not cuda_graphs or _state.at_least("1.3.0rc2")
         self._loaded: dict[int, dict[tuple[int, str], tuple[object, object, float]]] = {}
         self._active: dict | None = None
         for name, module in model.named_modules():

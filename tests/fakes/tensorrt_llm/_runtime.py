@@ -215,6 +215,7 @@ class _Seq:
     embedding_bias: object = None  # [vocab] float32, added to the logits
     lora_config: object = None  # the request's LoraConfig (checked and cached at admission: _lora)
     lora: dict | None = None  # its decoded A and B by (layer, module)
+    fetched: bool = False  # its LoRA task went to the PEFT cache (the fetch loop, _fetch_lora)
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     sent: int = 0
@@ -449,8 +450,27 @@ class ExecutorImpl:
         self._cancel.clear()
         return out
 
+    def _fetch_lora(self, out: list) -> None:
+        """executorImpl.cpp's fetch loop: every newly fetched request's LoRA task goes into the PEFT host cache
+        before any scheduling (``mModel->updatePeftCache(newReq)``), marked in progress until its request ends; a
+        ``LoraExpectedException`` (a task not cached, "PEFT Cache is full") is an error Response for that request
+        (``catch (runtime::LoraExpectedException)``). The fake fetches every queued request at once."""
+        for seq in [s for s in self._waiting if not s.fetched]:
+            seq.fetched = True
+            in_use = {
+                s.lora_config.task_id
+                for s in [*self._active, *self._waiting]
+                if s.lora_config is not None and s.fetched and s is not seq
+            }
+            try:
+                seq.lora = self._lora.admit(seq.lora_config, in_use)
+            except RuntimeError as exc:
+                self._waiting.remove(seq)
+                out.append(self._api.Response(seq.id, str(exc), seq.client_id))
+
     def _admit(self, out: list) -> set[int]:
         admitted = set()
+        self._fetch_lora(out)
         if not self._waiting:
             return admitted
         # getLeaderNewReqWithIds: the operating beam width is the running requests' (the first
@@ -486,12 +506,6 @@ class ExecutorImpl:
                 seq.max_tokens = room
             if seq.max_tokens <= 0:
                 out.append(self._result(seq, self._api.FinishReason.LENGTH))
-                continue
-            try:
-                in_use = {s.lora_config.task_id for s in [*self._active, *self._waiting] if s.lora_config is not None}
-                seq.lora = self._lora.admit(seq.lora_config, in_use)
-            except RuntimeError as exc:  # an error Response for this request only (PeftCacheManager::addRequestPeft)
-                out.append(self._api.Response(seq.id, str(exc), seq.client_id))
                 continue
             self._active.append(seq)
             admitted.add(seq.id)

@@ -3,7 +3,13 @@ copy; the docs' examples, docs/source/features/lora.md, build the same fields): 
 mapping of TensorRT-LLM LoRA modules to Hugging Face ones. The PyTorch backend reads ``lora_dir``,
 ``lora_target_modules``, ``trtllm_modules_to_hf_modules``, ``max_lora_rank``, ``max_loras`` and ``max_cpu_loras``
 (_torch/pyexecutor/_util.py of the 1.1 line, read_file id 843526953; py_executor_creator.py copies ids 90899134 and
-18543847370)."""
+18543847370).
+
+The real class changed shape across copies that could not be dated to releases: a dataclass with
+``swap_gate_up_proj`` (id 53470212518), a dataclass with ``lora_weights_converters`` and no swap field (id
+2545972156), a pydantic ``BaseModel`` with ``swap_gate_up_proj_lora_b_weight`` (id 388674781), a ``StrictBaseModel``
+(id 56112947133). The fake keeps only the fields every one of them has, so a keyword some release lacks is a
+TypeError here (as the dataclasses' and the StrictBaseModel's refusal), never accepted."""
 
 from __future__ import annotations
 
@@ -45,7 +51,6 @@ class LoraConfig:
     trtllm_modules_to_hf_modules: dict[str, str] = field(default_factory=dict)
     max_loras: int | None = None
     max_cpu_loras: int | None = None
-    swap_gate_up_proj: bool = True
 
     def __post_init__(self) -> None:
         assert self.lora_ckpt_source in ["hf", "nemo"], (
