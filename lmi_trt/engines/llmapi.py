@@ -127,7 +127,6 @@ from lmi_trt.engines.llmapi_speculation import (
     SpecPlan,
     mtp_layers,
     probed,
-    release_fields,
     speculation_refusals,
     speculative_plan,
 )
@@ -699,7 +698,7 @@ def speculative_config(llmapi: ModuleType, spec: SpecPlan, key: str, version: st
             "release that has it"
         )
     try:
-        return make(**release_fields(spec, make))
+        return make(**spec.fields)
     except (ValueError, TypeError, AssertionError) as exc:  # pydantic's ValidationError is a ValueError
         raise TrtllmConfigError(
             f"{key}={spec.method}: TensorRT-LLM {version} refuses {spec.config_class}({spec.fields}): {exc}; "

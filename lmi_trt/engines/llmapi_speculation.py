@@ -34,19 +34,25 @@ default and no DENSEGEMM, and may be an early 1.3 main; main has DENSEGEMM):
   "allows non-greedy sampling when speculation is used. Only applicable to 1-model code paths; non-greedy sampling is
   always enabled on 2-model paths"; py_executor_creator.py: "Falling back to greedy decoding ... set
   allow_advanced_sampling=True") is set; from PR 14745 the flag is ``status="deprecated"``, "no-op kept for backward
-  compatibility ... Non-greedy sampling is now auto-detected per request". Whether release 1.2.x and which 1.3.0
-  candidate hold which of these is not pinned, so the engine probes the installed class (``advanced_sampling``):
-  no field, refused; a field that is not deprecated, set to true; deprecated, left out (llm_args.py's ``Field``
-  puts ``status`` into ``json_schema_extra``, 1.1 copy).
-* sampling on the two-model paths: the 1.1 line's TorchSampler (sampler.py, read_file id 440197692) draws each
+  compatibility ... Non-greedy sampling is now auto-detected per request". Which sampling parameters the prototype
+  path honours was not established: the one-model sampling code at PR 9885 was not found in the index, and later PRs
+  change it (PR 14745 "draft honors target params", so drafts did not before; PR 16561 which of top-k / top-p the
+  one-model sampler applies; PR 18515 adds min-p). So sampling beside a one-model path is served only where the
+  release's field is deprecated (per-request auto-detection), and refused where it is absent or a prototype (the
+  flag is never set). Whether release 1.2.x and which 1.3.0 candidate hold which is not pinned, so the engine probes
+  the installed class (``advanced_sampling``; llm_args.py's ``Field`` puts ``status`` into ``json_schema_extra``,
+  1.1 copy).
+* sampling on the two-model paths: the 1.2 line's TorchSampler (sampler.py, read_file id 440197692: it has PR 7976's
+  ``handle_logprobs``, main 2025-09-30, after the 1.2.0rc0 bump that cut 1.1) draws each
   position's token with the request's own strategy and keeps drafts while they equal it
   (``_process_draft_tokens_greedy``), or rejection-samples where the drafter gave its probabilities
   (``_process_draft_tokens_rejection_sampling``); both keep the target's distribution, and PR 7294 removed
-  ``enable_mixed_sampler`` in 1.1, so per-request strategies apply: they sample from 1.1. 1.0's TorchSampler takes the
-  argmax unless ``enable_mixed_sampler``, which lmi-trt does not set beside drafts: refused there. Its
-  ``update_requests`` gives log probs for every token it keeps (``handle_logprobs(..., count=1 + num_accepted)``), so
-  ``logprobs`` / ``top_logprobs`` are served beside the two-model paths from 1.1; prompt log probs and the one-model
-  samplers' log probs were not read: refused.
+  ``enable_mixed_sampler`` in 1.1, so per-request strategies apply: they sample from 1.2. No copy of the 1.1 line's
+  sampler.py beside drafts was read, so 1.1 is refused like 1.0 (whose TorchSampler takes the argmax unless
+  ``enable_mixed_sampler``, which lmi-trt does not set beside drafts). Its ``update_requests`` gives log probs for
+  every token it keeps (``handle_logprobs(..., count=1 + num_accepted)``), so ``logprobs`` / ``top_logprobs`` are
+  served beside the two-model paths from 1.2; prompt log probs and the one-model samplers' log probs were not read:
+  refused.
 * the sampler: _torch/pyexecutor/_util.py ``instantiate_sampler`` (two copies read, both from before 1.1: the
   ``mixed_sampler`` era) picks ``get_spec_decoder`` (a TorchSampler subclass) for a model with a ``spec_config`` —
   in the newer copy only where ``spec_dec_mode.has_spec_decoder()`` — before ``enable_trtllm_sampler``; otherwise
@@ -82,7 +88,7 @@ CLASSES: dict[str, tuple[tuple[Series, str], ...]] = {
     "eagle3": (((1, 0), "EagleDecodingConfig"), ((1, 3), "Eagle3DecodingConfig")),
     "mtp": (((1, 0), "MTPDecodingConfig"),),
 }
-TWO_MODEL_SAMPLES_FROM: Series = (1, 1)  # the TorchSampler's per-request strategies beside drafts (docstring)
+TWO_MODEL_SAMPLES_FROM: Series = (1, 2)  # the TorchSampler's per-request strategies beside drafts (docstring)
 ADVANCED_SAMPLING = "allow_advanced_sampling"  # DecodingBaseConfig, where the release has it (docstring)
 MAX_CONCURRENCY_FROM: Series = (1, 1)  # DecodingBaseConfig.max_concurrency
 # speculative_config members passed on as written, per method (TensorRT-LLM's own fields); others are refused.
@@ -119,14 +125,6 @@ def advanced_sampling(config_class: type) -> str:
         return "absent"
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     return str(extra.get("status") or "stable")
-
-
-def release_fields(spec: SpecPlan, config_class: type) -> dict[str, Any]:
-    """The fields to build ``config_class`` with: ``spec.fields``, and ``allow_advanced_sampling=True`` on a one-model
-    path where the release has the field and it still does something (not deprecated: docstring)."""
-    if spec.one_model and advanced_sampling(config_class) not in ("absent", "deprecated"):
-        return spec.fields | {ADVANCED_SAMPLING: True}
-    return dict(spec.fields)
 
 
 def probed(spec: SpecPlan, config_class: type) -> SpecPlan:
@@ -228,13 +226,28 @@ def speculative_plan(
                 "the model has no multi-token-prediction heads (its config.json has no num_nextn_predict_layers)",
                 "use an MTP checkpoint (DeepSeek V3/R1), or another method",
             )
-        # MTPDecodingConfig sets max_draft_len from num_nextn_predict_layers before 1.3 (llm_args.py: 1.0's
-        # validate_speculative_config, 1.1's __init__ / from_dict); main's copy makes num_nextn_predict_layers an
-        # internal field remapped from max_draft_len (a given one with a deprecation warning): max_draft_len there
-        if series < (1, 3):
-            fields = {"num_nextn_predict_layers": spec.max_draft_len} | {
-                k: v for k, v in fields.items() if k != "max_draft_len"
-            }
+        # MTPDecodingConfig sets max_draft_len from num_nextn_predict_layers (default 1) in 1.0's
+        # validate_speculative_config and 1.1's __init__ / from_dict, and on the 1.3.0 candidates before PR 12341
+        # ("decouple MTP num_nextn_predict_layers from max_draft_len", 2026-03-19; candidate not pinned), so a lone
+        # max_draft_len would be overwritten there; main's copy remaps a given num_nextn_predict_layers to
+        # max_draft_len (with a deprecation warning): passed on every release
+        fields = {"num_nextn_predict_layers": spec.max_draft_len} | {
+            k: v for k, v in fields.items() if k != "max_draft_len"
+        }
+        vanilla = spec.options.get("use_mtp_vanilla") is True or (mtp_layers or 0) > 1
+        if vanilla and mtp_layers and spec.max_draft_len > mtp_layers:
+            # PR 14457 (2026-05-22, "Restore DeepSeek shared-weights vanilla MTP path"): after PR 12341 vanilla MTP's
+            # max_draft_len was clamped to the checkpoint's MTP layers; which candidate took PR 14457, and what
+            # releases before PR 12341 do with more steps than layers, were not read: refused everywhere
+            raise SpeculationError(
+                spec.key("max_draft_len"),
+                spec.max_draft_len,
+                f"vanilla MTP runs one of the checkpoint's MTP layers per draft token, and the model has {mtp_layers} "
+                f"(config.json num_nextn_predict_layers); TensorRT-LLM {version} may cut the draft length to that "
+                "without a word (clamped after PR 12341 until PR 14457, neither pinned to a release)",
+                f"set the draft length (max_draft_len) to at most {mtp_layers}"
+                + (f", or leave {JSON_KEY}'s use_mtp_vanilla out (one layer: MTP-Eagle)" if mtp_layers == 1 else ""),
+            )
         describe = "the model's MTP heads" + (f" ({mtp_layers} in config.json)" if mtp_layers else "")
     else:
         if spec.draft_model is None:  # resolve() requires it for draft_model; EAGLE-3 needs its draft heads
@@ -293,19 +306,21 @@ def speculation_refusals(spec: SpecPlan, version: str, series: Series) -> dict[s
             f"the one-model {method} worker's sampling seed was not read in TensorRT-LLM {version}; lmi-trt refuses "
             "it rather than assume"
         )
-        if spec.advanced_sampling in (None, "absent"):
+        if spec.advanced_sampling != "deprecated":
+            state = {None: "not probed", "absent": "absent"}.get(spec.advanced_sampling, spec.advanced_sampling)
             out["sampling"] = (
-                f"TensorRT-LLM {version} decodes greedily beside one-model {method} speculation: its worker takes the "
-                "argmax of the target's logits (mtp.py / eagle3.py sample_and_accept_draft_tokens), and this "
-                f"release's speculative config has no {ADVANCED_SAMPLING} (llm_args.py, PR 9885); send a greedy "
-                "request (temperature 0), or use a release that has it"
+                f"TensorRT-LLM {version} decodes greedily beside one-model {method} speculation unless "
+                f"{ADVANCED_SAMPLING} is set (mtp.py / eagle3.py: the worker takes the argmax of the target's "
+                f"logits), and this release's field is {state}: a prototype flag (PR 9885) whose sampling parameters "
+                "were not read, so lmi-trt does not set it; per-request sampling comes with PR 14745 (the field "
+                "deprecated). Send a greedy request (temperature 0), or use a release whose field is deprecated"
                 + (f", or set {JSON_KEY}'s eagle3_one_model=false" if method == "eagle3" else "")
             )
     elif series < TWO_MODEL_SAMPLES_FROM:
         out["sampling"] = out["seed"] = (
-            f"TensorRT-LLM {version}'s TorchSampler takes the argmax beside {method} speculation (enable_mixed_sampler "
-            "is off; per-request strategies from 1.1, PR 7294); send a greedy request (temperature 0), or use a 1.1+ "
-            "image"
+            f"TensorRT-LLM {version}'s TorchSampler beside {method} speculation: 1.0's takes the argmax "
+            "(enable_mixed_sampler is off), and per-request strategies and log probs beside drafts were read in the "
+            "1.2 line's sampler.py only; send a greedy request (temperature 0), or use a 1.2+ image"
         )
         out["logprobs"] = out["top_logprobs"] = why
     if series < (1, 1):

@@ -156,13 +156,15 @@ async def test_a_wrong_verification_would_show(trt, model_dir, monkeypatch):
     assert got != want
 
 
-async def test_sampling_beside_speculation_is_refused_on_10(trt, model_dir):
-    """1.0's TorchSampler takes the argmax beside drafts (no enable_mixed_sampler): sampling and log probs refused."""
-    trt.__version__ = "1.0.0"
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0"])
+async def test_sampling_beside_speculation_is_refused_before_12(trt, model_dir, release):
+    """1.0's TorchSampler takes the argmax beside drafts (no enable_mixed_sampler); 1.1's beside drafts was not read
+    (the sampler.py copy read is the 1.2 line's): sampling and log probs refused."""
+    trt.__version__ = release
     engine = await start(model_dir, ngram())
     try:
         outs = await collect(engine, req("r", [1, 5, 6], do_sample=True, temperature=0.8, max_new_tokens=4))
-        assert outs[-1].error_field == "sampling" and "1.0.0" in outs[-1].error
+        assert outs[-1].error_field == "sampling" and release in outs[-1].error and "1.2+" in outs[-1].error
         outs = await collect(engine, req("l", [1, 5, 6], logprobs=True, max_new_tokens=4))
         assert outs[-1].error_field == "logprobs"
         assert not engine.capabilities.logprobs.honoured
@@ -171,9 +173,9 @@ async def test_sampling_beside_speculation_is_refused_on_10(trt, model_dir):
         await engine.close()
 
 
-@pytest.mark.parametrize("release", ["1.1.0", "1.2.1"])
-async def test_sampling_and_log_probs_beside_ngram_from_11(trt, model_dir, release):
-    """The 1.1 line's TorchSampler draws each verified position with the request's strategy and gives every kept
+@pytest.mark.parametrize("release", ["1.2.1", "1.3.0"])
+async def test_sampling_and_log_probs_beside_ngram_from_12(trt, model_dir, release):
+    """The 1.2 line's TorchSampler draws each verified position with the request's strategy and gives every kept
     token its log prob (sampler.py _process_draft_tokens_greedy, handle_logprobs with 1 + num_accepted)."""
     trt.__version__ = release
     engine = await start(model_dir, ngram())
@@ -246,7 +248,7 @@ def test_a_real_server_resolves_the_draft_model_logs_the_method_and_exports_the_
         time.sleep(3)  # one get_stats_async pass (2 s) later every iteration was read
         metrics = server.get("/metrics").text
     release = os.environ.get("LMI_TRT_FAKE_RELEASE", "1.0.0")
-    assert sampled.status_code == (200 if release >= "1.1" else 400), sampled.text
+    assert sampled.status_code == (200 if release >= "1.2" else 400), sampled.text
     assert "speculative decoding" in json.dumps(capabilities)
     # draft-target iterations carry no specDecodingStats (no spec resource manager): no figures rather than zeros
     assert "lmi_spec_decode_num_drafts_total" not in metrics and "lmi_spec_decode_draft_acceptance_rate" not in metrics
@@ -389,6 +391,28 @@ async def test_mtp_layers_keep_greedy_outputs(trt, layers, vanilla):
     assert (type(config).__name__, config.max_draft_len) == ("MTPDecodingConfig", 2)
 
 
+@pytest.mark.parametrize("release", ["1.0.0", "1.3.0rc1", "1.3.0"])
+async def test_the_mtp_draft_length_reaches_every_release(trt, release):
+    """MTPDecodingConfig copies num_nextn_predict_layers (default 1) into max_draft_len before PR 12341 (1.0, 1.1 and
+    the early 1.3.0 candidates): the user's length is passed as num_nextn_predict_layers, so 3 drafts run, not 1."""
+    target = mtp_dir(1)
+    trt.__version__ = release
+    want = await without_speculation(target)
+    got, config = await heads_output(target, mtp(3))
+    assert got == want
+    assert (config.max_draft_len, config.num_nextn_predict_layers) == (3, 3)
+
+
+@pytest.mark.parametrize(("layers", "options"), [(2, {}), (1, {"use_mtp_vanilla": True})])
+async def test_vanilla_mtp_beyond_the_checkpoints_layers_is_refused(trt, layers, options):
+    """Vanilla MTP runs one checkpoint layer per draft token; a longer draft was clamped without a word after PR
+    12341 until PR 14457, neither pinned: refused at start, naming the key."""
+    trt.__version__ = "1.3.0rc1"
+    with pytest.raises(TrtllmConfigError, match="max_draft_len") as info:
+        await start(mtp_dir(layers), mtp(layers + 1, **options))
+    assert f"at most {layers}" in str(info.value) and "PR 14457" in str(info.value)
+
+
 @pytest.mark.parametrize("head", ["eagle3", "mtp"])
 async def test_a_wrong_verification_of_head_drafts_would_show(trt, deep_dir, eagle3_dir, head, monkeypatch):
     """The head comparisons can fail: a verifier that keeps every draft the head proposes changes the output."""
@@ -406,18 +430,23 @@ async def test_sampling_beside_one_model_eagle3_follows_the_releases_allow_advan
     trt, deep_dir, eagle3_dir, release
 ):
     """One-model EAGLE-3 decodes greedily unless the release's config has allow_advanced_sampling (1.0, 1.1: absent →
-    sampling refused, naming the field); a prototype flag is passed as true (1.2); deprecated, left out (1.3.0)."""
+    sampling refused, naming the field); a prototype flag is not set and sampling refused (what its path honours was
+    not read); deprecated (1.3.0: per-request auto-detection), sampling served. The fake's 1.2.1 playing the prototype
+    field is a guess (PR 9885 is not pinned to release/1.2): the engine probes the field, not the version."""
     trt.__version__ = release
     engine = await start(deep_dir, eagle3(eagle3_dir))
     try:
         config = engine._llm.args.speculative_config
         outs = await collect(engine, req("s", [1, 5, 6], do_sample=True, temperature=1.0, max_new_tokens=6))
         if release == "1.1.0":
-            assert outs[-1].error_field == "sampling" and "allow_advanced_sampling" in outs[-1].error
             assert "allow_advanced_sampling" not in type(config).model_fields
         else:
+            assert config.allow_advanced_sampling is False
+        if release == "1.3.0":
             assert outs[-1].error is None and len(tokens_of(outs)) == 6
-            assert config.allow_advanced_sampling is (release == "1.2.1")
+        else:
+            assert outs[-1].error_field == "sampling" and "allow_advanced_sampling" in outs[-1].error
+            assert f"field is {'prototype' if release == '1.2.1' else 'absent'}" in outs[-1].error
         guided = await collect(engine, req("g", [1, 5, 6], guided=_regex(), max_new_tokens=4))
         assert guided[-1].error_field == "guided"  # the capturable guided decoder was not read
     finally:

@@ -16,7 +16,6 @@ from lmi_trt.engines.llmapi_speculation import (
     SpecPlan,
     advanced_sampling,
     probed,
-    release_fields,
     speculation_refusals,
 )
 from lmi_trt.engines.trtllm import TrtllmConfigError
@@ -81,8 +80,10 @@ def test_draft_model_eagle3_and_mtp_are_the_releases_classes(release, tmp_path):
     )
     assert type(config).__name__ == "MTPDecodingConfig"
     assert (config.num_nextn_predict_layers, config.max_draft_len) == (2, 2)
-    # main's MTPDecodingConfig remaps max_draft_len (num_nextn_predict_layers internal): passed as max_draft_len there
-    assert ("max_draft_len" in plan_mtp(release).speculative.fields) == (release >= "1.3")
+    # num_nextn_predict_layers overwrites max_draft_len before PR 12341, and main remaps a given one: passed on every
+    # release, max_draft_len never
+    fields = plan_mtp(release).speculative.fields
+    assert fields["num_nextn_predict_layers"] == 2 and "max_draft_len" not in fields
 
 
 def plan_mtp(release: str):
@@ -137,31 +138,32 @@ def plan_of(method: str, **kw) -> SpecPlan:
 
 
 def test_what_each_release_refuses_beside_each_method():
-    # two-model paths: the TorchSampler's per-request strategies and log probs beside drafts from 1.1 (sampler.py of
-    # the 1.1 line), the argmax on 1.0
+    # two-model paths: the TorchSampler's per-request strategies and log probs beside drafts from 1.2 (sampler.py of
+    # the 1.2 line; 1.1's not read), the argmax on 1.0
     assert {"sampling", "logprobs"} <= set(speculation_refusals(plan_of("ngram"), "1.0.0", (1, 0)))
-    for release, line in (("1.1.0", (1, 1)), ("1.2.1", (1, 2)), ("1.3.0", (1, 3))):
+    assert {"sampling", "logprobs", "top_logprobs"} <= set(speculation_refusals(plan_of("ngram"), "1.1.0", (1, 1)))
+    for release, line in (("1.2.1", (1, 2)), ("1.3.0", (1, 3))):
         no = speculation_refusals(plan_of("draft_model"), release, line)
         assert not {"sampling", "logprobs", "top_logprobs", "guided"} & set(no)
         assert {"prompt_logprobs", "bad_words", "logit_bias"} <= set(no)
     for method in ("eagle3", "mtp"):
-        # one-model: greedy unless the release's config has allow_advanced_sampling (probed: absent → refused)
-        for status in (None, "absent"):
+        # one-model: greedy unless the release's allow_advanced_sampling is deprecated (per-request auto-detection);
+        # absent or a prototype whose sampling was not read → refused
+        for status in (None, "absent", "prototype", "stable"):
             no = speculation_refusals(plan_of(method, advanced_sampling=status), "1.2.1", (1, 2))
             assert {"sampling", "seed", "guided", "logprobs"} <= set(no) and "allow_advanced_sampling" in no["sampling"]
-        for status in ("prototype", "deprecated"):
-            no = speculation_refusals(plan_of(method, advanced_sampling=status), "1.3.0rc5", (1, 3))
-            assert "sampling" not in no and {"seed", "guided", "logprobs"} <= set(no)
+        no = speculation_refusals(plan_of(method, advanced_sampling="deprecated"), "1.3.0rc5", (1, 3))
+        assert "sampling" not in no and {"seed", "guided", "logprobs"} <= set(no)
     # 1.0's py_executor_creator.py raises for guided decoding beside any speculation (lifted by PR 6300, in 1.1)
     assert "PR 6300" in speculation_refusals(plan_of("ngram"), "1.0.0", (1, 0))["guided"]
     assert "guided" not in speculation_refusals(plan_of("ngram"), "1.1.0", (1, 1))
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_allow_advanced_sampling_is_passed_where_the_release_has_it_and_it_does_something(release, tmp_path):
-    """The field is probed on the installed class: absent (1.0, 1.1) → not passed, sampling refused; a prototype
-    (the 1.2-dated copy, 1.3.0 candidates before PR 14745) → passed as true on one-model paths only; deprecated
-    (main: a no-op) → left out, sampling served."""
+def test_allow_advanced_sampling_is_probed_and_never_set(release, tmp_path):
+    """The field is probed on the installed class and never passed: absent (1.0, 1.1) or a prototype (the 1.2-dated
+    copy, 1.3.0 candidates before PR 14745; what it honours was not read) → sampling refused on one-model paths;
+    deprecated (main: per-request auto-detection) → sampling served."""
     eagle = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": str(tmp_path)}
     line = tuple(int(n) for n in release.split(".")[:2])
     for extra, one_model in (({}, True), ({"eagle3_one_model": False}, False)):
@@ -170,11 +172,11 @@ def test_allow_advanced_sampling_is_passed_where_the_release_has_it_and_it_does_
 
             plan = llm_plan(settings(**{"option.speculative_config": json.dumps(eagle | extra)}), Version(release))
             cls = getattr(llmapi, plan.speculative.config_class)
-            fields, status = release_fields(plan.speculative, cls), advanced_sampling(cls)
+            fields, status = plan.speculative.fields, advanced_sampling(cls)
             refused = "sampling" in speculation_refusals(probed(plan.speculative, cls), release, line)
         assert status == {"1.0.0": "absent", "1.1.0": "absent", "1.2.1": "prototype", "1.3.0": "deprecated"}[release]
-        assert fields.get("allow_advanced_sampling") is (True if one_model and status == "prototype" else None)
-        assert refused == (release == "1.0.0" or (one_model and status == "absent"))
+        assert "allow_advanced_sampling" not in fields
+        assert refused == (release in ("1.0.0", "1.1.0") or (one_model and status != "deprecated"))
 
 
 def test_a_shortest_ngram_is_refused_naming_the_key():

@@ -88,6 +88,11 @@ FIXES = {
     # speculative paths sample per request. Not pinned to a candidate: only the fake's 1.3.0 (main) holds it, and
     # the engine probes the field's status, so a candidate that took it earlier is served right too
     "advanced_sampling_auto": "1.3.0",
+    # PR 12341 ("decouple MTP num_nextn_predict_layers from max_draft_len", description 2026-03-19; merge date not
+    # read): max_draft_len the user-facing field. Not pinned to a candidate: only the fake's 1.3.0 (main) holds it;
+    # before it MTPDecodingConfig copies num_nextn_predict_layers (default 1) into max_draft_len (PR 12063,
+    # 2026-03-11: "the validator already copies num_nextn_predict_layers into max_draft_len")
+    "mtp_max_draft_len": "1.3.0",
 }
 
 

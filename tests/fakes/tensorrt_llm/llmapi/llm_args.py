@@ -251,9 +251,10 @@ def _speculative_classes(status: str | None) -> dict[str, type]:
         @model_validator(mode="before")
         @classmethod
         def _main_spelling(cls, data: Any) -> Any:
-            # main's copy: num_nextn_predict_layers is an internal field remapped from max_draft_len (a given
-            # num_nextn_predict_layers is remapped with a deprecation warning); before, it sets max_draft_len
-            if isinstance(data, dict) and _state.series() >= (1, 3) and "max_draft_len" in data:
+            # from PR 12341 (main's copy): num_nextn_predict_layers is an internal field remapped from max_draft_len (a
+            # given num_nextn_predict_layers is remapped with a deprecation warning); before it (1.0 to 1.2 and the
+            # early 1.3.0 candidates, _state.FIXES), num_nextn_predict_layers overwrites max_draft_len (_check)
+            if isinstance(data, dict) and _state.has("mtp_max_draft_len") and "max_draft_len" in data:
                 return {k: v for k, v in data.items() if k != "max_draft_len"} | {
                     "num_nextn_predict_layers": data["max_draft_len"]
                 }
