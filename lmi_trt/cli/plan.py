@@ -76,17 +76,31 @@ def plan_backend(config: Any, version: str) -> tuple[str, str, dict[str, Any] | 
 
 
 def lora_cache_note(config: Any, model_config: Mapping[str, Any], version: str) -> str:
-    """Pure: what is known of the LLM's adapter memory on the pytorch backend: TensorRT-LLM sizes its device PEFT cache
-    as ``max_lora_rank × layers × modules × max_loras`` rows (``num_device_module_layer``, _torch/pyexecutor/_util.py
-    of the 1.1 line, read_file id 843526953); the bytes of a row are the C++ PeftCacheManager's, which was not read."""
+    """Pure: the LLM's device PEFT cache on the pytorch backend. TensorRT-LLM sizes it as ``max_lora_rank × layers ×
+    modules × max_loras`` units (``num_device_module_layer``, _torch/pyexecutor/_util.py of the 1.1 line, read_file id
+    843526953) and hands that to the C++ PeftCacheManager (_torch/pyexecutor/resource_manager.py ``PeftCacheManager``
+    builds ``bindings.PeftCacheManagerConfig`` from it, read_file ids 77926604, 56147854442), whose unit is executor.h's
+    "max sized 1-layer 1-module adapterSize=1 set of weights": the widest module's in + out values, as the Executor's
+    (``compile.lora.peft_device_bytes``)."""
+    from lmi_trt.compile.lora import peft_device_bytes
     from lmi_trt.engines.llmapi import LORA_MODULES
 
-    layers = model_config.get("num_hidden_layers") or (model_config.get("text_config") or {}).get("num_hidden_layers")
-    rows = config.max_lora_rank * (layers or 0) * len(LORA_MODULES) * config.max_loras
+    text = model_config.get("text_config") or {}
+
+    def dim(key: str) -> int:
+        return int(model_config.get(key) or text.get(key) or 0)
+
+    layers, hidden, heads = dim("num_hidden_layers"), dim("hidden_size"), dim("num_attention_heads")
+    head_dim = dim("head_dim") or (hidden // heads if heads else 0)
+    widest = hidden + max(dim("intermediate_size"), heads * head_dim)
+    units = config.max_lora_rank * layers * len(LORA_MODULES) * config.max_loras
+    dtype = str(model_config.get("torch_dtype") or model_config.get("dtype") or text.get("torch_dtype") or "bfloat16")
+    cache = peft_device_bytes({"num_device_module_layer": units}, widest, 4 if dtype == "float32" else 2)
     return (
         f"LoRA: TensorRT-LLM {version} sizes its device PEFT cache as max_lora_rank {config.max_lora_rank} × "
-        f"{layers} layers × {len(LORA_MODULES)} modules × max_loras {config.max_loras} = {rows:,} rows; the bytes of a "
-        "row are its C++ PeftCacheManager's (not read here), so adapter memory is not in this estimate"
+        f"{layers} layers × {len(LORA_MODULES)} modules × max_loras {config.max_loras} = {units:,} units of "
+        f"{widest:,} {dtype} values (the widest module's in + out): {cache / 2**20:,.1f} MiB of device memory, "
+        "taken by the release beside the KV cache (not in the estimate above)"
     )
 
 

@@ -125,4 +125,18 @@ def test_plan_with_lora_plans_each_backends_lora(capsys, version, backend):
         return
     keywords = report["backend"]["llm_keywords"]
     assert keywords["lora_config"]["max_loras"] == 2 and keywords["cuda_graph_config"] is None
-    assert "max_lora_rank 16 × 2 layers × 7 modules × max_loras 2 = 448 rows" in report["assumption"]
+    assert "max_lora_rank 16 × 2 layers × 7 modules × max_loras 2 = 448 units of" in report["assumption"]
+    assert "MiB of device memory" in report["assumption"]
+
+
+def test_the_llm_peft_cache_note_counts_the_widest_modules_weights():
+    from types import SimpleNamespace
+
+    from lmi_trt.cli.plan import lora_cache_note
+
+    llama3_8b = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 14336}
+    note = lora_cache_note(
+        SimpleNamespace(max_lora_rank=16, max_loras=4), llama3_8b | {"torch_dtype": "bfloat16"}, "1.2.1"
+    )
+    # 16 × 32 × 7 × 4 = 14,336 units of 4,096 + 14,336 values, 2 bytes each: 528,482,304 bytes
+    assert "= 14,336 units of 18,432 bfloat16 values" in note and "504.0 MiB" in note
