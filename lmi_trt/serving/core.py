@@ -856,9 +856,9 @@ class GenerationService:
         if dims_config is None or not dims_config.get("hidden_size") or not dims_config.get("num_hidden_layers"):
             raise FieldError(
                 "lora_weights",
-                "lora_weights: this process does not know the model's module sizes to read the rows (front-end "
-                "processes, option.api_server_count > 1); register the adapter (POST /adapters) and choose it by "
-                "name in another schema",
+                "lora_weights: the model's module sizes, which the rows are read by, are not known (no hidden_size "
+                "or num_hidden_layers in its config); register the adapter (POST /adapters) and choose it by name "
+                "in another schema",
             )
         digest = hashlib.sha256(orjson.dumps([weights, config])).hexdigest()
         async with self._tasks_lock:

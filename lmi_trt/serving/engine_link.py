@@ -27,7 +27,7 @@ import itertools
 import logging
 import os
 import pickle
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ class EngineState:
     healthy: bool = True
     stats: base.EngineStats = field(default_factory=base.EngineStats)
     adapters: tuple[AdapterInfo, ...] = ()  # the LoRA adapters registered (an AdapterHost's)
+    model_config: Mapping[str, Any] | None = None  # the model's sizes (Triton's lora_weights rows are read by them)
 
 
 # What a front end may ask the engine to do besides generating: the LoRA registry (engines/base.py AdapterHost).
@@ -194,7 +195,7 @@ class EngineServer:
     def in_flight(self) -> int:
         return len(self._owner)
 
-    def ready(self, engine: Engine, tokenizer_dir: Path | None) -> None:
+    def ready(self, engine: Engine, tokenizer_dir: Path | None, model_config: Mapping[str, Any] | None = None) -> None:
         self.engine = engine
         if isinstance(engine, BatchedEngine):
             engine.attach(self)
@@ -207,6 +208,7 @@ class EngineServer:
             healthy=engine.healthy,
             stats=engine.stats(),
             adapters=_adapters(engine),
+            model_config=model_config,
         )
         self._broadcast()
 

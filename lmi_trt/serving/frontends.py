@@ -123,7 +123,7 @@ def frontend_main(spec: FrontendSpec) -> None:
         )
         # LoRA sources resolve here, as in one process (the engine's process reads the same folder)
         source = functools.partial(resolve_adapter, config) if config.enable_lora else None
-        return LoadedModel(engine, tokenizer, adapter_source=source)
+        return LoadedModel(engine, tokenizer, adapter_source=source, model_config=state.model_config)
 
     app = build_app(
         load,
@@ -309,7 +309,7 @@ async def serve_engine(
             server.failed(f"{type(e).__name__}: {e}")
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
-        server.ready(model[0].engine, model[0].tokenizer_dir)
+        server.ready(model[0].engine, model[0].tokenizer_dir, model[0].model_config)
         log.info("model %r ready (engine %s) after %.1f s", model_name, model[0].engine.name, time.perf_counter() - t0)
 
     loading = loop.create_task(load_and_tell(), name="lmi-model-load")
