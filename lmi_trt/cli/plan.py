@@ -82,25 +82,25 @@ def lora_cache_note(config: Any, model_config: Mapping[str, Any], version: str) 
     builds ``bindings.PeftCacheManagerConfig`` from it, read_file ids 77926604, 56147854442), whose unit is executor.h's
     "max sized 1-layer 1-module adapterSize=1 set of weights": the widest module's in + out values, as the Executor's
     (``compile.lora.peft_device_bytes``)."""
-    from lmi_trt.compile.lora import peft_device_bytes
+    from lmi_trt.compile.lora import peft_cache_sizes, peft_device_bytes
     from lmi_trt.engines.llmapi import LORA_MODULES
+    from lmi_trt.engines.lora_layout import module_dims
 
-    text = model_config.get("text_config") or {}
-
-    def dim(key: str) -> int:
-        return int(model_config.get(key) or text.get(key) or 0)
-
-    layers, hidden, heads = dim("num_hidden_layers"), dim("hidden_size"), dim("num_attention_heads")
-    head_dim = dim("head_dim") or (hidden // heads if heads else 0)
-    widest = hidden + max(dim("intermediate_size"), heads * head_dim)
-    units = config.max_lora_rank * layers * len(LORA_MODULES) * config.max_loras
-    dtype = str(model_config.get("torch_dtype") or model_config.get("dtype") or text.get("torch_dtype") or "bfloat16")
+    text = model_config.get("text_config") or model_config
+    layers = int(text.get("num_hidden_layers") or 0)
+    units = peft_cache_sizes(config.max_lora_rank, layers, LORA_MODULES, config.max_loras, 0)["num_device_module_layer"]
+    head = (
+        f"LoRA: TensorRT-LLM {version} sizes its device PEFT cache as max_lora_rank {config.max_lora_rank} × "
+        f"{layers} layers × {len(LORA_MODULES)} modules × max_loras {config.max_loras} = {units:,} units"
+    )
+    if not all(text.get(k) for k in ("hidden_size", "num_attention_heads", "intermediate_size")):
+        return f"{head}; their size is unknown here (no hidden_size, num_attention_heads or intermediate_size)"
+    widest = max(fan_in + fan_out for fan_in, fan_out in module_dims(text).values())
+    dtype = str(text.get("torch_dtype") or model_config.get("torch_dtype") or model_config.get("dtype") or "bfloat16")
     cache = peft_device_bytes({"num_device_module_layer": units}, widest, 4 if dtype == "float32" else 2)
     return (
-        f"LoRA: TensorRT-LLM {version} sizes its device PEFT cache as max_lora_rank {config.max_lora_rank} × "
-        f"{layers} layers × {len(LORA_MODULES)} modules × max_loras {config.max_loras} = {units:,} units of "
-        f"{widest:,} {dtype} values (the widest module's in + out): {cache / 2**20:,.1f} MiB of device memory, "
-        "taken by the release beside the KV cache (not in the estimate above)"
+        f"{head} of {widest:,} {dtype} values (the widest module's in + out): {cache / 2**20:,.1f} MiB of device "
+        "memory, taken by the release beside the KV cache (not in the estimate above)"
     )
 
 
