@@ -65,7 +65,9 @@ SPELLINGS = {
 # is the PyTorch backend; Medusa, EAGLE-1/2, Lookahead and ReDrafter are TensorRT-engine modes built by
 # trtllm-build --speculative_decoding_mode, and DraftTarget's engine form is draft_tokens_external).
 RUNS_ON = {
-    "ngram": "TensorRT-LLM's pytorch backend",
+    "ngram": "TensorRT-LLM's pytorch backend, and lmi-trt's tensorrt backend (option.rolling_batch=trtllm, "
+    "option.backend=tensorrt: TensorRT-LLM's Executor, 1.0-1.2) on an engine built with --speculative_decoding_mode "
+    "draft_tokens_external, which its compile stage builds",
     "draft_model": "TensorRT-LLM's pytorch backend (Draft_Target) and TensorRT engines (draft_tokens_external)",
     "eagle3": "TensorRT-LLM's pytorch backend (option.rolling_batch=trtllm, option.backend=pytorch)",
     "mtp": "TensorRT-LLM's pytorch backend, for models with MTP heads (option.rolling_batch=trtllm, "

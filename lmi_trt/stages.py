@@ -58,6 +58,7 @@ from lmi_trt.engines.registry import (
 )
 from lmi_trt.engines.synthetic import SyntheticEngine
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
+from lmi_trt.engines.trtllm_drafts import executor_drafts
 from lmi_trt.engines.trtllm_speculation import executor_lookahead
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
@@ -150,6 +151,7 @@ def compile_options(config: LmiConfig) -> CompileOptions:
         speculative_decoding_mode=BUILD_MODES[spec.method],
         max_draft_len=spec.max_draft_len,
         speculative_key=spec.key("method"),
+        speculative_method=spec.method,
     )
 
 
@@ -209,10 +211,13 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 
 
 def executor_settings(config: LmiConfig) -> TrtllmSettings:
-    """The Executor's settings: with speculative decoding, lookahead decoding's (W, N, G); any other method is refused
-    there, naming the key (reading it here makes the refusal this one rather than refuse_ignored's)."""
-    lookahead = executor_lookahead(speculation(config), config.max_beam_width)
-    return trtllm_settings(config).model_copy(update={"lookahead": lookahead})
+    """The Executor's settings: with speculative decoding, n-gram draft tokens (trtllm_drafts) or lookahead decoding's
+    (W, N, G); any other method is refused there, naming the key (reading it here makes the refusal this one rather
+    than refuse_ignored's)."""
+    spec = speculation(config)
+    drafts = executor_drafts(spec, config.max_beam_width)
+    lookahead = executor_lookahead(spec, config.max_beam_width) if drafts is None else None
+    return trtllm_settings(config).model_copy(update={"lookahead": lookahead, "drafts": drafts})
 
 
 # Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of

@@ -84,6 +84,7 @@ class CompileOptions(
     speculative_decoding_mode: str | None = None
     max_draft_len: int = Field(0, ge=0)
     speculative_key: str = "option.speculative_decoding_mode"
+    speculative_method: str | None = None  # lmi_trt.speculative's method name (ngram, draft_model, lookahead, ...)
 
     @field_validator("quantize", mode="before")
     @classmethod

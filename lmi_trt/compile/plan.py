@@ -570,6 +570,8 @@ def make_checkpoint_plan(
 # (examples/lookahead/README.md, "Support Matrix"), with one beam ("Beam width must be 1 in Lookahead decoding.",
 # cpp/tensorrt_llm/layers/lookaheadDecodingLayer.cpp).
 LOOKAHEAD_SINCE = Version("0.13.0")
+# n-gram draft tokens (draft_tokens_external engines): the 1.x releases (lmi_trt.engines.trtllm_drafts).
+DRAFTS_SINCE = Version("1.0.0")
 LOOKAHEAD_MIN_SM = 80
 
 
@@ -587,13 +589,30 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
                 "or remove option.max_draft_len",
             )
         return
+    if mode == "draft_tokens_external" and opts.speculative_method == "ngram":
+        if version < DRAFTS_SINCE:
+            raise PlanError(
+                key,
+                "ngram",
+                f"draft tokens on TensorRT-LLM {version}'s Executor are not verified here "
+                "(lmi_trt.engines.trtllm_drafts)",
+                "use a 1.x image",
+            )
+        if opts.max_beam_width != 1:
+            raise PlanError(
+                "option.max_beam_width",
+                opts.max_beam_width,
+                'draft tokens run one beam (TensorRT-LLM: "Can\'t use speculative decoding with beam search.")',
+                "set option.max_beam_width=1, or leave speculative decoding out",
+            )
+        return
     if mode != "lookahead_decoding":
         raise PlanError(
             key,
             mode,
-            f"lmi-trt's compile stage builds TensorRT engines for lookahead decoding only, not {mode}: the Executor "
-            "path does not supply external draft tokens, and Medusa, EAGLE and ReDrafter heads need TensorRT-LLM's own "
-            "checkpoint converters",
+            "lmi-trt's compile stage builds TensorRT engines for lookahead decoding and n-gram draft tokens only, not "
+            f"{opts.speculative_method or mode}: the Executor path sends no draft model's tokens, and Medusa, EAGLE "
+            "and ReDrafter heads need TensorRT-LLM's own checkpoint converters",
             "use lookahead decoding, or serve the Hugging Face checkpoint with option.backend=pytorch (n-gram, draft "
             "model, EAGLE-3, MTP)",
         )
@@ -635,6 +654,12 @@ def _make_plan(
     notes += more
     max_seq_len, more = resolve_lengths(opts, spec, hf_config, dims)
     notes += more
+    max_input_len = opts.max_input_len
+    if opts.speculative_decoding_mode == "draft_tokens_external" and max_input_len < max_seq_len - 1:
+        # each draft iteration's input is the prompt plus the tokens so far (lmi_trt.engines.trtllm_drafts;
+        # examples/prompt_lookup/run_dtm_pld.py builds its runner with max_input_len = input + max_output_len)
+        max_input_len = max_seq_len - 1  # below max_seq_len, which TensorRT-LLM needs (resolve_lengths)
+        notes.append(f"max_input_len={max_input_len}: max_seq_len - 1, as each draft iteration resends the sequence")
     if checkpoint_quant is None:
         quant, more = plan_quant(opts, spec, hf_config, dims, gpu_sm=gpu.sm, tp=tp)
         notes += more
@@ -682,7 +707,7 @@ def _make_plan(
         family=spec.family,
         trtllm_version=trtllm_version,
         dtype=dtype,
-        max_input_len=opts.max_input_len,
+        max_input_len=max_input_len,
         max_output_len=opts.max_output_len,
         max_seq_len=max_seq_len,
         max_batch_size=max_batch_size,

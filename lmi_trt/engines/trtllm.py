@@ -67,6 +67,14 @@ from lmi_trt.engines.base import (
     error_output,
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
+from lmi_trt.engines.trtllm_drafts import (
+    ExternalDrafts,
+    draft_loop,
+    draft_refusals,
+    drafted_request_refusal,
+    engine_draft_errors,
+)
+from lmi_trt.engines.trtllm_drafts import release_error as drafts_release_error
 from lmi_trt.engines.trtllm_lora import MODULES, LoraBuild, executor_tensors, module_dims
 from lmi_trt.engines.trtllm_speculation import (
     STOP_WORDS_UNREAD,
@@ -229,6 +237,8 @@ class TrtllmSettings(
     orchestrator: bool = False
     # Lookahead decoding's (W, N, G), the speculation the Executor runs here (lmi_trt.engines.trtllm_speculation).
     lookahead: Lookahead | None = None
+    # n-gram draft tokens sent with each request of a draft loop (lmi_trt.engines.trtllm_drafts).
+    drafts: ExternalDrafts | None = None
 
 
 # =============================================================================== engine facts
@@ -510,7 +520,16 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             f"option.max_tokens_in_paged_kv_cache={settings.max_tokens_in_paged_kv_cache} is less than one "
             f"max_seq_len={facts.max_seq_len} sequence; long requests will wait or be rejected"
         )
-    errors += engine_speculation_errors(settings.lookahead, facts.speculative_decoding_mode, facts.max_draft_len)
+    if settings.drafts is None:
+        errors += engine_speculation_errors(settings.lookahead, facts.speculative_decoding_mode, facts.max_draft_len)
+    else:
+        errors += engine_draft_errors(
+            settings.drafts,
+            facts.speculative_decoding_mode,
+            facts.max_draft_len,
+            facts.max_input_len,
+            facts.max_seq_len,
+        )
     if errors:
         raise TrtllmConfigError("; ".join(errors))
     return warnings
@@ -673,6 +692,7 @@ class RequestSpec:
     bias: dict[int, float] = field(default_factory=dict)  # logit_bias: token id → added to its logit
     # LoraConfig(task_id, weights, config): weights and config None where the Executor holds the task cached
     lora: tuple[int, Any, Any] | None = None
+    drafts: tuple[int, ...] = ()  # ExternalDraftTokensConfig's tokens (lmi_trt.engines.trtllm_drafts)
 
 
 def sampling_kwargs(p: SamplingParams, seed: int) -> dict[str, Any]:
@@ -817,6 +837,7 @@ def executor_capabilities(
     series: tuple[int, int] = (1, 0),
     lookahead: Lookahead | None = None,
     lora: Capability | None = None,
+    drafts: ExternalDrafts | None = None,
 ) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
@@ -846,10 +867,11 @@ def executor_capabilities(
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=lora or cannot("LoRA adapters are off: set option.enable_lora=true"),
     )
-    if lookahead is None:
+    if lookahead is None and drafts is None:
         return capabilities
     features = capabilities.features()
-    refused = {k: cannot(why) for k, why in lookahead_refusals(lookahead).items() if k in features}
+    refusals = lookahead_refusals(lookahead) if lookahead is not None else draft_refusals()
+    refused = {k: cannot(why) for k, why in refusals.items() if k in features}
     return replace(capabilities, **refused)
 
 
@@ -910,6 +932,9 @@ def to_executor_request(tle: ModuleType, spec: RequestSpec, vocab_size: int | No
         task_id, weights, config = spec.lora  # executor.h LoraConfig(taskId, weights, config); keywords as the
         # LLM API's worker passes them (tensorrt_llm/executor/worker.py _enqueue_request)
         extra["lora_config"] = tle.LoraConfig(task_id=task_id, weights=weights, config=config)
+    if spec.drafts:
+        # tokens only: acceptance by id (trtllm_drafts' docstring); the binding's keyword in 0.12-1.2 (request.cpp)
+        extra["external_draft_tokens_config"] = tle.ExternalDraftTokensConfig(list(spec.drafts))
     if spec.guide is not None:
         kind, text = spec.guide
         extra["guided_decoding_params"] = tle.GuidedDecodingParams(
@@ -1063,6 +1088,7 @@ class TrtllmEngine:
             cannot("the trtllm engine has not started yet"),
             self._limits.max_beam_width,
             lookahead=self.settings.lookahead,
+            drafts=self.settings.drafts,
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -1085,6 +1111,8 @@ class TrtllmEngine:
         self._total_tokens = 0
         self._accepted_drafts = 0  # lookahead: draft tokens accepted, over finished requests
         self._counts_drafts = False  # lookahead on a release whose Result binds decoding_iter
+        self._proposed_drafts = 0  # draft loop: draft tokens sent, over iterations
+        self._drafted_iterations = 0  # draft loop: iterations that sent drafts
         self._last_iteration: Any = None
         # LoRA adapters: name → (task id, LoraConfig's weights and config); task ids whose weights the Executor
         # was sent (1.x caches them: lora_weights_cached), and the next id.
@@ -1121,7 +1149,9 @@ class TrtllmEngine:
         if self._executor is not None or self._closed:
             raise RuntimeError("TrtllmEngine.start() may be called once")
         tle, spec = probe_runtime(self._gpu_available)
-        too_old = release_error(self.settings.lookahead, spec.version, spec.series)
+        too_old = release_error(self.settings.lookahead, spec.version, spec.series) or drafts_release_error(
+            self.settings.drafts, spec.version, spec.series
+        )
         if too_old is not None:
             raise TrtllmConfigError(too_old)
         if self._scratch is None:
@@ -1148,6 +1178,14 @@ class TrtllmEngine:
             self._counts_drafts = counts_accepted_drafts(tle)
             if not self._counts_drafts:
                 log.info("%s", UNCOUNTED_DRAFTS.format(version=spec.version))
+        if self.settings.drafts is not None:
+            log.info(
+                "speculative decoding: %s; KV-cache block reuse %s",
+                self.settings.drafts.describe(),
+                "on: each iteration reuses its prefix's blocks"
+                if self.settings.enable_kv_cache_reuse
+                else "off (option.enable_kv_cache_reuse): each iteration computes its prefix again",
+            )
         if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
             multi_block, source = effective_multi_block_mode(tle, self.settings)
             log.info("multi_block_mode=%s (%s)", "on" if multi_block else "off", source)
@@ -1171,6 +1209,7 @@ class TrtllmEngine:
             spec.series,
             self.settings.lookahead,
             lora_capability(self.settings),
+            self.settings.drafts,
         )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
@@ -1210,11 +1249,24 @@ class TrtllmEngine:
     # ------------------------------------------------------------------ requests
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        if self.settings.drafts is not None:
+            eos = frozenset(self._eos)
+            return draft_loop(self, request, self.settings.drafts, self._limits.max_seq_len, self._count_drafts, eos)
         return self._generate(request)
 
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    def verify_drafts(self, request: GenerationRequest, drafts: list[int]) -> AsyncIterator[EngineOutput]:
+        """One Executor request carrying ``drafts`` as its ExternalDraftTokensConfig (none: a plain request), for
+        ``trtllm_drafts.draft_loop``."""
+        return self._generate(request, tuple(drafts))
+
+    def _count_drafts(self, proposed: int, accepted: int) -> None:
+        self._drafted_iterations += 1
+        self._proposed_drafts += proposed
+        self._accepted_drafts += accepted
+
+    async def _generate(self, request: GenerationRequest, drafts: tuple[int, ...] = ()) -> AsyncIterator[EngineOutput]:
         await warm_guide(request.sampling.guided)
-        stream = self._enqueue(request)
+        stream = self._enqueue(request, drafts)
         if isinstance(stream, EngineOutput):
             yield stream
             return
@@ -1233,7 +1285,7 @@ class TrtllmEngine:
             if not stream.done:  # the consumer went away (client disconnect): free the slot
                 self._cancel_stream(stream)
 
-    def _enqueue(self, request: GenerationRequest) -> _Stream | EngineOutput:
+    def _enqueue(self, request: GenerationRequest, drafts: tuple[int, ...] = ()) -> _Stream | EngineOutput:
         rid = request.request_id
         if not self._healthy or self._executor is None:
             return error_output(rid, "the TensorRT-LLM engine is not running", 503)
@@ -1246,6 +1298,10 @@ class TrtllmEngine:
         if self.settings.lookahead is not None and request.stop_token_ids:
             why = f"stop_token_ids beside lookahead decoding: {STOP_WORDS_UNREAD}; leave them out"
             return error_output(rid, why, 400, "stop_token_ids")
+        if self.settings.drafts is not None:
+            field, refused = drafted_request_refusal(request)
+            if refused is not None:
+                return error_output(rid, refused, 400, field)
         try:
             spec = map_request(
                 request,
@@ -1254,7 +1310,7 @@ class TrtllmEngine:
                 max_beam_width=self._limits.max_beam_width,
                 seed=random.getrandbits(63),
             )
-            spec, resend = self._with_lora(spec, request.adapter)
+            spec, resend = self._with_lora(dataclasses.replace(spec, drafts=drafts), request.adapter)
         except EngineError as exc:
             return error_output(rid, str(exc), exc.code, exc.field)
         stream = _Stream(
@@ -1554,8 +1610,11 @@ class TrtllmEngine:
                 extra["kv_cache_free_blocks"] = float(kv.free_num_blocks)
                 extra["kv_cache_used_blocks"] = float(kv.used_num_blocks)
                 extra["kv_cache_max_blocks"] = float(kv.max_num_blocks)
-        if self._counts_drafts:
+        if self._counts_drafts or self.settings.drafts is not None:
             extra["spec_decode_num_accepted_tokens"] = float(self._accepted_drafts)
+        if self.settings.drafts is not None:
+            extra["spec_decode_num_drafts"] = float(self._drafted_iterations)
+            extra["spec_decode_num_draft_tokens"] = float(self._proposed_drafts)
         return EngineStats(
             active_requests=len(self._streams),
             queued_requests=(it.num_queued_requests if it is not None else 0) + len(self._held),

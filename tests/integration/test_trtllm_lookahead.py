@@ -4,15 +4,23 @@ compile stage builds the engine for it, the Executor gets its (W, N, G), greedy 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from tinymodels import tiny_model
+from trtllm_spec_testing import (
+    compiled,
+    generate,
+    greedy_reference,
+    greedy_text_tokens,
+    jit_config,
+    jit_server,
+    spec_engine,
+    started,
+    tokens_of,
+)
 from trtllm_testing import fake_tensorrt_llm, make_engine_dir
 
-from lmi_trt.compat import dtype_kwargs
-from lmi_trt.engines.base import GenerationRequest, SamplingParams
 from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmEngine, TrtllmSettings
 from lmi_trt.engines.trtllm_speculation import Lookahead
 
@@ -30,53 +38,12 @@ def trt():
 
 
 def lookahead_engine(trt, out, **build):
-    from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
-
-    return make_engine_dir(
-        tiny_model("llama"),
-        out,
-        **{**BUILD, "max_draft_len": LOOKAHEAD.draft_len, **build},
-        speculative_decoding_mode=SpeculativeDecodingMode.LOOKAHEAD_DECODING,
-    )
+    return spec_engine(out, "LOOKAHEAD_DECODING", **{**BUILD, "max_draft_len": LOOKAHEAD.draft_len, **build})
 
 
 @pytest.fixture(scope="module")
 def reference():
-    """Greedy continuations from transformers' own generate: decoding without speculation."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model("llama")), **dtype_kwargs(torch.float32)).eval()
-
-    def generate(prompt: list[int], max_new_tokens: int) -> list[int]:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=2, pad_token_id=0
-            )[0, len(prompt) :].tolist()
-        return out[: out.index(2)] if 2 in out else out
-
-    return generate
-
-
-async def started(engine_dir, settings: TrtllmSettings) -> TrtllmEngine:
-    engine = TrtllmEngine(engine_dir, settings, eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True)
-    await asyncio.wait_for(engine.start(), 60)
-    return engine
-
-
-async def generate(engine: TrtllmEngine, rid: str, prompt: list[int], **sampling) -> list:
-    sampling.setdefault("max_new_tokens", 24)
-    stops = sampling.pop("stop_token_ids", [])
-    request = GenerationRequest(rid, prompt, SamplingParams(**sampling), stop_token_ids=stops, streaming=True)
-
-    async def run():
-        return [out async for out in engine.submit(request)]
-
-    return await asyncio.wait_for(run(), 60)
-
-
-def tokens_of(outputs) -> list[int]:
-    return [t for out in outputs for t in out.token_ids]
+    return greedy_reference()
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -213,25 +180,12 @@ def test_the_fake_executor_checks_what_the_lookahead_layer_checks(trt, tmp_path)
 
 
 def test_the_compile_stage_builds_for_lookahead_and_keys_the_cache_by_it(trt, tmp_path, monkeypatch, caplog):
-    from lmi_trt.compile.jit import ensure_engine
-    from lmi_trt.compile.plan import GpuFacts
-    from lmi_trt.config import LmiConfig
-    from lmi_trt.sources import resolve_model
-    from lmi_trt.stages import compile_job, settle
-
-    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.2.1")  # what the spawned build workers impersonate too
-    trt.__version__ = "1.2.1"
-    gpu = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
     spec = {"decoding_type": "Lookahead", "max_window_size": 2, "max_ngram_size": 3, "max_verification_set_size": 2}
-    base = dict(model_id=str(tiny_model("llama")), max_input_len=64, max_output_len=32, max_rolling_batch_size=4)
-    config = settle(LmiConfig(**base, download_dir=tmp_path / "dl", speculative_config=spec), "trtllm")
-    artifact = resolve_model(config)
-    built = ensure_engine(compile_job(config), artifact, gpu=gpu, trtllm_version="1.2.1")
+    built = compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec)
     build = json.loads((built.path / "config.json").read_text())["build_config"]
     assert (build["speculative_decoding_mode"], build["max_draft_len"]) == (8, LOOKAHEAD.draft_len)
-    plain = settle(LmiConfig(**base, download_dir=tmp_path / "dl"), "trtllm")
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
-        other = ensure_engine(compile_job(plain), artifact, gpu=gpu, trtllm_version="1.2.1")
+        other = compiled(tmp_path, monkeypatch, trt, "1.2.1")
     assert other.path != built.path and "plan.speculative_decoding_mode" in caplog.text
 
 
@@ -240,76 +194,26 @@ async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_ref
 ):
     """The real load path: trtllm-serve's speculative_config → the compile stage builds the lookahead engine →
     the Executor decodes greedily as without it; a sampled request is a 400 naming its field; /metrics counts."""
-    import torch
-    from aiohttp import ClientSession, ClientTimeout
-    from aiohttp.test_utils import TestServer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import lmi_trt.compile.jit as jit
-    import lmi_trt.engines.trtllm as engine_module
-    from lmi_trt.compile.plan import GpuFacts
-    from lmi_trt.config import LmiConfig
-    from lmi_trt.loader import load_model
-    from lmi_trt.serving.app import build_app
-
-    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.1.0")  # the spawned build workers' release too
-    trt.__version__ = "1.1.0"
-    monkeypatch.setattr(engine_module, "cuda_available", lambda: True)
-    monkeypatch.setattr(jit, "_host_gpu", lambda: GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1))
-    monkeypatch.setattr(jit, "_host_trtllm", lambda: "1.1.0")
     hf_dir = tiny_model("llama")
-    config = LmiConfig(
-        model_id=str(hf_dir),
-        rolling_batch="trtllm",
-        backend="tensorrt",
-        max_input_len=64,
-        max_output_len=32,
-        max_rolling_batch_size=4,
-        download_dir=tmp_path / "dl",
-        speculative_config={
-            "decoding_type": "Lookahead",
-            "max_window_size": 2,
-            "max_ngram_size": 3,
-            "max_verification_set_size": 2,
-        },
-    )
+    spec = {"decoding_type": "Lookahead", "max_window_size": 2, "max_ngram_size": 3, "max_verification_set_size": 2}
+    config = jit_config(tmp_path, speculative_config=spec)
     prompt = "the cat the cat the cat the cat"
-    tok = AutoTokenizer.from_pretrained(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
-    ids = tok(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        want = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
-    want = want[: want.index(tok.eos_token_id)] if tok.eos_token_id in want else want
+    text, want = greedy_text_tokens(hf_dir, prompt, 16)
     assert len(want) >= 4  # something to compare
-    app = build_app(lambda: load_model(config, "trtllm"), config, model_name="tiny")
-    server = TestServer(app, host="127.0.0.1")
     with caplog.at_level("INFO"):
-        await server.start_server()
-        try:
-            async with ClientSession(timeout=ClientTimeout(total=120)) as s:
-                deadline = asyncio.get_running_loop().time() + 300
-                while True:  # a JIT build on a loaded machine takes a while: bounded, not timed
-                    async with s.get(server.make_url("/ping")) as r:
-                        if r.status == 200:
-                            break
-                        assert "FAILED" not in await r.text()
-                    assert asyncio.get_running_loop().time() < deadline
-                    await asyncio.sleep(0.05)
-                body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}  # no details: they carry log-probs
-                async with s.post(server.make_url("/invocations"), json=body) as r:
-                    assert r.status == 200, await r.text()
-                    got = (await r.json())["generated_text"]
-                assert got == tok.decode(want, skip_special_tokens=True)
-                async with s.post(server.make_url("/invocations"), json={**body, "parameters": {"details": True}}) as r:
-                    text = await r.text()
-                    assert r.status == 400 and "outputLogProbs are not supported" in text, text
-                sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
-                async with s.post(server.make_url("/invocations"), json=sampled) as r:
-                    text = await r.text()
-                    assert r.status == 400 and "temperature" in text and "greedily" in text, text
-                async with s.get(server.make_url("/metrics")) as r:
-                    metrics = await r.text()
-                assert "lmi_spec_decode_num_accepted_tokens_total" in metrics
-        finally:
-            await server.close()
+        async with jit_server(monkeypatch, trt, "1.1.0", config) as (server, s):
+            body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}  # no details: they carry log-probs
+            async with s.post(server.make_url("/invocations"), json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["generated_text"] == text
+            async with s.post(server.make_url("/invocations"), json={**body, "parameters": {"details": True}}) as r:
+                body_text = await r.text()
+                assert r.status == 400 and "outputLogProbs are not supported" in body_text, body_text
+            sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
+            async with s.post(server.make_url("/invocations"), json=sampled) as r:
+                body_text = await r.text()
+                assert r.status == 400 and "temperature" in body_text and "greedily" in body_text, body_text
+            async with s.get(server.make_url("/metrics")) as r:
+                metrics = await r.text()
+            assert "lmi_spec_decode_num_accepted_tokens_total" in metrics
     assert "speculative decoding: lookahead decoding (max_window_size=2, max_ngram_size=3" in caplog.text

@@ -47,6 +47,7 @@ FACTORY_ARGS = {
     "Response": dict(request_id=1, result="boom"),
     "GuidedDecodingConfig": dict(backend=0),
     "LookaheadDecodingConfig": dict(max_window_size=4, max_ngram_size=3, max_verification_set_size=4),
+    "ExternalDraftTokensConfig": dict(tokens=[5, 6]),
     "GuidedDecodingParams": dict(guide_type=0, guide="a+"),
     # by (section, name) where two sections list a class of that name (the Executor's LoraConfig and lora_manager's)
     ("tensorrt_llm.bindings.executor", "LoraConfig"): dict(task_id=1),

@@ -179,18 +179,18 @@ def test_the_torch_engine_reads_what_it_honours_and_refuses_the_rest():
             speculative_config='{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate_threshold": 0.5}'
         )
     # The options it reads count as honoured by the torch engine and by the LLM API (which plans them per release:
-    # tests/unit/test_llmapi_speculative_plan.py); the Executor over TensorRT engines refuses them, saying where
-    # they run.
+    # tests/unit/test_llmapi_speculative_plan.py) and by the Executor over TensorRT engines (n-gram draft tokens:
+    # lmi_trt.engines.trtllm_drafts), which refuses a draft model, saying where it runs.
     cfg = stages.settle(config(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'), "torch")
     assert {"speculative_config", "speculative_decoding_mode", "speculative_draft_model"} <= stages.honoured(TORCH, cfg)
     stages.refuse_ignored(TORCH, cfg)
     llm = stages.settle(cfg.model_copy(update={"backend": "pytorch"}), "trtllm")
     stages.refuse_ignored(PYTORCH, llm)
     engines = stages.settle(cfg.model_copy(update={"backend": "tensorrt"}), "trtllm")
-    with pytest.raises(
-        SpeculationError, match=r"option.speculative_config.method='ngram': .*tensorrt backend.*pytorch"
-    ):
-        stages.refuse_ignored(TENSORRT, engines)
+    stages.refuse_ignored(TENSORRT, engines)
+    mtp = engines.model_copy(update={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}})
+    with pytest.raises(SpeculationError, match=r"option.speculative_config.method='mtp': .*tensorrt backend.*pytorch"):
+        stages.refuse_ignored(TENSORRT, mtp)
 
 
 # -- n-gram drafts and the drafting policy --------------------------------------------------------

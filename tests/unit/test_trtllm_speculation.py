@@ -86,7 +86,8 @@ def test_trtllm_serves_and_djls_spellings_give_the_executor_its_lookahead():
             "configures lookahead decoding, not ngram",
         ),
         ({"speculative_decoding_mode": "lookahead_decoding", "max_beam_width": "2"}, "option.max_beam_width", "one"),
-        ({"speculative_decoding_mode": "ngram"}, "option.speculative_decoding_mode", "ExternalDraftTokensConfig"),
+        # n-gram draft tokens run (lmi_trt.engines.trtllm_drafts), with one beam
+        ({"speculative_decoding_mode": "ngram", "max_beam_width": "2"}, "option.max_beam_width", "with beam search"),
         ({"speculative_draft_model": "/d"}, "option.speculative_draft_model", "second Executor"),
         ({"speculative_decoding_mode": "medusa"}, "option.speculative_decoding_mode", "examples/medusa"),
         ({"speculative_decoding_mode": "eagle"}, "option.speculative_decoding_mode", "examples/eagle"),

@@ -42,6 +42,14 @@ tensorrt_llm/builder.py):
   Log-probs are not returned beside it ("outputLogProbs are not supported"): the fake fails such a request.
   Simplification: the real layer fills its n-gram pool from Jacobi iterations of a W-wide lookahead branch; the
   fake's pool is the sequence's own earlier n-grams (what the tests rely on is the verification, not the pool).
+* draft tokens (a request's ``external_draft_tokens_config``, on a draft_tokens_external engine): the context step
+  reads the prompt and the drafts in one pass and, at each position, chooses the token the request's SamplingConfig
+  chooses there, keeping drafts while they equal it and ending with its own token, so a greedy request's output is
+  the greedy one (cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp, acceptance by id without draft logits); later
+  steps of the request decode one token each. More drafts than the engine's max_draft_len fail it
+  (trtGptModelInflightBatching.cpp: "Number of draft tokens (%d) is larger than maximum number of draft tokens
+  (%d)"). Draft logits, drafts of sampled or log-prob requests and drafts beside lookahead are not modelled (the
+  fake raises NotImplementedError).
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
 ``transformers``' beam search and answered with one final result, without log probs. What it reads of the
 request is TensorRT-LLM's (executor.h SamplingConfig, 0.12-1.2): ``numReturnSequences`` beams come back (all
@@ -225,6 +233,7 @@ class _Seq:
     logits: object = None
     generator: object = None
     steps: int = 0  # decoding iterations run for it
+    drafts: list[int] = field(default_factory=list)  # its ExternalDraftTokensConfig's tokens, verified at context
 
 
 class ExecutorImpl:
@@ -316,6 +325,7 @@ class ExecutorImpl:
             raise NotImplementedError("fake tensorrt_llm: a request's own lookahead_config is not modelled")
         if self._lookahead is not None and oc.return_log_probs:
             raise _tllm_error("lookahead decoding: outputLogProbs are not supported")
+        drafts = self._external_drafts(request)
         if sc.beam_width > self.max_beam_width:
             raise _tllm_error(
                 f"Request beam width ({sc.beam_width}) is larger than the executor's max beam width "
@@ -342,10 +352,26 @@ class ExecutorImpl:
                     guide=self._guide(request),
                     embedding_bias=self._embedding_bias(request),
                     lora_config=request.lora_config,
+                    drafts=drafts,
                 )
             )
             self._cv.notify_all()
         return rid
+
+    def _external_drafts(self, request) -> list[int]:
+        """A request's ``external_draft_tokens_config`` tokens (module docstring: draft tokens). What the fake does not
+        model is refused: draft logits (acceptance by logits), drafts beside lookahead, sampled or log-prob requests."""
+        config = request.external_draft_tokens_config
+        if config is None or not config.tokens:
+            return []
+        sc = request.sampling_config
+        if config.logits is not None:
+            raise NotImplementedError("fake tensorrt_llm: acceptance of draft tokens by their logits is not modelled")
+        if self._lookahead is not None:
+            raise NotImplementedError("fake tensorrt_llm: external draft tokens beside lookahead are not modelled")
+        if not (sc.top_k == 1 or (not sc.top_k and not sc.top_p)) or request.output_config.return_log_probs:
+            raise NotImplementedError("fake tensorrt_llm: draft tokens of a sampled or log-prob request: not modelled")
+        return list(config.tokens)
 
     def _embedding_bias(self, request):
         """executor.h: "Expected type is kFP32 and shape is [vocab_size]" (the fake checks both)."""
@@ -529,6 +555,12 @@ class ExecutorImpl:
                 if seq.id in admitted:
                     if seq.guide is not None:  # compiled in the executor loop: a bad guide fails this request only
                         seq.matcher = self._grammars.create(*seq.guide)
+                    if seq.drafts:
+                        seq.steps += 1
+                        reason = self._verify_drafts(seq)
+                        if reason is not None or seq.streaming:
+                            out.append(self._result(seq, reason))
+                        return
                     self._forward(seq, seq.prompt)
                 seq.steps += 1
                 if self._lookahead is not None:
@@ -581,6 +613,42 @@ class ExecutorImpl:
         self._forward(seq, taken)
         return None
 
+    def _verify_drafts(self, seq: _Seq):
+        """The context step of a request with draft tokens: the prompt and the drafts in one pass, then at each
+        position the token the request's SamplingConfig chooses there (greedy: the argmax), keeping drafts while they
+        equal it and ending with the target's own token (externalDraftTokensLayer.cpp, accepted by id without draft
+        logits); the KV cache keeps the prompt and the accepted drafts. More drafts than the engine's max_draft_len
+        fail the request (trtGptModelInflightBatching.cpp verifyRequests' TLLM_CHECK, which fails the batch step
+        there; the fake fails only this request)."""
+        import torch
+
+        drafts, most = seq.drafts, self.limits.max_draft_len
+        if len(drafts) > most:
+            raise _tllm_error(
+                f"Number of draft tokens ({len(drafts)}) is larger than maximum number of draft tokens ({most})"
+            )
+        self._lora.use(seq.lora)
+        res = self._model(input_ids=torch.tensor([seq.prompt + drafts]), use_cache=True)
+        positions = res.logits[0, len(seq.prompt) - 1 :].float()
+        kept = 0
+        for i in range(len(drafts) + 1):
+            seq.logits = positions[i]
+            token, logprob = _select(seq)
+            if i < len(drafts) and accepts(token, drafts[i]):
+                token, kept = drafts[i], kept + 1
+            reason = self._advance(seq, token, logprob)
+            if reason is not None:
+                return reason
+            if i == kept - 1:
+                continue
+            break
+        # keep the prompt and the accepted drafts; the target's own token goes in next, as after any step
+        if kept < len(drafts):  # a negative crop drops from the end (transformers 4.x/5.x)
+            res.past_key_values.crop(-(len(drafts) - kept))
+        seq.past = res.past_key_values
+        self._forward(seq, [seq.generated[-1]])
+        return None
+
     def _advance(self, seq: _Seq, token: int, logprob: float):
         fr = self._api.FinishReason
         if token == seq.end_id:
@@ -610,7 +678,7 @@ class ExecutorImpl:
         res.output_token_ids = [list(tokens)]
         res.finish_reasons = [reason if reason is not None else self._api.FinishReason.NOT_FINISHED]
         if hasattr(res, "decoding_iter"):  # not every release's Result binds it (bindings.executor._Result012)
-            res.decoding_iter = seq.steps if self._lookahead is not None else len(seq.generated)
+            res.decoding_iter = seq.steps if self._lookahead is not None or seq.drafts else len(seq.generated)
         if seq.return_log_probs:
             res.log_probs = [list(lps)]
             res.cum_log_probs = [float(sum(seq.log_probs))]

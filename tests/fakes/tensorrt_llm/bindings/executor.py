@@ -614,6 +614,33 @@ class GuidedDecodingParams:
     guide = property(lambda self: self._guide)
 
 
+class _ExternalDraftTokensConfig1x:
+    """executor.h ``ExternalDraftTokensConfig`` as the 1.x bindings expose it (cpp/tensorrt_llm/pybind/executor/
+    request.cpp and the nanobind copy: ``(tokens, logits=None, acceptance_threshold=None, fast_logits=None)``, each a
+    read-only property)."""
+
+    def __init__(self, tokens, logits=None, acceptance_threshold=None, fast_logits=None):
+        self._tokens, self._logits = list(tokens), logits
+        self._threshold, self._fast = acceptance_threshold, fast_logits
+
+    tokens = property(lambda self: list(self._tokens))
+    logits = property(lambda self: self._logits)
+    acceptance_threshold = property(lambda self: self._threshold)
+    fast_logits = property(lambda self: self._fast)
+
+
+class _ExternalDraftTokensConfig012:
+    """A 0.x copy of request.cpp (OutputConfig of five flags): ``(tokens, logits=None, acceptance_threshold=None)``,
+    no fast_logits."""
+
+    def __init__(self, tokens, logits=None, acceptance_threshold=None):
+        self._tokens, self._logits, self._threshold = list(tokens), logits, acceptance_threshold
+
+    tokens = property(lambda self: list(self._tokens))
+    logits = property(lambda self: self._logits)
+    acceptance_threshold = property(lambda self: self._threshold)
+
+
 class _RequestBase:
     """Shared storage: ``input_token_ids``/``max_tokens`` are read-only, ``type`` is stored as
     ``request_type`` (as in the bindings), everything else is a read/write attribute."""
@@ -730,6 +757,8 @@ for _cls in (_SamplingConfig1x, _SamplingConfig012):
     _cls.__name__ = _cls.__qualname__ = "SamplingConfig"
 for _cls in (_KvCacheConfig1x, _KvCacheConfig012):
     _cls.__name__ = _cls.__qualname__ = "KvCacheConfig"
+for _cls in (_ExternalDraftTokensConfig1x, _ExternalDraftTokensConfig012):
+    _cls.__name__ = _cls.__qualname__ = "ExternalDraftTokensConfig"
 for _cls in (_ExecutorConfig1x, _ExecutorConfig012):
     _cls.__name__ = _cls.__qualname__ = "ExecutorConfig"
 for _cls in (_ParallelConfig1x, _ParallelConfig012):
@@ -996,6 +1025,7 @@ _VARIANTS = {
     "SamplingConfig": (_SamplingConfig012, _SamplingConfig1x),
     "KvCacheConfig": (_KvCacheConfig012, _KvCacheConfig1x),
     "ExecutorConfig": (_ExecutorConfig012, _ExecutorConfig1x),
+    "ExternalDraftTokensConfig": (_ExternalDraftTokensConfig012, _ExternalDraftTokensConfig1x),
     "ParallelConfig": (_ParallelConfig012, _ParallelConfig1x),
     "FinishReason": (_FinishReason012, _FinishReason1x),
     "CapacitySchedulerPolicy": (_CapacitySchedulerPolicy012, _CapacitySchedulerPolicy1x),
@@ -1006,6 +1036,7 @@ Request = _Request1x
 SamplingConfig = _SamplingConfig1x
 KvCacheConfig = _KvCacheConfig1x
 ExecutorConfig = _ExecutorConfig1x
+ExternalDraftTokensConfig = _ExternalDraftTokensConfig1x
 ParallelConfig = _ParallelConfig1x
 FinishReason = _FinishReason1x
 CapacitySchedulerPolicy = _CapacitySchedulerPolicy1x

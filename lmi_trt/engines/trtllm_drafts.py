@@ -1,0 +1,282 @@
+"""Draft tokens on TensorRT-LLM's Executor (``draft_tokens_external`` engines): n-gram (prompt lookup) drafts proposed
+on the host and verified by the target engine, one Executor request per iteration, as TensorRT-LLM's own examples
+drive it. The plan and its checks are pure; ``draft_loop`` runs one client request over the trtllm engine's
+per-request path (``TrtllmEngine.verify_drafts``).
+
+What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, dated here by content):
+
+* the loop: examples/prompt_lookup/run_dtm_pld.py (a 1.x copy, ModelRunnerCpp over the Executor): each iteration
+  proposes drafts from the sequence so far (``PLDPool.get_draft_tokens``: the continuation of the last
+  1..max_matching_ngram_size tokens' earlier occurrence, the oldest by default, ``is_use_oldest=True``), then runs the
+  target on ``prefix`` (prompt + tokens so far) with ``draft_tokens_list`` and ``max_new_tokens =
+  prompt_lookup_num_tokens + 1``, non-streaming, and appends what the target returned; it stops at the end id, at the
+  length, or when nothing changed. ModelRunnerCpp turns each draft list into ``Request(external_draft_tokens_config=
+  ExternalDraftTokensConfig(tokens, logits))`` (tensorrt_llm/runtime/model_runner_cpp.py). Accepted drafts are
+  counted as the leading draft tokens equal to the target's (``n_accept_token``). Where no n-gram matches, the
+  example sends ``[end_id]`` as the one draft; lmi-trt sends no draft config at all, which runs the same iteration
+  as plain decoding.
+* the binding: ``ExternalDraftTokensConfig(tokens, logits=None, acceptance_threshold=None, fast_logits=None)``
+  (cpp/tensorrt_llm/pybind/executor/request.cpp and the nanobind copy, 1.x; a 0.x copy whose OutputConfig takes five
+  flags binds (tokens, logits, acceptance_threshold) without fast_logits). lmi-trt sends tokens only.
+* acceptance: cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp (1.x copies) accepts drafts against the target
+  step's tokens and forwards the accepted ones plus the target's own next token; without draft logits the drafts are
+  compared by id with the target's choice, which for a greedy request (top-k 1) is its argmax, so the output is the
+  greedy one. trtGptModelInflightBatching.cpp ``verifyRequests`` (every 1.x copy read): "Can't use speculative
+  decoding with beam search." and "Number of draft tokens (%d) is larger than maximum number of draft tokens (%d)"
+  against the engine's max_draft_len, so the loop never proposes more than the engine's draft length.
+* the engine: trtllm-build ``--speculative_decoding_mode draft_tokens_external --max_draft_len K``
+  (tensorrt_llm/commands/build.py); builder.py raises the recorded max_seq_len by K and max_num_tokens to
+  ``max_batch_size * (K + 1)``; config.json keeps SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL, the integer 2
+  (tensorrt_llm/models/modeling_utils.py's IntFlag). Each iteration's input is the prompt plus the tokens so far, so
+  the engine's max_input_len must reach max_seq_len - 1 (run_dtm_pld.py builds its runner with ``max_input_len =
+  max(input_len) + max_output_len``); lmi-trt's compile stage plans it so (``lmi_trt.compile.plan``).
+* KV-cache block reuse (``KvCacheConfig(enable_block_reuse=True)``, option.enable_kv_cache_reuse) lets each iteration
+  reuse the cached blocks of the prefix instead of computing it again; run_dtm_pld.py passes
+  ``kv_cache_enable_block_reuse`` through. Without it the output is the same and each iteration recomputes the prefix.
+* releases: the 0.x binding copy above has ExternalDraftTokensConfig, but which 0.x release's Executor accepted it
+  beside a draft_tokens_external engine was not pinned (examples/prompt_lookup and draft_target_model are dated here by
+  their ModelRunnerCpp/Executor code to the 1.x line), so 0.12 is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lmi_trt.engines.base import SAMPLING_FEATURES, EngineOutput, FinishReason, GenerationRequest
+from lmi_trt.ngram import NgramIndex
+from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError
+
+DRAFTS_SINCE = (1, 0)
+DRAFT_TOKENS_EXTERNAL = 2  # config.json's SpeculativeDecodingMode integer
+# run_dtm_pld.py PLDPool(is_use_oldest=True) and NGramDecodingConfig.is_use_oldest's default (llm_args.py): the
+# oldest earlier occurrence's continuation, when the configuration does not say.
+OLDEST_BY_DEFAULT = True
+DRAFT_COUNT_CHECK = (
+    "trtGptModelInflightBatching.cpp: 'Number of draft tokens (%d) is larger than maximum number of draft tokens (%d)'"
+)
+
+
+@dataclass(frozen=True)
+class ExternalDrafts:
+    """Prompt-lookup drafting for a draft_tokens_external engine: up to ``draft_len`` tokens an iteration, the
+    continuation of the longest n-gram in [``ngram_min``, ``ngram_max``] found earlier in the sequence."""
+
+    draft_len: int
+    ngram_min: int
+    ngram_max: int
+    oldest: bool
+    key: str  # the key that turned it on, for messages
+
+    def describe(self) -> str:
+        return (
+            f"n-gram (prompt lookup) draft tokens on a draft_tokens_external engine (up to {self.draft_len} a step, "
+            f"n-grams of {self.ngram_min}-{self.ngram_max} tokens, the {'oldest' if self.oldest else 'latest'} "
+            "match)"
+        )
+
+    def proposer(self, tokens: list[int]) -> NgramIndex:
+        index = NgramIndex(self.ngram_min, self.ngram_max, self.oldest)
+        index.extend(tokens)
+        return index
+
+
+def executor_drafts(spec: Speculation | None, max_beam_width: int) -> ExternalDrafts | None:
+    """Pure: the n-gram drafting ``spec`` asks of the Executor, or None (another method, or none); what it cannot run
+    beside is refused, naming the key."""
+    if spec is None or spec.method != "ngram":
+        return None
+    if spec.max_concurrency is not None:
+        raise SpeculationError(
+            spec.key("max_concurrency"),
+            spec.max_concurrency,
+            "is the pytorch backend's (TensorRT-LLM's DecodingBaseConfig.max_concurrency); lmi-trt's Executor loop "
+            "drafts for every greedy request",
+            "leave it out",
+        )
+    for member, value in spec.options.items():
+        raise SpeculationError(
+            f"{JSON_KEY}.{member}",
+            value,
+            "is not something n-gram drafting on TensorRT engines reads",
+            "use max_draft_len, max_matching_ngram_size (prompt_lookup_max), prompt_lookup_min and is_use_oldest",
+        )
+    if max_beam_width != 1:
+        raise SpeculationError(
+            "option.max_beam_width",
+            max_beam_width,
+            "draft tokens run one beam (trtGptModelInflightBatching.cpp: \"Can't use speculative decoding with beam "
+            'search.")',
+            "set option.max_beam_width=1, or leave speculative decoding out",
+        )
+    return ExternalDrafts(
+        draft_len=spec.max_draft_len,
+        ngram_min=spec.min_matching_ngram_size,
+        ngram_max=spec.max_matching_ngram_size,
+        oldest=OLDEST_BY_DEFAULT if spec.use_oldest is None else spec.use_oldest,
+        key=spec.key("method"),
+    )
+
+
+def engine_draft_errors(
+    drafts: ExternalDrafts, built_mode: int | None, built_draft_len: int, max_input_len: int, max_seq_len: int
+) -> list[str]:
+    """Pure: why an engine (config.json's build_config) cannot serve ``drafts``."""
+    if built_mode != DRAFT_TOKENS_EXTERNAL:
+        return [
+            f"{drafts.key}=ngram needs an engine built with --speculative_decoding_mode draft_tokens_external, and "
+            f"config.json's build_config.speculative_decoding_mode is {built_mode or 1} (2 is draft_tokens_external); "
+            "rebuild it (lmi-trt's compile stage does, from the Hugging Face checkpoint)"
+        ]
+    errors = []
+    if built_draft_len < drafts.draft_len:
+        errors.append(
+            f"{drafts.key}=ngram: the engine was built with build_config.max_draft_len={built_draft_len} and "
+            f"{drafts.draft_len} draft tokens a step were asked for ({DRAFT_COUNT_CHECK}); lower max_draft_len to "
+            f"{built_draft_len} or rebuild"
+        )
+    if max_input_len < max_seq_len - 1:
+        errors.append(
+            f"{drafts.key}=ngram: the engine's build_config.max_input_len={max_input_len} is below its "
+            f"max_seq_len - 1 = {max_seq_len - 1}, and each draft iteration sends the prompt plus the tokens so far as "
+            "input; rebuild it with max_input_len = max_seq_len - 1 (lmi-trt's compile stage does)"
+        )
+    return errors
+
+
+def release_error(drafts: ExternalDrafts | None, version: str, series: tuple[int, int]) -> str | None:
+    if drafts is None or series >= DRAFTS_SINCE:
+        return None
+    return (
+        f"{drafts.key}=ngram: draft tokens on TensorRT-LLM {version}'s Executor are not verified here (module "
+        "lmi_trt.engines.trtllm_drafts: its examples are read on the 1.x line only); use a 1.x image, or leave "
+        "speculative decoding out"
+    )
+
+
+def draft_refusals() -> dict[str, str]:
+    """Pure: request feature → why, for what the draft loop does not do (or lmi-trt has not read) beside drafts."""
+    unread = (
+        "not read beside draft tokens on TensorRT-LLM's Executor (each iteration is a new request, and how the "
+        "decoder applies it across them was not read), so lmi-trt refuses it rather than assume; leave it out, or "
+        "serve without speculation"
+    )
+    greedy = (
+        "draft tokens are accepted by id against the target's choice (externalDraftTokensLayer.cpp without draft "
+        "logits), which lmi-trt verifies for greedy requests only; send a greedy request (temperature 0), or serve "
+        "without speculation"
+    )
+    return {
+        # stop tokens are looked for on the host as well (stop_at), so they stay honoured
+        **dict.fromkeys(
+            ("guided", "logit_bias", "lora", *(f for f in SAMPLING_FEATURES if f != "stop_token_ids")), unread
+        ),
+        "sampling": greedy,
+        "seed": greedy,
+        "logprobs": "the draft loop does not return log-probs (not read beside draft tokens); leave them out, or serve "
+        "without speculation",
+        "beam_search": 'draft tokens run one beam ("Can\'t use speculative decoding with beam search."); ask for 1 '
+        "beam",
+    }
+
+
+def drafted_request_refusal(request: GenerationRequest) -> tuple[str | None, str | None]:
+    """Pure: (field, why) for a request the draft loop refuses at the engine (what the serving layer's capability
+    check does not see), or (None, None)."""
+    if request.sampling.do_sample:
+        return "temperature", draft_refusals()["sampling"]
+    return None, None
+
+
+def stop_at(
+    tokens: list[int], start: int, eos: frozenset[int], stops: list[list[int]]
+) -> tuple[int, FinishReason] | None:
+    """Pure: where the generated ``tokens`` end, looking at positions from ``start`` on (earlier ones were looked at
+    already): (tokens kept, why) at the first EOS id (dropped, as the Executor drops its end id) or completed stop
+    sequence (kept, as without drafts), or None. The loop applies this on the host: DecodingMode::ExternalDraftTokens()
+    is kExternalDraftTokens | kUsePenalties | kUseBanTokens | kStandardStopCriteria (cpp/include/tensorrt_llm/executor/
+    types.h, 1.x copies), and whether its stop criteria see a stop token inside the accepted drafts, or a stop
+    sequence begun in the previous iteration's request, was not read."""
+    for end in range(start + 1, len(tokens) + 1):
+        if tokens[end - 1] in eos:
+            return end - 1, FinishReason.EOS
+        if any(stop and end >= len(stop) and tokens[end - len(stop) : end] == stop for stop in stops):
+            return end, FinishReason.STOP_SEQUENCE
+    return None
+
+
+class DraftVerifier(Protocol):
+    """The engine side of the loop: one Executor request over ``request`` carrying ``drafts`` (none: plain)."""
+
+    def verify_drafts(self, request: GenerationRequest, drafts: list[int]) -> AsyncIterator[EngineOutput]: ...
+
+
+def accepted_drafts(drafts: list[int], tokens: list[int]) -> int:
+    """The leading draft tokens the target kept: equal to its tokens at the same positions (run_dtm_pld.py's
+    ``n_accept_token``)."""
+    n = 0
+    while n < min(len(drafts), len(tokens)) and drafts[n] == tokens[n]:
+        n += 1
+    return n
+
+
+async def draft_loop(
+    engine: DraftVerifier,
+    request: GenerationRequest,
+    drafts: ExternalDrafts,
+    max_seq_len: int,
+    count: Callable[[int, int], Any],
+    eos: frozenset[int],
+) -> AsyncIterator[EngineOutput]:
+    """One client request as draft iterations (module docstring): each proposes up to ``draft_len`` tokens from the
+    sequence so far, asks the engine for ``drafts + 1`` tokens verified against them, and streams what came back.
+    EOS, stop words, errors and cancellation end it as they end the iteration's request; ``max_new_tokens`` and the
+    engine's ``max_seq_len`` as without drafts; EOS ids (``eos``: none for ignore_eos) and stop sequences are also
+    looked for on the host (``stop_at``). ``count(proposed, accepted)`` records each iteration."""
+    sampling = request.sampling
+    index = drafts.proposer(list(request.prompt_token_ids))
+    generated: list[int] = []
+    stops = [list(s) for s in request.stop_token_ids if s]
+    while True:
+        room = min(sampling.max_new_tokens - len(generated), max_seq_len - len(index.tokens))
+        # at most room - 1 drafts: the target's own token after them must fit too
+        proposal = index.propose(min(drafts.draft_len, room - 1)) if room > 1 else []
+        step = dataclasses.replace(
+            request,
+            prompt_token_ids=list(index.tokens),
+            sampling=dataclasses.replace(
+                sampling, max_new_tokens=min(len(proposal) + 1 if proposal else drafts.draft_len + 1, room)
+            ),
+            streaming=False,
+        )
+        tokens: list[int] = []
+        last: EngineOutput | None = None
+        # aclosing: a client gone mid-iteration cancels the iteration's Executor request (the engine's finally)
+        async with aclosing(engine.verify_drafts(step, proposal)) as outputs:
+            async for out in outputs:
+                if out.error is not None:
+                    yield out
+                    return
+                tokens += out.token_ids
+                last = out
+        if last is None:  # the engine ended the iteration without a final output: nothing more to say
+            return
+        if proposal:
+            count(len(proposal), accepted_drafts(proposal, tokens))
+        before = len(generated)
+        generated += tokens
+        stopped = stop_at(generated, before, frozenset() if sampling.ignore_eos else eos, stops)
+        if stopped is not None:
+            kept, reason = stopped
+            yield EngineOutput(request.request_id, generated[before:kept], finished=True, finish_reason=reason)
+            return
+        index.extend(tokens)
+        ended = last.finish_reason not in (None, FinishReason.LENGTH)
+        if ended or len(generated) >= sampling.max_new_tokens or len(index.tokens) >= max_seq_len or not tokens:
+            reason = last.finish_reason if ended else FinishReason.LENGTH
+            yield EngineOutput(request.request_id, tokens, finished=True, finish_reason=reason)
+            return
+        yield EngineOutput(request.request_id, tokens)

@@ -1,0 +1,261 @@
+"""n-gram (prompt lookup) draft tokens on the Executor over a draft_tokens_external engine (issue 29), through the fake
+TensorRT-LLM per release: the compile stage builds the engine for it, the draft loop sends each iteration's drafts as
+an ExternalDraftTokensConfig, greedy outputs equal decoding without drafts (the fake verifies them against its tiny
+model), and what is not read beside drafts is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from tinymodels import tiny_model
+from trtllm_spec_testing import (
+    compiled,
+    generate,
+    greedy_reference,
+    greedy_text_tokens,
+    jit_config,
+    jit_server,
+    spec_engine,
+    started,
+    tokens_of,
+)
+from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+from lmi_trt.engines.base import FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.trtllm import TrtllmConfigError, TrtllmEngine, TrtllmSettings
+from lmi_trt.engines.trtllm_drafts import ExternalDrafts, executor_drafts, stop_at
+from lmi_trt.speculative import SpeculationError, resolve
+
+RELEASES = ("1.0.0", "1.1.0", "1.2.1")
+DRAFTS = ExternalDrafts(
+    draft_len=4, ngram_min=1, ngram_max=3, oldest=True, key="option.speculative_config.decoding_type"
+)
+# max_input_len = max_seq_len - 1: each iteration resends the sequence (the compile stage plans it so)
+BUILD = dict(max_batch_size=4, max_input_len=159, max_seq_len=160, max_draft_len=4)
+# A prompt that repeats itself (drafts from its own n-grams get accepted) and two ordinary ones.
+PROMPTS = [[1, 45, 67, 89, 100, 45, 67, 89, 100, 45, 67], [1, 300, 22, 7], [1, 5, 6, 7, 5, 8, 9, 5]]
+
+
+@pytest.fixture(scope="module")
+def trt():
+    with fake_tensorrt_llm() as module:
+        yield module
+
+
+def drafts_engine(out, **build):
+    return spec_engine(out, "DRAFT_TOKENS_EXTERNAL", **{**BUILD, **build})
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return greedy_reference()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_greedy_outputs_equal_decoding_without_drafts(trt, tmp_path, reference, release, caplog):
+    trt.__version__ = release
+    engine_dir = drafts_engine(tmp_path / "engine")
+    built = json.loads((engine_dir / "config.json").read_text())["build_config"]
+    # builder.py: DRAFT_TOKENS_EXTERNAL's integer 2, max_seq_len raised by max_draft_len
+    assert (built["speculative_decoding_mode"], built["max_draft_len"], built["max_seq_len"]) == (2, 4, 164)
+    with caplog.at_level("INFO", logger="lmi_trt"):
+        engine = await started(engine_dir, TrtllmSettings(drafts=DRAFTS))
+    try:
+        assert "speculative decoding: n-gram (prompt lookup) draft tokens on a draft_tokens_external" in caplog.text
+        for i, prompt in enumerate(PROMPTS):
+            for n in (24, 7, 1):
+                outputs = await generate(engine, f"g{i}-{n}", prompt, max_new_tokens=n)
+                assert tokens_of(outputs) == reference(prompt, n), (prompt, n)
+                assert outputs[-1].finished and sum(o.finished for o in outputs) == 1
+        extra = engine.stats().extra
+        assert extra["spec_decode_num_draft_tokens"] > 0 and extra["spec_decode_num_accepted_tokens"] > 0
+        assert extra["spec_decode_num_accepted_tokens"] <= extra["spec_decode_num_draft_tokens"]
+    finally:
+        await engine.close()
+
+
+async def test_a_verifier_that_accepts_every_draft_changes_the_output(trt, tmp_path, reference, monkeypatch):
+    """The equality above can fail: with the fake's verification patched to keep every draft token, the output
+    is no longer the greedy one."""
+    import tensorrt_llm._runtime as runtime
+
+    trt.__version__ = "1.2.1"
+    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS))
+    try:
+        monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
+        outputs = [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(PROMPTS)]
+        assert outputs != [reference(p, 24) for p in PROMPTS]
+    finally:
+        await engine.close()
+
+
+async def test_eos_and_stop_tokens_end_it_as_without_drafts(trt, tmp_path, reference):
+    trt.__version__ = "1.1.0"
+    prompt = PROMPTS[0]
+    want = reference(prompt, 24)
+    stop = want[5]
+    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS), eos=(2, stop))
+    try:
+        # a further EOS id: the output ends before it, finish reason EOS
+        out = await generate(engine, "e", prompt)
+        assert tokens_of(out) == want[: want.index(stop)] and out[-1].finish_reason == FinishReason.EOS
+        # ignore_eos: the whole length, through the EOS ids
+        out = await generate(engine, "i", prompt, ignore_eos=True, max_new_tokens=8)
+        assert len(tokens_of(out)) == 8 and out[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        await engine.close()
+    engine = await started(drafts_engine(tmp_path / "engine2"), TrtllmSettings(drafts=DRAFTS))
+    try:
+        sequence = want[6:8]
+        end = next(e for e in range(2, len(want) + 1) if want[e - 2 : e] == sequence)  # its first completion
+        out = await generate(engine, "s", prompt, stop_token_ids=[sequence])
+        assert tokens_of(out) == want[:end] and out[-1].finish_reason == FinishReason.STOP_SEQUENCE
+    finally:
+        await engine.close()
+
+
+def test_stop_at_finds_eos_and_stop_sequences_across_iterations():
+    eos = frozenset({2})
+    assert stop_at([5, 6, 2, 7], 0, eos, []) == (2, FinishReason.EOS)
+    assert stop_at([5, 6, 7, 8], 3, eos, [[7, 8]]) == (4, FinishReason.STOP_SEQUENCE)  # begun before ``start``
+    assert stop_at([5, 6, 7, 8], 0, eos, [[9]]) is None
+
+
+async def test_a_client_that_goes_away_cancels_the_iteration(trt, tmp_path):
+    trt.__version__ = "1.2.1"
+    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS))
+    try:
+        request = GenerationRequest("c", PROMPTS[1], SamplingParams(max_new_tokens=100, ignore_eos=True))
+        stream = engine.submit(request)
+        first = await asyncio.wait_for(anext(stream), 60)
+        assert first.token_ids and not first.finished
+        await stream.aclose()
+        assert engine.stats().active_requests == 0  # the iteration's Executor request was cancelled
+        again = await generate(engine, "c", PROMPTS[1], max_new_tokens=3)  # the id is free again
+        assert len(tokens_of(again)) == 3
+    finally:
+        await engine.close()
+
+
+async def test_what_is_not_read_beside_drafts_is_refused(trt, tmp_path):
+    trt.__version__ = "1.1.0"
+    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS))
+    try:
+        sampled = await generate(engine, "s", PROMPTS[1], do_sample=True, temperature=0.8)
+        assert sampled[-1].error_code == 400 and sampled[-1].error_field == "temperature"
+        caps = engine.capabilities
+        assert not caps.logprobs.honoured and not caps.beam_search.honoured and not caps.guided.honoured
+        assert not caps.repetition_penalty.honoured and "draft tokens" in caps.min_new_tokens.reason
+        assert caps.stop_token_ids.honoured  # the loop looks for them on the host too (stop_at)
+    finally:
+        await engine.close()
+
+
+def test_an_engine_built_otherwise_is_a_start_up_error_naming_config_json(trt, tmp_path):
+    trt.__version__ = "1.2.1"
+    plain = make_engine_dir(tiny_model("llama"), tmp_path / "plain", **{**BUILD, "max_draft_len": 0})
+    with pytest.raises(TrtllmConfigError, match=r"build_config.speculative_decoding_mode is 1 \(2 is draft_tokens"):
+        TrtllmEngine(plain, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+    short = drafts_engine(tmp_path / "short", max_draft_len=2)
+    with pytest.raises(TrtllmConfigError, match=r"build_config.max_draft_len=2 and 4 draft tokens"):
+        TrtllmEngine(short, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+    narrow = drafts_engine(tmp_path / "narrow", max_input_len=64)
+    with pytest.raises(TrtllmConfigError, match=r"build_config.max_input_len=64 is below"):
+        TrtllmEngine(narrow, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+    with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode draft_tokens_external and no"):
+        TrtllmEngine(drafts_engine(tmp_path / "d"), TrtllmSettings(), eos_token_ids=[2])
+
+
+async def test_012_is_refused(trt, tmp_path):
+    trt.__version__ = "0.12.0"
+    engine = TrtllmEngine(
+        drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2], gpu_available=lambda: True
+    )
+    with pytest.raises(TrtllmConfigError, match=r"draft tokens on TensorRT-LLM 0.12.0's Executor"):
+        await engine.start()
+
+
+def test_the_keys_resolve_to_executor_drafts_and_what_they_cannot_run_beside_is_refused():
+    spec = resolve({"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 4}, {})
+    assert executor_drafts(spec, 1) == ExternalDrafts(3, 1, 4, True, "option.speculative_config.decoding_type")
+    vllm = resolve({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2}, {})
+    assert executor_drafts(vllm, 1) == ExternalDrafts(2, 2, 2, True, "option.speculative_config.method")
+    with pytest.raises(SpeculationError, match="option.max_beam_width=2"):
+        executor_drafts(spec, 2)
+    busy = resolve({"decoding_type": "NGram", "max_draft_len": 3, "max_concurrency": 4}, {})
+    with pytest.raises(SpeculationError, match="max_concurrency"):
+        executor_drafts(busy, 1)
+    assert executor_drafts(resolve({"decoding_type": "Lookahead"}, {}), 1) is None
+
+
+def test_the_fake_executor_checks_what_the_real_one_checks(trt, tmp_path):
+    """trtGptModelInflightBatching.cpp verifyRequests: no more drafts than the engine's max_draft_len."""
+    from tensorrt_llm.bindings import executor as tle
+
+    trt.__version__ = "1.2.1"
+    engine_dir = drafts_engine(tmp_path / "engine")
+    executor = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
+    try:
+        request = tle.Request(
+            PROMPTS[1],
+            max_tokens=6,
+            sampling_config=tle.SamplingConfig(top_k=1),
+            external_draft_tokens_config=tle.ExternalDraftTokensConfig([5, 6, 7, 8, 9]),
+        )
+        rid = executor.enqueue_request(request)
+        (response,) = executor.await_responses(rid, timeout=60)
+        assert response.has_error() and "Number of draft tokens (5) is larger than maximum" in response.error_msg
+    finally:
+        executor.shutdown()
+    assert "fast_logits" in dir(tle.ExternalDraftTokensConfig([1]))
+    trt.__version__ = "0.12.0"
+    assert "fast_logits" not in dir(tle.ExternalDraftTokensConfig([1]))
+
+
+def test_the_compile_stage_builds_for_ngram_and_keys_the_cache_by_it(trt, tmp_path, monkeypatch, caplog):
+    built = compiled(
+        tmp_path, monkeypatch, trt, "1.2.1", speculative_config={"decoding_type": "NGram", "max_draft_len": 3}
+    )
+    build = json.loads((built.path / "config.json").read_text())["build_config"]
+    # max_input_len 64 + max_output_len 32 → max_seq_len 96, max_input_len raised to 95 (each iteration resends)
+    assert (build["speculative_decoding_mode"], build["max_draft_len"], build["max_input_len"]) == (2, 3, 95)
+    with caplog.at_level("INFO", logger="lmi_trt.compile"):
+        other = compiled(tmp_path, monkeypatch, trt, "1.2.1")
+    assert other.path != built.path and "plan.speculative_decoding_mode" in caplog.text
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_refusals(
+    trt, tmp_path, monkeypatch, caplog, release
+):
+    """The real load path: trtllm-serve's NGram speculative_config → the compile stage builds a draft_tokens_external
+    engine → the draft loop decodes greedily as without it; a sampled request is a 400 naming its field; /metrics
+    counts draft tokens proposed and accepted on a self-repeating prompt."""
+    hf_dir = tiny_model("llama")
+    spec = {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3}
+    config = jit_config(tmp_path, speculative_config=spec)
+    prompt = "the cat the cat the cat the cat"
+    text, want = greedy_text_tokens(hf_dir, prompt, 16)
+    assert len(want) >= 4  # something to compare
+    with caplog.at_level("INFO"):
+        async with jit_server(monkeypatch, trt, release, config) as (server, s):
+            body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}
+            async with s.post(server.make_url("/invocations"), json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["generated_text"] == text
+            sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
+            async with s.post(server.make_url("/invocations"), json=sampled) as r:
+                body_text = await r.text()
+                assert r.status == 400 and "temperature" in body_text, body_text
+            async with s.get(server.make_url("/metrics")) as r:
+                metrics = await r.text()
+    values = {
+        line.split(" ")[0].split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("lmi_spec_decode")
+    }
+    assert values["lmi_spec_decode_num_draft_tokens_total"] > 0, metrics
+    assert values["lmi_spec_decode_num_accepted_tokens_total"] > 0, metrics
+    assert "speculative decoding: n-gram (prompt lookup) draft tokens" in caplog.text
