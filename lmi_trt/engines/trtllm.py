@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -1113,6 +1114,7 @@ class TrtllmEngine:
         self._counts_drafts = False  # lookahead on a release whose Result binds decoding_iter
         self._proposed_drafts = 0  # draft loop: draft tokens sent, over iterations
         self._drafted_iterations = 0  # draft loop: iterations that sent drafts
+        self._draft_loops: dict[str, bool] = {}  # running draft loops by request id: cancelled yet
         self._last_iteration: Any = None
         # LoRA adapters: name → (task id, LoraConfig's weights and config); task ids whose weights the Executor
         # was sent (1.x caches them: lora_weights_cached), and the next id.
@@ -1250,9 +1252,27 @@ class TrtllmEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         if self.settings.drafts is not None:
-            eos = frozenset(self._eos)
-            return draft_loop(self, request, self.settings.drafts, self._limits.max_seq_len, self._count_drafts, eos)
+            return self._draft_loop(request)
         return self._generate(request)
+
+    async def _draft_loop(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        rid = request.request_id
+        self._draft_loops[rid] = False
+        loop = draft_loop(
+            self,
+            request,
+            self.settings.drafts,
+            self._limits.max_seq_len,
+            self._count_drafts,
+            frozenset(self._eos),
+            lambda: self._draft_loops.get(rid, False),
+        )
+        try:
+            async with aclosing(loop) as outputs:
+                async for out in outputs:
+                    yield out
+        finally:
+            self._draft_loops.pop(rid, None)
 
     def verify_drafts(self, request: GenerationRequest, drafts: list[int]) -> AsyncIterator[EngineOutput]:
         """One Executor request carrying ``drafts`` as its ExternalDraftTokensConfig (none: a plain request), for
@@ -1396,6 +1416,8 @@ class TrtllmEngine:
         self._release_held()  # every request of the group failed to enqueue: the next group's turn
 
     async def cancel(self, request_id: str) -> None:
+        if request_id in self._draft_loops:  # seen between its iterations; one in flight is cancelled below
+            self._draft_loops[request_id] = True
         stream = self._by_request_id.get(request_id)
         if stream is not None and not stream.done:
             self._cancel_stream(stream)

@@ -230,17 +230,22 @@ async def draft_loop(
     max_seq_len: int,
     count: Callable[[int, int], Any],
     eos: frozenset[int],
+    cancelled: Callable[[], bool],
 ) -> AsyncIterator[EngineOutput]:
     """One client request as draft iterations (module docstring): each proposes up to ``draft_len`` tokens from the
     sequence so far, asks the engine for ``drafts + 1`` tokens verified against them, and streams what came back.
     EOS, stop words, errors and cancellation end it as they end the iteration's request; ``max_new_tokens`` and the
     engine's ``max_seq_len`` as without drafts; EOS ids (``eos``: none for ignore_eos) and stop sequences are also
-    looked for on the host (``stop_at``). ``count(proposed, accepted)`` records each iteration."""
+    looked for on the host (``stop_at``). ``count(proposed, accepted)`` records each iteration; ``cancelled()`` says
+    the request was cancelled between iterations (one in flight ends with its Executor request's CANCELLED)."""
     sampling = request.sampling
     index = drafts.proposer(list(request.prompt_token_ids))
     generated: list[int] = []
     stops = [list(s) for s in request.stop_token_ids if s]
     while True:
+        if cancelled():
+            yield EngineOutput(request.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED)
+            return
         room = min(sampling.max_new_tokens - len(generated), max_seq_len - len(index.tokens))
         # at most room - 1 drafts: the target's own token after them must fit too
         proposal = index.propose(min(drafts.draft_len, room - 1)) if room > 1 else []

@@ -135,6 +135,12 @@ async def test_a_client_that_goes_away_cancels_the_iteration(trt, tmp_path):
         assert engine.stats().active_requests == 0  # the iteration's Executor request was cancelled
         again = await generate(engine, "c", PROMPTS[1], max_new_tokens=3)  # the id is free again
         assert len(tokens_of(again)) == 3
+        # engine.cancel (the stall watchdog's, an error's) between two iterations ends the loop with CANCELLED
+        stream = engine.submit(GenerationRequest("b", PROMPTS[1], SamplingParams(max_new_tokens=100, ignore_eos=True)))
+        first = await asyncio.wait_for(anext(stream), 60)
+        await engine.cancel("b")  # the loop waits at its yield: no Executor request is in flight
+        rest = [out async for out in stream]
+        assert rest[-1].finish_reason == FinishReason.CANCELLED and len(first.token_ids + tokens_of(rest)) < 100
     finally:
         await engine.close()
 
