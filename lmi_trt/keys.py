@@ -1065,7 +1065,7 @@ class LmiConfig(BaseModel):
             _choice(SPECULATIVE_SPELLINGS, shown=tuple(SPECULATIVE_METHODS)),
             "speculative decoding's drafter (trtllm-build's flag; TensorRT-LLM's and vLLM's spellings work "
             "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp, "
-            "the trtllm tensorrt backend lookahead (lookahead_decoding) and ngram",
+            "the trtllm tensorrt backend lookahead (lookahead_decoding), ngram and draft_model",
         ),
     ] = None
     speculative_draft_model: Annotated[

@@ -66,6 +66,7 @@ async def load_model(config: LmiConfig, kind: EngineKind, plan: LaunchPlan | Non
     if draft is not None:
         log.info("speculative decoding's draft model resolved to %s", draft)
         config = with_draft_model(config, draft)
+        config = await asyncio.to_thread(stages.compile_draft_if_needed, served, config)
     artifact = await asyncio.to_thread(stages.compile_if_needed, served, config, artifact)
     tok_dir = await asyncio.to_thread(resolve_tokenizer, config, artifact)
     tokenizer = await asyncio.to_thread(

@@ -68,7 +68,8 @@ RUNS_ON = {
     "ngram": "TensorRT-LLM's pytorch backend, and lmi-trt's tensorrt backend (option.rolling_batch=trtllm, "
     "option.backend=tensorrt: TensorRT-LLM's Executor, 1.0-1.2) on an engine built with --speculative_decoding_mode "
     "draft_tokens_external, which its compile stage builds",
-    "draft_model": "TensorRT-LLM's pytorch backend (Draft_Target) and TensorRT engines (draft_tokens_external)",
+    "draft_model": "TensorRT-LLM's pytorch backend (Draft_Target) and TensorRT engines (draft_tokens_external: "
+    "lmi-trt's tensorrt backend, 1.0-1.2, its compile stage building both engines)",
     "eagle3": "TensorRT-LLM's pytorch backend (option.rolling_batch=trtllm, option.backend=pytorch)",
     "mtp": "TensorRT-LLM's pytorch backend, for models with MTP heads (option.rolling_batch=trtllm, "
     "option.backend=pytorch)",

@@ -32,7 +32,7 @@ from lmi_trt.compile.hf_quant import QuantizeJob, ensure_quantized
 from lmi_trt.compile.jit import CompileJob, ensure_engine
 from lmi_trt.compile.options import CompileOptions
 from lmi_trt.compile.probe import detect_trtllm_version
-from lmi_trt.config import speculation
+from lmi_trt.config import speculation, with_draft_model
 from lmi_trt.engines import probe_trtllm
 from lmi_trt.engines.base import Engine, EngineError
 from lmi_trt.engines.guided import GuideVocab
@@ -63,7 +63,7 @@ from lmi_trt.engines.trtllm_speculation import executor_lookahead
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
 from lmi_trt.launch import LaunchPlan, Placement, trtllm_copy_settings
-from lmi_trt.sources import ModelArtifact, ModelPeek
+from lmi_trt.sources import ModelArtifact, ModelPeek, resolve_model
 from lmi_trt.speculative import BUILD_MODES, JSON_KEY, Speculation, SpeculationError, not_here
 
 log = logging.getLogger(__name__)
@@ -376,6 +376,43 @@ def compile_if_needed(served: EngineEntry, config: LmiConfig, artifact: ModelArt
         return artifact
 
     return ensure_engine(compile_job(config), artifact, progress=_progress)
+
+
+# The speculation keys a draft model's own build leaves out (it is built as a plain engine).
+_SPECULATION_FIELDS = (
+    "speculative_config",
+    "speculative_decoding_mode",
+    "speculative_draft_model",
+    "max_matching_ngram_size",
+    "prompt_lookup_min",
+    "speculative_disable_by_batch_size",
+)
+
+
+def draft_compile_config(config: LmiConfig, draft_folder: str) -> LmiConfig:
+    """The configuration the draft model's engine is built from: the target's compile options on ``draft_folder``,
+    with no speculation, and ``max_input_len`` = the target's max_seq_len - 1 (each draft request's input is the
+    sequence so far; lmi_trt.engines.trtllm_drafts), the same max_seq_len."""
+    total = config.max_seq_len or config.max_input_len + config.max_output_len
+    return config.derived(
+        "the draft model's own engine (speculative decoding)",
+        model_id=draft_folder,
+        max_input_len=total - 1,
+        max_output_len=1,
+        max_draft_len=0,
+        **dict.fromkeys(_SPECULATION_FIELDS),
+    )
+
+
+def compile_draft_if_needed(served: EngineEntry, config: LmiConfig) -> LmiConfig:
+    """The JIT stage for a draft model on the tensorrt backend: its checkpoint (a local folder by now) becomes an
+    engine (from the cache, or built once), and ``config`` names that engine as the draft model."""
+    spec = speculation(config)
+    if not served.builds_engine or spec is None or spec.method != "draft_model":
+        return config
+    draft = draft_compile_config(config, spec.draft_model)
+    built = ensure_engine(compile_job(draft), resolve_model(draft), progress=_progress)
+    return with_draft_model(config, built.engine_dir)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -589,11 +589,11 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
                 "or remove option.max_draft_len",
             )
         return
-    if mode == "draft_tokens_external" and opts.speculative_method == "ngram":
+    if mode == "draft_tokens_external" and opts.speculative_method in ("ngram", "draft_model"):
         if version < DRAFTS_SINCE:
             raise PlanError(
                 key,
-                "ngram",
+                opts.speculative_method,
                 f"draft tokens on TensorRT-LLM {version}'s Executor are not verified here "
                 "(lmi_trt.engines.trtllm_drafts)",
                 "use a 1.x image",
@@ -610,9 +610,9 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
         raise PlanError(
             key,
             mode,
-            "lmi-trt's compile stage builds TensorRT engines for lookahead decoding and n-gram draft tokens only, not "
-            f"{opts.speculative_method or mode}: the Executor path sends no draft model's tokens, and Medusa, EAGLE "
-            "and ReDrafter heads need TensorRT-LLM's own checkpoint converters",
+            "lmi-trt's compile stage builds TensorRT engines for lookahead decoding and draft tokens (n-gram, draft "
+            f"model) only, not {opts.speculative_method or mode}: Medusa, EAGLE and ReDrafter heads need "
+            "TensorRT-LLM's own checkpoint converters",
             "use lookahead decoding, or serve the Hugging Face checkpoint with option.backend=pytorch (n-gram, draft "
             "model, EAGLE-3, MTP)",
         )

@@ -69,7 +69,9 @@ from lmi_trt.engines.base import (
 )
 from lmi_trt.engines.guided import GuideVocab, backend_guide, warm_guide
 from lmi_trt.engines.trtllm_drafts import (
+    DraftModelProposer,
     ExternalDrafts,
+    NgramProposer,
     draft_loop,
     draft_refusals,
     drafted_request_refusal,
@@ -1115,6 +1117,8 @@ class TrtllmEngine:
         self._proposed_drafts = 0  # draft loop: draft tokens sent, over iterations
         self._drafted_iterations = 0  # draft loop: iterations that sent drafts
         self._draft_loops: dict[str, bool] = {}  # running draft loops by request id: cancelled yet
+        # draft-model drafts: a second engine (its own Executor) over the draft engine, decoding greedily
+        self._draft_engine = self._drafter(gpu_available)
         self._last_iteration: Any = None
         # LoRA adapters: name → (task id, LoraConfig's weights and config); task ids whose weights the Executor
         # was sent (1.x caches them: lora_weights_cached), and the next id.
@@ -1123,6 +1127,27 @@ class TrtllmEngine:
         )
         self._sent_tasks: set[int] = set()
         self._next_task = 1
+
+    def _drafter(self, gpu_available: Callable[[], bool] | None) -> TrtllmEngine | None:
+        drafts = self.settings.drafts
+        if drafts is None or drafts.method != "draft_model":
+            return None
+        # run_dtm_pld.py builds both runners with is_orchestrator_mode=True; here the draft takes the target's mode
+        # (orchestrator for one copy among several, lmi_trt.launch), and its engine's own tp and batch size
+        draft = TrtllmEngine(
+            drafts.draft_model,
+            TrtllmSettings(tensor_parallel_degree=None, orchestrator=self.settings.orchestrator),
+            eos_token_ids=self._eos,
+            pad_token_id=self._pad,
+            gpu_available=gpu_available,
+        )
+        if draft.facts.vocab_size != self.facts.vocab_size:
+            raise TrtllmConfigError(
+                f"{drafts.key}=draft_model: the draft engine's vocab_size is {draft.facts.vocab_size} and the "
+                f"model's {self.facts.vocab_size} (config.json pretrained_config.vocab_size); the draft model must "
+                "share the model's tokenizer"
+            )
+        return draft
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1213,6 +1238,8 @@ class TrtllmEngine:
             lora_capability(self.settings),
             self.settings.drafts,
         )
+        if self._draft_engine is not None:
+            await self._draft_engine.start()
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
         if self._leader:
@@ -1245,6 +1272,8 @@ class TrtllmEngine:
             await asyncio.to_thread(self._pump.join)
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown)
+        if self._draft_engine is not None:
+            await self._draft_engine.close()
         if self._owned_scratch is not None:
             shutil.rmtree(self._owned_scratch, ignore_errors=True)
 
@@ -1258,10 +1287,15 @@ class TrtllmEngine:
     async def _draft_loop(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         rid = request.request_id
         self._draft_loops[rid] = False
+        drafts = self.settings.drafts
+        proposer = (
+            NgramProposer(drafts) if self._draft_engine is None else DraftModelProposer(self._draft_engine.submit, rid)
+        )
         loop = draft_loop(
             self,
             request,
-            self.settings.drafts,
+            drafts,
+            proposer,
             self._limits.max_seq_len,
             self._count_drafts,
             frozenset(self._eos),

@@ -41,14 +41,17 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lmi_trt.engines.base import SAMPLING_FEATURES, EngineOutput, FinishReason, GenerationRequest
+from lmi_trt.engines.base import SAMPLING_FEATURES, EngineOutput, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.ngram import NgramIndex
 from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError
+
+log = logging.getLogger(__name__)
 
 DRAFTS_SINCE = (1, 0)
 DRAFT_TOKENS_EXTERNAL = 2  # config.json's SpeculativeDecodingMode integer
@@ -62,32 +65,78 @@ DRAFT_COUNT_CHECK = (
 
 @dataclass(frozen=True)
 class ExternalDrafts:
-    """Prompt-lookup drafting for a draft_tokens_external engine: up to ``draft_len`` tokens an iteration, the
-    continuation of the longest n-gram in [``ngram_min``, ``ngram_max``] found earlier in the sequence."""
+    """Drafting for a draft_tokens_external engine, up to ``draft_len`` tokens an iteration: prompt lookup (``ngram``:
+    the continuation of the longest n-gram in [``ngram_min``, ``ngram_max``] found earlier in the sequence) or a draft
+    model (``draft_model``: its engine folder once the compile stage built it, decoding greedily on a second
+    Executor)."""
 
     draft_len: int
-    ngram_min: int
-    ngram_max: int
-    oldest: bool
     key: str  # the key that turned it on, for messages
+    method: str = "ngram"
+    ngram_min: int = 1
+    ngram_max: int = 2
+    oldest: bool = OLDEST_BY_DEFAULT
+    draft_model: str | None = None
 
     def describe(self) -> str:
+        if self.method == "draft_model":
+            return (
+                f"draft-model draft tokens on a draft_tokens_external engine (up to {self.draft_len} a step, from "
+                f"{self.draft_model} decoding greedily on a second Executor)"
+            )
         return (
             f"n-gram (prompt lookup) draft tokens on a draft_tokens_external engine (up to {self.draft_len} a step, "
             f"n-grams of {self.ngram_min}-{self.ngram_max} tokens, the {'oldest' if self.oldest else 'latest'} "
             "match)"
         )
 
-    def proposer(self, tokens: list[int]) -> NgramIndex:
-        index = NgramIndex(self.ngram_min, self.ngram_max, self.oldest)
-        index.extend(tokens)
-        return index
+
+class Proposer(Protocol):
+    """Where an iteration's drafts come from: up to ``k`` tokens to follow ``tokens`` (the prompt and tokens so
+    far); none where it has nothing to say."""
+
+    async def propose(self, tokens: list[int], k: int) -> list[int]: ...
+
+
+class NgramProposer:
+    """Prompt lookup over the growing sequence (``lmi_trt.ngram.NgramIndex``, indexed incrementally)."""
+
+    def __init__(self, drafts: ExternalDrafts) -> None:
+        self._index = NgramIndex(drafts.ngram_min, drafts.ngram_max, drafts.oldest)
+
+    async def propose(self, tokens: list[int], k: int) -> list[int]:
+        self._index.extend(tokens[len(self._index.tokens) :])
+        return self._index.propose(k)
+
+
+class DraftModelProposer:
+    """A draft model's greedy continuation of ``k`` tokens, asked of its own engine (a second Executor over the draft
+    engine) as one non-streaming request, as run_dtm_pld.py asks its draft runner (``max_new_tokens=draft_len``,
+    ``streaming=False``). A failed draft request costs the iteration its drafts, not the client its request: the
+    target decodes plainly then, and the failure is logged."""
+
+    def __init__(self, submit: Callable[[GenerationRequest], AsyncIterator[EngineOutput]], request_id: str) -> None:
+        self._submit, self._id, self._n = submit, request_id, 0
+
+    async def propose(self, tokens: list[int], k: int) -> list[int]:
+        self._n += 1
+        request = GenerationRequest(
+            f"{self._id}#draft{self._n}", list(tokens), SamplingParams(max_new_tokens=k), streaming=False
+        )
+        out: list[int] = []
+        async with aclosing(self._submit(request)) as outputs:
+            async for delta in outputs:
+                if delta.error is not None:
+                    log.warning("the draft model's request for %s failed: %s", self._id, delta.error)
+                    return []
+                out += delta.token_ids
+        return out[:k]
 
 
 def executor_drafts(spec: Speculation | None, max_beam_width: int) -> ExternalDrafts | None:
-    """Pure: the n-gram drafting ``spec`` asks of the Executor, or None (another method, or none); what it cannot run
-    beside is refused, naming the key."""
-    if spec is None or spec.method != "ngram":
+    """Pure: the n-gram or draft-model drafting ``spec`` asks of the Executor, or None (another method, or none); what
+    it cannot run beside is refused, naming the key."""
+    if spec is None or spec.method not in ("ngram", "draft_model"):
         return None
     if spec.max_concurrency is not None:
         raise SpeculationError(
@@ -102,7 +151,8 @@ def executor_drafts(spec: Speculation | None, max_beam_width: int) -> ExternalDr
             f"{JSON_KEY}.{member}",
             value,
             "is not something n-gram drafting on TensorRT engines reads",
-            "use max_draft_len, max_matching_ngram_size (prompt_lookup_max), prompt_lookup_min and is_use_oldest",
+            "use max_draft_len, max_matching_ngram_size (prompt_lookup_max), prompt_lookup_min, is_use_oldest and "
+            "speculative_model",
         )
     if max_beam_width != 1:
         raise SpeculationError(
@@ -112,12 +162,14 @@ def executor_drafts(spec: Speculation | None, max_beam_width: int) -> ExternalDr
             'search.")',
             "set option.max_beam_width=1, or leave speculative decoding out",
         )
+    if spec.method == "draft_model":
+        return ExternalDrafts(spec.max_draft_len, spec.key("method"), "draft_model", draft_model=spec.draft_model)
     return ExternalDrafts(
         draft_len=spec.max_draft_len,
+        key=spec.key("method"),
         ngram_min=spec.min_matching_ngram_size,
         ngram_max=spec.max_matching_ngram_size,
         oldest=OLDEST_BY_DEFAULT if spec.use_oldest is None else spec.use_oldest,
-        key=spec.key("method"),
     )
 
 
@@ -127,20 +179,21 @@ def engine_draft_errors(
     """Pure: why an engine (config.json's build_config) cannot serve ``drafts``."""
     if built_mode != DRAFT_TOKENS_EXTERNAL:
         return [
-            f"{drafts.key}=ngram needs an engine built with --speculative_decoding_mode draft_tokens_external, and "
+            f"{drafts.key}={drafts.method} needs an engine built with --speculative_decoding_mode "
+            "draft_tokens_external, and "
             f"config.json's build_config.speculative_decoding_mode is {built_mode or 1} (2 is draft_tokens_external); "
             "rebuild it (lmi-trt's compile stage does, from the Hugging Face checkpoint)"
         ]
     errors = []
     if built_draft_len < drafts.draft_len:
         errors.append(
-            f"{drafts.key}=ngram: the engine was built with build_config.max_draft_len={built_draft_len} and "
+            f"{drafts.key}={drafts.method}: the engine was built with build_config.max_draft_len={built_draft_len} and "
             f"{drafts.draft_len} draft tokens a step were asked for ({DRAFT_COUNT_CHECK}); lower max_draft_len to "
             f"{built_draft_len} or rebuild"
         )
     if max_input_len < max_seq_len - 1:
         errors.append(
-            f"{drafts.key}=ngram: the engine's build_config.max_input_len={max_input_len} is below its "
+            f"{drafts.key}={drafts.method}: the engine's build_config.max_input_len={max_input_len} is below its "
             f"max_seq_len - 1 = {max_seq_len - 1}, and each draft iteration sends the prompt plus the tokens so far as "
             "input; rebuild it with max_input_len = max_seq_len - 1 (lmi-trt's compile stage does)"
         )
@@ -151,7 +204,8 @@ def release_error(drafts: ExternalDrafts | None, version: str, series: tuple[int
     if drafts is None or series >= DRAFTS_SINCE:
         return None
     return (
-        f"{drafts.key}=ngram: draft tokens on TensorRT-LLM {version}'s Executor are not verified here (module "
+        f"{drafts.key}={drafts.method}: draft tokens on TensorRT-LLM {version}'s Executor are not verified here "
+        "(module "
         "lmi_trt.engines.trtllm_drafts: its examples are read on the 1.x line only); use a 1.x image, or leave "
         "speculative decoding out"
     )
@@ -227,6 +281,7 @@ async def draft_loop(
     engine: DraftVerifier,
     request: GenerationRequest,
     drafts: ExternalDrafts,
+    proposer: Proposer,
     max_seq_len: int,
     count: Callable[[int, int], Any],
     eos: frozenset[int],
@@ -239,19 +294,19 @@ async def draft_loop(
     looked for on the host (``stop_at``). ``count(proposed, accepted)`` records each iteration; ``cancelled()`` says
     the request was cancelled between iterations (one in flight ends with its Executor request's CANCELLED)."""
     sampling = request.sampling
-    index = drafts.proposer(list(request.prompt_token_ids))
+    sequence = list(request.prompt_token_ids)
     generated: list[int] = []
     stops = [list(s) for s in request.stop_token_ids if s]
     while True:
         if cancelled():
             yield EngineOutput(request.request_id, [], finished=True, finish_reason=FinishReason.CANCELLED)
             return
-        room = min(sampling.max_new_tokens - len(generated), max_seq_len - len(index.tokens))
+        room = min(sampling.max_new_tokens - len(generated), max_seq_len - len(sequence))
         # at most room - 1 drafts: the target's own token after them must fit too
-        proposal = index.propose(min(drafts.draft_len, room - 1)) if room > 1 else []
+        proposal = await proposer.propose(sequence, min(drafts.draft_len, room - 1)) if room > 1 else []
         step = dataclasses.replace(
             request,
-            prompt_token_ids=list(index.tokens),
+            prompt_token_ids=list(sequence),
             sampling=dataclasses.replace(
                 sampling, max_new_tokens=min(len(proposal) + 1 if proposal else drafts.draft_len + 1, room)
             ),
@@ -278,9 +333,9 @@ async def draft_loop(
             kept, reason = stopped
             yield EngineOutput(request.request_id, generated[before:kept], finished=True, finish_reason=reason)
             return
-        index.extend(tokens)
+        sequence += tokens
         ended = last.finish_reason not in (None, FinishReason.LENGTH)
-        if ended or len(generated) >= sampling.max_new_tokens or len(index.tokens) >= max_seq_len or not tokens:
+        if ended or len(generated) >= sampling.max_new_tokens or len(sequence) >= max_seq_len or not tokens:
             reason = last.finish_reason if ended else FinishReason.LENGTH
             yield EngineOutput(request.request_id, tokens, finished=True, finish_reason=reason)
             return

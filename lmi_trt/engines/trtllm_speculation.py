@@ -74,9 +74,6 @@ BUILT_MODES = {
 LOOKAHEAD_MODE = 8
 # Why the tensorrt backend does not run the others (the method's own RUNS_ON says where it does run).
 _NOT_ON_ENGINES = {
-    "draft_model": "it would run a second Executor over a draft engine and send its tokens with each request "
-    "(ExternalDraftTokensConfig on a draft_tokens_external engine), which lmi-trt's Executor engine does not do (it "
-    "sends n-gram drafts: lmi_trt.engines.trtllm_drafts)",
     "medusa": "Medusa heads must be converted into the checkpoint with TensorRT-LLM's examples/medusa converter, which "
     "lmi-trt's compile stage does not run",
     "eagle": "EAGLE heads must be converted into the checkpoint with TensorRT-LLM's examples/eagle converter, which "
@@ -118,7 +115,7 @@ def executor_lookahead(spec: Speculation | None, max_beam_width: int) -> Lookahe
             spec.key("method"),
             spec.method,
             "lmi-trt's tensorrt backend (TensorRT-LLM's Executor over TensorRT engines) runs lookahead decoding and "
-            "n-gram draft tokens only: " + _NOT_ON_ENGINES[spec.method],
+            "draft tokens (n-gram, draft model) only: " + _NOT_ON_ENGINES[spec.method],
             f"{spec.method} runs on {RUNS_ON[spec.method]}; or use lookahead decoding "
             f'({JSON_KEY}={{"decoding_type": "Lookahead"}} or option.speculative_decoding_mode=lookahead_decoding)',
         )

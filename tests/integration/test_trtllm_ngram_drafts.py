@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
-from tinymodels import tiny_model
+from tinymodels import build_model, tiny_model
 from trtllm_spec_testing import (
     compiled,
     generate,
@@ -29,9 +30,7 @@ from lmi_trt.engines.trtllm_drafts import ExternalDrafts, executor_drafts, stop_
 from lmi_trt.speculative import SpeculationError, resolve
 
 RELEASES = ("1.0.0", "1.1.0", "1.2.1")
-DRAFTS = ExternalDrafts(
-    draft_len=4, ngram_min=1, ngram_max=3, oldest=True, key="option.speculative_config.decoding_type"
-)
+DRAFTS = ExternalDrafts(4, "option.speculative_config.decoding_type", ngram_min=1, ngram_max=3, oldest=True)
 # max_input_len = max_seq_len - 1: each iteration resends the sequence (the compile stage plans it so)
 BUILD = dict(max_batch_size=4, max_input_len=159, max_seq_len=160, max_draft_len=4)
 # A prompt that repeats itself (drafts from its own n-grams get accepted) and two ordinary ones.
@@ -76,13 +75,69 @@ async def test_greedy_outputs_equal_decoding_without_drafts(trt, tmp_path, refer
         await engine.close()
 
 
-async def test_a_verifier_that_accepts_every_draft_changes_the_output(trt, tmp_path, reference, monkeypatch):
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory) -> Path:
+    """A draft model: the tiny Llama's shape and tokenizer with other random weights (its drafts mostly disagree)."""
+    return build_model("llama", tmp_path_factory.mktemp("draft") / "llama-seed1", seed=1)
+
+
+def draft_engine(hf_dir, out):
+    """The draft model's own plain engine, whose max_input_len reaches its max_seq_len - 1 (it drafts from the sequence
+    so far)."""
+    return make_engine_dir(hf_dir, out, max_batch_size=4, max_input_len=163, max_seq_len=164)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_greedy_outputs_equal_decoding_without_a_draft_model(trt, tmp_path, reference, other_draft, release):
+    """A second Executor over the draft engine proposes each iteration's drafts: with another model's drafts (mostly
+    rejected) and the model itself as its draft (every draft accepted), the output is the greedy one."""
+    trt.__version__ = release
+    target = drafts_engine(tmp_path / "target")
+    for name, hf_dir in (("other", other_draft), ("self", tiny_model("llama"))):
+        drafts = ExternalDrafts(
+            4, "option.speculative_draft_model", "draft_model", draft_model=str(draft_engine(hf_dir, tmp_path / name))
+        )
+        engine = await started(target, TrtllmSettings(drafts=drafts))
+        try:
+            for i, prompt in enumerate(PROMPTS):
+                for n in (24, 5):
+                    assert tokens_of(await generate(engine, f"{name}{i}-{n}", prompt, max_new_tokens=n)) == reference(
+                        prompt, n
+                    )
+            extra = engine.stats().extra
+            if name == "self":  # its own greedy tokens: all kept
+                assert extra["spec_decode_num_accepted_tokens"] == extra["spec_decode_num_draft_tokens"] > 0
+        finally:
+            await engine.close()
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(trt, tmp_path):
+    trt.__version__ = "1.2.1"
+    small = build_model("llama", tmp_path / "vocab", seed=2)
+    config = json.loads((small / "config.json").read_text())
+    config["vocab_size"] += 8
+    (small / "config.json").write_text(json.dumps(config))
+    drafts = ExternalDrafts(
+        4, "option.speculative_draft_model", "draft_model", draft_model=str(draft_engine(small, tmp_path / "d"))
+    )
+    with pytest.raises(TrtllmConfigError, match=r"draft engine's vocab_size is \d+ and the model's"):
+        TrtllmEngine(drafts_engine(tmp_path / "t"), TrtllmSettings(drafts=drafts), eos_token_ids=[2])
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+async def test_a_verifier_that_accepts_every_draft_changes_the_output(
+    trt, tmp_path, reference, monkeypatch, other_draft, drafter
+):
     """The equality above can fail: with the fake's verification patched to keep every draft token, the output
     is no longer the greedy one."""
     import tensorrt_llm._runtime as runtime
 
     trt.__version__ = "1.2.1"
-    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS))
+    drafts = DRAFTS
+    if drafter == "draft_model":
+        engine_dir = str(draft_engine(other_draft, tmp_path / "draft"))
+        drafts = ExternalDrafts(4, "option.speculative_draft_model", "draft_model", draft_model=engine_dir)
+    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=drafts))
     try:
         monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
         outputs = [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(PROMPTS)]
@@ -185,9 +240,15 @@ async def test_012_is_refused(trt, tmp_path):
 
 def test_the_keys_resolve_to_executor_drafts_and_what_they_cannot_run_beside_is_refused():
     spec = resolve({"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 4}, {})
-    assert executor_drafts(spec, 1) == ExternalDrafts(3, 1, 4, True, "option.speculative_config.decoding_type")
+    key = "option.speculative_config.decoding_type"
+    assert executor_drafts(spec, 1) == ExternalDrafts(3, key, ngram_min=1, ngram_max=4, oldest=True)
     vllm = resolve({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2}, {})
-    assert executor_drafts(vllm, 1) == ExternalDrafts(2, 2, 2, True, "option.speculative_config.method")
+    key = "option.speculative_config.method"
+    assert executor_drafts(vllm, 1) == ExternalDrafts(2, key, ngram_min=2, ngram_max=2, oldest=True)
+    djl = resolve(None, {"draft_model": ("option.speculative_draft_model", "/d")})
+    assert executor_drafts(djl, 1) == ExternalDrafts(
+        5, "option.speculative_draft_model", "draft_model", draft_model="/d"
+    )
     with pytest.raises(SpeculationError, match="option.max_beam_width=2"):
         executor_drafts(spec, 2)
     busy = resolve({"decoding_type": "NGram", "max_draft_len": 3, "max_concurrency": 4}, {})
@@ -233,15 +294,21 @@ def test_the_compile_stage_builds_for_ngram_and_keys_the_cache_by_it(trt, tmp_pa
 
 
 @pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
 async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_refusals(
-    trt, tmp_path, monkeypatch, caplog, release
+    trt, tmp_path, monkeypatch, caplog, release, drafter, other_draft
 ):
-    """The real load path: trtllm-serve's NGram speculative_config → the compile stage builds a draft_tokens_external
-    engine → the draft loop decodes greedily as without it; a sampled request is a 400 naming its field; /metrics
-    counts draft tokens proposed and accepted on a self-repeating prompt."""
+    """The real load path: trtllm-serve's NGram speculative_config, or DJL's option.speculative_draft_model (the
+    sources stage resolves the folder) → the compile stage builds the draft_tokens_external engine (and the draft
+    model's plain one) → the draft loop decodes greedily as without it; a sampled request is a 400 naming its field;
+    /metrics counts draft tokens proposed, and accepted on a self-repeating prompt (n-gram)."""
     hf_dir = tiny_model("llama")
-    spec = {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3}
-    config = jit_config(tmp_path, speculative_config=spec)
+    if drafter == "ngram":
+        spec = {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 3}
+        config, logged = jit_config(tmp_path, speculative_config=spec), "n-gram (prompt lookup) draft tokens"
+    else:
+        config = jit_config(tmp_path, speculative_draft_model=str(other_draft), max_draft_len=3)
+        logged = "draft-model draft tokens on a draft_tokens_external engine"
     prompt = "the cat the cat the cat the cat"
     text, want = greedy_text_tokens(hf_dir, prompt, 16)
     assert len(want) >= 4  # something to compare
@@ -263,5 +330,10 @@ async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_ref
         if line.startswith("lmi_spec_decode")
     }
     assert values["lmi_spec_decode_num_draft_tokens_total"] > 0, metrics
-    assert values["lmi_spec_decode_num_accepted_tokens_total"] > 0, metrics
-    assert "speculative decoding: n-gram (prompt lookup) draft tokens" in caplog.text
+    if drafter == "ngram":
+        assert values["lmi_spec_decode_num_accepted_tokens_total"] > 0, metrics
+    assert f"speculative decoding: {logged}" in caplog.text
+    engines = [json.loads(p.read_text())["build_config"] for p in (tmp_path / "dl").rglob("config.json")]
+    built = sorted((e.get("speculative_decoding_mode", 1), e["max_draft_len"]) for e in engines if "max_draft_len" in e)
+    # the target's engine, and the draft model's plain one
+    assert built == ([(2, 3)] if drafter == "ngram" else [(1, 0), (2, 3)]), built

@@ -88,7 +88,12 @@ def test_trtllm_serves_and_djls_spellings_give_the_executor_its_lookahead():
         ({"speculative_decoding_mode": "lookahead_decoding", "max_beam_width": "2"}, "option.max_beam_width", "one"),
         # n-gram draft tokens run (lmi_trt.engines.trtllm_drafts), with one beam
         ({"speculative_decoding_mode": "ngram", "max_beam_width": "2"}, "option.max_beam_width", "with beam search"),
-        ({"speculative_draft_model": "/d"}, "option.speculative_draft_model", "second Executor"),
+        # a draft model runs on a second Executor (lmi_trt.engines.trtllm_drafts), drafting for every request
+        (
+            {"speculative_draft_model": "/d", "speculative_disable_by_batch_size": "4"},
+            "option.speculative_disable_by_batch_size",
+            "pytorch backend's",
+        ),
         ({"speculative_decoding_mode": "medusa"}, "option.speculative_decoding_mode", "examples/medusa"),
         ({"speculative_decoding_mode": "eagle"}, "option.speculative_decoding_mode", "examples/eagle"),
         (
