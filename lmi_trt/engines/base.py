@@ -296,9 +296,14 @@ class OutputSink(Protocol):
         """A step's outputs (refusals and cancellations too: every request ends with one final output here)."""
         ...
 
+    def backlogged(self, request_id: str) -> bool:
+        """Whether outputs put for this request still wait for their consumer to take them."""
+        ...
+
     async def taken(self) -> None:
-        """Returns once the outputs put so far are on their way to their consumers: an engine that paces itself
-        by its consumers (the synthetic engine, unpaced) awaits it between steps."""
+        """Returns once a consumer whose outputs waited has them on their way (at once when none waits): an engine
+        that paces itself by its consumers (the synthetic engine, unpaced) steps the requests not ``backlogged``
+        and awaits this when every one is."""
         ...
 
 

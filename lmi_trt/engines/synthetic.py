@@ -403,7 +403,8 @@ class SyntheticEngine:
         steps that came due meanwhile all happen at once (consumers then read several tokens as
         one delta, as from a real engine's response queue). As fast as possible: one step per
         event-loop pass, after every consumer had its turn, so the engine never runs ahead (None,
-        or a rate of ``ASAP_TOKENS_PER_SECOND`` and up)."""
+        or a rate of ``ASAP_TOKENS_PER_SECOND`` and up); behind a sink, a step holds only the requests whose front
+        end took their last outputs, so each front end sets its own requests' pace."""
         loop = asyncio.get_running_loop()
         rate = self.tokens_per_second
         period = 1.0 / rate if rate and rate < ASAP_TOKENS_PER_SECOND else 0.0
@@ -417,9 +418,21 @@ class SyntheticEngine:
                 next_step = loop.time()
                 continue
             if not period:
-                self._step(list(active.values()))
-                # As fast as the consumers take them: a sink's (front ends in other processes) say when.
-                await (self._sink.taken() if self._sink is not None else asyncio.sleep(0))
+                # As fast as the consumers take them: each request at the pace of its own (a sink's front ends in
+                # other processes say which still have outputs waiting), as a real engine's outputs wait for none.
+                sink = self._sink
+                ready = [seq for seq in active.values() if not (seq.sunk and sink.backlogged(seq.request.request_id))]
+                if ready:
+                    self._step(ready)
+                    await asyncio.sleep(0)  # the step's flush and the consumers run before the next step
+                else:  # every request waits for its front end: until one takes its outputs, or a request comes
+                    self._work.clear()
+                    waits = [asyncio.ensure_future(sink.taken()), asyncio.ensure_future(self._work.wait())]
+                    try:
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for wait in waits:
+                            wait.cancel()
                 continue
             now = loop.time()
             if now < next_step:

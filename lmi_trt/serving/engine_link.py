@@ -181,7 +181,7 @@ class EngineServer:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # an engine that is no BatchedEngine: a task per request
         self._flushing = False
         self._ended = False  # a request ended since the last flush
-        self._room = asyncio.Event()  # no front end has outputs waiting here
+        self._room = asyncio.Event()  # a front end's waiting outputs left (``taken``)
         self._background: set[asyncio.Task[None]] = set()
         self._receiver: asyncio.Task[None] | None = None
         self._heart: asyncio.Task[None] | None = None
@@ -315,9 +315,16 @@ class EngineServer:
                 peer.ended = self._ended = True
         self._schedule_flush()
 
+    def backlogged(self, request_id: str) -> bool:
+        identity = self._owner.get(request_id)
+        peer = self._peers.get(identity) if identity is not None else None
+        return peer is not None and bool(peer.pending)
+
     async def taken(self) -> None:
+        # Per front end, not all of them: an engine paced by the slowest of N front ends would make each wait for the
+        # others' acknowledgements, and N front ends would serve no more than one.
         await asyncio.sleep(0)  # this step's flush first (scheduled before)
-        while any(peer.pending for peer in self._peers.values()):
+        if any(peer.pending for peer in self._peers.values()):
             self._room.clear()
             await self._room.wait()
 
@@ -340,18 +347,15 @@ class EngineServer:
             self._ended = False
             stats = self.engine.stats()
             self.state = replace(self.state, stats=stats)
-        waiting = False
         for identity, peer in self._peers.items():
             if peer.pending and peer.unacked < WINDOW:
                 ended, peer.ended = peer.ended, False
                 outs, peer.pending = peer.pending, []
                 peer.unacked += 1
                 self._send(identity, ("outs", outs, self.state.stats if ended else None))
+                self._room.set()
             elif stats is not None:
                 self._send(identity, ("outs", [], stats))
-            waiting = waiting or bool(peer.pending)
-        if not waiting:
-            self._room.set()
 
     def _send(self, identity: bytes, message: tuple) -> None:
         # A non-blocking send is over at once, its error in the future it returns (pyzmq zmq/_future.py

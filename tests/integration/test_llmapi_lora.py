@@ -4,9 +4,9 @@ fake LLM API, which applies each request's adapter to its tiny Llama's projectio
 
 The reference is test_lora.py's: peft's ``merge_and_unload()`` model of each adapter (its ``world``), generated
 greedily, for requests sent together so that base and adapter rows share the executor's steps, on every release the
-fake plays. The release legs install no peft (ci/pins, the ``test-core`` extra; the fake does not use it), so there
-that test is left to the default run, which plays every release; the rest (registration, refusals, 409 in use) runs
-in each leg, on adapters written here without peft.
+fake plays. The release legs install no peft (ci/pins, the ``test-core`` extra; the fake does not use it), so they
+deselect those tests (ci/release-tests.txt), left to the default run, which plays every release; the rest
+(registration, refusals, 409 in use) runs in each leg, on adapters written here without peft.
 """
 
 from __future__ import annotations
@@ -54,9 +54,7 @@ async def generate(engine: LlmApiEngine, rid: str, prompt: list[int], adapter: s
 
 @pytest.fixture
 def peft_world(request):
-    pytest.importorskip(
-        "peft", exc_type=ImportError, reason="the release legs install no peft: the default run holds the reference"
-    )
+    """test_lora.py's world, whose reference is peft's merged model (the release legs deselect its users: no peft)."""
     return request.getfixturevalue("world")
 
 

@@ -168,14 +168,45 @@ async def _collect(stream) -> list[EngineOutput]:
     return [o async for o in stream]
 
 
+@contextlib.asynccontextmanager
+async def _raw_front_end(server, identity: bytes):
+    """A front end that is only a DEALER socket: the test decides when it acknowledges outputs (never, at first)."""
+    import pickle
+
+    import zmq
+    import zmq.asyncio
+
+    context = zmq.asyncio.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(server.address)
+    try:
+        await sock.send(pickle.dumps(("hello",)))
+        assert pickle.loads(await sock.recv())[0] == "state"
+        yield sock
+    finally:
+        sock.close(0)
+        context.term()
+
+
+async def _tokens_until_the_window_is_full(sock) -> None:
+    import pickle
+
+    from lmi_trt.serving.engine_link import WINDOW
+
+    for _ in range(WINDOW):
+        message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
+        assert message[0] == "outs"
+    await asyncio.sleep(0.3)
+    while await sock.poll(0):  # the heartbeat's state, no outputs until acknowledged
+        assert pickle.loads(await sock.recv())[0] == "state"
+
+
 def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
     """At most WINDOW outputs messages go to a front end that has not acknowledged them: the unpaced synthetic engine
     (as fast as its consumers take them) then waits, instead of filling the socket with steps that every later
     token would queue behind."""
     import pickle
-
-    import zmq
-    import zmq.asyncio
 
     from lmi_trt.serving.engine_link import WINDOW
 
@@ -183,31 +214,37 @@ def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
         engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None)
         async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
             server.ready(engine, None)
-            context = zmq.asyncio.Context()
-            sock = context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, b"fe-slow")
-            sock.connect(server.address)
-            try:
-                await sock.send(pickle.dumps(("hello",)))
-                assert pickle.loads(await sock.recv())[0] == "state"
+            async with _raw_front_end(server, b"fe-slow") as sock:
                 await sock.send(pickle.dumps(("submit", _request("long", 1000))))
-                outs = []
-                for _ in range(WINDOW):
-                    message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
-                    assert message[0] == "outs"
-                    outs += message[1]
-                await asyncio.sleep(0.3)
-                while await sock.poll(0):  # the heartbeat's state, no outputs until acknowledged
-                    assert pickle.loads(await sock.recv())[0] == "state"
+                await _tokens_until_the_window_is_full(sock)
                 assert engine.stats().total_generated_tokens <= WINDOW + 1
                 await sock.send(pickle.dumps(("ack", WINDOW)))
                 message = ("state",)
                 while message[0] == "state":
                     message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
                 assert message[0] == "outs" and message[1][0][0] == "long"
-            finally:
-                sock.close(0)
-                context.term()
+
+    asyncio.run(main())
+
+
+def test_a_front_end_that_falls_behind_holds_back_its_own_requests_only(tmp_path):
+    """The unpaced synthetic engine steps each request at its own front end's pace: a front end that stopped
+    acknowledging does not stall another's requests (paced by the slowest, N front ends served as one)."""
+    import pickle
+
+    from lmi_trt.serving.engine_link import WINDOW
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None)
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 10)
+            async with _raw_front_end(server, b"fe-slow") as sock:
+                await sock.send(pickle.dumps(("submit", _request("stalled", 1000))))
+                await _tokens_until_the_window_is_full(sock)
+                outs = await asyncio.wait_for(_collect(remote.submit(_request("served", 300))), 30)
+                assert sum(len(o.token_ids) for o in outs) == 300 and outs[-1].finished
+                assert engine.stats().total_generated_tokens <= 300 + WINDOW + 1
 
     asyncio.run(main())
 
