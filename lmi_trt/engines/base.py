@@ -8,7 +8,7 @@ yields ``EngineOutput`` deltas until one has ``finished=True``.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, runtime_checkable
 
@@ -300,10 +300,10 @@ class OutputSink(Protocol):
         """Whether outputs put for this request still wait for their consumer to take them."""
         ...
 
-    async def taken(self) -> None:
-        """Returns once a consumer whose outputs waited has them on their way (at once when none waits): an engine
-        that paces itself by its consumers (the synthetic engine, unpaced) steps the requests not ``backlogged``
-        and awaits this when every one is."""
+    def taken(self) -> Awaitable[None]:
+        """Done once a consumer whose outputs waited has them on their way after this call (at once when none
+        waits): an engine that paces itself by its consumers (the synthetic engine, unpaced) steps the requests not
+        ``backlogged`` and awaits this when every one is."""
         ...
 
 

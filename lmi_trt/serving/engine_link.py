@@ -27,7 +27,7 @@ import itertools
 import logging
 import os
 import pickle
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -320,12 +320,16 @@ class EngineServer:
         peer = self._peers.get(identity) if identity is not None else None
         return peer is not None and bool(peer.pending)
 
-    async def taken(self) -> None:
+    def taken(self) -> Awaitable[None]:
         # Per front end, not all of them: an engine paced by the slowest of N front ends would make each wait for the
-        # others' acknowledgements, and N front ends would serve no more than one.
+        # others' acknowledgements, and N front ends would serve no more than one. Cleared here, when the caller
+        # found its requests backlogged, not once awaited: a flush in between (an acknowledgement) must wake it.
+        self._room.clear()
+        return self._room_made()
+
+    async def _room_made(self) -> None:
         await asyncio.sleep(0)  # this step's flush first (scheduled before)
         if any(peer.pending for peer in self._peers.values()):
-            self._room.clear()
             await self._room.wait()
 
     def _schedule_flush(self) -> None:
