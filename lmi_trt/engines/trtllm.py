@@ -1009,6 +1009,7 @@ class _Stream:
     generated: int = 0
     cancelled: bool = False
     done: bool = False
+    drafted: bool = False  # sent with draft tokens (trtllm_drafts): final after its one verification step
 
 
 def _push(stream: _Stream, out: EngineOutput) -> None:
@@ -1376,6 +1377,7 @@ class TrtllmEngine:
             beam_width=request.sampling.beam_width,
             adapter=request.adapter,
             lora_resend=resend,
+            drafted=bool(drafts),
         )
         if self._must_wait(stream.beam_width) or self._lora_full(stream.adapter):
             stream.held = spec
@@ -1607,6 +1609,10 @@ class TrtllmEngine:
         if not result.is_final:
             return EngineOutput(stream.request_id, tokens, logprobs)
         reason_name = result.finish_reasons[0].name if result.finish_reasons else "NOT_FINISHED"
+        if stream.drafted and reason_name == "NOT_FINISHED":
+            # a request with draft tokens is final after its one verification step, with fewer tokens than its
+            # max_tokens (trtllm_drafts' docstring): no end of sequence, the draft loop goes on
+            reason_name = "LENGTH"
         tokens, reason = final_tokens_and_reason(
             tokens,
             reason_name,

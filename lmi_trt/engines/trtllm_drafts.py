@@ -15,6 +15,12 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
   counted as the leading draft tokens equal to the target's (``n_accept_token``). Where no n-gram matches, the
   example sends ``[end_id]`` as the one draft; lmi-trt sends no draft config at all, which runs the same iteration
   as plain decoding.
+* one step per request: tests/bindings/test_executor_bindings.py ``test_request_perf_metrics_draft`` (a 1.x crawl copy,
+  an engine built draft_tokens_external) sends ``ExternalDraftTokensConfig([2, 4, 9, 10])`` with ``max_tokens=5`` to
+  the prompt [1, 2, 3, 4] and gets a final result of [2, 4, 2] at iteration 0 ("Only first two tokens will be
+  accepted", acceptance rate 0.5): the request ends after its verification step, short of max_tokens. Its finish
+  reason was not read; the engine takes a final result without one (NOT_FINISHED) as the step's end, not the
+  sequence's (``_to_output``).
 * the binding: ``ExternalDraftTokensConfig(tokens, logits=None, acceptance_threshold=None, fast_logits=None)``
   (cpp/tensorrt_llm/pybind/executor/request.cpp and the nanobind copy, 1.x; a 0.x copy whose OutputConfig takes five
   flags binds (tokens, logits, acceptance_threshold) without fast_logits). lmi-trt sends tokens only.

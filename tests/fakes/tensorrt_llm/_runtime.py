@@ -45,8 +45,12 @@ tensorrt_llm/builder.py):
 * draft tokens (a request's ``external_draft_tokens_config``, on a draft_tokens_external engine): the context step
   reads the prompt and the drafts in one pass and, at each position, chooses the token the request's SamplingConfig
   chooses there, keeping drafts while they equal it and ending with its own token, so a greedy request's output is
-  the greedy one (cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp, acceptance by id without draft logits); later
-  steps of the request decode one token each. More drafts than the engine's max_draft_len fail it
+  the greedy one (cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp, acceptance by id without draft logits). The
+  request is final after that one step, with the accepted drafts and the target's token, whatever its max_tokens:
+  tests/bindings/test_executor_bindings.py ``test_request_perf_metrics_draft`` (a 1.x crawl copy) sends drafts
+  [2, 4, 9, 10] with max_tokens 5 and gets a final result of [2, 4, 2] at iteration 0. Its finish reason there was
+  not read: the fake says NOT_FINISHED (a final result without a reason), which the caller must not take for an end.
+  More drafts than the engine's max_draft_len fail it
   (trtGptModelInflightBatching.cpp: "Number of draft tokens (%d) is larger than maximum number of draft tokens
   (%d)"). Draft logits, drafts of sampled or log-prob requests and drafts beside lookahead are not modelled (the
   fake raises NotImplementedError).
@@ -617,7 +621,7 @@ class ExecutorImpl:
         """The context step of a request with draft tokens: the prompt and the drafts in one pass, then at each
         position the token the request's SamplingConfig chooses there (greedy: the argmax), keeping drafts while they
         equal it and ending with the target's own token (externalDraftTokensLayer.cpp, accepted by id without draft
-        logits); the KV cache keeps the prompt and the accepted drafts. More drafts than the engine's max_draft_len
+        logits); the request ends there (module docstring). More drafts than the engine's max_draft_len
         fail the request (trtGptModelInflightBatching.cpp verifyRequests' TLLM_CHECK, which fails the batch step
         there; the fake fails only this request)."""
         import torch
@@ -628,7 +632,7 @@ class ExecutorImpl:
                 f"Number of draft tokens ({len(drafts)}) is larger than maximum number of draft tokens ({most})"
             )
         self._lora.use(seq.lora)
-        res = self._model(input_ids=torch.tensor([seq.prompt + drafts]), use_cache=True)
+        res = self._model(input_ids=torch.tensor([seq.prompt + drafts]))
         positions = res.logits[0, len(seq.prompt) - 1 :].float()
         kept = 0
         for i in range(len(drafts) + 1):
@@ -642,12 +646,9 @@ class ExecutorImpl:
             if i == kept - 1:
                 continue
             break
-        # keep the prompt and the accepted drafts; the target's own token goes in next, as after any step
-        if kept < len(drafts):  # a negative crop drops from the end (transformers 4.x/5.x)
-            res.past_key_values.crop(-(len(drafts) - kept))
-        seq.past = res.past_key_values
-        self._forward(seq, [seq.generated[-1]])
-        return None
+        # The request ends with this one step (module docstring); its finish reason there was not read, and
+        # NOT_FINISHED is the one a client cannot mistake for an end of sequence by length.
+        return self._api.FinishReason.NOT_FINISHED
 
     def _advance(self, seq: _Seq, token: int, logprob: float):
         fr = self._api.FinishReason
