@@ -1,6 +1,6 @@
 """Speculative decoding on TensorRT-LLM's Executor over TensorRT engines: lookahead decoding on 1.0-1.2 (the tensorrt
 backend serves 0.12 and 1.0-1.2; 0.12 predates lookahead); draft tokens (n-gram, draft model) are
-``lmi_trt.engines.trtllm_drafts``'; every other method is refused at start-up, naming the key and why. Pure: the
+``lmi_trt.engines.trtllm_drafts``'s; every other method is refused at start-up, naming the key and why. Pure: the
 trtllm engine (``lmi_trt.engines.trtllm``) and the wiring (``lmi_trt.stages``) call these.
 
 What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, dated here by content):
