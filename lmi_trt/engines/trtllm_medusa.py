@@ -1,0 +1,175 @@
+"""Medusa on TensorRT-LLM's Executor over TensorRT engines: the tree of draft paths the Executor gets and what a
+request cannot ask beside it. Pure; the heads' conversion into the checkpoint is ``lmi_trt.compile.medusa``'s.
+
+What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
+
+* tensorrt_llm/llmapi/llm_args.py ``MedusaDecodingConfig`` (every copy read, from the one whose
+  ``DecodingBaseConfig.from_dict`` knows MTP, Medusa, Eagle and Lookahead only, to 1.x ones with
+  ``supports_backend``): members ``medusa_choices`` (a list of paths) and ``num_medusa_heads`` ("defaults to the
+  'medusa_num_heads' value from the Medusa model's config.json"), beside the base ``max_draft_len`` and
+  ``speculative_model``; ``supports_backend`` is ``backend not in ("pytorch", "_autodeploy")``. Its documented use
+  passes ``max_draft_len=63`` with the 63 paths of ``mc_sim_7b_63``: the engine's draft tokens hold the whole tree.
+* cpp/tensorrt_llm/executor/decodingConfig.cpp: Medusa choices need ``DecodingMode::Medusa()`` (the fake's
+  ``DecodingConfig`` models that check).
+* cpp/tensorrt_llm/layers/medusaDecodingLayer.cpp (crawl copy 015884d): the target's tokens are drawn by
+  ``invokeBatchTopKSampling`` with the request's top-k (default 1) -- "outputLogProbs are not supported" -- and the
+  longest draft path equal to them is accepted; each head's candidates are its top-k, k per path position.
+* the default tree ``mc_sim_7b_63``: FasterDecoding/Medusa medusa/model/medusa_choices.py (commit 5e98053, as
+  vllm-project/vllm's tree-attention tests cite it): 63 paths, depth up to 4, ranks up to 9. Every prefix of its
+  list is itself a tree (each path's parent comes before it), so lmi-trt cuts it to the engine's draft length and
+  the heads' depth when no choices are given: its own choice, said in the start-up log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmi_trt.engines.base import SAMPLING_FEATURES
+from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError
+
+MEDUSA_MODE = 4  # config.json's speculative_decoding_mode for medusa (modeling_utils.py SpeculativeDecodingMode)
+MEDUSA_MEMBERS = ("medusa_choices", "num_medusa_heads")
+
+MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
+    (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,),
+    (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1),
+    (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0),
+    (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0),
+    (0, 0, 0, 1), (1, 6), (0, 7, 0),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Medusa:
+    """What the Executor runs: the heads checkpoint, the tree of draft paths and the engine's draft length."""
+
+    heads_model: str
+    choices: tuple[tuple[int, ...], ...]
+    num_heads: int | None  # None: the heads' config.json decides (llm_args.py)
+    draft_len: int
+    key: str
+
+    def describe(self) -> str:
+        depth = max(len(path) for path in self.choices)
+        return f"Medusa ({len(self.choices)} draft paths up to {depth} deep; {self.draft_len} draft tokens a step)"
+
+
+def check_choices(raw: Any, key: str) -> tuple[tuple[int, ...], ...]:
+    """Pure: ``raw`` as a tree of paths (non-empty lists of ranks >= 0, each parent listed), else a SpeculationError."""
+    fix = "give a list of paths such as [[0], [0, 0], [1]], or leave it out for mc_sim_7b_63"
+    if not isinstance(raw, list | tuple) or not raw:
+        raise SpeculationError(key, raw, "must be a non-empty list of paths", fix)
+    tree: list[tuple[int, ...]] = []
+    for path in raw:
+        ok = isinstance(path, list | tuple) and path
+        if not ok or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in path):
+            raise SpeculationError(key, raw, f"path {path!r} is not a non-empty list of ranks >= 0", fix)
+        tree.append(tuple(path))
+    seen = set(tree)
+    if len(seen) != len(tree):
+        raise SpeculationError(key, raw, "repeats a path", fix)
+    for path in tree:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise SpeculationError(key, raw, f"path {list(path)} lacks its parent {list(path[:-1])}", fix)
+    return tuple(tree)
+
+
+def default_choices(draft_len: int, num_heads: int | None) -> tuple[tuple[int, ...], ...]:
+    """``mc_sim_7b_63``'s first paths that fit ``draft_len`` tokens and ``num_heads`` heads (every prefix is a tree)."""
+    fitting = [path for path in MC_SIM_7B_63 if num_heads is None or len(path) <= num_heads]
+    return tuple(fitting[:draft_len])
+
+
+def executor_medusa(spec: Speculation | None, max_beam_width: int) -> Medusa | None:
+    """Pure: the Medusa configuration ``spec`` asks of the Executor, or None when it asks for another method."""
+    if spec is None or spec.method != "medusa":
+        return None
+    key = spec.key("method")
+    if spec.draft_model is None:
+        raise SpeculationError(
+            key,
+            spec.method,
+            "Medusa needs its heads checkpoint",
+            f'name it: {JSON_KEY}.speculative_model_dir (or speculative_model, vLLM\'s "model", '
+            "option.speculative_draft_model), a folder with FasterDecoding/Medusa's medusa_lm_head.safetensors or .pt",
+        )
+    if spec.max_concurrency is not None:
+        raise SpeculationError(
+            spec.key("max_concurrency"),
+            spec.max_concurrency,
+            "is not a member of MedusaDecodingConfig (llm_args.py); it is the pytorch backend's",
+            "leave it out",
+        )
+    for member, value in spec.options.items():
+        if member not in MEDUSA_MEMBERS:
+            raise SpeculationError(
+                f"{JSON_KEY}.{member}",
+                value,
+                "is not a member of Medusa's configuration (llm_args.py MedusaDecodingConfig)",
+                f"use {', '.join(MEDUSA_MEMBERS)}, max_draft_len and speculative_model_dir, or leave it out",
+            )
+    num_heads = spec.options.get("num_medusa_heads")
+    if num_heads is not None and (not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1):
+        raise SpeculationError(f"{JSON_KEY}.num_medusa_heads", num_heads, "must be an integer >= 1", "fix or omit it")
+    if "medusa_choices" in spec.options:
+        choices = check_choices(spec.options["medusa_choices"], f"{JSON_KEY}.medusa_choices")
+        if len(choices) > spec.max_draft_len:
+            raise SpeculationError(
+                spec.key("max_draft_len"),
+                spec.max_draft_len,
+                f"the engine's draft tokens must hold every one of medusa_choices' {len(choices)} paths "
+                "(llm_args.py's example: max_draft_len=63 for mc_sim_7b_63's 63 paths)",
+                f"set max_draft_len to {len(choices)} or more",
+            )
+        if num_heads is not None and (deepest := max(map(len, choices))) > num_heads:
+            raise SpeculationError(
+                f"{JSON_KEY}.medusa_choices",
+                spec.options["medusa_choices"],
+                f"has a path {deepest} deep and num_medusa_heads={num_heads}: each step of a path is one head's",
+                "raise num_medusa_heads to the heads checkpoint's, or use shallower paths",
+            )
+    else:
+        choices = default_choices(spec.max_draft_len, num_heads)
+    if max_beam_width != 1:
+        raise SpeculationError(
+            "option.max_beam_width",
+            max_beam_width,
+            "Medusa accepts one draft path per request (medusaDecodingLayer.cpp acceptDraftTokens: the longest "
+            "accepted path); beam search does not run beside it",
+            "set option.max_beam_width=1, or leave speculative decoding out",
+        )
+    return Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key)
+
+
+def deepest_path_error(medusa: Medusa, heads: int) -> str | None:
+    """Why the heads checkpoint (``heads`` heads) cannot draft ``medusa``'s tree: a path deeper than its heads."""
+    deepest = max(len(path) for path in medusa.choices)
+    if deepest <= heads:
+        return None
+    return (
+        f"{JSON_KEY}.medusa_choices: a path is {deepest} deep and the heads checkpoint {medusa.heads_model} has "
+        f"{heads} heads (config.json medusa_num_heads); use paths up to {heads} deep"
+    )
+
+
+def decoding_config(tle: Any, medusa: Medusa) -> Any:
+    """The ExecutorConfig's ``decoding_config`` for ``medusa`` (decodingConfig.cpp: choices need the Medusa mode)."""
+    return tle.DecodingConfig(
+        decoding_mode=tle.DecodingMode.Medusa(), medusa_choices=[list(path) for path in medusa.choices]
+    )
+
+
+def medusa_refusals() -> dict[str, str]:
+    """Pure: request feature → why, for what the Executor does not do (or lmi-trt has not read) beside Medusa."""
+    unread = (
+        "not read beside Medusa in TensorRT-LLM's decoder (medusaDecodingLayer.cpp draws the target's tokens by top-k "
+        "only), so lmi-trt refuses it rather than assume; leave it out, or serve without speculation"
+    )
+    return {
+        **dict.fromkeys(("guided", "logit_bias", "sampling", *SAMPLING_FEATURES), unread),
+        "logprobs": "Medusa does not return log-probs (medusaDecodingLayer.cpp: 'outputLogProbs are not supported'); "
+        "leave them out, or serve without speculation",
+        "beam_search": "Medusa accepts one path per request, no beams; ask for 1 beam",
+    }

@@ -1,0 +1,98 @@
+"""Medusa on the Executor over TensorRT engines, as planned (lmi_trt.engines.trtllm_medusa): trtllm-serve's and
+vLLM's keys → the tree of draft paths, mc_sim_7b_63 cut to the engine's draft length when none is given, and the
+refusals, each naming the key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from trtllm_testing import fake_tensorrt_llm
+
+from lmi_trt.engines.trtllm_medusa import (
+    MC_SIM_7B_63,
+    check_choices,
+    decoding_config,
+    deepest_path_error,
+    default_choices,
+    executor_medusa,
+    medusa_refusals,
+)
+from lmi_trt.speculative import SpeculationError, resolve
+
+KEY = "option.speculative_config"
+
+
+def medusa(beams=1, **members):
+    return executor_medusa(
+        resolve({"decoding_type": "Medusa", "speculative_model_dir": "/heads", **members}, {}), beams
+    )
+
+
+def test_trtllm_serve_s_form():
+    plan = medusa(max_draft_len=3, num_medusa_heads=2, medusa_choices=[[0], [0, 0], [1]])
+    assert (plan.heads_model, plan.choices, plan.num_heads, plan.draft_len) == ("/heads", ((0,), (0, 0), (1,)), 2, 3)
+    assert plan.describe() == "Medusa (3 draft paths up to 2 deep; 3 draft tokens a step)"
+
+
+def test_vllm_s_form_gets_mc_sim_7b_63_cut_to_its_draft_length():
+    spec = resolve({"method": "medusa", "model": "/heads", "num_speculative_tokens": 5}, {})
+    assert executor_medusa(spec, 1).choices == ((0,), (0, 0), (1,), (0, 1), (2,))
+
+
+def test_the_default_tree_is_mc_sim_7b_63():
+    assert len(MC_SIM_7B_63) == 63 and max(map(len, MC_SIM_7B_63)) == 4
+    assert default_choices(63, None) == MC_SIM_7B_63
+    # every prefix is a tree, and a head count keeps the paths it can draft
+    assert all(check_choices([list(p) for p in MC_SIM_7B_63[:n]], "k") for n in range(1, 64))
+    assert max(map(len, default_choices(63, 2))) == 2
+
+
+def test_another_method_is_not_medusa():
+    assert executor_medusa(resolve({"decoding_type": "Lookahead"}, {}), 1) is None
+    assert executor_medusa(None, 1) is None
+
+
+@pytest.mark.parametrize(
+    ("members", "beams", "key", "why"),
+    [
+        ({"medusa_choices": [[0, 0]]}, 1, f"{KEY}.medusa_choices", "lacks its parent [0]"),
+        ({"medusa_choices": [[0], [0]]}, 1, f"{KEY}.medusa_choices", "repeats a path"),
+        ({"medusa_choices": [[-1]]}, 1, f"{KEY}.medusa_choices", "ranks >= 0"),
+        ({"medusa_choices": []}, 1, f"{KEY}.medusa_choices", "non-empty list"),
+        ({"medusa_choices": [[0], [1]], "max_draft_len": 1}, 1, f"{KEY}.max_draft_len", "every one of"),
+        ({"medusa_choices": [[0], [0, 0]], "num_medusa_heads": 1}, 1, f"{KEY}.medusa_choices", "2 deep"),
+        ({"num_medusa_heads": 0}, 1, f"{KEY}.num_medusa_heads", ">= 1"),
+        ({"eagle_choices": [[0]]}, 1, f"{KEY}.eagle_choices", "not a member of Medusa"),
+        ({}, 2, "option.max_beam_width", "one draft path per request"),
+    ],
+)
+def test_refusals_name_the_key(members, beams, key, why):
+    with pytest.raises(SpeculationError, match=re.escape(why)) as caught:
+        medusa(beams, **{"max_draft_len": 4, **members})
+    assert caught.value.key == key
+
+
+def test_medusa_without_its_heads_is_refused():
+    with pytest.raises(SpeculationError, match="Medusa needs its heads checkpoint"):
+        executor_medusa(resolve({"decoding_type": "Medusa", "max_draft_len": 4}, {}), 1)
+
+
+def test_a_path_deeper_than_the_heads_checkpoint():
+    plan = medusa(max_draft_len=4, medusa_choices=[[0], [0, 0], [0, 0, 0]])
+    assert "a path is 3 deep and the heads checkpoint /heads has 2 heads" in deepest_path_error(plan, 2)
+    assert deepest_path_error(plan, 3) is None
+
+
+def test_request_features_medusa_refuses():
+    refusals = medusa_refusals()
+    assert "outputLogProbs are not supported" in refusals["logprobs"]
+    assert {"sampling", "beam_search", "guided", "seed"} <= set(refusals)
+
+
+def test_the_executor_gets_the_medusa_mode_and_choices():
+    with fake_tensorrt_llm() as trt:
+        tle = trt.bindings.executor
+        config = decoding_config(tle, medusa(max_draft_len=2, medusa_choices=[[0], [1]]))
+        assert config.medusa_choices == [[0], [1]]
+        assert config.decoding_mode.isMedusa()
