@@ -32,7 +32,7 @@ each, for the messages of engines that do not).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -376,6 +376,19 @@ def _vllm_ngram_bounds(fields: dict[str, tuple[str, Any]]) -> None:
     elif high is None:
         high = (f"{JSON_KEY}.prompt_lookup_max", low[1])
     fields["min_matching_ngram_size"], fields["max_matching_ngram_size"] = low, high
+
+
+def refuse_other_members(spec: Speculation, members: Iterable[str], configuration: str) -> None:
+    """Refuses a speculative_config member outside ``members``, the ones ``configuration`` has."""
+    allowed = tuple(members)
+    for member, value in spec.options.items():
+        if member not in allowed:
+            raise SpeculationError(
+                f"{JSON_KEY}.{member}",
+                value,
+                f"is not a member of {configuration}",
+                f"use {', '.join(allowed)}, or leave it out",
+            )
 
 
 def not_here(spec: Speculation, engine: str, runs: tuple[str, ...]) -> SpeculationError:

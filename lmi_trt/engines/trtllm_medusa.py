@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmi_trt.engines.base import SAMPLING_FEATURES
-from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError
+from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, refuse_other_members
 
 MEDUSA_MODE = 4  # config.json's speculative_decoding_mode for medusa (modeling_utils.py SpeculativeDecodingMode)
 MEDUSA_MEMBERS = ("medusa_choices", "num_medusa_heads")
@@ -102,14 +102,7 @@ def executor_medusa(spec: Speculation | None, max_beam_width: int) -> Medusa | N
             "is not a member of MedusaDecodingConfig (llm_args.py); it is the pytorch backend's",
             "leave it out",
         )
-    for member, value in spec.options.items():
-        if member not in MEDUSA_MEMBERS:
-            raise SpeculationError(
-                f"{JSON_KEY}.{member}",
-                value,
-                "is not a member of Medusa's configuration (llm_args.py MedusaDecodingConfig)",
-                f"use {', '.join(MEDUSA_MEMBERS)}, max_draft_len and speculative_model_dir, or leave it out",
-            )
+    refuse_other_members(spec, MEDUSA_MEMBERS, "Medusa's configuration (llm_args.py MedusaDecodingConfig)")
     num_heads = spec.options.get("num_medusa_heads")
     if num_heads is not None and (not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1):
         raise SpeculationError(f"{JSON_KEY}.num_medusa_heads", num_heads, "must be an integer >= 1", "fix or omit it")

@@ -50,6 +50,7 @@ from lmi_trt.speculative import (
     Speculation,
     SpeculationError,
     lookahead_draft_len,
+    refuse_other_members,
 )
 
 LOOKAHEAD_SINCE = (0, 13)
@@ -129,14 +130,7 @@ def executor_lookahead(spec: Speculation | None, max_beam_width: int) -> Lookahe
                 "pytorch backend's)",
                 "leave it out",
             )
-    for member, value in spec.options.items():
-        if member not in LOOKAHEAD_MEMBERS:
-            raise SpeculationError(
-                f"{JSON_KEY}.{member}",
-                value,
-                "is not a member of lookahead decoding's configuration",
-                "use max_window_size, max_ngram_size and max_verification_set_size, or leave it out",
-            )
+    refuse_other_members(spec, LOOKAHEAD_MEMBERS, "lookahead decoding's configuration")
     sizes = {**LOOKAHEAD_MEMBERS, **spec.options}
     lookahead = Lookahead(
         sizes["max_window_size"], sizes["max_ngram_size"], sizes["max_verification_set_size"], spec.key("method")
