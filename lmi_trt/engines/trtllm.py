@@ -538,6 +538,8 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             facts.max_seq_len,
             settings.enable_kv_cache_reuse,
             facts.gather_context_logits,
+            min(n for n in (settings.max_num_tokens, facts.max_num_tokens) if n) if facts.max_num_tokens else None,
+            settings.enable_chunked_context,
         )
     if errors:
         raise TrtllmConfigError("; ".join(errors))

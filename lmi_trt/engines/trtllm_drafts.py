@@ -12,9 +12,12 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
   prompt_lookup_num_tokens + 1``, non-streaming, and appends what the target returned; it stops at the end id, at the
   length, or when nothing changed. ModelRunnerCpp turns each draft list into ``Request(external_draft_tokens_config=
   ExternalDraftTokensConfig(tokens, logits))`` (tensorrt_llm/runtime/model_runner_cpp.py). Accepted drafts are
-  counted as the leading draft tokens equal to the target's (``n_accept_token``). Where no n-gram matches, the
-  example sends ``[end_id]`` as the one draft; lmi-trt sends no draft config at all, which runs the same iteration
-  as plain decoding.
+  counted as the leading draft tokens equal to the target's (``n_accept_token``). lmi-trt's n-gram proposals
+  (``lmi_trt.ngram.NgramIndex``) approximate PLDPool, not match it: with ``is_keep_all`` PLDPool replaces a stored
+  continuation shorter than ``prompt_lookup_num_tokens`` by a later full-length one, where NgramIndex keeps the first
+  occurrence; PLDPool has no minimum n-gram size; and where no n-gram matches the example sends ``[end_id]`` as the
+  one draft, where lmi-trt sends no draft config at all (a plain iteration). Only the drafts differ: every draft is
+  verified by the target, so the output does not.
 * one step per request: tests/bindings/test_executor_bindings.py ``test_request_perf_metrics_draft`` (a 1.x crawl copy,
   an engine built draft_tokens_external) sends ``ExternalDraftTokensConfig([2, 4, 9, 10])`` with ``max_tokens=5`` to
   the prompt [1, 2, 3, 4] and gets a final result of [2, 4, 2] at iteration 0 ("Only first two tokens will be
@@ -24,10 +27,14 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
 * the binding: ``ExternalDraftTokensConfig(tokens, logits=None, acceptance_threshold=None, fast_logits=None)``
   (cpp/tensorrt_llm/pybind/executor/request.cpp and the nanobind copy, 1.x; a 0.x copy whose OutputConfig takes five
   flags binds (tokens, logits, acceptance_threshold) without fast_logits). lmi-trt sends tokens only.
-* acceptance: cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp (1.x copies) accepts drafts against the target
-  step's tokens and forwards the accepted ones plus the target's own next token; without draft logits the drafts are
-  compared by id with the target's choice, which for a greedy request (top-k 1) is its argmax, so the output is the
-  greedy one. trtGptModelInflightBatching.cpp ``verifyRequests`` (every 1.x copy read): "Can't use speculative
+* acceptance: cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp accepts drafts against the target step's tokens
+  and forwards the accepted ones plus the target's own next token; without draft logits the drafts are compared by
+  id with the target's choice (kernels/speculativeDecoding/externalDraftTokensKernels.cu: ``isAccepted =
+  targetOutputIds[batchSlot] == draftOutputTokenId``), which for a greedy request (top-k 1) is its argmax, so the
+  output is the greedy one. The only kernel copy read is a newer main one (it has FSD, ``fsdThreshold``), not a
+  1.0-1.2 tag; that the by-id branch is the same in 1.0-1.2 is assumed, not read. A GPU run of
+  tests/integration/test_trtllm_ngram_drafts.py's greedy-equality tests against each real release would confirm it.
+  trtGptModelInflightBatching.cpp ``verifyRequests`` (every 1.x copy read): "Can't use speculative
   decoding with beam search."; llmRequest.cpp ``LlmRequest::validate`` (1.x copies) fails a request with more drafts
   than the engine's max_draft_len ("Draft tokens length (%d) exceeds maximum draft tokens length (%d)."), so the
   loop never proposes more than the engine's draft length.
@@ -250,6 +257,8 @@ def engine_draft_errors(
     max_seq_len: int,
     reuse: bool,
     context_logits: bool,
+    max_num_tokens: int | None = None,
+    chunked_context: bool = False,
 ) -> list[str]:
     """Pure: why an engine (config.json's build_config) cannot serve ``drafts`` with block reuse ``reuse``
     (option.enable_kv_cache_reuse; paged context FMHA, which reuse needs, is checked beside it in
@@ -269,6 +278,16 @@ def engine_draft_errors(
             f"{drafts.key}={drafts.method}: the engine's build_config.gather_context_logits is true, and TensorRT-LLM "
             "1.x turns KV-cache block reuse off for it (fixExecutorConfig: 'Context logits cannot be returned for "
             f"reused tokens'), then {REUSE_CHECK}; rebuild it without --gather_context_logits"
+        )
+    if max_num_tokens is not None and max_num_tokens < max_seq_len - 1 and not chunked_context:
+        # cpp/tensorrt_llm/batch_manager/trtGptModel.h (NVIDIA/TensorRT-LLM): without chunked context "maxInputLen =
+        # min(maxSequenceLen - 1, maxNumTokens)", and LlmRequest::validate throws "Prompt length (%d) exceeds maximum
+        # input length (%d)" above it; each draft iteration's input reaches max_seq_len - 1
+        errors.append(
+            f"{drafts.key}={drafts.method}: the engine's max_num_tokens={max_num_tokens} is below max_seq_len - 1 = "
+            f"{max_seq_len - 1}, which each draft iteration's input reaches (the prompt plus the tokens so far), and "
+            "without chunked context TensorRT-LLM caps the input at max_num_tokens; set "
+            "option.enable_chunked_context=true, or rebuild with max_num_tokens ≥ max_seq_len - 1"
         )
     if built_draft_len < drafts.draft_len:
         errors.append(

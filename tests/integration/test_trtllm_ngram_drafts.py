@@ -254,6 +254,11 @@ def test_what_the_executor_needs_for_block_reuse_is_a_start_up_error_naming_it(t
     logits = drafts_engine(tmp_path / "logits", gather_context_logits=True)
     with pytest.raises(TrtllmConfigError, match=r"build_config.gather_context_logits is true"):
         TrtllmEngine(logits, drafting(), eos_token_ids=[2])
+    # trtGptModel.h: without chunked context the input is capped at max_num_tokens, below what iterations resend
+    few = drafts_engine(tmp_path / "few", max_num_tokens=64)
+    with pytest.raises(TrtllmConfigError, match=r"max_num_tokens=64 is below max_seq_len - 1 = 159.*enable_chunked"):
+        TrtllmEngine(few, drafting(), eos_token_ids=[2])
+    TrtllmEngine(few, drafting(enable_chunked_context=True), eos_token_ids=[2])
 
 
 async def test_a_draft_model_starts_first_on_the_copys_gpus_and_refuses_parallelism(trt, tmp_path, other_draft, caplog):
