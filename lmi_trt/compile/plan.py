@@ -402,11 +402,16 @@ def resolve_plugins(
     if opts.enable_kv_cache_reuse or drafts:
         reuse_key = "option.enable_kv_cache_reuse" if opts.enable_kv_cache_reuse else opts.speculative_key
         reuse_value = True if opts.enable_kv_cache_reuse else opts.speculative_method
+        needs_it = (
+            f"{reuse_key} needs it"
+            if opts.enable_kv_cache_reuse
+            else f"{reuse_key}={reuse_value}: draft tokens need KV-cache block reuse, which needs it"
+        )
         if opts.use_paged_context_fmha is False:
             raise PlanError(
                 "option.use_paged_context_fmha",
                 False,
-                f"{reuse_key} needs KV-cache block reuse, which needs it (tensorrtllm_backend#271)",
+                f"{needs_it} (tensorrtllm_backend#271)",
                 f"Remove option.use_paged_context_fmha=false or {reuse_key}",
             )
         if gpu.sm < 80:
@@ -425,10 +430,7 @@ def resolve_plugins(
                 f"Remove {reuse_key} or use a quantization without INT8 KV",
             )
         if not paged_context:
-            notes.append(
-                f"use_paged_context_fmha forced on: {reuse_key} needs KV-cache reuse, which needs it "
-                "(tensorrtllm_backend#271)"
-            )
+            notes.append(f"use_paged_context_fmha forced on: {needs_it} (tensorrtllm_backend#271)")
         paged_context = True
     fp8 = quant.quant_algo == "FP8" or quant.kv_cache_quant_algo == "FP8"
     if opts.use_fp8_context_fmha:
