@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import io
 import json
 import pstats
@@ -57,21 +58,27 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, profile: in
     await engine.start()
     backend = engine._backend
     assert type(backend).__name__ == "DecodeLoopBackend", engine.batching
-    spent = {"launch_s": 0.0, "emit_s": 0.0, "emits": 0}
+    # Per phase of a decode step: wall seconds (with waits for the GIL, which the event loop holds while it
+    # turns outputs into responses) and the loop thread's own CPU seconds; and how many steps.
+    spent = {phase: [0.0, 0.0, 0] for phase in ("plan", "launch", "emit")}
     profiling: list[cProfile.Profile] = []  # set once the warm-up is over
 
-    def launch_decode(rows, real=backend._launch_decode):
-        started = time.perf_counter()
-        out = real(rows)
-        spent["launch_s"] += time.perf_counter() - started
-        return out
+    def timed(phase: str, real, decode_only):
+        def call(arg):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            out = real(arg)
+            if decode_only(arg, out):
+                record = spent[phase]
+                record[0] += time.perf_counter() - wall
+                record[1] += time.thread_time() - cpu
+                record[2] += 1
+            return out
 
-    def emit(launch, real=backend._emit):
-        started = time.perf_counter()
-        real(launch)
-        if len(launch.rows) >= len(backend._rows) // 2:  # a decode step's, not a prefill's few rows
-            spent["emit_s"] += time.perf_counter() - started
-            spent["emits"] += 1
+        return call
+
+    def plan(real=backend._plan):
+        backend._reap()
+        return real()
 
     def iterate(real=backend._iterate):
         if not profiling:
@@ -83,14 +90,27 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, profile: in
             profiling[0].disable()
 
     backend._decode_step = lambda *args, **kwargs: None  # the device's work: a graph replay on a GPU
-    backend._launch_decode, backend._emit, backend._iterate = launch_decode, emit, iterate
+    decode_launches: set[int] = set()
+    decode_rows = [0]
+
+    def launched(rows, out) -> bool:
+        decode_launches.add(id(out))
+        decode_rows[0] += len(rows)
+        return True
+
+    # _plan reaps first (the loop's own _reap then finds nothing to do): plan_s's two parts, timed as one.
+    backend._plan = functools.partial(timed("plan", lambda _: plan(), lambda _, step: not step.chunks), None)
+    backend._launch_decode = timed("launch", backend._launch_decode, launched)
+    backend._emit = timed("emit", backend._emit, lambda launch, _: id(launch) in decode_launches)
+    backend._iterate = iterate
     batch = [[1] + [(7 * i + j) % 500 + 3 for j in range(prompt - 1)] for i in range(n)]
     try:
         await asyncio.gather(*(stream(engine, f"w{i}", ids, 4) for i, ids in enumerate(batch)))
         if profile:
             profiling.append(cProfile.Profile())
-        for key in spent:
-            spent[key] = 0 * spent[key]
+        for record in spent.values():
+            record[:] = [0.0, 0.0, 0]
+        decode_rows[0] = 0
         before = dict(backend.counters)
         t0 = time.perf_counter()
         got = await asyncio.gather(*(stream(engine, f"r{i}", ids, tokens) for i, ids in enumerate(batch)))
@@ -99,27 +119,20 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, profile: in
         await engine.close()
     counters = {k: backend.counters[k] - before[k] for k in before}
     steps = counters["decode_steps"]
-    rows = counters["decode_rows"] / max(1, steps + counters["mixed_steps"])
-
-    def us(total: float, count: int) -> float:
-        return round(1e6 * total / max(1, count), 1)
-
+    rows = decode_rows[0] / max(1, spent["launch"][2])
     result = {
         "streams": n,
         "tokens": sum(got),
         "seconds": round(seconds, 3),
         "decode_steps": steps,
         "prefill_steps": counters["prefill_steps"],
-        "rows_per_step": round(rows, 1),
-        "us_per_decode_step": {
-            "plan": us(counters["plan_s"], steps + counters["prefill_steps"]),
-            "launch": us(spent["launch_s"], steps),
-            "emit": us(spent["emit_s"], spent["emits"]),
-        },
+        "rows_per_decode_step": round(rows, 1),
     }
-    per = result["us_per_decode_step"]
-    per["total"] = round(per["plan"] + per["launch"] + per["emit"], 1)
-    result["us_per_row"] = {k: round(v / max(1.0, rows), 3) for k, v in per.items()}
+    for i, clock in enumerate(("wall", "cpu")):
+        per = {phase: round(1e6 * record[i] / max(1, record[2]), 1) for phase, record in spent.items()}
+        per["total"] = round(sum(per.values()), 1)
+        result[f"{clock}_us_per_decode_step"] = per
+        result[f"{clock}_us_per_row"] = {k: round(v / max(1.0, rows), 3) for k, v in per.items()}
     if profiling:
         text = io.StringIO()
         pstats.Stats(profiling[0], stream=text).sort_stats("tottime").print_stats(profile)
