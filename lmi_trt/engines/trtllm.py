@@ -4,7 +4,8 @@ Data path: ``engine_dir`` (``config.json`` + one plan per rank) → ``EngineFact
 ``check_settings`` (what the engine cannot honour is an error, never a silent clip) →
 ``tensorrt_llm.bindings.executor.Executor`` with in-flight batching → one response-pump thread
 that calls ``await_responses`` and hands each batch of results to the event loop in one call,
-where they go to per-request streams (a consumer that fell behind reads what queued up as one delta).
+where they go to per-request streams (a consumer that fell behind reads what queued up as one delta) or,
+behind the engine link (``BatchedEngine``), to its ``OutputSink`` in one call per batch, with no task per request.
 
 Supported TensorRT-LLM releases: 0.12 and 1.0–1.2 (README "Supported TensorRT-LLM releases"). Where they differ:
 * 0.12's ``Request`` is keyword-only after the prompt; 1.x takes ``max_tokens`` positionally. We
@@ -62,6 +63,7 @@ from lmi_trt.engines.base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    OutputSink,
     SamplingParams,
     can,
     cannot,
@@ -1018,6 +1020,7 @@ class _Stream:
     cancelled: bool = False
     done: bool = False
     drafted: bool = False  # sent with draft tokens (trtllm_drafts): final after its one verification step
+    sunk: bool = False  # its outputs go to the engine's sink (TrtllmEngine.submit_to_sink), not to ``pending``
 
 
 def _push(stream: _Stream, out: EngineOutput) -> None:
@@ -1114,6 +1117,9 @@ class TrtllmEngine:
         self._owned_scratch: Path | None = None
         self._streams: dict[int, _Stream] = {}  # by executor request id
         self._by_request_id: dict[str, _Stream] = {}
+        self._sink: OutputSink | None = None
+        self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop (one await_responses batch)
+        self._relays: set[asyncio.Task[None]] = set()  # sink requests that need ``submit``'s own work
         # Requests held back because their beam width differs from the running ones' (see _must_wait),
         # and how many running-width requests went ahead of them since the last switch.
         self._held: list[_Stream] = []
@@ -1353,6 +1359,41 @@ class TrtllmEngine:
         finally:
             self._draft_loops.pop(rid, None)
 
+    # -- BatchedEngine (base.py): the engine's process of several front ends (serving/engine_link.py) ----------
+
+    def attach(self, sink: OutputSink) -> None:
+        self._sink = sink
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        """A request goes straight to the Executor as a stream whose outputs ``_deliver`` hands to the sink, each
+        ``await_responses`` batch's together; one that needs ``submit``'s own work (the draft loop's iterations,
+        compiling a grammar off the loop) is relayed from it by a task."""
+        assert self._sink is not None, "attach() a sink first"
+        if self.settings.drafts is not None or request.sampling.guided is not None:
+            task = asyncio.get_running_loop().create_task(self._relay(self.submit(request)))
+            self._relays.add(task)
+            task.add_done_callback(self._relays.discard)
+            return
+        stream = self._enqueue(request, sunk=True)
+        if isinstance(stream, EngineOutput):
+            self._sink.put([stream])
+
+    async def _relay(self, outputs: AsyncIterator[EngineOutput]) -> None:
+        async for out in outputs:
+            self._sink.put([out])  # type: ignore[union-attr]
+
+    def _deliver(self, stream: _Stream, out: EngineOutput) -> None:
+        if not stream.sunk:
+            _push(stream, out)
+            return
+        self._sunk.append(out)  # to the sink, with the other outputs of this turn of the loop
+        if len(self._sunk) == 1:
+            asyncio.get_running_loop().call_soon(self._put_sunk)
+
+    def _put_sunk(self) -> None:
+        outs, self._sunk = self._sunk, []
+        self._sink.put(outs)  # type: ignore[union-attr]
+
     def verify_drafts(self, request: GenerationRequest, drafts: list[int]) -> AsyncIterator[EngineOutput]:
         """One Executor request carrying ``drafts`` as its ExternalDraftTokensConfig (none: a plain request), for
         ``trtllm_drafts.draft_loop``."""
@@ -1384,7 +1425,9 @@ class TrtllmEngine:
             if not stream.done:  # the consumer went away (client disconnect): free the slot
                 self._cancel_stream(stream)
 
-    def _enqueue(self, request: GenerationRequest, drafts: tuple[int, ...] = ()) -> _Stream | EngineOutput:
+    def _enqueue(
+        self, request: GenerationRequest, drafts: tuple[int, ...] = (), sunk: bool = False
+    ) -> _Stream | EngineOutput:
         rid = request.request_id
         if not self._healthy or self._executor is None:
             return error_output(rid, "the TensorRT-LLM engine is not running", 503)
@@ -1422,6 +1465,7 @@ class TrtllmEngine:
             adapter=request.adapter,
             lora_resend=resend,
             drafted=bool(drafts),
+            sunk=sunk,
         )
         if self._must_wait(stream.beam_width) or self._lora_full(stream.adapter):
             stream.held = spec
@@ -1527,7 +1571,7 @@ class TrtllmEngine:
         if stream.exec_id is not None:
             self._streams.pop(stream.exec_id, None)
         self._by_request_id.pop(stream.request_id, None)
-        _push(stream, out)
+        self._deliver(stream, out)
         self._release_held()
 
     # ------------------------------------------------------------------ LoRA adapters (AdapterHost)
@@ -1635,7 +1679,7 @@ class TrtllmEngine:
             if out.finished:
                 self._finish(stream, out)
             else:
-                _push(stream, out)
+                self._deliver(stream, out)
 
     def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
         if stream.beam_width > 1 and result.is_final:
