@@ -1119,7 +1119,6 @@ class TrtllmEngine:
         self._by_request_id: dict[str, _Stream] = {}
         self._sink: OutputSink | None = None
         self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop (one await_responses batch)
-        self._relays: set[asyncio.Task[None]] = set()  # sink requests that need ``submit``'s own work
         # Requests held back because their beam width differs from the running ones' (see _must_wait),
         # and how many running-width requests went ahead of them since the last switch.
         self._held: list[_Stream] = []
@@ -1364,23 +1363,17 @@ class TrtllmEngine:
     def attach(self, sink: OutputSink) -> None:
         self._sink = sink
 
+    def sinks(self, request: GenerationRequest) -> bool:
+        """Not one that needs ``submit``'s own work: the draft loop's iterations, compiling a grammar off the loop."""
+        return self.settings.drafts is None and request.sampling.guided is None
+
     def submit_to_sink(self, request: GenerationRequest) -> None:
-        """A request goes straight to the Executor as a stream whose outputs ``_deliver`` hands to the sink, each
-        ``await_responses`` batch's together; one that needs ``submit``'s own work (the draft loop's iterations,
-        compiling a grammar off the loop) is relayed from it by a task."""
+        """Straight to the Executor as a stream whose outputs ``_deliver`` hands to the sink, each ``await_responses``
+        batch's together."""
         assert self._sink is not None, "attach() a sink first"
-        if self.settings.drafts is not None or request.sampling.guided is not None:
-            task = asyncio.get_running_loop().create_task(self._relay(self.submit(request)))
-            self._relays.add(task)
-            task.add_done_callback(self._relays.discard)
-            return
         stream = self._enqueue(request, sunk=True)
         if isinstance(stream, EngineOutput):
             self._sink.put([stream])
-
-    async def _relay(self, outputs: AsyncIterator[EngineOutput]) -> None:
-        async for out in outputs:
-            self._sink.put([out])  # type: ignore[union-attr]
 
     def _deliver(self, stream: _Stream, out: EngineOutput) -> None:
         if not stream.sunk:

@@ -309,9 +309,8 @@ def release_error(drafts: ExternalDrafts | None, version: str, series: tuple[int
         return None
     return (
         f"{drafts.key}={drafts.method}: draft tokens on TensorRT-LLM {version}'s Executor are not verified here "
-        "(module "
-        "lmi_trt.engines.trtllm_drafts: its examples are read on the 1.x line only); use a 1.x image, or leave "
-        "speculative decoding out"
+        "(module lmi_trt.engines.trtllm_drafts: its examples are read on the 1.x line only); use a 1.x image, or "
+        "leave speculative decoding out"
     )
 
 
