@@ -25,6 +25,13 @@ cost      — a fixed, paced load (the synthetic engine at ``--rate`` tokens/s p
 
     python benchmarks/frontends.py cost --counts 1,2 -c 64 --rate 50 --duration 10
 
+            ``--engine trtllm`` (the fake Executor over an engine folder built from the tiny test model) or
+            ``--engine llmapi`` (the fake LLM API on that model) instead: the fake TensorRT-LLM of tests/fakes, which
+            really runs the model on the CPU (unpaced: ``--rate`` does not apply), so the engine's figure is the
+            model's cost plus the serving path's; compare it before and after a change on the same host.
+
+    python benchmarks/frontends.py cost --engine trtllm --counts 2 -c 8 --duration 20
+
 Each starts one `lmi-trt serve` per front-end count (a free port, /ping 200, SIGTERM at the end) and runs
 `lmi-trt bench --url` against it for every stream count (and, on the GPU, API).
 """
@@ -49,11 +56,11 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 
 @contextlib.contextmanager
-def serving(serve_args: list[str], work: Path) -> Iterator[tuple[str, int]]:
+def serving(serve_args: list[str], work: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
     """`lmi-trt serve ARGS` (tests/cliserver.py's: a free port, /ping 200, SIGTERM at the end); (its URL, its pid)."""
     from cliserver import serve
 
-    with serve(" ".join(serve_args).split(), work, ready_timeout=900.0) as server:
+    with serve(" ".join(serve_args).split(), work, env=env, ready_timeout=900.0) as server:
         yield server.url, server.proc.pid
 
 
@@ -154,6 +161,43 @@ def _cpu(proc) -> float:
     return t.user + t.system
 
 
+# The fake TensorRT-LLM engines' sizes (cost --engine trtllm/llmapi): prompts and outputs of the bench's sizes fit.
+FAKE_OUTPUT_TOKENS = 64
+FAKE_SEQ_LEN = 160
+
+
+def _engine_args(args: argparse.Namespace, model: Path, work: Path, streams: int) -> tuple[list[str], dict | None]:
+    """The serve arguments and environment of cost's engine: the paced synthetic one, or a fake TensorRT-LLM's."""
+    if args.engine == "synthetic":
+        return [
+            "--engine synthetic",
+            f"--model-id {model}",
+            f"-o option.synthetic_tokens_per_second={args.rate}",
+        ], None
+    from trtllm_testing import fake_server_env, fake_tensorrt_llm, make_engine_dir
+
+    sizes = [
+        f"-o option.max_input_len={FAKE_SEQ_LEN - FAKE_OUTPUT_TOKENS}",
+        f"-o option.max_output_len={FAKE_OUTPUT_TOKENS}",
+    ]
+    site = work / "site"
+    site.mkdir(exist_ok=True)
+    env = fake_server_env(site)
+    if args.engine == "llmapi":
+        return ["--engine trtllm", f"--model-id {model}", *sizes], env
+    engine_dir = work / "engine"
+    if not engine_dir.exists():
+        with fake_tensorrt_llm():
+            make_engine_dir(
+                model,
+                engine_dir,
+                max_batch_size=streams,
+                max_input_len=FAKE_SEQ_LEN - FAKE_OUTPUT_TOKENS,
+                max_seq_len=FAKE_SEQ_LEN,
+            )
+    return ["--engine trtllm", f"--model-id {engine_dir}", f"-o option.tokenizer_id={model}", *sizes], env
+
+
 def cost(args: argparse.Namespace) -> dict:
     import psutil
     from tinymodels import tiny_model
@@ -162,15 +206,15 @@ def cost(args: argparse.Namespace) -> dict:
     rows = []
     work = Path(tempfile.mkdtemp(prefix="frontends-cost-"))
     streams = max(args.concurrency)
+    output_tokens = 256 if args.engine == "synthetic" else FAKE_OUTPUT_TOKENS
     for n in args.counts:
+        engine_args, env = _engine_args(args, model, work, streams)
         serve_args = [
-            "--engine synthetic",
-            f"--model-id {model}",
-            f"-o option.synthetic_tokens_per_second={args.rate}",
+            *engine_args,
             f"-o option.max_rolling_batch_size={streams}",
             f"-o option.api_server_count={n}",
         ]
-        with serving(serve_args, work) as server:
+        with serving(serve_args, work, env) as server:
             engine = psutil.Process(server[1])
             procs = {"engine": engine}
             if n > 1:  # the front ends (multiprocessing's spawn: children named by their command line)
@@ -186,14 +230,20 @@ def cost(args: argparse.Namespace) -> dict:
                     "--duration",
                     str(args.duration),
                     "--output-tokens",
-                    "256",
+                    str(output_tokens),
                     "--client-procs",
                     str(args.client_procs or 1),
+                    *(
+                        []
+                        if args.engine == "synthetic"
+                        else ["--tokenizer", str(model), "--prompt-tokens", "32", "--ignore-eos"]
+                    ),
                 ],
             )
             used = {k: _cpu(p) - before[k] for k, p in procs.items()}
         tokens = level["output_tokens"]
         row = {
+            "engine": args.engine,
             "frontends": n,
             "streams": streams,
             "tok_s": _tok_s(level),
@@ -426,6 +476,12 @@ def main() -> None:
         help="load-generator processes (lmi-trt bench; cost: 1); default as many as N, 4 at least, within the cores",
     )
     ap.add_argument("--rate", type=float, default=50.0, help="cost: the synthetic engine's tokens/s per stream")
+    ap.add_argument(
+        "--engine",
+        default="synthetic",
+        choices=("synthetic", "trtllm", "llmapi"),
+        help="cost: the engine (trtllm: the fake Executor; llmapi: the fake LLM API; tests/fakes)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.counts = [int(x) for x in args.counts.split(",")]

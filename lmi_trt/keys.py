@@ -933,6 +933,16 @@ class LmiConfig(BaseModel):
             aliases=("option.free_gpu_memory_fraction",),  # DJL: KvCacheConfig(free_gpu_memory_fraction=)
         ),
     ] = KV_CACHE_FREE_GPU_MEM_FRACTION
+    draft_kv_cache_free_gpu_mem_fraction: Annotated[
+        float | None,
+        KeySpec(
+            "option.draft_kv_cache_free_gpu_mem_fraction",
+            _number(above=0, at_most=1, example=0.2),
+            "trtllm tensorrt backend with option.speculative_draft_model (required there): share of free GPU memory "
+            "given to the draft engine's KV cache; the draft's Executor starts first, then the model's takes "
+            "option.kv_cache_free_gpu_mem_fraction of what is left",
+        ),
+    ] = None
     max_tokens_in_paged_kv_cache: Annotated[
         int | None,
         KeySpec(

@@ -58,7 +58,7 @@ from lmi_trt.engines.registry import (
 )
 from lmi_trt.engines.synthetic import SyntheticEngine
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
-from lmi_trt.engines.trtllm_drafts import executor_drafts
+from lmi_trt.engines.trtllm_drafts import block_reuse, executor_drafts, with_draft_memory
 from lmi_trt.engines.trtllm_speculation import executor_lookahead
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
@@ -213,11 +213,21 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 def executor_settings(config: LmiConfig) -> TrtllmSettings:
     """The Executor's settings: with speculative decoding, n-gram draft tokens (trtllm_drafts) or lookahead decoding's
     (W, N, G); any other method is refused there, naming the key (reading it here makes the refusal this one rather
-    than refuse_ignored's)."""
+    than refuse_ignored's). Draft tokens turn KV-cache block reuse on when option.enable_kv_cache_reuse is unset
+    (trtllm_drafts.block_reuse: the Executor requires it); a draft model needs its engine's share of GPU memory
+    (trtllm_drafts.with_draft_memory), and runs both Executors in orchestrator mode (TrtllmEngine._drafter)."""
     spec = speculation(config)
-    drafts = executor_drafts(spec, config.max_beam_width)
+    drafts = with_draft_memory(
+        executor_drafts(spec, config.max_beam_width), config.draft_kv_cache_free_gpu_mem_fraction
+    )
     lookahead = executor_lookahead(spec, config.max_beam_width) if drafts is None else None
-    return trtllm_settings(config).model_copy(update={"lookahead": lookahead, "drafts": drafts})
+    reuse = block_reuse(drafts, config.is_given("enable_kv_cache_reuse"), config.enable_kv_cache_reuse)
+    # two Executors in one process: both in orchestrator mode, as examples/prompt_lookup/run_dtm_pld.py builds its
+    # draft and target runners (ModelRunnerCpp is_orchestrator_mode=True)
+    orchestrator = drafts is not None and drafts.method == "draft_model"
+    return trtllm_settings(config).model_copy(
+        update={"lookahead": lookahead, "drafts": drafts, "enable_kv_cache_reuse": reuse, "orchestrator": orchestrator}
+    )
 
 
 # Options whose DJL default differs from the LLM API's (TorchLlmArgs: block reuse on, GUARANTEED_NO_EVICT, 0.9 of

@@ -346,8 +346,9 @@ def rope_scaled_positions(max_position_embeddings: int, scaling: dict[str, Any] 
 
 
 def resolve_max_num_tokens(
-    opts: CompileOptions, max_batch_size: int, max_seq_len: int, paged_context_fmha: bool
+    opts: CompileOptions, max_batch_size: int, max_seq_len: int, max_input_len: int, paged_context_fmha: bool
 ) -> tuple[int, list[str]]:
+    """Pure: the engine's max_num_tokens, against the planned ``max_input_len`` (raised for draft tokens)."""
     notes: list[str] = []
     ceiling = max_batch_size * max_seq_len
     if opts.max_num_tokens is not None:
@@ -361,19 +362,19 @@ def resolve_max_num_tokens(
                 f"Set option.max_num_tokens ≤ {ceiling}, or raise option.max_rolling_batch_size or the max lengths",
             )
     else:
-        value = min(max(DEFAULT_MAX_NUM_TOKENS, opts.max_input_len), ceiling)
+        value = min(max(DEFAULT_MAX_NUM_TOKENS, max_input_len), ceiling)
         notes.append(
             f"max_num_tokens={value} (default: max({DEFAULT_MAX_NUM_TOKENS}, max_input_len), at most "
             f"max_batch_size × max_seq_len)"
         )
-    if value < opts.max_input_len:
+    if value < max_input_len:
         if not paged_context_fmha:
             raise PlanError(
                 "option.max_num_tokens",
                 value,
-                f"is below max_input_len={opts.max_input_len}; longer prompts need chunked context, "
+                f"is below max_input_len={max_input_len}; longer prompts need chunked context, "
                 "which needs use_paged_context_fmha (not available here)",
-                f"Set option.max_num_tokens ≥ {opts.max_input_len}",
+                f"Set option.max_num_tokens ≥ {max_input_len}",
             )
         notes.append(
             f"prompts longer than max_num_tokens={value} are processed in chunks: serve with chunked context enabled"
@@ -396,33 +397,40 @@ def resolve_plugins(
             f"paged context FMHA needs compute capability 8.0+ ({gpu.name} is {gpu.sm / 10:.1f})",
             "Remove option.use_paged_context_fmha",
         )
-    if opts.enable_kv_cache_reuse:
+    # draft tokens: the Executor requires block reuse on a draft_tokens_external engine (lmi_trt.engines.trtllm_drafts)
+    drafts = opts.speculative_decoding_mode == "draft_tokens_external"
+    if opts.enable_kv_cache_reuse or drafts:
+        reuse_key = "option.enable_kv_cache_reuse" if opts.enable_kv_cache_reuse else opts.speculative_key
+        reuse_value = True if opts.enable_kv_cache_reuse else opts.speculative_method
+        needs_it = (
+            f"{reuse_key} needs it"
+            if opts.enable_kv_cache_reuse
+            else f"{reuse_key}={reuse_value}: draft tokens need KV-cache block reuse, which needs it"
+        )
         if opts.use_paged_context_fmha is False:
             raise PlanError(
                 "option.use_paged_context_fmha",
                 False,
-                "option.enable_kv_cache_reuse needs it (tensorrtllm_backend#271)",
-                "Remove option.use_paged_context_fmha=false or option.enable_kv_cache_reuse",
+                f"{needs_it} (tensorrtllm_backend#271)",
+                f"Remove option.use_paged_context_fmha=false or {reuse_key}",
             )
         if gpu.sm < 80:
             raise PlanError(
-                "option.enable_kv_cache_reuse",
-                True,
+                reuse_key,
+                reuse_value,
                 f"KV-cache reuse needs paged context FMHA, which needs compute capability 8.0+ "
                 f"({gpu.name} is {gpu.sm / 10:.1f}; TRT-LLM#1671)",
-                "Remove option.enable_kv_cache_reuse",
+                f"Remove {reuse_key}",
             )
         if quant.kv_cache_quant_algo == "INT8":
             raise PlanError(
-                "option.enable_kv_cache_reuse",
-                True,
+                reuse_key,
+                reuse_value,
                 "KV-cache reuse does not work with an INT8 KV cache (TRT-LLM#2166)",
-                "Remove option.enable_kv_cache_reuse or use a quantization without INT8 KV",
+                f"Remove {reuse_key} or use a quantization without INT8 KV",
             )
         if not paged_context:
-            notes.append(
-                "use_paged_context_fmha forced on: option.enable_kv_cache_reuse needs it (tensorrtllm_backend#271)"
-            )
+            notes.append(f"use_paged_context_fmha forced on: {needs_it} (tensorrtllm_backend#271)")
         paged_context = True
     fp8 = quant.quant_algo == "FP8" or quant.kv_cache_quant_algo == "FP8"
     if opts.use_fp8_context_fmha:
@@ -573,6 +581,9 @@ LOOKAHEAD_SINCE = Version("0.13.0")
 # n-gram draft tokens (draft_tokens_external engines): the 1.x releases (lmi_trt.engines.trtllm_drafts).
 DRAFTS_SINCE = Version("1.0.0")
 LOOKAHEAD_MIN_SM = 80
+# examples/draft_target_model/README.md "Support Matrix: GPU Compute Capability >= 8.0 (Ampere or newer)"; the block
+# reuse the Executor requires for draft tokens needs paged context FMHA, 8.0+ as well.
+DRAFTS_MIN_SM = 80
 
 
 def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> None:
@@ -604,6 +615,14 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
                 opts.max_beam_width,
                 'draft tokens run one beam (TensorRT-LLM: "Can\'t use speculative decoding with beam search.")',
                 "set option.max_beam_width=1, or leave speculative decoding out",
+            )
+        if gpu.sm < DRAFTS_MIN_SM:
+            raise PlanError(
+                key,
+                opts.speculative_method,
+                f"draft tokens need compute capability 8.0 or newer (examples/draft_target_model/README.md, Support "
+                f"Matrix), and {gpu.name} is {gpu.sm // 10}.{gpu.sm % 10}",
+                "leave speculative decoding out on this GPU",
             )
         return
     if mode != "lookahead_decoding":
@@ -672,6 +691,7 @@ def _make_plan(
             f"{quant.quant_algo} engines compute in float16 or bfloat16",
             "Use option.dtype=fp16 or bf16 with option.quantize",
         )
+    check_speculative(opts, version, gpu)  # before the plugins: its refusals name the speculation key
     plugins, more = resolve_plugins(opts, spec, gpu, version, quant)
     notes += more
     lora = plan_lora(opts, spec)
@@ -682,7 +702,10 @@ def _make_plan(
             f"(option.enable_lora); option.max_loras={lora.max_loras} on the device at once"
         )
     max_batch_size = opts.max_batch_size or TRTLLM_DEFAULT_BATCH
-    max_num_tokens, more = resolve_max_num_tokens(opts, max_batch_size, max_seq_len, plugins.use_paged_context_fmha)
+    # against the planned max_input_len: with draft tokens each iteration's input reaches max_seq_len - 1
+    max_num_tokens, more = resolve_max_num_tokens(
+        opts, max_batch_size, max_seq_len, max_input_len, plugins.use_paged_context_fmha
+    )
     notes += more
     if opts.speculative_decoding_mode is not None and max_num_tokens < max_batch_size * (opts.max_draft_len + 1):
         # builder.py build raises it so (max_draft_len + 1 tokens a request each step); planned here, so the build
@@ -701,7 +724,6 @@ def _make_plan(
         )
     else:
         converter = ConverterPlan(source="trtllm_checkpoint", trtllm_class=spec.trtllm_class)
-    check_speculative(opts, version, gpu)
     return BuildPlan(
         architecture=hf_architecture(hf_config),
         family=spec.family,

@@ -315,8 +315,13 @@ class BatchedEngine(Protocol):
         """The sink of every ``submit_to_sink`` request (one per engine)."""
         ...
 
+    def sinks(self, request: GenerationRequest) -> bool:
+        """Whether ``submit_to_sink`` takes ``request``; one that needs ``submit``'s own per-request work (beams,
+        prompt log-probs, a grammar compiled off the loop, a draft loop) goes through ``submit``, relayed."""
+        ...
+
     def submit_to_sink(self, request: GenerationRequest) -> None:
-        """As ``submit`` (never raises), the outputs going to the attached sink."""
+        """As ``submit`` (never raises) for a request it ``sinks``, the outputs going to the attached sink."""
         ...
 
 

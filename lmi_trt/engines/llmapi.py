@@ -5,6 +5,11 @@ TensorRT-engine Executor at all (NVIDIA/TensorRT-LLM PRs 15918 and 16369), so th
 path there. Data path: the resolved model folder + ``LlmApiSettings`` → ``llm_plan`` (pure: the ``LLM``
 keywords, or an error naming the option) → ``LLM(model_dir, **keywords)`` → one
 ``generate_async(token ids, SamplingParams, streaming=True)`` per request, read as an async iterator.
+No ``BatchedEngine`` (engines/base.py): behind the engine link each request keeps its task, because the LLM
+API hands responses over per request only. Its response thread puts each response on that request's own
+``GenerationResult.aqueue`` and a reader must ``await self.aqueue.get()`` then ``_handle_response`` per request
+(tensorrt_llm/executor/result.py ``GenerationResultBase._aresult_step``, 1.0–1.2 and main); there is no public
+call that returns many requests' results at once, as the Executor's ``await_responses`` does (engines/trtllm.py).
 
 Facts it relies on (NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm.py, llm_args.py, sampling_params.py,
 executor/result.py; 1.0–1.2 and main):

@@ -222,6 +222,9 @@ class SyntheticEngine:
     def attach(self, sink: OutputSink) -> None:
         self._sink = sink
 
+    def sinks(self, request: GenerationRequest) -> bool:
+        return True
+
     def submit_to_sink(self, request: GenerationRequest) -> None:
         assert self._sink is not None, "attach() a sink first"
         seq = self._enqueue(request, sunk=True)

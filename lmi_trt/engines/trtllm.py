@@ -4,7 +4,8 @@ Data path: ``engine_dir`` (``config.json`` + one plan per rank) → ``EngineFact
 ``check_settings`` (what the engine cannot honour is an error, never a silent clip) →
 ``tensorrt_llm.bindings.executor.Executor`` with in-flight batching → one response-pump thread
 that calls ``await_responses`` and hands each batch of results to the event loop in one call,
-where they go to per-request streams (a consumer that fell behind reads what queued up as one delta).
+where they go to per-request streams (a consumer that fell behind reads what queued up as one delta) or,
+behind the engine link (``BatchedEngine``), to its ``OutputSink`` in one call per batch, with no task per request.
 
 Supported TensorRT-LLM releases: 0.12 and 1.0–1.2 (README "Supported TensorRT-LLM releases"). Where they differ:
 * 0.12's ``Request`` is keyword-only after the prompt; 1.x takes ``max_tokens`` positionally. We
@@ -62,6 +63,7 @@ from lmi_trt.engines.base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    OutputSink,
     SamplingParams,
     can,
     cannot,
@@ -234,8 +236,8 @@ class TrtllmSettings(
     # engine's build-time value with a warning instead of an error.
     max_batch_size_key: str | None = None
     tensor_parallel_degree: int | None = Field(1, ge=1)  # option.tensor_parallel_degree; None: "max", the engine's
-    # One model copy among several on a host (lmi_trt.launch): its GPUs, and ORCHESTRATOR mode,
-    # the documented way to run several Executors in one process (workers spawned over MPI).
+    # One model copy among several on a host (lmi_trt.launch), or a model beside its draft model's engine: its GPUs,
+    # and ORCHESTRATOR mode, the documented way to run several Executors in one process (workers spawned over MPI).
     device_ids: tuple[int, ...] | None = None
     orchestrator: bool = False
     # Lookahead decoding's (W, N, G), the speculation the Executor runs here (lmi_trt.engines.trtllm_speculation).
@@ -269,6 +271,7 @@ class EngineFacts:
     tokens_per_block: int | None
     multi_block_mode: bool | None  # a build flag only in 0.x configs; None where it is a runtime knob
     gather_generation_logits: bool = False
+    gather_context_logits: bool = False  # ModelConfig::computeContextLogits: block reuse is turned off for it (1.x)
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
     vocab_size: int | None = None  # the length of a request's embedding bias
@@ -339,6 +342,7 @@ def parse_engine_config(config: dict) -> EngineFacts:
             tokens_per_block=plugins.get("tokens_per_block"),
             multi_block_mode=_flag(plugins.get("multi_block_mode")),
             gather_generation_logits=bool(build.get("gather_generation_logits", False)),
+            gather_context_logits=bool(build.get("gather_context_logits", False)),
             quant_algo=quant.get("quant_algo"),
             kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
             vocab_size=pretrained.get("vocab_size"),
@@ -514,8 +518,10 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
         if enabled and not facts.use_paged_context_fmha:
             errors.append(
                 f'option.{key}=true needs an engine built with paged context FMHA (TensorRT-LLM: "When KV cache '
-                'block reuse is set, model has to be built with paged context FMHA support"); rebuild with '
-                f"--use_paged_context_fmha enable, or set option.{key}=false"
+                "block reuse is set, model has to be built with paged context FMHA support\"), and config.json's "
+                "build_config.plugin_config.use_paged_context_fmha is off; rebuild with --use_paged_context_fmha "
+                f"enable, or set option.{key}=false"
+                + (" (not an option with draft tokens, which need block reuse)" if settings.drafts is not None else "")
             )
     errors += lora_errors(settings, facts)
     if settings.max_tokens_in_paged_kv_cache and settings.max_tokens_in_paged_kv_cache < facts.max_seq_len:
@@ -532,6 +538,10 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             facts.max_draft_len,
             facts.max_input_len,
             facts.max_seq_len,
+            settings.enable_kv_cache_reuse,
+            facts.gather_context_logits,
+            min(n for n in (settings.max_num_tokens, facts.max_num_tokens) if n) if facts.max_num_tokens else None,
+            settings.enable_chunked_context,
         )
     if errors:
         raise TrtllmConfigError("; ".join(errors))
@@ -1010,6 +1020,7 @@ class _Stream:
     cancelled: bool = False
     done: bool = False
     drafted: bool = False  # sent with draft tokens (trtllm_drafts): final after its one verification step
+    sunk: bool = False  # its outputs go to the engine's sink (TrtllmEngine.submit_to_sink), not to ``pending``
 
 
 def _push(stream: _Stream, out: EngineOutput) -> None:
@@ -1106,6 +1117,8 @@ class TrtllmEngine:
         self._owned_scratch: Path | None = None
         self._streams: dict[int, _Stream] = {}  # by executor request id
         self._by_request_id: dict[str, _Stream] = {}
+        self._sink: OutputSink | None = None
+        self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop (one await_responses batch)
         # Requests held back because their beam width differs from the running ones' (see _must_wait),
         # and how many running-width requests went ahead of them since the last switch.
         self._held: list[_Stream] = []
@@ -1130,18 +1143,41 @@ class TrtllmEngine:
         self._next_task = 1
 
     def _drafter(self, gpu_available: Callable[[], bool] | None) -> TrtllmEngine | None:
+        """The draft model's engine: a second Executor in this process on the copy's own GPUs (``device_ids``), both
+        in orchestrator mode, as examples/prompt_lookup/run_dtm_pld.py builds its draft and target runners
+        (ModelRunnerCpp ``is_orchestrator_mode=True``, each with its device list; model_runner_cpp.py: "MPI world size
+        must be 1 in Orchestrator mode"). Its KV cache takes option.draft_kv_cache_free_gpu_mem_fraction of the free
+        memory, and it starts first (trtllm_drafts.with_draft_memory). Tensor or pipeline parallelism beside a draft
+        model is refused: lmi-trt runs TP×PP > 1 in leader mode under mpirun, where the examples' two orchestrators
+        do not apply, and no source read here runs two Executors on one such MPI world."""
         drafts = self.settings.drafts
         if drafts is None or drafts.method != "draft_model":
             return None
-        # run_dtm_pld.py builds both runners with is_orchestrator_mode=True; here the draft takes the target's mode
-        # (orchestrator for one copy among several, lmi_trt.launch), and its engine's own tp and batch size
+        if not self.settings.orchestrator or drafts.kv_fraction is None:
+            raise TrtllmConfigError(
+                f"internal: {drafts.key}=draft_model needs orchestrator mode and the draft's KV-cache share "
+                "(lmi_trt.stages.executor_settings sets both)"
+            )
         draft = TrtllmEngine(
             drafts.draft_model,
-            TrtllmSettings(tensor_parallel_degree=None, orchestrator=self.settings.orchestrator),
+            TrtllmSettings(
+                tensor_parallel_degree=None,
+                orchestrator=True,
+                device_ids=self.settings.device_ids,
+                kv_cache_free_gpu_mem_fraction=drafts.kv_fraction,
+            ),
             eos_token_ids=self._eos,
             pad_token_id=self._pad,
             gpu_available=gpu_available,
         )
+        for name, facts in (("model's", self.facts), ("draft model's", draft.facts)):
+            if facts.world_size > 1:
+                raise TrtllmConfigError(
+                    f"{drafts.key}=draft_model: the {name} engine has tp={facts.tp_size} pp={facts.pp_size}, and a "
+                    "draft model runs here with one GPU per engine only (both Executors in orchestrator mode, as "
+                    "TensorRT-LLM's examples/prompt_lookup/run_dtm_pld.py); set option.tensor_parallel_degree=1 and "
+                    "option.pipeline_parallel_degree=1 (and build the draft with them), or use n-gram drafts"
+                )
         if draft.facts.vocab_size != self.facts.vocab_size:
             raise TrtllmConfigError(
                 f"{drafts.key}=draft_model: the draft engine's vocab_size is {draft.facts.vocab_size} and the "
@@ -1188,6 +1224,21 @@ class TrtllmEngine:
         config, warnings = build_executor_config(tle, self.settings, self.facts, self._guide_vocab)
         for warning in warnings:
             log.warning("%s", warning)
+        if self._draft_engine is not None:
+            # first, with its bounded KV-cache share; the model's Executor then sizes its own from what is left
+            log.info(
+                "draft model: its Executor starts first, its KV cache taking option."
+                "draft_kv_cache_free_gpu_mem_fraction=%s of the free GPU memory; the model's then takes "
+                "option.kv_cache_free_gpu_mem_fraction=%s of what is left",
+                self._draft_engine.settings.kv_cache_free_gpu_mem_fraction,
+                self.settings.kv_cache_free_gpu_mem_fraction,
+            )
+            try:
+                await self._draft_engine.start()
+            except BaseException:
+                if self._owned_scratch is not None:
+                    shutil.rmtree(self._owned_scratch, ignore_errors=True)
+                raise
         log.info(
             "loading TensorRT-LLM %s engine %s (built by %s, %s, tp=%d pp=%d, batch %d, max_input_len %d, "
             "max_seq_len %d)",
@@ -1208,11 +1259,9 @@ class TrtllmEngine:
                 log.info("%s", UNCOUNTED_DRAFTS.format(version=spec.version))
         if self.settings.drafts is not None:
             log.info(
-                "speculative decoding: %s; KV-cache block reuse %s",
+                "speculative decoding: %s; KV-cache block reuse on (option.enable_kv_cache_reuse, turned on for draft "
+                "tokens when unset: TensorRT-LLM's Executor requires it for a draft_tokens_external engine)",
                 self.settings.drafts.describe(),
-                "on: each iteration reuses its prefix's blocks"
-                if self.settings.enable_kv_cache_reuse
-                else "off (option.enable_kv_cache_reuse): each iteration computes its prefix again",
             )
         if hasattr(tle, "ExtendedRuntimePerfKnobConfig"):
             multi_block, source = effective_multi_block_mode(tle, self.settings)
@@ -1220,6 +1269,8 @@ class TrtllmEngine:
         try:
             executor = await asyncio.to_thread(tle.Executor, str(engine_dir), tle.ModelType.DECODER_ONLY, config)
         except RuntimeError as exc:
+            if self._draft_engine is not None:
+                await self._draft_engine.close()
             if self._owned_scratch is not None:
                 shutil.rmtree(self._owned_scratch, ignore_errors=True)
             out_of_memory = "out of memory" in str(exc).lower()
@@ -1239,8 +1290,6 @@ class TrtllmEngine:
             lora_capability(self.settings),
             self.settings.drafts,
         )
-        if self._draft_engine is not None:
-            await self._draft_engine.start()
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
         if self._leader:
@@ -1309,6 +1358,35 @@ class TrtllmEngine:
         finally:
             self._draft_loops.pop(rid, None)
 
+    # -- BatchedEngine (base.py): the engine's process of several front ends (serving/engine_link.py) ----------
+
+    def attach(self, sink: OutputSink) -> None:
+        self._sink = sink
+
+    def sinks(self, request: GenerationRequest) -> bool:
+        """Not one that needs ``submit``'s own work: the draft loop's iterations, compiling a grammar off the loop."""
+        return self.settings.drafts is None and request.sampling.guided is None
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        """Straight to the Executor as a stream whose outputs ``_deliver`` hands to the sink, each ``await_responses``
+        batch's together."""
+        assert self._sink is not None, "attach() a sink first"
+        stream = self._enqueue(request, sunk=True)
+        if isinstance(stream, EngineOutput):
+            self._sink.put([stream])
+
+    def _deliver(self, stream: _Stream, out: EngineOutput) -> None:
+        if not stream.sunk:
+            _push(stream, out)
+            return
+        self._sunk.append(out)  # to the sink, with the other outputs of this turn of the loop
+        if len(self._sunk) == 1:
+            asyncio.get_running_loop().call_soon(self._put_sunk)
+
+    def _put_sunk(self) -> None:
+        outs, self._sunk = self._sunk, []
+        self._sink.put(outs)  # type: ignore[union-attr]
+
     def verify_drafts(self, request: GenerationRequest, drafts: list[int]) -> AsyncIterator[EngineOutput]:
         """One Executor request carrying ``drafts`` as its ExternalDraftTokensConfig (none: a plain request), for
         ``trtllm_drafts.draft_loop``."""
@@ -1340,7 +1418,9 @@ class TrtllmEngine:
             if not stream.done:  # the consumer went away (client disconnect): free the slot
                 self._cancel_stream(stream)
 
-    def _enqueue(self, request: GenerationRequest, drafts: tuple[int, ...] = ()) -> _Stream | EngineOutput:
+    def _enqueue(
+        self, request: GenerationRequest, drafts: tuple[int, ...] = (), sunk: bool = False
+    ) -> _Stream | EngineOutput:
         rid = request.request_id
         if not self._healthy or self._executor is None:
             return error_output(rid, "the TensorRT-LLM engine is not running", 503)
@@ -1378,6 +1458,7 @@ class TrtllmEngine:
             adapter=request.adapter,
             lora_resend=resend,
             drafted=bool(drafts),
+            sunk=sunk,
         )
         if self._must_wait(stream.beam_width) or self._lora_full(stream.adapter):
             stream.held = spec
@@ -1483,7 +1564,7 @@ class TrtllmEngine:
         if stream.exec_id is not None:
             self._streams.pop(stream.exec_id, None)
         self._by_request_id.pop(stream.request_id, None)
-        _push(stream, out)
+        self._deliver(stream, out)
         self._release_held()
 
     # ------------------------------------------------------------------ LoRA adapters (AdapterHost)
@@ -1591,7 +1672,7 @@ class TrtllmEngine:
             if out.finished:
                 self._finish(stream, out)
             else:
-                _push(stream, out)
+                self._deliver(stream, out)
 
     def _to_output(self, stream: _Stream, result: Any) -> EngineOutput:
         if stream.beam_width > 1 and result.is_final:

@@ -12,9 +12,12 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
   prompt_lookup_num_tokens + 1``, non-streaming, and appends what the target returned; it stops at the end id, at the
   length, or when nothing changed. ModelRunnerCpp turns each draft list into ``Request(external_draft_tokens_config=
   ExternalDraftTokensConfig(tokens, logits))`` (tensorrt_llm/runtime/model_runner_cpp.py). Accepted drafts are
-  counted as the leading draft tokens equal to the target's (``n_accept_token``). Where no n-gram matches, the
-  example sends ``[end_id]`` as the one draft; lmi-trt sends no draft config at all, which runs the same iteration
-  as plain decoding.
+  counted as the leading draft tokens equal to the target's (``n_accept_token``). lmi-trt's n-gram proposals
+  (``lmi_trt.ngram.NgramIndex``) approximate PLDPool, not match it: with ``is_keep_all`` PLDPool replaces a stored
+  continuation shorter than ``prompt_lookup_num_tokens`` by a later full-length one, where NgramIndex keeps the first
+  occurrence; PLDPool has no minimum n-gram size; and where no n-gram matches the example sends ``[end_id]`` as the
+  one draft, where lmi-trt sends no draft config at all (a plain iteration). Only the drafts differ: every draft is
+  verified by the target, so the output does not.
 * one step per request: tests/bindings/test_executor_bindings.py ``test_request_perf_metrics_draft`` (a 1.x crawl copy,
   an engine built draft_tokens_external) sends ``ExternalDraftTokensConfig([2, 4, 9, 10])`` with ``max_tokens=5`` to
   the prompt [1, 2, 3, 4] and gets a final result of [2, 4, 2] at iteration 0 ("Only first two tokens will be
@@ -24,21 +27,31 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
 * the binding: ``ExternalDraftTokensConfig(tokens, logits=None, acceptance_threshold=None, fast_logits=None)``
   (cpp/tensorrt_llm/pybind/executor/request.cpp and the nanobind copy, 1.x; a 0.x copy whose OutputConfig takes five
   flags binds (tokens, logits, acceptance_threshold) without fast_logits). lmi-trt sends tokens only.
-* acceptance: cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp (1.x copies) accepts drafts against the target
-  step's tokens and forwards the accepted ones plus the target's own next token; without draft logits the drafts are
-  compared by id with the target's choice, which for a greedy request (top-k 1) is its argmax, so the output is the
-  greedy one. trtGptModelInflightBatching.cpp ``verifyRequests`` (every 1.x copy read): "Can't use speculative
-  decoding with beam search." and "Number of draft tokens (%d) is larger than maximum number of draft tokens (%d)"
-  against the engine's max_draft_len, so the loop never proposes more than the engine's draft length.
+* acceptance: cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp accepts drafts against the target step's tokens
+  and forwards the accepted ones plus the target's own next token; without draft logits the drafts are compared by
+  id with the target's choice (kernels/speculativeDecoding/externalDraftTokensKernels.cu: ``isAccepted =
+  targetOutputIds[batchSlot] == draftOutputTokenId``), which for a greedy request (top-k 1) is its argmax, so the
+  output is the greedy one. The only kernel copy read is a newer main one (it has FSD, ``fsdThreshold``), not a
+  1.0-1.2 tag; that the by-id branch is the same in 1.0-1.2 is assumed, not read. A GPU run of
+  tests/integration/test_trtllm_ngram_drafts.py's greedy-equality tests against each real release would confirm it.
+  trtGptModelInflightBatching.cpp ``verifyRequests`` (every 1.x copy read): "Can't use speculative
+  decoding with beam search."; llmRequest.cpp ``LlmRequest::validate`` (1.x copies) fails a request with more drafts
+  than the engine's max_draft_len ("Draft tokens length (%d) exceeds maximum draft tokens length (%d)."), so the
+  loop never proposes more than the engine's draft length.
 * the engine: trtllm-build ``--speculative_decoding_mode draft_tokens_external --max_draft_len K``
   (tensorrt_llm/commands/build.py); builder.py raises the recorded max_seq_len by K and max_num_tokens to
   ``max_batch_size * (K + 1)``; config.json keeps SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL, the integer 2
   (tensorrt_llm/models/modeling_utils.py's IntFlag). Each iteration's input is the prompt plus the tokens so far, so
   the engine's max_input_len must reach max_seq_len - 1 (run_dtm_pld.py builds its runner with ``max_input_len =
   max(input_len) + max_output_len``); lmi-trt's compile stage plans it so (``lmi_trt.compile.plan``).
-* KV-cache block reuse (``KvCacheConfig(enable_block_reuse=True)``, option.enable_kv_cache_reuse) lets each iteration
-  reuse the cached blocks of the prefix instead of computing it again; run_dtm_pld.py passes
-  ``kv_cache_enable_block_reuse`` through. Without it the output is the same and each iteration recomputes the prefix.
+* KV-cache block reuse is required, not an optimisation: trtGptModelInflightBatching.cpp's constructor (every copy
+  read, from a 0.12-era one to 1.x) refuses a draft_tokens_external engine without it ("KV cache block reuse must be
+  enabled for speculative decoding target model"), and the 1.x copy's fixExecutorConfig first turns reuse off, with a
+  warning only, for an engine built without paged context FMHA or one that gathers context logits.
+  examples/draft_target_model/README.md: "--use_paged_context_fmha=enable must be specified since we need KV-Cache
+  reuse", "--kv_cache_enable_block_reuse must be specified". So lmi-trt turns option.enable_kv_cache_reuse on for
+  draft tokens when it is unset (``block_reuse``), refuses it explicitly false, refuses such engines
+  (``engine_draft_errors``), and its compile stage builds draft_tokens_external engines with paged context FMHA.
 * releases: the 0.x binding copy above has ExternalDraftTokensConfig, but which 0.x release's Executor accepted it
   beside a draft_tokens_external engine was not pinned (examples/prompt_lookup and draft_target_model are dated here by
   their ModelRunnerCpp/Executor code to the 1.x line), so 0.12 is refused.
@@ -64,8 +77,14 @@ DRAFT_TOKENS_EXTERNAL = 2  # config.json's SpeculativeDecodingMode integer
 # run_dtm_pld.py PLDPool(is_use_oldest=True) and NGramDecodingConfig.is_use_oldest's default (llm_args.py): the
 # oldest earlier occurrence's continuation, when the configuration does not say.
 OLDEST_BY_DEFAULT = True
-DRAFT_COUNT_CHECK = (
-    "trtGptModelInflightBatching.cpp: 'Number of draft tokens (%d) is larger than maximum number of draft tokens (%d)'"
+# cpp/tensorrt_llm/batch_manager/llmRequest.cpp LlmRequest::validate (1.x copies), run on each request before
+# trtGptModelInflightBatching.cpp's verifyRequests would see it
+DRAFT_COUNT_CHECK = "llmRequest.cpp validate: 'Draft tokens length (%d) exceeds maximum draft tokens length (%d).'"
+REUSE_KEY = "option.enable_kv_cache_reuse"
+# cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp, the constructor (module docstring)
+REUSE_CHECK = (
+    "TensorRT-LLM's Executor refuses a draft_tokens_external engine without KV-cache block reuse "
+    "(trtGptModelInflightBatching.cpp: 'KV cache block reuse must be enabled for speculative decoding target model')"
 )
 
 
@@ -83,6 +102,8 @@ class ExternalDrafts:
     ngram_max: int = 2
     oldest: bool = OLDEST_BY_DEFAULT
     draft_model: str | None = None
+    # the draft engine's KvCacheConfig.free_gpu_memory_fraction (option.draft_kv_cache_free_gpu_mem_fraction)
+    kv_fraction: float | None = None
 
     def describe(self) -> str:
         if self.method == "draft_model":
@@ -179,10 +200,69 @@ def executor_drafts(spec: Speculation | None, max_beam_width: int) -> ExternalDr
     )
 
 
+def block_reuse(drafts: ExternalDrafts | None, given: bool, value: bool) -> bool:
+    """Pure: option.enable_kv_cache_reuse's value for the Executor: on for draft tokens when it is unset (the Executor
+    requires it: module docstring), refused when it is explicitly false; as set otherwise."""
+    if drafts is None:
+        return value
+    if given and not value:
+        raise SpeculationError(
+            REUSE_KEY,
+            False,
+            f"{drafts.key}={drafts.method} needs it: {REUSE_CHECK}",
+            "set option.enable_kv_cache_reuse=true, or leave it out (lmi-trt turns it on for draft tokens)",
+        )
+    return True
+
+
+DRAFT_FRACTION_KEY = "option.draft_kv_cache_free_gpu_mem_fraction"
+
+
+def with_draft_memory(drafts: ExternalDrafts | None, fraction: float | None) -> ExternalDrafts | None:
+    """Pure: ``drafts`` with the draft engine's KV-cache share of free GPU memory (option.draft_kv_cache_free_gpu_mem
+    _fraction), required with a draft model and refused without one. Two models share the GPU:
+    examples/draft_target_model/README.md (NVIDIA/TensorRT-LLM, a copy of the 0.18-or-later line): "
+    --kv_cache_free_gpu_memory_fraction should be specified if we want to place two models on one GPU, or one of the
+    models would use out of the GPU memory". Each Executor sizes its KV cache as a fraction of the GPU memory free
+    after its own weights load (KvCacheConfig.free_gpu_memory_fraction), so lmi-trt starts the draft's first, with
+    this share, and the model's then takes option.kv_cache_free_gpu_mem_fraction of what is left; what the draft may
+    take depends on the model's weights, so there is no default."""
+    if drafts is None or drafts.method != "draft_model":
+        if fraction is not None:
+            raise SpeculationError(
+                DRAFT_FRACTION_KEY,
+                fraction,
+                "is the draft model engine's share of GPU memory, and no draft model is served",
+                "leave it out, or set option.speculative_draft_model",
+            )
+        return drafts
+    if fraction is None:
+        raise SpeculationError(
+            DRAFT_FRACTION_KEY,
+            None,
+            f"{drafts.key}=draft_model puts two engines on the GPU, and the draft's Executor starts first: this is "
+            "its KV cache's share of the free GPU memory, which must leave room for the model's weights and its "
+            "KV cache (option.kv_cache_free_gpu_mem_fraction of what is left); TensorRT-LLM's "
+            "examples/draft_target_model/README.md asks for each model's fraction in this case",
+            "set it, e.g. option.draft_kv_cache_free_gpu_mem_fraction=0.1 for a draft much smaller than the model",
+        )
+    return dataclasses.replace(drafts, kv_fraction=fraction)
+
+
 def engine_draft_errors(
-    drafts: ExternalDrafts, built_mode: int | None, built_draft_len: int, max_input_len: int, max_seq_len: int
+    drafts: ExternalDrafts,
+    built_mode: int | None,
+    built_draft_len: int,
+    max_input_len: int,
+    max_seq_len: int,
+    reuse: bool,
+    context_logits: bool,
+    max_num_tokens: int | None = None,
+    chunked_context: bool = False,
 ) -> list[str]:
-    """Pure: why an engine (config.json's build_config) cannot serve ``drafts``."""
+    """Pure: why an engine (config.json's build_config) cannot serve ``drafts`` with block reuse ``reuse``
+    (option.enable_kv_cache_reuse; paged context FMHA, which reuse needs, is checked beside it in
+    ``trtllm.check_settings``)."""
     if built_mode != DRAFT_TOKENS_EXTERNAL:
         return [
             f"{drafts.key}={drafts.method} needs an engine built with --speculative_decoding_mode "
@@ -191,6 +271,24 @@ def engine_draft_errors(
             "rebuild it (lmi-trt's compile stage does, from the Hugging Face checkpoint)"
         ]
     errors = []
+    if not reuse:
+        errors.append(f"{REUSE_KEY}=false beside {drafts.key}={drafts.method}: {REUSE_CHECK}; set it to true")
+    if context_logits:
+        errors.append(
+            f"{drafts.key}={drafts.method}: the engine's build_config.gather_context_logits is true, and TensorRT-LLM "
+            "1.x turns KV-cache block reuse off for it (fixExecutorConfig: 'Context logits cannot be returned for "
+            f"reused tokens'), then {REUSE_CHECK}; rebuild it without --gather_context_logits"
+        )
+    if max_num_tokens is not None and max_num_tokens < max_seq_len - 1 and not chunked_context:
+        # cpp/tensorrt_llm/batch_manager/trtGptModel.h (NVIDIA/TensorRT-LLM): without chunked context "maxInputLen =
+        # min(maxSequenceLen - 1, maxNumTokens)", and LlmRequest::validate throws "Prompt length (%d) exceeds maximum
+        # input length (%d)" above it; each draft iteration's input reaches max_seq_len - 1
+        errors.append(
+            f"{drafts.key}={drafts.method}: the engine's max_num_tokens={max_num_tokens} is below max_seq_len - 1 = "
+            f"{max_seq_len - 1}, which each draft iteration's input reaches (the prompt plus the tokens so far), and "
+            "without chunked context TensorRT-LLM caps the input at max_num_tokens; set "
+            "option.enable_chunked_context=true, or rebuild with max_num_tokens ≥ max_seq_len - 1"
+        )
     if built_draft_len < drafts.draft_len:
         errors.append(
             f"{drafts.key}={drafts.method}: the engine was built with build_config.max_draft_len={built_draft_len} and "
@@ -211,9 +309,8 @@ def release_error(drafts: ExternalDrafts | None, version: str, series: tuple[int
         return None
     return (
         f"{drafts.key}={drafts.method}: draft tokens on TensorRT-LLM {version}'s Executor are not verified here "
-        "(module "
-        "lmi_trt.engines.trtllm_drafts: its examples are read on the 1.x line only); use a 1.x image, or leave "
-        "speculative decoding out"
+        "(module lmi_trt.engines.trtllm_drafts: its examples are read on the 1.x line only); use a 1.x image, or "
+        "leave speculative decoding out"
     )
 
 

@@ -390,6 +390,7 @@ async def serve(
     sock = sock if sock is not None else listen(host, port)
     loading = ctx.status is ModelStatus.PENDING
     responder = HealthResponder(sock, ctx.model_name, files) if loading and answer_while_loading else None
+    ctx.responder_accepting = responder is not None
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -442,6 +443,7 @@ async def serve(
             # Stopped only once this server accepts too: a connection queued meanwhile is taken by one
             # of the two, both of which answer it.
             await asyncio.to_thread(responder.stop)
+            ctx.responder_accepting = False
         if ctx.readiness is not None and ctx.service is not None:
             ctx.readiness.serving()  # no responder of this front end answers "still loading" any more
         if responder is not None:

@@ -178,7 +178,7 @@ class EngineServer:
         self.state = EngineState()
         self._peers: dict[bytes, _Peer] = {}
         self._owner: dict[str, bytes] = {}  # request id → the front end that sent it, until its final output
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # an engine that is no BatchedEngine: a task per request
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # a request no BatchedEngine sinks: a task relays it
         self._flushing = False
         self._ended = False  # a request ended since the last flush
         self._room = asyncio.Event()  # a front end's waiting outputs left (``taken``)
@@ -261,7 +261,7 @@ class EngineServer:
         self._owner[rid] = identity
         if self.engine is None:  # a front end only submits once it heard "ready"; a late one after a failure
             self.put([error_output(rid, "the engine is not running", 503)])
-        elif isinstance(self.engine, BatchedEngine):
+        elif isinstance(self.engine, BatchedEngine) and self.engine.sinks(request):
             self.engine.submit_to_sink(request)
         else:
             self._tasks[rid] = asyncio.get_running_loop().create_task(self._forward(request))

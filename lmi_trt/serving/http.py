@@ -107,6 +107,9 @@ class ServingContext:
     uploads: UploadBudget = field(init=False)
     json_worker: JsonWorker | None = None
     readiness: FrontendReadiness | None = None  # one of several front ends: healthy only once all serve
+    # This process's health responder still accepts on the socket (serving/app.py serve): a connection it takes
+    # is answered "still loading", so /ping must not say 200 yet even though the model is loaded.
+    responder_accepting: bool = False
     _unhealthy_logged: bool = field(default=False, init=False, repr=False)
     _stalled: bool = field(default=False, init=False, repr=False)
 
@@ -117,7 +120,11 @@ class ServingContext:
     def status(self) -> ModelStatus:
         if self.dead:
             return ModelStatus.FAILED
-        if self.service is None or (self.readiness is not None and not self.readiness.all_serving()):
+        if (
+            self.service is None
+            or self.responder_accepting
+            or (self.readiness is not None and not self.readiness.all_serving())
+        ):
             # With front ends, PENDING until none has a health responder left on the shared socket: a 200
             # from one means any connection is served, not answered "still loading" by another's responder.
             return ModelStatus.PENDING

@@ -479,3 +479,90 @@ def test_selftest_on_a_host_without_a_gpu_or_tensorrt_llm_says_what_it_needs_in_
     missing = "no CUDA GPU is visible" if with_trtllm else "TensorRT-LLM is not installed"
     assert out.startswith("error: lmi-trt selftest checks TensorRT-LLM on an NVIDIA GPU") and missing in out, out
     assert "lmi-trt:trtllm lmi-trt selftest" in out and "Quick start" in out, out
+
+
+class RecordingSink:
+    """An ``OutputSink`` that takes everything at once (as serving/engine_link's does once acknowledged) and keeps
+    each ``put`` call, to see how the engine hands its outputs over."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+        self.ended: dict[str, asyncio.Event] = {}
+
+    def put(self, outputs: list) -> None:
+        self.calls.append(list(outputs))
+        for out in outputs:
+            if out.finished:
+                self.ended.setdefault(out.request_id, asyncio.Event()).set()
+
+    def backlogged(self, request_id: str) -> bool:
+        return False
+
+    async def taken(self) -> None:
+        return None
+
+    def outputs_of(self, rid: str) -> list:
+        return [out for call in self.calls for out in call if out.request_id == rid]
+
+    async def wait(self, *rids: str) -> None:
+        await asyncio.wait_for(asyncio.gather(*(self.ended.setdefault(r, asyncio.Event()).wait() for r in rids)), 60)
+
+
+async def test_behind_a_sink_a_batch_of_responses_is_one_put_and_no_task_per_request(engine_dir, reference):
+    from lmi_trt.engines.base import BatchedEngine
+
+    engine = await started(engine_dir, BEAMS)
+    try:
+        assert isinstance(engine, BatchedEngine)
+        sink = RecordingSink()
+        engine.attach(sink)
+        tasks_before = len(asyncio.all_tasks())
+        requests = [req(f"b{i}", p, max_new_tokens=10, ignore_eos=True) for i, p in enumerate(PROMPTS[:4])]
+        requests.append(req("lp", PROMPTS[4], max_new_tokens=5, logprobs=True, ignore_eos=True))
+        requests.append(req("beams", PROMPTS[5], streaming=False, max_new_tokens=5, beam_width=2))
+        requests.append(req("bad", [1, 2], max_new_tokens=5, beam_width=9))  # over max_beam_width: 400 alone
+        for r in requests:
+            engine.submit_to_sink(r)
+        assert len(asyncio.all_tasks()) == tasks_before  # no task, iterator or queue per request
+        await sink.wait(*(r.request_id for r in requests))
+        for r in requests[:4]:
+            outs = sink.outputs_of(r.request_id)
+            assert tokens_of(outs) == reference(r.prompt_token_ids, 10, eos=None)
+            assert outs[-1].finish_reason is FinishReason.LENGTH and sum(o.finished for o in outs) == 1
+        lps = sink.outputs_of("lp")
+        assert len([lp for o in lps for lp in o.logprobs]) == len(tokens_of(lps)) == 5
+        assert sink.outputs_of("beams")[-1].beams  # a beam search, through the same path
+        assert sink.outputs_of("bad")[-1].error is not None and sink.outputs_of("bad")[-1].error_code == 400
+        # One await_responses batch is one put: the concurrent streams' steps share calls.
+        assert any(len({out.request_id for out in call}) > 1 for call in sink.calls)
+        assert engine.stats().active_requests == 0
+    finally:
+        await engine.close()
+
+
+async def test_behind_a_sink_cancel_cancels_exactly_that_executor_request(engine_dir, reference):
+    engine = await started(engine_dir)
+    try:
+        sink = RecordingSink()
+        engine.attach(sink)
+        cancelled: list[int] = []
+        cancel_request = engine._executor.cancel_request
+
+        def spy(exec_id):
+            cancelled.append(exec_id)
+            cancel_request(exec_id)
+
+        engine._executor.cancel_request = spy
+        engine.submit_to_sink(req("stay", PROMPTS[0], max_new_tokens=40, ignore_eos=True))
+        engine.submit_to_sink(req("go", PROMPTS[1], max_new_tokens=120, ignore_eos=True))
+        exec_id = engine._by_request_id["go"].exec_id
+        while not sink.outputs_of("go"):
+            await asyncio.sleep(0.01)
+        await engine.cancel("go")
+        await sink.wait("stay", "go")
+        assert cancelled == [exec_id]
+        assert sink.outputs_of("go")[-1].finish_reason is FinishReason.CANCELLED
+        assert len(tokens_of(sink.outputs_of("go"))) < 120
+        assert tokens_of(sink.outputs_of("stay")) == reference(PROMPTS[0], 40, eos=None)
+    finally:
+        await engine.close()

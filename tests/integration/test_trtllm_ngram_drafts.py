@@ -31,6 +31,21 @@ from lmi_trt.speculative import SpeculationError, resolve
 
 RELEASES = ("1.0.0", "1.1.0", "1.2.1")
 DRAFTS = ExternalDrafts(4, "option.speculative_config.decoding_type", ngram_min=1, ngram_max=3, oldest=True)
+
+
+def drafting(drafts: ExternalDrafts = DRAFTS, **more) -> TrtllmSettings:
+    """The Executor's settings for ``drafts`` as lmi_trt.stages.executor_settings makes them: block reuse on, and for a
+    draft model orchestrator mode."""
+    orchestrator = drafts.method == "draft_model"
+    return TrtllmSettings(drafts=drafts, enable_kv_cache_reuse=True, orchestrator=orchestrator, **more)
+
+
+def draft_model(engine_dir) -> ExternalDrafts:
+    return ExternalDrafts(
+        4, "option.speculative_draft_model", "draft_model", draft_model=str(engine_dir), kv_fraction=0.1
+    )
+
+
 # max_input_len = max_seq_len - 1: each iteration resends the sequence (the compile stage plans it so)
 BUILD = dict(max_batch_size=4, max_input_len=159, max_seq_len=160, max_draft_len=4)
 # A prompt that repeats itself (drafts from its own n-grams get accepted) and two ordinary ones.
@@ -60,7 +75,7 @@ async def test_greedy_outputs_equal_decoding_without_drafts(trt, tmp_path, refer
     # builder.py: DRAFT_TOKENS_EXTERNAL's integer 2, max_seq_len raised by max_draft_len
     assert (built["speculative_decoding_mode"], built["max_draft_len"], built["max_seq_len"]) == (2, 4, 164)
     with caplog.at_level("INFO", logger="lmi_trt"):
-        engine = await started(engine_dir, TrtllmSettings(drafts=DRAFTS))
+        engine = await started(engine_dir, drafting())
     try:
         assert "speculative decoding: n-gram (prompt lookup) draft tokens on a draft_tokens_external" in caplog.text
         for i, prompt in enumerate(PROMPTS):
@@ -94,10 +109,8 @@ async def test_greedy_outputs_equal_decoding_without_a_draft_model(trt, tmp_path
     trt.__version__ = release
     target = drafts_engine(tmp_path / "target")
     for name, hf_dir in (("other", other_draft), ("self", tiny_model("llama"))):
-        drafts = ExternalDrafts(
-            4, "option.speculative_draft_model", "draft_model", draft_model=str(draft_engine(hf_dir, tmp_path / name))
-        )
-        engine = await started(target, TrtllmSettings(drafts=drafts))
+        drafts = draft_model(draft_engine(hf_dir, tmp_path / name))
+        engine = await started(target, drafting(drafts))
         try:
             for i, prompt in enumerate(PROMPTS):
                 for n in (24, 5):
@@ -117,11 +130,9 @@ def test_a_draft_model_of_another_vocabulary_is_refused(trt, tmp_path):
     config = json.loads((small / "config.json").read_text())
     config["vocab_size"] += 8
     (small / "config.json").write_text(json.dumps(config))
-    drafts = ExternalDrafts(
-        4, "option.speculative_draft_model", "draft_model", draft_model=str(draft_engine(small, tmp_path / "d"))
-    )
+    drafts = draft_model(draft_engine(small, tmp_path / "d"))
     with pytest.raises(TrtllmConfigError, match=r"draft engine's vocab_size is \d+ and the model's"):
-        TrtllmEngine(drafts_engine(tmp_path / "t"), TrtllmSettings(drafts=drafts), eos_token_ids=[2])
+        TrtllmEngine(drafts_engine(tmp_path / "t"), drafting(drafts), eos_token_ids=[2])
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
@@ -135,9 +146,8 @@ async def test_a_verifier_that_accepts_every_draft_changes_the_output(
     trt.__version__ = "1.2.1"
     drafts = DRAFTS
     if drafter == "draft_model":
-        engine_dir = str(draft_engine(other_draft, tmp_path / "draft"))
-        drafts = ExternalDrafts(4, "option.speculative_draft_model", "draft_model", draft_model=engine_dir)
-    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=drafts))
+        drafts = draft_model(draft_engine(other_draft, tmp_path / "draft"))
+    engine = await started(drafts_engine(tmp_path / "engine"), drafting(drafts))
     try:
         monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
         outputs = [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(PROMPTS)]
@@ -151,7 +161,7 @@ async def test_eos_and_stop_tokens_end_it_as_without_drafts(trt, tmp_path, refer
     prompt = PROMPTS[0]
     want = reference(prompt, 24)
     stop = want[5]
-    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS), eos=(2, stop))
+    engine = await started(drafts_engine(tmp_path / "engine"), drafting(), eos=(2, stop))
     try:
         # a further EOS id: the output ends before it, finish reason EOS
         out = await generate(engine, "e", prompt)
@@ -161,7 +171,7 @@ async def test_eos_and_stop_tokens_end_it_as_without_drafts(trt, tmp_path, refer
         assert len(tokens_of(out)) == 8 and out[-1].finish_reason == FinishReason.LENGTH
     finally:
         await engine.close()
-    engine = await started(drafts_engine(tmp_path / "engine2"), TrtllmSettings(drafts=DRAFTS))
+    engine = await started(drafts_engine(tmp_path / "engine2"), drafting())
     try:
         sequence = want[6:8]
         end = next(e for e in range(2, len(want) + 1) if want[e - 2 : e] == sequence)  # its first completion
@@ -180,7 +190,7 @@ def test_stop_at_finds_eos_and_stop_sequences_across_iterations():
 
 async def test_a_client_that_goes_away_cancels_the_iteration(trt, tmp_path):
     trt.__version__ = "1.2.1"
-    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS))
+    engine = await started(drafts_engine(tmp_path / "engine"), drafting())
     try:
         request = GenerationRequest("c", PROMPTS[1], SamplingParams(max_new_tokens=100, ignore_eos=True))
         stream = engine.submit(request)
@@ -202,7 +212,7 @@ async def test_a_client_that_goes_away_cancels_the_iteration(trt, tmp_path):
 
 async def test_what_is_not_read_beside_drafts_is_refused(trt, tmp_path):
     trt.__version__ = "1.1.0"
-    engine = await started(drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS))
+    engine = await started(drafts_engine(tmp_path / "engine"), drafting())
     try:
         sampled = await generate(engine, "s", PROMPTS[1], do_sample=True, temperature=0.8)
         assert sampled[-1].error_code == 400 and sampled[-1].error_field == "temperature"
@@ -218,22 +228,64 @@ def test_an_engine_built_otherwise_is_a_start_up_error_naming_config_json(trt, t
     trt.__version__ = "1.2.1"
     plain = make_engine_dir(tiny_model("llama"), tmp_path / "plain", **{**BUILD, "max_draft_len": 0})
     with pytest.raises(TrtllmConfigError, match=r"build_config.speculative_decoding_mode is 1 \(2 is draft_tokens"):
-        TrtllmEngine(plain, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+        TrtllmEngine(plain, drafting(), eos_token_ids=[2])
     short = drafts_engine(tmp_path / "short", max_draft_len=2)
     with pytest.raises(TrtllmConfigError, match=r"build_config.max_draft_len=2 and 4 draft tokens"):
-        TrtllmEngine(short, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+        TrtllmEngine(short, drafting(), eos_token_ids=[2])
     narrow = drafts_engine(tmp_path / "narrow", max_input_len=64)
     with pytest.raises(TrtllmConfigError, match=r"build_config.max_input_len=64 is below"):
-        TrtllmEngine(narrow, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+        TrtllmEngine(narrow, drafting(), eos_token_ids=[2])
     with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode draft_tokens_external and no"):
         TrtllmEngine(drafts_engine(tmp_path / "d"), TrtllmSettings(), eos_token_ids=[2])
 
 
+def test_what_the_executor_needs_for_block_reuse_is_a_start_up_error_naming_it(trt, tmp_path):
+    """The Executor refuses a draft_tokens_external engine without block reuse, and 1.x turns reuse off for an engine
+    without paged context FMHA or with context logits (trtGptModelInflightBatching.cpp, trtllm_drafts' docstring)."""
+    trt.__version__ = "1.2.1"
+    engine_dir = drafts_engine(tmp_path / "engine")
+    with pytest.raises(
+        TrtllmConfigError, match=r"option.enable_kv_cache_reuse=false beside .*KV cache block reuse must"
+    ):
+        TrtllmEngine(engine_dir, TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2])
+    unpaged = drafts_engine(tmp_path / "unpaged", plugin_config={"use_paged_context_fmha": False})
+    with pytest.raises(TrtllmConfigError, match=r"build_config.plugin_config.use_paged_context_fmha is off.*draft"):
+        TrtllmEngine(unpaged, drafting(), eos_token_ids=[2])
+    logits = drafts_engine(tmp_path / "logits", gather_context_logits=True)
+    with pytest.raises(TrtllmConfigError, match=r"build_config.gather_context_logits is true"):
+        TrtllmEngine(logits, drafting(), eos_token_ids=[2])
+    # trtGptModel.h: without chunked context the input is capped at max_num_tokens, below what iterations resend
+    few = drafts_engine(tmp_path / "few", max_num_tokens=64)
+    with pytest.raises(TrtllmConfigError, match=r"max_num_tokens=64 is below max_seq_len - 1 = 159.*enable_chunked"):
+        TrtllmEngine(few, drafting(), eos_token_ids=[2])
+    TrtllmEngine(few, drafting(enable_chunked_context=True), eos_token_ids=[2])
+
+
+async def test_a_draft_model_starts_first_on_the_copys_gpus_and_refuses_parallelism(trt, tmp_path, other_draft, caplog):
+    """Both Executors in orchestrator mode on the copy's device_ids (run_dtm_pld.py), the draft's first with its
+    bounded KV-cache share; a draft engine over several GPUs is refused, naming the keys."""
+    trt.__version__ = "1.2.1"
+    drafts = draft_model(draft_engine(other_draft, tmp_path / "draft"))
+    with caplog.at_level("INFO", logger="lmi_trt"):
+        engine = await started(drafts_engine(tmp_path / "engine"), drafting(drafts, device_ids=(3,)))
+    try:
+        draft = engine._draft_engine
+        assert draft.settings.device_ids == (3,) and draft.settings.orchestrator
+        assert draft.settings.kv_cache_free_gpu_mem_fraction == 0.1
+        loads = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loading TensorRT-LLM")]
+        assert str(tmp_path / "draft") in loads[0] and str(tmp_path / "engine") in loads[1], loads
+    finally:
+        await engine.close()
+    wide = make_engine_dir(
+        other_draft, tmp_path / "wide", tp_size=2, max_batch_size=4, max_input_len=163, max_seq_len=164
+    )
+    with pytest.raises(TrtllmConfigError, match=r"draft model's engine has tp=2 pp=1.*option.tensor_parallel_degree=1"):
+        TrtllmEngine(drafts_engine(tmp_path / "t"), drafting(draft_model(wide)), eos_token_ids=[2])
+
+
 async def test_012_is_refused(trt, tmp_path):
     trt.__version__ = "0.12.0"
-    engine = TrtllmEngine(
-        drafts_engine(tmp_path / "engine"), TrtllmSettings(drafts=DRAFTS), eos_token_ids=[2], gpu_available=lambda: True
-    )
+    engine = TrtllmEngine(drafts_engine(tmp_path / "engine"), drafting(), eos_token_ids=[2], gpu_available=lambda: True)
     with pytest.raises(TrtllmConfigError, match=r"draft tokens on TensorRT-LLM 0.12.0's Executor"):
         await engine.start()
 
@@ -258,12 +310,17 @@ def test_the_keys_resolve_to_executor_drafts_and_what_they_cannot_run_beside_is_
 
 
 def test_the_fake_executor_checks_what_the_real_one_checks(trt, tmp_path):
-    """trtGptModelInflightBatching.cpp verifyRequests: no more drafts than the engine's max_draft_len."""
+    """llmRequest.cpp LlmRequest::validate: no more drafts than the engine's max_draft_len; the constructor in
+    trtGptModelInflightBatching.cpp: no draft_tokens_external engine without KV-cache block reuse."""
     from tensorrt_llm.bindings import executor as tle
 
     trt.__version__ = "1.2.1"
     engine_dir = drafts_engine(tmp_path / "engine")
-    executor = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
+    no_reuse = tle.ExecutorConfig(kv_cache_config=tle.KvCacheConfig(enable_block_reuse=False))
+    with pytest.raises(RuntimeError, match="KV cache block reuse must be enabled for speculative decoding target"):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, no_reuse)
+    reuse = tle.ExecutorConfig(kv_cache_config=tle.KvCacheConfig(enable_block_reuse=True))
+    executor = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, reuse)
     try:
         request = tle.Request(
             PROMPTS[1],
@@ -273,7 +330,10 @@ def test_the_fake_executor_checks_what_the_real_one_checks(trt, tmp_path):
         )
         rid = executor.enqueue_request(request)
         (response,) = executor.await_responses(rid, timeout=60)
-        assert response.has_error() and "Number of draft tokens (5) is larger than maximum" in response.error_msg
+        assert (
+            response.has_error()
+            and "Draft tokens length (5) exceeds maximum draft tokens length (4)." in response.error_msg
+        )
     finally:
         executor.shutdown()
     assert "fast_logits" in dir(tle.ExternalDraftTokensConfig([1]))
@@ -307,7 +367,12 @@ async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_ref
         spec = {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 3}
         config, logged = jit_config(tmp_path, speculative_config=spec), "n-gram (prompt lookup) draft tokens"
     else:
-        config = jit_config(tmp_path, speculative_draft_model=str(other_draft), max_draft_len=3)
+        config = jit_config(
+            tmp_path,
+            speculative_draft_model=str(other_draft),
+            max_draft_len=3,
+            draft_kv_cache_free_gpu_mem_fraction=0.1,
+        )
         logged = "draft-model draft tokens on a draft_tokens_external engine"
     prompt = "the cat the cat the cat the cat"
     text, want = greedy_text_tokens(hf_dir, prompt, 16)

@@ -349,3 +349,116 @@ def test_ping_is_pending_until_every_front_end_serves_alone_on_the_socket():
         assert await server == 0
 
     asyncio.run(main())
+
+
+def test_ping_is_pending_until_the_health_responder_has_stopped_accepting(monkeypatch):
+    """One process: loaded, the server accepts beside its health responder until the responder stops (a connection
+    queued at the handover is answered by one of the two). While the responder may still take a connection and answer
+    it "still loading", /ping stays 503: a client that saw 200 must not get "still loading" on its next request (CI
+    caught it: test_launch_mpi's /invocations after /ping 200). The responder here stops accepting at once but its
+    stop returns only when released, so every connection meanwhile reaches the server."""
+    import threading
+
+    from aiohttp import ClientSession
+
+    from lmi_trt.serving.app import build_app, listen, serve
+    from lmi_trt.serving.health_responder import HealthResponder
+    from lmi_trt.serving.http import CONTEXT, ModelStatus
+
+    release, stopping = threading.Event(), threading.Event()
+    real_stop = HealthResponder.stop
+
+    def slow_stop(self: HealthResponder) -> None:
+        real_stop(self)
+        stopping.set()
+        release.wait(60)
+
+    monkeypatch.setattr(HealthResponder, "stop", slow_stop)
+
+    async def main() -> None:
+        tok = tiny_tokenizer()
+        engine = synthetic_engine(tok, max_new_tokens=8)
+
+        async def load() -> LoadedModel:
+            await engine.start()
+            return LoadedModel(engine, tok)
+
+        app = build_app(load, LmiConfig(), model_name="tiny")
+        sock = listen("127.0.0.1", 0)
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(serve(app, sock=sock, stop=stop, exit_on_failure_after=None))
+        async with ClientSession(f"http://127.0.0.1:{sock.getsockname()[1]}") as s:
+            assert await wait_until(stopping.is_set, timeout=60)
+            async with s.post("/invocations", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}}) as r:
+                assert r.status == 200, await r.text()  # the server answers: the model is loaded
+            async with s.get("/ping") as r:
+                assert (r.status, await r.json()) == (503, {"tiny": {"status": "PENDING"}})
+            release.set()
+            assert await wait_until(lambda: app[CONTEXT].status is ModelStatus.HEALTHY, timeout=60)
+            async with s.get("/ping") as r:
+                assert (r.status, await r.json()) == (200, {"tiny": {"status": "Healthy"}})
+        stop.set()
+        assert await server == 0
+
+    asyncio.run(main())
+
+
+def test_the_trtllm_executor_engine_hands_its_response_batches_to_the_link(tmp_path):
+    """TrtllmEngine (the fake Executor) as a BatchedEngine behind the link, two front ends: each stream's tokens are
+    the engine's own with no task per request in the engine's process, and a client that leaves cancels exactly its
+    own Executor request while the other front end's stream runs on."""
+    import threading
+
+    from tinymodels import tiny_model
+    from trtllm_testing import fake_tensorrt_llm, make_engine_dir
+
+    resume = threading.Event()
+
+    async def main() -> None:
+        from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
+
+        engine_dir = make_engine_dir(tiny_model("llama"), tmp_path / "plans", max_batch_size=4, max_seq_len=160)
+        engine = TrtllmEngine(
+            engine_dir, TrtllmSettings(), eos_token_ids=[2], pad_token_id=0, gpu_available=lambda: True
+        )
+        async with _linked(tmp_path, engine, fronts=2) as (server, [one, two], connecting):
+            server.ready(engine, None)
+            await asyncio.wait_for(asyncio.gather(*connecting), 60)
+            executor = engine._executor
+            enqueued: list[int] = []
+            cancelled: list[int] = []
+            enqueue, cancel, responses_of = executor.enqueue_request, executor.cancel_request, executor.await_responses
+            executor.enqueue_request = lambda request: enqueued.append(enqueue(request)) or enqueued[-1]
+            executor.cancel_request = lambda exec_id: (cancelled.append(exec_id), cancel(exec_id))
+            held = []
+
+            def await_responses(**kwargs):
+                # The pump stops after the batch with the leaving request's first response, until the test has let
+                # it go, so that it is still running at the Executor when its client leaves.
+                if held:
+                    resume.wait(60)
+                responses = responses_of(**kwargs)
+                held.extend(r for r in responses if enqueued[1:2] == [r.request_id])
+                return responses
+
+            executor.await_responses = await_responses
+            direct = await _collect(engine.submit(_request("direct", 12)))
+            leaves = two.submit(_request("leaves", 150))
+            await leaves.__anext__()
+            stays = asyncio.ensure_future(_collect(one.submit(_request("stays", 12))))
+            assert not server._tasks  # the link runs no task per request for this engine
+            await leaves.aclose()  # the client left
+            while not cancelled:
+                await asyncio.sleep(0.01)
+            resume.set()
+            linked = await asyncio.wait_for(stays, 60)
+            assert [t for o in linked for t in o.token_ids] == [t for o in direct for t in o.token_ids]
+            assert linked[-1].finish_reason is FinishReason.LENGTH
+            await _slots_freed(engine, server)
+            assert cancelled == [enqueued[1]] and len(enqueued) == 3
+
+    with fake_tensorrt_llm():
+        try:
+            asyncio.run(main())
+        finally:
+            resume.set()

@@ -169,3 +169,65 @@ def test_engine_facts_take_the_draft_slack_off_max_seq_len_and_name_the_built_mo
     assert "needs at least 7" in engine_speculation_errors(la, 8, 6)[0]
     assert "built with --speculative_decoding_mode medusa" in engine_speculation_errors(None, 4, 3)[0]
     assert "this one was built with none" in engine_speculation_errors(la, 1, 0)[0]
+
+
+NGRAM_JSON = '{"decoding_type": "NGram", "max_draft_len": 3}'
+
+
+def test_draft_tokens_turn_block_reuse_on_when_unset_and_refuse_it_off():
+    """trtGptModelInflightBatching.cpp: "KV cache block reuse must be enabled for speculative decoding target model"."""
+    assert executor_view(speculative_config=NGRAM_JSON).enable_kv_cache_reuse is True
+    assert executor_view(speculative_config=NGRAM_JSON, enable_kv_cache_reuse="true").enable_kv_cache_reuse is True
+    assert executor_view().enable_kv_cache_reuse is False  # DJL's default stays without drafts
+    with pytest.raises(SpeculationError) as err:
+        executor_view(speculative_config=NGRAM_JSON, enable_kv_cache_reuse="false")
+    assert str(err.value).startswith("option.enable_kv_cache_reuse=False") and "KV cache block reuse must" in str(
+        err.value
+    )
+
+
+def test_a_draft_model_needs_its_memory_share_and_runs_both_executors_in_orchestrator_mode():
+    with pytest.raises(SpeculationError) as err:
+        executor_view(speculative_draft_model="/d")
+    assert str(err.value).startswith("option.draft_kv_cache_free_gpu_mem_fraction=None")
+    view = executor_view(speculative_draft_model="/d", draft_kv_cache_free_gpu_mem_fraction="0.2")
+    assert view.drafts.kv_fraction == 0.2 and view.orchestrator and view.enable_kv_cache_reuse
+    assert not executor_view(speculative_config=NGRAM_JSON).orchestrator
+    with pytest.raises(SpeculationError, match="no draft model is served"):
+        executor_view(speculative_config=NGRAM_JSON, draft_kv_cache_free_gpu_mem_fraction="0.2")
+    cfg = stages.settle(config(speculative_draft_model="/d", draft_kv_cache_free_gpu_mem_fraction="0.2"), "trtllm")
+    assert "draft_kv_cache_free_gpu_mem_fraction" in stages.honoured(TENSORRT, cfg)
+
+
+@pytest.mark.parametrize(
+    ("opts", "key", "words"),
+    [
+        (dict(gpu=T4), "option.speculative_config.decoding_type", "compute capability 8.0"),
+        (dict(use_paged_context_fmha=False), "option.use_paged_context_fmha", "KV-cache block reuse"),
+    ],
+)
+def test_the_plan_refuses_draft_tokens_where_block_reuse_cannot_run(llama, opts, key, words):
+    drafts = dict(
+        speculative_decoding_mode="draft_tokens_external",
+        max_draft_len=3,
+        speculative_method="ngram",
+        speculative_key="option.speculative_config.decoding_type",
+    )
+    with pytest.raises(PlanError) as err:
+        plan(llama, **{**drafts, **opts})
+    assert err.value.key == key and words in str(err.value)
+
+
+def test_the_plan_builds_draft_tokens_with_paged_context_fmha_and_plans_max_num_tokens_for_the_raised_input(llama):
+    drafts = dict(
+        speculative_decoding_mode="draft_tokens_external",
+        max_draft_len=3,
+        speculative_method="ngram",
+        speculative_key="option.speculative_config.decoding_type",
+    )
+    planned = plan(llama, **drafts)
+    assert planned.plugins.use_paged_context_fmha and planned.max_input_len == 95
+    # max_input_len 64 is raised to max_seq_len - 1 = 95: a max_num_tokens below it needs chunked context
+    chunked = plan(llama, max_num_tokens=80, **drafts)
+    assert any("processed in chunks" in note for note in chunked.notes), chunked.notes
+    assert not any("processed in chunks" in note for note in plan(llama, max_num_tokens=80).notes)

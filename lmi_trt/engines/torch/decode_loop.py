@@ -216,15 +216,12 @@ class _Row:
         # ... whether its next step's bans depend on the token it generated last, and whether a
         # step needs anything for it beyond its token (bans, top log-probs, a logit bias).
         self.needs_newest = bool(self.multi_bad) or self.slot.matcher is not None
+        self.top_k, self.logprobs = sampling.top_logprobs, sampling.logprobs  # what its outputs carry
         self.plain = not (self.needs_newest or sampling.top_logprobs or sampling.logit_bias)
 
     @property
     def done(self) -> bool:
         return self.slot.finished or self.slot.cancelled or self.slot.closed
-
-    @property
-    def prefilled(self) -> bool:
-        return self.filled >= len(self.seq)
 
     def decodable(self) -> bool:
         return not self.done and self.filled >= len(self.seq) and self.launched < self.max_new
@@ -374,7 +371,9 @@ class DecodeLoopBackend(QueuedBackend):
         self._tables = torch.zeros(self.slots + 1, self._width + spare, dtype=torch.long, device=self._device)
         self._next = torch.zeros(self.slots + 1, dtype=torch.long, device=self._device)  # next input token per slot
         # Per slot: position, cache slot (< 0: idle, nothing written), context, tokens generated.
-        self._meta = torch.tensor([[0], [-1], [1], [0]], device=self._device).repeat(1, self.slots)
+        # (On the host: an idle slot's, the template of each decode step's.)
+        self._idle_meta = torch.tensor([[0], [-1], [1], [0]]).repeat(1, self.slots)
+        self._meta = self._idle_meta.to(self._device, copy=True)
         self._out = torch.zeros(3 + 2 * MAX_TOP_LOGPROBS, self.slots, dtype=torch.float32, device=self._device)
         self._arange = torch.arange(self.slots, device=self._device)
         self._ones, self._zeros = torch.ones_like(self._arange), torch.zeros_like(self._arange)
@@ -804,26 +803,29 @@ class DecodeLoopBackend(QueuedBackend):
         return launch
 
     def _launch_decode(self, rows: list[_Row]) -> _Launch:
-        highest = max(r.index for r in rows) + 1
-        size = next(s for s in self._sizes if s >= highest) if self._cuda else highest
-        meta = [[0] * size, [-1] * size, [1] * size, [0] * size]
-        columns: list[_Row | None] = [None] * size
+        # Runs every few milliseconds over every running row: per row only list comprehensions, the
+        # slot's inputs scattered into place as one tensor.
         block = self._pool.block_size
-        mode, special = Mode.GREEDY, []  # one pass over the rows: this runs every few milliseconds
-        lora = False  # some row uses an adapter: else the base model's step, no LoRA kernels
-        for r in rows:
-            i, filled = r.index, r.filled
-            meta[0][i] = filled
-            meta[1][i] = r.blocks[filled // block] * block + filled % block
-            meta[2][i] = filled + 1
-            meta[3][i] = r.launched
+        index = [r.index for r in rows]
+        filled = [r.filled for r in rows]
+        highest = max(index) + 1
+        size = next(s for s in self._sizes if s >= highest) if self._cuda else highest
+        values = array("q", filled)
+        values.extend([r.blocks[f // block] * block + f % block for r, f in zip(rows, filled)])
+        values.extend([r.launched for r in rows])
+        position, cache, generated = torch.frombuffer(values, dtype=torch.long).view(3, -1)
+        meta = self._idle_meta[:, :size].clone()
+        meta[:, torch.frombuffer(array("q", index), dtype=torch.long)] = torch.stack(
+            (position, cache, position + 1, generated)
+        )
+        columns: list[_Row | None] = [None] * size
+        for i, r in zip(index, rows):
             columns[i] = r
-            if r.settled > mode or r.launched < r.min_new:
-                mode = max(mode, r.mode())
-            if not r.plain:
-                special.append(r)
-            if r.lora >= 0:
-                lora = True
+        # The slowest mode any row needs; min_new_tokens holds a row in a slower one for its first tokens.
+        mode = max(r.settled for r in rows)
+        mode = max(mode, max((r.mode() for r in rows if r.launched < r.min_new), default=mode))
+        special = [r for r in rows if not r.plain]
+        lora = any(r.lora >= 0 for r in rows)  # some row uses an adapter: else the base model's step, no LoRA kernels
         self._meta[:, :size].copy_(self._put(meta), non_blocking=True)
         self._write_tables()
         self._step_bans(special, True)
@@ -834,7 +836,7 @@ class DecodeLoopBackend(QueuedBackend):
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(size, mode, top, bias, max(meta[2]), lora)
+            self._decode_step(size, mode, top, bias, max(filled) + 1, lora)
         self._step_bans(special, False)
         for r in rows:
             r.filled += 1
@@ -1189,9 +1191,18 @@ class DecodeLoopBackend(QueuedBackend):
         planned: set[int] = set()
         # 1. a decode token for every row whose prompt is in the cache, oldest first; a row that
         #    cannot get a block takes one from a newer row, or gives its own back.
+        #    One pass over the rows (this runs every few milliseconds), which also finds the prompts
+        #    being prefilled.
         room = self._pool.block_size
+        prefilling = []
         for row in list(self._rows):
-            if row.index < 0 or not row.decodable():
+            slot = row.slot
+            if row.index < 0 or slot.finished or slot.cancelled or slot.closed:  # row.done, inlined
+                continue
+            if row.filled < len(row.seq):
+                prefilling.append(row)
+                continue
+            if row.launched >= row.max_new:
                 continue
             if row.filled < len(row.blocks) * room or self._grow(row, row.filled + 1, planned) > row.filled:
                 step.decode.append(row)
@@ -1199,11 +1210,12 @@ class DecodeLoopBackend(QueuedBackend):
             elif row.index >= 0:
                 self._preempt(row)
         budget = self._budget - len(step.decode)
-        # 2. the next chunk of every prompt being prefilled, oldest first.
-        for row in list(self._rows):
+        # 2. the next chunk of every prompt being prefilled, oldest first (one preempted or ended meanwhile is
+        #    passed over).
+        for row in prefilling:
             if budget <= 0:
                 break
-            if row.index < 0 or row.done or row.prefilled:
+            if row.index < 0 or row.done:
                 continue
             room = self._grow(row, min(len(row.seq), row.filled + budget), planned)
             if room <= row.filled:
@@ -1527,49 +1539,50 @@ class DecodeLoopBackend(QueuedBackend):
         tokens, logprobs, status, *more = launch.host.tolist()
         emitted, top = (more[0], more[1:]) if launch.proposed is not None else (None, more)
         items: list[tuple[Slot, EngineOutput]] = []
-        for column, row in enumerate(launch.rows):
+        width = launch.width
+        for column, row in enumerate(launch.rows):  # every row of every step passes here: locals, no properties
             if row is None:
                 continue
             slot = row.slot
-            if slot.finished or slot.cancelled or slot.closed:  # row.done, inlined: every token passes here
+            if slot.finished or slot.cancelled or slot.closed:  # row.done, inlined
                 continue
-            first, count = column * launch.width, 1
+            first, count = column * width, 1
             if emitted is not None:
                 count = int(emitted[first])
                 self._verified(row, launch.proposed[column], count)
-            k = slot.sampling.top_logprobs
+            k, matcher, request, generated = row.top_k, slot.matcher, slot.request, slot.generated
             new: list[int] = []
             lps: list[float] = []
-            alternatives: list[list[tuple[int, float]]] = []
+            alternatives: list[list[tuple[int, float]]] | None = [] if k else None
             reason = failure = None
             # A stop, EOS or max_new_tokens among the kept tokens ends the request there.
             for position in range(first, first + count):
-                if status[position] or (slot.matcher is not None and slot.matcher.error is not None):
+                if status[position] or (matcher is not None and matcher.error is not None):
                     failure = int(status[position])
                     break
                 token = int(tokens[position])
-                if slot.matcher is not None:
-                    slot.matcher.accept(token)
-                    if slot.matcher.error is not None:  # too slow to take it: this request fails alone
+                if matcher is not None:
+                    matcher.accept(token)
+                    if matcher.error is not None:  # too slow to take it: this request fails alone
                         failure = 0
                         break
-                slot.generated.append(token)
+                generated.append(token)
                 new.append(token)
                 lps.append(logprobs[position])
                 if k:
                     alternatives.append(
                         [(int(top[j][position]), top[MAX_TOP_LOGPROBS + j][position]) for j in range(k)]
                     )
-                reason = finish_reason(slot.generated, slot.eos_ids, slot.request)
+                reason = finish_reason(generated, slot.eos_ids, request)
                 if reason is not None:
                     break
             if new:
                 slot.finished = reason is not None
                 output = EngineOutput(
-                    slot.request.request_id,
+                    request.request_id,
                     new,
-                    lps if slot.sampling.logprobs else None,
-                    alternatives if k else None,
+                    lps if row.logprobs else None,
+                    alternatives,
                     finished=slot.finished,
                     finish_reason=reason,
                     queue_time_s=slot.take_queue_time(),

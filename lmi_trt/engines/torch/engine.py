@@ -311,7 +311,6 @@ class TorchEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sink: OutputSink | None = None
         self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop
-        self._relays: set[asyncio.Task[None]] = set()
         # Outputs the engine thread handed over that the event loop has not pushed yet; while a
         # push is scheduled, more outputs join it rather than scheduling another (a wake-up of the
         # loop through its self-pipe costs a syscall and a GIL hand-over per call).
@@ -415,17 +414,15 @@ class TorchEngine:
     def attach(self, sink: OutputSink) -> None:
         self._sink = sink
 
-    def submit_to_sink(self, request: GenerationRequest) -> None:
-        """A plain streamed request goes straight to a slot whose outputs ``_push`` hands to the sink, a step's
-        together; one that needs ``_stream``'s own work (aggregating beams, scoring the prompt, compiling a
-        grammar) is relayed from it by a task."""
-        assert self._sink is not None, "attach() a sink first"
+    def sinks(self, request: GenerationRequest) -> bool:
+        """A plain streamed request: one that needs ``_stream``'s own work (aggregating beams, scoring the prompt,
+        compiling a grammar) goes through ``submit``."""
         sampling = request.sampling
-        if not request.streaming or sampling.prompt_logprobs or sampling.guided is not None:
-            task = asyncio.get_running_loop().create_task(self._relay(self.submit(request)))
-            self._relays.add(task)
-            task.add_done_callback(self._relays.discard)
-            return
+        return request.streaming and not sampling.prompt_logprobs and sampling.guided is None
+
+    def submit_to_sink(self, request: GenerationRequest) -> None:
+        """Straight to a slot whose outputs ``_push`` hands to the sink, a step's together."""
+        assert self._sink is not None, "attach() a sink first"
         try:
             self._check_request(request)
             slot = self._open(request, None)
@@ -434,10 +431,6 @@ class TorchEngine:
             return
         slot.sunk = True
         self._backend.enqueue(slot)
-
-    async def _relay(self, outputs: AsyncIterator[EngineOutput]) -> None:
-        async for out in outputs:
-            self._sink.put([out])  # type: ignore[union-attr]
 
     def _put_sunk(self) -> None:
         outs, self._sunk = self._sunk, []

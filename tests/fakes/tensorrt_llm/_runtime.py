@@ -136,6 +136,8 @@ class EngineLimits:
     use_paged_context_fmha: bool
     tokens_per_block: int
     max_draft_len: int = 0
+    speculative_decoding_mode: int = 1  # modeling_utils.py SpeculativeDecodingMode (IntFlag): NONE=1
+    gather_context_logits: bool = False  # ModelConfig::computeContextLogits, from build_config
 
 
 def read_engine_config(engine_dir: Path) -> EngineLimits:
@@ -162,6 +164,8 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
             use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
             tokens_per_block=plugins.get("tokens_per_block", 32),
             max_draft_len=build.get("max_draft_len", 0),
+            speculative_decoding_mode=int(build.get("speculative_decoding_mode") or 1),
+            gather_context_logits=bool(build.get("gather_context_logits", False)),
         )
     builder, plugins = cfg["builder_config"], cfg.get("plugin_config", {})
     return EngineLimits(
@@ -255,6 +259,13 @@ class ExecutorImpl:
         kv = config.kv_cache_config
         if kv.enable_block_reuse and not self.limits.use_paged_context_fmha:
             raise _tllm_error("When KV cache block reuse is set, model has to be built with paged context FMHA support")
+        # cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp (NVIDIA/TensorRT-LLM, a 1.x copy whose
+        # constructor takes an ExecutorConfig): fixExecutorConfig turns block reuse off, with a warning only, for an
+        # engine without paged context FMHA or one that computes context logits; then the constructor's TLLM_CHECK
+        # refuses a draft_tokens_external engine without reuse (in every copy read, 0.12-era to 1.x).
+        reuse = kv.enable_block_reuse and self.limits.use_paged_context_fmha and not self.limits.gather_context_logits
+        if self.limits.speculative_decoding_mode & 2 and not reuse:  # DRAFT_TOKENS_EXTERNAL = 2
+            raise _tllm_error("KV cache block reuse must be enabled for speculative decoding target model")
         if config.max_beam_width > self.limits.max_beam_width:
             raise _tllm_error(
                 f"max_beam_width ({config.max_beam_width}) is larger than the engine's ({self.limits.max_beam_width})"
@@ -621,16 +632,15 @@ class ExecutorImpl:
         """The context step of a request with draft tokens: the prompt and the drafts in one pass, then at each
         position the token the request's SamplingConfig chooses there (greedy: the argmax), keeping drafts while they
         equal it and ending with the target's own token (externalDraftTokensLayer.cpp, accepted by id without draft
-        logits); the request ends there (module docstring). More drafts than the engine's max_draft_len
-        fail the request (trtGptModelInflightBatching.cpp verifyRequests' TLLM_CHECK, which fails the batch step
-        there; the fake fails only this request)."""
+        logits); the request ends there (module docstring). More drafts than the engine's max_draft_len fail this
+        request (cpp/tensorrt_llm/batch_manager/llmRequest.cpp ``LlmRequest::validate``, 1.x copies, which runs
+        before verifyRequests ever sees it). The real scheduler may also drop drafts that do not fit the context
+        chunk (microBatchScheduler); the fake does not."""
         import torch
 
         drafts, most = seq.drafts, self.limits.max_draft_len
         if len(drafts) > most:
-            raise _tllm_error(
-                f"Number of draft tokens ({len(drafts)}) is larger than maximum number of draft tokens ({most})"
-            )
+            raise _tllm_error(f"Draft tokens length ({len(drafts)}) exceeds maximum draft tokens length ({most}).")
         self._lora.use(seq.lora)
         res = self._model(input_ids=torch.tensor([seq.prompt + drafts]))
         positions = res.logits[0, len(seq.prompt) - 1 :].float()
