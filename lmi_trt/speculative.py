@@ -76,8 +76,12 @@ RUNS_ON = {
     "lookahead": "lmi-trt's tensorrt backend (option.rolling_batch=trtllm, option.backend=tensorrt: TensorRT-LLM's "
     "Executor, 0.12-1.2) on an engine built with --speculative_decoding_mode lookahead_decoding, which its compile "
     "stage builds",
+    "medusa": "lmi-trt's tensorrt backend (option.rolling_batch=trtllm, option.backend=tensorrt: TensorRT-LLM's "
+    "Executor, 1.0-1.2) on an engine built with --speculative_decoding_mode medusa and the heads, which its compile "
+    "stage builds from the Hugging Face checkpoint and FasterDecoding-format heads (TensorRT-LLM's "
+    "MedusaDecodingConfig is not for its pytorch backend: llm_args.py supports_backend)",
     **dict.fromkeys(
-        ("eagle", "medusa", "explicit_draft_tokens"),
+        ("eagle", "explicit_draft_tokens"),
         "TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive (their head checkpoints "
         "need TensorRT-LLM's own converters)",
     ),

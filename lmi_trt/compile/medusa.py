@@ -13,8 +13,19 @@ index keeps crawl copies, not tags, dated here by content):
   ``medusa_num_layers`` (flags ``--num_medusa_heads`` default 4, ``--num_medusa_layers`` default 1); the checkpoint
   config is the base model's with ``architecture: MedusaForCausalLM``, ``max_draft_len`` (``--max_medusa_token_len``,
   default 63), ``num_medusa_heads`` and ``num_medusa_layers``.
-* tensorrt_llm/models/medusa/model.py: ``MedusaLayer.forward`` is ``x + act(linear(x))`` (``medusa_hidden_act``,
+* tensorrt_llm/models/medusa/model.py (a 1.x copy, id 906315928): ``MedusaForCausalLm`` wraps ``QWenForCausalLM`` when
+  the config's ``model_type`` holds "qwen" and ``LLaMAForCausalLM`` otherwise; its ``from_hugging_face`` converts
+  the base with ``convert_hf_llama`` and takes ``num_medusa_heads`` from the LLM API's ``speculative_config`` when
+  given, else the heads' config.json ``medusa_num_heads``; ``MedusaLayer.forward`` is ``x + act(linear(x))``
+  (``medusa_hidden_act``,
   default silu) and ``MedusaHead`` applies its layers then its own ``lm_head`` to the base model's last hidden state.
+  Its ``ColumnLinear`` layers split over tensor-parallel ranks, which lmi-trt does not shard here (``plan_errors``).
+* tensorrt_llm/builder.py ``build`` (a 1.x copy, id 3063623504): a model whose config has ``max_draft_len`` is built
+  with that draft length and ``SpeculativeDecodingMode.MEDUSA`` (a warning where another mode was asked).
+
+lmi-trt follows convert_checkpoint.py's route inside its own build: the base model is converted as for any engine
+and saved as a checkpoint, the heads' tensors are added to each rank's ``rank{N}.safetensors`` and its config.json
+becomes the Medusa one (``write_checkpoint``), and ``MODEL_MAP["MedusaForCausalLM"].from_checkpoint`` reads it back.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from .errors import PlanError
 
@@ -101,11 +114,17 @@ def heads_file(folder: Path, key: str) -> Path:
     )
 
 
-def read_heads(folder: Path, key: str) -> tuple[MedusaHeads, dict[str, Any]]:
-    """Reads the heads folder: its config.json's shape and its tensors, under TensorRT-LLM's names."""
+def _heads_config(folder: Path, key: str) -> MedusaHeads:
     config_path = folder / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    heads = MedusaHeads.from_config(config, key)
+    return MedusaHeads.from_config(json.loads(config_path.read_text()) if config_path.is_file() else {}, key)
+
+
+def read_heads(folder: Path, key: str, num_heads: int | None = None) -> tuple[MedusaHeads, dict[str, Any]]:
+    """Reads the heads folder: its config.json's shape (``num_heads`` of them where given) and its tensors, under
+    TensorRT-LLM's names."""
+    heads = _heads_config(folder, key)
+    if num_heads is not None:
+        heads = MedusaHeads(num_heads, heads.num_layers)
     path = heads_file(folder, key)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -117,3 +136,81 @@ def read_heads(folder: Path, key: str) -> tuple[MedusaHeads, dict[str, Any]]:
         # weights_only: a pickled heads file runs no code when loaded.
         state = torch.load(path, map_location="cpu", weights_only=True)
     return heads, convert_heads(state, heads, key)
+
+
+class MedusaPlan(BaseModel):
+    """The heads a Medusa engine is built with: where they are (not part of the cache key), what they are (their
+    folder's fingerprint) and how many heads and layers the checkpoint takes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    heads_dir: str
+    fingerprint: str
+    num_heads: int
+    num_layers: int
+
+
+def plan_heads(folder: Path, fingerprint: str, num_heads: int | None, key: str) -> MedusaPlan:
+    """The heads in ``folder`` (config.json read): ``num_heads`` where the configuration names it (llm_args.py's
+    num_medusa_heads, which model.py prefers to config.json's), else the folder's own; the file must be there."""
+    heads = _heads_config(folder, key)
+    heads_file(folder, key)
+    return MedusaPlan(
+        heads_dir=str(folder),
+        fingerprint=fingerprint,
+        num_heads=num_heads or heads.num_heads,
+        num_layers=heads.num_layers,
+    )
+
+
+def plan_errors(medusa: MedusaPlan, key: str, trtllm_class: str, tp: int, pp: int, quantized: bool) -> PlanError | None:
+    """Pure: why the compile stage cannot build this Medusa engine (model.py wraps LLaMA and QWen bases; lmi-trt
+    converts LLaMA-family ones, unsplit and unquantized)."""
+    if trtllm_class != "LLaMAForCausalLM":
+        return PlanError(
+            key,
+            "medusa",
+            f"the compile stage builds Medusa engines on LLaMA-family models (TensorRT-LLM's LLaMAForCausalLM), and "
+            f"this model converts with {trtllm_class}",
+            "serve it without speculative decoding, or with lookahead decoding",
+        )
+    if tp * pp != 1:
+        return PlanError(
+            "option.tensor_parallel_degree",
+            tp,
+            f"a Medusa engine is built here on one GPU (tp={tp} pp={pp} asked): lmi-trt does not split the heads "
+            "over ranks",
+            "set option.tensor_parallel_degree=1 and option.pipeline_parallel_degree=1, or leave Medusa out",
+        )
+    if quantized:
+        return PlanError(
+            "option.quantize",
+            "set",
+            "the compile stage does not quantize Medusa heads",
+            "leave option.quantize out with Medusa, or leave Medusa out",
+        )
+    return None
+
+
+def write_checkpoint(checkpoint: Path, rank: int, medusa: MedusaPlan, max_draft_len: int, dtype: str, key: str) -> None:
+    """Turns the base model's saved TensorRT-LLM checkpoint into the Medusa one, as convert_checkpoint.py writes it:
+    the heads' tensors (in the checkpoint's dtype) join rank ``rank``'s weights, and config.json becomes
+    ``checkpoint_config``'s."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    folder = Path(medusa.heads_dir)
+    _, state = read_heads(folder, key, medusa.num_heads)
+    shard = checkpoint / f"rank{rank}.safetensors"
+    with safe_open(str(shard), framework="pt") as f:
+        metadata = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 -- safe_open is not a Mapping
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    tensors.update({name: t.to(dtypes[dtype]).contiguous() for name, t in state.items()})
+    save_file(tensors, str(shard), metadata=metadata)
+    config_path = checkpoint / "config.json"
+    if rank == 0:
+        base = json.loads(config_path.read_text())
+        heads = MedusaHeads(medusa.num_heads, medusa.num_layers)
+        config_path.write_text(json.dumps(checkpoint_config(base, heads, max_draft_len), indent=4))

@@ -14,6 +14,22 @@ What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
 * cpp/tensorrt_llm/layers/medusaDecodingLayer.cpp (crawl copy 015884d): the target's tokens are drawn by
   ``invokeBatchTopKSampling`` with the request's top-k (default 1) -- "outputLogProbs are not supported" -- and the
   longest draft path equal to them is accepted; each head's candidates are its top-k, k per path position.
+* cpp/tensorrt_llm/runtime/medusaModule.cpp ``initMedusaTensorsFromChoices`` (crawl copy id 2784996723):
+  ``TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens())`` -- the tree fits the engine's draft tokens -- and "Medusa
+  choices require more Medusa heads than the engine was built with." for a path deeper than the heads; each depth's
+  top-k is its largest rank + 1.
+* the engine (llm_args.py ``validate_speculative_config``, 1.0 id 1520735490 and 1.1 id 1090804222, the LLM API's
+  TensorRT backend): ``build_config.speculative_decoding_mode = SpeculativeDecodingMode.MEDUSA``, ``build_config.
+  max_draft_len = max_draft_len`` and ``DecodingConfig(decoding_mode=DecodingMode.Medusa(), medusa_choices=...)``,
+  the keyword form every executor binding copy read takes (pybind: a 0.x one without pickling, 1.x ones with
+  ``eagle_config``; the nanobind copy). The 1.1 copy's ``max_total_draft_tokens = self.max_draft_len  # Current
+  Medusa only support linear tree`` sets a field its DecodingBaseConfig documents for the PyTorch flow's draft trees
+  ("If it's a linear tree, ... max_draft_len == max_total_draft_tokens"), and ``supports_backend`` keeps Medusa off
+  that backend; the TensorRT path above reads max_draft_len and medusa_choices only, so the engine decodes the whole
+  tree. Medusa is refused on the pytorch backend (``RUNS_ON``).
+* releases: that TensorRT-backend path is read in the 1.0 and 1.1 copies, and the executor binding in every copy;
+  which 0.x release's Executor decoded Medusa with these bindings was not pinned, so 0.12 is refused, as for draft
+  tokens.
 * the default tree ``mc_sim_7b_63``: FasterDecoding/Medusa medusa/model/medusa_choices.py (commit 5e98053, as
   vllm-project/vllm's tree-attention tests cite it): 63 paths, depth up to 4, ranks up to 9. Every prefix of its
   list is itself a tree (each path's parent comes before it), so lmi-trt cuts it to the engine's draft length and
@@ -22,6 +38,7 @@ What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +46,7 @@ from lmi_trt.engines.base import SAMPLING_FEATURES
 from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, refuse_other_members
 
 MEDUSA_MODE = 4  # config.json's speculative_decoding_mode for medusa (modeling_utils.py SpeculativeDecodingMode)
+MEDUSA_SINCE = (1, 0)
 MEDUSA_MEMBERS = ("medusa_choices", "num_medusa_heads")
 
 MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
@@ -50,6 +68,7 @@ class Medusa:
     num_heads: int | None  # None: the heads' config.json decides (llm_args.py)
     draft_len: int
     key: str
+    chosen: bool = True  # False: mc_sim_7b_63 cut here (``for_engine`` cuts it to the engine's heads too)
 
     def describe(self) -> str:
         depth = max(len(path) for path in self.choices)
@@ -133,7 +152,15 @@ def executor_medusa(spec: Speculation | None, max_beam_width: int) -> Medusa | N
             "accepted path); beam search does not run beside it",
             "set option.max_beam_width=1, or leave speculative decoding out",
         )
-    return Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key)
+    return Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key, "medusa_choices" in spec.options)
+
+
+def for_engine(medusa: Medusa | None, built_heads: int) -> Medusa | None:
+    """Pure: ``medusa`` with the default tree cut to the heads the engine was built with as well, where the
+    configuration named neither a tree nor num_medusa_heads (the heads' config.json then decides: llm_args.py)."""
+    if medusa is None or medusa.chosen or medusa.num_heads is not None or not built_heads:
+        return medusa
+    return dataclasses.replace(medusa, choices=default_choices(medusa.draft_len, built_heads))
 
 
 def deepest_path_error(medusa: Medusa, heads: int) -> str | None:
@@ -161,8 +188,42 @@ def medusa_refusals() -> dict[str, str]:
         "only), so lmi-trt refuses it rather than assume; leave it out, or serve without speculation"
     )
     return {
-        **dict.fromkeys(("guided", "logit_bias", "sampling", *SAMPLING_FEATURES), unread),
+        **dict.fromkeys(("guided", "logit_bias", *SAMPLING_FEATURES), unread),
+        "sampling": "Medusa here serves greedy requests only: medusaDecodingLayer.cpp draws the target's tokens by "
+        "top-k sampling alone and accepts draft paths by id, which lmi-trt has not shown to keep a sampled request's "
+        "distribution; send a greedy request (temperature 0), or serve without speculation",
         "logprobs": "Medusa does not return log-probs (medusaDecodingLayer.cpp: 'outputLogProbs are not supported'); "
         "leave them out, or serve without speculation",
         "beam_search": "Medusa accepts one path per request, no beams; ask for 1 beam",
     }
+
+
+def engine_medusa_errors(medusa: Medusa, built_mode: int | None, built_draft_len: int, built_heads: int) -> list[str]:
+    """Pure: why an engine built with ``built_mode`` (config.json's integer), ``built_draft_len`` draft tokens and
+    ``built_heads`` Medusa heads (pretrained_config.num_medusa_heads) cannot run ``medusa`` (medusaModule.cpp)."""
+    if built_mode != MEDUSA_MODE:
+        return [
+            f"{medusa.key}=medusa needs an engine built with --speculative_decoding_mode medusa and its heads, and "
+            "this one was not; rebuild it (lmi-trt's compile stage does, from the Hugging Face checkpoint and the "
+            "heads)"
+        ]
+    errors = []
+    if len(medusa.choices) > built_draft_len:
+        errors.append(
+            f"{JSON_KEY}.medusa_choices: {len(medusa.choices)} paths, and the engine was built with max_draft_len="
+            f"{built_draft_len} (medusaModule.cpp: TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens())); use at "
+            "most that many paths, or rebuild"
+        )
+    too_deep = deepest_path_error(medusa, built_heads)
+    if too_deep is not None:
+        errors.append(f"{too_deep} ('Medusa choices require more Medusa heads than the engine was built with.')")
+    return errors
+
+
+def release_error(medusa: Medusa | None, version: str, series: tuple[int, int]) -> str | None:
+    if medusa is None or series >= MEDUSA_SINCE:
+        return None
+    return (
+        f"{medusa.key}=medusa: Medusa on TensorRT-LLM {version}'s Executor is not verified here (the module docstring: "
+        "read in the 1.x releases' TensorRT backend); use a 1.x image, or leave speculative decoding out"
+    )

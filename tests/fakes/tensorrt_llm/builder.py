@@ -249,6 +249,13 @@ def build(model, build_config):
         config.max_seq_len = pretrained.max_position_embeddings or 2048
     config.max_input_len = min(config.max_input_len, config.max_seq_len)
     config.max_num_tokens = min(config.max_num_tokens, config.max_batch_size * config.max_seq_len)
+    if hasattr(pretrained, "max_draft_len"):
+        # builder.py build (a 1.x copy, id 3063623504): a Medusa model's config sets the draft length and the mode
+        # ("speculative_decoding_mode is not Medusa for Medusa model. Overwriting speculative_decoding_mode")
+        from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+        config.max_draft_len = pretrained.max_draft_len
+        config.speculative_decoding_mode = SpeculativeDecodingMode.MEDUSA
     if int(config.speculative_decoding_mode) != 1:  # not SpeculativeDecodingMode.NONE
         # builder.py build (crawl copy of the 1.x line): "Increasing max_seq_len ... by max_draft_len ... Maximum
         # number of generated tokens remains the same", and max_num_tokens raised to max_batch_size *
@@ -271,6 +278,13 @@ def build(model, build_config):
         "architecture": pretrained.architecture,
         "dtype": pretrained.dtype,
     }
+    heads = getattr(model, "_medusa_heads", None)
+    if heads is not None:  # the engine holds the heads' weights (the fake: a safetensors blob inside its plan)
+        import base64
+
+        from safetensors.torch import save
+
+        plan["medusa_heads"] = base64.b64encode(save(heads)).decode()
     return Engine(EngineConfig(pretrained, config, _state.version()), json.dumps(plan).encode())
 
 

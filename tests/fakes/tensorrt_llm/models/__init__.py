@@ -40,6 +40,41 @@ class DeepseekV2ForCausalLM(PretrainedModel):
     pass
 
 
+class MedusaForCausalLm(PretrainedModel):
+    """tensorrt_llm/models/medusa/model.py (a 1.x copy, id 906315928): a LLaMA (or QWen) model plus
+    ``num_medusa_heads`` heads, each ``num_medusa_layers`` residual layers and an ``lm_head``, whose checkpoint tensors
+    are ``medusa_heads.{h}.medusa_layers.{l}.linear.{weight,bias}`` and ``medusa_heads.{h}.lm_head.weight``. The fake
+    keeps the heads' tensors (the base weights stay in the Hugging Face folder) for the engine to carry."""
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir, rank=None, config=None, *, preprocess_weights_hook=None):
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        model = super().from_checkpoint(ckpt_dir, rank, config, preprocess_weights_hook=preprocess_weights_hook)
+        c = model.config
+        if c.architecture != "MedusaForCausalLM":
+            raise ValueError(f"MedusaForCausalLm cannot load a {c.architecture} checkpoint")
+        shard = load_file(str(Path(ckpt_dir) / f"rank{c.mapping.rank}.safetensors"))
+        expected = {
+            f"medusa_heads.{h}.{name}"
+            for h in range(c.num_medusa_heads)
+            for name in (
+                "lm_head.weight",
+                *(f"medusa_layers.{n}.linear.{w}" for n in range(c.num_medusa_layers) for w in ("weight", "bias")),
+            )
+        }
+        heads = {name: t for name, t in shard.items() if name.startswith("medusa_heads.")}
+        if set(heads) != expected:  # model.load's check of the weights against the module's parameters
+            raise RuntimeError(
+                f"Required but not provided tensors: {sorted(expected - set(heads))[:4]}; "
+                f"provided but not required: {sorted(set(heads) - expected)[:4]}"
+            )
+        model._medusa_heads = heads
+        return model
+
+
 MODEL_MAP = {
     "LlamaForCausalLM": LLaMAForCausalLM,
     "MistralForCausalLM": LLaMAForCausalLM,
@@ -66,6 +101,7 @@ MODEL_MAP = {
     "BaiChuanForCausalLM": BaichuanForCausalLM,
     "DeepseekForCausalLM": DeepseekForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "MedusaForCausalLM": MedusaForCausalLm,
 }
 
 __all__ = [
