@@ -163,9 +163,12 @@ def plan_heads(folder: Path, fingerprint: str, num_heads: int | None, key: str) 
     )
 
 
-def plan_errors(medusa: MedusaPlan, key: str, trtllm_class: str, tp: int, pp: int, quantized: bool) -> PlanError | None:
+def plan_errors(
+    medusa: MedusaPlan, key: str, trtllm_class: str, tp: int, pp: int, quantized: bool, lora: bool
+) -> PlanError | None:
     """Pure: why the compile stage cannot build this Medusa engine (model.py wraps LLaMA and QWen bases; lmi-trt
-    converts LLaMA-family ones, unsplit and unquantized)."""
+    converts LLaMA-family ones, unsplit, unquantized and without the LoRA plugin, none of which was read beside
+    the heads)."""
     if trtllm_class != "LLaMAForCausalLM":
         return PlanError(
             key,
@@ -181,6 +184,13 @@ def plan_errors(medusa: MedusaPlan, key: str, trtllm_class: str, tp: int, pp: in
             f"a Medusa engine is built here on one GPU (tp={tp} pp={pp} asked): lmi-trt does not split the heads "
             "over ranks",
             "set option.tensor_parallel_degree=1 and option.pipeline_parallel_degree=1, or leave Medusa out",
+        )
+    if lora:
+        return PlanError(
+            "option.enable_lora",
+            True,
+            "LoRA adapters beside Medusa heads were not read in TensorRT-LLM, so the compile stage does not build both",
+            "leave option.enable_lora out with Medusa, or leave Medusa out",
         )
     if quantized:
         return PlanError(

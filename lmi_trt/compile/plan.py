@@ -735,7 +735,7 @@ def _make_plan(
     check_speculative(opts, version, gpu)  # before the plugins: its refusals name the speculation key
     if opts.medusa is not None:
         refused = medusa_plan_errors(
-            opts.medusa, opts.speculative_key, spec.trtllm_class, tp, pp, quant.quantize is not None
+            opts.medusa, opts.speculative_key, spec.trtllm_class, tp, pp, quant.quantize is not None, opts.enable_lora
         )
         if refused is not None:
             raise refused

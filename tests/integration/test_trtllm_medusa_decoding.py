@@ -193,12 +193,24 @@ def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
 
 
 def test_the_plan_refuses_what_it_cannot_build(trt, heads, tmp_path, monkeypatch):
+    from lmi_trt.compile.plan import GpuFacts, make_plan
+    from lmi_trt.stages import compile_options, settle
+
     with pytest.raises(PlanError, match=r"Medusa on TensorRT-LLM 0.12.0's Executor is not verified"):
         compiled(tmp_path, monkeypatch, trt, "0.12.0", speculative_config=spec(heads))
-    with pytest.raises(PlanError, match="option.max_beam_width"):
+    with pytest.raises(PlanError, match=r"option.max_beam_width=2: Medusa accepts one draft path"):
         compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(heads), max_beam_width=2)
-    with pytest.raises(PlanError, match="option.tensor_parallel_degree"):
-        compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(heads), tensor_parallel_degree=2)
+    two = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=2)
+    split = compile_options(
+        settle(jit_config(tmp_path, speculative_config=spec(heads), tensor_parallel_degree=2), "trtllm")
+    )
+    hf = json.loads((tiny_model("llama") / "config.json").read_text())
+    with pytest.raises(PlanError, match=r"option.tensor_parallel_degree=2: a Medusa engine is built here on one GPU"):
+        make_plan(split, hf, two, "1.2.1")
+    with pytest.raises(PlanError, match=r"option.enable_lora=True: LoRA adapters beside Medusa heads"):
+        compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(heads), enable_lora=True)
+    with pytest.raises(PlanError, match=r"option.quantize=.*does not quantize Medusa heads"):
+        compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(heads), quantize="fp8")
 
 
 async def test_served_over_http_from_the_checkpoint_and_heads(trt, tmp_path, monkeypatch, caplog):
@@ -234,3 +246,27 @@ def test_bad_member_values_are_refused_naming_the_member(heads, tmp_path, member
 
     with pytest.raises(ValueError, match=match):
         executor_settings(jit_config(tmp_path, speculative_config=spec(heads, **members)))
+
+
+def test_the_compile_command_fetches_the_heads_and_builds_them_in(trt, heads, tmp_path, monkeypatch, capsys):
+    """`lmi-trt compile` shares the JIT path's conversion: the heads folder is resolved first, as serve does."""
+    from lmi_trt.cli import main
+
+    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.2.1")
+    trt.__version__ = "1.2.1"
+    out = tmp_path / "compiled"
+    flags = ["-o", "option.max_input_len=64", "-o", "option.max_output_len=32", "-o", "option.max_draft_len=6"]
+    medusa = ["-o", "option.speculative_decoding_mode=medusa", "-o", f"option.speculative_draft_model={heads}"]
+    argv = ["compile", "--model-id", str(tiny_model("llama")), "--output", str(out), "--gpu", "h100"]
+    assert main([*argv, *flags, *medusa]) == 0, capsys.readouterr().err
+    pretrained = json.loads((out / "config.json").read_text())["pretrained_config"]
+    assert (pretrained["architecture"], pretrained["num_medusa_heads"]) == ("MedusaForCausalLM", 2)
+
+
+def test_other_heads_are_another_cached_engine(trt, heads, tmp_path, monkeypatch, caplog):
+    """The heads are in the cache key (their folder's fingerprint), not where they are."""
+    first = compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(heads))
+    other = medusa_heads(tiny_model("llama"), tmp_path / "other", PROMPTS[2:])
+    with caplog.at_level("INFO", logger="lmi_trt.compile"):
+        second = compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(other))
+    assert second.path != first.path and "plan.medusa.fingerprint" in caplog.text
