@@ -13,7 +13,10 @@ What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
   ``DecodingConfig`` models that check).
 * cpp/tensorrt_llm/layers/medusaDecodingLayer.cpp (crawl copy 015884d): the target's tokens are drawn by
   ``invokeBatchTopKSampling`` with the request's top-k (default 1) -- "outputLogProbs are not supported" -- and the
-  longest draft path equal to them is accepted; each head's candidates are its top-k, k per path position.
+  longest draft path equal to them is accepted; each head's candidates are its top-k, k per path position. Every
+  copy read (ids 6261962781, 5793101461, 2610806528, 6028558653, 589685345) runs samplePrimeHeadTokens
+  (TopKSamplingKernelParams), acceptDraftTokens, sampleNewDraftTokens in that order; the newest (id 589685345)
+  still says "TODO add typical acceptance": acceptance is by token id, for greedy requests the greedy output.
 * cpp/tensorrt_llm/runtime/medusaModule.cpp ``initMedusaTensorsFromChoices`` (crawl copy id 2784996723):
   ``TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens())`` -- the tree fits the engine's draft tokens -- and "Medusa
   choices require more Medusa heads than the engine was built with." for a path deeper than the heads; each depth's
