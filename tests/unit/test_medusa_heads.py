@@ -97,3 +97,17 @@ def test_checkpoint_config_is_the_base_model_s_with_medusa_fields():
         "num_medusa_heads": 3,
         "num_medusa_layers": 1,
     }
+
+
+def test_the_plan_takes_num_medusa_heads_over_the_folder_s_and_refuses_what_it_cannot_build(tmp_path):
+    from lmi_trt.compile.medusa import plan_errors, plan_heads
+
+    write_heads(tmp_path, heads=3, layers=2, fmt="safetensors")
+    planned = plan_heads(tmp_path, "fp", None, "k")
+    assert (planned.num_heads, planned.num_layers, planned.fingerprint) == (3, 2, "fp")
+    assert plan_heads(tmp_path, "fp", 2, "k").num_heads == 2  # model.py: speculative_config's count first
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, False) is None
+    assert plan_errors(planned, "k", "QWenForCausalLM", 1, 1, False, False).key == "k"
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 2, 1, False, False).key == "option.tensor_parallel_degree"
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, True, False).key == "option.quantize"
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, True).key == "option.enable_lora"

@@ -96,3 +96,32 @@ def test_the_executor_gets_the_medusa_mode_and_choices():
         config = decoding_config(tle, medusa(max_draft_len=2, medusa_choices=[[0], [1]]))
         assert config.medusa_choices == [[0], [1]]
         assert config.decoding_mode.isMedusa()
+
+
+def test_an_engine_is_checked_as_medusa_module_checks_it():
+    from lmi_trt.engines.trtllm_medusa import engine_medusa_errors
+
+    plan = medusa(max_draft_len=3, medusa_choices=[[0], [0, 0], [1]])
+    assert engine_medusa_errors(plan, 4, 3, 2) == []
+    assert "needs an engine built with --speculative_decoding_mode medusa" in engine_medusa_errors(plan, 8, 3, 2)[0]
+    assert "3 paths, and the engine was built with max_draft_len=2" in engine_medusa_errors(plan, 4, 2, 2)[0]
+    assert "require more Medusa heads" in engine_medusa_errors(plan, 4, 3, 1)[0]
+
+
+def test_the_default_tree_is_cut_to_the_engine_s_heads_only_when_nothing_chose_it():
+    from lmi_trt.engines.trtllm_medusa import for_engine
+
+    default = medusa(max_draft_len=6)
+    assert max(map(len, default.choices)) == 3 and not default.chosen
+    assert for_engine(default, 2).choices == default_choices(6, 2)
+    chosen = medusa(max_draft_len=6, medusa_choices=[[0], [0, 0], [0, 0, 0]])
+    assert for_engine(chosen, 2) is chosen  # refused at start-up instead (engine_medusa_errors)
+    assert for_engine(medusa(max_draft_len=6, num_medusa_heads=3), 2).choices == default_choices(6, 3)
+
+
+def test_012_is_not_verified():
+    from lmi_trt.engines.trtllm_medusa import release_error
+
+    plan = medusa(max_draft_len=3)
+    assert "0.12.0's Executor is not verified" in release_error(plan, "0.12.0", (0, 12))
+    assert release_error(plan, "1.0.0", (1, 0)) is None and release_error(None, "0.12.0", (0, 12)) is None
