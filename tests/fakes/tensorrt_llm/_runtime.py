@@ -55,15 +55,16 @@ tensorrt_llm/builder.py):
   (%d)"). Draft logits, drafts of sampled or log-prob requests and drafts beside lookahead are not modelled (the
   fake raises NotImplementedError).
 * Medusa (a MEDUSA engine, whose plan carries the heads, and ``decoding_config`` with ``DecodingMode.Medusa()`` and
-  ``medusa_choices``): cpp/tensorrt_llm/runtime/medusaModule.cpp (id 2784996723) checks ``numChoices <=
-  getMaxDecodingDraftTokens()`` and "Medusa choices require more Medusa heads than the engine was built with.", and
-  takes each depth's top-k as its largest rank + 1. Each step the root is the target's greedy token after the last
-  accepted one; head ``d`` (model.py: ``x + silu(linear(x))`` per layer, then its ``lm_head``, on the base model's
-  final hidden state at that token) proposes its top-k tokens for the position ``d + 1`` after the root; every path of
-  the tree is verified against the target's greedy choices along it, the longest accepted path is kept
-  (medusaDecodingLayer.cpp's acceptance of draft paths by id), and the root plus its accepted tokens are emitted, so
-  a greedy request's output is the greedy one. ``Result.decoding_iter`` counts the steps. Sampled and log-prob
-  requests beside Medusa are not modelled (the fake raises NotImplementedError; lmi-trt refuses them first).
+  ``medusa_choices``): the tree is checked as cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp (1.x copy id
+  182244635) checks it (``_medusa_tree``), and each depth's top-k is its largest rank + 1. Each step the root is the
+  target's greedy token after the last accepted one; head ``d`` (model.py: ``x + silu(linear(x))`` per layer, then its
+  ``lm_head``, on the base model's final hidden state at that token) proposes its top-k tokens for the position ``d +
+  1`` after the root; every path of the tree is verified against the target's greedy choices along it, the longest
+  accepted path is kept (medusaDecodingLayer.cpp's acceptance of draft paths by id), and the root plus its accepted
+  tokens are emitted, so a greedy request's output is the greedy one. ``Result.decoding_iter`` counts the steps (the
+  fake folds the context step's token into its first step, so it counts one fewer than a real count including the
+  context iteration). Sampled and log-prob requests beside Medusa are not modelled (the fake raises
+  NotImplementedError; lmi-trt refuses them first).
   Simplification: the real engine verifies the whole tree in one pass under a tree attention mask; the fake runs one
   pass per leaf path, which gives the same targets.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
@@ -358,17 +359,7 @@ class ExecutorImpl:
         from safetensors.torch import load
 
         pretrained = json.loads((self._dir / "config.json").read_text())["pretrained_config"]
-        heads = pretrained["num_medusa_heads"]
-        if len(choices) > self.limits.max_draft_len:
-            raise _tllm_error(
-                f"numChoices <= getMaxDecodingDraftTokens() ({len(choices)} > {self.limits.max_draft_len})"
-            )
-        paths = [tuple(c) for c in choices]
-        for path in paths:
-            if len(path) > 1 and path[:-1] not in paths:
-                raise _tllm_error("depth + 1 == curDepth")
-            if len(path) > heads:
-                raise _tllm_error("Medusa choices require more Medusa heads than the engine was built with.")
+        paths = _medusa_tree(choices, self.limits.max_draft_len, pretrained["num_medusa_heads"])
         top_k = [max(p[d] for p in paths if len(p) > d) + 1 for d in range(max(map(len, paths)))]
         weights = {n: t.to(torch.float32) for n, t in load(base64.b64decode(blob["medusa_heads"])).items()}
         return paths, top_k, weights, pretrained["num_medusa_layers"]
@@ -388,7 +379,9 @@ class ExecutorImpl:
         if self._lookahead is not None and oc.return_log_probs:
             raise _tllm_error("lookahead decoding: outputLogProbs are not supported")
         if self._medusa is not None and oc.return_log_probs:
-            raise _tllm_error("Medusa decoding: outputLogProbs are not supported")
+            # medusaDecodingLayer.cpp passes no log-prob outputs to its sampling (a comment, not a check): what a
+            # log-prob request gets back beside Medusa was not read
+            raise NotImplementedError("fake tensorrt_llm: log-prob requests beside Medusa are not modelled")
         if self._medusa is not None and not (sc.top_k == 1 or (not sc.top_k and not sc.top_p)):
             raise NotImplementedError("fake tensorrt_llm: sampled requests beside Medusa are not modelled")
         drafts = self._external_drafts(request)
@@ -865,6 +858,43 @@ def _load_model(hf_dir: str | None):
     from lmi_trt.compat import dtype_kwargs  # transformers < 4.56 (the 0.12 and 1.0 images) spells it torch_dtype
 
     return AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
+
+
+def _medusa_prefix(path, length):
+    """speculativeChoicesUtils.cpp computePrefix: ``length`` ranks of ``path`` in 4-bit chunks, with its checks."""
+    if length > 16:  # sizeof(uint64_t) * 8 / PREFIX_CHUNK_SIZE_BITS
+        raise _tllm_error(f"Provided choices have depth ({length}) larger than Prefix can fit (16).")
+    prefix = 0
+    for i in range(length):
+        if path[i] > 16:  # PREFIX_MAX_VALUE
+            raise _tllm_error(
+                f"Provided choices have too large node degree ({path[i]}). Larger than Prefix can fit (16)."
+            )
+        prefix |= path[i] << 4 * (length - 1 - i)
+    return prefix
+
+
+def _medusa_tree(choices, max_draft_len, heads):
+    """The tree's checks at the Executor's start, in the order of speculativeChoicesUtils.cpp
+    ``initTensorsFromChoices`` (1.x copy id 182244635): every path's prefix, the count against the engine's draft
+    tokens, then, with the paths sorted by depth and prefix, each new depth one deeper than the last and within the
+    heads. A path whose parent is missing at an existing depth is hung under the root there, and a repeated path
+    becomes a second node: neither is modelled (NotImplementedError); lmi-trt refuses both first."""
+    paths = [tuple(c) for c in choices]
+    prefixes = {path: _medusa_prefix(path, len(path)) for path in paths}
+    if len(paths) > max_draft_len:
+        raise _tllm_error(f"numChoices <= getMaxDecodingDraftTokens() ({len(paths)} > {max_draft_len})")
+    depth = 1
+    for path in sorted(paths, key=lambda p: (len(p), prefixes[p])):
+        if len(path) != depth:
+            if depth + 1 != len(path):
+                raise _tllm_error("depth + 1 == curDepth")
+            if len(path) > heads:
+                raise _tllm_error("Choices require larger maxPathLen than the engine was built with.")
+            depth += 1
+    if len(set(paths)) != len(paths) or any(len(p) > 1 and p[:-1] not in prefixes for p in paths):
+        raise NotImplementedError("fake tensorrt_llm: a Medusa tree with a repeated path or a missing parent")
+    return paths
 
 
 def accepts(target: int, draft: int) -> bool:
