@@ -61,7 +61,7 @@ from lmi_trt.engines.registry import (
 from lmi_trt.engines.synthetic import SyntheticEngine
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 from lmi_trt.engines.trtllm_drafts import block_reuse, executor_drafts, with_draft_memory
-from lmi_trt.engines.trtllm_medusa import executor_medusa
+from lmi_trt.engines.trtllm_medusa import built_draft_len, executor_medusa
 from lmi_trt.engines.trtllm_speculation import executor_lookahead
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
@@ -149,13 +149,15 @@ def compile_options(config: LmiConfig) -> CompileOptions:
     spec = speculation(config)
     if spec is None:
         return CompileOptions.of(config)
+    medusa = _medusa_heads(spec)
     return CompileOptions.of(
         config,
         speculative_decoding_mode=BUILD_MODES[spec.method],
-        max_draft_len=spec.max_draft_len,
+        # Medusa: the tree's paths, which the Executor's tree must equal (trtllm_medusa.built_draft_len)
+        max_draft_len=spec.max_draft_len if medusa is None else built_draft_len(spec, medusa.num_heads),
         speculative_key=spec.key("method"),
         speculative_method=spec.method,
-        medusa=_medusa_heads(spec),
+        medusa=medusa,
     )
 
 

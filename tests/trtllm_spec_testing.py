@@ -159,9 +159,12 @@ async def greedy_text_and_sampled_refusal(server, s, prompt: str, text: str, *wo
 
 
 async def outputs_accepting_every_draft(engine: TrtllmEngine, monkeypatch, prompts: list[list[int]]) -> list[list[int]]:
-    """Each prompt's greedy output with the fake's verification patched to keep every draft token (the tests that
-    show greedy equality can fail)."""
+    """Each prompt's greedy output from ``engine`` (closed after) with the fake's verification patched to keep every
+    draft token (the tests that show greedy equality can fail)."""
     import tensorrt_llm._runtime as runtime
 
     monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
-    return [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(prompts)]
+    try:
+        return [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(prompts)]
+    finally:
+        await engine.close()

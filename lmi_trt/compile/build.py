@@ -217,7 +217,9 @@ def _with_medusa_heads(model: Any, plan: BuildPlan, rank: int, checkpoint: Path)
 
     assert plan.medusa is not None
     model.save_checkpoint(str(checkpoint), save_config=rank == 0)
-    write_checkpoint(checkpoint, rank, plan.medusa, plan.max_draft_len, plan.dtype, "the Medusa heads")
+    write_checkpoint(
+        checkpoint, rank, plan.medusa, plan.max_draft_len, plan.dtype, f"Medusa heads {plan.medusa.heads_dir}"
+    )
     return MODEL_MAP[MEDUSA_ARCHITECTURE].from_checkpoint(str(checkpoint), rank=rank)
 
 

@@ -633,7 +633,7 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
             )
         return
     if mode == "medusa":
-        _check_medusa(opts, version)
+        _check_medusa(opts, version, gpu)
         return
     if mode != "lookahead_decoding":
         raise PlanError(
@@ -666,11 +666,13 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
         )
 
 
-# Medusa: the 1.x releases (lmi_trt.engines.trtllm_medusa's docstring).
+# Medusa: the 1.x releases (lmi_trt.engines.trtllm_medusa's docstring); examples/medusa/README.md's Support Matrix
+# (every copy read, ids 5217130389 and 713996416): "GPU Compute Capability >= 8.0 (Ampere or newer)".
 MEDUSA_SINCE = Version("1.0.0")
+MEDUSA_MIN_SM = 80
 
 
-def _check_medusa(opts: CompileOptions, version: Version) -> None:
+def _check_medusa(opts: CompileOptions, version: Version, gpu: GpuFacts) -> None:
     key = opts.speculative_key
     if version < MEDUSA_SINCE:
         raise PlanError(
@@ -678,6 +680,14 @@ def _check_medusa(opts: CompileOptions, version: Version) -> None:
             "medusa",
             f"Medusa on TensorRT-LLM {version}'s Executor is not verified here (lmi_trt.engines.trtllm_medusa)",
             "use a 1.x image",
+        )
+    if gpu.sm < MEDUSA_MIN_SM:
+        raise PlanError(
+            key,
+            "medusa",
+            f"Medusa needs compute capability 8.0 or newer (examples/medusa/README.md, Support Matrix), and "
+            f"{gpu.name} is {gpu.sm // 10}.{gpu.sm % 10}",
+            "leave speculative decoding out on this GPU",
         )
     if opts.max_beam_width != 1:
         raise PlanError(
@@ -735,7 +745,15 @@ def _make_plan(
     check_speculative(opts, version, gpu)  # before the plugins: its refusals name the speculation key
     if opts.medusa is not None:
         refused = medusa_plan_errors(
-            opts.medusa, opts.speculative_key, spec.trtllm_class, tp, pp, quant.quantize is not None, opts.enable_lora
+            opts.medusa,
+            opts.speculative_key,
+            spec.trtllm_class,
+            tp,
+            pp,
+            quant.quantize is not None,
+            opts.enable_lora,
+            (dims.hidden_size, dims.vocab_size),
+            (opts.dtype, dtype),
         )
         if refused is not None:
             raise refused

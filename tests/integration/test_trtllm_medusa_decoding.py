@@ -129,11 +129,8 @@ async def test_a_verifier_that_accepts_every_draft_changes_the_output(trt, engin
     """The equality above can fail: with the fake's verification patched to keep every draft, the output changes."""
     trt.__version__ = "1.2.1"
     engine = await started(engine_dir, medusa_settings(heads))
-    try:
-        outputs = await outputs_accepting_every_draft(engine, monkeypatch, PROMPTS)
-        assert outputs != [reference(p, 24) for p in PROMPTS]
-    finally:
-        await engine.close()
+    outputs = await outputs_accepting_every_draft(engine, monkeypatch, PROMPTS)
+    assert outputs != [reference(p, 24) for p in PROMPTS]
 
 
 async def test_what_the_executor_does_not_do_beside_medusa_is_refused(trt, engine_dir, heads):
@@ -159,11 +156,15 @@ def test_engine_and_tree_mismatches_are_start_up_errors(trt, engine_dir, heads, 
     plain = make_engine_dir(tiny_model("llama"), tmp_path / "plain", max_batch_size=4, max_input_len=64, max_seq_len=96)
     with pytest.raises(TrtllmConfigError, match=r"decoding_type=medusa needs an engine built with"):
         TrtllmEngine(plain, medusa_settings(heads), eos_token_ids=[2])
-    # medusaModule.cpp: numChoices <= the engine's draft tokens; paths no deeper than its heads
-    with pytest.raises(TrtllmConfigError, match=r"7 paths, and the engine was built with max_draft_len=6"):
+    # speculativeChoicesUtils.cpp: numChoices <= the engine's draft tokens; paths no deeper than its heads
+    with pytest.raises(TrtllmConfigError, match=r"the tree has 7 paths, and the engine was built with max_draft_len=6"):
         TrtllmEngine(engine_dir, medusa_settings(heads, [*TREE, [3]]), eos_token_ids=[2])
-    with pytest.raises(TrtllmConfigError, match=r"3 deep and the heads checkpoint .* has 2 heads .*require more"):
-        TrtllmEngine(engine_dir, medusa_settings(heads, [[0], [0, 0], [0, 0, 0]]), eos_token_ids=[2])
+    # fewer paths than the engine's draft tokens: how the Executor runs that was not read through, so refused
+    with pytest.raises(TrtllmConfigError, match=r"medusa_choices: the tree has 3 paths, .*max_draft_len=6"):
+        TrtllmEngine(engine_dir, medusa_settings(heads, [[0], [0, 0], [1]]), eos_token_ids=[2])
+    deep = [[0], [0, 0], [0, 0, 0], [1], [2], [3]]
+    with pytest.raises(TrtllmConfigError, match=r"paths 3 deep and the heads checkpoint .* has 2 heads .*maxPathLen"):
+        TrtllmEngine(engine_dir, medusa_settings(heads, deep), eos_token_ids=[2])
     with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode medusa and no"):
         TrtllmEngine(engine_dir, TrtllmSettings(), eos_token_ids=[2])
 
@@ -184,10 +185,21 @@ def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
         decoding = tle.DecodingConfig(decoding_mode=tle.DecodingMode.Medusa(), medusa_choices=choices)
         return tle.ExecutorConfig(max_beam_width=1, decoding_config=decoding)
 
+    def start(choices):
+        return tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config(choices))
+
     with pytest.raises(RuntimeError, match=r"numChoices <= getMaxDecodingDraftTokens\(\) \(7 > 6\)"):
-        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config([*TREE, [3]]))
-    with pytest.raises(RuntimeError, match="require more Medusa heads than the engine was built with"):
-        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config([[0], [0, 0], [0, 0, 0]]))
+        start([*TREE, [3]])
+    with pytest.raises(RuntimeError, match=r"Choices require larger maxPathLen than the engine was built with"):
+        start([[0], [0, 0], [0, 0, 0]])
+    # computePrefix: a rank above PREFIX_MAX_VALUE (16)
+    with pytest.raises(RuntimeError, match=r"too large node degree \(17\)"):
+        start([[0], [17]])
+    # a skipped depth fails; a missing parent at an existing depth is hung under the root (not modelled)
+    with pytest.raises(RuntimeError, match=r"depth \+ 1 == curDepth"):
+        start([[0], [0, 0, 0]])
+    with pytest.raises(NotImplementedError, match="missing parent"):
+        start([[0], [1, 0]])
     with pytest.raises(RuntimeError, match="not set to Medusa"):
         tle.DecodingConfig(decoding_mode=tle.DecodingMode.TopK(), medusa_choices=TREE)
 
@@ -195,6 +207,17 @@ def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
 def test_the_plan_refuses_what_it_cannot_build(trt, heads, tmp_path, monkeypatch):
     from lmi_trt.compile.plan import GpuFacts, make_plan
     from lmi_trt.stages import compile_options, settle
+
+    hf = json.loads((tiny_model("llama") / "config.json").read_text())
+    # examples/medusa/README.md's Support Matrix: compute capability 8.0 or newer, FP16 or BF16
+    t4 = GpuFacts(name="Tesla T4", sm=75, memory_gib=16, count=1)
+    opts = compile_options(settle(jit_config(tmp_path, speculative_config=spec(heads)), "trtllm"))
+    with pytest.raises(PlanError, match=r"decoding_type='medusa': Medusa needs compute capability 8.0 .* T4 is 7.5"):
+        make_plan(opts, hf, t4, "1.2.1")
+    h100 = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
+    fp32 = compile_options(settle(jit_config(tmp_path, speculative_config=spec(heads), dtype="fp32"), "trtllm"))
+    with pytest.raises(PlanError, match=r"option.dtype='fp32': Medusa engines are built in float16 or bfloat16"):
+        make_plan(fp32, hf, h100, "1.2.1")
 
     with pytest.raises(PlanError, match=r"Medusa on TensorRT-LLM 0.12.0's Executor is not verified"):
         compiled(tmp_path, monkeypatch, trt, "0.12.0", speculative_config=spec(heads))
@@ -204,7 +227,6 @@ def test_the_plan_refuses_what_it_cannot_build(trt, heads, tmp_path, monkeypatch
     split = compile_options(
         settle(jit_config(tmp_path, speculative_config=spec(heads), tensor_parallel_degree=2), "trtllm")
     )
-    hf = json.loads((tiny_model("llama") / "config.json").read_text())
     with pytest.raises(PlanError, match=r"option.tensor_parallel_degree=2: a Medusa engine is built here on one GPU"):
         make_plan(split, hf, two, "1.2.1")
     with pytest.raises(PlanError, match=r"option.enable_lora=True: LoRA adapters beside Medusa heads"):
@@ -237,6 +259,7 @@ async def test_served_over_http_from_the_checkpoint_and_heads(trt, tmp_path, mon
     ("members", "match"),
     [
         ({"medusa_choices": [[0, 0]]}, r"medusa_choices=.*lacks its parent \[0\]"),
+        ({"medusa_choices": [[0], [17]]}, r"medusa_choices=.*too large node degree"),
         ({"num_medusa_heads": 0}, r"num_medusa_heads=0: must be an integer >= 1"),
         ({"max_concurrency": 2}, r"max_concurrency=2: is not a member of MedusaDecodingConfig"),
     ],
@@ -270,3 +293,63 @@ def test_other_heads_are_another_cached_engine(trt, heads, tmp_path, monkeypatch
     with caplog.at_level("INFO", logger="lmi_trt.compile"):
         second = compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(other))
     assert second.path != first.path and "plan.medusa.fingerprint" in caplog.text
+
+
+def test_the_engine_s_draft_tokens_are_the_tree_s_paths(trt, heads, tmp_path, monkeypatch, reference):
+    """max_draft_len 63 with two heads: mc_sim_7b_63 cut to the heads holds fewer paths, and the engine is built
+    with exactly that many draft tokens, which the tree then fills at start-up."""
+    engine = compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config={**spec(heads), "max_draft_len": 63})
+    paths = len(default_choices(63, 2))
+    assert paths < 63
+    config = json.loads((engine.path / "config.json").read_text())
+    assert config["build_config"]["max_draft_len"] == config["pretrained_config"]["max_draft_len"] == paths
+
+
+def test_an_engine_planned_without_the_medusa_mode_is_not_a_medusa_engine(trt, heads, tmp_path, monkeypatch):
+    """builder.py 1.x (id 205252225) never sets the mode from a Medusa checkpoint: the plan must ask for it, and an
+    engine built without it does not start Medusa."""
+    from lmi_trt.compile.build import build_engine
+    from lmi_trt.compile.plan import GpuFacts, make_plan
+    from lmi_trt.stages import compile_options, settle
+
+    monkeypatch.setenv("LMI_TRT_FAKE_RELEASE", "1.2.1")
+    trt.__version__ = "1.2.1"
+    hf_dir = tiny_model("llama")
+    opts = compile_options(settle(jit_config(tmp_path, speculative_config=spec(heads)), "trtllm"))
+    gpu = GpuFacts(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)
+    plan = make_plan(opts, json.loads((hf_dir / "config.json").read_text()), gpu, "1.2.1")
+    out = tmp_path / "no-mode"
+    build_engine(plan.model_copy(update={"speculative_decoding_mode": None}), hf_dir, out)
+    build = json.loads((out / "config.json").read_text())["build_config"]
+    assert build["speculative_decoding_mode"] == 1  # NONE: the Medusa checkpoint did not force it
+    with pytest.raises(TrtllmConfigError, match=r"needs an engine built with --speculative_decoding_mode medusa"):
+        TrtllmEngine(out, medusa_settings(heads), eos_token_ids=[2])
+
+
+def test_the_fake_loader_takes_the_medusa_checkpoint_as_pretrained_model_load_does(trt, heads, tmp_path, caplog):
+    """modeling_utils.py PretrainedModel.load (1.x): an extra tensor is a warning, one of another shape an error."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    from tensorrt_llm.models import MODEL_MAP
+
+    from lmi_trt.compile.medusa import MedusaPlan, write_checkpoint
+
+    base = MODEL_MAP["LlamaForCausalLM"].from_hugging_face(str(tiny_model("llama")), dtype="float16")
+    checkpoint = tmp_path / "checkpoint"
+    base.save_checkpoint(str(checkpoint))
+    write_checkpoint(
+        checkpoint, 0, MedusaPlan(heads_dir=str(heads), fingerprint="f", num_heads=2, num_layers=1), 6, "float16", "k"
+    )
+    shard = checkpoint / "rank0.safetensors"
+    tensors = load_file(str(shard))
+    with safe_open(str(shard), framework="pt") as f:
+        meta = f.metadata()
+    save_file({**tensors, "medusa_heads.2.lm_head.weight": torch.zeros(1)}, str(shard), metadata=meta)
+    with caplog.at_level("WARNING", logger="tensorrt_llm"):
+        MODEL_MAP["MedusaForCausalLM"].from_checkpoint(str(checkpoint), rank=0)
+    assert "Provided but not required tensors: {'medusa_heads.2.lm_head.weight'}" in caplog.text
+    bias = "medusa_heads.0.medusa_layers.0.linear.bias"
+    save_file({**tensors, bias: torch.zeros(3)}, str(shard), metadata=meta)
+    with pytest.raises(RuntimeError, match=rf"Encounter error .* for parameter '{bias}'"):
+        MODEL_MAP["MedusaForCausalLM"].from_checkpoint(str(checkpoint), rank=0)

@@ -106,8 +106,28 @@ def test_the_plan_takes_num_medusa_heads_over_the_folder_s_and_refuses_what_it_c
     planned = plan_heads(tmp_path, "fp", None, "k")
     assert (planned.num_heads, planned.num_layers, planned.fingerprint) == (3, 2, "fp")
     assert plan_heads(tmp_path, "fp", 2, "k").num_heads == 2  # model.py: speculative_config's count first
-    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, False) is None
-    assert plan_errors(planned, "k", "QWenForCausalLM", 1, 1, False, False).key == "k"
-    assert plan_errors(planned, "k", "LLaMAForCausalLM", 2, 1, False, False).key == "option.tensor_parallel_degree"
-    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, True, False).key == "option.quantize"
-    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, True).key == "option.enable_lora"
+    assert planned.sizes == (HIDDEN, VOCAB)  # from the safetensors header
+    fits, fp16 = (HIDDEN, VOCAB), ("auto", "float16")
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, False, fits, fp16) is None
+    assert plan_errors(planned, "k", "QWenForCausalLM", 1, 1, False, False, fits, fp16).key == "k"
+    split = plan_errors(planned, "k", "LLaMAForCausalLM", 2, 1, False, False, fits, fp16)
+    assert split.key == "option.tensor_parallel_degree"
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, True, False, fits, fp16).key == "option.quantize"
+    assert plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, True, fits, fp16).key == "option.enable_lora"
+    # examples/medusa/README.md's Support Matrix: FP16 and BF16 only
+    fp32 = plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, False, fits, ("fp32", "float32"))
+    assert (fp32.key, fp32.value) == ("option.dtype", "fp32") and "float16 or bfloat16" in str(fp32)
+    # heads of another hidden size: model.py's parameters would not take them
+    other = plan_errors(planned, "k", "LLaMAForCausalLM", 1, 1, False, False, (16, VOCAB), fp16)
+    assert (other.key, other.value) == ("k", str(tmp_path)) and "hidden size 8" in str(other)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_tensors_of_another_shape_are_named(tmp_path, fmt):
+    """modeling_utils.py load: "Encounter error ... for parameter" on a shape mismatch; the conversion says so first."""
+    write_heads(tmp_path, heads=2, layers=1, fmt=fmt)
+    assert read_heads(tmp_path, "k", sizes=(HIDDEN, VOCAB))[0] == MedusaHeads(2, 1)
+    with pytest.raises(PlanError, match=r"k='0.0.linear.weight': .* is \[8, 8\] and the base model needs \[16, 16\]"):
+        read_heads(tmp_path, "k", sizes=(16, VOCAB))
+    with pytest.raises(PlanError, match=r"'0.1.weight' is \[32, 8\] and the base model needs \[64, 8\]"):
+        read_heads(tmp_path, "k", sizes=(HIDDEN, 64))

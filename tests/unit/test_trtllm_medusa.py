@@ -11,6 +11,7 @@ from trtllm_testing import fake_tensorrt_llm
 
 from lmi_trt.engines.trtllm_medusa import (
     MC_SIM_7B_63,
+    built_draft_len,
     check_choices,
     decoding_config,
     deepest_path_error,
@@ -35,9 +36,28 @@ def test_trtllm_serve_s_form():
     assert plan.describe() == "Medusa (3 draft paths up to 2 deep; 3 draft tokens a step)"
 
 
-def test_vllm_s_form_gets_mc_sim_7b_63_cut_to_its_draft_length():
-    spec = resolve({"method": "medusa", "model": "/heads", "num_speculative_tokens": 5}, {})
-    assert executor_medusa(spec, 1).choices == ((0,), (0, 0), (1,), (0, 1), (2,))
+def test_vllm_s_form_is_its_chain_of_one_token_per_head():
+    """vLLM's MedusaProposer drafts each head's argmax, and its default token tree is the chain (module docstring)."""
+    spec = resolve({"method": "medusa", "model": "/heads", "num_speculative_tokens": 3}, {})
+    plan = executor_medusa(spec, 1)
+    assert plan.choices == ((0,), (0, 0), (0, 0, 0)) and plan.chosen
+    assert plan.tree_key == f"{KEY}.num_speculative_tokens"
+    with pytest.raises(SpeculationError, match=r"num_speculative_tokens=3: asks for paths 3 deep .* has 2 heads"):
+        built_draft_len(spec, 2)  # more tokens than heads: refused before the build
+    assert built_draft_len(spec, 3) == 3
+    both = {"method": "medusa", "model": "/heads", "num_speculative_tokens": 2, "medusa_choices": [[0], [1]]}
+    with pytest.raises(SpeculationError, match="vLLM's chain of one token per head"):
+        executor_medusa(resolve(both, {}), 1)
+
+
+def test_the_engine_is_built_with_the_tree_s_path_count():
+    """mc_sim_7b_63 cut to one head's paths holds 10, so a max_draft_len of 63 builds a 10-token engine; a chosen
+    tree builds its own count."""
+    spec = resolve({"decoding_type": "Medusa", "speculative_model_dir": "/heads", "max_draft_len": 63}, {})
+    assert built_draft_len(spec, 1) == len(default_choices(63, 1)) == 10
+    assert built_draft_len(spec, 4) == 63
+    chosen = {"decoding_type": "Medusa", "speculative_model_dir": "/heads", "max_draft_len": 8}
+    assert built_draft_len(resolve({**chosen, "medusa_choices": [[0], [1]]}, {}), 4) == 2
 
 
 def test_the_default_tree_is_mc_sim_7b_63():
@@ -62,6 +82,9 @@ def test_another_method_is_not_medusa():
         ({"medusa_choices": []}, 1, f"{KEY}.medusa_choices", "non-empty list"),
         ({"medusa_choices": [[0], [1]], "max_draft_len": 1}, 1, f"{KEY}.max_draft_len", "every one of"),
         ({"medusa_choices": [[0], [0, 0]], "num_medusa_heads": 1}, 1, f"{KEY}.medusa_choices", "2 deep"),
+        # speculativeChoicesUtils.cpp computePrefix: ranks up to PREFIX_MAX_VALUE = 16, 16 deep
+        ({"medusa_choices": [[0], [17]], "max_draft_len": 2}, 1, f"{KEY}.medusa_choices", "too large node degree"),
+        ({"medusa_choices": [[0] * n for n in range(1, 18)], "max_draft_len": 17}, 1, f"{KEY}.medusa_choices", "16"),
         ({"num_medusa_heads": 0}, 1, f"{KEY}.num_medusa_heads", ">= 1"),
         ({"eagle_choices": [[0]]}, 1, f"{KEY}.eagle_choices", "not a member of Medusa"),
         ({}, 2, "option.max_beam_width", "one draft path per request"),
@@ -78,15 +101,19 @@ def test_medusa_without_its_heads_is_refused():
         executor_medusa(resolve({"decoding_type": "Medusa", "max_draft_len": 4}, {}), 1)
 
 
+def test_a_rank_of_16_is_what_the_executor_takes():
+    assert check_choices([[0], [16]], "k") == ((0,), (16,))
+
+
 def test_a_path_deeper_than_the_heads_checkpoint():
     plan = medusa(max_draft_len=4, medusa_choices=[[0], [0, 0], [0, 0, 0]])
-    assert "a path is 3 deep and the heads checkpoint /heads has 2 heads" in deepest_path_error(plan, 2)
-    assert deepest_path_error(plan, 3) is None
+    assert "paths 3 deep and the heads checkpoint /heads has 2 heads" in deepest_path_error(plan, 2, "x")[1]
+    assert deepest_path_error(plan, 3, "x") is None
 
 
 def test_request_features_medusa_refuses():
     refusals = medusa_refusals()
-    assert "outputLogProbs are not supported" in refusals["logprobs"]
+    assert "passes no log-prob outputs" in refusals["logprobs"]
     assert {"sampling", "beam_search", "guided", "seed"} <= set(refusals)
 
 
@@ -104,8 +131,15 @@ def test_an_engine_is_checked_as_medusa_module_checks_it():
     plan = medusa(max_draft_len=3, medusa_choices=[[0], [0, 0], [1]])
     assert engine_medusa_errors(plan, 4, 3, 2) == []
     assert "needs an engine built with --speculative_decoding_mode medusa" in engine_medusa_errors(plan, 8, 3, 2)[0]
-    assert "3 paths, and the engine was built with max_draft_len=2" in engine_medusa_errors(plan, 4, 2, 2)[0]
+    more = engine_medusa_errors(plan, 4, 2, 2)[0]
+    assert more.startswith(f"{KEY}.medusa_choices: the tree has 3 paths, and the engine was built with max_draft_len=2")
+    # fewer paths than the engine's draft tokens: not read through in TensorRT-LLM, so refused (module docstring)
+    assert (
+        "the tree has 3 paths, and the engine was built with max_draft_len=4" in engine_medusa_errors(plan, 4, 4, 2)[0]
+    )
     assert "require more Medusa heads" in engine_medusa_errors(plan, 4, 3, 1)[0]
+    default = medusa(max_draft_len=63)
+    assert engine_medusa_errors(default, 4, 62, 4)[0].startswith(f"{KEY}.max_draft_len: the tree has 63 paths")
 
 
 def test_the_default_tree_is_cut_to_the_engine_s_heads_only_when_nothing_chose_it():
