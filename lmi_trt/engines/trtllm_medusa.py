@@ -25,7 +25,8 @@ What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
   built with."): ``TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens())``; paths sorted by depth, then each new
   depth ``TLLM_CHECK(depth + 1 == curDepth)`` and "Choices require larger maxPathLen than the engine was built with."
   past the heads; ``computePrefix``: "Provided choices have too large node degree" for a rank above
-  ``PREFIX_MAX_VALUE = 16`` and a depth above 64 / ``PREFIX_CHUNK_SIZE_BITS`` (4) = 16; each depth's top-k is its
+  ``PREFIX_MAX_VALUE = 16`` and a depth above 64 / ``PREFIX_CHUNK_SIZE_BITS`` (4) = 16 (``MAX_RANK``: lmi-trt stops
+  at 15, the most 4 bits hold); each depth's top-k is its
   largest rank + 1. A path whose parent is missing at an existing depth is hung under the root there
   (``prevPrefixToLinearIdxMap[parentPrefix]`` default-inserts 0), which lmi-trt refuses rather than run another
   tree than asked. The tree fills ``getMaxDecodingTokens()`` slots ("Fixed sequence length currently"), the rest -1:
@@ -67,8 +68,11 @@ from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError, refuse_
 MEDUSA_MODE = 4  # config.json's speculative_decoding_mode for medusa (modeling_utils.py SpeculativeDecodingMode)
 MEDUSA_SINCE = (1, 0)
 MEDUSA_MEMBERS = ("medusa_choices", "num_medusa_heads")
-# speculativeChoicesUtils.cpp computePrefix: ranks up to PREFIX_MAX_VALUE, paths up to 64 bits / 4-bit chunks deep
-PREFIX_MAX_VALUE = 16
+# speculativeChoicesUtils.cpp computePrefix packs each rank into PREFIX_CHUNK_SIZE_BITS = 4 bits of a 64-bit prefix,
+# so paths are at most 16 deep, and checks ``val <= PREFIX_MAX_VALUE`` (16); a rank of 16 passes that check but
+# spills into its neighbour's chunk ([0, 16] gets [1, 0]'s prefix, and the tree is built wrong without an error), so
+# lmi-trt takes ranks up to 15, the most a chunk holds.
+MAX_RANK = 15
 PREFIX_MAX_DEPTH = 16
 
 MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
@@ -110,12 +114,13 @@ def check_choices(raw: Any, key: str) -> tuple[tuple[int, ...], ...]:
             raise SpeculationError(key, raw, f"path {path!r} is not a non-empty list of ranks >= 0", fix)
         tree.append(tuple(path))
     for path in tree:
-        if max(path) > PREFIX_MAX_VALUE or len(path) > PREFIX_MAX_DEPTH:
+        if max(path) > MAX_RANK or len(path) > PREFIX_MAX_DEPTH:
             raise SpeculationError(
                 key,
                 raw,
-                f"path {list(path)} has a rank above {PREFIX_MAX_VALUE} or is deeper than {PREFIX_MAX_DEPTH} "
-                "(TensorRT-LLM's speculativeChoicesUtils.cpp: 'Provided choices have too large node degree')",
+                f"path {list(path)} has a rank above {MAX_RANK} or is deeper than {PREFIX_MAX_DEPTH}: TensorRT-LLM "
+                "packs each rank in 4 bits (speculativeChoicesUtils.cpp computePrefix; 'Provided choices have too "
+                "large node degree' above 16, and 16 overlaps the next rank)",
                 fix,
             )
     seen = set(tree)

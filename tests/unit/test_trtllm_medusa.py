@@ -82,7 +82,7 @@ def test_another_method_is_not_medusa():
         ({"medusa_choices": []}, 1, f"{KEY}.medusa_choices", "non-empty list"),
         ({"medusa_choices": [[0], [1]], "max_draft_len": 1}, 1, f"{KEY}.max_draft_len", "every one of"),
         ({"medusa_choices": [[0], [0, 0]], "num_medusa_heads": 1}, 1, f"{KEY}.medusa_choices", "2 deep"),
-        # speculativeChoicesUtils.cpp computePrefix: ranks up to PREFIX_MAX_VALUE = 16, 16 deep
+        # speculativeChoicesUtils.cpp computePrefix: ranks in 4 bits, 16 deep
         ({"medusa_choices": [[0], [17]], "max_draft_len": 2}, 1, f"{KEY}.medusa_choices", "too large node degree"),
         ({"medusa_choices": [[0] * n for n in range(1, 18)], "max_draft_len": 17}, 1, f"{KEY}.medusa_choices", "16"),
         ({"num_medusa_heads": 0}, 1, f"{KEY}.num_medusa_heads", ">= 1"),
@@ -101,8 +101,11 @@ def test_medusa_without_its_heads_is_refused():
         executor_medusa(resolve({"decoding_type": "Medusa", "max_draft_len": 4}, {}), 1)
 
 
-def test_a_rank_of_16_is_what_the_executor_takes():
-    assert check_choices([[0], [16]], "k") == ((0,), (16,))
+def test_ranks_are_what_a_4_bit_chunk_holds():
+    """computePrefix lets 16 through, but [0, 16] then gets [1, 0]'s prefix: 15 is the last rank taken."""
+    assert check_choices([[0], [15]], "k") == ((0,), (15,))
+    with pytest.raises(SpeculationError, match="16 overlaps the next rank"):
+        check_choices([[0], [1], [0, 16]], "k")
 
 
 def test_a_path_deeper_than_the_heads_checkpoint():
