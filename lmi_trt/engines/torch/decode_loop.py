@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import secrets
+import random
 import time
 from array import array
 from collections import deque
@@ -382,6 +382,7 @@ class DecodeLoopBackend(QueuedBackend):
         self._decoded: tuple | None = None
         self._out = torch.zeros(3 + 2 * MAX_TOP_LOGPROBS, self.slots, dtype=torch.float32, device=self._device)
         self._arange = torch.arange(self.slots, device=self._device)
+        self._pad = torch.zeros(1, dtype=torch.long)  # on the host: _upload's padding
         self._ones, self._zeros = torch.ones_like(self._arange), torch.zeros_like(self._arange)
         self._sizes = graph_batch_sizes(self.slots) if self._cuda else []
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
@@ -689,8 +690,10 @@ class DecodeLoopBackend(QueuedBackend):
         compiles a kernel once per alignment of its pointer arguments (triton/runtime/jit.py,
         ``specialize_impl``), so unaligned parts would compile new variants in the middle of serving."""
         lengths = [len(v) for v in parts.values()]
-        padded = torch.cat([torch.cat((v, v.new_zeros(len(v) % 2))) for v in parts.values()])
-        packed = self._put(padded).split([n + n % 2 for n in lengths])
+        pieces = []  # one concatenation on the host: each part, and a zero after an odd one
+        for v, n in zip(parts.values(), lengths):
+            pieces += (v, self._pad) if n % 2 else (v,)
+        packed = self._put(torch.cat(pieces)).split([n + n % 2 for n in lengths])
         return {name: part[:n] for (name, part), n in zip(zip(parts, packed), lengths)}
 
     def _to_host(self, out: torch.Tensor, rows: list[_Row | None]) -> _Launch:
@@ -1142,8 +1145,9 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _reap(self) -> None:
         keep = []
-        for row in self._rows:
-            if row.done:
+        for row in self._rows:  # every row every step: row.done, inlined
+            slot = row.slot
+            if slot.finished or slot.cancelled or slot.closed:
                 self._retire(row)
             else:
                 keep.append(row)
@@ -1298,7 +1302,10 @@ class DecodeLoopBackend(QueuedBackend):
                 if slot.cancelled or slot.closed:
                     continue
                 bad = slot.request.bad_words_ids
-                seed = slot.sampling.seed if slot.sampling.seed is not None else secrets.randbits(63)
+                # An unseeded request's seed needs no secrecy: random's generator (seeded from os.urandom once) spares
+                # a getrandom() call per request, which lets go of the GIL (CPython Python/bootstrap_hash.c,
+                # py_getrandom) to the event loop, busy with the burst's other requests, at each admission.
+                seed = slot.sampling.seed if slot.sampling.seed is not None else random.getrandbits(63)
                 return _Row(
                     slot,
                     list(slot.request.prompt_token_ids),
