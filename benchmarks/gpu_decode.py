@@ -12,7 +12,9 @@ For each N:
   * lmi          — lmi-trt's TorchEngine with the built-in decode loop, through the engine protocol
 Each reports output tokens/s (all tokens / wall time from submission to the last token), TTFT and
 inter-token latency p50/p99 (static batches: per step; streams: per token arrival). For lmi it also
-times the decode step alone (its CUDA graph replayed, and eager) and profiles one eager step.
+times the decode step alone (its CUDA graph replayed, and eager), profiles one eager step, fingerprints the
+greedy tokens (``generated_sha256``: equal for two versions of lmi_trt whose outputs agree) and runs the same
+requests again with eager decode steps (``graph_vs_eager``: every row identical expected).
 
     python benchmarks/gpu_decode.py --concurrency 64,256,1 --json gpu_decode.json --profile-dir prof/
 """
@@ -216,8 +218,8 @@ async def lmi_run(
         # each step, where the run's last decode step had its rows (a step may advance them on the device).
         size = next(s for s in backend._sizes if s >= n)
         park = parked(backend, size, plen + out_tokens - 2, plen)
-        graph = backend._graphs[size, Mode.GREEDY]
-        result["step_graph_ms"] = time_it(lambda: (park(), graph.replay()))
+        greedy = backend._graphs[size, Mode.GREEDY]
+        result["step_graph_ms"] = time_it(lambda: (park(), greedy.replay()))
         result["step_eager_ms"] = time_it(lambda: (park(), backend._decode_step(size, Mode.GREEDY)), repeats=10)
         decoder = backend._decoder
         if decoder.fused_kernels:  # the Triton kernels against the torch operations, same inputs
@@ -237,7 +239,7 @@ async def lmi_run(
             result["step_graph_torch_ops_ms"] = time_it(graph.replay)
             del graph
         sampled = backend._graphs.get((size, Mode.SAMPLED))
-        result["step_graph_sampled_ms"] = time_it(sampled.replay) if sampled is not None else None
+        result["step_graph_sampled_ms"] = time_it(lambda: (park(), sampled.replay())) if sampled is not None else None
         if profile_dir is not None:
             step = functools.partial(backend._decode_step, size, Mode.GREEDY)
             result["profile"] = profile_step(lambda: (park(), step()), profile_dir / f"lmi_step_{n}.txt")
