@@ -120,20 +120,24 @@ def synthetic(args: argparse.Namespace) -> dict:
         ]
         with serving(serve_args, work) as server:
             for streams in args.concurrency:
-                level = bench(
-                    server,
-                    args.api,
-                    streams,
-                    work / f"n{n}-c{streams}.json",
-                    [
-                        "--duration",
-                        str(args.duration),
-                        "--output-tokens",
-                        "256",
-                        "--client-procs",
-                        str(client_procs(args, n)),
-                    ],
-                )
+                with (
+                    cpu_split(server[1], n) as used,
+                    profiled(server[1], n, args.duration, args.profile_dir if n == max(args.counts) else None),
+                ):
+                    level = bench(
+                        server,
+                        args.api,
+                        streams,
+                        work / f"n{n}-c{streams}.json",
+                        [
+                            "--duration",
+                            str(args.duration),
+                            "--output-tokens",
+                            "256",
+                            "--client-procs",
+                            str(client_procs(args, n)),
+                        ],
+                    )
                 row = {
                     "frontends": n,
                     "streams": streams,
@@ -142,16 +146,23 @@ def synthetic(args: argparse.Namespace) -> dict:
                     "client_procs": client_procs(args, n),
                     "client_cpu_cores": level.get("client_cpu_cores"),
                     "server_cpu_cores": level.get("server_cpu_cores"),
+                    # The server's cores split by its processes' shares of the CPU they used: the engine's process
+                    # and the busiest front end.
+                    **{key: round(level["server_cpu_cores"] * share, 3) for key, share in _shares(used).items()},
                 }
                 rows.append(row)
     for row in rows:
-        one = next(r["tok_s"] for r in rows if r["frontends"] == 1 and r["streams"] == row["streams"])
+        one = next((r["tok_s"] for r in rows if r["frontends"] == 1 and r["streams"] == row["streams"]), None)
         row["vs_n_times_one"] = row["tok_s"] / (row["frontends"] * one) if one else None
-    print(f"{'N':>3} {'streams':>8} {'tok/s':>10} {'÷ N×(N=1)':>10} {'TTFT p50 ms':>12} {'cli procs/cpu':>14}")
+    print(
+        f"{'N':>3} {'streams':>8} {'tok/s':>10} {'÷ N×(N=1)':>10} {'TTFT p50 ms':>12} {'cli procs/cpu':>14} "
+        f"{'server cpu':>10} {'engine':>7} {'front':>7}"
+    )
     for r in rows:
         print(
-            f"{r['frontends']:>3} {r['streams']:>8} {r['tok_s']:>10.0f} {r['vs_n_times_one']:>10.2f} "
-            f"{r['ttft_p50_ms']!s:>12} {r['client_procs']:>5}/{r['client_cpu_cores']}"
+            f"{r['frontends']:>3} {r['streams']:>8} {r['tok_s']:>10.0f} {r['vs_n_times_one'] or float('nan'):>10.2f} "
+            f"{r['ttft_p50_ms']!s:>12} {r['client_procs']:>5}/{r['client_cpu_cores']} "
+            f"{r['server_cpu_cores']!s:>10} {r['engine_cpu_cores']:>7} {r['busiest_frontend_cpu_cores']:>7}"
         )
     return {"mode": "synthetic", "cpus": os.cpu_count(), "rows": rows}
 
@@ -159,6 +170,65 @@ def synthetic(args: argparse.Namespace) -> dict:
 def _cpu(proc) -> float:
     t = proc.cpu_times()
     return t.user + t.system
+
+
+def _processes(pid: int, frontends: int) -> dict:
+    """The server's processes by role: the engine's (the serve process) and, with N > 1, each front end."""
+    import psutil
+
+    engine = psutil.Process(pid)
+    procs = {"engine": engine}
+    if frontends > 1:  # the front ends (multiprocessing's spawn: children named by their command line)
+        fronts = [c for c in engine.children() if "spawn_main" in " ".join(c.cmdline())]
+        procs.update({f"frontend{i}": c for i, c in enumerate(fronts)})
+    return procs
+
+
+def _shares(used: dict[str, float]) -> dict[str, float]:
+    total = sum(used.values()) or 1.0
+    fronts = [v for k, v in used.items() if k != "engine"]
+    return {"engine_cpu_cores": used["engine"] / total, "busiest_frontend_cpu_cores": max(fronts, default=0.0) / total}
+
+
+@contextlib.contextmanager
+def cpu_split(pid: int, frontends: int) -> Iterator[dict[str, float]]:
+    """CPU seconds each of the server's processes used inside the block (filled in when it ends)."""
+    procs = _processes(pid, frontends)
+    before = {k: _cpu(p) for k, p in procs.items()}
+    used: dict[str, float] = {}
+    yield used
+    used.update({k: _cpu(p) - before[k] for k, p in procs.items()})
+
+
+@contextlib.contextmanager
+def profiled(pid: int, frontends: int, duration: float, out: Path | None) -> Iterator[None]:
+    """With ``out``: py-spy samples the engine's process and front end 0 over the middle half of a ``duration``-second
+    level (collapsed stacks, one file each: where a process's CPU goes); py-spy must be installed (``pip install
+    py-spy``). Started after bench's own start-up (its client processes, about 3 s)."""
+    if out is None:
+        yield
+        return
+    import threading
+
+    out.mkdir(parents=True, exist_ok=True)
+    targets = {k: p for k, p in _processes(pid, frontends).items() if k in ("engine", "frontend0")}
+    spies: list[subprocess.Popen] = []
+
+    def spy() -> None:
+        for name, p in targets.items():
+            command = ["py-spy", "record", "--pid", str(p.pid), "--duration", str(max(int(duration / 2), 1))]
+            command += ["--rate", "250", "--format", "raw", "--nonblocking"]
+            command += ["--output", str(out / f"n{frontends}-{name}.txt")]
+            spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+
+    timer = threading.Timer(3.0 + duration / 4, spy)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.join()
+        for s in spies:
+            s.wait()
 
 
 # The fake TensorRT-LLM engines' sizes (cost --engine trtllm/llmapi): prompts and outputs of the bench's sizes fit.
@@ -199,7 +269,6 @@ def _engine_args(args: argparse.Namespace, model: Path, work: Path, streams: int
 
 
 def cost(args: argparse.Namespace) -> dict:
-    import psutil
     from tinymodels import tiny_model
 
     model = tiny_model("llama")
@@ -214,13 +283,7 @@ def cost(args: argparse.Namespace) -> dict:
             f"-o option.max_rolling_batch_size={streams}",
             f"-o option.api_server_count={n}",
         ]
-        with serving(serve_args, work, env) as server:
-            engine = psutil.Process(server[1])
-            procs = {"engine": engine}
-            if n > 1:  # the front ends (multiprocessing's spawn: children named by their command line)
-                fronts = [c for c in engine.children() if "spawn_main" in " ".join(c.cmdline())]
-                procs.update({f"frontend{i}": c for i, c in enumerate(fronts)})
-            before = {k: _cpu(p) for k, p in procs.items()}
+        with serving(serve_args, work, env) as server, cpu_split(server[1], n) as used:
             level = bench(
                 server,
                 args.api,
@@ -240,7 +303,6 @@ def cost(args: argparse.Namespace) -> dict:
                     ),
                 ],
             )
-            used = {k: _cpu(p) - before[k] for k, p in procs.items()}
         tokens = level["output_tokens"]
         row = {
             "engine": args.engine,
@@ -483,6 +545,12 @@ def main() -> None:
         help="cost: the engine (trtllm: the fake Executor; llmapi: the fake LLM API; tests/fakes)",
     )
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=None,
+        help="synthetic: py-spy's collapsed stacks of the engine's process and front end 0 at the largest N",
+    )
     args = ap.parse_args()
     args.counts = [int(x) for x in args.counts.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
