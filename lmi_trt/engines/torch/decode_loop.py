@@ -24,7 +24,8 @@ One thread runs the loop. Each iteration it
    in chunks either way;
 3. launches it: a step of decode tokens only runs as the CUDA graph of the smallest captured
    batch size covering the highest slot in use (idle slots inside it write nothing and are
-   ignored); a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
+   ignored), which also advances its rows' positions and counts on the device, so the next step of
+   the same rows uploads nothing; a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
    and prompt chunks together (its shapes change every step; vLLM captures such steps as
    piecewise graphs around attention, docs/design/cuda_graphs.md, which would spare the host its
    ~200 launches, about as long as the device's 2,048-token step on an H100); requests whose
