@@ -8,7 +8,6 @@ engine (``engine.py``) and reports back through ``Host``; none imports the engin
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -20,7 +19,7 @@ import torch
 
 from ...speculative import Speculation
 from ..adapters import LoraAdapter
-from ..base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from ..base import EngineOutput, FinishReason, GenerationRequest, OutputChannel, SamplingParams
 from ..guided import Guide
 
 CLOSE_TIMEOUT_S = 30.0
@@ -62,31 +61,6 @@ def default_max_num_tokens(max_batch_size: int, max_input_len: int) -> int:
     return max(max_input_len + max_batch_size, 2048)
 
 
-class Outputs:
-    """A request's outputs on their way to its one consumer (``TorchEngine._stream``), both on the event loop:
-    ``asyncio.Queue``'s ``put_nowait`` and ``get`` without what many consumers or producers need (queues of
-    waiting getters and putters, task counting), which the event loop would pay for every token of every
-    stream (``benchmarks/loop_host.py``'s ``event_loop`` figure)."""
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[EngineOutput] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, item: EngineOutput) -> None:
-        self._items.append(item)
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():  # done: its consumer was cancelled while it waited
-            waiter.set_result(None)
-
-    async def get(self) -> EngineOutput:
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self._items.popleft()
-
-
 @dataclass(eq=False)
 class Slot:
     """One submitted request: opened by the engine on the event loop, advanced by the backend's thread."""
@@ -95,7 +69,7 @@ class Slot:
     key: str  # unique per submission: a client may reuse a request_id right after cancelling it
     eos_ids: tuple[int, ...]  # empty with ignore_eos
     generator: torch.Generator | None  # per-request RNG when a seed is given
-    queue: Outputs
+    queue: OutputChannel
     prompt_set: frozenset[int]
     generated: list[int] = field(default_factory=list)
     # Written by the engine thread only.

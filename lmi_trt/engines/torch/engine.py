@@ -61,6 +61,7 @@ from ..base import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    OutputChannel,
     OutputSink,
     SamplingParams,
     can,
@@ -70,7 +71,7 @@ from ..base import (
 )
 from ..guided import Grammars, Guide
 from ..registry import TORCH
-from .backend import Backend, Outputs, Slot, finish_reason
+from .backend import Backend, Slot, finish_reason
 from .continuous import CB_IMPORT_ERROR, ContinuousBackend
 from .decode_loop import DecodeLoopBackend, choose_decode_loop
 from .llama_decoder import unsupported_reason
@@ -703,7 +704,7 @@ class TorchEngine:
             key=f"{request.request_id}#{next(self._keys)}",
             eos_ids=() if request.sampling.ignore_eos else self.eos_token_ids,
             generator=generator,
-            queue=Outputs(),
+            queue=OutputChannel(),
             prompt_set=frozenset(request.prompt_token_ids),
             matcher=matcher,
             adapter=self._adapter(request),
