@@ -251,8 +251,11 @@ def test_user_started_mpiexec_is_detected_and_a_dead_leader_ends_the_followers(e
 def test_a_draft_model_runs_under_mpiexec_n_1_in_orchestrator_mode(hf_dir, tmp_path):
     """option.speculative_draft_model puts two orchestrator-mode Executors in the process, each spawning its worker:
     ``serve`` re-executes itself under ``mpiexec -n 1`` for them (lmi_trt.launch's docstring), and serves."""
+    # draft tokens run on the Executor of 1.0-1.2 (0.12 is refused, 1.3 has no Executor): the leg's release if one
+    leg = os.environ.get("LMI_TRT_FAKE_RELEASE", "")
+    release = leg if leg in ("1.0.0", "1.1.0", "1.2.1") else "1.2.1"
     build = dict(max_batch_size=4, max_input_len=95, max_seq_len=96)
-    with fake_tensorrt_llm():
+    with fake_tensorrt_llm(release):
         from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
 
         target = make_engine_dir(
@@ -281,7 +284,8 @@ def test_a_draft_model_runs_under_mpiexec_n_1_in_orchestrator_mode(hf_dir, tmp_p
         + "import lmi_trt.compile.jit as _jit\nfrom lmi_trt.compile.plan import GpuFacts as _Gpu\n"
         + '_jit._host_gpu = lambda: _Gpu(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)\n'
     )
-    job = Job([sys.executable, "-m", "lmi_trt", *args], _env(site), tmp_path / "job.log", port)
+    env = {**_env(site), "LMI_TRT_FAKE_RELEASE": release}
+    job = Job([sys.executable, "-m", "lmi_trt", *args], env, tmp_path / "job.log", port)
     try:
         job.wait_ready()
         _invoke(job)
