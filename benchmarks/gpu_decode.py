@@ -12,7 +12,9 @@ For each N:
   * lmi          — lmi-trt's TorchEngine with the built-in decode loop, through the engine protocol
 Each reports output tokens/s (all tokens / wall time from submission to the last token), TTFT and
 inter-token latency p50/p99 (static batches: per step; streams: per token arrival). For lmi it also
-times the decode step alone (its CUDA graph replayed, and eager) and profiles one eager step.
+times the decode step alone (its CUDA graph replayed, and eager), profiles one eager step, fingerprints the
+greedy tokens (``generated_sha256``: equal for two versions of lmi_trt whose outputs agree) and runs the same
+requests again with eager decode steps (``graph_vs_eager``: every row identical expected).
 
     python benchmarks/gpu_decode.py --concurrency 64,256,1 --json gpu_decode.json --profile-dir prof/
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import hashlib
 import inspect
 import json
 import statistics
@@ -197,13 +201,26 @@ async def lmi_run(
         ttfts = [times[0] - t0 for _, times in runs]
         itls = [b - a for _, times in runs for a, b in zip(times, times[1:])]
         result.update(summary(sum(len(g) for g, _ in runs), seconds, ttfts, itls))
-        result["generated"] = [g for g, _ in runs]
+        result["generated"] = generated = [g for g, _ in runs]
+        # The same tokens from another version of the loop (another lmi_trt on PYTHONPATH): equal fingerprints.
+        result["generated_sha256"] = hashlib.sha256(json.dumps(generated).encode()).hexdigest()
         result["loop"] = counters | {"wall_per_decode_step_ms": 1e3 * seconds / max(1, counters["decode_steps"])}
+        # GPU-only: the decode steps as CUDA graphs give the tokens the same steps give eagerly (the graphs
+        # advance the rows' positions and counts on the device between steps of the same rows).
+        graphs, backend._graphs = backend._graphs, {}
+        try:
+            eager = await asyncio.gather(*(stream(engine, f"e{i}", ids, out_tokens) for i, ids in enumerate(batch)))
+        finally:
+            backend._graphs = graphs
+        result["graph_vs_eager"] = prefix_agreement(generated, [g for g, _ in eager])
 
-        # The decode step alone, at this batch size: its CUDA graph, and eager.
+        # The decode step alone, at this batch size: its CUDA graph, and eager. Every slot is put back, before
+        # each step, where the run's last decode step had its rows (a step may advance them on the device).
         size = next(s for s in backend._sizes if s >= n)
-        result["step_graph_ms"] = time_it(backend._graphs[size, Mode.GREEDY].replay)
-        result["step_eager_ms"] = time_it(lambda: backend._decode_step(size, Mode.GREEDY), repeats=10)
+        park = parked(backend, size, plen + out_tokens - 2, plen)
+        greedy = backend._graphs[size, Mode.GREEDY]
+        result["step_graph_ms"] = time_it(lambda: (park(), greedy.replay()))
+        result["step_eager_ms"] = time_it(lambda: (park(), backend._decode_step(size, Mode.GREEDY)), repeats=10)
         decoder = backend._decoder
         if decoder.fused_kernels:  # the Triton kernels against the torch operations, same inputs
             positions = torch.randint(0, plen + out_tokens - 1, (size,), device="cuda")
@@ -222,15 +239,31 @@ async def lmi_run(
             result["step_graph_torch_ops_ms"] = time_it(graph.replay)
             del graph
         sampled = backend._graphs.get((size, Mode.SAMPLED))
-        result["step_graph_sampled_ms"] = time_it(sampled.replay) if sampled is not None else None
+        result["step_graph_sampled_ms"] = time_it(lambda: (park(), sampled.replay())) if sampled is not None else None
         if profile_dir is not None:
-            result["profile"] = profile_step(backend, size, profile_dir / f"lmi_step_{n}.txt")
+            step = functools.partial(backend._decode_step, size, Mode.GREEDY)
+            result["profile"] = profile_step(lambda: (park(), step()), profile_dir / f"lmi_step_{n}.txt")
         result["checks"] = await sampling_checks(engine, batch[0])
     finally:
         await engine.close()
     engine = backend = None  # drop the last references before emptying the CUDA cache
     torch.cuda.empty_cache()
     return result
+
+
+def parked(backend, size: int, position: int, prompt: int):
+    """A function putting slots ``0..size-1`` of the decode steps' inputs (``backend._meta``) at ``position``,
+    live (its cache slot from the slot's block table), ``position - prompt`` tokens generated."""
+    with torch.inference_mode():
+        block = backend._pool.block_size
+        cells = backend._tables[:size, position // block] * block + position % block
+        state = torch.stack((torch.full_like(cells, position), cells, torch.full_like(cells, position + 1)))
+        state = torch.cat((state, torch.full_like(cells, position - prompt).unsqueeze(0)))
+
+    def park() -> None:
+        backend._meta[:, :size].copy_(state)
+
+    return park
 
 
 def time_it(fn, repeats: int = 50) -> float:
@@ -249,18 +282,16 @@ def time_it(fn, repeats: int = 50) -> float:
     return statistics.median(times)
 
 
-def profile_step(backend, size: int, out: Path) -> list[dict]:
-    """Kernel time of one eager decode step by operator (a graph replays the same kernels)."""
+def profile_step(step, out: Path) -> list[dict]:
+    """Kernel time of one eager decode ``step`` by operator (a graph replays the same kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lmi_trt.engines.torch.gpu_sampler import Mode
-
     with torch.inference_mode():
-        backend._decode_step(size, Mode.GREEDY)
+        step()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
-                backend._decode_step(size, Mode.GREEDY)
+                step()
             torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
     out.parent.mkdir(parents=True, exist_ok=True)

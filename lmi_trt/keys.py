@@ -39,6 +39,7 @@ from lmi_trt.vocabulary import (
     AWQ_BLOCK_SIZES,
     BAICHUAN_VERSIONS,
     CHATGLM_VERSIONS,
+    FREE_FRACTION_BELOW,
     GPT_VARIANTS,
     KV_CACHE_FREE_GPU_MEM_FRACTION,
     QUANTIZE_NAMES,
@@ -81,10 +82,16 @@ def _integer(minimum: int = 1, example: int = 2048) -> ValueType:
 
 
 def _number(
-    *, above: float | None = None, at_least: float | None = None, at_most: float | None = None, example: float
+    *,
+    above: float | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    example: float,
 ) -> ValueType:
     low = f"> {above:g}" if above is not None else f"≥ {at_least:g}"
-    what = f"a number {low}" + (f" and ≤ {at_most:g}" if at_most is not None else "")
+    high = f" and ≤ {at_most:g}" if at_most is not None else f" and < {below:g}" if below is not None else ""
+    what = f"a number {low}{high}"
 
     def parse(raw: str) -> float:
         try:
@@ -92,13 +99,14 @@ def _number(
         except ValueError:
             raise _BadValue(f"is not a number; set {what} such as {example:g}") from None
         in_low = value > above if above is not None else value >= at_least
-        if not (math.isfinite(value) and in_low and (at_most is None or value <= at_most)):
+        in_high = (at_most is None or value <= at_most) and (below is None or value < below)
+        if not (math.isfinite(value) and in_low and in_high):
             raise _BadValue(f"is out of range; set {what} such as {example:g}")
         return value
 
     low_bound = ("gt", above) if above is not None else ("ge", at_least)
-    bounds = (low_bound, ("allow_inf_nan", False)) + ((("le", at_most),) if at_most is not None else ())
-    return ValueType(what.removeprefix("a "), parse, bounds)
+    high_bound = (("le", at_most),) if at_most is not None else (("lt", below),) if below is not None else ()
+    return ValueType(what.removeprefix("a "), parse, (low_bound, ("allow_inf_nan", False), *high_bound))
 
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -928,7 +936,8 @@ class LmiConfig(BaseModel):
         float,
         KeySpec(
             "option.kv_cache_free_gpu_mem_fraction",
-            _number(above=0, at_most=1, example=0.9),
+            # below 1: TensorRT-LLM's KvCacheConfig checks freeGpuMemoryFraction < 1.F (FREE_FRACTION_BELOW)
+            _number(above=0, below=FREE_FRACTION_BELOW, example=0.9),
             "share of free GPU memory given to the KV cache (pytorch backend, unset: TensorRT-LLM's 0.9)",
             aliases=("option.free_gpu_memory_fraction",),  # DJL: KvCacheConfig(free_gpu_memory_fraction=)
         ),
@@ -937,7 +946,7 @@ class LmiConfig(BaseModel):
         float | None,
         KeySpec(
             "option.draft_kv_cache_free_gpu_mem_fraction",
-            _number(above=0, at_most=1, example=0.2),
+            _number(above=0, below=FREE_FRACTION_BELOW, example=0.2),
             "trtllm tensorrt backend with option.speculative_draft_model (required there): share of free GPU memory "
             "given to the draft engine's KV cache; the draft's Executor starts first, then the model's takes "
             "option.kv_cache_free_gpu_mem_fraction of what is left",

@@ -12,6 +12,15 @@ tensorrt_llm.bindings.executor, NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/exe
   ``mpirun -n TP×PP`` with ``CUDA_VISIBLE_DEVICES`` set to the copy's GPUs; every rank builds the
   Executor (rank r loads ``rank{r}.engine``); rank 0 (``can_enqueue_requests()``) serves HTTP, the
   other ranks block in ``wait_for_shutdown()`` until rank 0 shuts the Executor down.
+* trtllm with a draft model (option.speculative_draft_model, TP×PP = 1): **orchestrator mode**, one copy: the model's
+  and the draft's Executors both spawn their worker (as examples/prompt_lookup/run_dtm_pld.py builds both runners with
+  ``is_orchestrator_mode=True``), so ``serve`` re-executes itself under ``mpirun -n 1`` as below. NVIDIA's own
+  launcher does the same for spawning orchestrators: triton_backend/scripts/launch_triton_server.py (NVIDIA/
+  TensorRT-LLM, the 1.x copy with --trtllm_llmapi_launch) starts ``mpirun -n 1 tritonserver`` with
+  TRTLLM_ORCHESTRATOR=1 for --multi-model ("World size must be 1 when using multi-model without
+  disable-spawn-processes"), which is how the draft-target model is served through Triton (examples/
+  draft_target_model/README.md). Without a launcher the spawn depends on the MPI library's singleton support, which
+  the 1.3.0rc27 image's Open MPI 5 lacks (ai-dynamo/dynamo#15060: ``MPI_ERR_UNKNOWN`` on spawn).
 * trtllm, several copies (a host with more GPUs than TP×PP): **orchestrator mode**, the way
   NVIDIA's Triton backend runs several instances of one model on one host ("multi-model",
   ``gpu_device_ids`` "0,1;2,3"): ``serve`` re-executes itself under ``mpirun -n 1`` (dynamic
@@ -54,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from lmi_trt.config import LmiConfig
+from lmi_trt.config import LmiConfig, speculation
 from lmi_trt.engines.registry import ENGINE_NAMES, entry
 from lmi_trt.errors import ConfigError
 
@@ -160,7 +169,9 @@ def _degree(value: int | str, key: str) -> int | str:
     return value
 
 
-def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "auto") -> LaunchPlan:
+def plan_launch(
+    tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, backend: str = "auto", draft_model: bool = False
+) -> LaunchPlan:
     """Pure: how to run ``engine`` (on TensorRT-LLM's ``backend``) with TP×PP on a host with ``gpu_count``
     visible GPUs, by the registry entry's launch rule.
 
@@ -168,7 +179,8 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, 
     error; on a host without GPUs the plan keeps TP×PP ranks (the engine reports the missing GPU).
     Only the trtllm engine runs TP×PP > 1: under MPI for TensorRT engines; on its ``pytorch`` backend in one
     process, whose LLM starts its own TP×PP workers. A backend not chosen yet (``auto``: decided once the model
-    is read) is planned as TensorRT engines are.
+    is read) is planned as TensorRT engines are. With ``draft_model`` (a draft model's engine beside the model's) one
+    copy of TP×PP = 1 runs in orchestrator mode under ``mpirun -n 1`` (module docstring).
     """
     if engine not in ENGINE_NAMES:
         raise LaunchError(f"engine {engine!r} is not one of {', '.join(ENGINE_NAMES)}")
@@ -221,8 +233,14 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, 
     world = tp * pp
     if rule == "llm_workers" and (gpu_count == 0 or world <= gpu_count):
         return _llm_workers_plan(engine, tp, pp, gpu_count, notes)
+    # a draft model beside the model: both Executors spawn their worker (TP×PP > 1 beside one is refused by the engine)
+    drafts = draft_model and world == 1
+    if drafts:
+        notes.append("a draft model's Executor beside the model's: both in ORCHESTRATOR mode under mpirun -n 1")
     if gpu_count == 0:
         # Nothing to place; the engine itself says that TensorRT-LLM needs a GPU.
+        if drafts:
+            return LaunchPlan(engine, tp, pp, 0, ((),), 1, "orchestrator", tuple(notes))
         return LaunchPlan(engine, tp, pp, 0, ((),), world if world > 1 else 0, "leader", tuple(notes))
     if world > gpu_count:
         fit = max(1, gpu_count // pp)
@@ -239,8 +257,10 @@ def plan_launch(tp: int | Literal["max"], pp: int, gpu_count: int, engine: str, 
             f"{gpu_count} GPUs hold {n} cop{'y' if n == 1 else 'ies'} of TP×PP={world}; "
             f"GPU(s) {', '.join(map(str, range(n * world, gpu_count)))} stay idle"
         )
-    if n == 1:
+    if n == 1 and not drafts:
         return LaunchPlan(engine, tp, pp, gpu_count, copies, world if world > 1 else 0, "leader", tuple(notes))
+    if n == 1:
+        return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
     notes.append(f"{n} copies of TP×PP={world} behind one front end: one ORCHESTRATOR-mode Executor per copy")
     return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
 
@@ -267,7 +287,15 @@ def plan_for(config: LmiConfig, kind: str, gpu_count: int) -> LaunchPlan:
     """``plan_launch`` for an ``LmiConfig``; a per-GPU engine (torch) on ``option.device=cpu`` uses no GPU."""
     if entry(kind, config.backend).launch == "per_gpu" and config.device == "cpu":
         gpu_count = 0
-    return plan_launch(config.tensor_parallel_degree, config.pipeline_parallel_degree, gpu_count, kind, config.backend)
+    spec = speculation(config)
+    return plan_launch(
+        config.tensor_parallel_degree,
+        config.pipeline_parallel_degree,
+        gpu_count,
+        kind,
+        config.backend,
+        draft_model=spec is not None and spec.method == "draft_model",
+    )
 
 
 # =============================================================================== MPI launcher
@@ -678,7 +706,7 @@ def build_copies(
     if plan is None:
         return make_engine(None)
     placements = plan.placements()
-    if len(placements) == 1 and not placements[0].orchestrator:
+    if len(placements) == 1:  # one copy, orchestrator mode too (a draft model beside it)
         return make_engine(placements[0])
     from lmi_trt.engines.replicas import ReplicaSet
 
@@ -686,7 +714,8 @@ def build_copies(
 
 
 def trtllm_copy_settings(settings: TrtllmSettings, placement: Placement) -> TrtllmSettings:
-    """``TrtllmSettings`` for one orchestrator-mode copy (``device_ids`` = the copy's GPUs)."""
+    """``TrtllmSettings`` for one orchestrator-mode copy (``device_ids`` = the copy's GPUs; none on a host without
+    GPUs)."""
     return settings.model_copy(update={"device_ids": tuple(placement.devices), "orchestrator": True})
 
 

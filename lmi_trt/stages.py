@@ -345,7 +345,7 @@ def _build_executor(
 
     if artifact.kind != "trtllm_engine":
         raise EngineError(f"internal: {artifact.model_id!r} reached the engine stage uncompiled ({artifact.kind})")
-    if placement is not None and placement.orchestrator:  # one copy among several: its GPUs, orchestrator mode
+    if placement is not None and placement.orchestrator:  # one copy among several, or beside a draft model's engine
         settings = trtllm_copy_settings(settings, placement)
     return TrtllmEngine(
         artifact.engine_dir,

@@ -16,6 +16,12 @@ import enum
 TRTLLM_DEFAULT_BATCH = 256
 # option.kv_cache_free_gpu_mem_fraction's default: LmiConfig's field and the plan's memory estimate.
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.95
+# The KV-cache fractions' exclusive upper bound (option.kv_cache_free_gpu_mem_fraction and
+# option.draft_kv_cache_free_gpu_mem_fraction): NVIDIA/TensorRT-LLM cpp/tensorrt_llm/executor/kvCacheConfig.cpp
+# setFreeGpuMemoryFraction, which the KvCacheConfig constructor calls (0.x and 1.x copies), checks
+# "freeGpuMemoryFraction < 1.F", and kvCacheManager.cpp calculateFreeMemBytes (every copy read, 0.x to 1.x): "Invalid
+# freeMemFraction, freeMemFraction (%f) must be smaller than 1.0f".
+FREE_FRACTION_BELOW = 1.0
 # AWQ group sizes (option.awq_block_size, DJL's 64 and 128): what the configuration accepts and all the
 # planner suggests when a model's per-rank dimensions do not divide by the chosen one (NVIDIA/TensorRT-LLM
 # examples/quantization/quantize.py --awq_block_size, default 128).

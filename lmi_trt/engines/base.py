@@ -7,7 +7,9 @@ yields ``EngineOutput`` deltas until one has ``finished=True``.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, runtime_checkable
@@ -123,6 +125,35 @@ class EngineOutput:
     # Seconds the request waited in the engine's queue for a batch slot: on its first output, from
     # engines that know it (None otherwise).
     queue_time_s: float | None = None
+
+
+class OutputChannel:
+    """One stream's outputs on their way to its one consumer, both on the event loop: ``asyncio.Queue``'s
+    ``put_nowait`` and ``get`` without what many consumers or producers need (queues of waiting getters and
+    putters, task counting), which the event loop would pay for every token of every stream
+    (``benchmarks/loop_host.py``'s ``event_loop`` figure)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[EngineOutput] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: EngineOutput) -> None:
+        self.items.append(item)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():  # done: its consumer was cancelled while it waited
+            waiter.set_result(None)
+
+    async def ready(self) -> None:
+        """Once an output is waiting."""
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+
+    async def get(self) -> EngineOutput:
+        await self.ready()
+        return self.items.popleft()
 
 
 @dataclass(frozen=True)

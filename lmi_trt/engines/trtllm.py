@@ -78,6 +78,7 @@ from lmi_trt.engines.trtllm_drafts import (
     draft_refusals,
     drafted_request_refusal,
     engine_draft_errors,
+    input_limit_error,
 )
 from lmi_trt.engines.trtllm_drafts import release_error as drafts_release_error
 from lmi_trt.engines.trtllm_lora import MODULES, LoraBuild, executor_tensors, module_dims
@@ -524,11 +525,17 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
     ):
         if enabled and not facts.use_paged_context_fmha:
             errors.append(
-                f'option.{key}=true needs an engine built with paged context FMHA (TensorRT-LLM: "When KV cache '
-                "block reuse is set, model has to be built with paged context FMHA support\"), and config.json's "
+                f"option.{key}=true needs an engine built with paged context FMHA (TensorRT-LLM 0.x refuses block "
+                'reuse without it: "When KV cache block reuse is set, model has to be built with paged context FMHA '
+                'support"; 1.x turns it off with a warning: "KV cache reuse disabled because model was not built '
+                "with paged context FMHA support\"), and config.json's "
                 "build_config.plugin_config.use_paged_context_fmha is off; rebuild with --use_paged_context_fmha "
                 f"enable, or set option.{key}=false"
-                + (" (not an option with draft tokens, which need block reuse)" if settings.drafts is not None else "")
+                + (
+                    " (not an option with draft tokens, which need block reuse)"
+                    if settings.drafts is not None and key == "enable_kv_cache_reuse"
+                    else ""
+                )
             )
     errors += lora_errors(settings, facts)
     if settings.max_tokens_in_paged_kv_cache and settings.max_tokens_in_paged_kv_cache < facts.max_seq_len:
@@ -547,7 +554,6 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             settings.drafts,
             facts.speculative_decoding_mode,
             facts.max_draft_len,
-            facts.max_input_len,
             facts.max_seq_len,
             settings.enable_kv_cache_reuse,
             facts.gather_context_logits,
@@ -1179,10 +1185,13 @@ class TrtllmEngine:
         """The draft model's engine: a second Executor in this process on the copy's own GPUs (``device_ids``), both
         in orchestrator mode, as examples/prompt_lookup/run_dtm_pld.py builds its draft and target runners
         (ModelRunnerCpp ``is_orchestrator_mode=True``, each with its device list; model_runner_cpp.py: "MPI world size
-        must be 1 in Orchestrator mode"). Its KV cache takes option.draft_kv_cache_free_gpu_mem_fraction of the free
-        memory, and it starts first (trtllm_drafts.with_draft_memory). Tensor or pipeline parallelism beside a draft
-        model is refused: lmi-trt runs TP×PP > 1 in leader mode under mpirun, where the examples' two orchestrators
-        do not apply, and no source read here runs two Executors on one such MPI world."""
+        must be 1 in Orchestrator mode"; lmi_trt.launch runs this process under ``mpirun -n 1`` for it). It gets the
+        runner settings the example gives both runners (trtllm_drafts' docstring): block reuse where its engine can
+        keep it, the model's option.enable_chunked_context, and its own KV-cache share
+        (option.draft_kv_cache_free_gpu_mem_fraction, trtllm_drafts.with_draft_memory); it starts first. Its inputs are
+        the model's (up to max_seq_len - 1 tokens), so its input limit is checked as the model's. Tensor or pipeline
+        parallelism beside a draft model is refused: lmi-trt runs TP×PP > 1 in leader mode under mpirun, where the
+        examples' two orchestrators do not apply, and no source read here runs two Executors on one such MPI world."""
         drafts = self.settings.drafts
         if drafts is None or drafts.method != "draft_model":
             return None
@@ -1191,25 +1200,35 @@ class TrtllmEngine:
                 f"internal: {drafts.key}=draft_model needs orchestrator mode and the draft's KV-cache share "
                 "(lmi_trt.stages.executor_settings sets both)"
             )
-        draft = TrtllmEngine(
-            drafts.draft_model,
-            TrtllmSettings(
-                tensor_parallel_degree=None,
-                orchestrator=True,
-                device_ids=self.settings.device_ids,
-                kv_cache_free_gpu_mem_fraction=drafts.kv_fraction,
-            ),
-            eos_token_ids=self._eos,
-            pad_token_id=self._pad,
-            gpu_available=gpu_available,
-        )
-        for name, facts in (("model's", self.facts), ("draft model's", draft.facts)):
-            if facts.world_size > 1:
+        who = f"{drafts.key}=draft_model: the draft model's engine ({drafts.draft_model})"
+        facts = read_engine_facts(resolve_engine_dir(Path(drafts.draft_model)))
+        chunked = self.settings.enable_chunked_context
+        try:
+            draft = TrtllmEngine(
+                drafts.draft_model,
+                TrtllmSettings(
+                    tensor_parallel_degree=None,
+                    orchestrator=True,
+                    device_ids=self.settings.device_ids,
+                    kv_cache_free_gpu_mem_fraction=drafts.kv_fraction,
+                    # 1.x fixExecutorConfig turns reuse off (a warning only) for these engines: not asked of them
+                    enable_kv_cache_reuse=facts.use_paged_context_fmha and not facts.gather_context_logits,
+                    enable_chunked_context=chunked,
+                ),
+                eos_token_ids=self._eos,
+                pad_token_id=self._pad,
+                gpu_available=gpu_available,
+            )
+        except TrtllmConfigError as exc:
+            raise TrtllmConfigError(f"{who}: {exc}") from exc
+        for name, engine_facts in (("model's", self.facts), ("draft model's", draft.facts)):
+            if engine_facts.world_size > 1:
                 raise TrtllmConfigError(
-                    f"{drafts.key}=draft_model: the {name} engine has tp={facts.tp_size} pp={facts.pp_size}, and a "
-                    "draft model runs here with one GPU per engine only (both Executors in orchestrator mode, as "
-                    "TensorRT-LLM's examples/prompt_lookup/run_dtm_pld.py); set option.tensor_parallel_degree=1 and "
-                    "option.pipeline_parallel_degree=1 (and build the draft with them), or use n-gram drafts"
+                    f"{drafts.key}=draft_model: the {name} engine has tp={engine_facts.tp_size} "
+                    f"pp={engine_facts.pp_size}, and a draft model runs here with one GPU per engine only (both "
+                    "Executors in orchestrator mode, as TensorRT-LLM's examples/prompt_lookup/run_dtm_pld.py); set "
+                    "option.tensor_parallel_degree=1 and option.pipeline_parallel_degree=1 (and build the draft with "
+                    "them), or use n-gram drafts"
                 )
         if draft.facts.vocab_size != self.facts.vocab_size:
             raise TrtllmConfigError(
@@ -1217,6 +1236,9 @@ class TrtllmEngine:
                 f"model's {self.facts.vocab_size} (config.json pretrained_config.vocab_size); the draft model must "
                 "share the model's tokenizer"
             )
+        too_long = input_limit_error(who, self.facts.max_seq_len - 1, draft.facts.max_num_tokens, chunked)
+        if too_long is not None:
+            raise TrtllmConfigError(too_long)
         return draft
 
     # ------------------------------------------------------------------ lifecycle

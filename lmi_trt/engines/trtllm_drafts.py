@@ -41,17 +41,31 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
 * the engine: trtllm-build ``--speculative_decoding_mode draft_tokens_external --max_draft_len K``
   (tensorrt_llm/commands/build.py); builder.py raises the recorded max_seq_len by K and max_num_tokens to
   ``max_batch_size * (K + 1)``; config.json keeps SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL, the integer 2
-  (tensorrt_llm/models/modeling_utils.py's IntFlag). Each iteration's input is the prompt plus the tokens so far, so
-  the engine's max_input_len must reach max_seq_len - 1 (run_dtm_pld.py builds its runner with ``max_input_len =
-  max(input_len) + max_output_len``); lmi-trt's compile stage plans it so (``lmi_trt.compile.plan``).
+  (tensorrt_llm/models/modeling_utils.py's IntFlag). Each iteration's input is the prompt plus the tokens so far, up
+  to max_seq_len - 1 tokens. What bounds it at run time is not the build's max_input_len: trtGptModel.h (the 0.x copy
+  taking TrtGptModelOptionalParams and the 1.x one taking an ExecutorConfig) sets the Executor's maxInputLen to
+  maxSequenceLen - 1 with chunked context, to min(maxSequenceLen - 1, maxNumTokens) for an engine with context FMHA
+  and packed input (every engine served here: paged context FMHA and remove_input_padding are required), and to the
+  build's max_input_len only otherwise; LlmRequest::validate fails a longer prompt ("Prompt length (%d) exceeds
+  maximum input length (%d)"). model_runner_cpp.py says as much ("model_config.max_input_len is not the upper bound
+  of input length"), and examples/draft_target_model/README.md builds its target with MAX_INPUT_LEN=3200 below
+  MAX_SEQ_LEN=4800. So an engine is checked for max_num_tokens or chunked context (``input_limit_error``), not for
+  its max_input_len; lmi-trt's compile stage still builds max_input_len = max_seq_len - 1.
 * KV-cache block reuse is required, not an optimisation: trtGptModelInflightBatching.cpp's constructor (every copy
-  read, from a 0.12-era one to 1.x) refuses a draft_tokens_external engine without it ("KV cache block reuse must be
-  enabled for speculative decoding target model"), and the 1.x copy's fixExecutorConfig first turns reuse off, with a
-  warning only, for an engine built without paged context FMHA or one that gathers context logits.
+  read, from a 2024 one under the TensorRT source licence to the 1.2.0rc2 one) refuses a draft_tokens_external engine
+  without it ("KV cache block reuse must be enabled for speculative decoding target model"), and the 1.x copy's
+  fixExecutorConfig first turns reuse off, with a warning only, for an engine built without paged context FMHA or one
+  that gathers context logits.
   examples/draft_target_model/README.md: "--use_paged_context_fmha=enable must be specified since we need KV-Cache
   reuse", "--kv_cache_enable_block_reuse must be specified". So lmi-trt turns option.enable_kv_cache_reuse on for
   draft tokens when it is unset (``block_reuse``), refuses it explicitly false, refuses such engines
   (``engine_draft_errors``), and its compile stage builds draft_tokens_external engines with paged context FMHA.
+* a draft model (``DraftModelProposer``): run_dtm_pld.py builds its draft runner with the same runner settings as the
+  target's (``common_runner_kwargs``: kv_cache_enable_block_reuse, enable_chunked_context, the memory fraction), so
+  the draft engine gets block reuse where its engine has paged context FMHA and does not gather context logits (1.x
+  fixExecutorConfig would turn it off otherwise), and the model's option.enable_chunked_context; its input limit is
+  checked as the model's. A draft request that fails fails the client's request, as a draft runner's error ends
+  run_dtm_pld.py's loop (it has no fallback), rather than the loop going on without drafts unseen.
 * releases: the 0.x binding copy above has ExternalDraftTokensConfig, but which 0.x release's Executor accepted it
   beside a draft_tokens_external engine was not pinned (examples/prompt_lookup and draft_target_model are dated here by
   their ModelRunnerCpp/Executor code to the 1.x line), so 0.12 is refused.
@@ -60,17 +74,22 @@ What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, date
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lmi_trt.engines.base import SAMPLING_FEATURES, EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import (
+    SAMPLING_FEATURES,
+    EngineError,
+    EngineOutput,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    error_output,
+)
 from lmi_trt.ngram import NgramIndex
 from lmi_trt.speculative import JSON_KEY, Speculation, SpeculationError
-
-log = logging.getLogger(__name__)
 
 DRAFTS_SINCE = (1, 0)
 DRAFT_TOKENS_EXTERNAL = 2  # config.json's SpeculativeDecodingMode integer
@@ -139,8 +158,8 @@ class NgramProposer:
 class DraftModelProposer:
     """A draft model's greedy continuation of ``k`` tokens, asked of its own engine (a second Executor over the draft
     engine) as one non-streaming request, as run_dtm_pld.py asks its draft runner (``max_new_tokens=draft_len``,
-    ``streaming=False``). A failed draft request costs the iteration its drafts, not the client its request: the
-    target decodes plainly then, and the failure is logged."""
+    ``streaming=False``). A failed draft request raises an ``EngineError`` (module docstring), 424 unless the draft's
+    engine said 503 (shutting down)."""
 
     def __init__(self, submit: Callable[[GenerationRequest], AsyncIterator[EngineOutput]], request_id: str) -> None:
         self._submit, self._id, self._n = submit, request_id, 0
@@ -154,8 +173,8 @@ class DraftModelProposer:
         async with aclosing(self._submit(request)) as outputs:
             async for delta in outputs:
                 if delta.error is not None:
-                    log.warning("the draft model's request for %s failed: %s", self._id, delta.error)
-                    return []
+                    code = 503 if delta.error_code == 503 else 424
+                    raise EngineError(f"the draft model's request failed: {delta.error}", code)
                 out += delta.token_ids
         return out[:k]
 
@@ -249,11 +268,25 @@ def with_draft_memory(drafts: ExternalDrafts | None, fraction: float | None) -> 
     return dataclasses.replace(drafts, kv_fraction=fraction)
 
 
+def input_limit_error(who: str, need: int, max_num_tokens: int | None, chunked_context: bool) -> str | None:
+    """Pure: why an engine with context FMHA and packed input cannot take inputs of ``need`` tokens, or None.
+    cpp/tensorrt_llm/batch_manager/trtGptModel.h (NVIDIA/TensorRT-LLM, 0.x and 1.x copies): without chunked context
+    "maxInputLen = min(maxSequenceLen - 1, maxNumTokens)", and LlmRequest::validate throws "Prompt length (%d)
+    exceeds maximum input length (%d)" above it."""
+    if chunked_context or max_num_tokens is None or max_num_tokens >= need:
+        return None
+    return (
+        f"{who}: the engine's max_num_tokens={max_num_tokens} is below {need}, the longest input a draft iteration "
+        "sends (the prompt plus the tokens so far, up to max_seq_len - 1), and without chunked context TensorRT-LLM "
+        f"caps the input at max_num_tokens; set option.enable_chunked_context=true, or rebuild with max_num_tokens ≥ "
+        f"{need}"
+    )
+
+
 def engine_draft_errors(
     drafts: ExternalDrafts,
     built_mode: int | None,
     built_draft_len: int,
-    max_input_len: int,
     max_seq_len: int,
     reuse: bool,
     context_logits: bool,
@@ -279,28 +312,16 @@ def engine_draft_errors(
             "1.x turns KV-cache block reuse off for it (fixExecutorConfig: 'Context logits cannot be returned for "
             f"reused tokens'), then {REUSE_CHECK}; rebuild it without --gather_context_logits"
         )
-    if max_num_tokens is not None and max_num_tokens < max_seq_len - 1 and not chunked_context:
-        # cpp/tensorrt_llm/batch_manager/trtGptModel.h (NVIDIA/TensorRT-LLM): without chunked context "maxInputLen =
-        # min(maxSequenceLen - 1, maxNumTokens)", and LlmRequest::validate throws "Prompt length (%d) exceeds maximum
-        # input length (%d)" above it; each draft iteration's input reaches max_seq_len - 1
-        errors.append(
-            f"{drafts.key}={drafts.method}: the engine's max_num_tokens={max_num_tokens} is below max_seq_len - 1 = "
-            f"{max_seq_len - 1}, which each draft iteration's input reaches (the prompt plus the tokens so far), and "
-            "without chunked context TensorRT-LLM caps the input at max_num_tokens; set "
-            "option.enable_chunked_context=true, or rebuild with max_num_tokens ≥ max_seq_len - 1"
-        )
+    too_long = input_limit_error(f"{drafts.key}={drafts.method}", max_seq_len - 1, max_num_tokens, chunked_context)
+    if too_long is not None:
+        errors.append(too_long)
     if built_draft_len < drafts.draft_len:
         errors.append(
             f"{drafts.key}={drafts.method}: the engine was built with build_config.max_draft_len={built_draft_len} and "
             f"{drafts.draft_len} draft tokens a step were asked for ({DRAFT_COUNT_CHECK}); lower max_draft_len to "
             f"{built_draft_len} or rebuild"
         )
-    if max_input_len < max_seq_len - 1:
-        errors.append(
-            f"{drafts.key}={drafts.method}: the engine's build_config.max_input_len={max_input_len} is below its "
-            f"max_seq_len - 1 = {max_seq_len - 1}, and each draft iteration sends the prompt plus the tokens so far as "
-            "input; rebuild it with max_input_len = max_seq_len - 1 (lmi-trt's compile stage does)"
-        )
+    # no check of the build's max_input_len: it does not bound the input at run time (module docstring)
     return errors
 
 
@@ -392,7 +413,8 @@ async def draft_loop(
 ) -> AsyncIterator[EngineOutput]:
     """One client request as draft iterations (module docstring): each proposes up to ``draft_len`` tokens from the
     sequence so far, asks the engine for ``drafts + 1`` tokens verified against them, and streams what came back.
-    EOS, stop words, errors and cancellation end it as they end the iteration's request; ``max_new_tokens`` and the
+    EOS, stop words, errors (the draft model's too) and cancellation end it as they end the iteration's
+    request; ``max_new_tokens`` and the
     engine's ``max_seq_len`` as without drafts; EOS ids (``eos``: none for ignore_eos) and stop sequences are also
     looked for on the host (``stop_at``). ``count(proposed, accepted)`` records each iteration; ``cancelled()`` says
     the request was cancelled between iterations (one in flight ends with its Executor request's CANCELLED)."""
@@ -406,7 +428,11 @@ async def draft_loop(
             return
         room = min(sampling.max_new_tokens - len(generated), max_seq_len - len(sequence))
         # at most room - 1 drafts: the target's own token after them must fit too
-        proposal = await proposer.propose(sequence, min(drafts.draft_len, room - 1)) if room > 1 else []
+        try:
+            proposal = await proposer.propose(sequence, min(drafts.draft_len, room - 1)) if room > 1 else []
+        except EngineError as failed:
+            yield error_output(request.request_id, str(failed), failed.code)
+            return
         step = dataclasses.replace(
             request,
             prompt_token_ids=list(sequence),

@@ -45,6 +45,7 @@ from lmi_trt.engines.base import (
     EngineOutput,
     FinishReason,
     GenerationRequest,
+    OutputChannel,
     error_output,
 )
 
@@ -121,26 +122,14 @@ def _merge(items: collections.deque[EngineOutput]) -> EngineOutput:
     return out
 
 
-class _Inbox:
-    """One stream's outputs as they arrive, and the stream waiting for them (lighter than an asyncio.Queue, which
-    the link would otherwise fill and empty once per token). What arrived since the last read is read as one."""
+class _Inbox(OutputChannel):
+    """One stream's outputs as they arrive from the link (which would otherwise fill and empty an asyncio.Queue once
+    per token); what arrived since the last read is read as one."""
 
-    __slots__ = ("items", "waiter")
-
-    def __init__(self) -> None:
-        self.items: collections.deque[EngineOutput] = collections.deque()
-        self.waiter: asyncio.Future[None] | None = None
-
-    def put(self, out: EngineOutput) -> None:
-        self.items.append(out)
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    __slots__ = ()
 
     async def get(self) -> EngineOutput:
-        while not self.items:
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
+        await self.ready()
         return self.items.popleft() if len(self.items) == 1 else _merge(self.items)
 
 
@@ -537,7 +526,7 @@ class RemoteEngine:
             for t in outs:
                 inbox = streams.get(t[0])
                 if inbox is not None:  # else the client left and a cancel is on its way
-                    inbox.put(_unwire(t))
+                    inbox.put_nowait(_unwire(t))
             self._taken += bool(outs)
         elif message[0] == "state":
             self.state = message[1]
@@ -555,7 +544,7 @@ class RemoteEngine:
         self._lost = why
         log.error("%s; failing %d open requests", why, len(self._streams))
         for rid, inbox in list(self._streams.items()):
-            inbox.put(error_output(rid, f"the engine is not reachable: {why}", 503))
+            inbox.put_nowait(error_output(rid, f"the engine is not reachable: {why}", 503))
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(EngineError(f"the engine is not reachable: {why}", 503))

@@ -70,26 +70,23 @@ def _env(site_dir: Path) -> dict[str, str]:
     return env
 
 
-def _serve_args(engine: Path, hf_dir: Path, port: int) -> list[str]:
-    return [
-        "serve",
-        "--model-id",
-        str(engine),
-        "--engine",
-        "trtllm",
-        "--port",
-        str(port),
-        "-o",
-        f"option.tokenizer_id={hf_dir}",
-        "-o",
-        "option.tensor_parallel_degree=2",
-        "-o",
-        "option.max_input_len=64",
-        "-o",
-        "option.max_output_len=32",
-        "-o",
-        "option.max_rolling_batch_size=4",
-    ]
+def _serve_args(engine: Path, hf_dir: Path, port: int, **options: object) -> list[str]:
+    """``serve`` of the engine, TP=2 unless ``options`` (option.NAME=value, or a top-level key) say otherwise."""
+    options = {"option.tensor_parallel_degree": 2, **options}
+    base = {"option.max_input_len": 64, "option.max_output_len": 32, "option.max_rolling_batch_size": 4}
+    args = ["serve", "--model-id", str(engine), "--engine", "trtllm", "--port", str(port)]
+    for key, value in {"option.tokenizer_id": hf_dir, **base, **options}.items():
+        args += ["-o", f"{key}={value}"]
+    return args
+
+
+def _invoke(job: Job) -> None:
+    r = requests.post(
+        job.url + "/invocations",
+        json={"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 8}},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["generated_text"], r.text
 
 
 def _job_pids(token: str) -> list[int]:
@@ -184,12 +181,7 @@ def test_rank0_serves_rank1_follows_and_sigterm_ends_both(engine_dir, hf_dir, si
     )
     try:
         job.wait_ready()
-        r = requests.post(
-            job.url + "/invocations",
-            json={"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 8}},
-            timeout=60,
-        )
-        assert r.status_code == 200 and r.json()["generated_text"], r.text
+        _invoke(job)
         stream = requests.post(
             job.url + "/generate_stream",
             json={"inputs": "Once upon a time", "parameters": {"max_new_tokens": 4}},
@@ -252,5 +244,56 @@ def test_user_started_mpiexec_is_detected_and_a_dead_leader_ends_the_followers(e
         rc = job.wait_end()  # within END_S
         assert rc != 0
         assert job.leftovers() == [], "the follower outlived its leader"
+    finally:
+        job.cleanup()
+
+
+def test_a_draft_model_runs_under_mpiexec_n_1_in_orchestrator_mode(hf_dir, tmp_path):
+    """option.speculative_draft_model puts two orchestrator-mode Executors in the process, each spawning its worker:
+    ``serve`` re-executes itself under ``mpiexec -n 1`` for them (lmi_trt.launch's docstring), and serves."""
+    # draft tokens run on the Executor of 1.0-1.2 (0.12 is refused, 1.3 has no Executor): the leg's release if one
+    leg = os.environ.get("LMI_TRT_FAKE_RELEASE", "")
+    release = leg if leg in ("1.0.0", "1.1.0", "1.2.1") else "1.2.1"
+    build = dict(max_batch_size=4, max_input_len=95, max_seq_len=96)
+    with fake_tensorrt_llm(release):
+        from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+        target = make_engine_dir(
+            hf_dir,
+            tmp_path / "target",
+            **build,
+            max_draft_len=5,  # DJL's default speculative_length
+            speculative_decoding_mode=SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL,
+        )
+    port = free_port()
+    args = _serve_args(
+        target,
+        hf_dir,
+        port,
+        **{
+            "option.tensor_parallel_degree": 1,
+            "option.speculative_draft_model": hf_dir,  # built by the compile stage (JIT)
+            "option.draft_kv_cache_free_gpu_mem_fraction": 0.1,
+            "download_dir": tmp_path / "dl",  # the draft's engine is built and cached there
+        },
+    )
+    site = tmp_path / "site"  # the hardware seams: a GPU for the Executor, and the GPU the compile stage builds for
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        (FAKE_GPU / "sitecustomize.py").read_text()
+        + "import lmi_trt.compile.jit as _jit\nfrom lmi_trt.compile.plan import GpuFacts as _Gpu\n"
+        + '_jit._host_gpu = lambda: _Gpu(name="NVIDIA H100 80GB HBM3", sm=90, memory_gib=80, count=1)\n'
+    )
+    env = {**_env(site), "LMI_TRT_FAKE_RELEASE": release}
+    job = Job([sys.executable, "-m", "lmi_trt", *args], env, tmp_path / "job.log", port)
+    try:
+        job.wait_ready()
+        _invoke(job)
+        log = job.log()
+        assert "mpirun -n 1" in log and "--under-mpi" in log, log[-4000:]  # relaunched itself under MPI
+        assert "MPI orchestrator mode" in log and "draft model" in log, log[-4000:]
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.wait_end() == 0, job.log()[-4000:]
+        assert job.leftovers() == []
     finally:
         job.cleanup()

@@ -158,12 +158,15 @@ async def test_one_bad_request_fails_alone_with_424(engine_dir, reference):
     engine = await started(engine_dir)
     try:
         good = [req(f"g{i}", p, max_new_tokens=10, ignore_eos=True) for i, p in enumerate(PROMPTS[:3])]
-        bad = req("too-long", list(range(1, MAX_INPUT + 9)))
+        # The runtime's input limit, not the build's max_input_len: with context FMHA and packed input it is
+        # min(max_seq_len - 1, max_num_tokens) (trtGptModel.h, NVIDIA/TensorRT-LLM; the fake's _runtime_max_input_len)
+        limit = BUILD["max_seq_len"] - 1
+        bad = req("too-long", [1 + i % 200 for i in range(limit + 8)])
         results = await asyncio.gather(*(collect(engine, r) for r in [good[0], bad, *good[1:]]))
         bad_out = results[1]
         assert len(bad_out) == 1 and bad_out[0].error_code == 424
         assert bad_out[0].finish_reason is FinishReason.ERROR
-        assert f"Prompt length ({MAX_INPUT + 8}) exceeds maximum input length ({MAX_INPUT})" in bad_out[0].error
+        assert f"Prompt length ({limit + 8}) exceeds maximum input length ({limit})" in bad_out[0].error
         for r, outs in zip(good, [results[0], *results[2:]]):
             assert tokens_of(outs) == reference(r.prompt_token_ids, 10, eos=None)
             assert outs[-1].error is None

@@ -228,11 +228,68 @@ def test_an_engine_built_otherwise_is_a_start_up_error_naming_config_json(trt, t
     short = drafts_engine(tmp_path / "short", max_draft_len=2)
     with pytest.raises(TrtllmConfigError, match=r"build_config.max_draft_len=2 and 4 draft tokens"):
         TrtllmEngine(short, drafting(), eos_token_ids=[2])
-    narrow = drafts_engine(tmp_path / "narrow", max_input_len=64)
-    with pytest.raises(TrtllmConfigError, match=r"build_config.max_input_len=64 is below"):
-        TrtllmEngine(narrow, drafting(), eos_token_ids=[2])
     with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode draft_tokens_external and no"):
         TrtllmEngine(drafts_engine(tmp_path / "d"), TrtllmSettings(), eos_token_ids=[2])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_an_engine_built_with_a_shorter_max_input_len_serves_longer_iterations(trt, tmp_path, reference, release):
+    """The build's max_input_len does not bound an iteration's input: the Executor's maxInputLen is
+    min(max_seq_len - 1, max_num_tokens) for an engine with context FMHA and packed input (trtGptModel.h), and NVIDIA's
+    examples/draft_target_model/README.md builds its target with MAX_INPUT_LEN below MAX_SEQ_LEN - 1. Sequences grow
+    past the build's max_input_len=16 here, and the client's prompt is still bounded by it (the engine's limits)."""
+    trt.__version__ = release
+    engine = await started(drafts_engine(tmp_path / "narrow", max_input_len=16), drafting())
+    try:
+        assert engine.limits.max_input_len == 16
+        prompt = PROMPTS[0]
+        assert tokens_of(await generate(engine, "long", prompt, max_new_tokens=40)) == reference(prompt, 40)
+        assert engine.stats().extra["spec_decode_num_draft_tokens"] > 0
+    finally:
+        await engine.close()
+
+
+async def test_the_draft_engine_gets_the_models_runner_settings_and_input_limit(trt, tmp_path):
+    """run_dtm_pld.py gives both runners the same settings (block reuse, chunked context): a draft engine whose
+    max_num_tokens is below what the iterations send needs chunked context as the model does, or start-up refuses it
+    naming the draft's engine; with it, the draft proposes for the whole sequence (the model as its own draft: every
+    draft kept, none missed past the draft's max_num_tokens)."""
+    trt.__version__ = "1.2.1"
+    llama = tiny_model("llama")
+    few = make_engine_dir(
+        llama, tmp_path / "few", max_batch_size=4, max_input_len=163, max_seq_len=164, max_num_tokens=32
+    )
+    target = drafts_engine(tmp_path / "target")
+    with pytest.raises(TrtllmConfigError, match=r"the draft model's engine .*max_num_tokens=32 is below 159.*chunked"):
+        TrtllmEngine(target, drafting(draft_model(few)), eos_token_ids=[2])
+    engine = await started(target, drafting(draft_model(few), enable_chunked_context=True))
+    try:
+        draft = engine._draft_engine.settings
+        assert draft.enable_chunked_context and draft.enable_kv_cache_reuse
+        prompt, n = PROMPTS[1], 60
+        assert len(tokens_of(await generate(engine, "long", prompt, max_new_tokens=n, ignore_eos=True))) == n
+        extra = engine.stats().extra
+        # n tokens in iterations of 4 drafts + the model's own token, every iteration drafted (4 of each 5 tokens)
+        assert extra["spec_decode_num_accepted_tokens"] == extra["spec_decode_num_draft_tokens"] >= 4 * n // 5 - 4
+    finally:
+        await engine.close()
+
+
+async def test_a_failed_draft_request_fails_the_clients_request(trt, tmp_path, other_draft):
+    """run_dtm_pld.py has no fallback for a failing draft runner: the client's request fails with the draft's error
+    (424 naming the draft model; 503 where its engine is shutting down), rather than decoding on without drafts
+    unseen."""
+    trt.__version__ = "1.2.1"
+    engine = await started(
+        drafts_engine(tmp_path / "target"), drafting(draft_model(draft_engine(other_draft, tmp_path / "d")))
+    )
+    try:
+        await engine._draft_engine.close()  # its Executor gone: every draft request fails
+        outputs = await generate(engine, "r", PROMPTS[0], max_new_tokens=8)
+        assert outputs[-1].finished and outputs[-1].error_code in (424, 503)
+        assert "the draft model's request failed" in outputs[-1].error
+    finally:
+        await engine.close()
 
 
 def test_what_the_executor_needs_for_block_reuse_is_a_start_up_error_naming_it(trt, tmp_path):
@@ -252,7 +309,7 @@ def test_what_the_executor_needs_for_block_reuse_is_a_start_up_error_naming_it(t
         TrtllmEngine(logits, drafting(), eos_token_ids=[2])
     # trtGptModel.h: without chunked context the input is capped at max_num_tokens, below what iterations resend
     few = drafts_engine(tmp_path / "few", max_num_tokens=64)
-    with pytest.raises(TrtllmConfigError, match=r"max_num_tokens=64 is below max_seq_len - 1 = 159.*enable_chunked"):
+    with pytest.raises(TrtllmConfigError, match=r"max_num_tokens=64 is below 159, the longest input.*enable_chunked"):
         TrtllmEngine(few, drafting(), eos_token_ids=[2])
     TrtllmEngine(few, drafting(enable_chunked_context=True), eos_token_ids=[2])
 
@@ -335,6 +392,59 @@ def test_the_fake_executor_checks_what_the_real_one_checks(trt, tmp_path):
     assert "fast_logits" in dir(tle.ExternalDraftTokensConfig([1]))
     trt.__version__ = "0.12.0"
     assert "fast_logits" not in dir(tle.ExternalDraftTokensConfig([1]))
+
+
+@pytest.mark.parametrize("release", ["0.12.0", *RELEASES])
+def test_the_fake_executor_refuses_what_the_real_one_refuses_per_release(trt, tmp_path, release, caplog):
+    """Block reuse beside an engine without paged context FMHA: refused by 0.x's constructor, turned off with a warning
+    by 1.x's fixExecutorConfig (then a draft_tokens_external engine fails the reuse check); KvCacheConfig's
+    freeGpuMemoryFraction < 1.F (kvCacheConfig.cpp); ParallelConfig as executorImpl.cpp checks it, with 0.x's
+    two-argument OrchestratorConfig (pybind executorConfig.cpp)."""
+    from tensorrt_llm.bindings import executor as tle
+
+    trt.__version__ = release
+    old = release == "0.12.0"
+    unpaged = {"plugin_config": {"use_paged_context_fmha": False}}
+    plain = make_engine_dir(tiny_model("llama"), tmp_path / "plain", **{**BUILD, "max_draft_len": 0}, **unpaged)
+    reuse = tle.ExecutorConfig(kv_cache_config=tle.KvCacheConfig(enable_block_reuse=True))
+    if old:
+        with pytest.raises(RuntimeError, match="When KV cache block reuse is set, model has to be built with paged"):
+            tle.Executor(str(plain), tle.ModelType.DECODER_ONLY, reuse)
+    else:
+        with caplog.at_level("WARNING", logger="tensorrt_llm"):
+            tle.Executor(str(plain), tle.ModelType.DECODER_ONLY, reuse).shutdown()
+        assert "KV cache reuse disabled because model was not built with paged context FMHA" in caplog.text
+        with pytest.raises(RuntimeError, match="KV cache block reuse must be enabled for speculative decoding target"):
+            tle.Executor(str(drafts_engine(tmp_path / "dte", **unpaged)), tle.ModelType.DECODER_ONLY, reuse)
+    with pytest.raises(RuntimeError, match=r"freeGpuMemoryFraction < 1.F"):
+        tle.KvCacheConfig(free_gpu_memory_fraction=1.0)
+
+    def start(**parallel):
+        config = tle.ExecutorConfig(parallel_config=tle.ParallelConfig(**parallel))
+        tle.Executor(str(plain), tle.ModelType.DECODER_ONLY, config).shutdown()
+
+    orchestrator = tle.CommunicationMode.ORCHESTRATOR
+    worker = str(tmp_path / "bin" / "executorWorker")
+    with pytest.raises(RuntimeError, match="OrchestratorConfig must be set when using ORCHESTRATOR communication mode"):
+        start(communication_mode=orchestrator)
+    with pytest.raises(RuntimeError, match="MPI_Comm_spawn of the worker executable ''"):
+        start(communication_mode=orchestrator, orchestrator_config=tle.OrchestratorConfig(True, ""))
+    with pytest.raises(RuntimeError, match=r"deviceIds \(2\) \* numNodes \(1\) must be equal to tp\*pp\*cp"):
+        start(
+            communication_mode=orchestrator, orchestrator_config=tle.OrchestratorConfig(True, worker), device_ids=[0, 1]
+        )
+    with pytest.raises(RuntimeError, match="Participant ids should not be set when using CommunicationMode::kORCH"):
+        start(
+            communication_mode=orchestrator,
+            orchestrator_config=tle.OrchestratorConfig(True, worker),
+            participant_ids=[1],
+        )
+    start(communication_mode=orchestrator, orchestrator_config=tle.OrchestratorConfig(True, worker), device_ids=[0])
+    if old:
+        with pytest.raises(TypeError):
+            tle.OrchestratorConfig(True, worker, None, True)
+    else:
+        assert tle.OrchestratorConfig(True, worker, None, True).spawn_processes
 
 
 def test_the_compile_stage_builds_for_ngram_and_keys_the_cache_by_it(trt, tmp_path, monkeypatch, caplog):

@@ -405,7 +405,10 @@ def test_truss_groups_from_the_environment(tmp_path, caplog):
         ("file", "option.max_input_len", "0", "is out of range; set a positive integer"),
         ("file", "option.max_input_len", "1.5", "is not an integer"),
         ("file", "option.trust_remote_code", "maybe", "is not a boolean; set true or false"),
-        ("file", "option.kv_cache_free_gpu_mem_fraction", "1.5", "is out of range; set a number > 0 and ≤ 1"),
+        ("file", "option.kv_cache_free_gpu_mem_fraction", "1.5", "is out of range; set a number > 0 and < 1"),
+        # TensorRT-LLM's KvCacheConfig: freeGpuMemoryFraction < 1.F (lmi_trt.vocabulary.FREE_FRACTION_BELOW)
+        ("file", "option.kv_cache_free_gpu_mem_fraction", "1", "is out of range; set a number > 0 and < 1"),
+        ("file", "option.draft_kv_cache_free_gpu_mem_fraction", "1.0", "is out of range; set a number > 0 and < 1"),
         ("file", "option.kv_cache_free_gpu_mem_fraction", "most", "is not a number"),
         ("file", "option.dtype", "int8", "is not one of: auto, fp16, bf16, fp32"),
         ("file", "option.quantize", "int3", "is not one of: none, no_quant, smoothquant"),

@@ -33,6 +33,20 @@ def test_single_gpu_trtllm_runs_in_one_process():
     assert plan.trtllm_mode == "leader" and plan.notes == ()
 
 
+def test_a_draft_model_runs_its_one_copy_in_orchestrator_mode_under_mpirun_n_1():
+    """Both Executors spawn their worker (orchestrator mode), so the process runs under a launcher, as NVIDIA's
+    launch_triton_server.py starts spawning orchestrators (lmi_trt.launch's docstring); with or without a GPU seen."""
+    for gpus in (1, 0):
+        plan = plan_launch(1, 1, gpus, "trtllm", "tensorrt", draft_model=True)
+        assert (plan.mpi_ranks, plan.trtllm_mode, plan.num_copies) == (1, "orchestrator", 1)
+        assert [p.orchestrator for p in plan.placements()] == [True]
+        assert any("draft model" in note for note in plan.notes)
+    assert plan_launch(1, 1, 4, "trtllm", "tensorrt", draft_model=True).copies == ((0,), (1,), (2,), (3,))
+    config = LmiConfig(model_id="/m", speculative_draft_model="/d", draft_kv_cache_free_gpu_mem_fraction=0.1)
+    assert plan_for(config, "trtllm", 1).mpi_ranks == 1
+    assert plan_for(LmiConfig(model_id="/m"), "trtllm", 1).mpi_ranks == 0
+
+
 def test_tensor_parallel_trtllm_is_one_leader_mode_mpi_job():
     plan = plan_launch(4, 1, 4, "trtllm")
     assert plan.world_size == 4 and plan.copies == ((0, 1, 2, 3),)

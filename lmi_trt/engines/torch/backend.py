@@ -8,7 +8,6 @@ engine (``engine.py``) and reports back through ``Host``; none imports the engin
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -20,7 +19,7 @@ import torch
 
 from ...speculative import Speculation
 from ..adapters import LoraAdapter
-from ..base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from ..base import EngineOutput, FinishReason, GenerationRequest, OutputChannel, SamplingParams
 from ..guided import Guide
 
 CLOSE_TIMEOUT_S = 30.0
@@ -70,7 +69,7 @@ class Slot:
     key: str  # unique per submission: a client may reuse a request_id right after cancelling it
     eos_ids: tuple[int, ...]  # empty with ignore_eos
     generator: torch.Generator | None  # per-request RNG when a seed is given
-    queue: asyncio.Queue[EngineOutput]
+    queue: OutputChannel
     prompt_set: frozenset[int]
     generated: list[int] = field(default_factory=list)
     # Written by the engine thread only.

@@ -24,7 +24,8 @@ One thread runs the loop. Each iteration it
    in chunks either way;
 3. launches it: a step of decode tokens only runs as the CUDA graph of the smallest captured
    batch size covering the highest slot in use (idle slots inside it write nothing and are
-   ignored); a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
+   ignored), which also advances its rows' positions and counts on the device, so the next step of
+   the same rows uploads nothing; a step that carries prompt tokens runs eagerly, one forward pass over decode tokens
    and prompt chunks together (its shapes change every step; vLLM captures such steps as
    piecewise graphs around attention, docs/design/cuda_graphs.md, which would spare the host its
    ~200 launches, about as long as the device's 2,048-token step on an H100); requests whose
@@ -74,7 +75,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import secrets
+import random
 import time
 from array import array
 from collections import deque
@@ -370,12 +371,19 @@ class DecodeLoopBackend(QueuedBackend):
         spare = -(-self._draft_len // block_size) + 1 if spec else 0
         self._tables = torch.zeros(self.slots + 1, self._width + spare, dtype=torch.long, device=self._device)
         self._next = torch.zeros(self.slots + 1, dtype=torch.long, device=self._device)  # next input token per slot
-        # Per slot: position, cache slot (< 0: idle, nothing written), context, tokens generated.
-        # (On the host: an idle slot's, the template of each decode step's.)
+        # Per slot: position, live (< 0: idle, nothing written), context, tokens generated. (On the host: an
+        # idle slot's, the template of each decode step's.) A decode step advances its live slots' position,
+        # context and count by one (``_step``), so a step of the same rows as the last one uploads nothing.
         self._idle_meta = torch.tensor([[0], [-1], [1], [0]]).repeat(1, self.slots)
         self._meta = self._idle_meta.to(self._device, copy=True)
+        self._step = torch.tensor([[1], [0], [1], [1]], device=self._device)
+        # The last decode step's rows, columns and what it ran, while ``_meta`` holds those rows' state (after it):
+        # (rows, columns, size, settled mode, rows needing more than a token, some row uses LoRA, steps left
+        # before every row is past min_new_tokens). None once any other step or a failure may have moved them.
+        self._decoded: tuple | None = None
         self._out = torch.zeros(3 + 2 * MAX_TOP_LOGPROBS, self.slots, dtype=torch.float32, device=self._device)
         self._arange = torch.arange(self.slots, device=self._device)
+        self._pad = torch.zeros(1, dtype=torch.long)  # on the host: _upload's padding
         self._ones, self._zeros = torch.ones_like(self._arange), torch.zeros_like(self._arange)
         self._sizes = graph_batch_sizes(self.slots) if self._cuda else []
         self._graphs: dict[tuple[int, Mode], torch.cuda.CUDAGraph] = {}
@@ -510,11 +518,14 @@ class DecodeLoopBackend(QueuedBackend):
     def _decode_batch(self, size: int, max_context: int | None = None, lora: bool = False) -> Batch:
         """Slots ``0..size-1`` one token each, read from the fixed buffers (graph-capturable); ``lora``: with
         each slot's adapter (``_lora_of``), else the base model's pass."""
-        rows = self._arange[:size]
+        rows, block = self._arange[:size], self._pool.block_size
+        positions = self._meta[0, :size]
+        # Each live slot's cache slot, from its block table (written before the step): an idle one writes nothing.
+        cells = self._tables[:size].gather(1, (positions // block).unsqueeze(1)).squeeze(1) * block + positions % block
         return Batch(
             tokens=self._next[:size],
-            positions=self._meta[0, :size],
-            slots=self._meta[1, :size],
+            positions=positions,
+            slots=torch.where(self._meta[1, :size] >= 0, cells, -1),
             seq_start=rows,
             seq_len=self._ones[:size],
             context=self._meta[2, :size],
@@ -547,6 +558,7 @@ class DecodeLoopBackend(QueuedBackend):
         self._out[:3, :size] = torch.stack((tokens.float(), logprobs, status.float()))
         if top:
             self._out[3:, :size] = top_logprobs(logits, MAX_TOP_LOGPROBS)
+        self._meta[:, :size] += self._step * valid  # the live slots' next position, context and count
 
     def _tile_plan(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention programs of a verification step of ``size`` rows of k + 1 tokens."""
@@ -679,8 +691,10 @@ class DecodeLoopBackend(QueuedBackend):
         compiles a kernel once per alignment of its pointer arguments (triton/runtime/jit.py,
         ``specialize_impl``), so unaligned parts would compile new variants in the middle of serving."""
         lengths = [len(v) for v in parts.values()]
-        padded = torch.cat([torch.cat((v, v.new_zeros(len(v) % 2))) for v in parts.values()])
-        packed = self._put(padded).split([n + n % 2 for n in lengths])
+        pieces = []  # one concatenation on the host: each part, and a zero after an odd one
+        for v, n in zip(parts.values(), lengths):
+            pieces += (v, self._pad) if n % 2 else (v,)
+        packed = self._put(torch.cat(pieces)).split([n + n % 2 for n in lengths])
         return {name: part[:n] for (name, part), n in zip(zip(parts, packed), lengths)}
 
     def _to_host(self, out: torch.Tensor, rows: list[_Row | None]) -> _Launch:
@@ -731,6 +745,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _launch_mixed(self, step: _Step) -> _Launch | None:
         """An eager step of decode tokens and prompt chunks; rows whose prompt ends in it sample
         their first token. None when no row samples (chunks of longer prompts only)."""
+        self._decoded = None  # its decode rows advance on the host only
         decode, chunks = step.decode, step.chunks
         spans = [(r.blocks, r.filled, 1) for r in decode] + [(row.blocks, first, count) for row, first, count in chunks]
         layout, sizes = batch_layout(spans, self._pool.block_size, self._decoder.group)
@@ -803,30 +818,35 @@ class DecodeLoopBackend(QueuedBackend):
         return launch
 
     def _launch_decode(self, rows: list[_Row]) -> _Launch:
-        # Runs every few milliseconds over every running row: per row only list comprehensions, the
-        # slot's inputs scattered into place as one tensor.
-        block = self._pool.block_size
-        index = [r.index for r in rows]
-        filled = [r.filled for r in rows]
-        highest = max(index) + 1
-        size = next(s for s in self._sizes if s >= highest) if self._cuda else highest
-        values = array("q", filled)
-        values.extend([r.blocks[f // block] * block + f % block for r, f in zip(rows, filled)])
-        values.extend([r.launched for r in rows])
-        position, cache, generated = torch.frombuffer(values, dtype=torch.long).view(3, -1)
-        meta = self._idle_meta[:, :size].clone()
-        meta[:, torch.frombuffer(array("q", index), dtype=torch.long)] = torch.stack(
-            (position, cache, position + 1, generated)
-        )
-        columns: list[_Row | None] = [None] * size
-        for i, r in zip(index, rows):
-            columns[i] = r
+        # Runs every few milliseconds over every running row. The same rows as the last decode step (the
+        # usual case) are already in place on the device, advanced by that step: nothing to upload, and what
+        # the step runs is known but for min_new_tokens' mode; else their inputs scattered as one tensor.
+        decoded, self._decoded = self._decoded, None  # until this step is launched
+        if decoded is not None and decoded[0] == rows:
+            _, columns, size, settled, special, lora, held = decoded
+        else:
+            index = [r.index for r in rows]
+            highest = max(index) + 1
+            size = next(s for s in self._sizes if s >= highest) if self._cuda else highest
+            values = array("q", [r.filled for r in rows])
+            values.extend([r.launched for r in rows])
+            position, generated = torch.frombuffer(values, dtype=torch.long).view(2, -1)
+            meta = self._idle_meta[:, :size].clone()
+            meta[:, torch.frombuffer(array("q", index), dtype=torch.long)] = torch.stack(
+                (position, torch.zeros_like(position), position + 1, generated)
+            )
+            self._meta[:, :size].copy_(self._put(meta), non_blocking=True)
+            columns: list[_Row | None] = [None] * size
+            for i, r in zip(index, rows):
+                columns[i] = r
+            settled = max(r.settled for r in rows)
+            special = [r for r in rows if not r.plain]
+            lora = any(
+                r.lora >= 0 for r in rows
+            )  # some row uses an adapter: else the base model's step, no LoRA kernels
+            held = max(r.min_new - r.launched for r in rows)
         # The slowest mode any row needs; min_new_tokens holds a row in a slower one for its first tokens.
-        mode = max(r.settled for r in rows)
-        mode = max(mode, max((r.mode() for r in rows if r.launched < r.min_new), default=mode))
-        special = [r for r in rows if not r.plain]
-        lora = any(r.lora >= 0 for r in rows)  # some row uses an adapter: else the base model's step, no LoRA kernels
-        self._meta[:, :size].copy_(self._put(meta), non_blocking=True)
+        mode = max(settled, Mode.PROCESSED) if held > 0 else settled
         self._write_tables()
         self._step_bans(special, True)
         top = any(r.slot.sampling.top_logprobs for r in special)
@@ -836,11 +856,12 @@ class DecodeLoopBackend(QueuedBackend):
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(size, mode, top, bias, max(filled) + 1, lora)
+            self._decode_step(size, mode, top, bias, max(r.filled for r in rows) + 1, lora)
         self._step_bans(special, False)
         for r in rows:
             r.filled += 1
             r.launched += 1
+        self._decoded = (rows, columns, size, settled, special, lora, held - 1)
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(rows)
         return self._to_host(self._out[:, :size] if top else self._out[:3, :size], columns)
@@ -898,6 +919,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _launch_spec(self, rows: list[_Row], proposal: _Proposal) -> _Launch:
         """A verification step: every decoding row's last token and drafts (none for some), packed."""
         n, width, counts = len(rows), self._draft_len + 1, proposal.counts
+        self._decoded = None  # its rows advance by what they keep
         size = next(s for s in self._spec_sizes if s >= n) if self._spec_sizes else n
         pad = size - n
         plan = [
@@ -1124,8 +1146,9 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _reap(self) -> None:
         keep = []
-        for row in self._rows:
-            if row.done:
+        for row in self._rows:  # every row every step: row.done, inlined
+            slot = row.slot
+            if slot.finished or slot.cancelled or slot.closed:
                 self._retire(row)
             else:
                 keep.append(row)
@@ -1280,7 +1303,10 @@ class DecodeLoopBackend(QueuedBackend):
                 if slot.cancelled or slot.closed:
                     continue
                 bad = slot.request.bad_words_ids
-                seed = slot.sampling.seed if slot.sampling.seed is not None else secrets.randbits(63)
+                # An unseeded request's seed needs no secrecy: random's generator (seeded from os.urandom once) spares
+                # a getrandom() call per request, which lets go of the GIL (CPython Python/bootstrap_hash.c,
+                # py_getrandom) to the event loop, busy with the burst's other requests, at each admission.
+                seed = slot.sampling.seed if slot.sampling.seed is not None else random.getrandbits(63)
                 return _Row(
                     slot,
                     list(slot.request.prompt_token_ids),
@@ -1546,36 +1572,23 @@ class DecodeLoopBackend(QueuedBackend):
             slot = row.slot
             if slot.finished or slot.cancelled or slot.closed:  # row.done, inlined
                 continue
-            first, count = column * width, 1
-            if emitted is not None:
-                count = int(emitted[first])
-                self._verified(row, launch.proposed[column], count)
-            k, matcher, request, generated = row.top_k, slot.matcher, slot.request, slot.generated
-            new: list[int] = []
-            lps: list[float] = []
-            alternatives: list[list[tuple[int, float]]] | None = [] if k else None
-            reason = failure = None
-            # A stop, EOS or max_new_tokens among the kept tokens ends the request there.
-            for position in range(first, first + count):
-                if status[position] or (matcher is not None and matcher.error is not None):
-                    failure = int(status[position])
-                    break
-                token = int(tokens[position])
-                if matcher is not None:
-                    matcher.accept(token)
-                    if matcher.error is not None:  # too slow to take it: this request fails alone
-                        failure = 0
-                        break
-                generated.append(token)
-                new.append(token)
-                lps.append(logprobs[position])
-                if k:
-                    alternatives.append(
-                        [(int(top[j][position]), top[MAX_TOP_LOGPROBS + j][position]) for j in range(k)]
-                    )
-                reason = finish_reason(generated, slot.eos_ids, request)
-                if reason is not None:
-                    break
+            request, generated = slot.request, slot.generated
+            if emitted is None and not row.top_k and slot.matcher is None:  # one token, nothing else: the short way
+                reason = alternatives = None
+                failure = int(status[column]) or None
+                if failure is None:
+                    token = int(tokens[column])
+                    generated.append(token)
+                    new, lps = [token], [logprobs[column]]
+                    reason = finish_reason(generated, slot.eos_ids, request)
+                else:
+                    new = lps = []
+            else:
+                first, count = column * width, 1
+                if emitted is not None:
+                    count = int(emitted[first])
+                    self._verified(row, launch.proposed[column], count)
+                new, lps, alternatives, reason, failure = self._take(row, tokens, logprobs, status, top, first, count)
             if new:
                 slot.finished = reason is not None
                 output = EngineOutput(
@@ -1594,6 +1607,37 @@ class DecodeLoopBackend(QueuedBackend):
                 items.append((slot, self._row_error(slot, failure)))
         self._engine.sampled_rows += len(items)  # only this thread writes it
         self._outbox += items
+
+    @staticmethod
+    def _take(row: _Row, tokens: list, logprobs: list, status: list, top: list, first: int, count: int) -> tuple:
+        """The tokens a row keeps of positions ``first..first+count-1`` (a verification step's, or with top
+        log-probs or a grammar to follow), their log-probs and top ones, why it ends, and its failure: a stop,
+        EOS or max_new_tokens among them ends it there."""
+        slot = row.slot
+        k, matcher, request, generated = row.top_k, slot.matcher, slot.request, slot.generated
+        new: list[int] = []
+        lps: list[float] = []
+        alternatives: list[list[tuple[int, float]]] | None = [] if k else None
+        reason = failure = None
+        for position in range(first, first + count):
+            if status[position] or (matcher is not None and matcher.error is not None):
+                failure = int(status[position])
+                break
+            token = int(tokens[position])
+            if matcher is not None:
+                matcher.accept(token)
+                if matcher.error is not None:  # too slow to take it: this request fails alone
+                    failure = 0
+                    break
+            generated.append(token)
+            new.append(token)
+            lps.append(logprobs[position])
+            if k:
+                alternatives.append([(int(top[j][position]), top[MAX_TOP_LOGPROBS + j][position]) for j in range(k)])
+            reason = finish_reason(generated, slot.eos_ids, request)
+            if reason is not None:
+                break
+        return new, lps, alternatives, reason, failure
 
     def _flush(self) -> None:
         """Hand the outputs emitted so far to the event loop."""

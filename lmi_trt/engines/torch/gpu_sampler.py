@@ -22,6 +22,7 @@ get a random seed when admitted.
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -178,8 +179,15 @@ class SamplerState(Rows):
     def _cells(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> torch.Tensor | None:
         """The flat index (slot · vocab + token) of every token listed for each slot in a [slots,
         vocab] table, on the device; None when none is."""
-        cells = [s * self.vocab + t for s, ids in zip(slots, tokens) for t in ids]
-        return self._put(torch.tensor(cells, dtype=torch.long)) if cells else None
+        # Whole prompts at admission (thousands of tokens a step): ids and offsets gathered in arrays and added by
+        # torch, not one Python int per token.
+        ids, offsets = array("q"), array("q")
+        for slot, listed in zip(slots, tokens):  # ``generated`` may be () for every slot
+            ids.extend(listed)
+            offsets.extend([slot * self.vocab] * len(listed))
+        if not ids:
+            return None
+        return self._put(torch.frombuffer(ids, dtype=torch.long) + torch.frombuffer(offsets, dtype=torch.long))
 
     def _put(self, cpu: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":  # pinned: an asynchronous copy that never waits for the GPU

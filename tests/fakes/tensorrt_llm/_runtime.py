@@ -25,8 +25,9 @@ tensorrt_llm/builder.py):
 * a request's ``embedding_bias`` ([vocab_size] float32) is added to the logits before sampling;
 * guided decoding (``ExecutorConfig.guided_decoding_config``, 1.x): the request's grammar masks the logits
   before the token is chosen, through xgrammar (``_grammar``);
-* run-time rejections (a prompt over ``max_input_len``) come back as error Responses for that
-  request only; prompt + max_tokens over ``max_seq_len`` is clamped (TRT-LLM logs a warning);
+* run-time rejections (a prompt over the runtime's maximum input length: ``ExecutorImpl._runtime_max_input_len``)
+  come back as error Responses for that request only; prompt + max_tokens over ``max_seq_len`` is clamped (TRT-LLM
+  logs a warning);
 * ``cancel_request``: 1.x sends a final result with ``FinishReason.CANCELLED`` that carries the
   tokens generated but not yet sent (streaming; all of them otherwise); 0.12 sends none;
 * leader mode: rank 0 generates; other ranks' ``shutdown()`` blocks until the leader's.
@@ -48,12 +49,14 @@ tensorrt_llm/builder.py):
   the greedy one (cpp/tensorrt_llm/layers/externalDraftTokensLayer.cpp, acceptance by id without draft logits). The
   request is final after that one step, with the accepted drafts and the target's token, whatever its max_tokens:
   tests/bindings/test_executor_bindings.py ``test_request_perf_metrics_draft`` (a 1.x crawl copy) sends drafts
-  [2, 4, 9, 10] with max_tokens 5 and gets a final result of [2, 4, 2] at iteration 0. Its finish reason there was
-  not read: the fake says NOT_FINISHED (a final result without a reason), which the caller must not take for an end.
-  More drafts than the engine's max_draft_len fail it
-  (trtGptModelInflightBatching.cpp: "Number of draft tokens (%d) is larger than maximum number of draft tokens
-  (%d)"). Draft logits, drafts of sampled or log-prob requests and drafts beside lookahead are not modelled (the
-  fake raises NotImplementedError).
+  [2, 4, 9, 10] with max_tokens 5 and gets a final result of [2, 4, 2] at iteration 0. Its finish reason is the
+  decoder's (trtGptModelInflightBatching.cpp updateRequests, 1.2.0rc2: the request ends "if request has finished or if
+  it is speculative decoding target model" with drafts), so NOT_FINISHED short of EOS, a stop word or the length;
+  the caller must not take it for an end.
+  More drafts than the engine's max_draft_len fail it (cpp/tensorrt_llm/batch_manager/llmRequest.cpp
+  ``LlmRequest::validate``, 1.x copies, which runs before trtGptModelInflightBatching.cpp's verifyRequests: "Draft
+  tokens length (%d) exceeds maximum draft tokens length (%d)."). Draft logits, drafts of sampled or log-prob
+  requests and drafts beside lookahead are not modelled (the fake raises NotImplementedError).
 * Medusa (a MEDUSA engine, whose plan carries the heads, and ``decoding_config`` with ``DecodingMode.Medusa()`` and
   ``medusa_choices``): the tree is checked as cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp (1.x copy id
   182244635) checks it (``_medusa_tree``), and each depth's top-k is its largest rank + 1. Each step the root is the
@@ -151,6 +154,9 @@ class EngineLimits:
     max_draft_len: int = 0
     speculative_decoding_mode: int = 1  # modeling_utils.py SpeculativeDecodingMode (IntFlag): NONE=1
     gather_context_logits: bool = False  # ModelConfig::computeContextLogits, from build_config
+    max_num_tokens: int = 8192  # build_config.max_num_tokens (BuildConfig's default)
+    context_fmha: bool = True  # plugin_config.context_fmha (ModelConfig::getContextFMHA)
+    packed_input: bool = True  # plugin_config.remove_input_padding (ModelConfig::usePackedInput)
 
 
 def read_engine_config(engine_dir: Path) -> EngineLimits:
@@ -179,6 +185,9 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
             max_draft_len=build.get("max_draft_len", 0),
             speculative_decoding_mode=int(build.get("speculative_decoding_mode") or 1),
             gather_context_logits=bool(build.get("gather_context_logits", False)),
+            max_num_tokens=build.get("max_num_tokens") or 8192,
+            context_fmha=bool(plugins.get("context_fmha", True)),
+            packed_input=bool(plugins.get("remove_input_padding", True)),
         )
     builder, plugins = cfg["builder_config"], cfg.get("plugin_config", {})
     return EngineLimits(
@@ -193,6 +202,9 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
         max_beam_width=builder.get("max_beam_width", 1),
         use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
         tokens_per_block=plugins.get("tokens_per_block", 64),
+        max_num_tokens=builder.get("max_num_tokens") or 8192,
+        context_fmha=bool(plugins.get("context_fmha", True)),
+        packed_input=bool(plugins.get("remove_input_padding", True)),
     )
 
 
@@ -258,28 +270,62 @@ class _Seq:
     hidden: object = None  # Medusa: the base model's final hidden state at the last token
 
 
+def _check_parallel_config(parallel, limits: EngineLimits, world: World) -> bool:
+    """What Executor::Impl checks of a ParallelConfig before it loads anything (cpp/tensorrt_llm/executor/
+    executorImpl.cpp, NVIDIA/TensorRT-LLM, the 1.2.0rc2 copy at commit b35ac1b; 0.x binds no spawn_processes, so it
+    always spawns): validateParallelConfig, initializeOrchestrator, initializeWorkers. Returns whether this Executor is
+    an orchestrator (it loads the engine in its spawned workers; the fake loads it here). The device-id check runs in
+    the workers (initializeWorkers), which get the orchestrator's ParallelConfig: the fake applies it here."""
+    if parallel is None:
+        return False
+    tp = limits.tp_size * limits.pp_size
+    orchestrator_mode = parallel.communication_mode.name == "ORCHESTRATOR"
+    orch = parallel.orchestrator_config
+    spawn = getattr(orch, "spawn_processes", True)
+    if orchestrator_mode and orch is None:
+        raise _tllm_error("OrchestratorConfig must be set when using ORCHESTRATOR communication mode.")
+    if orchestrator_mode and orch.is_orchestrator and spawn:
+        if world.size != 1:
+            raise _tllm_error(
+                "When using the orchestrator mode and isOrchestrator is true, expect MPI worldSize to be 1."
+            )
+        if parallel.participant_ids:
+            raise _tllm_error(
+                "Participant ids should not be set when using CommunicationMode::kORCHESTRATOR with spawnProcesses=true"
+            )
+        path = Path(orch.worker_executable_path or "")
+        if not orch.worker_executable_path or not path.name:
+            # MPI_Comm_spawn(workerExecPath.c_str(), ...) of "": the MPI library cannot start it (MPICHECK)
+            raise _tllm_error(f"MPI_Comm_spawn of the worker executable {str(orch.worker_executable_path)!r} failed")
+    elif orchestrator_mode and not spawn:
+        raise NotImplementedError("fake tensorrt_llm: orchestrator mode without spawned processes is not modelled")
+    if parallel.device_ids is not None and len(parallel.device_ids) != tp:
+        raise _tllm_error(
+            f"When specifying deviceIds, deviceIds ({len(parallel.device_ids)}) * numNodes (1) must be equal to "
+            f"tp*pp*cp (tp is {limits.tp_size}, pp is {limits.pp_size}, cp is 1)"
+        )
+    return orchestrator_mode and orch.is_orchestrator
+
+
 class ExecutorImpl:
     def __init__(self, model_path, config, *, api):
         self._api = api
         self._dir = Path(model_path)
         self.limits = read_engine_config(self._dir)
         self._world = current_world()
-        if self.limits.tp_size * self.limits.pp_size != self._world.size:
+        orchestrator = _check_parallel_config(config.parallel_config, self.limits, self._world)
+        if not orchestrator and self.limits.tp_size * self.limits.pp_size != self._world.size:
             raise _tllm_error(
                 f"tensor parallelism mismatch: the engine has tp={self.limits.tp_size} pp={self.limits.pp_size}, "
                 f"the MPI world has {self._world.size} rank(s)"
             )
         blob = deserialize(self._dir / engine_filename(self.limits, self._world.rank))
         kv = config.kv_cache_config
-        if kv.enable_block_reuse and not self.limits.use_paged_context_fmha:
-            raise _tllm_error("When KV cache block reuse is set, model has to be built with paged context FMHA support")
-        # cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp (NVIDIA/TensorRT-LLM, a 1.x copy whose
-        # constructor takes an ExecutorConfig): fixExecutorConfig turns block reuse off, with a warning only, for an
-        # engine without paged context FMHA or one that computes context logits; then the constructor's TLLM_CHECK
-        # refuses a draft_tokens_external engine without reuse (in every copy read, 0.12-era to 1.x).
-        reuse = kv.enable_block_reuse and self.limits.use_paged_context_fmha and not self.limits.gather_context_logits
+        reuse = self._block_reuse(kv.enable_block_reuse)
         if self.limits.speculative_decoding_mode & 2 and not reuse:  # DRAFT_TOKENS_EXTERNAL = 2
+            # the constructor's TLLM_CHECK, in every copy read (the 2024 one and the 0.2x and 1.2.0rc2 ones)
             raise _tllm_error("KV cache block reuse must be enabled for speculative decoding target model")
+        self.max_input_len = self._runtime_max_input_len(config)
         if config.max_beam_width > self.limits.max_beam_width:
             raise _tllm_error(
                 f"max_beam_width ({config.max_beam_width}) is larger than the engine's ({self.limits.max_beam_width})"
@@ -322,6 +368,48 @@ class ExecutorImpl:
         if self.is_leader:
             self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
             self._thread.start()
+
+    def _block_reuse(self, asked: bool) -> bool:
+        """Whether the KV cache reuses blocks, per cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp
+        (NVIDIA/TensorRT-LLM). 0.x (a 2024 copy under the TensorRT source licence, with the lookahead module and
+        ExtendedRuntimePerfKnobConfig: the 0.12 era): the constructor refuses reuse on an engine without paged context
+        FMHA. 1.x (the 1.2.0rc2 copy, commit b35ac1b, and trtGptModelFactory.h): fixExecutorConfig turns reuse off with
+        a warning only, for an engine without paged context FMHA or one that computes context logits."""
+        if not asked:
+            return False
+        if _state.series() < (1, 0):
+            if not self.limits.use_paged_context_fmha:
+                raise _tllm_error(
+                    "When KV cache block reuse is set, model has to be built with paged context FMHA support"
+                )
+            return True
+        if not self.limits.use_paged_context_fmha:
+            log.warning(
+                "Fixing executorConfig: KV cache reuse disabled because model was not built with paged context FMHA "
+                "support"
+            )
+            return False
+        if self.limits.gather_context_logits:
+            log.warning(
+                "Fixing executorConfig: KV cache reuse disabled because model was built to return context logits"
+            )
+            return False
+        return True
+
+    def _runtime_max_input_len(self, config) -> int:
+        """The longest prompt a request may have, per cpp/tensorrt_llm/batch_manager/trtGptModel.h (the 0.x copy that
+        takes TrtGptModelOptionalParams and the 1.x one that takes an ExecutorConfig say the same, and a 0.12.0.dev
+        engine's log prints it): maxSequenceLen - 1 with chunked context; min(maxSequenceLen - 1, maxNumTokens) for
+        an engine with context FMHA and packed input; the build's max_input_len otherwise. LlmRequest::validate
+        fails a longer prompt."""
+        if config.enable_chunked_context:
+            return self.limits.max_seq_len - 1
+        if self.limits.context_fmha and self.limits.packed_input:
+            tokens = self.limits.max_num_tokens
+            if config.max_num_tokens is not None and config.max_num_tokens <= tokens:
+                tokens = config.max_num_tokens  # a larger runtime value is ignored, with a warning
+            return min(self.limits.max_seq_len - 1, tokens)
+        return self.limits.max_input_len
 
     def _lookahead_config(self, config):
         """(W, N, G) when the ExecutorConfig asks for lookahead decoding, after lookaheadDecodingLayer.cpp's checks."""
@@ -574,12 +662,12 @@ class ExecutorImpl:
             if not self._lora.fits(self._waiting[0].lora_config, [s.lora_config for s in self._active]):
                 break  # its adapter's PEFT pages do not fit beside the running ones' (capacityScheduler.cpp)
             seq = self._waiting.popleft()
-            if len(seq.prompt) > self.limits.max_input_len:
+            if len(seq.prompt) > self.max_input_len:
                 out.append(
                     self._api.Response(
                         seq.id,
                         f"[TensorRT-LLM][ERROR] Prompt length ({len(seq.prompt)}) exceeds maximum input length "
-                        f"({self.limits.max_input_len}). Set log level to info and check TRTGptModel logs for how "
+                        f"({self.max_input_len}). Set log level to info and check TRTGptModel logs for how "
                         "maximum input length is set",
                         seq.client_id,
                     )

@@ -133,6 +133,19 @@ class SchedulerConfig:
     dynamic_batch_config = property(lambda self: self._dynamic)
 
 
+def _check_fraction(fraction) -> None:
+    """cpp/tensorrt_llm/executor/kvCacheConfig.cpp (NVIDIA/TensorRT-LLM; the 0.x seven-argument copy and the 1.x copies
+    with crossKvCacheFraction alike): the constructor calls setFreeGpuMemoryFraction, which checks
+    ``freeGpuMemoryFraction > 0.F`` and ``freeGpuMemoryFraction < 1.F`` (and kvCacheManager.cpp's
+    calculateFreeMemBytes again: "Invalid freeMemFraction, freeMemFraction (%f) must be smaller than 1.0f")."""
+    if fraction is None:
+        return
+    if not fraction > 0.0:
+        raise _tllm_error("freeGpuMemoryFraction > 0.F")
+    if not fraction < 1.0:
+        raise _tllm_error("freeGpuMemoryFraction < 1.F")
+
+
 class _KvCacheConfig1x:
     def __init__(
         self,
@@ -152,8 +165,7 @@ class _KvCacheConfig1x:
         use_uvm=False,
         runtime_defaults=None,
     ):
-        if free_gpu_memory_fraction is not None and not 0.0 < free_gpu_memory_fraction <= 1.0:
-            raise _tllm_error(f"free_gpu_memory_fraction must be in (0, 1], got {free_gpu_memory_fraction}")
+        _check_fraction(free_gpu_memory_fraction)
         self.enable_block_reuse = enable_block_reuse
         self.max_tokens = max_tokens
         self.max_attention_window = max_attention_window
@@ -189,8 +201,7 @@ class _KvCacheConfig012:
         host_cache_size=None,
         onboard_blocks=True,
     ):
-        if free_gpu_memory_fraction is not None and not 0.0 < free_gpu_memory_fraction <= 1.0:
-            raise _tllm_error(f"free_gpu_memory_fraction must be in (0, 1], got {free_gpu_memory_fraction}")
+        _check_fraction(free_gpu_memory_fraction)
         self.enable_block_reuse = enable_block_reuse
         self.max_tokens = max_tokens
         self.max_attention_window = max_attention_window
@@ -200,12 +211,25 @@ class _KvCacheConfig012:
         self.onboard_blocks = onboard_blocks
 
 
-class OrchestratorConfig:
+class _OrchestratorConfig1x:
+    """cpp/tensorrt_llm/pybind/executor/executorConfig.cpp and the nanobind copy (1.x): ``py::init<bool, std::string,
+    std::shared_ptr<mpi::MpiComm>, bool>()``, is_orchestrator=True, worker_executable_path="", orch_leader_comm=None,
+    spawn_processes=True."""
+
     def __init__(self, is_orchestrator=True, worker_executable_path="", orch_leader_comm=None, spawn_processes=True):
         self.is_orchestrator = is_orchestrator
         self.worker_executable_path = worker_executable_path
         self.orch_leader_comm = orch_leader_comm
         self.spawn_processes = spawn_processes
+
+
+class _OrchestratorConfig012:
+    """0.x pybind executorConfig.cpp (the copy whose KvCacheConfig binds the seven 0.12 arguments): ``py::init<bool,
+    std::string>()``, is_orchestrator=True, worker_executable_path="" only; processes are always spawned."""
+
+    def __init__(self, is_orchestrator=True, worker_executable_path=""):
+        self.is_orchestrator = is_orchestrator
+        self.worker_executable_path = worker_executable_path
 
 
 class _ParallelConfig1x:
@@ -763,6 +787,8 @@ for _cls in (_ExecutorConfig1x, _ExecutorConfig012):
     _cls.__name__ = _cls.__qualname__ = "ExecutorConfig"
 for _cls in (_ParallelConfig1x, _ParallelConfig012):
     _cls.__name__ = _cls.__qualname__ = "ParallelConfig"
+for _cls in (_OrchestratorConfig1x, _OrchestratorConfig012):
+    _cls.__name__ = _cls.__qualname__ = "OrchestratorConfig"
 
 # --------------------------------------------------------------------------- responses & stats
 
@@ -1027,6 +1053,7 @@ _VARIANTS = {
     "ExecutorConfig": (_ExecutorConfig012, _ExecutorConfig1x),
     "ExternalDraftTokensConfig": (_ExternalDraftTokensConfig012, _ExternalDraftTokensConfig1x),
     "ParallelConfig": (_ParallelConfig012, _ParallelConfig1x),
+    "OrchestratorConfig": (_OrchestratorConfig012, _OrchestratorConfig1x),
     "FinishReason": (_FinishReason012, _FinishReason1x),
     "CapacitySchedulerPolicy": (_CapacitySchedulerPolicy012, _CapacitySchedulerPolicy1x),
     "ExtendedRuntimePerfKnobConfig": (_ExtendedRuntimePerfKnobConfig012, _ExtendedRuntimePerfKnobConfig1x),
@@ -1038,6 +1065,7 @@ KvCacheConfig = _KvCacheConfig1x
 ExecutorConfig = _ExecutorConfig1x
 ExternalDraftTokensConfig = _ExternalDraftTokensConfig1x
 ParallelConfig = _ParallelConfig1x
+OrchestratorConfig = _OrchestratorConfig1x
 FinishReason = _FinishReason1x
 CapacitySchedulerPolicy = _CapacitySchedulerPolicy1x
 ExtendedRuntimePerfKnobConfig = _ExtendedRuntimePerfKnobConfig1x
