@@ -1073,8 +1073,8 @@ class LmiConfig(BaseModel):
             "option.speculative_config",
             ValueType("JSON object", _json_object),
             "speculative decoding as one JSON object: TensorRT-LLM's speculative_config (decoding_type, "
-            "max_draft_len, speculative_model, max_matching_ngram_size, ...) or vLLM's (method, "
-            "num_speculative_tokens, model, prompt_lookup_max, ...)",
+            "max_draft_len, speculative_model, max_matching_ngram_size, Medusa's medusa_choices and "
+            "num_medusa_heads, ...) or vLLM's (method, num_speculative_tokens, model, prompt_lookup_max, ...)",
         ),
     ] = None
     speculative_decoding_mode: Annotated[
@@ -1084,7 +1084,7 @@ class LmiConfig(BaseModel):
             _choice(SPECULATIVE_SPELLINGS, shown=tuple(SPECULATIVE_METHODS)),
             "speculative decoding's drafter (trtllm-build's flag; TensorRT-LLM's and vLLM's spellings work "
             "too); the torch engine runs ngram and draft_model, the trtllm pytorch backend also eagle3 and mtp, "
-            "the trtllm tensorrt backend lookahead (lookahead_decoding), ngram and draft_model",
+            "the trtllm tensorrt backend lookahead (lookahead_decoding), medusa, ngram and draft_model",
         ),
     ] = None
     speculative_draft_model: Annotated[
@@ -1093,7 +1093,7 @@ class LmiConfig(BaseModel):
             "option.speculative_draft_model",
             _TEXT,
             "draft model for speculative decoding: Hugging Face id, s3:// URI or folder, with the model's "
-            "tokenizer (DJL's key; turns on draft-model speculation)",
+            "tokenizer (DJL's key; turns on draft-model speculation); with medusa, the folder of Medusa heads",
             aliases=("option.draft_model_id", "option.speculative_model", "option.speculative_model_dir"),
         ),
     ] = None

@@ -32,7 +32,7 @@ each, for the messages of engines that do not).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -76,8 +76,12 @@ RUNS_ON = {
     "lookahead": "lmi-trt's tensorrt backend (option.rolling_batch=trtllm, option.backend=tensorrt: TensorRT-LLM's "
     "Executor, 0.12-1.2) on an engine built with --speculative_decoding_mode lookahead_decoding, which its compile "
     "stage builds",
+    "medusa": "lmi-trt's tensorrt backend (option.rolling_batch=trtllm, option.backend=tensorrt: TensorRT-LLM's "
+    "Executor, 1.0-1.2) on an engine built with --speculative_decoding_mode medusa and the heads, which its compile "
+    "stage builds from the Hugging Face checkpoint and FasterDecoding-format heads (TensorRT-LLM's "
+    "MedusaDecodingConfig is not for its pytorch backend: llm_args.py supports_backend)",
     **dict.fromkeys(
-        ("eagle", "medusa", "explicit_draft_tokens"),
+        ("eagle", "explicit_draft_tokens"),
         "TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive (their head checkpoints "
         "need TensorRT-LLM's own converters)",
     ),
@@ -376,6 +380,19 @@ def _vllm_ngram_bounds(fields: dict[str, tuple[str, Any]]) -> None:
     elif high is None:
         high = (f"{JSON_KEY}.prompt_lookup_max", low[1])
     fields["min_matching_ngram_size"], fields["max_matching_ngram_size"] = low, high
+
+
+def refuse_other_members(spec: Speculation, members: Iterable[str], configuration: str) -> None:
+    """Refuses a speculative_config member outside ``members``, the ones ``configuration`` has."""
+    allowed = tuple(members)
+    for member, value in spec.options.items():
+        if member not in allowed:
+            raise SpeculationError(
+                f"{JSON_KEY}.{member}",
+                value,
+                f"is not a member of {configuration}",
+                f"use {', '.join(allowed)}, or leave it out",
+            )
 
 
 def not_here(spec: Speculation, engine: str, runs: tuple[str, ...]) -> SpeculationError:

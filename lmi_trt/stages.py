@@ -24,12 +24,14 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from lmi_trt.compile.hf_quant import QuantizeJob, ensure_quantized
 from lmi_trt.compile.jit import CompileJob, ensure_engine
+from lmi_trt.compile.medusa import MedusaPlan, plan_heads
 from lmi_trt.compile.options import CompileOptions
 from lmi_trt.compile.probe import detect_trtllm_version
 from lmi_trt.config import speculation, with_draft_model
@@ -59,11 +61,12 @@ from lmi_trt.engines.registry import (
 from lmi_trt.engines.synthetic import SyntheticEngine
 from lmi_trt.engines.trtllm import TrtllmEngine, TrtllmSettings
 from lmi_trt.engines.trtllm_drafts import block_reuse, executor_drafts, with_draft_memory
+from lmi_trt.engines.trtllm_medusa import built_draft_len, executor_medusa
 from lmi_trt.engines.trtllm_speculation import executor_lookahead
 from lmi_trt.errors import StartupError
 from lmi_trt.keys import LmiConfig, reads
 from lmi_trt.launch import LaunchPlan, Placement, trtllm_copy_settings
-from lmi_trt.sources import ModelArtifact, ModelPeek, resolve_model
+from lmi_trt.sources import ModelArtifact, ModelPeek, local_fingerprint, resolve_model
 from lmi_trt.speculative import BUILD_MODES, JSON_KEY, Speculation, SpeculationError, not_here
 
 log = logging.getLogger(__name__)
@@ -146,13 +149,26 @@ def compile_options(config: LmiConfig) -> CompileOptions:
     spec = speculation(config)
     if spec is None:
         return CompileOptions.of(config)
+    medusa = _medusa_heads(spec)
     return CompileOptions.of(
         config,
         speculative_decoding_mode=BUILD_MODES[spec.method],
-        max_draft_len=spec.max_draft_len,
+        # Medusa: the tree's paths, which the Executor's tree must equal (trtllm_medusa.built_draft_len)
+        max_draft_len=spec.max_draft_len if medusa is None else built_draft_len(spec, medusa.num_heads),
         speculative_key=spec.key("method"),
         speculative_method=spec.method,
+        medusa=medusa,
     )
+
+
+def _medusa_heads(spec: Speculation) -> MedusaPlan | None:
+    """Medusa's heads as the compile stage builds them in, once their folder is on local disk (the loader and
+    `lmi-trt compile` fetch it first: sources.resolve_draft_model); None otherwise, which the planner refuses."""
+    if spec.method != "medusa" or spec.draft_model is None or not Path(spec.draft_model).is_dir():
+        return None
+    folder = Path(spec.draft_model)
+    num_heads = spec.options.get("num_medusa_heads")
+    return plan_heads(folder, local_fingerprint(folder), num_heads, spec.key("draft_model"))
 
 
 # The options the PyTorch backend's quantization stage reads (lmi_trt.compile.hf_quant).
@@ -211,22 +227,30 @@ def trtllm_settings(config: LmiConfig) -> TrtllmSettings:
 
 
 def executor_settings(config: LmiConfig) -> TrtllmSettings:
-    """The Executor's settings: with speculative decoding, n-gram draft tokens (trtllm_drafts) or lookahead decoding's
-    (W, N, G); any other method is refused there, naming the key (reading it here makes the refusal this one rather
-    than refuse_ignored's). Draft tokens turn KV-cache block reuse on when option.enable_kv_cache_reuse is unset
-    (trtllm_drafts.block_reuse: the Executor requires it); a draft model needs its engine's share of GPU memory
-    (trtllm_drafts.with_draft_memory), and runs both Executors in orchestrator mode (TrtllmEngine._drafter)."""
+    """The Executor's settings: with speculative decoding, n-gram draft tokens (trtllm_drafts), lookahead decoding's
+    (W, N, G) or Medusa's tree (trtllm_medusa); any other method is refused there, naming the key (reading it here
+    makes the refusal this one rather than refuse_ignored's). Draft tokens turn KV-cache block reuse on when
+    option.enable_kv_cache_reuse is unset (trtllm_drafts.block_reuse: the Executor requires it); a draft model needs
+    its engine's share of GPU memory (trtllm_drafts.with_draft_memory), and runs both Executors in orchestrator mode
+    (TrtllmEngine._drafter)."""
     spec = speculation(config)
     drafts = with_draft_memory(
         executor_drafts(spec, config.max_beam_width), config.draft_kv_cache_free_gpu_mem_fraction
     )
     lookahead = executor_lookahead(spec, config.max_beam_width) if drafts is None else None
+    medusa = executor_medusa(spec, config.max_beam_width)
     reuse = block_reuse(drafts, config.is_given("enable_kv_cache_reuse"), config.enable_kv_cache_reuse)
     # two Executors in one process: both in orchestrator mode, as examples/prompt_lookup/run_dtm_pld.py builds its
     # draft and target runners (ModelRunnerCpp is_orchestrator_mode=True)
     orchestrator = drafts is not None and drafts.method == "draft_model"
     return trtllm_settings(config).model_copy(
-        update={"lookahead": lookahead, "drafts": drafts, "enable_kv_cache_reuse": reuse, "orchestrator": orchestrator}
+        update={
+            "lookahead": lookahead,
+            "drafts": drafts,
+            "medusa": medusa,
+            "enable_kv_cache_reuse": reuse,
+            "orchestrator": orchestrator,
+        }
     )
 
 

@@ -110,3 +110,51 @@ def mtp_model(layers: int = 1, seed: int = 2) -> Path:
     _save(tensors, out, shard.name)
     (out / "config.json").write_text(json.dumps({**raw, "num_nextn_predict_layers": layers}, indent=2))
     return out
+
+
+def medusa_heads(
+    target_dir: Path, out_dir: Path, prompts: list[list[int]], heads: int = 2, new_tokens: int = 24
+) -> Path:
+    """Medusa heads for ``target_dir`` in FasterDecoding/Medusa's format (config.json ``medusa_num_heads`` /
+    ``medusa_num_layers``; ``medusa_lm_head.safetensors`` with ``{h}.0.linear.weight/bias`` and ``{h}.1.weight``, as
+    TensorRT-LLM's load_medusa_hf reads them: lmi_trt/compile/medusa.py cites it), fitted to the model's own greedy
+    continuations of ``prompts`` (Medusa heads are trained on the base model's outputs): head ``h`` at a token maps
+    its final hidden state (after a small random residual layer) to the token ``h + 2`` places on, by least squares,
+    so drafts along those continuations get accepted and others mostly do not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmi_trt.compat import dtype_kwargs
+
+    out_dir = Path(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), **dtype_kwargs(torch.float32)).eval()
+    hidden_size = model.config.hidden_size
+    gen = torch.Generator().manual_seed(3)
+    states, sequences = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = model.generate(
+                torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=2, pad_token_id=0
+            )
+            out = model(ids, output_hidden_states=True)
+            states.append(out.hidden_states[-1][0])  # after the final norm, what the heads read
+            sequences.append(ids[0].tolist())
+    tensors = {}
+    for h in range(heads):
+        weight = torch.randn(hidden_size, hidden_size, generator=gen) * 0.05
+        bias = torch.zeros(hidden_size)
+        rows, targets = [], []
+        for state, seq in zip(states, sequences, strict=True):
+            for t in range(len(seq) - h - 2):
+                rows.append(state[t])
+                targets.append(seq[t + h + 2])
+        x = torch.stack(rows)
+        x = x + torch.nn.functional.silu(x @ weight.T + bias)
+        onehot = torch.nn.functional.one_hot(torch.tensor(targets), model.config.vocab_size).float() * 10
+        lm_head = torch.linalg.lstsq(x, onehot).solution.T  # [vocab, hidden]
+        tensors |= {f"{h}.0.linear.weight": weight, f"{h}.0.linear.bias": bias, f"{h}.1.weight": lm_head}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _save(tensors, out_dir, "medusa_lm_head.safetensors")
+    config = {"medusa_num_heads": heads, "medusa_num_layers": 1, "base_model_name_or_path": str(target_dir)}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return out_dir

@@ -141,3 +141,30 @@ async def jit_server(monkeypatch, trt, release: str, config) -> AsyncIterator:
             yield server, s
     finally:
         await server.close()
+
+
+async def greedy_text_and_sampled_refusal(server, s, prompt: str, text: str, *words: str) -> str:
+    """Over HTTP: ``prompt``'s greedy answer is ``text``, a sampled request is a 400 naming temperature (and
+    ``words``); the /metrics text afterwards."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}
+    async with s.post(server.make_url("/invocations"), json=body) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["generated_text"] == text
+    sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
+    async with s.post(server.make_url("/invocations"), json=sampled) as r:
+        body_text = await r.text()
+        assert r.status == 400 and all(w in body_text for w in ("temperature", *words)), body_text
+    async with s.get(server.make_url("/metrics")) as r:
+        return await r.text()
+
+
+async def outputs_accepting_every_draft(engine: TrtllmEngine, monkeypatch, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's greedy output from ``engine`` (closed after) with the fake's verification patched to keep every
+    draft token (the tests that show greedy equality can fail)."""
+    import tensorrt_llm._runtime as runtime
+
+    monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
+    try:
+        return [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(prompts)]
+    finally:
+        await engine.close()

@@ -60,7 +60,8 @@ def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str)
     """The TensorRT engine, for the GPU of this host (or the one the --gpu* flags name when there is none)."""
     from lmi_trt.compile.cache import check_output
     from lmi_trt.compile.jit import compile_to
-    from lmi_trt.sources import resolve_model
+    from lmi_trt.config import speculation, with_draft_model
+    from lmi_trt.sources import resolve_draft_model, resolve_model
 
     detected = detect_gpu()
     flags = any(v is not None for v in (args.gpu, args.gpu_sm, args.gpu_memory_gib, args.gpu_count))
@@ -76,6 +77,11 @@ def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str)
     gpu, _ = target_gpu(args, detected)
     check_output(args.output)
     artifact = resolve_model(config)
+    spec = speculation(config)
+    if (
+        spec is not None and spec.method == "medusa"
+    ):  # the heads are built into the engine: fetched first, as serve does
+        config = with_draft_model(config, resolve_draft_model(config))  # type: ignore[arg-type]  # Medusa has heads
     config, job = fitted_job(config, artifact.hf_config)
     prepared = compile_to(
         job, artifact, args.output, gpu=gpu, trtllm_version=version, progress=lambda msg: log.info("compile: %s", msg)

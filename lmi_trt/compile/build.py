@@ -198,12 +198,29 @@ def _build_rank(task: dict[str, Any], plan: BuildPlan, stage: Callable[[str], No
         model = cls.from_hugging_face(
             task["hf_dir"], dtype=plan.dtype, mapping=_mapping(plan, rank), quant_config=_quant_config(plan), **kwargs
         )
+    if plan.medusa is not None:
+        model = _with_medusa_heads(model, plan, rank, Path(task["work"]) / "medusa-checkpoint")
     stage("build")
     from tensorrt_llm.builder import build
 
     engine = build(model, _build_config(plan))
     stage("save")
     engine.save(task["out_dir"])
+
+
+def _with_medusa_heads(model: Any, plan: BuildPlan, rank: int, checkpoint: Path) -> Any:
+    """The base model saved as a checkpoint, the heads added (compile.medusa's docstring), read back as TensorRT-LLM's
+    MedusaForCausalLM."""
+    from tensorrt_llm.models import MODEL_MAP
+
+    from .medusa import MEDUSA_ARCHITECTURE, write_checkpoint
+
+    assert plan.medusa is not None
+    model.save_checkpoint(str(checkpoint), save_config=rank == 0)
+    write_checkpoint(
+        checkpoint, rank, plan.medusa, plan.max_draft_len, plan.dtype, f"Medusa heads {plan.medusa.heads_dir}"
+    )
+    return MODEL_MAP[MEDUSA_ARCHITECTURE].from_checkpoint(str(checkpoint), rank=rank)
 
 
 def _worker(task: dict[str, Any], events: Any) -> None:
@@ -406,6 +423,7 @@ def build_engine(
             "hf_dir": str(source),
             "hf_config": hf_config,
             "load_by_shard": settings.load_by_shard,
+            "work": str(work),
         }
         pool = _Pool(deadline, say)
         if plan.quant.needs_calibration:

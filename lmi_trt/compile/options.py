@@ -16,6 +16,7 @@ from lmi_trt.keys import reads
 from lmi_trt.vocabulary import QUANTIZE_NAMES, Quantization
 
 from .errors import PlanError
+from .medusa import MedusaPlan
 
 
 def normalize_quantize(value: Any) -> Quantization | None:
@@ -85,6 +86,8 @@ class CompileOptions(
     max_draft_len: int = Field(0, ge=0)
     speculative_key: str = "option.speculative_decoding_mode"
     speculative_method: str | None = None  # lmi_trt.speculative's method name (ngram, draft_model, lookahead, ...)
+    # Medusa: the heads folder as fetched and read (None until it is on local disk: ``lmi-trt plan`` does not fetch)
+    medusa: MedusaPlan | None = None
 
     @field_validator("quantize", mode="before")
     @classmethod

@@ -37,6 +37,8 @@ from .archs import (
 )
 from .errors import PlanError
 from .lora import LORA_FAMILIES, TARGET_MODULES, peft_cache_sizes, peft_device_bytes
+from .medusa import MedusaPlan
+from .medusa import plan_errors as medusa_plan_errors
 from .options import CompileOptions
 from .quant import QuantPlan, plan_quant
 
@@ -135,6 +137,7 @@ class BuildPlan(BaseModel):
     quant: QuantPlan
     converter: ConverterPlan
     lora: LoraPlan | None = None
+    medusa: MedusaPlan | None = None  # the heads a Medusa engine is built with (compile.medusa)
     notes: tuple[str, ...] = ()
 
     @property
@@ -146,6 +149,10 @@ class BuildPlan(BaseModel):
         # no speculative mode or LoRA: left out, so plans (and cached engines) from before those fields keep their keys
         exclude = {"notes"} | ({"speculative_decoding_mode"} if self.speculative_decoding_mode is None else set())
         key = self.model_dump(mode="json", exclude=exclude)
+        if self.medusa is None:
+            del key["medusa"]
+        else:
+            del key["medusa"]["heads_dir"]  # where they are is not what they are (their fingerprint)
         if self.lora is None:
             del key["lora"], key["plugins"]["lora_plugin"]
         else:
@@ -625,14 +632,18 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
                 "leave speculative decoding out on this GPU",
             )
         return
+    if mode == "medusa":
+        _check_medusa(opts, version, gpu)
+        return
     if mode != "lookahead_decoding":
         raise PlanError(
             key,
             mode,
-            "lmi-trt's compile stage builds TensorRT engines for lookahead decoding and draft tokens (n-gram, draft "
-            f"model) only, not {opts.speculative_method or mode}: Medusa, EAGLE and ReDrafter heads need "
+            "lmi-trt's compile stage builds TensorRT engines for lookahead decoding, Medusa and draft tokens (n-gram, "
+            f"draft model) only, not {opts.speculative_method or mode}: EAGLE and ReDrafter heads need "
             "TensorRT-LLM's own checkpoint converters",
-            "use lookahead decoding, or serve the Hugging Face checkpoint with option.backend=pytorch (n-gram, draft "
+            "use lookahead decoding or Medusa, or serve the Hugging Face checkpoint with option.backend=pytorch "
+            "(n-gram, draft "
             "model, EAGLE-3, MTP)",
         )
     if version < LOOKAHEAD_SINCE:
@@ -652,6 +663,46 @@ def check_speculative(opts: CompileOptions, version: Version, gpu: GpuFacts) -> 
             opts.max_beam_width,
             "lookahead decoding runs one beam (TensorRT-LLM: 'Beam width must be 1 in Lookahead decoding.')",
             "set option.max_beam_width=1, or leave speculative decoding out",
+        )
+
+
+# Medusa: the 1.x releases (lmi_trt.engines.trtllm_medusa's docstring); examples/medusa/README.md's Support Matrix
+# (every copy read, ids 5217130389 and 713996416): "GPU Compute Capability >= 8.0 (Ampere or newer)".
+MEDUSA_SINCE = Version("1.0.0")
+MEDUSA_MIN_SM = 80
+
+
+def _check_medusa(opts: CompileOptions, version: Version, gpu: GpuFacts) -> None:
+    key = opts.speculative_key
+    if version < MEDUSA_SINCE:
+        raise PlanError(
+            key,
+            "medusa",
+            f"Medusa on TensorRT-LLM {version}'s Executor is not verified here (lmi_trt.engines.trtllm_medusa)",
+            "use a 1.x image",
+        )
+    if gpu.sm < MEDUSA_MIN_SM:
+        raise PlanError(
+            key,
+            "medusa",
+            f"Medusa needs compute capability 8.0 or newer (examples/medusa/README.md, Support Matrix), and "
+            f"{gpu.name} is {gpu.sm // 10}.{gpu.sm % 10}",
+            "leave speculative decoding out on this GPU",
+        )
+    if opts.max_beam_width != 1:
+        raise PlanError(
+            "option.max_beam_width",
+            opts.max_beam_width,
+            "Medusa accepts one draft path per request (medusaDecodingLayer.cpp); beam search does not run beside it",
+            "set option.max_beam_width=1, or leave speculative decoding out",
+        )
+    if opts.medusa is None:
+        raise PlanError(
+            key,
+            "medusa",
+            "the Medusa heads are not on local disk yet, and the engine is planned from them (`lmi-trt plan` does not "
+            "fetch them)",
+            "serve, or run `lmi-trt compile`, which fetch them first",
         )
 
 
@@ -692,6 +743,24 @@ def _make_plan(
             "Use option.dtype=fp16 or bf16 with option.quantize",
         )
     check_speculative(opts, version, gpu)  # before the plugins: its refusals name the speculation key
+    if opts.medusa is not None:
+        refused = medusa_plan_errors(
+            opts.medusa,
+            opts.speculative_key,
+            spec.trtllm_class,
+            tp,
+            pp,
+            quant.quantize is not None,
+            opts.enable_lora,
+            (dims.hidden_size, dims.vocab_size),
+            (opts.dtype, dtype),
+        )
+        if refused is not None:
+            raise refused
+        notes.append(
+            f"Medusa: {opts.medusa.num_heads} heads of {opts.medusa.num_layers} layers from {opts.medusa.heads_dir}, "
+            f"{opts.max_draft_len} draft tokens a step (the tree's paths)"
+        )
     plugins, more = resolve_plugins(opts, spec, gpu, version, quant)
     notes += more
     lora = plan_lora(opts, spec)
@@ -743,6 +812,7 @@ def _make_plan(
         quant=quant,
         converter=converter,
         lora=lora,
+        medusa=opts.medusa,
         notes=tuple(notes),
     )
 

@@ -82,6 +82,9 @@ from lmi_trt.engines.trtllm_drafts import (
 )
 from lmi_trt.engines.trtllm_drafts import release_error as drafts_release_error
 from lmi_trt.engines.trtllm_lora import MODULES, LoraBuild, executor_tensors, module_dims
+from lmi_trt.engines.trtllm_medusa import Medusa, engine_medusa_errors, for_engine, medusa_refusals
+from lmi_trt.engines.trtllm_medusa import decoding_config as medusa_decoding_config
+from lmi_trt.engines.trtllm_medusa import release_error as medusa_release_error
 from lmi_trt.engines.trtllm_speculation import (
     STOP_WORDS_UNREAD,
     UNCOUNTED_DRAFTS,
@@ -245,6 +248,8 @@ class TrtllmSettings(
     lookahead: Lookahead | None = None
     # n-gram draft tokens sent with each request of a draft loop (lmi_trt.engines.trtllm_drafts).
     drafts: ExternalDrafts | None = None
+    # Medusa's tree of draft paths, on an engine built with its heads (lmi_trt.engines.trtllm_medusa).
+    medusa: Medusa | None = None
 
 
 # =============================================================================== engine facts
@@ -278,6 +283,7 @@ class EngineFacts:
     vocab_size: int | None = None  # the length of a request's embedding bias
     speculative_decoding_mode: int | None = None  # config.json's SpeculativeDecodingMode integer (1: none)
     max_draft_len: int = 0
+    num_medusa_heads: int = 0  # pretrained_config's, on a Medusa engine (MedusaConfig.to_dict)
     num_layers: int | None = None  # pretrained_config.num_hidden_layers
     lora: LoraBuild = LoraBuild(False, None, ())
     lora_dims: dict[str, tuple[int, int]] = field(default_factory=dict)  # trtllm_lora.module_dims
@@ -349,6 +355,7 @@ def parse_engine_config(config: dict) -> EngineFacts:
             vocab_size=pretrained.get("vocab_size"),
             speculative_decoding_mode=speculative,
             max_draft_len=draft_len,
+            num_medusa_heads=int(pretrained.get("num_medusa_heads") or 0),
             num_layers=pretrained.get("num_hidden_layers"),
             lora=LoraBuild.of(build),
             lora_dims=module_dims(pretrained),
@@ -536,7 +543,11 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
             f"option.max_tokens_in_paged_kv_cache={settings.max_tokens_in_paged_kv_cache} is less than one "
             f"max_seq_len={facts.max_seq_len} sequence; long requests will wait or be rejected"
         )
-    if settings.drafts is None:
+    if settings.medusa is not None:
+        errors += engine_medusa_errors(
+            settings.medusa, facts.speculative_decoding_mode, facts.max_draft_len, facts.num_medusa_heads
+        )
+    elif settings.drafts is None:
         errors += engine_speculation_errors(settings.lookahead, facts.speculative_decoding_mode, facts.max_draft_len)
     else:
         errors += engine_draft_errors(
@@ -665,6 +676,8 @@ def build_executor_config(
         )
     if settings.lookahead is not None:
         extra["decoding_config"] = decoding_config(tle, settings.lookahead)
+    if settings.medusa is not None:
+        extra["decoding_config"] = medusa_decoding_config(tle, settings.medusa)
     if settings.enable_lora:
         extra["peft_cache_config"] = peft_cache_config(tle, settings, facts)
     if settings.enable_trt_overlap:
@@ -857,12 +870,14 @@ def executor_capabilities(
     lookahead: Lookahead | None = None,
     lora: Capability | None = None,
     drafts: ExternalDrafts | None = None,
+    medusa: Medusa | None = None,
 ) -> Capabilities:
     """Pure: what the Executor path honours. Its OutputConfig returns the chosen token's log-prob only
     (returnLogProbs); alternatives and prompt log-probs would need logits gathered at build time
     (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/executor.h, OutputConfig, 0.12-1.2).
     logit_bias is the request's embedding bias, [vocab_size] (every release's Request has it). With ``lookahead``,
-    what the Executor does not do beside it is refused (``trtllm_speculation.lookahead_refusals``)."""
+    what the Executor does not do beside it is refused (``trtllm_speculation.lookahead_refusals``), and likewise
+    beside draft tokens and Medusa."""
     capabilities = Capabilities(
         release=release,
         logprobs=can(),
@@ -886,10 +901,16 @@ def executor_capabilities(
         min_p=cannot("the trtllm engine does not pass min_p to TensorRT-LLM here; leave it out, or use top_p"),
         lora=lora or cannot("LoRA adapters are off: set option.enable_lora=true"),
     )
-    if lookahead is None and drafts is None:
+    if lookahead is None and drafts is None and medusa is None:
         return capabilities
     features = capabilities.features()
-    refusals = lookahead_refusals(lookahead) if lookahead is not None else draft_refusals()
+    refusals = (
+        lookahead_refusals(lookahead)
+        if lookahead is not None
+        else medusa_refusals()
+        if medusa is not None
+        else draft_refusals()
+    )
     refused = {k: cannot(why) for k, why in refusals.items() if k in features}
     return replace(capabilities, **refused)
 
@@ -1088,7 +1109,10 @@ class TrtllmEngine:
         self._engine_dir = resolve_engine_dir(Path(engine_dir))
         self.facts = read_engine_facts(self._engine_dir)
         self.settings = settings or TrtllmSettings()
-        further_eos = stop_words_error(self.settings.lookahead, list(eos_token_ids))
+        if self.settings.medusa is not None:
+            medusa = for_engine(self.settings.medusa, self.facts.num_medusa_heads)
+            self.settings = self.settings.model_copy(update={"medusa": medusa})
+        further_eos = stop_words_error(*self._tree_speculation(), list(eos_token_ids))
         if further_eos is not None:
             raise TrtllmConfigError(further_eos)
         for warning in check_settings(self.settings, self.facts):
@@ -1110,6 +1134,7 @@ class TrtllmEngine:
             self._limits.max_beam_width,
             lookahead=self.settings.lookahead,
             drafts=self.settings.drafts,
+            medusa=self.settings.medusa,
         )
         self._tle: ModuleType | None = None
         self._spec: ApiSpec | None = None
@@ -1147,6 +1172,14 @@ class TrtllmEngine:
         )
         self._sent_tasks: set[int] = set()
         self._next_task = 1
+
+    def _tree_speculation(self) -> tuple[str | None, str]:
+        """(the key that turned on lookahead decoding or Medusa, the method), or (None, "") for neither: the
+        decoding modes whose stop criteria are not pinned per release (trtllm_speculation.STOP_WORDS_UNREAD)."""
+        for method, setting in (("lookahead", self.settings.lookahead), ("medusa", self.settings.medusa)):
+            if setting is not None:
+                return setting.key, method
+        return None, ""
 
     def _drafter(self, gpu_available: Callable[[], bool] | None) -> TrtllmEngine | None:
         """The draft model's engine: a second Executor in this process on the copy's own GPUs (``device_ids``), both
@@ -1235,8 +1268,10 @@ class TrtllmEngine:
         if self._executor is not None or self._closed:
             raise RuntimeError("TrtllmEngine.start() may be called once")
         tle, spec = probe_runtime(self._gpu_available)
-        too_old = release_error(self.settings.lookahead, spec.version, spec.series) or drafts_release_error(
-            self.settings.drafts, spec.version, spec.series
+        too_old = (
+            release_error(self.settings.lookahead, spec.version, spec.series)
+            or drafts_release_error(self.settings.drafts, spec.version, spec.series)
+            or medusa_release_error(self.settings.medusa, spec.version, spec.series)
         )
         if too_old is not None:
             raise TrtllmConfigError(too_old)
@@ -1274,8 +1309,9 @@ class TrtllmEngine:
             self.facts.max_input_len,
             self.facts.max_seq_len,
         )
-        if self.settings.lookahead is not None:
-            log.info("speculative decoding: %s", self.settings.lookahead.describe())
+        on_executor = self.settings.lookahead or self.settings.medusa
+        if on_executor is not None:
+            log.info("speculative decoding: %s", on_executor.describe())
             self._counts_drafts = counts_accepted_drafts(tle)
             if not self._counts_drafts:
                 log.info("%s", UNCOUNTED_DRAFTS.format(version=spec.version))
@@ -1311,6 +1347,7 @@ class TrtllmEngine:
             self.settings.lookahead,
             lora_capability(self.settings),
             self.settings.drafts,
+            self.settings.medusa,
         )
         self._loop = asyncio.get_running_loop()
         self._leader = bool(executor.can_enqueue_requests())
@@ -1452,8 +1489,10 @@ class TrtllmEngine:
             return error_output(rid, f"request id {rid!r} is already in flight", 400)
         if self.settings.lookahead is not None and request.sampling.do_sample:
             return error_output(rid, lookahead_refusals(self.settings.lookahead)["sampling"], 400, "temperature")
-        if self.settings.lookahead is not None and request.stop_token_ids:
-            why = f"stop_token_ids beside lookahead decoding: {STOP_WORDS_UNREAD}; leave them out"
+        if self.settings.medusa is not None and request.sampling.do_sample:
+            return error_output(rid, medusa_refusals()["sampling"], 400, "temperature")
+        if self._tree_speculation()[0] is not None and request.stop_token_ids:
+            why = f"stop_token_ids beside {self._tree_speculation()[1]}: {STOP_WORDS_UNREAD}; leave them out"
             return error_output(rid, why, 400, "stop_token_ids")
         if self.settings.drafts is not None:
             field, refused = drafted_request_refusal(request)

@@ -1,6 +1,7 @@
 """Speculative decoding on TensorRT-LLM's Executor over TensorRT engines: lookahead decoding on 1.0-1.2 (the tensorrt
 backend serves 0.12 and 1.0-1.2; 0.12 predates lookahead); draft tokens (n-gram, draft model) are
-``lmi_trt.engines.trtllm_drafts``'s; every other method is refused at start-up, naming the key and why. Pure: the
+``lmi_trt.engines.trtllm_drafts``'s and Medusa ``lmi_trt.engines.trtllm_medusa``'s; every other method is refused at
+start-up, naming the key and why. Pure: the
 trtllm engine (``lmi_trt.engines.trtllm``) and the wiring (``lmi_trt.stages``) call these.
 
 What was read (NVIDIA/TensorRT-LLM; the index keeps crawl copies, not tags, dated here by content):
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmi_trt.engines.base import SAMPLING_FEATURES
+from lmi_trt.engines.trtllm_medusa import MEDUSA_MODE
 from lmi_trt.speculative import (
     JSON_KEY,
     LOOKAHEAD_MEMBERS,
@@ -50,6 +52,7 @@ from lmi_trt.speculative import (
     Speculation,
     SpeculationError,
     lookahead_draft_len,
+    refuse_other_members,
 )
 
 LOOKAHEAD_SINCE = (0, 13)
@@ -74,8 +77,6 @@ BUILT_MODES = {
 LOOKAHEAD_MODE = 8
 # Why the tensorrt backend does not run the others (the method's own RUNS_ON says where it does run).
 _NOT_ON_ENGINES = {
-    "medusa": "Medusa heads must be converted into the checkpoint with TensorRT-LLM's examples/medusa converter, which "
-    "lmi-trt's compile stage does not run",
     "eagle": "EAGLE heads must be converted into the checkpoint with TensorRT-LLM's examples/eagle converter, which "
     "lmi-trt's compile stage does not run",
     "explicit_draft_tokens": "ReDrafter's drafter must be converted into the checkpoint with TensorRT-LLM's "
@@ -108,14 +109,14 @@ class Lookahead:
 def executor_lookahead(spec: Speculation | None, max_beam_width: int) -> Lookahead | None:
     """Pure: the lookahead decoding ``spec`` asks of the Executor, or None; any other method, member or setting it
     cannot run beside it is refused, naming the key."""
-    if spec is None:
+    if spec is None or spec.method == "medusa":  # trtllm_medusa.executor_medusa's
         return None
     if spec.method != "lookahead":
         raise SpeculationError(
             spec.key("method"),
             spec.method,
-            "lmi-trt's tensorrt backend (TensorRT-LLM's Executor over TensorRT engines) runs lookahead decoding and "
-            "draft tokens (n-gram, draft model) only: " + _NOT_ON_ENGINES[spec.method],
+            "lmi-trt's tensorrt backend (TensorRT-LLM's Executor over TensorRT engines) runs lookahead decoding, "
+            "Medusa and draft tokens (n-gram, draft model) only: " + _NOT_ON_ENGINES[spec.method],
             f"{spec.method} runs on {RUNS_ON[spec.method]}; or use lookahead decoding "
             f'({JSON_KEY}={{"decoding_type": "Lookahead"}} or option.speculative_decoding_mode=lookahead_decoding)',
         )
@@ -129,14 +130,7 @@ def executor_lookahead(spec: Speculation | None, max_beam_width: int) -> Lookahe
                 "pytorch backend's)",
                 "leave it out",
             )
-    for member, value in spec.options.items():
-        if member not in LOOKAHEAD_MEMBERS:
-            raise SpeculationError(
-                f"{JSON_KEY}.{member}",
-                value,
-                "is not a member of lookahead decoding's configuration",
-                "use max_window_size, max_ngram_size and max_verification_set_size, or leave it out",
-            )
+    refuse_other_members(spec, LOOKAHEAD_MEMBERS, "lookahead decoding's configuration")
     sizes = {**LOOKAHEAD_MEMBERS, **spec.options}
     lookahead = Lookahead(
         sizes["max_window_size"], sizes["max_ngram_size"], sizes["max_verification_set_size"], spec.key("method")
@@ -173,7 +167,9 @@ def engine_speculation_errors(lookahead: Lookahead | None, built_mode: int | Non
             + (
                 "set option.speculative_decoding_mode=lookahead_decoding with the (W, N, G) it was built for"
                 if built_mode == LOOKAHEAD_MODE
-                else "lmi-trt runs lookahead decoding only on TensorRT engines: rebuild the engine without it"
+                else f"set {JSON_KEY} with decoding_type Medusa, the heads and the tree it was built for"
+                if built_mode == MEDUSA_MODE
+                else "lmi-trt runs lookahead decoding and Medusa on such engines: rebuild the engine without it"
             )
         ]
     if built_mode != LOOKAHEAD_MODE:
@@ -204,17 +200,19 @@ def release_error(lookahead: Lookahead | None, version: str, series: tuple[int, 
 # DecodingMode::Lookahead()'s flags (an older one: kLookahead | kUseMinLength | kUseMaxLengthStop, no stop criteria;
 # later ones add kUseStandardStopCriteria | kUseExplicitEosStop), and which release has which was not pinned.
 STOP_WORDS_UNREAD = (
-    "whether TensorRT-LLM's lookahead decoding applies stop words is not pinned per release (types.h copies differ "
-    "on DecodingMode::Lookahead()'s stop criteria)"
+    "whether TensorRT-LLM's lookahead decoding and Medusa apply stop words is not pinned per release (types.h copies "
+    "differ on DecodingMode::Lookahead()'s and Medusa()'s stop criteria)"
 )
 
 
-def stop_words_error(lookahead: Lookahead | None, eos_token_ids: list[int]) -> str | None:
-    """Why a model whose further EOS ids go to the Executor as stop words cannot run lookahead decoding here."""
-    if lookahead is None or len(eos_token_ids) < 2:
+def stop_words_error(key: str | None, method: str, eos_token_ids: list[int]) -> str | None:
+    """Why a model whose further EOS ids go to the Executor as stop words cannot run lookahead decoding or Medusa here
+    (``key``: the key that turned it on; None: neither runs). types.h gives DecodingMode::Medusa() the same flags as
+    Lookahead() in every copy read (kUseMinLength plus the stop criteria above, or kUseMaxLengthStop in the older)."""
+    if key is None or len(eos_token_ids) < 2:
         return None
     return (
-        f"{lookahead.key}=lookahead: this model also ends on {eos_token_ids[1:]} (generation_config.json), which the "
+        f"{key}={method}: this model also ends on {eos_token_ids[1:]} (generation_config.json), which the "
         f"Executor gets as stop words, and {STOP_WORDS_UNREAD}; serve it without speculative decoding"
     )
 
@@ -229,7 +227,7 @@ def counts_accepted_drafts(tle: Any) -> bool:
 
 UNCOUNTED_DRAFTS = (
     "spec_decode_num_accepted_tokens is not reported: TensorRT-LLM {version}'s Result has no decoding_iter to count "
-    "accepted draft tokens from (lookahead decoding itself runs)"
+    "accepted draft tokens from (speculative decoding itself runs)"
 )
 
 

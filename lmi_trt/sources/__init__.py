@@ -208,11 +208,13 @@ def resolve_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CO
 
 def resolve_draft_model(config: LmiConfig, *, s3_max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> Path | None:
     """The local folder of speculative decoding's draft model (None: no draft model), fetched like the
-    model (hub, s3://, folder); it must be a Hugging Face checkpoint."""
+    model (hub, s3://, folder); it must be a Hugging Face checkpoint, or for Medusa a folder of heads."""
     ref = draft_ref(config)
     if ref is None:
         return None
     path, source, fingerprint = _fetch(ref, config, tokenizer_only=False, s3_max_concurrency=s3_max_concurrency)
+    if speculation(config).method == "medusa":  # type: ignore[union-attr]  # draft_ref found a speculation
+        return path  # Medusa heads, no model of their own: the compile stage reads them (compile.medusa)
     artifact = _readable(detect_artifact(path, model_id=ref.name, source=source, fingerprint=fingerprint), config)
     if artifact.kind != "hf_checkpoint":
         raise SourceError(

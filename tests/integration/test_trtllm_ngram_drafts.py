@@ -15,9 +15,11 @@ from trtllm_spec_testing import (
     compiled,
     generate,
     greedy_reference,
+    greedy_text_and_sampled_refusal,
     greedy_text_tokens,
     jit_config,
     jit_server,
+    outputs_accepting_every_draft,
     spec_engine,
     started,
     tokens_of,
@@ -141,19 +143,13 @@ async def test_a_verifier_that_accepts_every_draft_changes_the_output(
 ):
     """The equality above can fail: with the fake's verification patched to keep every draft token, the output
     is no longer the greedy one."""
-    import tensorrt_llm._runtime as runtime
-
     trt.__version__ = "1.2.1"
     drafts = DRAFTS
     if drafter == "draft_model":
         drafts = draft_model(draft_engine(other_draft, tmp_path / "draft"))
     engine = await started(drafts_engine(tmp_path / "engine"), drafting(drafts))
-    try:
-        monkeypatch.setattr(runtime, "accepts", lambda target, draft: True)
-        outputs = [tokens_of(await generate(engine, f"a{i}", p)) for i, p in enumerate(PROMPTS)]
-        assert outputs != [reference(p, 24) for p in PROMPTS]
-    finally:
-        await engine.close()
+    outputs = await outputs_accepting_every_draft(engine, monkeypatch, PROMPTS)
+    assert outputs != [reference(p, 24) for p in PROMPTS]
 
 
 async def test_eos_and_stop_tokens_end_it_as_without_drafts(trt, tmp_path, reference):
@@ -489,16 +485,7 @@ async def test_served_over_http_from_the_checkpoint_with_its_log_metrics_and_ref
     assert len(want) >= 4  # something to compare
     with caplog.at_level("INFO"):
         async with jit_server(monkeypatch, trt, release, config) as (server, s):
-            body = {"inputs": prompt, "parameters": {"max_new_tokens": 16}}
-            async with s.post(server.make_url("/invocations"), json=body) as r:
-                assert r.status == 200, await r.text()
-                assert (await r.json())["generated_text"] == text
-            sampled = {"inputs": prompt, "parameters": {"max_new_tokens": 4, "do_sample": True, "temperature": 0.7}}
-            async with s.post(server.make_url("/invocations"), json=sampled) as r:
-                body_text = await r.text()
-                assert r.status == 400 and "temperature" in body_text, body_text
-            async with s.get(server.make_url("/metrics")) as r:
-                metrics = await r.text()
+            metrics = await greedy_text_and_sampled_refusal(server, s, prompt, text)
     values = {
         line.split(" ")[0].split("{")[0]: float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()

@@ -154,7 +154,7 @@ def torch_view(**options):
         ),
         (
             {"speculative_decoding_mode": "medusa", "max_draft_len": "4"},
-            "medusa runs on TensorRT-LLM's TensorRT engines built for it, which lmi-trt does not build or drive",
+            "medusa runs on lmi-trt's tensorrt backend (option.rolling_batch=trtllm, option.backend=tensorrt",
         ),
         ({"speculative_decoding_mode": "lookahead_decoding", "max_draft_len": "4"}, "lookahead runs on"),
     ],

@@ -57,6 +57,19 @@ tensorrt_llm/builder.py):
   ``LlmRequest::validate``, 1.x copies, which runs before trtGptModelInflightBatching.cpp's verifyRequests: "Draft
   tokens length (%d) exceeds maximum draft tokens length (%d)."). Draft logits, drafts of sampled or log-prob
   requests and drafts beside lookahead are not modelled (the fake raises NotImplementedError).
+* Medusa (a MEDUSA engine, whose plan carries the heads, and ``decoding_config`` with ``DecodingMode.Medusa()`` and
+  ``medusa_choices``): the tree is checked as cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp (1.x copy id
+  182244635) checks it (``_medusa_tree``), and each depth's top-k is its largest rank + 1. Each step the root is the
+  target's greedy token after the last accepted one; head ``d`` (model.py: ``x + silu(linear(x))`` per layer, then its
+  ``lm_head``, on the base model's final hidden state at that token) proposes its top-k tokens for the position ``d +
+  1`` after the root; every path of the tree is verified against the target's greedy choices along it, the longest
+  accepted path is kept (medusaDecodingLayer.cpp's acceptance of draft paths by id), and the root plus its accepted
+  tokens are emitted, so a greedy request's output is the greedy one. ``Result.decoding_iter`` counts the steps (the
+  fake folds the context step's token into its first step, so it counts one fewer than a real count including the
+  context iteration). Sampled and log-prob requests beside Medusa are not modelled (the fake raises
+  NotImplementedError; lmi-trt refuses them first).
+  Simplification: the real engine verifies the whole tree in one pass under a tree attention mask; the fake runs one
+  pass per leaf path, which gives the same targets.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
 ``transformers``' beam search and answered with one final result, without log probs. What it reads of the
 request is TensorRT-LLM's (executor.h SamplingConfig, 0.12-1.2): ``numReturnSequences`` beams come back (all
@@ -254,6 +267,7 @@ class _Seq:
     generator: object = None
     steps: int = 0  # decoding iterations run for it
     drafts: list[int] = field(default_factory=list)  # its ExternalDraftTokensConfig's tokens, verified at context
+    hidden: object = None  # Medusa: the base model's final hidden state at the last token
 
 
 def _check_parallel_config(parallel, limits: EngineLimits, world: World) -> bool:
@@ -317,6 +331,7 @@ class ExecutorImpl:
                 f"max_beam_width ({config.max_beam_width}) is larger than the engine's ({self.limits.max_beam_width})"
             )
         self._lookahead = self._lookahead_config(config)
+        self._medusa = self._medusa_config(config, blob)
         # Runtime values may only lower the engine's build-time limits.
         self.max_batch_size = min(config.max_batch_size or self.limits.max_batch_size, self.limits.max_batch_size)
         self.max_beam_width = config.max_beam_width
@@ -414,6 +429,29 @@ class ExecutorImpl:
             )
         return la.max_window_size, la.max_ngram_size, la.max_verification_set_size
 
+    def _medusa_config(self, config, blob):
+        """(the tree's paths, each depth's top-k, the heads' weights) on a Medusa engine, after medusaModule.cpp's
+        checks (module docstring)."""
+        choices = getattr(getattr(config, "decoding_config", None), "medusa_choices", None)
+        if not self.limits.speculative_decoding_mode & 4:  # SpeculativeDecodingMode.MEDUSA
+            if choices is not None:
+                raise NotImplementedError("fake tensorrt_llm: medusa_choices for an engine without Medusa heads")
+            return None
+        if choices is None:
+            raise NotImplementedError("fake tensorrt_llm: a Medusa engine without medusa_choices is not modelled")
+        if config.max_beam_width != 1:
+            raise NotImplementedError("fake tensorrt_llm: Medusa with beam search is not modelled")
+        import base64
+
+        import torch
+        from safetensors.torch import load
+
+        pretrained = json.loads((self._dir / "config.json").read_text())["pretrained_config"]
+        paths = _medusa_tree(choices, self.limits.max_draft_len, pretrained["num_medusa_heads"])
+        top_k = [max(p[d] for p in paths if len(p) > d) + 1 for d in range(max(map(len, paths)))]
+        weights = {n: t.to(torch.float32) for n, t in load(base64.b64decode(blob["medusa_heads"])).items()}
+        return paths, top_k, weights, pretrained["num_medusa_layers"]
+
     # ---------------------------------------------------------------- client API
 
     def enqueue(self, request) -> int:
@@ -428,6 +466,12 @@ class ExecutorImpl:
             raise NotImplementedError("fake tensorrt_llm: a request's own lookahead_config is not modelled")
         if self._lookahead is not None and oc.return_log_probs:
             raise _tllm_error("lookahead decoding: outputLogProbs are not supported")
+        if self._medusa is not None and oc.return_log_probs:
+            # medusaDecodingLayer.cpp passes no log-prob outputs to its sampling (a comment, not a check): what a
+            # log-prob request gets back beside Medusa was not read
+            raise NotImplementedError("fake tensorrt_llm: log-prob requests beside Medusa are not modelled")
+        if self._medusa is not None and not (sc.top_k == 1 or (not sc.top_k and not sc.top_p)):
+            raise NotImplementedError("fake tensorrt_llm: sampled requests beside Medusa are not modelled")
         drafts = self._external_drafts(request)
         if sc.beam_width > self.max_beam_width:
             raise _tllm_error(
@@ -668,6 +712,8 @@ class ExecutorImpl:
                 seq.steps += 1
                 if self._lookahead is not None:
                     reason = self._lookahead_step(seq)
+                elif self._medusa is not None:
+                    reason = self._medusa_step(seq)
                 else:
                     token, logprob = _select(seq)
                     reason = self._advance(seq, token, logprob)
@@ -683,8 +729,52 @@ class ExecutorImpl:
         import torch
 
         self._lora.use(seq.lora)  # every pass sets the adapter it runs with (None: the base model)
-        res = self._model(input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True)
+        medusa = self._medusa is not None
+        res = self._model(
+            input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True, output_hidden_states=medusa
+        )
         seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+        if medusa:  # transformers' last hidden state is after the final norm, as the heads read it (model.py)
+            seq.hidden = res.hidden_states[-1][0, -1].float()
+
+    def _medusa_step(self, seq: _Seq):
+        """One Medusa step (module docstring): the root, the heads' tree, the longest accepted path."""
+        import copy
+
+        import torch
+
+        paths, top_k, w, layers = self._medusa
+        root = int(torch.argmax(seq.logits))
+        proposals = []
+        for d, k in enumerate(top_k):
+            x = seq.hidden
+            for n in range(layers):
+                linear = f"medusa_heads.{d}.medusa_layers.{n}.linear."
+                x = x + torch.nn.functional.silu(x @ w[linear + "weight"].T + w[linear + "bias"])
+            logits = x @ w[f"medusa_heads.{d}.lm_head.weight"].T
+            proposals.append([int(t) for t in torch.topk(logits, k).indices])
+        leaves = [p for p in paths if not any(len(q) == len(p) + 1 and q[:-1] == p for q in paths)]
+        best: list[int] = []
+        for leaf in leaves:
+            draft = [proposals[d][rank] for d, rank in enumerate(leaf)]
+            res = self._model(
+                input_ids=torch.tensor([[root, *draft]]), past_key_values=copy.deepcopy(seq.past), use_cache=True
+            )
+            kept = accepted_prefix([int(t) for t in res.logits[0].argmax(-1)], draft)  # [i]: the target after i
+            if len(kept) > len(best):
+                best = kept
+        return self._emit(seq, [root, *best])
+
+    def _emit(self, seq: _Seq, tokens: list[int]):
+        """A speculative step's tokens, up to the first that ends the request; the model then reads those taken."""
+        taken = []
+        for token in tokens:
+            reason = self._advance(seq, token, 0.0)
+            if reason is not None:
+                return reason
+            taken.append(token)
+        self._forward(seq, taken)
+        return None
 
     def _lookahead_step(self, seq: _Seq):
         """One lookahead step: verify the pool's candidates against the target's greedy choices, take the longest
@@ -699,22 +789,10 @@ class ExecutorImpl:
         for draft in lookahead_candidates(seq.prompt + seq.generated, ngram - 1, verification_set):
             res = self._model(input_ids=torch.tensor([draft]), past_key_values=copy.deepcopy(seq.past), use_cache=True)
             greedy = [first, *(int(t) for t in res.logits[0].argmax(-1))]
-            kept = []
-            for position, token in enumerate(draft):
-                if not accepts(greedy[position], token):
-                    break
-                kept.append(token)
+            kept = accepted_prefix(greedy, draft)
             if len(kept) > len(accepted):
                 accepted, targets = kept, greedy
-        emitted = [*accepted, targets[len(accepted)]]
-        taken = []
-        for token in emitted:
-            reason = self._advance(seq, token, 0.0)
-            if reason is not None:
-                return reason
-            taken.append(token)
-        self._forward(seq, taken)
-        return None
+        return self._emit(seq, [*accepted, targets[len(accepted)]])
 
     def _verify_drafts(self, seq: _Seq):
         """The context step of a request with draft tokens: the prompt and the drafts in one pass, then at each
@@ -777,7 +855,8 @@ class ExecutorImpl:
         res.output_token_ids = [list(tokens)]
         res.finish_reasons = [reason if reason is not None else self._api.FinishReason.NOT_FINISHED]
         if hasattr(res, "decoding_iter"):  # not every release's Result binds it (bindings.executor._Result012)
-            res.decoding_iter = seq.steps if self._lookahead is not None or seq.drafts else len(seq.generated)
+            speculative = self._lookahead is not None or self._medusa is not None or seq.drafts
+            res.decoding_iter = seq.steps if speculative else len(seq.generated)
         if seq.return_log_probs:
             res.log_probs = [list(lps)]
             res.cum_log_probs = [float(sum(seq.log_probs))]
@@ -869,10 +948,58 @@ def _load_model(hf_dir: str | None):
     return AutoModelForCausalLM.from_pretrained(hf_dir, **dtype_kwargs(torch.float32)).eval()
 
 
+def _medusa_prefix(path, length):
+    """speculativeChoicesUtils.cpp computePrefix: ``length`` ranks of ``path`` in 4-bit chunks, with its checks."""
+    if length > 16:  # sizeof(uint64_t) * 8 / PREFIX_CHUNK_SIZE_BITS
+        raise _tllm_error(f"Provided choices have depth ({length}) larger than Prefix can fit (16).")
+    prefix = 0
+    for i in range(length):
+        if path[i] > 16:  # PREFIX_MAX_VALUE
+            raise _tllm_error(
+                f"Provided choices have too large node degree ({path[i]}). Larger than Prefix can fit (16)."
+            )
+        prefix |= path[i] << 4 * (length - 1 - i)
+    return prefix
+
+
+def _medusa_tree(choices, max_draft_len, heads):
+    """The tree's checks at the Executor's start, in the order of speculativeChoicesUtils.cpp
+    ``initTensorsFromChoices`` (1.x copy id 182244635): every path's prefix, the count against the engine's draft
+    tokens, then, with the paths sorted by depth and prefix, each new depth one deeper than the last and within the
+    heads. A path whose parent is missing at an existing depth is hung under the root there, and a repeated path
+    becomes a second node: neither is modelled (NotImplementedError); lmi-trt refuses both first."""
+    paths = [tuple(c) for c in choices]
+    prefixes = {path: _medusa_prefix(path, len(path)) for path in paths}
+    if len(paths) > max_draft_len:
+        raise _tllm_error(f"numChoices <= getMaxDecodingDraftTokens() ({len(paths)} > {max_draft_len})")
+    depth = 1
+    for path in sorted(paths, key=lambda p: (len(p), prefixes[p])):
+        if len(path) != depth:
+            if depth + 1 != len(path):
+                raise _tllm_error("depth + 1 == curDepth")
+            if len(path) > heads:
+                raise _tllm_error("Choices require larger maxPathLen than the engine was built with.")
+            depth += 1
+    if len(set(paths)) != len(paths) or any(len(p) > 1 and p[:-1] not in prefixes for p in paths):
+        raise NotImplementedError("fake tensorrt_llm: a Medusa tree with a repeated path or a missing parent")
+    return paths
+
+
 def accepts(target: int, draft: int) -> bool:
-    """Lookahead verification: a draft token is kept only where the target model's greedy choice is that token (the
+    """Lookahead and Medusa verification: a draft token is kept only where the target model's greedy choice is that
+    token (the
     tests patch this to accept everything, to show the output then changes)."""
     return target == draft
+
+
+def accepted_prefix(targets: list[int], draft: list[int]) -> list[int]:
+    """The leading draft tokens the target's choices at their positions accept."""
+    kept = []
+    for target, token in zip(targets, draft, strict=False):
+        if not accepts(target, token):
+            break
+        kept.append(token)
+    return kept
 
 
 def lookahead_candidates(history: list[int], length: int, most: int) -> list[list[int]]:

@@ -249,6 +249,12 @@ def build(model, build_config):
         config.max_seq_len = pretrained.max_position_embeddings or 2048
     config.max_input_len = min(config.max_input_len, config.max_seq_len)
     config.max_num_tokens = min(config.max_num_tokens, config.max_batch_size * config.max_seq_len)
+    if hasattr(pretrained, "max_draft_len") and config.max_draft_len == 0:
+        # builder.py build, the 1.x copy (id 205252225): a model config's max_draft_len is taken only where the build
+        # config's is 0, and the mode is left as asked (--speculative_decoding_mode). An older 0.x copy (id
+        # 3063623504) forced SpeculativeDecodingMode.MEDUSA and the model's draft length; lmi-trt builds Medusa on
+        # 1.x only, so the fake models 1.x.
+        config.max_draft_len = pretrained.max_draft_len
     if int(config.speculative_decoding_mode) != 1:  # not SpeculativeDecodingMode.NONE
         # builder.py build (crawl copy of the 1.x line): "Increasing max_seq_len ... by max_draft_len ... Maximum
         # number of generated tokens remains the same", and max_num_tokens raised to max_batch_size *
@@ -271,6 +277,13 @@ def build(model, build_config):
         "architecture": pretrained.architecture,
         "dtype": pretrained.dtype,
     }
+    heads = getattr(model, "_medusa_heads", None)
+    if heads is not None:  # the engine holds the heads' weights (the fake: a safetensors blob inside its plan)
+        import base64
+
+        from safetensors.torch import save
+
+        plan["medusa_heads"] = base64.b64encode(save(heads)).decode()
     return Engine(EngineConfig(pretrained, config, _state.version()), json.dumps(plan).encode())
 
 
