@@ -605,6 +605,21 @@ def fit_lengths(config: LmiConfig, hf_config: Mapping[str, Any] | None, kind: st
     return config.derived(f"the model's {positions} positions", max_input_len=inp, max_output_len=out)
 
 
+def _refuse_unused_heads(config: LmiConfig) -> None:
+    """A precompiled Medusa engine decodes with the heads built into it (compile/medusa.py writes them into the
+    checkpoint the engine is built from): heads named beside it would be fetched and never used."""
+    spec = speculation(config)
+    if spec is not None and spec.method == "medusa" and spec.draft_model is not None:
+        raise StartupError(
+            spec.key("draft_model"),
+            spec.draft_model,
+            "option.model_id is a precompiled TensorRT engine, which carries the Medusa heads it was built with; these "
+            "would not be used",
+            "leave it out to decode with the engine's own heads, or serve the Hugging Face checkpoint so that the "
+            "compile stage builds an engine with these heads",
+        )
+
+
 def with_backend(config: LmiConfig, artifact_kind: str) -> LmiConfig:
     """``config`` with option.backend resolved for TensorRT-LLM as installed here (logged with its reason);
     a combination this release cannot serve is a StartupError naming option.backend."""
@@ -644,6 +659,8 @@ def resolve(
     if not chosen:
         refuse_ignored(served, config)
     check_release(served, config, model.hf_config if model is not None else None)
+    if artifact == "trtllm_engine":
+        _refuse_unused_heads(config)
     if artifact != "hf_checkpoint":  # a TensorRT-LLM engine folder states its own limits
         return config
     return fit_lengths(config, model.hf_config, kind)

@@ -700,9 +700,11 @@ def _check_medusa(opts: CompileOptions, version: Version, gpu: GpuFacts) -> None
         raise PlanError(
             key,
             "medusa",
-            "the Medusa heads are not on local disk yet, and the engine is planned from them (`lmi-trt plan` does not "
-            "fetch them)",
-            "serve, or run `lmi-trt compile`, which fetch them first",
+            "an engine is built from the model and its Medusa heads, which are not named, or not on local disk yet "
+            "(`lmi-trt plan` does not fetch them)",
+            "name the heads (option.speculative_config's speculative_model_dir, vLLM's \"model\", or "
+            "option.speculative_draft_model), "
+            "then serve, or run `lmi-trt compile`, which fetch them first",
         )
 
 

@@ -89,7 +89,7 @@ MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
 class Medusa:
     """What the Executor runs: the heads checkpoint, the tree of draft paths and the engine's draft length."""
 
-    heads_model: str
+    heads_model: str | None  # None: a precompiled engine's own (the compile stage needs them: plan.py _check_medusa)
     choices: tuple[tuple[int, ...], ...]
     num_heads: int | None  # None: the heads' config.json decides (llm_args.py)
     draft_len: int  # the configuration's max_draft_len: the most paths the tree may have
@@ -149,14 +149,6 @@ def medusa_of(spec: Speculation | None) -> Medusa | None:
     if spec is None or spec.method != "medusa":
         return None
     key = spec.key("method")
-    if spec.draft_model is None:
-        raise SpeculationError(
-            key,
-            spec.method,
-            "Medusa needs its heads checkpoint",
-            f'name it: {JSON_KEY}.speculative_model_dir (or speculative_model, vLLM\'s "model", '
-            "option.speculative_draft_model), a folder with FasterDecoding/Medusa's medusa_lm_head.safetensors or .pt",
-        )
     if spec.max_concurrency is not None:
         raise SpeculationError(
             spec.key("max_concurrency"),
@@ -237,11 +229,11 @@ def deepest_path_error(medusa: Medusa, heads: int, source: str) -> tuple[Any, st
     deepest = max(len(path) for path in medusa.choices)
     if deepest <= heads:
         return None
+    holder = f"the heads checkpoint {medusa.heads_model}" if medusa.heads_model else "the engine"
     value = medusa.draft_len if medusa.tree_key.endswith("tokens") else [list(p) for p in medusa.choices]
     return (
         value,
-        f"asks for paths {deepest} deep and the heads checkpoint {medusa.heads_model} has {heads} heads ({source}); "
-        "each step of a path is one head's",
+        f"asks for paths {deepest} deep and {holder} has {heads} heads ({source}); each step of a path is one head's",
         f"use at most {heads} ({'num_speculative_tokens' if medusa.tree_key.endswith('tokens') else 'deep paths'})",
     )
 

@@ -353,3 +353,31 @@ def test_the_fake_loader_takes_the_medusa_checkpoint_as_pretrained_model_load_do
     save_file({**tensors, bias: torch.zeros(3)}, str(shard), metadata=meta)
     with pytest.raises(RuntimeError, match=rf"Encounter error .* for parameter '{bias}'"):
         MODEL_MAP["MedusaForCausalLM"].from_checkpoint(str(checkpoint), rank=0)
+
+
+async def test_a_precompiled_medusa_engine_decodes_with_its_own_heads_and_refuses_others(trt, tmp_path, monkeypatch):
+    """A precompiled Medusa engine carries the heads it was built with: served with Medusa's keys and no heads, its
+    greedy text is transformers'; heads named beside it are a start-up error naming the key (fetched, never used)."""
+    from transformers import AutoTokenizer
+
+    from lmi_trt.config import LmiConfig
+    from lmi_trt.errors import StartupError
+    from lmi_trt.loader import load_model
+
+    hf_dir = tiny_model("llama")
+    text, _ = greedy_text_tokens(hf_dir, TEXT, 16)
+    folder = medusa_heads(hf_dir, tmp_path / "heads", [AutoTokenizer.from_pretrained(hf_dir)(TEXT).input_ids])
+    built = compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(folder, medusa_choices=TREE))
+    tree = {"decoding_type": "Medusa", "max_draft_len": 6, "medusa_choices": TREE}
+    config = LmiConfig(
+        model_id=str(built.engine_dir),
+        tokenizer_id=str(hf_dir),
+        rolling_batch="trtllm",
+        backend="tensorrt",
+        download_dir=tmp_path / "dl",
+        speculative_config=tree,
+    )
+    async with jit_server(monkeypatch, trt, "1.2.1", config) as (server, s):
+        await greedy_text_and_sampled_refusal(server, s, TEXT, text, "greedy")
+    with pytest.raises(StartupError, match=r"speculative_model=.*carries the Medusa heads it was built with"):
+        await load_model(config.model_copy(update={"speculative_config": spec(folder, medusa_choices=TREE)}), "trtllm")

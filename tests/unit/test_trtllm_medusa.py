@@ -96,9 +96,12 @@ def test_refusals_name_the_key(members, beams, key, why):
     assert caught.value.key == key
 
 
-def test_medusa_without_its_heads_is_refused():
-    with pytest.raises(SpeculationError, match="Medusa needs its heads checkpoint"):
-        executor_medusa(resolve({"decoding_type": "Medusa", "max_draft_len": 4}, {}), 1)
+def test_medusa_without_heads_decodes_with_a_precompiled_engine_s_own():
+    """No heads named: the Executor's tree for an engine that carries its heads; the compile stage, which builds them
+    in, refuses to plan without them (plan.py _check_medusa), and a precompiled engine refuses named ones
+    (stages._refuse_unused_heads; both in test_trtllm_medusa_decoding.py)."""
+    plan = executor_medusa(resolve({"decoding_type": "Medusa", "max_draft_len": 4}, {}), 1)
+    assert plan is not None and plan.heads_model is None and plan.choices == default_choices(4, None)
 
 
 def test_ranks_are_what_a_4_bit_chunk_holds():

@@ -94,8 +94,8 @@ def test_trtllm_serves_and_djls_spellings_give_the_executor_its_lookahead():
             "option.speculative_disable_by_batch_size",
             "pytorch backend's",
         ),
-        # Medusa runs (lmi_trt.engines.trtllm_medusa), given its heads
-        ({"speculative_decoding_mode": "medusa"}, "option.speculative_decoding_mode", "needs its heads checkpoint"),
+        # Medusa runs (lmi_trt.engines.trtllm_medusa), with one beam
+        ({"speculative_decoding_mode": "medusa", "max_beam_width": "2"}, "option.max_beam_width", "one draft path"),
         ({"speculative_decoding_mode": "eagle"}, "option.speculative_decoding_mode", "examples/eagle"),
         (
             {"speculative_config": '{"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "e"}'},
@@ -140,8 +140,8 @@ def test_the_plan_and_its_cache_key_carry_the_mode_and_draft_length(llama):
         (dict(gpu=T4), "option.speculative_decoding_mode", "compute capability 8.0"),
         (dict(max_beam_width=2), "option.max_beam_width", "one beam"),
         (dict(speculative_decoding_mode="eagle"), "option.speculative_decoding_mode", "not eagle"),
-        # Medusa is planned from its heads, on local disk only once fetched (`lmi-trt plan` does not fetch them)
-        (dict(speculative_decoding_mode="medusa"), "option.speculative_decoding_mode", "not on local disk yet"),
+        # Medusa is planned from its heads: named, and on local disk only once fetched (`lmi-trt plan` does not)
+        (dict(speculative_decoding_mode="medusa"), "option.speculative_decoding_mode", "not named, or not on local"),
         (dict(speculative_decoding_mode=None), "option.max_draft_len", "need a speculative decoding mode"),
     ],
 )
