@@ -259,9 +259,8 @@ def plan_launch(
         )
     if n == 1 and not drafts:
         return LaunchPlan(engine, tp, pp, gpu_count, copies, world if world > 1 else 0, "leader", tuple(notes))
-    if n == 1:
-        return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
-    notes.append(f"{n} copies of TP×PP={world} behind one front end: one ORCHESTRATOR-mode Executor per copy")
+    if n > 1:
+        notes.append(f"{n} copies of TP×PP={world} behind one front end: one ORCHESTRATOR-mode Executor per copy")
     return LaunchPlan(engine, tp, pp, gpu_count, copies, 1, "orchestrator", tuple(notes))
 
 

@@ -78,9 +78,8 @@ def _build(args: argparse.Namespace, config: Any, job: CompileJob, version: str)
     check_output(args.output)
     artifact = resolve_model(config)
     spec = speculation(config)
-    if (
-        spec is not None and spec.method == "medusa"
-    ):  # the heads are built into the engine: fetched first, as serve does
+    if spec is not None and spec.method == "medusa":
+        # the heads are built into the engine: fetched first, as serve does
         config = with_draft_model(config, resolve_draft_model(config))  # type: ignore[arg-type]  # Medusa has heads
     config, job = fitted_job(config, artifact.hf_config)
     prepared = compile_to(

@@ -294,8 +294,7 @@ def write_checkpoint(checkpoint: Path, rank: int, medusa: MedusaPlan, max_draft_
     with safe_open(str(shard), framework="pt") as f:
         metadata = f.metadata()
         tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 -- safe_open is not a Mapping
-    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-    tensors.update({name: t.to(dtypes[dtype]).contiguous() for name, t in state.items()})
+    tensors.update({name: t.to(getattr(torch, dtype)).contiguous() for name, t in state.items()})
     save_file(tensors, str(shard), metadata=metadata)
     if rank == 0:
         heads = MedusaHeads(medusa.num_heads, medusa.num_layers)

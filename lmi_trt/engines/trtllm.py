@@ -1491,8 +1491,9 @@ class TrtllmEngine:
             return error_output(rid, lookahead_refusals(self.settings.lookahead)["sampling"], 400, "temperature")
         if self.settings.medusa is not None and request.sampling.do_sample:
             return error_output(rid, medusa_refusals()["sampling"], 400, "temperature")
-        if self._tree_speculation()[0] is not None and request.stop_token_ids:
-            why = f"stop_token_ids beside {self._tree_speculation()[1]}: {STOP_WORDS_UNREAD}; leave them out"
+        tree_key, tree_method = self._tree_speculation()
+        if tree_key is not None and request.stop_token_ids:
+            why = f"stop_token_ids beside {tree_method}: {STOP_WORDS_UNREAD}; leave them out"
             return error_output(rid, why, 400, "stop_token_ids")
         if self.settings.drafts is not None:
             field, refused = drafted_request_refusal(request)

@@ -841,9 +841,8 @@ class DecodeLoopBackend(QueuedBackend):
                 columns[i] = r
             settled = max(r.settled for r in rows)
             special = [r for r in rows if not r.plain]
-            lora = any(
-                r.lora >= 0 for r in rows
-            )  # some row uses an adapter: else the base model's step, no LoRA kernels
+            # some row uses an adapter: else the base model's step, no LoRA kernels
+            lora = any(r.lora >= 0 for r in rows)
             held = max(r.min_new - r.launched for r in rows)
         # The slowest mode any row needs; min_new_tokens holds a row in a slower one for its first tokens.
         mode = max(settled, Mode.PROCESSED) if held > 0 else settled
