@@ -32,6 +32,10 @@ cost      — a fixed, paced load (the synthetic engine at ``--rate`` tokens/s p
 
     python benchmarks/frontends.py cost --engine trtllm --counts 2 -c 8 --duration 20
 
+``--rounds R`` (synthetic, gpu) runs every level R times and keeps the median: in gpu mode the APIs' rounds
+interleaved and the engine protocol's R runs of one engine, so that one slow moment of the host does not set a
+ratio (two runs of the same tree gave 0.81 and 0.91 at 64 streams for OpenAI with one round each).
+
 Each starts one `lmi-trt serve` per front-end count (a free port, /ping 200, SIGTERM at the end) and runs
 `lmi-trt bench --url` against it for every stream count (and, on the GPU, API).
 """
@@ -120,37 +124,42 @@ def synthetic(args: argparse.Namespace) -> dict:
         ]
         with serving(serve_args, work) as server:
             for streams in args.concurrency:
-                with (
-                    cpu_split(server[1], n) as used,
-                    profiled(server[1], n, args.duration, args.profile_dir if n == max(args.counts) else None),
-                ):
-                    level = bench(
-                        server,
-                        args.api,
-                        streams,
-                        work / f"n{n}-c{streams}.json",
-                        [
-                            "--duration",
-                            str(args.duration),
-                            "--output-tokens",
-                            "256",
-                            "--client-procs",
-                            str(client_procs(args, n)),
-                        ],
+                runs = []
+                for r in range(args.rounds):
+                    last = r == args.rounds - 1
+                    profile = args.profile_dir if n == max(args.counts) and last else None
+                    with cpu_split(server[1], n) as used, profiled(server[1], n, args.duration, profile):
+                        level = bench(
+                            server,
+                            args.api,
+                            streams,
+                            work / f"n{n}-c{streams}-{r}.json",
+                            [
+                                "--duration",
+                                str(args.duration),
+                                "--output-tokens",
+                                "256",
+                                "--client-procs",
+                                str(client_procs(args, n)),
+                            ],
+                        )
+                    runs.append(
+                        {
+                            "frontends": n,
+                            "streams": streams,
+                            "tok_s": _tok_s(level),
+                            "ttft_p50_ms": _ttft_p50(level),
+                            "client_procs": client_procs(args, n),
+                            "client_cpu_cores": level.get("client_cpu_cores"),
+                            "server_cpu_cores": level.get("server_cpu_cores"),
+                            # The server's cores split by its processes' shares of the CPU they used: the engine's
+                            # process and the busiest front end.
+                            **{
+                                key: round(level["server_cpu_cores"] * share, 3) for key, share in _shares(used).items()
+                            },
+                        }
                     )
-                row = {
-                    "frontends": n,
-                    "streams": streams,
-                    "tok_s": _tok_s(level),
-                    "ttft_p50_ms": _ttft_p50(level),
-                    "client_procs": client_procs(args, n),
-                    "client_cpu_cores": level.get("client_cpu_cores"),
-                    "server_cpu_cores": level.get("server_cpu_cores"),
-                    # The server's cores split by its processes' shares of the CPU they used: the engine's process
-                    # and the busiest front end.
-                    **{key: round(level["server_cpu_cores"] * share, 3) for key, share in _shares(used).items()},
-                }
-                rows.append(row)
+                rows.append(_median_run(runs))
     for row in rows:
         one = next((r["tok_s"] for r in rows if r["frontends"] == 1 and r["streams"] == row["streams"]), None)
         row["vs_n_times_one"] = row["tok_s"] / (row["frontends"] * one) if one else None
@@ -165,6 +174,12 @@ def synthetic(args: argparse.Namespace) -> dict:
             f"{r['server_cpu_cores']!s:>10} {r['engine_cpu_cores']:>7} {r['busiest_frontend_cpu_cores']:>7}"
         )
     return {"mode": "synthetic", "cpus": os.cpu_count(), "rows": rows}
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median tokens/s (the lower middle one of an even count), with every run's figure beside it."""
+    median = sorted(runs, key=lambda r: r["tok_s"])[(len(runs) - 1) // 2]
+    return median | {"rounds_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
 
 def _cpu(proc) -> float:
@@ -334,24 +349,33 @@ def _torch_engine(model_dir: Path, prompt: int, out_tokens: int, batch_size: int
 
 
 async def _engine_protocol(
-    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int
+    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int, rounds: int
 ) -> dict:
-    """tokens/s and TTFT p50 of TorchEngine's built-in loop, every request submitted at once (gpu_decode.py)."""
+    """tokens/s and TTFT p50 of TorchEngine's built-in loop, every request submitted at once (gpu_decode.py): the
+    median of ``rounds`` runs of one engine."""
     from gpu_decode import pct, stream
     from gpu_torch import prompts
 
     batch = prompts(streams, prompt, vocab=vocab)
     engine = _torch_engine(model_dir, prompt, out_tokens, batch_size)
     await engine.start()
+    figures = []
     try:
         await asyncio.gather(*(stream(engine, f"w{i}", ids, 8) for i, ids in enumerate(batch)))
-        t0 = time.perf_counter()
-        runs = await asyncio.gather(*(stream(engine, f"r{i}", ids, out_tokens) for i, ids in enumerate(batch)))
-        seconds = time.perf_counter() - t0
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            runs = await asyncio.gather(*(stream(engine, f"r{r}-{i}", ids, out_tokens) for i, ids in enumerate(batch)))
+            seconds = time.perf_counter() - t0
+            ttft = pct([times[0] - t0 for _, times in runs], 50)
+            figures.append(
+                {
+                    "tok_s": sum(len(g) for g, _ in runs) / seconds,
+                    "ttft_p50_ms": 1e3 * ttft if ttft is not None else None,
+                }
+            )
     finally:
         await engine.close()
-    ttft = pct([times[0] - t0 for _, times in runs], 50)
-    return {"tok_s": sum(len(g) for g, _ in runs) / seconds, "ttft_p50_ms": 1e3 * ttft if ttft is not None else None}
+    return _median_run(figures)
 
 
 def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], out_tokens: int, results) -> None:
@@ -442,6 +466,9 @@ async def _engine_process(
     return result
 
 
+APIS = ("openai", "lmi", "tgi")
+
+
 def gpu(args: argparse.Namespace) -> dict:
     import torch
     from gpu_decode import decode_bound, kv_bytes_per_position
@@ -455,7 +482,9 @@ def gpu(args: argparse.Namespace) -> dict:
     bandwidth = copy_bandwidth()
     rows = []
     top = max(args.concurrency)
-    engine = {c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab, top)) for c in args.concurrency}
+    engine = {
+        c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab, top, args.rounds)) for c in args.concurrency
+    }
     own = {c: asyncio.run(_engine_process(model_dir, c, 128, 128, vocab, top)) for c in args.concurrency}
     for c in args.concurrency:
         bound = decode_bound(c, bandwidth, weights, kv_bytes_per_position(16), 128, 128)
@@ -483,38 +512,43 @@ def gpu(args: argparse.Namespace) -> dict:
             f"-o option.api_server_count={n}",
         ]
         with serving(serve_args, work) as server:
-            for streams, api in itertools.product(args.concurrency, ("openai", "lmi", "tgi")):
-                level = bench(
-                    server,
-                    api,
-                    streams,
-                    work / f"{api}-n{n}-c{streams}.json",
-                    [
-                        "--prompt-tokens",
-                        "128",
-                        "--output-tokens",
-                        "128",
-                        "--ignore-eos",
-                        "--tokenizer",
-                        str(model_dir),
-                        "-n",
-                        str(4 * streams),
-                        "--client-procs",
-                        str(client_procs(args, n)),
-                    ],
-                )
-                tok_s = _tok_s(level)
-                rows.append(
-                    {
-                        "frontends": n,
-                        "streams": streams,
-                        "api": api,
-                        "tok_s": tok_s,
-                        "engine_tok_s": engine[streams]["tok_s"],
-                        "served_vs_engine": tok_s / engine[streams]["tok_s"],
-                        "ttft_p50_ms": _ttft_p50(level),
-                    }
-                )
+            for streams in args.concurrency:
+                # The APIs' rounds interleaved (openai, lmi, tgi, openai, ...), so that a slow moment of the host
+                # falls on each alike; the median round counts, as the engine protocol's.
+                levels: dict[str, list[dict]] = {api: [] for api in APIS}
+                for r, api in itertools.product(range(args.rounds), APIS):
+                    level = bench(
+                        server,
+                        api,
+                        streams,
+                        work / f"{api}-n{n}-c{streams}-{r}.json",
+                        [
+                            "--prompt-tokens",
+                            "128",
+                            "--output-tokens",
+                            "128",
+                            "--ignore-eos",
+                            "--tokenizer",
+                            str(model_dir),
+                            "-n",
+                            str(4 * streams),
+                            "--client-procs",
+                            str(client_procs(args, n)),
+                        ],
+                    )
+                    levels[api].append({"tok_s": _tok_s(level), "ttft_p50_ms": _ttft_p50(level)})
+                for api, runs in levels.items():
+                    median = _median_run(runs)
+                    rows.append(
+                        {
+                            "frontends": n,
+                            "streams": streams,
+                            "api": api,
+                            **median,
+                            "engine_tok_s": engine[streams]["tok_s"],
+                            "served_vs_engine": median["tok_s"] / engine[streams]["tok_s"],
+                        }
+                    )
     print(f"{'N':>3} {'streams':>8} {'api':>7} {'tok/s':>10} {'engine':>10} {'ratio':>6} {'TTFT p50 ms':>12}")
     for r in rows:
         print(
@@ -543,6 +577,12 @@ def main() -> None:
         default="synthetic",
         choices=("synthetic", "trtllm", "llmapi"),
         help="cost: the engine (trtllm: the fake Executor; llmapi: the fake LLM API; tests/fakes)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="synthetic, gpu: runs per level (gpu: per API, interleaved; the engine protocol's too); the median counts",
     )
     ap.add_argument("--json", type=Path)
     ap.add_argument(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Hashable
 from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, runtime_checkable
 
@@ -327,14 +327,19 @@ class OutputSink(Protocol):
         """A step's outputs (refusals and cancellations too: every request ends with one final output here)."""
         ...
 
-    def backlogged(self, request_id: str) -> bool:
-        """Whether outputs put for this request still wait for their consumer to take them."""
+    def consumer(self, request_id: str) -> Hashable:
+        """Who takes this request's outputs (a front end): its requests are ``backlogged`` together, so an engine
+        that paces itself by its consumers asks once per consumer and step, not once per request."""
+        ...
+
+    def backlogged(self, consumer: Hashable) -> bool:
+        """Whether outputs put for this ``consumer``'s requests still wait for it to take them."""
         ...
 
     def taken(self) -> Awaitable[None]:
         """Done once a consumer whose outputs waited has them on their way after this call (at once when none
-        waits): an engine that paces itself by its consumers (the synthetic engine, unpaced) steps the requests not
-        ``backlogged`` and awaits this when every one is."""
+        waits): an engine that paces itself by its consumers (the synthetic engine, unpaced) steps the requests
+        whose consumer is not ``backlogged`` and awaits this when every one is."""
         ...
 
 

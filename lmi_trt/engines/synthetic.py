@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Hashable, Iterable
 
 from lmi_trt.engines.base import (
     Capabilities,
@@ -59,6 +59,7 @@ class _Sequence:
     delivery costs (a counter and a wake-up), not a model's sampling in Python."""
 
     __slots__ = (
+        "consumer",
         "cycle",
         "end_at",
         "end_reason",
@@ -79,6 +80,7 @@ class _Sequence:
     def __init__(self, request: GenerationRequest, cycle: list[int], sunk: bool) -> None:
         self.request = request
         self.sunk = sunk  # its outputs go to the engine's sink (submit_to_sink), not to a consumer's iterator
+        self.consumer: Hashable = None  # the sink's consumer of its outputs (OutputSink.consumer); None: its iterator
         self.cycle = cycle
         self.generated = 0  # tokens produced so far
         self.read = 0  # tokens handed to the consumer so far
@@ -185,6 +187,9 @@ class SyntheticEngine:
         self._fallback_cycle = [i for i in range(vocab_size) if i not in excluded] or [0]
         self._waiting: deque[_Sequence] = deque()
         self._active: dict[str, _Sequence] = {}
+        # The active sequences by their consumer (None: their own iterators), so that a step behind a sink asks
+        # whether each consumer is backlogged once, not each request.
+        self._groups: dict[Hashable, dict[str, _Sequence]] = {}
         self._by_id: dict[str, _Sequence] = {}
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -245,6 +250,8 @@ class SyntheticEngine:
         seq = _Sequence(
             request, [i for i in request.prompt_token_ids if 0 <= i < self.vocab_size] or self._fallback_cycle, sunk
         )
+        if sunk:
+            seq.consumer = self._sink.consumer(request.request_id)  # type: ignore[union-attr]  # sunk: attached
         self._by_id[request.request_id] = seq
         self._total_requests += 1
         problem = self._validate(request)
@@ -344,6 +351,11 @@ class SyntheticEngine:
         if self._active.pop(rid, None) is None:
             with contextlib.suppress(ValueError):  # already finished or never queued
                 self._waiting.remove(seq)
+        else:
+            group = self._groups[seq.consumer]
+            del group[rid]
+            if not group:
+                del self._groups[seq.consumer]
         if seq.sunk:
             a, b = seq.read, seq.generated
             seq.read = b
@@ -398,6 +410,7 @@ class SyntheticEngine:
                 self._end(seq, FinishReason.ERROR, error=f"generation failed: {exc}", code=424)
                 continue
             self._active[seq.request.request_id] = seq
+            self._groups.setdefault(seq.consumer, {})[seq.request.request_id] = seq
             seq.queue_time_s = asyncio.get_running_loop().time() - seq.queued_at
 
     async def _run(self) -> None:
@@ -424,7 +437,12 @@ class SyntheticEngine:
                 # As fast as the consumers take them: each request at the pace of its own (a sink's front ends in
                 # other processes say which still have outputs waiting), as a real engine's outputs wait for none.
                 sink = self._sink
-                ready = [seq for seq in active.values() if not (seq.sunk and sink.backlogged(seq.request.request_id))]
+                ready = [
+                    seq
+                    for consumer, group in self._groups.items()
+                    if consumer is None or not sink.backlogged(consumer)  # type: ignore[union-attr]
+                    for seq in group.values()
+                ]
                 if ready:
                     self._step(ready)
                     await asyncio.sleep(0)  # the step's flush and the consumers run before the next step

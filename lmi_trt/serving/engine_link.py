@@ -27,13 +27,12 @@ import itertools
 import logging
 import os
 import pickle
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from lmi_trt.engines import base
 from lmi_trt.engines.base import (
@@ -133,13 +132,61 @@ class _Inbox(OutputChannel):
         return self.items.popleft() if len(self.items) == 1 else _merge(self.items)
 
 
-def _socket(context: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
     sock = context.socket(kind)
     # No high-water mark: a ROUTER drops what is over it silently; the engine's outputs are bounded by its batch.
+    # So a non-blocking send never waits.
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
     return sock
+
+
+class _Port:
+    """A ZeroMQ socket on the event loop without pyzmq's asyncio layer, which costs a future, a poller check and
+    several enum operations per message (pyzmq zmq/_future.py), on both ends of every outputs message and its
+    acknowledgement: sends are non-blocking, and a reader on the socket's descriptor hands each message that has
+    arrived to ``on_message``, then calls ``on_drained``. The descriptor is edge-triggered and a send may take its
+    edge (libzmq's zmq_getsockopt, ZMQ_FD: "applications must update the state of ZMQ_EVENTS after each
+    invocation of zmq_send or zmq_recv"), so a send also schedules a look for messages."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        on_message: Callable[[list[bytes]], None],
+        on_drained: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.sock = sock
+        self._on_message = on_message
+        self._on_drained = on_drained
+        self._loop = asyncio.get_running_loop()
+        self._looking = False
+        self._fd = sock.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._look)
+        self._schedule_look()  # what arrived before the reader was added
+
+    def send(self, frames: list[bytes]) -> None:
+        """Sends at once (``zmq.ZMQError`` as zmq_send gives it: EHOSTUNREACH from a ROUTER_MANDATORY router)."""
+        self.sock.send_multipart(frames, zmq.NOBLOCK)
+        self._schedule_look()
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+        self.sock.close(0)
+
+    def _schedule_look(self) -> None:
+        if not self._looking:
+            self._looking = True
+            self._loop.call_soon(self._look)
+
+    def _look(self) -> None:
+        self._looking = False
+        sock = self.sock
+        if sock.closed:
+            return
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._on_message(sock.recv_multipart(zmq.NOBLOCK))
+        self._on_drained()
 
 
 class _Peer:
@@ -159,10 +206,11 @@ class EngineServer:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         self._sock = _socket(self._context, zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone front end is an error to drop, not a silent loss
         self._sock.bind(address)
+        self._port: _Port | None = None
         self.engine: Engine | None = None
         self.state = EngineState()
         self._peers: dict[bytes, _Peer] = {}
@@ -172,13 +220,11 @@ class EngineServer:
         self._ended = False  # a request ended since the last flush
         self._room = asyncio.Event()  # a front end's waiting outputs left (``taken``)
         self._background: set[asyncio.Task[None]] = set()
-        self._receiver: asyncio.Task[None] | None = None
         self._heart: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._receiver = loop.create_task(self._receive(), name="lmi-engine-link")
-        self._heart = loop.create_task(self._heartbeat(), name="lmi-engine-heartbeat")
+        self._port = _Port(self._sock, self._receive)
+        self._heart = asyncio.get_running_loop().create_task(self._heartbeat(), name="lmi-engine-heartbeat")
 
     @property
     def in_flight(self) -> int:
@@ -216,17 +262,20 @@ class EngineServer:
             self._cancel(rid)
 
     async def close(self) -> None:
-        for task in (self._receiver, self._heart, *self._tasks.values()):
+        for task in (self._heart, *self._tasks.values()):
             if task is not None:
                 task.cancel()
-        await asyncio.gather(*(t for t in (self._receiver, self._heart) if t is not None), return_exceptions=True)
+        if self._heart is not None:
+            await asyncio.gather(self._heart, return_exceptions=True)
+        if self._port is not None:
+            self._port.close()
         self._sock.close(0)
         self._context.term()
 
     # --- receiving
-    async def _receive(self) -> None:
-        while True:
-            identity, payload = await self._sock.recv_multipart()
+    def _receive(self, frames: list[bytes]) -> None:
+        identity, payload = frames
+        try:
             message = pickle.loads(payload)
             kind = message[0]
             if kind == "submit":
@@ -244,6 +293,8 @@ class EngineServer:
             elif kind == "hello":
                 self._peers[identity] = _Peer()
                 self._send(identity, ("state", self.state))
+        except Exception:  # one front end's bad message is that message's loss, not the link's
+            log.exception("a message from front end %s failed", identity.decode(errors="replace"))
 
     def _submit(self, identity: bytes, request: GenerationRequest) -> None:
         rid = request.request_id
@@ -304,9 +355,11 @@ class EngineServer:
                 peer.ended = self._ended = True
         self._schedule_flush()
 
-    def backlogged(self, request_id: str) -> bool:
-        identity = self._owner.get(request_id)
-        peer = self._peers.get(identity) if identity is not None else None
+    def consumer(self, request_id: str) -> bytes | None:
+        return self._owner.get(request_id)
+
+    def backlogged(self, consumer: Hashable) -> bool:
+        peer = self._peers.get(consumer)  # type: ignore[arg-type]  # a front end's identity (``consumer``)
         return peer is not None and bool(peer.pending)
 
     def taken(self) -> Awaitable[None]:
@@ -351,10 +404,10 @@ class EngineServer:
                 self._send(identity, ("outs", [], stats))
 
     def _send(self, identity: bytes, message: tuple) -> None:
-        # A non-blocking send is over at once, its error in the future it returns (pyzmq zmq/_future.py
-        # _add_send_event): EHOSTUNREACH, that front end has gone (its supervisor cancels its requests).
-        error = self._sock.send_multipart([identity, pickle.dumps(message, _PICKLE)], flags=zmq.NOBLOCK).exception()
-        if error is not None:
+        assert self._port is not None, "start() first"
+        try:
+            self._port.send([identity, pickle.dumps(message, _PICKLE)])
+        except zmq.ZMQError as error:  # EHOSTUNREACH: that front end has gone (its supervisor cancels its requests)
             log.debug("front end %s unreachable: %s", identity.decode(errors="replace"), error)
 
     def _broadcast(self) -> None:
@@ -380,12 +433,13 @@ class RemoteEngine:
         # end's identity added, unique across front ends.
         self._suffix = "@" + identity
         self._parent_pid = parent_pid
-        self._context: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
+        self._context: zmq.Context | None = None
+        self._port: _Port | None = None
         self._streams: dict[str, _Inbox] = {}
         self.state = EngineState()
         self._changed = asyncio.Event()
-        self._receiver: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._acking = False
         self._lost: str | None = None  # why the engine is unreachable
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
@@ -415,12 +469,12 @@ class RemoteEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         rid = request.request_id
-        if self._sock is None or not self.healthy:
+        if self._port is None or not self.healthy:
             return _one(error_output(rid, f"the engine is not reachable: {self._lost or 'its process is gone'}", 503))
         inbox = _Inbox()
         wire = replace(request, request_id=rid + self._suffix)
         self._streams[wire.request_id] = inbox
-        self._sock.send(pickle.dumps(("submit", wire), _PICKLE), flags=zmq.NOBLOCK)
+        self._send(("submit", wire))
         return self._stream(rid, inbox)
 
     async def _stream(self, rid: str, inbox: _Inbox) -> AsyncIterator[EngineOutput]:
@@ -437,8 +491,8 @@ class RemoteEngine:
                 await self.cancel(rid)  # the client left before the end: the engine frees its slot
 
     async def cancel(self, request_id: str) -> None:
-        if self._sock is not None and self._lost is None:
-            self._sock.send(pickle.dumps(("cancel", request_id + self._suffix), _PICKLE), flags=zmq.NOBLOCK)
+        if self._port is not None and self._lost is None:
+            self._send(("cancel", request_id + self._suffix))
 
     def stats(self) -> base.EngineStats:
         return self.state.stats
@@ -454,65 +508,70 @@ class RemoteEngine:
         await self._call("unregister_adapter", name)
 
     async def _call(self, method: str, *args: Any) -> Any:
-        if self._sock is None or self._lost is not None:
+        if self._port is None or self._lost is not None:
             raise EngineError(f"the engine is not reachable: {self._lost or 'not connected'}", 503)
         call_id = next(self._call_ids)
         future = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
-            self._sock.send(pickle.dumps(("call", call_id, method, args), _PICKLE), flags=zmq.NOBLOCK)
+            self._send(("call", call_id, method, args))
             return await future
         finally:
             self._calls.pop(call_id, None)
 
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._receiver
-        if self._sock is not None:
-            self._sock.close(0)
+                await self._watcher
+        if self._port is not None:
+            self._port.close()
         if self._context is not None:
             self._context.term()
 
     # --- the link
     async def connect(self) -> EngineState:
         """Connect and wait until the engine is ready or has failed; its state."""
-        self._context = zmq.asyncio.Context()
-        self._sock = _socket(self._context, zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, self._identity)
-        self._sock.connect(self._address)
-        self._receiver = asyncio.get_running_loop().create_task(self._receive(), name="lmi-engine-link")
-        await self._sock.send(pickle.dumps(("hello",), _PICKLE))
+        self._context = zmq.Context()
+        sock = _socket(self._context, zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self._identity)
+        sock.connect(self._address)
+        self._port = _Port(sock, self._receive, self._drained)
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="lmi-engine-link-watch")
+        self._send(("hello",))
         while self.state.phase == "loading":
             self._changed.clear()
             await self._changed.wait()
         return self.state
 
-    def _ack(self) -> None:
-        taken, self._taken = self._taken, 0
-        if taken and self._sock is not None and self._lost is None:
-            self._sock.send(pickle.dumps(("ack", taken), _PICKLE), flags=zmq.NOBLOCK)
+    def _send(self, message: tuple) -> None:
+        assert self._port is not None
+        self._port.send([pickle.dumps(message, _PICKLE)])
 
-    async def _receive(self) -> None:
-        assert self._sock is not None
-        loop = asyncio.get_running_loop()
+    def _drained(self) -> None:
+        # One acknowledgement for the outputs messages just read, once the streams they woke have had their turn
+        # (those run first).
+        if self._taken and not self._acking:
+            self._acking = True
+            asyncio.get_running_loop().call_soon(self._ack)
+
+    def _ack(self) -> None:
+        self._acking = False
+        taken, self._taken = self._taken, 0
+        if taken and self._port is not None and self._lost is None:
+            self._send(("ack", taken))
+
+    async def _watch(self) -> None:
+        """The engine's process is this one's parent: once it has gone (a front end outlives it only when it was
+        killed), every open stream ends and /ping turns FAILED."""
+        while os.getppid() == self._parent_pid:
+            await asyncio.sleep(HEARTBEAT_S * 4)
+        self._engine_lost("the engine's process has exited")
+
+    def _receive(self, frames: list[bytes]) -> None:
+        if self._lost is not None:
+            return
         try:
-            while True:
-                if not await self._sock.poll(HEARTBEAT_S * 4 * 1000):
-                    if os.getppid() != self._parent_pid:
-                        self._engine_lost("the engine's process has exited")
-                        return
-                    continue
-                while True:  # all that has arrived, then one acknowledgement for its outputs messages
-                    try:
-                        payload = await self._sock.recv(flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._handle(pickle.loads(payload))
-                if self._taken:  # once the streams woken meanwhile have had their turn (they run first)
-                    loop.call_soon(self._ack)
-        except asyncio.CancelledError:
-            raise
+            self._handle(pickle.loads(frames[0]))
         except Exception as e:  # a broken link: every open stream ends, /ping turns FAILED
             log.exception("the link to the engine failed")
             self._engine_lost(f"{type(e).__name__}: {e}")

@@ -255,7 +255,7 @@ async def serve_engine(
     shutdown_timeout: float = 30.0,
 ) -> int:
     """The engine's process with ``count`` front ends; returns the exit code (0 stopped, 1 the model FAILED)."""
-    from lmi_trt.serving.app import listen
+    from lmi_trt.serving.app import freeze_heap, listen
 
     sock = listen(host, port)
     workdir = tempfile.mkdtemp(prefix="lmi-trt-frontends-")
@@ -310,6 +310,7 @@ async def serve_engine(
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
         server.ready(model[0].engine, model[0].tokenizer_dir, model[0].model_config)
+        freeze_heap()  # this process serves the engine alone (serving/app.py)
         log.info("model %r ready (engine %s) after %.1f s", model_name, model[0].engine.name, time.perf_counter() - t0)
 
     loading = loop.create_task(load_and_tell(), name="lmi-model-load")

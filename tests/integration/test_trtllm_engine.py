@@ -498,7 +498,10 @@ class RecordingSink:
             if out.finished:
                 self.ended.setdefault(out.request_id, asyncio.Event()).set()
 
-    def backlogged(self, request_id: str) -> bool:
+    def consumer(self, request_id: str) -> None:
+        return None
+
+    def backlogged(self, consumer: object) -> bool:
         return False
 
     async def taken(self) -> None:

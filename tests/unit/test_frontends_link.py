@@ -462,3 +462,50 @@ def test_the_trtllm_executor_engine_hands_its_response_batches_to_the_link(tmp_p
             asyncio.run(main())
         finally:
             resume.set()
+
+
+@pytest.mark.parametrize("own_process", [False, True])
+def test_a_serving_process_freezes_what_start_up_built_once_loaded(own_process):
+    """``serve(own_process=True)`` (the CLI's and every front end's): once loaded, the objects start-up built are in
+    the collector's permanent generation (a full collection would otherwise walk them all, stalling every stream);
+    served in-process (tests), nothing is frozen."""
+    import gc
+
+    from aiohttp import ClientSession
+
+    from lmi_trt.serving.app import build_app, listen, serve
+
+    async def main() -> int:
+        tok = tiny_tokenizer()
+        engine = synthetic_engine(tok, max_new_tokens=8)
+
+        async def load() -> LoadedModel:
+            await engine.start()
+            return LoadedModel(engine, tok)
+
+        app = build_app(load, LmiConfig(), model_name="tiny")
+        sock = listen("127.0.0.1", 0)
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(
+            serve(app, sock=sock, stop=stop, exit_on_failure_after=None, own_process=own_process)
+        )
+        async with ClientSession(f"http://127.0.0.1:{sock.getsockname()[1]}") as s:
+
+            async def healthy() -> bool:
+                async with s.get("/ping") as r:
+                    return r.status == 200
+
+            assert await wait_until(healthy, timeout=60)
+            frozen = gc.get_freeze_count()
+            async with s.post("/invocations", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}}) as r:
+                assert r.status == 200, await r.text()
+        stop.set()
+        assert await server == 0
+        return frozen
+
+    assert gc.get_freeze_count() == 0
+    try:
+        frozen = asyncio.run(main())
+    finally:
+        gc.unfreeze()
+    assert (frozen > 0) == own_process
