@@ -5,8 +5,13 @@ The real ``TorchEngine`` with the built-in loop (lmi_trt/engines/torch/decode_lo
 Llama of tests/tinymodels.py on CPU: ``--concurrency`` greedy streams (ignore_eos) of ``--prompt`` +
 ``--tokens`` tokens, as benchmarks/gpu_decode.py runs them on a GPU. Only the device work of a decode
 step is gone: ``_decode_step`` (the forward pass and the sampler, one CUDA-graph replay on a GPU) is
-replaced by nothing, so its output buffer keeps whatever it holds; planning, the decode step's input
-preparation, the hand-over of its tokens and their emission run the real code. Prefill steps run for real.
+replaced by nothing, and before each decode step its output buffer is given each row's next token of an
+ordinary continuation (one that repeats nothing of its prompt or of itself: the prompt's run of consecutive
+ids, continued); planning, the decode step's input preparation, the hand-over of its tokens and their
+emission run the real code. Prefill steps run for real. ``--speculative ngram`` serves them with n-gram
+speculation (benchmarks/gpu_spec.py's: 6 draft tokens, the default max_concurrency), whose drafts find
+nothing to repeat: what speculation costs the host where it does not pay (gpu_spec.py's ``ordinary_64``
+runs with ``--max-num-tokens 2048``, its engine's budget: prompts admitted over four steps).
 
 Reported per decode step, and per row of it: host µs planning (``plan_s``, the loop's counter), launching
 a decode step (``_launch_decode`` less the stubbed device step) and emitting a decode step's tokens
@@ -24,6 +29,7 @@ per output token. With ``--profile N`` the top N functions of the loop thread by
     python benchmarks/loop_host.py -c 256 --profile 25 --json loop_host.json
     git archive main lmi_trt | tar -x -C /tmp/before        # the version to compare against
     python benchmarks/loop_host.py -c 256 --trees /tmp/before,$PWD --rounds 5
+    python benchmarks/loop_host.py -c 64 --max-num-tokens 2048 --speculative off,ngram --rounds 5
 """
 
 from __future__ import annotations
@@ -78,10 +84,15 @@ class _Ops:
         self.steps = 0
 
 
-async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tokens: int, profile: int) -> dict:
+async def measure(
+    model_dir: Path, n: int, prompt: int, tokens: int, max_num_tokens: int, profile: int, speculative: str = "off"
+) -> dict:
     import torch
 
     from lmi_trt.engines.torch import TorchEngine
+    from lmi_trt.speculative import Speculation
+
+    spec = Speculation(method="ngram", max_draft_len=6) if speculative == "ngram" else None
 
     torch.set_num_threads(1)
     engine = TorchEngine(
@@ -91,6 +102,7 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
         max_new_tokens=tokens,
         max_num_tokens=max_num_tokens,
         decode_loop="builtin",
+        speculative=spec,
     )
     await engine.start()
     backend = engine._backend
@@ -99,7 +111,7 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
     # which the event loop holds while it turns outputs into responses) and the loop thread's own CPU
     # seconds; and how many steps.
     phases = ("plan", "launch", "emit", "prefill_plan", "prefill_launch", "prefill_forward", "prefill_emit")
-    spent = {phase: [0.0, 0.0, 0] for phase in phases}
+    spent = {phase: [0.0, 0.0, 0] for phase in (*phases, "propose")}
     loop_cpu = [0.0]  # the loop thread's CPU in _iterate
     profiling: list[cProfile.Profile] = []  # set once the warm-up is over
     ops: list[_Ops] = [_Ops()]  # counting during the warm-up round only (it slows what it counts)
@@ -155,6 +167,17 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
             return real(step)
 
     backend._decode_step = lambda *args, **kwargs: None  # the device's work: a graph replay on a GPU
+    stub_cpu = [0.0]  # the loop thread's CPU writing the stub's tokens (not the loop's: taken off its figure)
+
+    def ordinary(rows, real):
+        """Each row's next token, where the stubbed step would have put it: the prompt's run of ids continued
+        (``batch`` below: no id twice in a row's prompt and continuation)."""
+        cpu = time.thread_time()
+        index = torch.tensor([r.index for r in rows])
+        backend._out[0, index] = torch.tensor([(r.prompt[-1] - 2 + r.launched) % 500 + 3 for r in rows]).float()
+        stub_cpu[0] += time.thread_time() - cpu
+        return real(rows)
+
     decode_launches: set[int] = set()
     decode_rows = [0]
 
@@ -167,11 +190,36 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
     backend._plan = functools.partial(
         timed(lambda _: plan(), lambda _, step: "prefill_plan" if step.chunks else "plan"), None
     )
-    backend._launch_decode = timed(backend._launch_decode, launched)
+    backend._launch_decode = functools.partial(ordinary, real=timed(backend._launch_decode, launched))
     backend._launch_mixed = timed(mixed, lambda *_: "prefill_launch")
     backend._decoder.forward = forward  # the decode step's is stubbed: only steps with prompt tokens run it
     backend._emit = timed(backend._emit, lambda launch, _: "emit" if id(launch) in decode_launches else "prefill_emit")
     backend._iterate = iterate
+    # Steps planned or launched after waiting for the steps in flight (speculation needs the newest tokens
+    # to draft): on a GPU the device idles while the host plans and launches each of them.
+    waits, launching = [0], [False]
+
+    def drain(more, real=backend._drain):
+        waits[0] += bool(backend._inflight) and not launching[0]
+        return real(more)
+
+    def launching_then(real):
+        def call(*args):
+            launching[0] = True
+            return real(*args)
+
+        return call
+
+    def fresh(real=iterate):
+        launching[0] = False
+        return real()
+
+    backend._drain = drain
+    if spec is not None:  # drafting's host CPU: the n-gram lookups (each row's index built at its first)
+        backend._propose = timed(backend._propose, lambda *_: "propose")
+    backend._guarded = launching_then(backend._guarded)
+    backend._launch_guarded = launching_then(backend._launch_guarded)
+    backend._iterate = fresh
     batch = [[1] + [(7 * i + j) % 500 + 3 for j in range(prompt - 1)] for i in range(n)]
     try:
         await asyncio.gather(*(stream(engine, f"w{i}", ids, 4) for i, ids in enumerate(batch)))
@@ -180,7 +228,7 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
             profiling.append(cProfile.Profile())
         for record in spent.values():
             record[:] = [0.0, 0.0, 0]
-        decode_rows[0], loop_cpu[0] = 0, 0.0
+        decode_rows[0], loop_cpu[0], stub_cpu[0], waits[0] = 0, 0.0, 0.0, 0
         before = dict(backend.counters)
         t0, main_cpu = time.perf_counter(), time.thread_time()
         got = await asyncio.gather(*(stream(engine, f"r{i}", ids, tokens) for i, ids in enumerate(batch)))
@@ -192,11 +240,17 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
     rows = decode_rows[0] / max(1, spent["launch"][2])
     total = sum(got)
     result = {
+        "speculative": speculative,
         "streams": n,
         "tokens": total,
         "seconds": round(seconds, 3),
         "decode_steps": steps,
         "prefill_steps": counters["prefill_steps"],
+        "verify_steps": counters.get("verify_steps", 0),
+        "draft_tokens": counters.get("spec_decode_num_draft_tokens", 0),
+        "steps_after_a_wait": waits[0],
+        "propose_calls": spent["propose"][2],
+        "propose_cpu_us": round(1e6 * spent["propose"][1], 1),
         "rows_per_decode_step": round(rows, 1),
     }
     for i, clock in enumerate(("wall", "cpu")):
@@ -213,7 +267,7 @@ async def measure(model_dir: Path, n: int, prompt: int, tokens: int, max_num_tok
     # The whole run's host CPU per output token: the loop thread's (less the CPU forward passes, device work
     # on a GPU) and the event loop's.
     result["run_cpu_us_per_token"] = {
-        "loop_thread": round(1e6 * (loop_cpu[0] - spent["prefill_forward"][1]) / total, 2),
+        "loop_thread": round(1e6 * (loop_cpu[0] - spent["prefill_forward"][1] - stub_cpu[0]) / total, 2),
         "event_loop": round(1e6 * main_cpu / total, 2),
     }
     if profiling:
@@ -234,26 +288,41 @@ def flat(result: dict, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def compare(trees: list[str], concurrency: str, rounds: int, extra: list[str]) -> None:
-    """This script once per round and tree, interleaved, each tree's ``lmi_trt`` first on the path; medians."""
-    runs: dict[str, list[list[dict]]] = {tree: [] for tree in trees}
+def compare(trees: list[str], speculative: list[str], concurrency: str, rounds: int, extra: list[str]) -> None:
+    """This script once per round, tree and speculation setting, interleaved, each tree's ``lmi_trt`` first on
+    the path; medians."""
+    variants = [(tree, spec) for tree in trees for spec in speculative]
+    names = [
+        " ".join(filter(None, (tree, f"speculative={spec}" if len(speculative) > 1 else ""))) for tree, spec in variants
+    ]
+    runs: dict[str, list[list[dict]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for tree in trees:
-                out = Path(tmp) / f"{r}-{len(runs[tree])}.json"
+            for name, (tree, spec) in zip(names, variants):
+                out = Path(tmp) / f"{r}-{len(runs[name])}-{names.index(name)}.json"
                 env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))}
-                command = [sys.executable, __file__, "-c", concurrency, "--json", str(out), *extra]
+                command = [
+                    sys.executable,
+                    __file__,
+                    "-c",
+                    concurrency,
+                    "--json",
+                    str(out),
+                    "--speculative",
+                    spec,
+                    *extra,
+                ]
                 subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-                runs[tree].append(json.loads(out.read_text()))
-                print(f"round {r + 1}/{rounds}: {tree} done", file=sys.stderr, flush=True)
+                runs[name].append(json.loads(out.read_text()))
+                print(f"round {r + 1}/{rounds}: {name} done", file=sys.stderr, flush=True)
     for i, n in enumerate(concurrency.split(",")):
-        figures = {tree: [flat(run[i]) for run in runs[tree]] for tree in trees}
+        figures = {name: [flat(run[i]) for run in runs[name]] for name in names}
         print(f"\n{n} streams, median of {rounds} interleaved rounds")
-        print("| figure | " + " | ".join(trees) + " |")
-        print("| --- |" + " ---: |" * len(trees))
-        for name in figures[trees[0]][0]:
-            medians = [statistics.median(f[name] for f in figures[tree]) for tree in trees]
-            print(f"| {name} | " + " | ".join(f"{m:,.1f}" for m in medians) + " |")
+        print("| figure | " + " | ".join(names) + " |")
+        print("| --- |" + " ---: |" * len(names))
+        for figure in figures[names[0]][0]:
+            medians = [statistics.median(f[figure] for f in figures[name]) for name in names]
+            print(f"| {figure} | " + " | ".join(f"{m:,.1f}" for m in medians) + " |")
 
 
 def main() -> None:
@@ -265,11 +334,18 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the loop thread's top N functions")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trees", help="comma-separated folders holding an lmi_trt: compare them (see above)")
-    ap.add_argument("--rounds", type=int, default=3, help="with --trees: interleaved rounds")
+    ap.add_argument(
+        "--speculative", default="off", help="off or ngram; both (off,ngram): compare them (as --trees does)"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="with --trees or two --speculative: interleaved rounds")
     args = ap.parse_args()
-    if args.trees:
+    speculative = args.speculative.split(",")
+    if not set(speculative) <= {"off", "ngram"}:
+        ap.error(f"--speculative={args.speculative}: use off, ngram or off,ngram")
+    if args.trees or len(speculative) > 1:
         compare(
-            args.trees.split(","),
+            args.trees.split(",") if args.trees else [""],
+            speculative,
             args.concurrency,
             args.rounds,
             [f"--prompt={args.prompt}", f"--tokens={args.tokens}", f"--max-num-tokens={args.max_num_tokens}"],
@@ -280,7 +356,9 @@ def main() -> None:
     model_dir = tiny_model("llama")
     results = []
     for n in (int(c) for c in args.concurrency.split(",")):
-        result = asyncio.run(measure(model_dir, n, args.prompt, args.tokens, args.max_num_tokens, args.profile))
+        result = asyncio.run(
+            measure(model_dir, n, args.prompt, args.tokens, args.max_num_tokens, args.profile, speculative[0])
+        )
         profile = result.pop("profile", None)
         print(json.dumps(result))
         if profile:

@@ -108,19 +108,29 @@ async def all_at_once(e: TorchEngine, path: Path, prompts=PROMPTS, lengths=LENGT
         assert_greedy(tokens(outs), reference(ref, prompt, n, eos_token_id=None))
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "shallow draft", "other draft"])
+@pytest.mark.parametrize("drafter", ["ngram", "own draft", "shallow draft", "other draft"])
 async def test_greedy_equals_decoding_without_speculation_in_mixed_batches(drafter, llama, shallow_draft):
     """4 slots for 6 requests, steps of at most 12 tokens with prompts cut into chunks: verification
     steps alternate with steps that carry prompt chunks, requests join as others leave."""
-    spec = {"ngram": ngram(), "shallow draft": drafted(shallow_draft), "other draft": drafted(tiny_model("qwen2"))}
+    spec = {
+        "ngram": ngram(),
+        "own draft": drafted(llama),
+        "shallow draft": drafted(shallow_draft),
+        "other draft": drafted(tiny_model("qwen2")),
+    }
     e = engine(llama, spec[drafter], max_num_tokens=12, enable_chunked_context=True)
     await e.start()
     try:
         await all_at_once(e, llama)
         counters = spec_counters(e)
         assert counters["verify_steps"] > 0 and counters["spec_decode_num_draft_tokens"] > 0
-        if drafter != "other draft":  # a random model of its own rarely agrees: its drafts are rejected
+        if drafter == "own draft":  # the model as its own draft: every draft kept, across the chunk steps too
+            assert counters["spec_decode_num_accepted_tokens"] == counters["spec_decode_num_draft_tokens"]
+        elif drafter == "ngram":
             assert counters["spec_decode_num_accepted_tokens"] > 0
+        # The random drafters (its first layer, another model) agree by chance: 2 of 79 draft tokens kept when
+        # the loop waited for the device before every step of few requests, none of 88 when it waits only
+        # before steps that may verify (the requests join at other steps). Their acceptance is no check.
         assert e._backend.counters["mixed_steps"] > 0
         await asyncio.sleep(0.2)  # the loop gives back the last requests' blocks after their last delivery
         assert e.stats().extra["kv_cache_used_blocks"] == 0  # rejected drafts' blocks were given back too

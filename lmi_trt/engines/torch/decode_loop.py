@@ -867,10 +867,18 @@ class DecodeLoopBackend(QueuedBackend):
 
     # -- speculation ---------------------------------------------------------------------------------
 
-    def _may_speculate(self) -> bool:
-        """Whether this step may verify drafts: few enough requests decode, and one of them drafts."""
-        rows = [r for r in self._rows if r.decodable()]
-        return 0 < len(rows) <= self._spec_limit and any(r.drafting.eligible and not r.needs_newest for r in rows)
+    def _may_speculate(self, step: _Step) -> bool:
+        """Whether this planned step may verify drafts: it has no prompt tokens (a step with some verifies
+        none), few enough requests decode, and one of them drafts (its rows' pauses count the step first).
+        Decided on the plan, so that the loop waits for the device only before a step that may verify (64
+        streams arriving together are admitted over steps with prompt tokens, which stay pipelined while
+        the first rows decode), and a step of more requests costs nothing per row."""
+        rows = step.decode
+        if step.chunks or not 0 < len(rows) <= self._spec_limit:
+            return False
+        for row in rows:
+            row.drafting.stepped()
+        return any(r.drafting.eligible and not r.needs_newest for r in rows)
 
     def _propose(self, rows: list[_Row]) -> _Proposal:
         """What each decoding row drafts this step (n-gram: the tokens; draft model: how many, drafted on
@@ -1075,21 +1083,24 @@ class DecodeLoopBackend(QueuedBackend):
             return not self._stopping
 
     def _iterate(self) -> None:
-        speculate = self._spec is not None and self._may_speculate()
-        # Bans, grammars and drafts need the newest token of each row; a verification step's outcome
-        # (how many tokens each row kept) is known only once it is drained.
-        if speculate or any(launch.proposed is not None for launch in self._inflight):
+        # Bans and grammars need the newest token of each row; a verification step's outcome (how many
+        # tokens each row kept) is known only once it is drained.
+        if any(launch.proposed is not None for launch in self._inflight):
             self._drain([])
         elif any(r.needs_newest and r.decodable() for r in self._rows):
             self._drain([])
         started = time.perf_counter()
         self._reap()
         step = self._plan()
+        speculate = self._spec is not None and self._may_speculate(step)
+        if speculate and self._inflight:
+            # Drafts need the newest tokens too. The plan stands: the steps in flight advanced their rows at
+            # launch (a verification step, which does not, was drained before planning); a row they ended
+            # (EOS, a stop) is left out.
+            self._drain([])
+            step.decode = [r for r in step.decode if not r.done]
         planned = time.perf_counter()
         launched: list[_Launch] = []
-        if self._spec is not None:
-            for row in step.decode:
-                row.drafting.stepped()
         if step.chunks:
             launched = self._launch_guarded(step)
         elif step.decode:

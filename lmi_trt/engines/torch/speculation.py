@@ -23,9 +23,10 @@ and drafts are accepted. Hence three rules: no drafting in steps with more runni
 ``max_concurrency`` (TensorRT-LLM's ``max_concurrency``, vLLM's ``disable_by_batch_size``; the
 torch engine's default ``DEFAULT_MAX_CONCURRENCY``); a request whose drafts keep being rejected
 (an exponential average of the accepted fraction under ``ACCEPTANCE_FLOOR``), or whose n-gram finds
-no match ``MISSES`` steps running, stops drafting for a number of its steps that doubles each time
-(up to ``MAX_BACKOFF``) and then tries again; and a step with nobody drafting runs as an ordinary
-decode step, pipelined and replayed as a CUDA graph.
+no match ``MISSES`` steps running, stops drafting for a number of the steps it could draft in (few enough
+requests, no prompt tokens) that doubles each time (up to ``MAX_BACKOFF``) and then tries again; and a
+step with nobody drafting runs as an ordinary decode step, pipelined and replayed as a CUDA graph. A step
+that cannot verify (more requests, or prompt tokens) costs no per-request work and does not wait.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Drafting:
     draft_filled: int = 0  # positions the draft model's cache holds for this request
     acceptance: float = 1.0  # recent share of its drafts accepted
     misses: int = 0
-    pause: int = 0  # its steps left before it drafts again
+    pause: int = 0  # steps it could draft in left before it drafts again
     backoff: int = 1
     accepted_per_position: list[int] = field(default_factory=list)
 
@@ -64,7 +65,7 @@ class Drafting:
         return self.pause == 0
 
     def stepped(self) -> None:
-        """One of its steps ran (drafting or not)."""
+        """A step it could draft in (``DecodeLoopBackend._may_speculate``) ran, drafting or not."""
         self.pause = max(0, self.pause - 1)
 
     def _back_off(self) -> None:
