@@ -530,8 +530,8 @@ def gpu(args: argparse.Namespace) -> dict:
                             "--ignore-eos",
                             "--tokenizer",
                             str(model_dir),
-                            "-n",
-                            str(4 * streams),
+                            # lmi-trt bench's default request count (8 per stream): the level's tail, where streams
+                            # run out of requests while the engine protocol's all end together, is an eighth of it
                             "--client-procs",
                             str(client_procs(args, n)),
                         ],
