@@ -263,23 +263,33 @@ def medusa_refusals() -> dict[str, str]:
 
 
 def engine_medusa_errors(medusa: Medusa, built_mode: int | None, built_draft_len: int, built_heads: int) -> list[str]:
-    """Pure: why an engine built with ``built_mode`` (config.json's integer), ``built_draft_len`` draft tokens and
-    ``built_heads`` Medusa heads (pretrained_config.num_medusa_heads) cannot run ``medusa`` (module docstring)."""
+    """Pure: why an engine built with ``built_mode`` (config.json's integer), ``built_draft_len`` Medusa draft tokens
+    and ``built_heads`` Medusa heads (pretrained_config's max_draft_len and num_medusa_heads, which
+    gptJsonConfig.cpp reads for a Medusa engine: ``trtllm.EngineFacts``) cannot run ``medusa`` (module docstring)."""
     if built_mode != MEDUSA_MODE:
         return [
             f"{medusa.key}=medusa needs an engine built with --speculative_decoding_mode medusa and its heads, and "
             "this one was not; rebuild it (lmi-trt's compile stage does, from the Hugging Face checkpoint and the "
             "heads)"
         ]
+    if not built_draft_len or not built_heads:
+        # gptJsonConfig.cpp (id 809211714): TLLM_CHECK_WITH_INFO(medusaHeads.has_value() && maxDraftLen > 0, ...)
+        return [
+            f"{medusa.key}=medusa: the engine's config.json has pretrained_config.max_draft_len={built_draft_len} and "
+            f"num_medusa_heads={built_heads}, and TensorRT-LLM refuses it ('Both num_medusa_heads and max_draft_len "
+            "have to be provided for Medusa model'); rebuild it from a Medusa checkpoint (lmi-trt's compile stage "
+            "does, from the Hugging Face checkpoint and the heads)"
+        ]
     errors = []
     if len(medusa.choices) != built_draft_len:
         # more: speculativeChoicesUtils.cpp TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens()); fewer: not read
         # through (module docstring), so refused rather than assumed
         errors.append(
-            f"{medusa.tree_key}: the tree has {len(medusa.choices)} paths, and the engine was built with "
-            f"max_draft_len={built_draft_len}; lmi-trt runs a Medusa tree of exactly the engine's draft tokens "
-            f"(TensorRT-LLM refuses more: numChoices <= getMaxDecodingDraftTokens()); give {built_draft_len} paths "
-            "in medusa_choices, or rebuild the engine with max_draft_len equal to the tree's paths"
+            f"{medusa.tree_key}: the tree has {len(medusa.choices)} paths, and the engine's Medusa draft tokens are "
+            f"pretrained_config.max_draft_len={built_draft_len}; lmi-trt runs a Medusa tree of exactly the engine's "
+            "draft tokens (TensorRT-LLM refuses more: numChoices <= getMaxDecodingDraftTokens()); give "
+            f"{built_draft_len} paths in medusa_choices, or rebuild the engine with max_draft_len equal to the tree's "
+            "paths"
         )
     too_deep = deepest_path_error(medusa, built_heads, "the engine's num_medusa_heads")
     if too_deep is not None:

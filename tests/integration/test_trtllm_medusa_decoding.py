@@ -157,7 +157,7 @@ def test_engine_and_tree_mismatches_are_start_up_errors(trt, engine_dir, heads, 
     with pytest.raises(TrtllmConfigError, match=r"decoding_type=medusa needs an engine built with"):
         TrtllmEngine(plain, medusa_settings(heads), eos_token_ids=[2])
     # speculativeChoicesUtils.cpp: numChoices <= the engine's draft tokens; paths no deeper than its heads
-    with pytest.raises(TrtllmConfigError, match=r"the tree has 7 paths, and the engine was built with max_draft_len=6"):
+    with pytest.raises(TrtllmConfigError, match=r"the tree has 7 paths, .* pretrained_config.max_draft_len=6"):
         TrtllmEngine(engine_dir, medusa_settings(heads, [*TREE, [3]]), eos_token_ids=[2])
     # fewer paths than the engine's draft tokens: how the Executor runs that was not read through, so refused
     with pytest.raises(TrtllmConfigError, match=r"medusa_choices: the tree has 3 paths, .*max_draft_len=6"):
@@ -167,6 +167,60 @@ def test_engine_and_tree_mismatches_are_start_up_errors(trt, engine_dir, heads, 
         TrtllmEngine(engine_dir, medusa_settings(heads, deep), eos_token_ids=[2])
     with pytest.raises(TrtllmConfigError, match="built with --speculative_decoding_mode medusa and no"):
         TrtllmEngine(engine_dir, TrtllmSettings(), eos_token_ids=[2])
+
+
+def precompiled_settings(choices, draft_len=6, **members):
+    """Settings for a precompiled engine: Medusa's keys and no heads (the engine carries its own)."""
+    key = "option.speculative_config.decoding_type"
+    return TrtllmSettings(medusa=Medusa(None, tuple(map(tuple, choices)), None, draft_len, key, **members))
+
+
+def rebuilt_with_max_draft_len(engine_dir, out, build_draft_len):
+    """A copy of ``engine_dir`` as `trtllm-build --max_draft_len K` writes it from a Medusa checkpoint converted with
+    another draft length: builder.py's build (the 1.x copy, id 205252225) copies the checkpoint's max_draft_len into
+    build_config only when the build's is 0, and raises max_seq_len by the build's; pretrained_config keeps the
+    checkpoint's (the fake's plan does not depend on either)."""
+    import shutil
+
+    shutil.copytree(engine_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    build = config["build_config"]
+    build["max_seq_len"] += build_draft_len - build["max_draft_len"]
+    build["max_draft_len"] = build_draft_len
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0", "1.2.1"])
+async def test_a_precompiled_engine_s_medusa_draft_length_is_its_pretrained_config_s(
+    trt, built, reference, release, tmp_path
+):
+    """gptJsonConfig.cpp (id 809211714) builds a Medusa engine's MedusaModule from pretrained_config's max_draft_len
+    and num_medusa_heads, not build_config's max_draft_len (which the other modes read), and model.py sizes the
+    network from the same field: an engine whose build_config says 4 and pretrained_config 6 runs a 6-path tree."""
+    from tensorrt_llm.bindings import executor as tle
+
+    trt.__version__ = release
+    engine_dir = rebuilt_with_max_draft_len(built(release), tmp_path / "engine", 4)
+    engine = await started(engine_dir, precompiled_settings(TREE))
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            assert tokens_of(await generate(engine, f"p{i}", prompt)) == reference(prompt, 24), prompt
+    finally:
+        await engine.close()
+    with pytest.raises(TrtllmConfigError, match=r"the tree has 4 paths, .*max_draft_len=6"):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE[:4]), eos_token_ids=[2])
+    decoding = tle.DecodingConfig(decoding_mode=tle.DecodingMode.Medusa(), medusa_choices=[*TREE, [3]])
+    with pytest.raises(RuntimeError, match=r"numChoices <= getMaxDecodingDraftTokens\(\) \(7 > 6\)"):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig(decoding_config=decoding))
+    config = json.loads((engine_dir / "config.json").read_text())
+    del config["pretrained_config"]["max_draft_len"]
+    (engine_dir / "config.json").write_text(json.dumps(config))
+    both = "Both num_medusa_heads and max_draft_len have to be provided for Medusa model"
+    with pytest.raises(TrtllmConfigError, match=both):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE), eos_token_ids=[2])
+    with pytest.raises(RuntimeError, match=both):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig(decoding_config=decoding))
 
 
 async def test_012_is_refused(trt, engine_dir, heads):

@@ -138,14 +138,35 @@ def test_an_engine_is_checked_as_medusa_module_checks_it():
     assert engine_medusa_errors(plan, 4, 3, 2) == []
     assert "needs an engine built with --speculative_decoding_mode medusa" in engine_medusa_errors(plan, 8, 3, 2)[0]
     more = engine_medusa_errors(plan, 4, 2, 2)[0]
-    assert more.startswith(f"{KEY}.medusa_choices: the tree has 3 paths, and the engine was built with max_draft_len=2")
-    # fewer paths than the engine's draft tokens: not read through in TensorRT-LLM, so refused (module docstring)
-    assert (
-        "the tree has 3 paths, and the engine was built with max_draft_len=4" in engine_medusa_errors(plan, 4, 4, 2)[0]
+    assert more.startswith(
+        f"{KEY}.medusa_choices: the tree has 3 paths, and the engine's Medusa draft tokens are "
+        "pretrained_config.max_draft_len=2"
     )
+    # fewer paths than the engine's draft tokens: not read through in TensorRT-LLM, so refused (module docstring)
+    assert "the tree has 3 paths, and the engine's Medusa draft tokens are " in engine_medusa_errors(plan, 4, 4, 2)[0]
     assert "require more Medusa heads" in engine_medusa_errors(plan, 4, 3, 1)[0]
     default = medusa(max_draft_len=63)
     assert engine_medusa_errors(default, 4, 62, 4)[0].startswith(f"{KEY}.max_draft_len: the tree has 63 paths")
+
+
+def test_a_medusa_engine_s_draft_tokens_and_heads_are_its_pretrained_config_s():
+    """gptJsonConfig.cpp (id 809211714) reads a Medusa engine's max_draft_len and num_medusa_heads from
+    pretrained_config; build_config's max_draft_len (set by trtllm-build --max_draft_len) is what the builder added
+    to max_seq_len, and both must be there ('Both num_medusa_heads and max_draft_len have to be provided')."""
+    from lmi_trt.engines.trtllm import parse_engine_config
+    from lmi_trt.engines.trtllm_medusa import engine_medusa_errors
+
+    pretrained = {"architecture": "MedusaForCausalLM", "dtype": "float16", "max_draft_len": 3, "num_medusa_heads": 2}
+    build = {"max_input_len": 64, "max_seq_len": 101, "max_batch_size": 4, "speculative_decoding_mode": 4}
+    facts = parse_engine_config({"pretrained_config": pretrained, "build_config": {**build, "max_draft_len": 5}})
+    assert (facts.max_seq_len, facts.max_draft_len, facts.medusa_draft_len, facts.num_medusa_heads) == (96, 5, 3, 2)
+    plan = medusa(max_draft_len=3, medusa_choices=[[0], [0, 0], [1]])
+    assert engine_medusa_errors(plan, 4, facts.medusa_draft_len, facts.num_medusa_heads) == []
+    for missing in ("max_draft_len", "num_medusa_heads"):
+        lacking = {k: v for k, v in pretrained.items() if k != missing}
+        facts = parse_engine_config({"pretrained_config": lacking, "build_config": build})
+        (error,) = engine_medusa_errors(plan, 4, facts.medusa_draft_len, facts.num_medusa_heads)
+        assert "Both num_medusa_heads and max_draft_len have to be provided" in error
 
 
 def test_the_default_tree_is_cut_to_the_engine_s_heads_only_when_nothing_chose_it():

@@ -59,7 +59,8 @@ tensorrt_llm/builder.py):
   requests and drafts beside lookahead are not modelled (the fake raises NotImplementedError).
 * Medusa (a MEDUSA engine, whose plan carries the heads, and ``decoding_config`` with ``DecodingMode.Medusa()`` and
   ``medusa_choices``): the tree is checked as cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp (1.x copy id
-  182244635) checks it (``_medusa_tree``), and each depth's top-k is its largest rank + 1. Each step the root is the
+  182244635) checks it (``_medusa_tree``), against the engine's pretrained_config max_draft_len and num_medusa_heads
+  (``_draft_len``), and each depth's top-k is its largest rank + 1. Each step the root is the
   target's greedy token after the last accepted one; head ``d`` (model.py: ``x + silu(linear(x))`` per layer, then its
   ``lm_head``, on the base model's final hidden state at that token) proposes its top-k tokens for the position ``d +
   1`` after the root; every path of the tree is verified against the target's greedy choices along it, the longest
@@ -151,7 +152,7 @@ class EngineLimits:
     max_beam_width: int
     use_paged_context_fmha: bool
     tokens_per_block: int
-    max_draft_len: int = 0
+    max_draft_len: int = 0  # the speculative module's (``_draft_len``)
     speculative_decoding_mode: int = 1  # modeling_utils.py SpeculativeDecodingMode (IntFlag): NONE=1
     gather_context_logits: bool = False  # ModelConfig::computeContextLogits, from build_config
     max_num_tokens: int = 8192  # build_config.max_num_tokens (BuildConfig's default)
@@ -182,7 +183,7 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
             max_beam_width=build.get("max_beam_width", 1),
             use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
             tokens_per_block=plugins.get("tokens_per_block", 32),
-            max_draft_len=build.get("max_draft_len", 0),
+            max_draft_len=_draft_len(pretrained, build),
             speculative_decoding_mode=int(build.get("speculative_decoding_mode") or 1),
             gather_context_logits=bool(build.get("gather_context_logits", False)),
             max_num_tokens=build.get("max_num_tokens") or 8192,
@@ -206,6 +207,19 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
         context_fmha=bool(plugins.get("context_fmha", True)),
         packed_input=bool(plugins.get("remove_input_padding", True)),
     )
+
+
+def _draft_len(pretrained: dict, build: dict) -> int:
+    """The engine's draft tokens as cpp/tensorrt_llm/runtime/gptJsonConfig.cpp parseJson (newest copy, id 809211714;
+    an older one, id 2724516238, reads the same) reads them: a Medusa engine's from pretrained_config, with its
+    num_medusa_heads, which must both be there; every other mode's from build_config (builder.py copies the
+    checkpoint's max_draft_len there only where trtllm-build had no --max_draft_len, so the two can differ)."""
+    if not int(build.get("speculative_decoding_mode") or 1) & 4:  # SpeculativeDecodingMode.MEDUSA
+        return build.get("max_draft_len", 0)
+    draft_len = pretrained.get("max_draft_len") or 0
+    if "num_medusa_heads" not in pretrained or draft_len <= 0:
+        raise _tllm_error("Both num_medusa_heads and max_draft_len have to be provided for Medusa model")
+    return draft_len
 
 
 def engine_filename(limits: EngineLimits, rank: int) -> str:
