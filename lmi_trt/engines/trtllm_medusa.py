@@ -96,6 +96,7 @@ class Medusa:
     key: str
     chosen: bool = True  # False: mc_sim_7b_63 cut here (``for_engine`` cuts it to the engine's heads too)
     tree_key: str = f"{JSON_KEY}.medusa_choices"  # the key that chose the tree, for messages
+    length_key: str = f"{JSON_KEY}.max_draft_len"  # the key that set draft_len, for messages
 
     def describe(self) -> str:
         depth = max(len(path) for path in self.choices)
@@ -183,7 +184,7 @@ def medusa_of(spec: Speculation | None) -> Medusa | None:
             )
     else:
         choices, tree_key, chosen = default_choices(spec.max_draft_len, num_heads), length_key, False
-    medusa = Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key, chosen, tree_key)
+    medusa = Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key, chosen, tree_key, length_key)
     if num_heads is not None and (too_deep := deepest_path_error(medusa, num_heads, "num_medusa_heads")) is not None:
         raise SpeculationError(tree_key, *too_deep)
     return medusa
@@ -280,8 +281,8 @@ def engine_medusa_errors(medusa: Medusa, built_mode: int | None, built_draft_len
             "have to be provided for Medusa model'); rebuild it from a Medusa checkpoint (lmi-trt's compile stage "
             "does, from the Hugging Face checkpoint and the heads)"
         ]
-    errors = []
-    if len(medusa.choices) != built_draft_len:
+    errors = [] if medusa.heads_model is not None else precompiled_errors(medusa, built_draft_len, built_heads)
+    if len(medusa.choices) != built_draft_len and not (errors and medusa.tree_key == medusa.length_key):
         # more: speculativeChoicesUtils.cpp TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens()); fewer: not read
         # through (module docstring), so refused rather than assumed
         errors.append(
@@ -297,6 +298,27 @@ def engine_medusa_errors(medusa: Medusa, built_mode: int | None, built_draft_len
             f"{medusa.tree_key}={as_written(too_deep[0])}: {too_deep[1]} (speculativeChoicesUtils.cpp: 'Choices "
             "require larger maxPathLen than the engine was built with.'; medusaModule.cpp: 'Medusa choices require "
             f"more Medusa heads than the engine was built with.'); {too_deep[2]}"
+        )
+    return errors
+
+
+def precompiled_errors(medusa: Medusa, built_draft_len: int, built_heads: int) -> list[str]:
+    """Pure: the keys TensorRT-LLM reads only when it converts heads into a checkpoint and builds the engine
+    (model.py ``from_hugging_face``: ``speculative_config.num_medusa_heads``; llm_args.py: ``build_config.
+    max_draft_len = max_draft_len``; the Executor gets the tree alone), set beside a precompiled engine (``medusa``
+    without heads: ``stages._refuse_unused_heads``) to other values than the engine's: refused, not ignored."""
+    engine = "option.model_id is a precompiled TensorRT engine, and TensorRT-LLM reads this only when it builds one"
+    errors = []
+    if medusa.draft_len != built_draft_len:
+        errors.append(
+            f"{medusa.length_key}={medusa.draft_len}: {engine}; this engine's config.json has "
+            f"pretrained_config.max_draft_len={built_draft_len} (what the Executor runs: gptJsonConfig.cpp); set it "
+            f"to {built_draft_len}"
+        )
+    if medusa.num_heads is not None and medusa.num_heads != built_heads:
+        errors.append(
+            f"{JSON_KEY}.num_medusa_heads={medusa.num_heads}: {engine}; this engine's config.json has "
+            f"pretrained_config.num_medusa_heads={built_heads}; leave it out, or set it to {built_heads}"
         )
     return errors
 

@@ -169,10 +169,10 @@ def test_engine_and_tree_mismatches_are_start_up_errors(trt, engine_dir, heads, 
         TrtllmEngine(engine_dir, TrtllmSettings(), eos_token_ids=[2])
 
 
-def precompiled_settings(choices, draft_len=6, **members):
+def precompiled_settings(choices, draft_len=6, num_heads=None):
     """Settings for a precompiled engine: Medusa's keys and no heads (the engine carries its own)."""
     key = "option.speculative_config.decoding_type"
-    return TrtllmSettings(medusa=Medusa(None, tuple(map(tuple, choices)), None, draft_len, key, **members))
+    return TrtllmSettings(medusa=Medusa(None, tuple(map(tuple, choices)), num_heads, draft_len, key))
 
 
 def rebuilt_with_max_draft_len(engine_dir, out, build_draft_len):
@@ -210,6 +210,12 @@ async def test_a_precompiled_engine_s_medusa_draft_length_is_its_pretrained_conf
         await engine.close()
     with pytest.raises(TrtllmConfigError, match=r"the tree has 4 paths, .*max_draft_len=6"):
         TrtllmEngine(engine_dir, precompiled_settings(TREE[:4]), eos_token_ids=[2])
+    # what TensorRT-LLM reads only when it builds an engine, set to another value than this one's: refused
+    with pytest.raises(TrtllmConfigError, match=r"speculative_config.max_draft_len=8: .* set it to 6"):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE, draft_len=8), eos_token_ids=[2])
+    with pytest.raises(TrtllmConfigError, match=r"num_medusa_heads=3: .*num_medusa_heads=2; leave it out, or set it"):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE, num_heads=3), eos_token_ids=[2])
+    TrtllmEngine(engine_dir, precompiled_settings(TREE, num_heads=2), eos_token_ids=[2])  # the engine's own: taken
     decoding = tle.DecodingConfig(decoding_mode=tle.DecodingMode.Medusa(), medusa_choices=[*TREE, [3]])
     with pytest.raises(RuntimeError, match=r"numChoices <= getMaxDecodingDraftTokens\(\) \(7 > 6\)"):
         tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig(decoding_config=decoding))
