@@ -7,6 +7,7 @@ verifies every path of the tree against its tiny model), and what a release woul
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from speculative_heads import medusa_heads
@@ -180,8 +181,6 @@ def rebuilt_with_max_draft_len(engine_dir, out, build_draft_len):
     another draft length: builder.py's build (the 1.x copy, id 205252225) copies the checkpoint's max_draft_len into
     build_config only when the build's is 0, and raises max_seq_len by the build's; pretrained_config keeps the
     checkpoint's (the fake's plan does not depend on either)."""
-    import shutil
-
     shutil.copytree(engine_dir, out)
     config = json.loads((out / "config.json").read_text())
     build = config["build_config"]
@@ -236,7 +235,7 @@ async def test_012_is_refused(trt, engine_dir, heads):
         await engine.start()
 
 
-def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
+def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir, tmp_path):
     from tensorrt_llm.bindings import executor as tle
 
     trt.__version__ = "1.2.1"
@@ -262,6 +261,14 @@ def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
         start([[0], [1, 0]])
     with pytest.raises(RuntimeError, match="not set to Medusa"):
         tle.DecodingConfig(decoding_mode=tle.DecodingMode.TopK(), medusa_choices=TREE)
+    # model.py: the heads' activation is the base model's hidden_act; only LLaMA's silu is modelled
+    gelu = tmp_path / "gelu"
+    shutil.copytree(engine_dir, gelu)
+    written = json.loads((gelu / "config.json").read_text())
+    written["pretrained_config"]["hidden_act"] = "gelu"
+    (gelu / "config.json").write_text(json.dumps(written))
+    with pytest.raises(NotImplementedError, match="Medusa heads with gelu"):
+        tle.Executor(str(gelu), tle.ModelType.DECODER_ONLY, config(TREE))
 
 
 def test_the_plan_refuses_what_it_cannot_build(trt, heads, tmp_path, monkeypatch):

@@ -60,15 +60,16 @@ tensorrt_llm/builder.py):
 * Medusa (a MEDUSA engine, whose plan carries the heads, and ``decoding_config`` with ``DecodingMode.Medusa()`` and
   ``medusa_choices``): the tree is checked as cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp (1.x copy id
   182244635) checks it (``_medusa_tree``), against the engine's pretrained_config max_draft_len and num_medusa_heads
-  (``_draft_len``), and each depth's top-k is its largest rank + 1. Each step the root is the
-  target's greedy token after the last accepted one; head ``d`` (model.py: ``x + silu(linear(x))`` per layer, then its
-  ``lm_head``, on the base model's final hidden state at that token) proposes its top-k tokens for the position ``d +
-  1`` after the root; every path of the tree is verified against the target's greedy choices along it, the longest
-  accepted path is kept (medusaDecodingLayer.cpp's acceptance of draft paths by id), and the root plus its accepted
-  tokens are emitted, so a greedy request's output is the greedy one. ``Result.decoding_iter`` counts the steps (the
-  fake folds the context step's token into its first step, so it counts one fewer than a real count including the
-  context iteration). Sampled and log-prob requests beside Medusa are not modelled (the fake raises
-  NotImplementedError; lmi-trt refuses them first).
+  (``_draft_len``), and each depth's top-k is its largest rank + 1. Each step the root is the target's greedy token
+  after the last accepted one; head ``d`` (model.py, 1.x id 906315928: ``x + ACT2FN[hidden_act](linear(x))`` per layer,
+  ``hidden_act`` the base model's from pretrained_config, of which only silu, LLaMA's and so that of every engine
+  lmi-trt builds, is modelled; then its ``lm_head``, on the base model's final hidden state at that token) proposes its
+  top-k tokens for the position ``d + 1`` after the root; every path of the tree is verified against the target's greedy
+  choices along it, the longest accepted path is kept (medusaDecodingLayer.cpp's acceptance of draft paths by id), and
+  the root plus its accepted tokens are emitted, so a greedy request's output is the greedy one.
+  ``Result.decoding_iter`` counts the steps (the fake folds the context step's token into its first step, so it counts
+  one fewer than a real count including the context iteration). Sampled and log-prob requests beside Medusa are not
+  modelled (the fake raises NotImplementedError; lmi-trt refuses them first).
   Simplification: the real engine verifies the whole tree in one pass under a tree attention mask; the fake runs one
   pass per leaf path, which gives the same targets.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
@@ -461,6 +462,8 @@ class ExecutorImpl:
         from safetensors.torch import load
 
         pretrained = json.loads((self._dir / "config.json").read_text())["pretrained_config"]
+        if pretrained["hidden_act"] != "silu":  # model.py: MedusaHead(hidden_act=config.hidden_act)
+            raise NotImplementedError(f"fake tensorrt_llm: Medusa heads with {pretrained['hidden_act']} (not silu)")
         paths = _medusa_tree(choices, self.limits.max_draft_len, pretrained["num_medusa_heads"])
         top_k = [max(p[d] for p in paths if len(p) > d) + 1 for d in range(max(map(len, paths)))]
         weights = {n: t.to(torch.float32) for n, t in load(base64.b64decode(blob["medusa_heads"])).items()}
@@ -764,6 +767,7 @@ class ExecutorImpl:
             x = seq.hidden
             for n in range(layers):
                 linear = f"medusa_heads.{d}.medusa_layers.{n}.linear."
+                # the base model's hidden_act (model.py), silu: _medusa_config takes no other
                 x = x + torch.nn.functional.silu(x @ w[linear + "weight"].T + w[linear + "bias"])
             logits = x @ w[f"medusa_heads.{d}.lm_head.weight"].T
             proposals.append([int(t) for t in torch.topk(logits, k).indices])
