@@ -41,9 +41,14 @@ What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
   ("If it's a linear tree, ... max_draft_len == max_total_draft_tokens"), and ``supports_backend`` keeps Medusa off
   that backend; the TensorRT path above reads max_draft_len and medusa_choices only, so the engine decodes the whole
   tree. Medusa is refused on the pytorch backend (``RUNS_ON``).
-* releases: that TensorRT-backend path is read in the 1.0 and 1.1 copies, and the executor binding in every copy;
-  which 0.x release's Executor decoded Medusa with these bindings was not pinned, so 0.12 is refused, as for draft
-  tokens.
+* releases: that TensorRT-backend path is read in the 1.0 and 1.1 copies, and the executor binding in every copy.
+  The other facts above come from the newest copies in the index (crawl copies dated by content: gptJsonConfig.cpp,
+  model.py, builder.py, speculativeChoicesUtils.cpp are 1.x-line copies); no copy of those files was pinned to 1.2.x,
+  which very likely reads them unchanged (no 1.x change to their Medusa parts was found). 0.12 is refused because
+  lmi-trt has not checked its Medusa path, not because 0.12 lacks one: model_runner_cpp.py copies from either side
+  of 0.12 pass ``decoding_config.medusa_choices`` to the Executor, but its builder forced the Medusa mode and the
+  model's draft length (builder.py 0.x copy id 3063623504), medusaModule.cpp's checks differ, and the LLM API's
+  ``MedusaDecodingConfig`` (the source of these key names) is not in it.
 * vLLM's form (``method: medusa``, ``num_speculative_tokens: k``): vLLM's MedusaProposer (vllm/v1/spec_decode/
   medusa.py, id 59227200836) drafts one token per head (each head's argmax, ``[batch_size, num_heads]``), and its
   SpeculativeConfig (vllm/config/speculative.py, id 276679616) makes the default token tree the chain
@@ -327,6 +332,7 @@ def release_error(medusa: Medusa | None, version: str, series: tuple[int, int]) 
     if medusa is None or series >= MEDUSA_SINCE:
         return None
     return (
-        f"{medusa.key}=medusa: Medusa on TensorRT-LLM {version}'s Executor is not verified here (the module docstring: "
-        "read in the 1.x releases' TensorRT backend); use a 1.x image, or leave speculative decoding out"
+        f"{medusa.key}=medusa: lmi-trt has not checked TensorRT-LLM {version}'s Medusa path (its facts were read in "
+        "1.x copies of TensorRT-LLM; 0.x had Medusa, built and run differently in places: the module docstring); "
+        "use a 1.x image, or leave speculative decoding out"
     )

@@ -211,5 +211,5 @@ def test_012_is_not_verified():
     from lmi_trt.engines.trtllm_medusa import release_error
 
     plan = medusa(max_draft_len=3)
-    assert "0.12.0's Executor is not verified" in release_error(plan, "0.12.0", (0, 12))
+    assert "has not checked TensorRT-LLM 0.12.0's Medusa path" in release_error(plan, "0.12.0", (0, 12))
     assert release_error(plan, "1.0.0", (1, 0)) is None and release_error(None, "0.12.0", (0, 12)) is None

@@ -69,7 +69,8 @@ tensorrt_llm/builder.py):
   the root plus its accepted tokens are emitted, so a greedy request's output is the greedy one.
   ``Result.decoding_iter`` counts the steps (the fake folds the context step's token into its first step, so it counts
   one fewer than a real count including the context iteration). Sampled and log-prob requests beside Medusa are not
-  modelled (the fake raises NotImplementedError; lmi-trt refuses them first).
+  modelled (the fake raises NotImplementedError; lmi-trt refuses them first), nor a Medusa engine without
+  ``medusa_choices``, a path of the real runtime that was not read (lmi-trt always sends a tree).
   Simplification: the real engine verifies the whole tree in one pass under a tree attention mask; the fake runs one
   pass per leaf path, which gives the same targets.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
@@ -453,6 +454,8 @@ class ExecutorImpl:
                 raise NotImplementedError("fake tensorrt_llm: medusa_choices for an engine without Medusa heads")
             return None
         if choices is None:
+            # what the real runtime does for a Medusa engine given no medusa_choices was not read (lmi-trt always
+            # sends a tree)
             raise NotImplementedError("fake tensorrt_llm: a Medusa engine without medusa_choices is not modelled")
         if config.max_beam_width != 1:
             raise NotImplementedError("fake tensorrt_llm: Medusa with beam search is not modelled")
