@@ -306,6 +306,21 @@ def test_the_torch_engine_hands_its_steps_to_the_link(tmp_path):
     asyncio.run(main())
 
 
+def _synthetic_app(**build: object) -> tuple:
+    """An app over a synthetic engine (loaded in the background once served, as `lmi-trt serve` loads), ``build``
+    passed to ``build_app``, and a listening socket for ``serve``."""
+    from lmi_trt.serving.app import build_app, listen
+
+    tok = tiny_tokenizer()
+    engine = synthetic_engine(tok, max_new_tokens=8)
+
+    async def load() -> LoadedModel:
+        await engine.start()
+        return LoadedModel(engine, tok)
+
+    return build_app(load, LmiConfig(), model_name="tiny", **build), listen("127.0.0.1", 0)
+
+
 def test_ping_is_pending_until_every_front_end_serves_alone_on_the_socket():
     """Front end 0 runs the real ``app.serve`` (its health responder, then its listener) on a socket; front end 1 is
     driven by hand through the same shared flags. Loaded, front end 0 serves requests at once, but its /ping stays
@@ -313,21 +328,13 @@ def test_ping_is_pending_until_every_front_end_serves_alone_on_the_socket():
     replacement for front end 1 (the flags stay set) does not turn it back."""
     from aiohttp import ClientSession
 
-    from lmi_trt.serving.app import build_app, listen, serve
+    from lmi_trt.serving.app import serve
     from lmi_trt.serving.frontends import SharedReadiness
 
     async def main() -> None:
-        tok = tiny_tokenizer()
-        engine = synthetic_engine(tok, max_new_tokens=8)
         loaded, serving = [0, 0], [0, 0]
         other = SharedReadiness(loaded, serving, 1)
-
-        async def load() -> LoadedModel:
-            await engine.start()
-            return LoadedModel(engine, tok)
-
-        app = build_app(load, LmiConfig(), model_name="tiny", readiness=SharedReadiness(loaded, serving, 0))
-        sock = listen("127.0.0.1", 0)
+        app, sock = _synthetic_app(readiness=SharedReadiness(loaded, serving, 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         stop = asyncio.Event()
         server = asyncio.ensure_future(serve(app, sock=sock, stop=stop, exit_on_failure_after=None))
@@ -361,7 +368,7 @@ def test_ping_is_pending_until_the_health_responder_has_stopped_accepting(monkey
 
     from aiohttp import ClientSession
 
-    from lmi_trt.serving.app import build_app, listen, serve
+    from lmi_trt.serving.app import serve
     from lmi_trt.serving.health_responder import HealthResponder
     from lmi_trt.serving.http import CONTEXT, ModelStatus
 
@@ -376,15 +383,7 @@ def test_ping_is_pending_until_the_health_responder_has_stopped_accepting(monkey
     monkeypatch.setattr(HealthResponder, "stop", slow_stop)
 
     async def main() -> None:
-        tok = tiny_tokenizer()
-        engine = synthetic_engine(tok, max_new_tokens=8)
-
-        async def load() -> LoadedModel:
-            await engine.start()
-            return LoadedModel(engine, tok)
-
-        app = build_app(load, LmiConfig(), model_name="tiny")
-        sock = listen("127.0.0.1", 0)
+        app, sock = _synthetic_app()
         stop = asyncio.Event()
         server = asyncio.ensure_future(serve(app, sock=sock, stop=stop, exit_on_failure_after=None))
         async with ClientSession(f"http://127.0.0.1:{sock.getsockname()[1]}") as s:
@@ -473,18 +472,10 @@ def test_a_serving_process_freezes_what_start_up_built_once_loaded(own_process):
 
     from aiohttp import ClientSession
 
-    from lmi_trt.serving.app import build_app, listen, serve
+    from lmi_trt.serving.app import serve
 
     async def main() -> int:
-        tok = tiny_tokenizer()
-        engine = synthetic_engine(tok, max_new_tokens=8)
-
-        async def load() -> LoadedModel:
-            await engine.start()
-            return LoadedModel(engine, tok)
-
-        app = build_app(load, LmiConfig(), model_name="tiny")
-        sock = listen("127.0.0.1", 0)
+        app, sock = _synthetic_app()
         stop = asyncio.Event()
         server = asyncio.ensure_future(
             serve(app, sock=sock, stop=stop, exit_on_failure_after=None, own_process=own_process)
