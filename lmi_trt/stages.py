@@ -613,8 +613,8 @@ def _refuse_unused_heads(config: LmiConfig) -> None:
         raise StartupError(
             spec.key("draft_model"),
             spec.draft_model,
-            "option.model_id is a precompiled TensorRT engine, which carries the Medusa heads it was built with; these "
-            "would not be used",
+            "option.model_id is a precompiled TensorRT engine, which decodes with the Medusa heads built into it (if "
+            "it was built with Medusa); heads named at serve time would not be used",
             "leave it out to decode with the engine's own heads, or serve the Hugging Face checkpoint so that the "
             "compile stage builds an engine with these heads",
         )

@@ -20,8 +20,11 @@ index keeps crawl copies, not tags, dated here by content):
   given, else the heads' config.json ``medusa_num_heads`` (llm_args.py ``MedusaDecodingConfig.num_medusa_heads``,
   1.0 id 1520735490 / 1.1 id 1090804222: "defaults to the 'medusa_num_heads' value from the Medusa model's
   config.json"): lmi-trt's head count follows this LLM API path, not convert_checkpoint.py's flag.
-  ``MedusaLayer.forward`` is ``x + act(linear(x))`` (``medusa_hidden_act``, default silu) and ``MedusaHead``
-  applies its layers then its own ``lm_head`` to the base model's last hidden state.
+  ``MedusaLayer.forward`` is ``x + ACT2FN[hidden_act](linear(x))`` with the base model's ``hidden_act``
+  (``MedusaHead(..., hidden_act=config.hidden_act)``; convert_checkpoint.py, id 719502612, parses
+  ``--medusa_hidden_act`` but writes no such key into the checkpoint config, so it is never read), silu for the
+  LLaMA-family models lmi-trt builds; ``MedusaHead`` applies its layers then its own ``lm_head`` to the base model's
+  last hidden state.
   Its ``ColumnLinear`` layers split over tensor-parallel ranks, which lmi-trt does not shard here (``plan_errors``).
 * tensorrt_llm/builder.py ``build``: the 1.x copy (id 205252225: NVFP4, norm_quant_fusion, ReDrafter) copies the
   model config's ``max_draft_len`` into the build config only when the build's is 0 and leaves the mode to

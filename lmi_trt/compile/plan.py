@@ -678,7 +678,8 @@ def _check_medusa(opts: CompileOptions, version: Version, gpu: GpuFacts) -> None
         raise PlanError(
             key,
             "medusa",
-            f"Medusa on TensorRT-LLM {version}'s Executor is not verified here (lmi_trt.engines.trtllm_medusa)",
+            f"lmi-trt has not checked TensorRT-LLM {version}'s Medusa path (its builder and Executor differ from "
+            "1.x's in places: lmi_trt.engines.trtllm_medusa)",
             "use a 1.x image",
         )
     if gpu.sm < MEDUSA_MIN_SM:

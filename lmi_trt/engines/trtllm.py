@@ -282,8 +282,13 @@ class EngineFacts:
     kv_cache_quant_algo: str | None = None
     vocab_size: int | None = None  # the length of a request's embedding bias
     speculative_decoding_mode: int | None = None  # config.json's SpeculativeDecodingMode integer (1: none)
-    max_draft_len: int = 0
-    num_medusa_heads: int = 0  # pretrained_config's, on a Medusa engine (MedusaConfig.to_dict)
+    max_draft_len: int = 0  # build_config's: what builder.py added to max_seq_len, and the draft length but Medusa's
+    # A Medusa engine's draft tokens and heads: pretrained_config's max_draft_len and num_medusa_heads, which
+    # gptJsonConfig.cpp (newest copy, id 809211714) builds its MedusaModule from (only the other modes read
+    # build_config's max_draft_len) and model.py (1.x, id 906315928) sizes the network by (prepare_inputs'
+    # max_draft_len); builder.py copies it into build_config only where trtllm-build had no --max_draft_len.
+    medusa_draft_len: int = 0
+    num_medusa_heads: int = 0
     num_layers: int | None = None  # pretrained_config.num_hidden_layers
     lora: LoraBuild = LoraBuild(False, None, ())
     lora_dims: dict[str, tuple[int, int]] = field(default_factory=dict)  # trtllm_lora.module_dims
@@ -355,6 +360,7 @@ def parse_engine_config(config: dict) -> EngineFacts:
             vocab_size=pretrained.get("vocab_size"),
             speculative_decoding_mode=speculative,
             max_draft_len=draft_len,
+            medusa_draft_len=int(pretrained.get("max_draft_len") or 0),
             num_medusa_heads=int(pretrained.get("num_medusa_heads") or 0),
             num_layers=pretrained.get("num_hidden_layers"),
             lora=LoraBuild.of(build),
@@ -545,7 +551,7 @@ def check_settings(settings: TrtllmSettings, facts: EngineFacts) -> list[str]:
         )
     if settings.medusa is not None:
         errors += engine_medusa_errors(
-            settings.medusa, facts.speculative_decoding_mode, facts.max_draft_len, facts.num_medusa_heads
+            settings.medusa, facts.speculative_decoding_mode, facts.medusa_draft_len, facts.num_medusa_heads
         )
     elif settings.drafts is None:
         errors += engine_speculation_errors(settings.lookahead, facts.speculative_decoding_mode, facts.max_draft_len)

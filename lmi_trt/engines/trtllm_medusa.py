@@ -41,9 +41,14 @@ What was read (NVIDIA/TensorRT-LLM; crawl copies, not tags, dated by content):
   ("If it's a linear tree, ... max_draft_len == max_total_draft_tokens"), and ``supports_backend`` keeps Medusa off
   that backend; the TensorRT path above reads max_draft_len and medusa_choices only, so the engine decodes the whole
   tree. Medusa is refused on the pytorch backend (``RUNS_ON``).
-* releases: that TensorRT-backend path is read in the 1.0 and 1.1 copies, and the executor binding in every copy;
-  which 0.x release's Executor decoded Medusa with these bindings was not pinned, so 0.12 is refused, as for draft
-  tokens.
+* releases: that TensorRT-backend path is read in the 1.0 and 1.1 copies, and the executor binding in every copy.
+  The other facts above come from the newest copies in the index (crawl copies dated by content: gptJsonConfig.cpp,
+  model.py, builder.py, speculativeChoicesUtils.cpp are 1.x-line copies); no copy of those files was pinned to 1.2.x,
+  which very likely reads them unchanged (no 1.x change to their Medusa parts was found). 0.12 is refused because
+  lmi-trt has not checked its Medusa path, not because 0.12 lacks one: model_runner_cpp.py copies from either side
+  of 0.12 pass ``decoding_config.medusa_choices`` to the Executor, but its builder forced the Medusa mode and the
+  model's draft length (builder.py 0.x copy id 3063623504), medusaModule.cpp's checks differ, and the LLM API's
+  ``MedusaDecodingConfig`` (the source of these key names) is not in it.
 * vLLM's form (``method: medusa``, ``num_speculative_tokens: k``): vLLM's MedusaProposer (vllm/v1/spec_decode/
   medusa.py, id 59227200836) drafts one token per head (each head's argmax, ``[batch_size, num_heads]``), and its
   SpeculativeConfig (vllm/config/speculative.py, id 276679616) makes the default token tree the chain
@@ -96,6 +101,7 @@ class Medusa:
     key: str
     chosen: bool = True  # False: mc_sim_7b_63 cut here (``for_engine`` cuts it to the engine's heads too)
     tree_key: str = f"{JSON_KEY}.medusa_choices"  # the key that chose the tree, for messages
+    length_key: str = f"{JSON_KEY}.max_draft_len"  # the key that set draft_len, for messages
 
     def describe(self) -> str:
         depth = max(len(path) for path in self.choices)
@@ -183,7 +189,7 @@ def medusa_of(spec: Speculation | None) -> Medusa | None:
             )
     else:
         choices, tree_key, chosen = default_choices(spec.max_draft_len, num_heads), length_key, False
-    medusa = Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key, chosen, tree_key)
+    medusa = Medusa(spec.draft_model, choices, num_heads, spec.max_draft_len, key, chosen, tree_key, length_key)
     if num_heads is not None and (too_deep := deepest_path_error(medusa, num_heads, "num_medusa_heads")) is not None:
         raise SpeculationError(tree_key, *too_deep)
     return medusa
@@ -263,23 +269,33 @@ def medusa_refusals() -> dict[str, str]:
 
 
 def engine_medusa_errors(medusa: Medusa, built_mode: int | None, built_draft_len: int, built_heads: int) -> list[str]:
-    """Pure: why an engine built with ``built_mode`` (config.json's integer), ``built_draft_len`` draft tokens and
-    ``built_heads`` Medusa heads (pretrained_config.num_medusa_heads) cannot run ``medusa`` (module docstring)."""
+    """Pure: why an engine built with ``built_mode`` (config.json's integer), ``built_draft_len`` Medusa draft tokens
+    and ``built_heads`` Medusa heads (pretrained_config's max_draft_len and num_medusa_heads, which
+    gptJsonConfig.cpp reads for a Medusa engine: ``trtllm.EngineFacts``) cannot run ``medusa`` (module docstring)."""
     if built_mode != MEDUSA_MODE:
         return [
             f"{medusa.key}=medusa needs an engine built with --speculative_decoding_mode medusa and its heads, and "
             "this one was not; rebuild it (lmi-trt's compile stage does, from the Hugging Face checkpoint and the "
             "heads)"
         ]
-    errors = []
-    if len(medusa.choices) != built_draft_len:
+    if not built_draft_len or not built_heads:
+        # gptJsonConfig.cpp (id 809211714): TLLM_CHECK_WITH_INFO(medusaHeads.has_value() && maxDraftLen > 0, ...)
+        return [
+            f"{medusa.key}=medusa: the engine's config.json has pretrained_config.max_draft_len={built_draft_len} and "
+            f"num_medusa_heads={built_heads}, and TensorRT-LLM refuses it ('Both num_medusa_heads and max_draft_len "
+            "have to be provided for Medusa model'); rebuild it from a Medusa checkpoint (lmi-trt's compile stage "
+            "does, from the Hugging Face checkpoint and the heads)"
+        ]
+    errors = [] if medusa.heads_model is not None else precompiled_errors(medusa, built_draft_len, built_heads)
+    if len(medusa.choices) != built_draft_len and not (errors and medusa.tree_key == medusa.length_key):
         # more: speculativeChoicesUtils.cpp TLLM_CHECK(numChoices <= getMaxDecodingDraftTokens()); fewer: not read
         # through (module docstring), so refused rather than assumed
         errors.append(
-            f"{medusa.tree_key}: the tree has {len(medusa.choices)} paths, and the engine was built with "
-            f"max_draft_len={built_draft_len}; lmi-trt runs a Medusa tree of exactly the engine's draft tokens "
-            f"(TensorRT-LLM refuses more: numChoices <= getMaxDecodingDraftTokens()); give {built_draft_len} paths "
-            "in medusa_choices, or rebuild the engine with max_draft_len equal to the tree's paths"
+            f"{medusa.tree_key}: the tree has {len(medusa.choices)} paths, and the engine's Medusa draft tokens are "
+            f"pretrained_config.max_draft_len={built_draft_len}; lmi-trt runs a Medusa tree of exactly the engine's "
+            "draft tokens (TensorRT-LLM refuses more: numChoices <= getMaxDecodingDraftTokens()); give "
+            f"{built_draft_len} paths in medusa_choices, or rebuild the engine with max_draft_len equal to the tree's "
+            "paths"
         )
     too_deep = deepest_path_error(medusa, built_heads, "the engine's num_medusa_heads")
     if too_deep is not None:
@@ -291,10 +307,32 @@ def engine_medusa_errors(medusa: Medusa, built_mode: int | None, built_draft_len
     return errors
 
 
+def precompiled_errors(medusa: Medusa, built_draft_len: int, built_heads: int) -> list[str]:
+    """Pure: the keys TensorRT-LLM reads only when it converts heads into a checkpoint and builds the engine
+    (model.py ``from_hugging_face``: ``speculative_config.num_medusa_heads``; llm_args.py: ``build_config.
+    max_draft_len = max_draft_len``; the Executor gets the tree alone), set beside a precompiled engine (``medusa``
+    without heads: ``stages._refuse_unused_heads``) to other values than the engine's: refused, not ignored."""
+    engine = "option.model_id is a precompiled TensorRT engine, and TensorRT-LLM reads this only when it builds one"
+    errors = []
+    if medusa.draft_len != built_draft_len:
+        errors.append(
+            f"{medusa.length_key}={medusa.draft_len}: {engine}; this engine's config.json has "
+            f"pretrained_config.max_draft_len={built_draft_len} (what the Executor runs: gptJsonConfig.cpp); set it "
+            f"to {built_draft_len}"
+        )
+    if medusa.num_heads is not None and medusa.num_heads != built_heads:
+        errors.append(
+            f"{JSON_KEY}.num_medusa_heads={medusa.num_heads}: {engine}; this engine's config.json has "
+            f"pretrained_config.num_medusa_heads={built_heads}; leave it out, or set it to {built_heads}"
+        )
+    return errors
+
+
 def release_error(medusa: Medusa | None, version: str, series: tuple[int, int]) -> str | None:
     if medusa is None or series >= MEDUSA_SINCE:
         return None
     return (
-        f"{medusa.key}=medusa: Medusa on TensorRT-LLM {version}'s Executor is not verified here (the module docstring: "
-        "read in the 1.x releases' TensorRT backend); use a 1.x image, or leave speculative decoding out"
+        f"{medusa.key}=medusa: lmi-trt has not checked TensorRT-LLM {version}'s Medusa path (its facts were read in "
+        "1.x copies of TensorRT-LLM; 0.x had Medusa, built and run differently in places: the module docstring); "
+        "use a 1.x image, or leave speculative decoding out"
     )

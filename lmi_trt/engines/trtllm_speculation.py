@@ -167,7 +167,9 @@ def engine_speculation_errors(lookahead: Lookahead | None, built_mode: int | Non
             + (
                 "set option.speculative_decoding_mode=lookahead_decoding with the (W, N, G) it was built for"
                 if built_mode == LOOKAHEAD_MODE
-                else f"set {JSON_KEY} with decoding_type Medusa, the heads and the tree it was built for"
+                else f"set {JSON_KEY} with decoding_type Medusa, max_draft_len equal to the engine's "
+                "(config.json pretrained_config.max_draft_len) and medusa_choices of that many paths; "
+                "name no heads (the engine carries its own)"
                 if built_mode == MEDUSA_MODE
                 else "lmi-trt runs lookahead decoding and Medusa on such engines: rebuild the engine without it"
             )

@@ -7,6 +7,7 @@ verifies every path of the tree against its tiny model), and what a release woul
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from speculative_heads import medusa_heads
@@ -157,7 +158,7 @@ def test_engine_and_tree_mismatches_are_start_up_errors(trt, engine_dir, heads, 
     with pytest.raises(TrtllmConfigError, match=r"decoding_type=medusa needs an engine built with"):
         TrtllmEngine(plain, medusa_settings(heads), eos_token_ids=[2])
     # speculativeChoicesUtils.cpp: numChoices <= the engine's draft tokens; paths no deeper than its heads
-    with pytest.raises(TrtllmConfigError, match=r"the tree has 7 paths, and the engine was built with max_draft_len=6"):
+    with pytest.raises(TrtllmConfigError, match=r"the tree has 7 paths, .* pretrained_config.max_draft_len=6"):
         TrtllmEngine(engine_dir, medusa_settings(heads, [*TREE, [3]]), eos_token_ids=[2])
     # fewer paths than the engine's draft tokens: how the Executor runs that was not read through, so refused
     with pytest.raises(TrtllmConfigError, match=r"medusa_choices: the tree has 3 paths, .*max_draft_len=6"):
@@ -169,14 +170,72 @@ def test_engine_and_tree_mismatches_are_start_up_errors(trt, engine_dir, heads, 
         TrtllmEngine(engine_dir, TrtllmSettings(), eos_token_ids=[2])
 
 
+def precompiled_settings(choices, draft_len=6, num_heads=None):
+    """Settings for a precompiled engine: Medusa's keys and no heads (the engine carries its own)."""
+    key = "option.speculative_config.decoding_type"
+    return TrtllmSettings(medusa=Medusa(None, tuple(map(tuple, choices)), num_heads, draft_len, key))
+
+
+def rebuilt_with_max_draft_len(engine_dir, out, build_draft_len):
+    """A copy of ``engine_dir`` as `trtllm-build --max_draft_len K` writes it from a Medusa checkpoint converted with
+    another draft length: builder.py's build (the 1.x copy, id 205252225) copies the checkpoint's max_draft_len into
+    build_config only when the build's is 0, and raises max_seq_len by the build's; pretrained_config keeps the
+    checkpoint's (the fake's plan does not depend on either)."""
+    shutil.copytree(engine_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    build = config["build_config"]
+    build["max_seq_len"] += build_draft_len - build["max_draft_len"]
+    build["max_draft_len"] = build_draft_len
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0", "1.2.1"])
+async def test_a_precompiled_engine_s_medusa_draft_length_is_its_pretrained_config_s(
+    trt, built, reference, release, tmp_path
+):
+    """gptJsonConfig.cpp (id 809211714) builds a Medusa engine's MedusaModule from pretrained_config's max_draft_len
+    and num_medusa_heads, not build_config's max_draft_len (which the other modes read), and model.py sizes the
+    network from the same field: an engine whose build_config says 4 and pretrained_config 6 runs a 6-path tree."""
+    from tensorrt_llm.bindings import executor as tle
+
+    trt.__version__ = release
+    engine_dir = rebuilt_with_max_draft_len(built(release), tmp_path / "engine", 4)
+    engine = await started(engine_dir, precompiled_settings(TREE))
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            assert tokens_of(await generate(engine, f"p{i}", prompt)) == reference(prompt, 24), prompt
+    finally:
+        await engine.close()
+    with pytest.raises(TrtllmConfigError, match=r"the tree has 4 paths, .*max_draft_len=6"):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE[:4]), eos_token_ids=[2])
+    # what TensorRT-LLM reads only when it builds an engine, set to another value than this one's: refused
+    with pytest.raises(TrtllmConfigError, match=r"speculative_config.max_draft_len=8: .* set it to 6"):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE, draft_len=8), eos_token_ids=[2])
+    with pytest.raises(TrtllmConfigError, match=r"num_medusa_heads=3: .*num_medusa_heads=2; leave it out, or set it"):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE, num_heads=3), eos_token_ids=[2])
+    TrtllmEngine(engine_dir, precompiled_settings(TREE, num_heads=2), eos_token_ids=[2])  # the engine's own: taken
+    decoding = tle.DecodingConfig(decoding_mode=tle.DecodingMode.Medusa(), medusa_choices=[*TREE, [3]])
+    with pytest.raises(RuntimeError, match=r"numChoices <= getMaxDecodingDraftTokens\(\) \(7 > 6\)"):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig(decoding_config=decoding))
+    config = json.loads((engine_dir / "config.json").read_text())
+    del config["pretrained_config"]["max_draft_len"]
+    (engine_dir / "config.json").write_text(json.dumps(config))
+    both = "Both num_medusa_heads and max_draft_len have to be provided for Medusa model"
+    with pytest.raises(TrtllmConfigError, match=both):
+        TrtllmEngine(engine_dir, precompiled_settings(TREE), eos_token_ids=[2])
+    with pytest.raises(RuntimeError, match=both):
+        tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig(decoding_config=decoding))
+
+
 async def test_012_is_refused(trt, engine_dir, heads):
     trt.__version__ = "0.12.0"
     engine = TrtllmEngine(engine_dir, medusa_settings(heads), eos_token_ids=[2], gpu_available=lambda: True)
-    with pytest.raises(TrtllmConfigError, match=r"Medusa on TensorRT-LLM 0.12.0's Executor is not verified"):
+    with pytest.raises(TrtllmConfigError, match=r"lmi-trt has not checked TensorRT-LLM 0.12.0's Medusa path"):
         await engine.start()
 
 
-def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
+def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir, tmp_path):
     from tensorrt_llm.bindings import executor as tle
 
     trt.__version__ = "1.2.1"
@@ -202,6 +261,14 @@ def test_the_fake_executor_checks_what_medusa_module_checks(trt, engine_dir):
         start([[0], [1, 0]])
     with pytest.raises(RuntimeError, match="not set to Medusa"):
         tle.DecodingConfig(decoding_mode=tle.DecodingMode.TopK(), medusa_choices=TREE)
+    # model.py: the heads' activation is the base model's hidden_act; only LLaMA's silu is modelled
+    gelu = tmp_path / "gelu"
+    shutil.copytree(engine_dir, gelu)
+    written = json.loads((gelu / "config.json").read_text())
+    written["pretrained_config"]["hidden_act"] = "gelu"
+    (gelu / "config.json").write_text(json.dumps(written))
+    with pytest.raises(NotImplementedError, match="Medusa heads with gelu"):
+        tle.Executor(str(gelu), tle.ModelType.DECODER_ONLY, config(TREE))
 
 
 def test_the_plan_refuses_what_it_cannot_build(trt, heads, tmp_path, monkeypatch):
@@ -219,7 +286,7 @@ def test_the_plan_refuses_what_it_cannot_build(trt, heads, tmp_path, monkeypatch
     with pytest.raises(PlanError, match=r"option.dtype='fp32': Medusa engines are built in float16 or bfloat16"):
         make_plan(fp32, hf, h100, "1.2.1")
 
-    with pytest.raises(PlanError, match=r"Medusa on TensorRT-LLM 0.12.0's Executor is not verified"):
+    with pytest.raises(PlanError, match=r"lmi-trt has not checked TensorRT-LLM 0.12.0's Medusa path"):
         compiled(tmp_path, monkeypatch, trt, "0.12.0", speculative_config=spec(heads))
     with pytest.raises(PlanError, match=r"option.max_beam_width=2: Medusa accepts one draft path"):
         compiled(tmp_path, monkeypatch, trt, "1.2.1", speculative_config=spec(heads), max_beam_width=2)
@@ -379,5 +446,5 @@ async def test_a_precompiled_medusa_engine_decodes_with_its_own_heads_and_refuse
     )
     async with jit_server(monkeypatch, trt, "1.2.1", config) as (server, s):
         await greedy_text_and_sampled_refusal(server, s, TEXT, text, "greedy")
-    with pytest.raises(StartupError, match=r"speculative_model=.*carries the Medusa heads it was built with"):
+    with pytest.raises(StartupError, match=r"speculative_model=.*heads built into it \(if it was built with Medusa\)"):
         await load_model(config.model_copy(update={"speculative_config": spec(folder, medusa_choices=TREE)}), "trtllm")

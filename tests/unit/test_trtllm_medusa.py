@@ -17,6 +17,7 @@ from lmi_trt.engines.trtllm_medusa import (
     deepest_path_error,
     default_choices,
     executor_medusa,
+    for_engine,
     medusa_refusals,
 )
 from lmi_trt.speculative import SpeculationError, resolve
@@ -104,6 +105,33 @@ def test_medusa_without_heads_decodes_with_a_precompiled_engine_s_own():
     assert plan is not None and plan.heads_model is None and plan.choices == default_choices(4, None)
 
 
+def test_conversion_keys_beside_a_precompiled_engine_are_the_engine_s_or_refused():
+    """num_medusa_heads and max_draft_len are read when TensorRT-LLM builds an engine (model.py, llm_args.py); beside
+    a precompiled one (no heads named) a value other than its config.json's would be ignored, so it is refused,
+    naming the key, the value and the engine's; the engine's own values, or num_medusa_heads left out, serve."""
+    from lmi_trt.engines.trtllm_medusa import engine_medusa_errors
+
+    def precompiled(**members):
+        return executor_medusa(resolve({"decoding_type": "Medusa", **members}, {}), 1)
+
+    tree = [[0], [0, 0], [1], [0, 1]]
+    assert engine_medusa_errors(precompiled(max_draft_len=4, medusa_choices=tree), 4, 4, 2) == []
+    assert engine_medusa_errors(precompiled(max_draft_len=4, medusa_choices=tree, num_medusa_heads=2), 4, 4, 2) == []
+    (heads,) = engine_medusa_errors(precompiled(max_draft_len=4, medusa_choices=tree, num_medusa_heads=3), 4, 4, 2)
+    assert heads.startswith(f"{KEY}.num_medusa_heads=3: option.model_id is a precompiled TensorRT engine")
+    assert "pretrained_config.num_medusa_heads=2; leave it out, or set it to 2" in heads
+    (length,) = engine_medusa_errors(precompiled(max_draft_len=63, medusa_choices=tree), 4, 4, 2)
+    assert length.startswith(f"{KEY}.max_draft_len=63: option.model_id is a precompiled TensorRT engine")
+    assert "pretrained_config.max_draft_len=4 (what the Executor runs: gptJsonConfig.cpp); set it to 4" in length
+    # the default tree follows max_draft_len (cut to the engine's heads, as TrtllmEngine does): one error, on the key
+    # that set both
+    (default,) = engine_medusa_errors(for_engine(precompiled(max_draft_len=63), 2), 4, 4, 2)
+    assert default.startswith(f"{KEY}.max_draft_len=63:")
+    # an engine lmi-trt builds has the tree's paths as draft tokens, fewer than a larger max_draft_len (heads named)
+    jit = for_engine(medusa(max_draft_len=63), 1)
+    assert len(jit.choices) < 63 and engine_medusa_errors(jit, 4, len(jit.choices), 1) == []
+
+
 def test_ranks_are_what_a_4_bit_chunk_holds():
     """computePrefix lets 16 through, but [0, 16] then gets [1, 0]'s prefix: 15 is the last rank taken."""
     assert check_choices([[0], [15]], "k") == ((0,), (15,))
@@ -138,18 +166,38 @@ def test_an_engine_is_checked_as_medusa_module_checks_it():
     assert engine_medusa_errors(plan, 4, 3, 2) == []
     assert "needs an engine built with --speculative_decoding_mode medusa" in engine_medusa_errors(plan, 8, 3, 2)[0]
     more = engine_medusa_errors(plan, 4, 2, 2)[0]
-    assert more.startswith(f"{KEY}.medusa_choices: the tree has 3 paths, and the engine was built with max_draft_len=2")
-    # fewer paths than the engine's draft tokens: not read through in TensorRT-LLM, so refused (module docstring)
-    assert (
-        "the tree has 3 paths, and the engine was built with max_draft_len=4" in engine_medusa_errors(plan, 4, 4, 2)[0]
+    assert more.startswith(
+        f"{KEY}.medusa_choices: the tree has 3 paths, and the engine's Medusa draft tokens are "
+        "pretrained_config.max_draft_len=2"
     )
+    # fewer paths than the engine's draft tokens: not read through in TensorRT-LLM, so refused (module docstring)
+    assert "the tree has 3 paths, and the engine's Medusa draft tokens are " in engine_medusa_errors(plan, 4, 4, 2)[0]
     assert "require more Medusa heads" in engine_medusa_errors(plan, 4, 3, 1)[0]
     default = medusa(max_draft_len=63)
     assert engine_medusa_errors(default, 4, 62, 4)[0].startswith(f"{KEY}.max_draft_len: the tree has 63 paths")
 
 
+def test_a_medusa_engine_s_draft_tokens_and_heads_are_its_pretrained_config_s():
+    """gptJsonConfig.cpp (id 809211714) reads a Medusa engine's max_draft_len and num_medusa_heads from
+    pretrained_config; build_config's max_draft_len (set by trtllm-build --max_draft_len) is what the builder added
+    to max_seq_len, and both must be there ('Both num_medusa_heads and max_draft_len have to be provided')."""
+    from lmi_trt.engines.trtllm import parse_engine_config
+    from lmi_trt.engines.trtllm_medusa import engine_medusa_errors
+
+    pretrained = {"architecture": "MedusaForCausalLM", "dtype": "float16", "max_draft_len": 3, "num_medusa_heads": 2}
+    build = {"max_input_len": 64, "max_seq_len": 101, "max_batch_size": 4, "speculative_decoding_mode": 4}
+    facts = parse_engine_config({"pretrained_config": pretrained, "build_config": {**build, "max_draft_len": 5}})
+    assert (facts.max_seq_len, facts.max_draft_len, facts.medusa_draft_len, facts.num_medusa_heads) == (96, 5, 3, 2)
+    plan = medusa(max_draft_len=3, medusa_choices=[[0], [0, 0], [1]])
+    assert engine_medusa_errors(plan, 4, facts.medusa_draft_len, facts.num_medusa_heads) == []
+    for missing in ("max_draft_len", "num_medusa_heads"):
+        lacking = {k: v for k, v in pretrained.items() if k != missing}
+        facts = parse_engine_config({"pretrained_config": lacking, "build_config": build})
+        (error,) = engine_medusa_errors(plan, 4, facts.medusa_draft_len, facts.num_medusa_heads)
+        assert "Both num_medusa_heads and max_draft_len have to be provided" in error
+
+
 def test_the_default_tree_is_cut_to_the_engine_s_heads_only_when_nothing_chose_it():
-    from lmi_trt.engines.trtllm_medusa import for_engine
 
     default = medusa(max_draft_len=6)
     assert max(map(len, default.choices)) == 3 and not default.chosen
@@ -163,5 +211,5 @@ def test_012_is_not_verified():
     from lmi_trt.engines.trtllm_medusa import release_error
 
     plan = medusa(max_draft_len=3)
-    assert "0.12.0's Executor is not verified" in release_error(plan, "0.12.0", (0, 12))
+    assert "has not checked TensorRT-LLM 0.12.0's Medusa path" in release_error(plan, "0.12.0", (0, 12))
     assert release_error(plan, "1.0.0", (1, 0)) is None and release_error(None, "0.12.0", (0, 12)) is None

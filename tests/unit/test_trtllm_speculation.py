@@ -170,7 +170,10 @@ def test_engine_facts_take_the_draft_slack_off_max_seq_len_and_name_the_built_mo
     assert engine_speculation_errors(la, 8, 7) == []
     assert engine_speculation_errors(la, 8, 15) == []  # the Executor resizes a larger draft length down
     assert "needs at least 7" in engine_speculation_errors(la, 8, 6)[0]
-    assert "built with --speculative_decoding_mode medusa" in engine_speculation_errors(None, 4, 3)[0]
+    medusa = engine_speculation_errors(None, 4, 3)[0]
+    assert (
+        "built with --speculative_decoding_mode medusa" in medusa and "name no heads" in medusa
+    )  # stages.py refuses them
     assert "this one was built with none" in engine_speculation_errors(la, 1, 0)[0]
 
 

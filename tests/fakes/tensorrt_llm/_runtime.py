@@ -59,15 +59,18 @@ tensorrt_llm/builder.py):
   requests and drafts beside lookahead are not modelled (the fake raises NotImplementedError).
 * Medusa (a MEDUSA engine, whose plan carries the heads, and ``decoding_config`` with ``DecodingMode.Medusa()`` and
   ``medusa_choices``): the tree is checked as cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp (1.x copy id
-  182244635) checks it (``_medusa_tree``), and each depth's top-k is its largest rank + 1. Each step the root is the
-  target's greedy token after the last accepted one; head ``d`` (model.py: ``x + silu(linear(x))`` per layer, then its
-  ``lm_head``, on the base model's final hidden state at that token) proposes its top-k tokens for the position ``d +
-  1`` after the root; every path of the tree is verified against the target's greedy choices along it, the longest
-  accepted path is kept (medusaDecodingLayer.cpp's acceptance of draft paths by id), and the root plus its accepted
-  tokens are emitted, so a greedy request's output is the greedy one. ``Result.decoding_iter`` counts the steps (the
-  fake folds the context step's token into its first step, so it counts one fewer than a real count including the
-  context iteration). Sampled and log-prob requests beside Medusa are not modelled (the fake raises
-  NotImplementedError; lmi-trt refuses them first).
+  182244635) checks it (``_medusa_tree``), against the engine's pretrained_config max_draft_len and num_medusa_heads
+  (``_draft_len``), and each depth's top-k is its largest rank + 1. Each step the root is the target's greedy token
+  after the last accepted one; head ``d`` (model.py, 1.x id 906315928: ``x + ACT2FN[hidden_act](linear(x))`` per layer,
+  ``hidden_act`` the base model's from pretrained_config, of which only silu, LLaMA's and so that of every engine
+  lmi-trt builds, is modelled; then its ``lm_head``, on the base model's final hidden state at that token) proposes its
+  top-k tokens for the position ``d + 1`` after the root; every path of the tree is verified against the target's greedy
+  choices along it, the longest accepted path is kept (medusaDecodingLayer.cpp's acceptance of draft paths by id), and
+  the root plus its accepted tokens are emitted, so a greedy request's output is the greedy one.
+  ``Result.decoding_iter`` counts the steps (the fake folds the context step's token into its first step, so it counts
+  one fewer than a real count including the context iteration). Sampled and log-prob requests beside Medusa are not
+  modelled (the fake raises NotImplementedError; lmi-trt refuses them first), nor a Medusa engine without
+  ``medusa_choices``, a path of the real runtime that was not read (lmi-trt always sends a tree).
   Simplification: the real engine verifies the whole tree in one pass under a tree attention mask; the fake runs one
   pass per leaf path, which gives the same targets.
 Simplification: a beam-search request (beam_width > 1) is decoded in one go through
@@ -151,7 +154,7 @@ class EngineLimits:
     max_beam_width: int
     use_paged_context_fmha: bool
     tokens_per_block: int
-    max_draft_len: int = 0
+    max_draft_len: int = 0  # the speculative module's (``_draft_len``)
     speculative_decoding_mode: int = 1  # modeling_utils.py SpeculativeDecodingMode (IntFlag): NONE=1
     gather_context_logits: bool = False  # ModelConfig::computeContextLogits, from build_config
     max_num_tokens: int = 8192  # build_config.max_num_tokens (BuildConfig's default)
@@ -182,7 +185,7 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
             max_beam_width=build.get("max_beam_width", 1),
             use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
             tokens_per_block=plugins.get("tokens_per_block", 32),
-            max_draft_len=build.get("max_draft_len", 0),
+            max_draft_len=_draft_len(pretrained, build),
             speculative_decoding_mode=int(build.get("speculative_decoding_mode") or 1),
             gather_context_logits=bool(build.get("gather_context_logits", False)),
             max_num_tokens=build.get("max_num_tokens") or 8192,
@@ -206,6 +209,19 @@ def read_engine_config(engine_dir: Path) -> EngineLimits:
         context_fmha=bool(plugins.get("context_fmha", True)),
         packed_input=bool(plugins.get("remove_input_padding", True)),
     )
+
+
+def _draft_len(pretrained: dict, build: dict) -> int:
+    """The engine's draft tokens as cpp/tensorrt_llm/runtime/gptJsonConfig.cpp parseJson (newest copy, id 809211714;
+    an older one, id 2724516238, reads the same) reads them: a Medusa engine's from pretrained_config, with its
+    num_medusa_heads, which must both be there; every other mode's from build_config (builder.py copies the
+    checkpoint's max_draft_len there only where trtllm-build had no --max_draft_len, so the two can differ)."""
+    if not int(build.get("speculative_decoding_mode") or 1) & 4:  # SpeculativeDecodingMode.MEDUSA
+        return build.get("max_draft_len", 0)
+    draft_len = pretrained.get("max_draft_len") or 0
+    if "num_medusa_heads" not in pretrained or draft_len <= 0:
+        raise _tllm_error("Both num_medusa_heads and max_draft_len have to be provided for Medusa model")
+    return draft_len
 
 
 def engine_filename(limits: EngineLimits, rank: int) -> str:
@@ -438,6 +454,8 @@ class ExecutorImpl:
                 raise NotImplementedError("fake tensorrt_llm: medusa_choices for an engine without Medusa heads")
             return None
         if choices is None:
+            # what the real runtime does for a Medusa engine given no medusa_choices was not read (lmi-trt always
+            # sends a tree)
             raise NotImplementedError("fake tensorrt_llm: a Medusa engine without medusa_choices is not modelled")
         if config.max_beam_width != 1:
             raise NotImplementedError("fake tensorrt_llm: Medusa with beam search is not modelled")
@@ -447,6 +465,8 @@ class ExecutorImpl:
         from safetensors.torch import load
 
         pretrained = json.loads((self._dir / "config.json").read_text())["pretrained_config"]
+        if pretrained["hidden_act"] != "silu":  # model.py: MedusaHead(hidden_act=config.hidden_act)
+            raise NotImplementedError(f"fake tensorrt_llm: Medusa heads with {pretrained['hidden_act']} (not silu)")
         paths = _medusa_tree(choices, self.limits.max_draft_len, pretrained["num_medusa_heads"])
         top_k = [max(p[d] for p in paths if len(p) > d) + 1 for d in range(max(map(len, paths)))]
         weights = {n: t.to(torch.float32) for n, t in load(base64.b64decode(blob["medusa_heads"])).items()}
@@ -750,6 +770,7 @@ class ExecutorImpl:
             x = seq.hidden
             for n in range(layers):
                 linear = f"medusa_heads.{d}.medusa_layers.{n}.linear."
+                # the base model's hidden_act (model.py), silu: _medusa_config takes no other
                 x = x + torch.nn.functional.silu(x @ w[linear + "weight"].T + w[linear + "bias"])
             logits = x @ w[f"medusa_heads.{d}.lm_head.weight"].T
             proposals.append([int(t) for t in torch.topk(logits, k).indices])
