@@ -439,7 +439,6 @@ class RemoteEngine:
         self.state = EngineState()
         self._changed = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
-        self._acking = False
         self._lost: str | None = None  # why the engine is unreachable
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
@@ -549,13 +548,11 @@ class RemoteEngine:
 
     def _drained(self) -> None:
         # One acknowledgement for the outputs messages just read, once the streams they woke have had their turn
-        # (those run first).
-        if self._taken and not self._acking:
-            self._acking = True
+        # (those run first); a second call in the turn finds nothing left to acknowledge.
+        if self._taken:
             asyncio.get_running_loop().call_soon(self._ack)
 
     def _ack(self) -> None:
-        self._acking = False
         taken, self._taken = self._taken, 0
         if taken and self._port is not None and self._lost is None:
             self._send(("ack", taken))

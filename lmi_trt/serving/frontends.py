@@ -309,8 +309,8 @@ async def serve_engine(
             server.failed(f"{type(e).__name__}: {e}")
             log.exception("loading model %r failed; /ping answers 503 FAILED", model_name)
             return
+        freeze_heap()  # this process serves the engine alone (serving/app.py); before the front ends may submit
         server.ready(model[0].engine, model[0].tokenizer_dir, model[0].model_config)
-        freeze_heap()  # this process serves the engine alone (serving/app.py)
         log.info("model %r ready (engine %s) after %.1f s", model_name, model[0].engine.name, time.perf_counter() - t0)
 
     loading = loop.create_task(load_and_tell(), name="lmi-model-load")
