@@ -387,6 +387,7 @@ def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], o
     from gpu_decode import pct
 
     from lmi_trt.engines.base import GenerationRequest, SamplingParams
+    from lmi_trt.serving.engine_link import read_message
 
     context = zmq.Context()
     socks = []
@@ -397,7 +398,7 @@ def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], o
         sock.send(pickle.dumps(("hello",)))
         socks.append(sock)
     for sock in socks:
-        while (m := pickle.loads(sock.recv()))[0] != "state" or m[1].phase != "ready":
+        while (m := read_message(sock.recv()))[0] != "state" or m[1].phase != "ready":
             pass
     sampling = SamplingParams(max_new_tokens=out_tokens, ignore_eos=True)
     t0 = time.perf_counter()
@@ -411,7 +412,7 @@ def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], o
     tokens, left = 0, sum(len(b) for b in batches)
     while left:
         for sock, _ in poller.poll():
-            message = pickle.loads(sock.recv())
+            message = read_message(sock.recv())
             if message[0] != "outs" or not message[1]:
                 continue
             now = time.perf_counter()

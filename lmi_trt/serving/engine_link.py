@@ -13,9 +13,12 @@ front end merges a request's deltas. A front end that falls behind thus gets few
 does) rather than a queue growing in the socket, whose delay every new request's first token would wait behind.
 
 Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)``, ``("ack", n)``
-and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result, error)``,
-``("state", EngineState)`` and ``("outs", [output tuple, ...], EngineStats | None)`` back (the engine's figures
-with the outputs that ended a request, and to every other front end alone).
+and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result, error)`` and
+``("state", EngineState)`` back. Outputs go back as ``b"o"`` and marshal's bytes of ``([output tuple, ...], pickled
+EngineStats | None)`` (the engine's figures with the outputs that ended a request, and to every other front end
+alone): marshal writes and reads plain tuples several times faster than pickle, and both ends run one Python
+(marshal's format may differ between versions: docs.python.org/3/library/marshal.html). Outputs marshal cannot
+write (a beam search's ``Beam``) go as a pickled ``("outs", outputs, stats)``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import marshal
 import os
 import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Mapping
@@ -39,6 +43,7 @@ from lmi_trt.engines.base import (
     AdapterHost,
     AdapterInfo,
     BatchedEngine,
+    Delta,
     Engine,
     EngineError,
     EngineOutput,
@@ -56,6 +61,12 @@ HEARTBEAT_S = 0.25
 # while the front end handles one.
 WINDOW = 2
 _PICKLE = pickle.HIGHEST_PROTOCOL
+_OUTS = b"o"  # an outputs message's first byte (a pickle's is b"\x80")
+# pyzmq's flags and options as plain ints: its enums cost an enum operation per message (zmq/sugar/socket.py).
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass(frozen=True)
@@ -86,14 +97,29 @@ _REASON = [f.name for f in fields(EngineOutput)].index("finish_reason")
 
 
 def _wire(out: EngineOutput) -> tuple:
-    """An output as a plain tuple, which pickles several times faster than the dataclass and its enum: a plain
-    delta (tokens and their log-probs, the rest unset: nearly every output) as its first three fields, else every
-    field in order with the finish reason by value."""
+    """An output as a plain tuple (which marshal can write, and pickle several times faster than the dataclass and
+    its enum): a plain delta (tokens and their log-probs, the rest unset: nearly every output) as its first three
+    fields (``Delta``), else every field in order with the finish reason by value."""
     if out.finished or out.queue_time_s is not None or out.top_logprobs is not None or out.prompt_logprobs is not None:
         t = tuple(vars(out).values())  # a dataclass's attributes, in its fields' order
         reason = out.finish_reason
         return (*t[:_REASON], reason.value if reason is not None else None, *t[_REASON + 1 :])
     return (out.request_id, out.token_ids, out.logprobs)
+
+
+def _encode_outputs(outs: list[tuple], stats: base.EngineStats | None) -> bytes:
+    try:
+        return _OUTS + marshal.dumps((outs, None if stats is None else pickle.dumps(stats, _PICKLE)))
+    except ValueError:  # "unmarshallable object": a beam search's final output
+        return pickle.dumps(("outs", outs, stats), _PICKLE)
+
+
+def read_message(payload: bytes) -> tuple:
+    """A message from the engine as its tuple (``("outs", outputs, EngineStats | None)`` for outputs)."""
+    if payload[:1] == _OUTS:
+        outs, stats = marshal.loads(memoryview(payload)[1:])
+        return ("outs", outs, None if stats is None else pickle.loads(stats))
+    return pickle.loads(payload)
 
 
 def _unwire(t: tuple) -> EngineOutput:
@@ -166,8 +192,12 @@ class _Port:
         self._schedule_look()  # what arrived before the reader was added
 
     def send(self, frames: list[bytes]) -> None:
-        """Sends at once (``zmq.ZMQError`` as zmq_send gives it: EHOSTUNREACH from a ROUTER_MANDATORY router)."""
-        self.sock.send_multipart(frames, zmq.NOBLOCK)
+        """Sends at once (``zmq.ZMQError`` as zmq_send gives it: EHOSTUNREACH from a ROUTER_MANDATORY router, on the
+        first frame)."""
+        sock = self.sock
+        for frame in frames[:-1]:
+            sock.send(frame, _NOBLOCK_MORE)
+        sock.send(frames[-1], _NOBLOCK)
         self._schedule_look()
 
     def close(self) -> None:
@@ -184,8 +214,8 @@ class _Port:
         sock = self.sock
         if sock.closed:
             return
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._on_message(sock.recv_multipart(zmq.NOBLOCK))
+        while sock.get(_EVENTS) & _POLLIN:
+            self._on_message(sock.recv_multipart(_NOBLOCK))
         self._on_drained()
 
 
@@ -355,6 +385,14 @@ class EngineServer:
                 peer.ended = self._ended = True
         self._schedule_flush()
 
+    def put_deltas(self, deltas: list[Delta]) -> None:
+        owner, peers = self._owner, self._peers
+        for delta in deltas:
+            peer = peers.get(owner.get(delta[0]))  # type: ignore[arg-type]  # None: its front end has gone
+            if peer is not None:
+                peer.pending.append(delta)  # a plain delta is its own wire tuple (``_wire``)
+        self._schedule_flush()
+
     def consumer(self, request_id: str) -> bytes | None:
         return self._owner.get(request_id)
 
@@ -398,15 +436,18 @@ class EngineServer:
                 ended, peer.ended = peer.ended, False
                 outs, peer.pending = peer.pending, []
                 peer.unacked += 1
-                self._send(identity, ("outs", outs, self.state.stats if ended else None))
+                self._deliver(identity, _encode_outputs(outs, self.state.stats if ended else None))
                 self._room.set()
             elif stats is not None:
-                self._send(identity, ("outs", [], stats))
+                self._deliver(identity, _encode_outputs([], stats))
 
     def _send(self, identity: bytes, message: tuple) -> None:
+        self._deliver(identity, pickle.dumps(message, _PICKLE))
+
+    def _deliver(self, identity: bytes, payload: bytes) -> None:
         assert self._port is not None, "start() first"
         try:
-            self._port.send([identity, pickle.dumps(message, _PICKLE)])
+            self._port.send([identity, payload])
         except zmq.ZMQError as error:  # EHOSTUNREACH: that front end has gone (its supervisor cancels its requests)
             log.debug("front end %s unreachable: %s", identity.decode(errors="replace"), error)
 
@@ -568,7 +609,7 @@ class RemoteEngine:
         if self._lost is not None:
             return
         try:
-            self._handle(pickle.loads(frames[0]))
+            self._handle(read_message(frames[0]))
         except Exception as e:  # a broken link: every open stream ends, /ping turns FAILED
             log.exception("the link to the engine failed")
             self._engine_lost(f"{type(e).__name__}: {e}")

@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pickle
 
 import pytest
 from serverproc import synthetic_engine, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.engines.base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import Beam, EngineOutput, EngineStats, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.serving.admission import LocalAdmission, SharedAdmission
 from lmi_trt.serving.core import LoadedModel
-from lmi_trt.serving.engine_link import EngineServer, RemoteEngine, _unwire, _wire
+from lmi_trt.serving.engine_link import EngineServer, RemoteEngine, _encode_outputs, _unwire, _wire, read_message
 from lmi_trt.serving.frontends import frontend_config, frontend_count
 
 
@@ -53,6 +54,14 @@ def test_an_output_crosses_the_wire_unchanged():
     assert _unwire(_wire(out)) == out
     plain = EngineOutput("r2", [1])
     assert _unwire(_wire(plain)) == plain
+    # An outputs message (marshal's, the engine's figures pickled beside) and one marshal cannot write (pickle's).
+    stats = EngineStats(active_requests=3, total_generated_tokens=7)
+    beams = EngineOutput("r3", [1], finished=True, finish_reason=FinishReason.EOS, beams=[Beam([1], FinishReason.EOS)])
+    for outs, pickled in (([_wire(out), ("r4", [7, 8], None)], False), ([_wire(beams)], True)):
+        payload = _encode_outputs(outs, stats)
+        assert payload.startswith(pickle.PROTO) is pickled
+        kind, wired, figures = read_message(payload)
+        assert (kind, figures) == ("outs", stats) and [_unwire(t) for t in wired] == [_unwire(t) for t in outs]
 
 
 def _request(rid: str, n: int) -> GenerationRequest:
@@ -171,7 +180,6 @@ async def _collect(stream) -> list[EngineOutput]:
 @contextlib.asynccontextmanager
 async def _raw_front_end(server, identity: bytes):
     """A front end that is only a DEALER socket: the test decides when it acknowledges outputs (never, at first)."""
-    import pickle
 
     import zmq
     import zmq.asyncio
@@ -182,7 +190,7 @@ async def _raw_front_end(server, identity: bytes):
     sock.connect(server.address)
     try:
         await sock.send(pickle.dumps(("hello",)))
-        assert pickle.loads(await sock.recv())[0] == "state"
+        assert read_message(await sock.recv())[0] == "state"
         yield sock
     finally:
         sock.close(0)
@@ -190,23 +198,20 @@ async def _raw_front_end(server, identity: bytes):
 
 
 async def _tokens_until_the_window_is_full(sock) -> None:
-    import pickle
-
     from lmi_trt.serving.engine_link import WINDOW
 
     for _ in range(WINDOW):
-        message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
+        message = read_message(await asyncio.wait_for(sock.recv(), 10))
         assert message[0] == "outs"
     await asyncio.sleep(0.3)
     while await sock.poll(0):  # the heartbeat's state, no outputs until acknowledged
-        assert pickle.loads(await sock.recv())[0] == "state"
+        assert read_message(await sock.recv())[0] == "state"
 
 
 def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
     """At most WINDOW outputs messages go to a front end that has not acknowledged them: the unpaced synthetic engine
     (as fast as its consumers take them) then waits, instead of filling the socket with steps that every later
     token would queue behind."""
-    import pickle
 
     from lmi_trt.serving.engine_link import WINDOW
 
@@ -221,7 +226,7 @@ def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
                 await sock.send(pickle.dumps(("ack", WINDOW)))
                 message = ("state",)
                 while message[0] == "state":
-                    message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
+                    message = read_message(await asyncio.wait_for(sock.recv(), 10))
                 assert message[0] == "outs" and message[1][0][0] == "long"
 
     asyncio.run(main())
@@ -230,7 +235,6 @@ def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
 def test_a_front_end_that_falls_behind_holds_back_its_own_requests_only(tmp_path):
     """The unpaced synthetic engine steps each request at its own front end's pace: a front end that stopped
     acknowledging does not stall another's requests (paced by the slowest, N front ends served as one)."""
-    import pickle
 
     from lmi_trt.serving.engine_link import WINDOW
 
