@@ -321,7 +321,7 @@ class AdapterHost(Protocol):
 
 # A plain delta, as an ``OutputSink`` takes it without an ``EngineOutput``: (request id, the new token ids, their
 # log-probs or None), nothing else set (not an end, no queue time, no top or prompt log-probs).
-Delta = tuple[str, list[int], list[float] | None]
+TokenDelta = tuple[str, list[int], list[float] | None]
 
 
 class OutputSink(Protocol):
@@ -332,8 +332,8 @@ class OutputSink(Protocol):
         """A step's outputs (refusals and cancellations too: every request ends with one final output here)."""
         ...
 
-    def put_deltas(self, deltas: list[Delta]) -> None:
-        """A step's plain deltas (``Delta``), what nearly every output is: an engine that has them as such saves
+    def put_deltas(self, deltas: list[TokenDelta]) -> None:
+        """A step's plain deltas (``TokenDelta``), what nearly every output is: an engine that has them as such saves
         building an ``EngineOutput`` per token (``put`` takes the rest). Outputs keep the order of the calls."""
         ...
 

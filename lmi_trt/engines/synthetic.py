@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Hashable, Iterable
 
 from lmi_trt.engines.base import (
     Capabilities,
-    Delta,
     EngineError,
     EngineLimits,
     EngineOutput,
@@ -27,6 +26,7 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
     OutputSink,
+    TokenDelta,
     can,
     cannot,
     error_output,
@@ -196,7 +196,7 @@ class SyntheticEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._sink: OutputSink | None = None
         self._outbox: list[EngineOutput] = []  # the sink's outputs of this step (ends, and first outputs)
-        self._deltas: list[Delta] = []  # and its plain deltas
+        self._deltas: list[TokenDelta] = []  # and its plain deltas
         self._healthy = True
         self._closed = False
         self._total_requests = 0

@@ -4,6 +4,7 @@ ZeroMQ link between a real synthetic engine and a RemoteEngine in this process (
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import pickle
@@ -15,7 +16,16 @@ from lmi_trt.config import LmiConfig
 from lmi_trt.engines.base import Beam, EngineOutput, EngineStats, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.serving.admission import LocalAdmission, SharedAdmission
 from lmi_trt.serving.core import LoadedModel
-from lmi_trt.serving.engine_link import EngineServer, RemoteEngine, _encode_outputs, _unwire, _wire, read_message
+from lmi_trt.serving.engine_link import (
+    EngineServer,
+    Frames,
+    RemoteEngine,
+    _encode_outputs,
+    _unwire,
+    _wire,
+    frame,
+    read_message,
+)
 from lmi_trt.serving.frontends import frontend_config, frontend_count
 
 
@@ -73,8 +83,8 @@ async def _linked(tmp_path, engine, fronts: int = 1):
     """An EngineServer and ``fronts`` RemoteEngines connecting to it (their ``connect()`` tasks); all closed after."""
     if engine is not None:
         await engine.start()
-    server = EngineServer(f"ipc://{tmp_path}/engine")
-    server.start()
+    server = EngineServer(f"{tmp_path}/engine")
+    await server.start()
     remotes = [RemoteEngine(server.address, f"fe-{i}", os.getppid()) for i in range(fronts)]
     connecting = [asyncio.ensure_future(r.connect()) for r in remotes]
     try:
@@ -177,35 +187,55 @@ async def _collect(stream) -> list[EngineOutput]:
     return [o async for o in stream]
 
 
+class _RawFrontEnd:
+    """A front end that is only a socket speaking the link's messages: the test decides when it acknowledges outputs
+    (never, at first)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.frames = Frames()
+        self.messages: collections.deque[bytes] = collections.deque()
+
+    async def send(self, message: tuple) -> None:
+        self.writer.write(frame(pickle.dumps(message)))
+        await self.writer.drain()
+
+    async def recv(self, timeout: float = 10) -> tuple:
+        while not self.messages:
+            data = await asyncio.wait_for(self.reader.read(1 << 16), timeout)
+            assert data, "the engine closed the link"
+            self.messages.extend(self.frames.feed(data))
+        return read_message(self.messages.popleft())
+
+    async def arrived(self, within: float) -> list[tuple]:
+        """Every message that arrives within ``within`` seconds."""
+        messages, loop = [], asyncio.get_running_loop()
+        deadline = loop.time() + within
+        with contextlib.suppress(asyncio.TimeoutError):
+            while (left := deadline - loop.time()) > 0:
+                messages.append(await self.recv(left))
+        return messages
+
+
 @contextlib.asynccontextmanager
-async def _raw_front_end(server, identity: bytes):
-    """A front end that is only a DEALER socket: the test decides when it acknowledges outputs (never, at first)."""
-
-    import zmq
-    import zmq.asyncio
-
-    context = zmq.asyncio.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(server.address)
+async def _raw_front_end(server, name: str):
+    reader, writer = await asyncio.open_unix_connection(server.address)
+    front = _RawFrontEnd(reader, writer)
     try:
-        await sock.send(pickle.dumps(("hello",)))
-        assert read_message(await sock.recv())[0] == "state"
-        yield sock
+        await front.send(("hello", name))
+        assert (await front.recv())[0] == "state"
+        yield front
     finally:
-        sock.close(0)
-        context.term()
+        writer.close()
 
 
-async def _tokens_until_the_window_is_full(sock) -> None:
+async def _tokens_until_the_window_is_full(front: _RawFrontEnd) -> None:
     from lmi_trt.serving.engine_link import WINDOW
 
     for _ in range(WINDOW):
-        message = read_message(await asyncio.wait_for(sock.recv(), 10))
-        assert message[0] == "outs"
-    await asyncio.sleep(0.3)
-    while await sock.poll(0):  # the heartbeat's state, no outputs until acknowledged
-        assert read_message(await sock.recv())[0] == "state"
+        assert (await front.recv())[0] == "outs"
+    # the heartbeat's state, no outputs until acknowledged
+    assert {message[0] for message in await front.arrived(0.3)} <= {"state"}
 
 
 def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
@@ -219,14 +249,14 @@ def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
         engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None)
         async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
             server.ready(engine, None)
-            async with _raw_front_end(server, b"fe-slow") as sock:
-                await sock.send(pickle.dumps(("submit", _request("long", 1000))))
-                await _tokens_until_the_window_is_full(sock)
+            async with _raw_front_end(server, "fe-slow") as front:
+                await front.send(("submit", _request("long", 1000)))
+                await _tokens_until_the_window_is_full(front)
                 assert engine.stats().total_generated_tokens <= WINDOW + 1
-                await sock.send(pickle.dumps(("ack", WINDOW)))
+                await front.send(("ack", WINDOW))
                 message = ("state",)
                 while message[0] == "state":
-                    message = read_message(await asyncio.wait_for(sock.recv(), 10))
+                    message = await front.recv()
                 assert message[0] == "outs" and message[1][0][0] == "long"
 
     asyncio.run(main())
@@ -243,9 +273,9 @@ def test_a_front_end_that_falls_behind_holds_back_its_own_requests_only(tmp_path
         async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
             server.ready(engine, None)
             await asyncio.wait_for(connecting, 10)
-            async with _raw_front_end(server, b"fe-slow") as sock:
-                await sock.send(pickle.dumps(("submit", _request("stalled", 1000))))
-                await _tokens_until_the_window_is_full(sock)
+            async with _raw_front_end(server, "fe-slow") as front:
+                await front.send(("submit", _request("stalled", 1000)))
+                await _tokens_until_the_window_is_full(front)
                 outs = await asyncio.wait_for(_collect(remote.submit(_request("served", 300))), 30)
                 assert sum(len(o.token_ids) for o in outs) == 300 and outs[-1].finished
                 assert engine.stats().total_generated_tokens <= 300 + WINDOW + 1
