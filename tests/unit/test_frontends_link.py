@@ -1,5 +1,5 @@
 """The engine's process and its front ends (option.api_server_count): how many, the shared admission count, and the
-ZeroMQ link between a real synthetic engine and a RemoteEngine in this process (the same sockets the processes use)."""
+link (Unix sockets) between a real synthetic engine and a RemoteEngine in this process (the same sockets the processes use)."""
 
 from __future__ import annotations
 
