@@ -4,9 +4,9 @@ socket per front end, on each side's event loop (asyncio), each message its leng
 The engine side (``EngineServer``, listening) runs the engine and forwards every request's outputs; the front end
 side (``RemoteEngine``, connected) is an ``Engine`` to the serving layer, which sees no difference. A message costs
 one write on one side and one read on the other, on the event loops' own threads. ZeroMQ, this link's first
-transport, hands every message to an I/O thread of its own on each side: that cost 2.5 times the CPU per outputs
-message and its acknowledgement (benchmarks/README.md, "The link over Unix sockets"). A side learns at once that
-the other has gone: when a process ends, the kernel closes its sockets.
+transport, hands every message to an I/O thread of its own on each side and wakes it: the engine's process took a
+fifth more CPU per token over it (benchmarks/README.md, "The engine link over Unix sockets"). A side learns at once
+that the other has gone: when a process ends, the kernel closes its sockets.
 
 Outputs are coalesced per front end: all that the engine delivers in one turn of the event loop (one engine step)
 leave as one message of plain tuples, not one message per token per request; an engine that can
