@@ -322,6 +322,7 @@ class EngineServer:
                 task.cancel()
         if self._heart is not None:
             await asyncio.gather(self._heart, return_exceptions=True)
+        self._names.clear()  # closing the sockets below is not a front end's death: nothing to cancel
         for peer in self._peers.values():
             peer.connection.close()
         if self._server is not None:

@@ -1,5 +1,5 @@
 """The engine's process and its front ends (option.api_server_count): how many, the shared admission count, and the
-link (Unix sockets) between a real synthetic engine and a RemoteEngine in this process (the same sockets the processes use)."""
+link between a real synthetic engine and a RemoteEngine in this process (the Unix sockets the processes use)."""
 
 from __future__ import annotations
 
@@ -279,6 +279,32 @@ def test_a_front_end_that_falls_behind_holds_back_its_own_requests_only(tmp_path
                 outs = await asyncio.wait_for(_collect(remote.submit(_request("served", 300))), 30)
                 assert sum(len(o.token_ids) for o in outs) == 300 and outs[-1].finished
                 assert engine.stats().total_generated_tokens <= 300 + WINDOW + 1
+
+    asyncio.run(main())
+
+
+def test_messages_are_read_whole_however_the_reads_split_them():
+    payloads = [b"", b"a", bytes(range(256)) * 300]
+    stream = b"".join(frame(p) for p in payloads)
+    for size in (1, 3, 7, 4096, len(stream)):
+        frames = Frames()
+        read = [m for i in range(0, len(stream), size) for m in frames.feed(stream[i : i + size])]
+        assert read == payloads
+
+
+def test_a_front_end_whose_socket_closes_has_its_requests_cancelled(tmp_path):
+    """A front end that dies mid-stream closes its socket (the kernel does): the engine frees its requests' slots at
+    once, before any supervisor says so."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=50)
+        async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
+            server.ready(engine, None)
+            async with _raw_front_end(server, "fe-dies") as front:
+                await front.send(("submit", _request("orphan", 1000)))
+                assert (await front.recv())[0] in ("outs", "state")
+                assert server.in_flight == 1
+            await _slots_freed(engine, server)
 
     asyncio.run(main())
 
