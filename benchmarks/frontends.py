@@ -379,57 +379,70 @@ async def _engine_protocol(
 
 
 def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], out_tokens: int, results) -> None:
-    """Front ends that only submit and acknowledge, over engine_link's protocol (a DEALER each, as RemoteEngine):
+    """Front ends that only submit and acknowledge, over engine_link's protocol (a socket each, as RemoteEngine):
     every request at once, then the outputs until every request has ended; tokens/s and TTFT p50 into ``results``."""
     import pickle
+    import selectors
+    import socket
 
-    import zmq
     from gpu_decode import pct
 
     from lmi_trt.engines.base import GenerationRequest, SamplingParams
+    from lmi_trt.serving.engine_link import Frames, frame, read_message
 
-    context = zmq.Context()
+    def send(sock: socket.socket, message: tuple) -> None:
+        sock.sendall(frame(pickle.dumps(message)))
+
     socks = []
     for i in range(len(batches)):
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"bench-{i}".encode())
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(address)
-        sock.send(pickle.dumps(("hello",)))
+        send(sock, ("hello", f"bench-{i}"))
         socks.append(sock)
+    frames = {sock: Frames() for sock in socks}
+
+    def receive(sock: socket.socket) -> list[tuple]:
+        data = sock.recv(1 << 20)
+        if not data:
+            raise RuntimeError("the engine closed the link")
+        return [read_message(m) for m in frames[sock].feed(data)]
+
     for sock in socks:
-        while (m := pickle.loads(sock.recv()))[0] != "state" or m[1].phase != "ready":
+        while not any(m[0] == "state" and m[1].phase == "ready" for m in receive(sock)):
             pass
     sampling = SamplingParams(max_new_tokens=out_tokens, ignore_eos=True)
     t0 = time.perf_counter()
     for sock, batch in zip(socks, batches, strict=True):
         for rid, ids in batch:
-            sock.send(pickle.dumps(("submit", GenerationRequest(rid, ids, sampling))))
-    poller = zmq.Poller()
+            send(sock, ("submit", GenerationRequest(rid, ids, sampling)))
+    selector = selectors.DefaultSelector()
     for sock in socks:
-        poller.register(sock, zmq.POLLIN)
+        selector.register(sock, selectors.EVENT_READ)
     first: dict[str, float] = {}
     tokens, left = 0, sum(len(b) for b in batches)
     while left:
-        for sock, _ in poller.poll():
-            message = pickle.loads(sock.recv())
-            if message[0] != "outs" or not message[1]:
-                continue
-            now = time.perf_counter()
-            for t in message[1]:  # engine_link's wire: (id, tokens, log-probs[, ...finished, reason, error...])
-                if t[1]:
-                    first.setdefault(t[0], now)
-                    tokens += len(t[1])
-                if len(t) > 5 and t[5]:
-                    if t[7]:
-                        raise RuntimeError(t[7])
-                    left -= 1
-            sock.send(pickle.dumps(("ack", 1)))
+        for key, _ in selector.select():
+            taken = 0
+            for message in receive(key.fileobj):  # type: ignore[arg-type]
+                if message[0] != "outs" or not message[1]:
+                    continue
+                taken += 1
+                now = time.perf_counter()
+                for t in message[1]:  # engine_link's wire: (id, tokens, log-probs[, ...finished, reason, error...])
+                    if t[1]:
+                        first.setdefault(t[0], now)
+                        tokens += len(t[1])
+                    if len(t) > 5 and t[5]:
+                        if t[7]:
+                            raise RuntimeError(t[7])
+                        left -= 1
+            if taken:
+                send(key.fileobj, ("ack", taken))  # type: ignore[arg-type]
     seconds = time.perf_counter() - t0
     ttft = pct([t - t0 for t in first.values()], 50)
     results.put({"tok_s": tokens / seconds, "ttft_p50_ms": 1e3 * ttft if ttft is not None else None})
     for sock in socks:
-        sock.close(0)
-    context.term()
+        sock.close()
 
 
 async def _engine_process(
@@ -446,8 +459,8 @@ async def _engine_process(
     batch = prompts(streams, prompt, vocab=vocab)
     engine = _torch_engine(model_dir, prompt, out_tokens, batch_size)
     await engine.start()
-    server = EngineServer(f"ipc://{tempfile.mkdtemp(prefix='frontends-link-')}/engine")
-    server.start()
+    server = EngineServer(os.path.join(tempfile.mkdtemp(prefix="frontends-link-"), "engine"))
+    await server.start()
     server.ready(engine, None)
     spawn = multiprocessing.get_context("spawn")  # this process holds CUDA
     results = spawn.Queue()

@@ -319,12 +319,22 @@ class AdapterHost(Protocol):
     async def unregister_adapter(self, name: str) -> None: ...
 
 
+# A plain delta, as an ``OutputSink`` takes it without an ``EngineOutput``: (request id, the new token ids, their
+# log-probs or None), nothing else set (not an end, no queue time, no top or prompt log-probs).
+TokenDelta = tuple[str, list[int], list[float] | None]
+
+
 class OutputSink(Protocol):
     """Where a ``BatchedEngine`` hands its outputs: one call per engine step with every output of that step (no
     task, iterator or queue per request), as the engine's process does for its front ends (serving/engine_link)."""
 
     def put(self, outputs: list[EngineOutput]) -> None:
         """A step's outputs (refusals and cancellations too: every request ends with one final output here)."""
+        ...
+
+    def put_deltas(self, deltas: list[TokenDelta]) -> None:
+        """A step's plain deltas (``TokenDelta``), what nearly every output is: an engine that has them as such saves
+        building an ``EngineOutput`` per token (``put`` takes the rest). Outputs keep the order of the calls."""
         ...
 
     def consumer(self, request_id: str) -> Hashable:

@@ -26,6 +26,7 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
     OutputSink,
+    TokenDelta,
     can,
     cannot,
     error_output,
@@ -194,7 +195,8 @@ class SyntheticEngine:
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._sink: OutputSink | None = None
-        self._outbox: list[EngineOutput] = []  # the sink's outputs of this step
+        self._outbox: list[EngineOutput] = []  # the sink's outputs of this step (ends, and first outputs)
+        self._deltas: list[TokenDelta] = []  # and its plain deltas
         self._healthy = True
         self._closed = False
         self._total_requests = 0
@@ -238,9 +240,13 @@ class SyntheticEngine:
         self._put_outbox()
 
     def _put_outbox(self) -> None:
+        # Only sunk sequences fill these (attached). A request's outputs are in one of the two lists per step.
         if self._outbox:
             outs, self._outbox = self._outbox, []
-            self._sink.put(outs)  # type: ignore[union-attr]  # only sunk sequences fill the outbox
+            self._sink.put(outs)  # type: ignore[union-attr]
+        if self._deltas:
+            deltas, self._deltas = self._deltas, []
+            self._sink.put_deltas(deltas)  # type: ignore[union-attr]
 
     def _enqueue(self, request: GenerationRequest, sunk: bool) -> _Sequence | EngineError:
         if self._loop_task is None or self._closed:
@@ -378,7 +384,7 @@ class SyntheticEngine:
     def _step(self, active: list[_Sequence]) -> None:
         """One engine step: one token for every active sequence (each a counter and a wake-up, or an output for the
         sink: all of the step's in one call)."""
-        outbox = self._outbox
+        outbox, deltas = self._outbox, self._deltas
         for seq in active:
             k = seq.generated = seq.generated + 1
             if k >= seq.end_at:
@@ -386,10 +392,13 @@ class SyntheticEngine:
                 continue
             if seq.sunk:
                 a, seq.read = seq.read, k
-                outbox.append(
-                    EngineOutput(seq.request.request_id, seq.ids[a:k], seq.lps[a:k], queue_time_s=seq.queue_time_s)
-                )
-                seq.queue_time_s = None
+                if seq.queue_time_s is None:
+                    deltas.append((seq.request.request_id, seq.ids[a:k], seq.lps[a:k]))
+                else:  # its first output, with its time in the queue
+                    outbox.append(
+                        EngineOutput(seq.request.request_id, seq.ids[a:k], seq.lps[a:k], queue_time_s=seq.queue_time_s)
+                    )
+                    seq.queue_time_s = None
                 continue
             w = seq.waiter
             if w is not None:

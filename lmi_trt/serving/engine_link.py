@@ -1,9 +1,15 @@
-"""The channel between the engine's process and its front ends (``option.api_server_count`` > 1), over ZeroMQ.
+"""The channel between the engine's process and its front ends (``option.api_server_count`` > 1): one Unix stream
+socket per front end, on each side's event loop (asyncio), each message its length and then its bytes.
 
-The engine side (``EngineServer``, a ROUTER socket) runs the engine and forwards every request's outputs; the
-front end side (``RemoteEngine``, a DEALER socket) is an ``Engine`` to the serving layer, which sees no
-difference. Outputs are coalesced per front end: all that the engine delivers in one turn of the event loop (one
-engine step) leave as one message of plain tuples, not one message per token per request; an engine that can
+The engine side (``EngineServer``, listening) runs the engine and forwards every request's outputs; the front end
+side (``RemoteEngine``, connected) is an ``Engine`` to the serving layer, which sees no difference. A message costs
+one write on one side and one read on the other, on the event loops' own threads. ZeroMQ, this link's first
+transport, hands every message to an I/O thread of its own on each side and wakes it: the engine's process took a
+fifth more CPU per token over it (benchmarks/README.md, "The engine link over Unix sockets"). A side learns at once
+that the other has gone: when a process ends, the kernel closes its sockets.
+
+Outputs are coalesced per front end: all that the engine delivers in one turn of the event loop (one engine step)
+leave as one message of plain tuples, not one message per token per request; an engine that can
 (``BatchedEngine``) hands a step's outputs over in one call, with no task per request in this process. Front ends
 send a request (its ``GenerationRequest``) once and a cancel when its client leaves.
 
@@ -12,10 +18,13 @@ Flow control: a front end acknowledges each outputs message once its streams hav
 front end merges a request's deltas. A front end that falls behind thus gets fewer, larger deltas (as one process
 does) rather than a queue growing in the socket, whose delay every new request's first token would wait behind.
 
-Messages are pickled tuples: ``("hello",)``, ``("submit", request)``, ``("cancel", request_id)``, ``("ack", n)``
-and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result, error)``,
-``("state", EngineState)`` and ``("outs", [output tuple, ...], EngineStats | None)`` back (the engine's figures
-with the outputs that ended a request, and to every other front end alone).
+Messages are pickled tuples: ``("hello", name)``, ``("submit", request)``, ``("cancel", request_id)``,
+``("ack", n)`` and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result,
+error)`` and ``("state", EngineState)`` back. Outputs go back as ``b"o"`` and marshal's bytes of ``([output tuple,
+...], pickled EngineStats | None)`` (the engine's figures with the outputs that ended a request, and to every other
+front end alone): marshal writes and reads plain tuples several times faster than pickle, and both ends run one
+Python (marshal's format may differ between versions: docs.python.org/3/library/marshal.html). Outputs marshal
+cannot write (a beam search's ``Beam``) go as a pickled ``("outs", outputs, stats)``.
 """
 
 from __future__ import annotations
@@ -25,14 +34,15 @@ import collections
 import contextlib
 import itertools
 import logging
+import marshal
 import os
 import pickle
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-
-import zmq
 
 from lmi_trt.engines import base
 from lmi_trt.engines.base import (
@@ -45,6 +55,7 @@ from lmi_trt.engines.base import (
     FinishReason,
     GenerationRequest,
     OutputChannel,
+    TokenDelta,
     error_output,
 )
 
@@ -56,6 +67,8 @@ HEARTBEAT_S = 0.25
 # while the front end handles one.
 WINDOW = 2
 _PICKLE = pickle.HIGHEST_PROTOCOL
+_OUTS = b"o"  # an outputs message's first byte (a pickle's is b"\x80")
+_LENGTH = struct.Struct("!I")  # each message on a socket: its length, then its bytes
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,29 @@ _REASON = [f.name for f in fields(EngineOutput)].index("finish_reason")
 
 
 def _wire(out: EngineOutput) -> tuple:
-    """An output as a plain tuple, which pickles several times faster than the dataclass and its enum: a plain
-    delta (tokens and their log-probs, the rest unset: nearly every output) as its first three fields, else every
-    field in order with the finish reason by value."""
+    """An output as a plain tuple (which marshal can write, and pickle several times faster than the dataclass and
+    its enum): a plain delta (tokens and their log-probs, the rest unset: nearly every output) as its first three
+    fields (``TokenDelta``), else every field in order with the finish reason by value."""
     if out.finished or out.queue_time_s is not None or out.top_logprobs is not None or out.prompt_logprobs is not None:
         t = tuple(vars(out).values())  # a dataclass's attributes, in its fields' order
         reason = out.finish_reason
         return (*t[:_REASON], reason.value if reason is not None else None, *t[_REASON + 1 :])
     return (out.request_id, out.token_ids, out.logprobs)
+
+
+def _encode_outputs(outs: list[tuple], stats: base.EngineStats | None) -> bytes:
+    try:
+        return _OUTS + marshal.dumps((outs, None if stats is None else pickle.dumps(stats, _PICKLE)))
+    except ValueError:  # "unmarshallable object": a beam search's final output
+        return pickle.dumps(("outs", outs, stats), _PICKLE)
+
+
+def read_message(payload: bytes) -> tuple:
+    """A message from the engine as its tuple (``("outs", outputs, EngineStats | None)`` for outputs)."""
+    if payload[:1] == _OUTS:
+        outs, stats = marshal.loads(memoryview(payload)[1:])
+        return ("outs", outs, None if stats is None else pickle.loads(stats))
+    return pickle.loads(payload)
 
 
 def _unwire(t: tuple) -> EngineOutput:
@@ -132,89 +160,104 @@ class _Inbox(OutputChannel):
         return self.items.popleft() if len(self.items) == 1 else _merge(self.items)
 
 
-def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
-    sock = context.socket(kind)
-    # No high-water mark: a ROUTER drops what is over it silently; the engine's outputs are bounded by its batch.
-    # So a non-blocking send never waits.
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.LINGER, 0)
-    return sock
+def frame(payload: bytes) -> bytes:
+    """A message as it goes on the socket."""
+    return _LENGTH.pack(len(payload)) + payload
 
 
-class _Port:
-    """A ZeroMQ socket on the event loop without pyzmq's asyncio layer, which costs a future, a poller check and
-    several enum operations per message (pyzmq zmq/_future.py), on both ends of every outputs message and its
-    acknowledgement: sends are non-blocking, and a reader on the socket's descriptor hands each message that has
-    arrived to ``on_message``, then calls ``on_drained``. The descriptor is edge-triggered and a send may take its
-    edge (libzmq's zmq_getsockopt, ZMQ_FD: "applications must update the state of ZMQ_EVENTS after each
-    invocation of zmq_send or zmq_recv"), so a send also schedules a look for messages."""
+class Frames:
+    """The messages of a byte stream, as its reads bring them."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The messages ``data`` completes (none, or several: one read takes what has arrived)."""
+        buffer = self._buffer
+        buffer += data
+        messages, start, end = [], 0, len(buffer)
+        while end - start >= 4:
+            stop = start + 4 + _LENGTH.unpack_from(buffer, start)[0]
+            if stop > end:
+                break
+            messages.append(bytes(buffer[start + 4 : stop]))
+            start = stop
+        del buffer[:start]
+        return messages
+
+
+class _Connection(asyncio.Protocol):
+    """One end of one front end's socket: each whole message to ``on_message``, then ``on_drained`` once a read's
+    are handled; ``on_lost`` when the other end has closed it (its process ended, or it closed the link)."""
 
     def __init__(
         self,
-        sock: zmq.Socket,
-        on_message: Callable[[list[bytes]], None],
+        on_message: Callable[[_Connection, bytes], None],
+        on_lost: Callable[[_Connection], None],
         on_drained: Callable[[], None] = lambda: None,
     ) -> None:
-        self.sock = sock
         self._on_message = on_message
+        self._on_lost = on_lost
         self._on_drained = on_drained
-        self._loop = asyncio.get_running_loop()
-        self._looking = False
-        self._fd = sock.getsockopt(zmq.FD)
-        self._loop.add_reader(self._fd, self._look)
-        self._schedule_look()  # what arrived before the reader was added
+        self._frames = Frames()
+        self.transport: asyncio.Transport | None = None
 
-    def send(self, frames: list[bytes]) -> None:
-        """Sends at once (``zmq.ZMQError`` as zmq_send gives it: EHOSTUNREACH from a ROUTER_MANDATORY router)."""
-        self.sock.send_multipart(frames, zmq.NOBLOCK)
-        self._schedule_look()
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a Unix stream socket's
+
+    def data_received(self, data: bytes) -> None:
+        for payload in self._frames.feed(data):
+            self._on_message(self, payload)
+        self._on_drained()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost(self)
+
+    def send(self, payload: bytes) -> bool:
+        """Writes at once (what the socket does not take now, asyncio's transport keeps and writes as it can); False
+        when the link is closed."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.write(frame(payload))
+        return True
 
     def close(self) -> None:
-        self._loop.remove_reader(self._fd)
-        self.sock.close(0)
-
-    def _schedule_look(self) -> None:
-        if not self._looking:
-            self._looking = True
-            self._loop.call_soon(self._look)
-
-    def _look(self) -> None:
-        self._looking = False
-        sock = self.sock
-        if sock.closed:
-            return
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._on_message(sock.recv_multipart(zmq.NOBLOCK))
-        self._on_drained()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class _Peer:
-    """A front end, as the engine's end sees it: outputs waiting to go, and messages it has not acknowledged."""
+    """A front end, as the engine's end sees it: its socket, outputs waiting to go, and messages it has not
+    acknowledged."""
 
-    __slots__ = ("ended", "pending", "unacked")
+    __slots__ = ("connection", "ended", "pending", "unacked")
 
-    def __init__(self) -> None:
+    def __init__(self, connection: _Connection) -> None:
+        self.connection = connection
         self.pending: list[tuple] = []
         self.unacked = 0
         self.ended = False  # a pending output ends its request: the engine's figures go with them
 
 
 class EngineServer:
-    """The engine's end: serves ``hello``/``submit``/``cancel`` from every front end at ``address``; the
-    ``OutputSink`` of a ``BatchedEngine``."""
+    """The engine's end: serves ``hello``/``submit``/``cancel`` from every front end at ``address`` (a Unix socket's
+    path, listening from here on: front ends may connect before ``start``); the ``OutputSink`` of a
+    ``BatchedEngine``."""
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._context = zmq.Context()
-        self._sock = _socket(self._context, zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone front end is an error to drop, not a silent loss
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(address)
-        self._port: _Port | None = None
+        self._sock.listen(256)
+        self._server: asyncio.AbstractServer | None = None
         self.engine: Engine | None = None
         self.state = EngineState()
-        self._peers: dict[bytes, _Peer] = {}
-        self._owner: dict[str, bytes] = {}  # request id → the front end that sent it, until its final output
+        self._peers: dict[str, _Peer] = {}  # by the front end's name (its hello's)
+        self._names: dict[_Connection, str] = {}
+        self._owner: dict[str, str] = {}  # request id → the front end that sent it, until its final output
         self._tasks: dict[str, asyncio.Task[None]] = {}  # a request no BatchedEngine sinks: a task relays it
         self._flushing = False
         self._ended = False  # a request ended since the last flush
@@ -222,9 +265,12 @@ class EngineServer:
         self._background: set[asyncio.Task[None]] = set()
         self._heart: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._port = _Port(self._sock, self._receive)
-        self._heart = asyncio.get_running_loop().create_task(self._heartbeat(), name="lmi-engine-heartbeat")
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _Connection(self._receive, self._connection_lost), sock=self._sock
+        )
+        self._heart = loop.create_task(self._heartbeat(), name="lmi-engine-heartbeat")
 
     @property
     def in_flight(self) -> int:
@@ -251,15 +297,24 @@ class EngineServer:
         self.state = EngineState("failed", error=error, healthy=False)
         self._broadcast()
 
-    def frontend_gone(self, identity: bytes) -> None:
-        """A front end died: its requests are cancelled (their engine slots freed), nobody else's."""
-        self._peers.pop(identity, None)
+    def frontend_gone(self, name: str) -> None:
+        """A front end died (its supervisor says, or its socket closed): its requests are cancelled (their engine
+        slots freed), nobody else's."""
+        peer = self._peers.pop(name, None)
+        if peer is not None:
+            self._names.pop(peer.connection, None)
+            peer.connection.close()
         self._room.set()  # what waited for it is no longer waited for (``taken`` looks again)
-        gone = [rid for rid, owner in self._owner.items() if owner == identity]
+        gone = [rid for rid, owner in self._owner.items() if owner == name]
         if gone:
-            log.warning("front end %s is gone: cancelling its %d requests", identity.decode(), len(gone))
+            log.warning("front end %s is gone: cancelling its %d requests", name, len(gone))
         for rid in gone:
             self._cancel(rid)
+
+    def _connection_lost(self, connection: _Connection) -> None:
+        name = self._names.pop(connection, None)
+        if name is not None:
+            self.frontend_gone(name)
 
     async def close(self) -> None:
         for task in (self._heart, *self._tasks.values()):
@@ -267,21 +322,31 @@ class EngineServer:
                 task.cancel()
         if self._heart is not None:
             await asyncio.gather(self._heart, return_exceptions=True)
-        if self._port is not None:
-            self._port.close()
-        self._sock.close(0)
-        self._context.term()
+        self._names.clear()  # closing the sockets below is not a front end's death: nothing to cancel
+        for peer in self._peers.values():
+            peer.connection.close()
+        if self._server is not None:
+            self._server.close()
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.address)
 
     # --- receiving
-    def _receive(self, frames: list[bytes]) -> None:
-        identity, payload = frames
+    def _receive(self, connection: _Connection, payload: bytes) -> None:
+        name = self._names.get(connection)
         try:
             message = pickle.loads(payload)
             kind = message[0]
-            if kind == "submit":
-                self._submit(identity, message[1])
+            if kind == "hello":
+                name = self._names[connection] = message[1]
+                self._peers[name] = _Peer(connection)
+                self._send(name, ("state", self.state))
+            elif name is None:  # nothing before its hello
+                raise ValueError(f"a {kind!r} message before the front end's hello")
+            elif kind == "submit":
+                self._submit(name, message[1])
             elif kind == "ack":
-                peer = self._peers.get(identity)
+                peer = self._peers.get(name)
                 if peer is not None:
                     peer.unacked -= message[1]
                     if peer.pending:
@@ -289,16 +354,13 @@ class EngineServer:
             elif kind == "cancel":
                 self._cancel(message[1])
             elif kind == "call":
-                self._spawn(self._call(identity, *message[1:]))
-            elif kind == "hello":
-                self._peers[identity] = _Peer()
-                self._send(identity, ("state", self.state))
+                self._spawn(self._call(name, *message[1:]))
         except Exception:  # one front end's bad message is that message's loss, not the link's
-            log.exception("a message from front end %s failed", identity.decode(errors="replace"))
+            log.exception("a message from front end %s failed", name)
 
-    def _submit(self, identity: bytes, request: GenerationRequest) -> None:
+    def _submit(self, name: str, request: GenerationRequest) -> None:
         rid = request.request_id
-        self._owner[rid] = identity
+        self._owner[rid] = name
         if self.engine is None:  # a front end only submits once it heard "ready"; a late one after a failure
             self.put([error_output(rid, "the engine is not running", 503)])
         elif isinstance(self.engine, BatchedEngine) and self.engine.sinks(request):
@@ -323,7 +385,7 @@ class EngineServer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _call(self, identity: bytes, call_id: int, method: str, args: tuple) -> None:
+    async def _call(self, name: str, call_id: int, method: str, args: tuple) -> None:
         """A front end's call on the engine (one of ``_CALLS``); every front end hears the new adapter list before
         the caller hears the answer, so the caller's next request sees it."""
         result, error = None, None
@@ -339,15 +401,15 @@ class EngineServer:
         if self.engine is not None:
             self.state = replace(self.state, adapters=_adapters(self.engine))
             self._broadcast()
-        self._send(identity, ("reply", call_id, result, error))
+        self._send(name, ("reply", call_id, result, error))
 
     # --- sending (OutputSink)
     def put(self, outputs: list[EngineOutput]) -> None:
         owner, peers = self._owner, self._peers
         for out in outputs:
             rid = out.request_id
-            identity = owner.pop(rid, None) if out.finished else owner.get(rid)
-            peer = peers.get(identity) if identity is not None else None
+            name = owner.pop(rid, None) if out.finished else owner.get(rid)
+            peer = peers.get(name) if name is not None else None
             if peer is None:  # its front end has gone (its requests are being cancelled)
                 continue
             peer.pending.append(_wire(out))
@@ -355,11 +417,19 @@ class EngineServer:
                 peer.ended = self._ended = True
         self._schedule_flush()
 
-    def consumer(self, request_id: str) -> bytes | None:
+    def put_deltas(self, deltas: list[TokenDelta]) -> None:
+        owner, peers = self._owner, self._peers
+        for delta in deltas:
+            peer = peers.get(owner.get(delta[0]))  # type: ignore[arg-type]  # None: its front end has gone
+            if peer is not None:
+                peer.pending.append(delta)  # a plain delta is its own wire tuple (``_wire``)
+        self._schedule_flush()
+
+    def consumer(self, request_id: str) -> str | None:
         return self._owner.get(request_id)
 
     def backlogged(self, consumer: Hashable) -> bool:
-        peer = self._peers.get(consumer)  # type: ignore[arg-type]  # a front end's identity (``consumer``)
+        peer = self._peers.get(consumer)  # type: ignore[arg-type]  # a front end's name (``consumer``)
         return peer is not None and bool(peer.pending)
 
     def taken(self) -> Awaitable[None]:
@@ -393,26 +463,25 @@ class EngineServer:
             self._ended = False
             stats = self.engine.stats()
             self.state = replace(self.state, stats=stats)
-        for identity, peer in self._peers.items():
+        for peer in self._peers.values():
             if peer.pending and peer.unacked < WINDOW:
                 ended, peer.ended = peer.ended, False
                 outs, peer.pending = peer.pending, []
                 peer.unacked += 1
-                self._send(identity, ("outs", outs, self.state.stats if ended else None))
+                peer.connection.send(_encode_outputs(outs, self.state.stats if ended else None))
                 self._room.set()
             elif stats is not None:
-                self._send(identity, ("outs", [], stats))
+                peer.connection.send(_encode_outputs([], stats))
 
-    def _send(self, identity: bytes, message: tuple) -> None:
-        assert self._port is not None, "start() first"
-        try:
-            self._port.send([identity, pickle.dumps(message, _PICKLE)])
-        except zmq.ZMQError as error:  # EHOSTUNREACH: that front end has gone (its supervisor cancels its requests)
-            log.debug("front end %s unreachable: %s", identity.decode(errors="replace"), error)
+    def _send(self, name: str, message: tuple) -> None:
+        peer = self._peers.get(name)
+        if peer is not None:  # else that front end has gone
+            peer.connection.send(pickle.dumps(message, _PICKLE))
 
     def _broadcast(self) -> None:
-        for identity in list(self._peers):
-            self._send(identity, ("state", self.state))
+        payload = pickle.dumps(("state", self.state), _PICKLE)
+        for peer in self._peers.values():
+            peer.connection.send(payload)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -426,19 +495,18 @@ class RemoteEngine:
     """The engine of another process, as the serving layer's ``Engine`` (engines/base.py's contract: ``submit``
     never raises; a request the engine cannot reach ends with a 503 final output)."""
 
-    def __init__(self, address: str, identity: str, parent_pid: int) -> None:
+    def __init__(self, address: str, name: str, parent_pid: int) -> None:
         self._address = address
-        self._identity = identity.encode()
+        self._name = name
         # Request ids are unique within a front end (X-Request-Id and a count); the engine sees them with the front
-        # end's identity added, unique across front ends.
-        self._suffix = "@" + identity
+        # end's name added, unique across front ends.
+        self._suffix = "@" + name
         self._parent_pid = parent_pid
-        self._context: zmq.Context | None = None
-        self._port: _Port | None = None
+        self._link: _Connection | None = None
+        self._closing = False
         self._streams: dict[str, _Inbox] = {}
         self.state = EngineState()
         self._changed = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
         self._lost: str | None = None  # why the engine is unreachable
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
@@ -468,7 +536,7 @@ class RemoteEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         rid = request.request_id
-        if self._port is None or not self.healthy:
+        if self._link is None or not self.healthy:
             return _one(error_output(rid, f"the engine is not reachable: {self._lost or 'its process is gone'}", 503))
         inbox = _Inbox()
         wire = replace(request, request_id=rid + self._suffix)
@@ -490,7 +558,7 @@ class RemoteEngine:
                 await self.cancel(rid)  # the client left before the end: the engine frees its slot
 
     async def cancel(self, request_id: str) -> None:
-        if self._port is not None and self._lost is None:
+        if self._link is not None and self._lost is None:
             self._send(("cancel", request_id + self._suffix))
 
     def stats(self) -> base.EngineStats:
@@ -507,7 +575,7 @@ class RemoteEngine:
         await self._call("unregister_adapter", name)
 
     async def _call(self, method: str, *args: Any) -> Any:
-        if self._port is None or self._lost is not None:
+        if self._link is None or self._lost is not None:
             raise EngineError(f"the engine is not reachable: {self._lost or 'not connected'}", 503)
         call_id = next(self._call_ids)
         future = self._calls[call_id] = asyncio.get_running_loop().create_future()
@@ -518,33 +586,25 @@ class RemoteEngine:
             self._calls.pop(call_id, None)
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-        if self._port is not None:
-            self._port.close()
-        if self._context is not None:
-            self._context.term()
+        self._closing = True
+        if self._link is not None:
+            self._link.close()
 
     # --- the link
     async def connect(self) -> EngineState:
         """Connect and wait until the engine is ready or has failed; its state."""
-        self._context = zmq.Context()
-        sock = _socket(self._context, zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self._identity)
-        sock.connect(self._address)
-        self._port = _Port(sock, self._receive, self._drained)
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="lmi-engine-link-watch")
-        self._send(("hello",))
+        _, self._link = await asyncio.get_running_loop().create_unix_connection(
+            lambda: _Connection(self._receive, self._link_closed, self._drained), self._address
+        )
+        self._send(("hello", self._name))
         while self.state.phase == "loading":
             self._changed.clear()
             await self._changed.wait()
         return self.state
 
     def _send(self, message: tuple) -> None:
-        assert self._port is not None
-        self._port.send([pickle.dumps(message, _PICKLE)])
+        assert self._link is not None
+        self._link.send(pickle.dumps(message, _PICKLE))
 
     def _drained(self) -> None:
         # One acknowledgement for the outputs messages just read, once the streams they woke have had their turn
@@ -554,21 +614,20 @@ class RemoteEngine:
 
     def _ack(self) -> None:
         taken, self._taken = self._taken, 0
-        if taken and self._port is not None and self._lost is None:
+        if taken and self._link is not None and self._lost is None:
             self._send(("ack", taken))
 
-    async def _watch(self) -> None:
-        """The engine's process is this one's parent: once it has gone (a front end outlives it only when it was
-        killed), every open stream ends and /ping turns FAILED."""
-        while os.getppid() == self._parent_pid:
-            await asyncio.sleep(HEARTBEAT_S * 4)
-        self._engine_lost("the engine's process has exited")
+    def _link_closed(self, connection: _Connection) -> None:
+        """The engine's process closed the link: it has exited (a front end outlives it only when it was killed), so
+        every open stream ends and /ping turns FAILED."""
+        if not self._closing and self._lost is None:
+            self._engine_lost("the engine's process has exited")
 
-    def _receive(self, frames: list[bytes]) -> None:
+    def _receive(self, connection: _Connection, payload: bytes) -> None:
         if self._lost is not None:
             return
         try:
-            self._handle(pickle.loads(frames[0]))
+            self._handle(read_message(payload))
         except Exception as e:  # a broken link: every open stream ends, /ping turns FAILED
             log.exception("the link to the engine failed")
             self._engine_lost(f"{type(e).__name__}: {e}")

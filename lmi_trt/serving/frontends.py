@@ -74,7 +74,7 @@ class FrontendSpec:
     host: str
     port: int
     sock: socket.socket
-    address: str  # the engine's ZeroMQ address
+    address: str  # the engine's Unix socket (serving/engine_link.py)
     parent_pid: int
     slots: MutableSequence[int]  # SharedAdmission's
     loaded: MutableSequence[int]  # 1 for each front end that has loaded once
@@ -201,7 +201,7 @@ class Frontends:
         proc.join()
         rc = proc.exitcode
         self.procs.pop(index, None)
-        self._server.frontend_gone(f"fe-{proc.pid}".encode())
+        self._server.frontend_gone(f"fe-{proc.pid}")
         self._slots[index] = 0  # its requests are over: they no longer count against job_queue_size
         if self.stopping:
             log.info("front end %d (pid %d) stopped (exit %s)", index, proc.pid, rc)
@@ -263,8 +263,8 @@ async def serve_engine(
     os.mkdir(metrics_dir)
     # Read by prometheus_client when a front end imports it (its multiprocess mode); this process exports nothing.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    server = EngineServer(f"ipc://{workdir}/engine")
-    server.start()
+    server = EngineServer(os.path.join(workdir, "engine"))
+    await server.start()
     slots = multiprocessing.get_context("spawn").Array("q", count, lock=False)
     loaded = multiprocessing.get_context("spawn").Array("b", count, lock=False)
     serving = multiprocessing.get_context("spawn").Array("b", count, lock=False)

@@ -1,20 +1,31 @@
 """The engine's process and its front ends (option.api_server_count): how many, the shared admission count, and the
-ZeroMQ link between a real synthetic engine and a RemoteEngine in this process (the same sockets the processes use)."""
+link between a real synthetic engine and a RemoteEngine in this process (the Unix sockets the processes use)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
+import pickle
 
 import pytest
 from serverproc import synthetic_engine, tiny_tokenizer, wait_until
 
 from lmi_trt.config import LmiConfig
-from lmi_trt.engines.base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import Beam, EngineOutput, EngineStats, FinishReason, GenerationRequest, SamplingParams
 from lmi_trt.serving.admission import LocalAdmission, SharedAdmission
 from lmi_trt.serving.core import LoadedModel
-from lmi_trt.serving.engine_link import EngineServer, RemoteEngine, _unwire, _wire
+from lmi_trt.serving.engine_link import (
+    EngineServer,
+    Frames,
+    RemoteEngine,
+    _encode_outputs,
+    _unwire,
+    _wire,
+    frame,
+    read_message,
+)
 from lmi_trt.serving.frontends import frontend_config, frontend_count
 
 
@@ -53,6 +64,14 @@ def test_an_output_crosses_the_wire_unchanged():
     assert _unwire(_wire(out)) == out
     plain = EngineOutput("r2", [1])
     assert _unwire(_wire(plain)) == plain
+    # An outputs message (marshal's, the engine's figures pickled beside) and one marshal cannot write (pickle's).
+    stats = EngineStats(active_requests=3, total_generated_tokens=7)
+    beams = EngineOutput("r3", [1], finished=True, finish_reason=FinishReason.EOS, beams=[Beam([1], FinishReason.EOS)])
+    for outs, pickled in (([_wire(out), ("r4", [7, 8], None)], False), ([_wire(beams)], True)):
+        payload = _encode_outputs(outs, stats)
+        assert payload.startswith(pickle.PROTO) is pickled
+        kind, wired, figures = read_message(payload)
+        assert (kind, figures) == ("outs", stats) and [_unwire(t) for t in wired] == [_unwire(t) for t in outs]
 
 
 def _request(rid: str, n: int) -> GenerationRequest:
@@ -64,8 +83,8 @@ async def _linked(tmp_path, engine, fronts: int = 1):
     """An EngineServer and ``fronts`` RemoteEngines connecting to it (their ``connect()`` tasks); all closed after."""
     if engine is not None:
         await engine.start()
-    server = EngineServer(f"ipc://{tmp_path}/engine")
-    server.start()
+    server = EngineServer(f"{tmp_path}/engine")
+    await server.start()
     remotes = [RemoteEngine(server.address, f"fe-{i}", os.getppid()) for i in range(fronts)]
     connecting = [asyncio.ensure_future(r.connect()) for r in remotes]
     try:
@@ -168,45 +187,61 @@ async def _collect(stream) -> list[EngineOutput]:
     return [o async for o in stream]
 
 
+class _RawFrontEnd:
+    """A front end that is only a socket speaking the link's messages: the test decides when it acknowledges outputs
+    (never, at first)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.frames = Frames()
+        self.messages: collections.deque[bytes] = collections.deque()
+
+    async def send(self, message: tuple) -> None:
+        self.writer.write(frame(pickle.dumps(message)))
+        await self.writer.drain()
+
+    async def recv(self, timeout: float = 10) -> tuple:
+        while not self.messages:
+            data = await asyncio.wait_for(self.reader.read(1 << 16), timeout)
+            assert data, "the engine closed the link"
+            self.messages.extend(self.frames.feed(data))
+        return read_message(self.messages.popleft())
+
+    async def arrived(self, within: float) -> list[tuple]:
+        """Every message that arrives within ``within`` seconds."""
+        messages, loop = [], asyncio.get_running_loop()
+        deadline = loop.time() + within
+        with contextlib.suppress(asyncio.TimeoutError):
+            while (left := deadline - loop.time()) > 0:
+                messages.append(await self.recv(left))
+        return messages
+
+
 @contextlib.asynccontextmanager
-async def _raw_front_end(server, identity: bytes):
-    """A front end that is only a DEALER socket: the test decides when it acknowledges outputs (never, at first)."""
-    import pickle
-
-    import zmq
-    import zmq.asyncio
-
-    context = zmq.asyncio.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(server.address)
+async def _raw_front_end(server, name: str):
+    reader, writer = await asyncio.open_unix_connection(server.address)
+    front = _RawFrontEnd(reader, writer)
     try:
-        await sock.send(pickle.dumps(("hello",)))
-        assert pickle.loads(await sock.recv())[0] == "state"
-        yield sock
+        await front.send(("hello", name))
+        assert (await front.recv())[0] == "state"
+        yield front
     finally:
-        sock.close(0)
-        context.term()
+        writer.close()
 
 
-async def _tokens_until_the_window_is_full(sock) -> None:
-    import pickle
-
+async def _tokens_until_the_window_is_full(front: _RawFrontEnd) -> None:
     from lmi_trt.serving.engine_link import WINDOW
 
     for _ in range(WINDOW):
-        message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
-        assert message[0] == "outs"
-    await asyncio.sleep(0.3)
-    while await sock.poll(0):  # the heartbeat's state, no outputs until acknowledged
-        assert pickle.loads(await sock.recv())[0] == "state"
+        assert (await front.recv())[0] == "outs"
+    # the heartbeat's state, no outputs until acknowledged
+    assert {message[0] for message in await front.arrived(0.3)} <= {"state"}
 
 
 def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
     """At most WINDOW outputs messages go to a front end that has not acknowledged them: the unpaced synthetic engine
     (as fast as its consumers take them) then waits, instead of filling the socket with steps that every later
     token would queue behind."""
-    import pickle
 
     from lmi_trt.serving.engine_link import WINDOW
 
@@ -214,14 +249,14 @@ def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
         engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=None)
         async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
             server.ready(engine, None)
-            async with _raw_front_end(server, b"fe-slow") as sock:
-                await sock.send(pickle.dumps(("submit", _request("long", 1000))))
-                await _tokens_until_the_window_is_full(sock)
+            async with _raw_front_end(server, "fe-slow") as front:
+                await front.send(("submit", _request("long", 1000)))
+                await _tokens_until_the_window_is_full(front)
                 assert engine.stats().total_generated_tokens <= WINDOW + 1
-                await sock.send(pickle.dumps(("ack", WINDOW)))
+                await front.send(("ack", WINDOW))
                 message = ("state",)
                 while message[0] == "state":
-                    message = pickle.loads(await asyncio.wait_for(sock.recv(), 10))
+                    message = await front.recv()
                 assert message[0] == "outs" and message[1][0][0] == "long"
 
     asyncio.run(main())
@@ -230,7 +265,6 @@ def test_the_engine_waits_for_a_front_end_that_falls_behind(tmp_path):
 def test_a_front_end_that_falls_behind_holds_back_its_own_requests_only(tmp_path):
     """The unpaced synthetic engine steps each request at its own front end's pace: a front end that stopped
     acknowledging does not stall another's requests (paced by the slowest, N front ends served as one)."""
-    import pickle
 
     from lmi_trt.serving.engine_link import WINDOW
 
@@ -239,12 +273,38 @@ def test_a_front_end_that_falls_behind_holds_back_its_own_requests_only(tmp_path
         async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
             server.ready(engine, None)
             await asyncio.wait_for(connecting, 10)
-            async with _raw_front_end(server, b"fe-slow") as sock:
-                await sock.send(pickle.dumps(("submit", _request("stalled", 1000))))
-                await _tokens_until_the_window_is_full(sock)
+            async with _raw_front_end(server, "fe-slow") as front:
+                await front.send(("submit", _request("stalled", 1000)))
+                await _tokens_until_the_window_is_full(front)
                 outs = await asyncio.wait_for(_collect(remote.submit(_request("served", 300))), 30)
                 assert sum(len(o.token_ids) for o in outs) == 300 and outs[-1].finished
                 assert engine.stats().total_generated_tokens <= 300 + WINDOW + 1
+
+    asyncio.run(main())
+
+
+def test_messages_are_read_whole_however_the_reads_split_them():
+    payloads = [b"", b"a", bytes(range(256)) * 300]
+    stream = b"".join(frame(p) for p in payloads)
+    for size in (1, 3, 7, 4096, len(stream)):
+        frames = Frames()
+        read = [m for i in range(0, len(stream), size) for m in frames.feed(stream[i : i + size])]
+        assert read == payloads
+
+
+def test_a_front_end_whose_socket_closes_has_its_requests_cancelled(tmp_path):
+    """A front end that dies mid-stream closes its socket (the kernel does): the engine frees its requests' slots at
+    once, before any supervisor says so."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=50)
+        async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
+            server.ready(engine, None)
+            async with _raw_front_end(server, "fe-dies") as front:
+                await front.send(("submit", _request("orphan", 1000)))
+                assert (await front.recv())[0] in ("outs", "state")
+                assert server.in_flight == 1
+            await _slots_freed(engine, server)
 
     asyncio.run(main())
 
