@@ -153,14 +153,13 @@ async def pump(
             chunk = encode(delta)
             if not isinstance(chunk, bytes):
                 chunk = b"".join(chunk)
-            if chunk:
-                await response.write(chunk)
             if delta.finished:
                 break
+            if chunk:
+                await response.write(chunk)
             delta = await stream.__anext__()
-        if trailer:
-            await response.write(trailer)
-        await response.write_eof()
+        # The last delta, the trailer and the end of the chunked body in one write (one send, not three).
+        await response.write_eof(chunk + trailer)
     except ConnectionResetError:
         pass
     return response
@@ -207,6 +206,7 @@ async def pump_all(
 
     tasks = [asyncio.get_running_loop().create_task(forward(i)) for i in range(len(streams))]
     finals: list[Delta] = []
+    tail = b""
     try:
         while len(finals) < len(streams):
             i, delta = await arrivals.get()
@@ -218,8 +218,8 @@ async def pump_all(
                 if delta.error is not None:
                     break
         else:
-            await response.write(b"".join(closing(finals)) + trailer)
-        await response.write_eof()
+            tail = b"".join(closing(finals)) + trailer
+        await response.write_eof(tail)  # with the end of the chunked body: one write
     except ConnectionResetError:
         pass
     finally:
