@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -278,8 +279,6 @@ def best_n(completions: list[Completion], n: int) -> list[Completion]:
 
 
 def sse(obj: Any) -> bytes:
-    import orjson
-
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
