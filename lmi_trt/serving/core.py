@@ -747,6 +747,9 @@ class GenerationService:
         model_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
+        # The engine as a LoRA registry, or None: found once, as a runtime-checkable Protocol's isinstance inspects
+        # every member on each call (typing._ProtocolMeta.__instancecheck__), and every OpenAI request asks twice.
+        self._adapters: AdapterHost | None = engine if isinstance(engine, AdapterHost) else None
         self._adapter_source = adapter_source
         self._model_config = model_config
         # Triton's lora_task_id → (digest of the weights it was sent with, the PEFT folder written for it)
@@ -790,16 +793,16 @@ class GenerationService:
     # -- LoRA adapters (engines that are an AdapterHost with option.enable_lora) -------------------------
 
     def adapters(self) -> list[AdapterInfo]:
-        return self.engine.adapters() if isinstance(self.engine, AdapterHost) else []
+        return self._adapters.adapters() if self._adapters is not None else []
 
     def adapter_names(self) -> set[str]:
         return {a.name for a in self.adapters()}
 
     def _adapter_host(self) -> AdapterHost:
         capability = self.engine.capabilities.lora
-        if not capability.honoured or not isinstance(self.engine, AdapterHost) or self._adapter_source is None:
+        if not capability.honoured or self._adapters is None or self._adapter_source is None:
             raise BadRequest(f"LoRA adapters: {capability.reason or 'not served by this engine'}")
-        return self.engine
+        return self._adapters
 
     async def register_adapter(self, name: str, src: str) -> AdapterInfo:
         """Fetch ``src`` (a folder, s3:// or a hub id, through the sources) and register it as ``name``."""

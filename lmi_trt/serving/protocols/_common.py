@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -153,14 +154,13 @@ async def pump(
             chunk = encode(delta)
             if not isinstance(chunk, bytes):
                 chunk = b"".join(chunk)
-            if chunk:
-                await response.write(chunk)
             if delta.finished:
                 break
+            if chunk:
+                await response.write(chunk)
             delta = await stream.__anext__()
-        if trailer:
-            await response.write(trailer)
-        await response.write_eof()
+        # The last delta, the trailer and the end of the chunked body in one write (one send, not three).
+        await response.write_eof(chunk + trailer)
     except ConnectionResetError:
         pass
     return response
@@ -207,6 +207,7 @@ async def pump_all(
 
     tasks = [asyncio.get_running_loop().create_task(forward(i)) for i in range(len(streams))]
     finals: list[Delta] = []
+    tail = b""
     try:
         while len(finals) < len(streams):
             i, delta = await arrivals.get()
@@ -218,8 +219,8 @@ async def pump_all(
                 if delta.error is not None:
                     break
         else:
-            await response.write(b"".join(closing(finals)) + trailer)
-        await response.write_eof()
+            tail = b"".join(closing(finals)) + trailer
+        await response.write_eof(tail)  # with the end of the chunked body: one write
     except ConnectionResetError:
         pass
     finally:
@@ -278,8 +279,6 @@ def best_n(completions: list[Completion], n: int) -> list[Completion]:
 
 
 def sse(obj: Any) -> bytes:
-    import orjson
-
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
