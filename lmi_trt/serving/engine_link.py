@@ -224,6 +224,10 @@ class _Connection(asyncio.Protocol):
         transport.write(frame(payload))
         return True
 
+    def backed_up(self) -> bool:
+        """Whether what was written before still waits here: the other end is not reading (stopped, or hung)."""
+        return self.transport is not None and self.transport.get_write_buffer_size() > 0
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
@@ -470,7 +474,7 @@ class EngineServer:
                 peer.unacked += 1
                 peer.connection.send(_encode_outputs(outs, self.state.stats if ended else None))
                 self._room.set()
-            elif stats is not None:
+            elif stats is not None and not peer.connection.backed_up():  # else its next state brings them
                 peer.connection.send(_encode_outputs([], stats))
 
     def _send(self, name: str, message: tuple) -> None:
@@ -478,17 +482,20 @@ class EngineServer:
         if peer is not None:  # else that front end has gone
             peer.connection.send(pickle.dumps(message, _PICKLE))
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, superseded: bool = False) -> None:
+        """The state to every front end; ``superseded`` (a heartbeat's: a later one says all it does) not to one that
+        is not reading, for which asyncio's transport would keep every heartbeat until it reads again."""
         payload = pickle.dumps(("state", self.state), _PICKLE)
         for peer in self._peers.values():
-            peer.connection.send(payload)
+            if not (superseded and peer.connection.backed_up()):
+                peer.connection.send(payload)
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             if self.engine is not None:
                 self.state = replace(self.state, healthy=self.engine.healthy, stats=self.engine.stats())
-            self._broadcast()
+            self._broadcast(superseded=True)
 
 
 class RemoteEngine:

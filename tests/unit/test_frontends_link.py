@@ -560,3 +560,25 @@ def test_a_serving_process_freezes_what_start_up_built_once_loaded(own_process):
     finally:
         gc.unfreeze()
     assert (frozen > 0) == own_process
+
+
+def test_a_front_end_that_stops_reading_is_not_sent_the_states_it_cannot_take(tmp_path, monkeypatch):
+    """A front end that stops reading (SIGSTOP, a hang: alive, so not replaced) must not make the engine's process
+    keep every heartbeat's state and every request's figures for it, without bound (asyncio's transport keeps what
+    the socket does not take): a later state says all an earlier one did."""
+    from lmi_trt.serving import engine_link
+
+    monkeypatch.setattr(engine_link, "HEARTBEAT_S", 0)  # a heartbeat each turn of the loop
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer())
+        async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
+            server.ready(engine, None)
+            async with _raw_front_end(server, "fe-stopped"):  # reads its first state, then nothing
+                transport = server._peers["fe-stopped"].connection.transport
+                state = len(frame(pickle.dumps(("state", server.state), pickle.HIGHEST_PROTOCOL)))
+                for _ in range(4000):  # 4000 states (8 MB) to a socket that takes a few hundred kB
+                    await asyncio.sleep(0)
+                assert transport.get_write_buffer_size() <= state
+
+    asyncio.run(main())
