@@ -582,3 +582,36 @@ def test_a_front_end_that_stops_reading_is_not_sent_the_states_it_cannot_take(tm
                 assert transport.get_write_buffer_size() <= state
 
     asyncio.run(main())
+
+
+def test_front_ends_connect_while_the_engine_loads_and_one_front_ends_bad_messages_hurt_no_other(tmp_path):
+    """The engine's socket listens from the server's construction: a front end connects and says hello while the
+    load holds the engine's event loop, and hears "ready" once it lets go. A front end's messages before its hello, a
+    message that is not one, and a frame left half-sent are that front end's loss only."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer())
+        await engine.start()
+        server = EngineServer(f"{tmp_path}/engine")
+        remote = RemoteEngine(server.address, "fe-good", os.getppid())
+        connecting = asyncio.ensure_future(remote.connect())
+        reader, writer = await asyncio.open_unix_connection(server.address)
+        writer.write(frame(pickle.dumps(("submit", _request("early", 2)))) + frame(b"not a pickle") + b"\xff\xff\xff")
+        await writer.drain()
+        for _ in range(20):  # the connection and the hello are made, nothing on the engine's side reads them yet
+            await asyncio.sleep(0)
+        assert not connecting.done()
+        await server.start()
+        server.ready(engine, None)
+        try:
+            assert (await asyncio.wait_for(connecting, 10)).phase == "ready"
+            outs = await _collect(remote.submit(_request("fine", 5)))
+            assert sum(len(o.token_ids) for o in outs) == 5 and outs[-1].finish_reason is FinishReason.LENGTH
+            assert server.in_flight == 0 and list(server._peers) == ["fe-good"]
+        finally:
+            writer.close()
+            await remote.close()
+            await server.close()
+            await engine.close()
+
+    asyncio.run(main())
