@@ -648,7 +648,10 @@ class RemoteEngine:
             for t in outs:
                 inbox = streams.get(t[0])
                 if inbox is not None:  # else the client left and a cancel is on its way
-                    inbox.put_nowait(_unwire(t))
+                    out = _unwire(t)
+                    inbox.put_nowait(out)
+                    if out.finished:  # nothing follows: forgotten here too, for a stream closed before its first
+                        del streams[t[0]]  # read (a generator closed unstarted runs no ``finally``)
             self._taken += bool(outs)
         elif message[0] == "state":
             self.state = message[1]

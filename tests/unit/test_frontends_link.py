@@ -615,3 +615,24 @@ def test_front_ends_connect_while_the_engine_loads_and_one_front_ends_bad_messag
             await engine.close()
 
     asyncio.run(main())
+
+
+def test_a_stream_closed_before_its_first_read_is_forgotten(tmp_path):
+    """The serving layer may close a stream it never read (a batch whose later prompt failed, a client gone at once):
+    it cancels the request, then closes the iterator, and a generator closed before it started runs none of its
+    body. The front end must still forget the request once the engine has ended it, not keep it for ever."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=50)
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 10)
+            for n in range(3):
+                stream = remote.submit(_request(f"unread-{n}", 1000))
+                await remote.cancel(f"unread-{n}")  # as GenerationStream.aclose does (serving/core.py)
+                await stream.aclose()
+            await _slots_freed(engine, server)
+            read = await _collect(remote.submit(_request("read", 3)))  # after the others' ends, on one socket
+            assert read[-1].finished and remote._streams == {}
+
+    asyncio.run(main())
