@@ -17,6 +17,8 @@ Flow control: a front end acknowledges each outputs message once its streams hav
 ``WINDOW`` are unacknowledged; what the engine produces meanwhile waits here and leaves as one message, and the
 front end merges a request's deltas. A front end that falls behind thus gets fewer, larger deltas (as one process
 does) rather than a queue growing in the socket, whose delay every new request's first token would wait behind.
+One that stops reading (stopped, hung: alive, so not replaced) is sent no heartbeat or figures while what was sent
+before still waits (a later state says all an earlier one did), so what waits for it here stays bounded.
 
 Messages are pickled tuples: ``("hello", name)``, ``("submit", request)``, ``("cancel", request_id)``,
 ``("ack", n)`` and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result,

@@ -62,12 +62,15 @@ def test_an_output_crosses_the_wire_unchanged():
         queue_time_s=0.25,
     )
     assert _unwire(_wire(out)) == out
+    refused = EngineOutput(
+        "r5", [], prompt_logprobs=[None, -1.5], finished=True, error="no", error_code=400, error_field="guided"
+    )
     plain = EngineOutput("r2", [1])
     assert _unwire(_wire(plain)) == plain
     # An outputs message (marshal's, the engine's figures pickled beside) and one marshal cannot write (pickle's).
     stats = EngineStats(active_requests=3, total_generated_tokens=7)
     beams = EngineOutput("r3", [1], finished=True, finish_reason=FinishReason.EOS, beams=[Beam([1], FinishReason.EOS)])
-    for outs, pickled in (([_wire(out), ("r4", [7, 8], None)], False), ([_wire(beams)], True)):
+    for outs, pickled in (([_wire(out), ("r4", [7, 8], None), _wire(refused)], False), ([_wire(beams)], True)):
         payload = _encode_outputs(outs, stats)
         assert payload.startswith(pickle.PROTO) is pickled
         kind, wired, figures = read_message(payload)
