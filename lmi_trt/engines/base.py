@@ -103,7 +103,11 @@ class Beam:
 
 @dataclass
 class EngineOutput:
-    """A delta: the tokens generated since the previous output of the same request."""
+    """A delta: the tokens generated since the previous output of the same request. Its numbers are Python's own
+    (``int``, ``float``, ``bool``; a tensor's ``tolist()``/``item()``), never numpy's or torch's scalars: the engine
+    link writes outputs with marshal, which writes any object with a buffer (a numpy scalar, a numpy float64 too)
+    as its bytes, without an error (CPython Python/marshal.c, w_complex_object), and checking every token there
+    would cost the link more than marshal saves."""
 
     request_id: str
     token_ids: list[int]

@@ -17,6 +17,8 @@ Flow control: a front end acknowledges each outputs message once its streams hav
 ``WINDOW`` are unacknowledged; what the engine produces meanwhile waits here and leaves as one message, and the
 front end merges a request's deltas. A front end that falls behind thus gets fewer, larger deltas (as one process
 does) rather than a queue growing in the socket, whose delay every new request's first token would wait behind.
+One that stops reading (stopped, hung: alive, so not replaced) is sent no heartbeat or figures while what was sent
+before still waits (a later state says all an earlier one did), so what waits for it here stays bounded.
 
 Messages are pickled tuples: ``("hello", name)``, ``("submit", request)``, ``("cancel", request_id)``,
 ``("ack", n)`` and ``("call", id, method, args)`` (the LoRA registry) to the engine; ``("reply", id, result,
@@ -223,6 +225,10 @@ class _Connection(asyncio.Protocol):
             return False
         transport.write(frame(payload))
         return True
+
+    def backed_up(self) -> bool:
+        """Whether what was written before still waits here: the other end is not reading (stopped, or hung)."""
+        return self.transport is not None and self.transport.get_write_buffer_size() > 0
 
     def close(self) -> None:
         if self.transport is not None:
@@ -470,7 +476,7 @@ class EngineServer:
                 peer.unacked += 1
                 peer.connection.send(_encode_outputs(outs, self.state.stats if ended else None))
                 self._room.set()
-            elif stats is not None:
+            elif stats is not None and not peer.connection.backed_up():  # else its next state brings them
                 peer.connection.send(_encode_outputs([], stats))
 
     def _send(self, name: str, message: tuple) -> None:
@@ -478,17 +484,20 @@ class EngineServer:
         if peer is not None:  # else that front end has gone
             peer.connection.send(pickle.dumps(message, _PICKLE))
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, superseded: bool = False) -> None:
+        """The state to every front end; ``superseded`` (a heartbeat's: a later one says all it does) not to one that
+        is not reading, for which asyncio's transport would keep every heartbeat until it reads again."""
         payload = pickle.dumps(("state", self.state), _PICKLE)
         for peer in self._peers.values():
-            peer.connection.send(payload)
+            if not (superseded and peer.connection.backed_up()):
+                peer.connection.send(payload)
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             if self.engine is not None:
                 self.state = replace(self.state, healthy=self.engine.healthy, stats=self.engine.stats())
-            self._broadcast()
+            self._broadcast(superseded=True)
 
 
 class RemoteEngine:
@@ -641,7 +650,10 @@ class RemoteEngine:
             for t in outs:
                 inbox = streams.get(t[0])
                 if inbox is not None:  # else the client left and a cancel is on its way
-                    inbox.put_nowait(_unwire(t))
+                    out = _unwire(t)
+                    inbox.put_nowait(out)
+                    if out.finished:  # nothing follows: forgotten here too, for a stream closed before its first
+                        del streams[t[0]]  # read (a generator closed unstarted runs no ``finally``)
             self._taken += bool(outs)
         elif message[0] == "state":
             self.state = message[1]

@@ -62,12 +62,15 @@ def test_an_output_crosses_the_wire_unchanged():
         queue_time_s=0.25,
     )
     assert _unwire(_wire(out)) == out
+    refused = EngineOutput(
+        "r5", [], prompt_logprobs=[None, -1.5], finished=True, error="no", error_code=400, error_field="guided"
+    )
     plain = EngineOutput("r2", [1])
     assert _unwire(_wire(plain)) == plain
     # An outputs message (marshal's, the engine's figures pickled beside) and one marshal cannot write (pickle's).
     stats = EngineStats(active_requests=3, total_generated_tokens=7)
     beams = EngineOutput("r3", [1], finished=True, finish_reason=FinishReason.EOS, beams=[Beam([1], FinishReason.EOS)])
-    for outs, pickled in (([_wire(out), ("r4", [7, 8], None)], False), ([_wire(beams)], True)):
+    for outs, pickled in (([_wire(out), ("r4", [7, 8], None), _wire(refused)], False), ([_wire(beams)], True)):
         payload = _encode_outputs(outs, stats)
         assert payload.startswith(pickle.PROTO) is pickled
         kind, wired, figures = read_message(payload)
@@ -560,3 +563,79 @@ def test_a_serving_process_freezes_what_start_up_built_once_loaded(own_process):
     finally:
         gc.unfreeze()
     assert (frozen > 0) == own_process
+
+
+def test_a_front_end_that_stops_reading_is_not_sent_the_states_it_cannot_take(tmp_path, monkeypatch):
+    """A front end that stops reading (SIGSTOP, a hang: alive, so not replaced) must not make the engine's process
+    keep every heartbeat's state and every request's figures for it, without bound (asyncio's transport keeps what
+    the socket does not take): a later state says all an earlier one did."""
+    from lmi_trt.serving import engine_link
+
+    monkeypatch.setattr(engine_link, "HEARTBEAT_S", 0)  # a heartbeat each turn of the loop
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer())
+        async with _linked(tmp_path, engine, fronts=0) as (server, _, _):
+            server.ready(engine, None)
+            async with _raw_front_end(server, "fe-stopped"):  # reads its first state, then nothing
+                transport = server._peers["fe-stopped"].connection.transport
+                state = len(frame(pickle.dumps(("state", server.state), pickle.HIGHEST_PROTOCOL)))
+                for _ in range(4000):  # 4000 states (8 MB) to a socket that takes a few hundred kB
+                    await asyncio.sleep(0)
+                assert transport.get_write_buffer_size() <= state
+
+    asyncio.run(main())
+
+
+def test_front_ends_connect_while_the_engine_loads_and_one_front_ends_bad_messages_hurt_no_other(tmp_path):
+    """The engine's socket listens from the server's construction: a front end connects and says hello while the
+    load holds the engine's event loop, and hears "ready" once it lets go. A front end's messages before its hello, a
+    message that is not one, and a frame left half-sent are that front end's loss only."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer())
+        await engine.start()
+        server = EngineServer(f"{tmp_path}/engine")
+        remote = RemoteEngine(server.address, "fe-good", os.getppid())
+        connecting = asyncio.ensure_future(remote.connect())
+        reader, writer = await asyncio.open_unix_connection(server.address)
+        writer.write(frame(pickle.dumps(("submit", _request("early", 2)))) + frame(b"not a pickle") + b"\xff\xff\xff")
+        await writer.drain()
+        for _ in range(20):  # the connection and the hello are made, nothing on the engine's side reads them yet
+            await asyncio.sleep(0)
+        assert not connecting.done()
+        await server.start()
+        server.ready(engine, None)
+        try:
+            assert (await asyncio.wait_for(connecting, 10)).phase == "ready"
+            outs = await _collect(remote.submit(_request("fine", 5)))
+            assert sum(len(o.token_ids) for o in outs) == 5 and outs[-1].finish_reason is FinishReason.LENGTH
+            assert server.in_flight == 0 and list(server._peers) == ["fe-good"]
+        finally:
+            writer.close()
+            await remote.close()
+            await server.close()
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_stream_closed_before_its_first_read_is_forgotten(tmp_path):
+    """The serving layer may close a stream it never read (a batch whose later prompt failed, a client gone at once):
+    it cancels the request, then closes the iterator, and a generator closed before it started runs none of its
+    body. The front end must still forget the request once the engine has ended it, not keep it for ever."""
+
+    async def main() -> None:
+        engine = synthetic_engine(tiny_tokenizer(), tokens_per_second=50)
+        async with _linked(tmp_path, engine) as (server, [remote], [connecting]):
+            server.ready(engine, None)
+            await asyncio.wait_for(connecting, 10)
+            for n in range(3):
+                stream = remote.submit(_request(f"unread-{n}", 1000))
+                await remote.cancel(f"unread-{n}")  # as GenerationStream.aclose does (serving/core.py)
+                await stream.aclose()
+            await _slots_freed(engine, server)
+            read = await _collect(remote.submit(_request("read", 3)))  # after the others' ends, on one socket
+            assert read[-1].finished and remote._streams == {}
+
+    asyncio.run(main())
