@@ -383,7 +383,7 @@ class SyntheticEngine:
 
     def _step(self, active: list[_Sequence]) -> None:
         """One engine step: one token for every active sequence (each a counter and a wake-up, or an output for the
-        sink: all of the step's in one call)."""
+        sink: all of the step's in one ``put_deltas`` and, with ends or first outputs, one ``put``)."""
         outbox, deltas = self._outbox, self._deltas
         for seq in active:
             k = seq.generated = seq.generated + 1
