@@ -217,14 +217,12 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._on_lost(self)
 
-    def send(self, payload: bytes) -> bool:
-        """Writes at once (what the socket does not take now, asyncio's transport keeps and writes as it can); False
-        when the link is closed."""
+    def send(self, payload: bytes) -> None:
+        """Writes at once (what the socket does not take now, asyncio's transport keeps and writes as it can);
+        nothing once the link is closed."""
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return False
-        transport.write(frame(payload))
-        return True
+        if transport is not None and not transport.is_closing():
+            transport.write(frame(payload))
 
     def backed_up(self) -> bool:
         """Whether what was written before still waits here: the other end is not reading (stopped, or hung)."""
