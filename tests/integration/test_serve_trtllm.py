@@ -214,7 +214,6 @@ SITECUSTOMIZE = """\
 import lmi_trt.engines.trtllm as _trt
 _trt.cuda_available = lambda: True
 """
-GIL_HOLD_S = 20.0  # the fake Executor's constructor blocks in C this long without releasing the GIL
 
 
 def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf_dir, tmp_path):
@@ -230,9 +229,15 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)  # the one hardware seam: no GPU here
+    # The fake Executor's constructor blocks in C without releasing the GIL until a byte is written to this FIFO
+    # (once the answers below are in). Opened both ways here: neither side's open waits for the other, and the
+    # byte waits in the pipe until the load reads it.
+    load_end = tmp_path / "engine-load"
+    os.mkfifo(load_end)
+    load_end_fd = os.open(load_end, os.O_RDWR)
     env = {
         "PYTHONPATH": os.pathsep.join([str(site), str(FAKES), os.environ.get("PYTHONPATH", "")]),
-        "LMI_TRT_FAKE_ENGINE_LOAD_S": str(GIL_HOLD_S),
+        "LMI_TRT_FAKE_ENGINE_LOAD_UNTIL": str(load_end),
     }
     args = [
         "--model-id",
@@ -248,7 +253,7 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
         "-o",
         "option.max_rolling_batch_size=4",
     ]
-    with serve(args, tmp_path, env=env, ready=False) as server:
+    with os.fdopen(load_end_fd, "wb", buffering=0) as load_end_w, serve(args, tmp_path, env=env, ready=False) as server:
         deadline = time.monotonic() + 120
         while "holds the GIL" not in server.log():
             assert server.proc.poll() is None and time.monotonic() < deadline, server.log()[-4000:]
@@ -263,6 +268,7 @@ def test_ping_answers_pending_while_the_engine_load_holds_the_gil(engine_dir, hf
         assert "released the GIL" not in server.log(), "the answers must have come while the GIL was held"
         assert all(code == 503 and list(body.values()) == [{"status": "PENDING"}] for code, body, _ in answers), answers
         print(f"/ping during the GIL-holding load: {max(a[2] for a in answers) * 1000:.0f} ms at most")
+        load_end_w.write(b"x")  # the load ends
         wait_ready(server, timeout=120)
         body = {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 4, "ignore_eos": True}}
         r = server.post("/invocations", json=body)

@@ -18,7 +18,8 @@ tensorrt_llm/builder.py):
   behind it until the running ones finish;
 * the ``Executor`` constructor holds the GIL for the whole engine load (the binding releases it for
   none of it): the fake ends its load with a C call made through ``ctypes.PyDLL``, which keeps the
-  GIL, for ``LMI_TRT_FAKE_ENGINE_LOAD_S`` seconds (default 0.2);
+  GIL, for ``LMI_TRT_FAKE_ENGINE_LOAD_S`` seconds (default 0.2), or, with ``LMI_TRT_FAKE_ENGINE_LOAD_UNTIL``
+  naming a FIFO, until a byte is written to it;
 * sampling follows ``SamplingConfig``: greedy when ``top_k`` is 1, or when neither ``top_k`` nor
   ``top_p`` is set; otherwise temperature, top-k, top-p with a per-request generator (seed 0
   unless given); repetition/presence/frequency penalties, ``min_tokens``, bad and stop words;
@@ -380,7 +381,9 @@ class ExecutorImpl:
                     "stop_token_ids": guided._stop_token_ids,
                 }
                 self._grammars = MatcherFactory(info, self._model.config.vocab_size)
-        _hold_gil(float(os.environ.get("LMI_TRT_FAKE_ENGINE_LOAD_S", "0.2")))
+        _hold_gil(
+            float(os.environ.get("LMI_TRT_FAKE_ENGINE_LOAD_S", "0.2")), os.environ.get("LMI_TRT_FAKE_ENGINE_LOAD_UNTIL")
+        )
         if self.is_leader:
             self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
             self._thread.start()
@@ -941,20 +944,30 @@ class ExecutorImpl:
         self._stats.append(st)
 
 
-def _hold_gil(seconds: float) -> None:
+def _hold_gil(seconds: float, until: str | None = None) -> None:
     """Block in C without releasing the GIL, as the Executor constructor binding does for its load:
-    ``ctypes.PyDLL`` keeps the GIL across the call (``ctypes.CDLL`` would release it)."""
-    if seconds <= 0:
+    ``ctypes.PyDLL`` keeps the GIL across the call (``ctypes.CDLL`` would release it). ``until`` (a FIFO):
+    block until a byte is written to it instead, so a test ends the load once it has seen what it needs
+    rather than sleeping for a bound long enough for a loaded machine."""
+    if seconds <= 0 and until is None:
         return
     import ctypes
 
-    class _Timespec(ctypes.Structure):
-        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+    libc = ctypes.PyDLL(None, use_errno=True)
+    if until is not None:
+        log.info("fake Executor: the engine load holds the GIL until %s is written", until)
+        fd = libc.open(until.encode(), os.O_RDONLY)
+        if fd < 0 or libc.read(fd, ctypes.create_string_buffer(1), 1) != 1:
+            raise OSError(ctypes.get_errno(), f"fake Executor: no byte read from {until}")
+        libc.close(fd)
+    else:
 
-    libc = ctypes.PyDLL(None)
-    whole = int(seconds)
-    log.info("fake Executor: the engine load holds the GIL for %.1f s", seconds)
-    libc.nanosleep(ctypes.byref(_Timespec(whole, int((seconds - whole) * 1e9))), None)
+        class _Timespec(ctypes.Structure):
+            _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+        whole = int(seconds)
+        log.info("fake Executor: the engine load holds the GIL for %.1f s", seconds)
+        libc.nanosleep(ctypes.byref(_Timespec(whole, int((seconds - whole) * 1e9))), None)
     log.info("fake Executor: the engine load released the GIL")
 
 
