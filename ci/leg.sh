@@ -55,7 +55,9 @@ pip install -q "$ci_torch" mpich -c "$constraints"
 # is gone (a PIP_CACHE_DIR kept between runs).
 pip install -q "setuptools<70" wheel
 MPICC="$VIRTUAL_ENV/bin/mpicc" pip install -q --no-cache-dir --no-build-isolation -c "$constraints" mpi4py
-pip install -q -c "$constraints" -e ".[test-core]"
+# The editable install writes the project's build files (lmi_trt.egg-info) into the tree: under the lock .ci/run's
+# default install takes too, since that install runs beside the legs.
+flock "$out/editable-install.lock" pip install -q -c "$constraints" -e ".[test-core]"
 # The image's xgrammar, where the release depends on one (1.0 on): the pytorch backend's guided decoding, which
 # the fake runs through it.
 if grep -q '^xgrammar==' "$pins"; then pip install -q -c "$constraints" xgrammar; fi
