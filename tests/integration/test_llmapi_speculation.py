@@ -71,14 +71,16 @@ async def greedy_outputs(engine: LlmApiEngine, tag: str) -> list[list[int]]:
 
 
 async def counters(engine: LlmApiEngine) -> dict[str, float]:
-    """The engine's speculation counters once the fake's stats for every step were read."""
-    for _ in range(100):
-        extra = engine.stats().extra
-        if extra.get("spec_decode_num_drafts"):
-            await asyncio.sleep(3)  # a get_stats_async pass ends after its 2 s timeout: the rest are read by then
+    """The engine's speculation counters once it has read the fake's stats for every step (called once the outputs
+    are all in): the newest stats it read are the fake's last iteration's, which left no request active or queued.
+    (An iteration's stats are recorded after its outputs are sent, so the outputs alone do not say that.)"""
+    fake = engine._llm._executor
+    for _ in range(600):  # a bound that holds on a loaded machine, not a speed
+        last = engine._last_iteration
+        if last and last["iter"] == fake._iter - 1 and not last["numActiveRequests"] + last["numQueuedRequests"]:
             return engine.stats().extra
-        await asyncio.sleep(0.1)
-    return engine.stats().extra
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the engine did not read the fake's last iteration ({fake._iter - 1}): {last}")
 
 
 def ngram(k: int = 4, **kw) -> Speculation:
