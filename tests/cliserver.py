@@ -16,6 +16,13 @@ import requests
 # Set (to N), every server these helpers start runs N HTTP front-end processes (option.api_server_count), unless
 # the test sets the option itself: .ci/run runs a subset of the HTTP integration tests so.
 FRONTENDS_VAR = "LMI_TEST_API_SERVER_COUNT"
+# `lmi-trt serve` (lmi_trt.cli.main) whose server, once its model is FAILED, exits after serve()'s failed_exit_after
+# seconds instead of the CLI's 10 (the same code path: lmi_trt.serving.app.run_app's exit_on_failure_after).
+_FAILED_EXIT_LAUNCHER = (
+    "import functools, sys; import lmi_trt.serving.app as app; "
+    "app.run_app = functools.partial(app.run_app, exit_on_failure_after={}); "
+    "from lmi_trt.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def free_port() -> int:
@@ -79,10 +86,12 @@ def serve(
     ca: Path | None = None,
     client_cert: tuple[str, str] | None = None,
     ready_timeout: float = 120.0,
+    failed_exit_after: float | None = None,
 ):
     """Run `python -m lmi_trt serve ARGS --port P`; yields a Server; SIGTERM then SIGKILL at exit. With
     ``ca`` the server serves HTTPS (ARGS set its certificate) and the Server's requests verify it by ``ca``
-    (and show ``client_cert`` when the server asks for one)."""
+    (and show ``client_cert`` when the server asks for one). ``failed_exit_after``: seconds a FAILED server
+    waits before it exits (one front end: the CLI starts several through lmi_trt.serving.frontends)."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTION_", "SERVING_"))}
@@ -90,9 +99,14 @@ def serve(
     if os.environ.get(FRONTENDS_VAR):  # .ci/run: these tests again with N front-end processes
         full_env["OPTION_API_SERVER_COUNT"] = os.environ[FRONTENDS_VAR]
     full_env.update(env or {})
+    launcher = ["-m", "lmi_trt"]
+    if failed_exit_after is not None:
+        if full_env.get("OPTION_API_SERVER_COUNT", "1") != "1":
+            raise ValueError("failed_exit_after applies to one front end, not OPTION_API_SERVER_COUNT's")
+        launcher = ["-c", _FAILED_EXIT_LAUNCHER.format(failed_exit_after)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lmi_trt", "serve", *args, "--port", str(port)],
+            [sys.executable, *launcher, "serve", *args, "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,

@@ -112,9 +112,8 @@ def test_a_tokenizer_that_cannot_load_fails_with_one_line_naming_the_file(checkp
     for f in checkpoint.iterdir():  # all but the vocabulary: tokenizer_config.json names a class with nothing to load
         if f.name != "tokenizer.json":
             (broken / f.name).symlink_to(f)
-    with serve(
-        ["--model-id", str(broken), "--engine", "torch", "-o", f"download_dir={tmp_path / 'dl'}"], tmp_path, ready=False
-    ) as server:
+    args = ["--model-id", str(broken), "--engine", "torch", "-o", f"download_dir={tmp_path / 'dl'}"]
+    with serve(args, tmp_path, ready=False, failed_exit_after=0.5) as server:
         assert server.proc.wait(timeout=120) != 0
         log = server.log()
     failed = [line for line in log.splitlines() if "loading model" in line and "failed" in line]
