@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..adapters import LoraAdapter
-from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, error_output
+from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, TokenDelta, error_output
 from ..guided import allowed_tokens
 from ..lora_sizes import buffer_bytes
 from . import decode_kernels
@@ -444,7 +444,7 @@ class DecodeLoopBackend(QueuedBackend):
         # repeated indices writes any of them).
         self._table_writes: dict[tuple[int, int], int] = {}
         self._inflight: list[_Launch] = []
-        self._outbox: list[tuple[Slot, EngineOutput]] = []  # emitted, not yet handed to the event loop
+        self._outbox: list[tuple[Slot, EngineOutput | TokenDelta]] = []  # emitted, not yet handed to the event loop
         log.info(
             "built-in decode loop: KV cache of %d blocks of %d tokens = %d tokens (%.2f GiB, %s), "
             "%d sequences of the full %d positions; up to %d requests at once, %d tokens per step, "
@@ -1574,7 +1574,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _emit(self, launch: _Launch) -> None:
         tokens, logprobs, status, *more = launch.host.tolist()
         emitted, top = (more[0], more[1:]) if launch.proposed is not None else (None, more)
-        items: list[tuple[Slot, EngineOutput]] = []
+        items: list[tuple[Slot, EngineOutput | TokenDelta]] = []
         width = launch.width
         for column, row in enumerate(launch.rows):  # every row of every step passes here: locals, no properties
             if row is None:
@@ -1601,16 +1601,22 @@ class DecodeLoopBackend(QueuedBackend):
                 new, lps, alternatives, reason, failure = self._take(row, tokens, logprobs, status, top, first, count)
             if new:
                 slot.finished = reason is not None
-                output = EngineOutput(
-                    request.request_id,
-                    new,
-                    lps if row.logprobs else None,
-                    alternatives,
-                    finished=slot.finished,
-                    finish_reason=reason,
-                    queue_time_s=slot.take_queue_time(),
-                )
-                items.append((slot, output))
+                queue_time = slot.take_queue_time()
+                if slot.sunk and reason is None and queue_time is None and alternatives is None:
+                    # A plain delta for the engine's sink (nearly every output behind the engine link): its tuple,
+                    # no EngineOutput to build here and take apart again on the event loop (engines/base.py).
+                    items.append((slot, (request.request_id, new, lps if row.logprobs else None)))
+                else:
+                    output = EngineOutput(
+                        request.request_id,
+                        new,
+                        lps if row.logprobs else None,
+                        alternatives,
+                        finished=slot.finished,
+                        finish_reason=reason,
+                        queue_time_s=queue_time,
+                    )
+                    items.append((slot, output))
             if failure is not None:
                 slot.finished = True
                 row.broken = row.broken or failure == _NAN_LOGITS  # NaN/inf: its cache may hold them too
