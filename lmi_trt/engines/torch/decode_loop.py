@@ -101,6 +101,7 @@ from .backend import (
 )
 from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
+from .host_copies import Downloads, Uploads
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
@@ -364,7 +365,8 @@ class DecodeLoopBackend(QueuedBackend):
         self._lora_users = [0] * lora_slots
         self._lora_taken = [0] * lora_slots
         # One slot more than requests: the slot a verification step's padding rows point at.
-        self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
+        self._uploads, self._downloads = Uploads(self._device), Downloads()
+        self._state = SamplerState(self.slots + 1, vocab, self._uploads, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
         # Device buffers the decode graphs read and write at fixed addresses. The tables have spare
         # entries (block 0) past a slot's last: a verification step's padding queries read there.
@@ -681,10 +683,7 @@ class DecodeLoopBackend(QueuedBackend):
         return pool
 
     def _put(self, values) -> torch.Tensor:
-        cpu = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
-        if self._cuda:
-            return cpu.pin_memory().to(self._device, non_blocking=True)
-        return cpu
+        return self._uploads.put(values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long))
 
     def _upload(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Host int64 tensors to the device in one copy, each starting 16 bytes apart: Triton
@@ -700,7 +699,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _to_host(self, out: torch.Tensor, rows: list[_Row | None]) -> _Launch:
         if not self._cuda:
             return _Launch(rows, out.clone())
-        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host = self._downloads.take(out.shape, out.dtype)
         host.copy_(out, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -1573,6 +1572,8 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _emit(self, launch: _Launch) -> None:
         tokens, logprobs, status, *more = launch.host.tolist()
+        if launch.event is not None:  # read: its pinned buffer takes the next step's tokens
+            self._downloads.give(launch.host)
         emitted, top = (more[0], more[1:]) if launch.proposed is not None else (None, more)
         items: list[tuple[Slot, EngineOutput | TokenDelta]] = []
         width = launch.width
