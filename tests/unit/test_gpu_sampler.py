@@ -20,7 +20,6 @@ from transformers.generation.logits_process import (
 from lmi_trt.engines.base import SamplingParams
 from lmi_trt.engines.torch.backend import banned_next_tokens
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, process, row_mode, sample, uniforms, warp
-from lmi_trt.engines.torch.host_copies import Uploads
 
 VOCAB = 97
 EOS = [2, 5]
@@ -29,7 +28,7 @@ CPU = torch.device("cpu")
 
 def state_for(rows: list[dict]) -> SamplerState:
     """A SamplerState whose slot i is admitted with rows[i] (params, prompt, generated, bad words)."""
-    state = SamplerState(len(rows), VOCAB, Uploads(CPU), EOS)
+    state = SamplerState(len(rows), VOCAB, CPU, EOS)
     state.admit(
         list(range(len(rows))),
         [r["params"] for r in rows],

@@ -14,7 +14,6 @@ from lmi_trt.config import ConfigError, load_config, speculation, with_draft_mod
 from lmi_trt.engines.base import SamplingParams
 from lmi_trt.engines.registry import PYTORCH, TENSORRT, TORCH
 from lmi_trt.engines.torch.gpu_sampler import Mode, SamplerState, sample
-from lmi_trt.engines.torch.host_copies import Uploads
 from lmi_trt.engines.torch.speculation import (
     MAX_BACKOFF,
     MISSES,
@@ -244,7 +243,7 @@ VOCAB = 8
 
 
 def one_row_state(params: SamplingParams, seed: int) -> SamplerState:
-    state = SamplerState(1, VOCAB, Uploads(torch.device("cpu")), [7])
+    state = SamplerState(1, VOCAB, torch.device("cpu"), [7])
     state.admit([0], [params], [seed], [True], [[1]], [[]])
     return state
 
@@ -281,7 +280,7 @@ def test_sampled_verification_keeps_the_target_distribution():
     p0 = torch.tensor([0.05, 0.3, 0.1, 0.2, 0.05, 0.15, 0.1, 0.05])
     p1 = torch.tensor([0.4, 0.05, 0.05, 0.1, 0.1, 0.1, 0.15, 0.05])
     params = SamplingParams(max_new_tokens=8, do_sample=True, temperature=1.0, ignore_eos=True)
-    state = SamplerState(n, VOCAB, Uploads(torch.device("cpu")), [7])
+    state = SamplerState(n, VOCAB, torch.device("cpu"), [7])
     state.admit(list(range(n)), [params] * n, list(range(n)), [False] * n, [[1]] * n, [[]] * n)
     logits = torch.stack([p0.log(), p1.log()]).repeat(n, 1)  # [n · 2, vocab], sequence-major
     drafts, proposed = torch.full((n, 1), 3), torch.ones(n, dtype=torch.long)

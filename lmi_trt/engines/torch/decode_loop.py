@@ -101,7 +101,7 @@ from .backend import (
 )
 from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
-from .host_copies import Downloads, Uploads
+from .host_copies import Downloads
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
@@ -365,8 +365,8 @@ class DecodeLoopBackend(QueuedBackend):
         self._lora_users = [0] * lora_slots
         self._lora_taken = [0] * lora_slots
         # One slot more than requests: the slot a verification step's padding rows point at.
-        self._uploads, self._downloads = Uploads(self._device), Downloads()
-        self._state = SamplerState(self.slots + 1, vocab, self._uploads, engine.eos_token_ids)
+        self._downloads = Downloads()
+        self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
         # Device buffers the decode graphs read and write at fixed addresses. The tables have spare
         # entries (block 0) past a slot's last: a verification step's padding queries read there.
@@ -683,7 +683,10 @@ class DecodeLoopBackend(QueuedBackend):
         return pool
 
     def _put(self, values) -> torch.Tensor:
-        return self._uploads.put(values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long))
+        cpu = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+        if self._cuda:
+            return cpu.pin_memory().to(self._device, non_blocking=True)
+        return cpu
 
     def _upload(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Host int64 tensors to the device in one copy, each starting 16 bytes apart: Triton

@@ -29,7 +29,6 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..base import SamplingParams
-from .host_copies import Uploads
 
 _MASK32 = 0xFFFFFFFF
 # Multipliers below 2**31, so that a 32-bit value times one fits an int64 without overflow.
@@ -81,9 +80,7 @@ class Rows:
 class SamplerState(Rows):
     """``Rows`` for every slot, allocated once on the device; ``eos`` marks the engine's EOS ids."""
 
-    def __init__(self, slots: int, vocab: int, uploads: Uploads, eos_ids: Sequence[int]) -> None:
-        device = uploads.device  # admissions' parameters reach it through ``uploads`` (the decode loop's)
-
+    def __init__(self, slots: int, vocab: int, device: torch.device, eos_ids: Sequence[int]) -> None:
         def vec(dtype: torch.dtype, fill: float | int | bool = 0) -> torch.Tensor:
             return torch.full((slots,), fill, dtype=dtype, device=device)
 
@@ -107,7 +104,6 @@ class SamplerState(Rows):
             banned_now=table(torch.bool),
         )
         self.device = device
-        self._uploads = uploads
         self.vocab = vocab
         self.eos = torch.zeros(vocab, dtype=torch.bool, device=device)
         if eos_ids:
@@ -194,7 +190,9 @@ class SamplerState(Rows):
         return self._put(torch.frombuffer(ids, dtype=torch.long) + torch.frombuffer(offsets, dtype=torch.long))
 
     def _put(self, cpu: torch.Tensor) -> torch.Tensor:
-        return self._uploads.put(cpu)  # asynchronous on a GPU: never waits for it
+        if self.device.type == "cuda":  # pinned: an asynchronous copy that never waits for the GPU
+            return cpu.pin_memory().to(self.device, non_blocking=True)
+        return cpu.to(self.device)
 
 
 def process(logits: torch.Tensor, rows: Rows, generated: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
