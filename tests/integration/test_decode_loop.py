@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 import torch
 from cliserver import serve
+from sinks import RecordingSink
 from test_torch_engine import (
     assert_greedy,
     one_torch_thread,  # noqa: F401 - the same module-wide thread limit
@@ -138,45 +139,12 @@ async def test_greedy_equals_generate_with_prompt_chunks_mixed_into_decode_steps
         assert counters["largest_step"] <= budget + 2
 
 
-class OrderedSink:
-    """An OutputSink that keeps every call in order: ("put", outputs) or ("deltas", plain deltas)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list]] = []
-        self.ended: set[str] = set()
-
-    def put(self, outputs: list) -> None:
-        self.calls.append(("put", list(outputs)))
-        self.ended |= {out.request_id for out in outputs if out.finished}
-
-    def put_deltas(self, deltas: list) -> None:
-        self.calls.append(("deltas", list(deltas)))
-
-    def consumer(self, request_id: str) -> None:
-        return None
-
-    def backlogged(self, consumer: object) -> bool:
-        return False
-
-    async def taken(self) -> None:
-        return None
-
-    def stream(self, rid: str) -> list[tuple[str, object]]:
-        """The request's outputs in the order the sink took them, each with the call that carried it."""
-        return [
-            (kind, out)
-            for kind, outs in self.calls
-            for out in outs
-            if (out[0] if kind == "deltas" else out.request_id) == rid
-        ]
-
-
 async def test_behind_a_sink_a_streams_middle_is_plain_deltas_in_order(small_steps):
     """Behind the engine link (a sink), every output but a stream's first (its queue time) and last (its end) is a
     plain delta, a ``TokenDelta`` tuple; each run of them in one put_deltas, in order with the outputs around
     them; the tokens are those of the same requests through ``submit``. A closed request's deltas are dropped."""
     path, engine = small_steps
-    sink = OrderedSink()
+    sink = RecordingSink()
     engine.attach(sink)
     lengths = [24, 3, 17, 9]
     requests = [
@@ -185,8 +153,7 @@ async def test_behind_a_sink_a_streams_middle_is_plain_deltas_in_order(small_ste
     ]
     for r in requests:
         engine.submit_to_sink(r)
-    while len(sink.ended) < len(requests):
-        await asyncio.sleep(0.01)
+    await sink.wait(*(r.request_id for r in requests))
     assert engine.stats().active_requests == 0
     for r, n in zip(requests, lengths):
         stream = sink.stream(r.request_id)
