@@ -19,6 +19,13 @@ gpu       — the ~1.1B Llama-shaped bf16 model of gpu_decode.py (random weights
 
     python benchmarks/frontends.py gpu --counts 1,4 -c 64,256 --json frontends_gpu.json
 
+loop      — gpu mode's ``engine_process`` alone: the decode loop in an engine process of its own, ``--rounds`` runs of
+            one engine per stream count, each with the loop's counters (steps; seconds waiting for the device,
+            planning, launching, emitting) and the process's CPU seconds. ``--profile-dir``: py-spy's stacks of
+            the engine's process over the rounds (every thread, idle samples too).
+
+    python benchmarks/frontends.py loop -c 256 --rounds 5 --profile-dir loop-profile --json frontends_loop.json
+
 cost      — a fixed, paced load (the synthetic engine at ``--rate`` tokens/s per stream, ``-c`` streams, far under
             what the host can serve): CPU seconds per 1,000 served tokens in the engine's process and in each front
             end, per N. A per-token cost, so it means something on a 2-core box where throughput scaling does not.
@@ -48,11 +55,12 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -378,9 +386,12 @@ async def _engine_protocol(
     return _median_run(figures)
 
 
-def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], out_tokens: int, results) -> None:
+def _bare_front_ends(
+    address: str, batches: list[list[tuple[str, list[int]]]], out_tokens: list[int], results, go
+) -> None:
     """Front ends that only submit and acknowledge, over engine_link's protocol (a socket each, as RemoteEngine):
-    every request at once, then the outputs until every request has ended; tokens/s and TTFT p50 into ``results``."""
+    one round per ``out_tokens`` entry, each when ``go`` says so: every request at once, then the outputs until every
+    request has ended; each round's tokens/s and TTFT p50 into ``results``."""
     import pickle
     import selectors
     import socket
@@ -410,46 +421,71 @@ def _bare_front_ends(address: str, batches: list[list[tuple[str, list[int]]]], o
     for sock in socks:
         while not any(m[0] == "state" and m[1].phase == "ready" for m in receive(sock)):
             pass
-    sampling = SamplingParams(max_new_tokens=out_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
-    for sock, batch in zip(socks, batches, strict=True):
-        for rid, ids in batch:
-            send(sock, ("submit", GenerationRequest(rid, ids, sampling)))
     selector = selectors.DefaultSelector()
     for sock in socks:
         selector.register(sock, selectors.EVENT_READ)
-    first: dict[str, float] = {}
-    tokens, left = 0, sum(len(b) for b in batches)
-    while left:
-        for key, _ in selector.select():
-            taken = 0
-            for message in receive(key.fileobj):  # type: ignore[arg-type]
-                if message[0] != "outs" or not message[1]:
-                    continue
-                taken += 1
-                now = time.perf_counter()
-                for t in message[1]:  # engine_link's wire: (id, tokens, log-probs[, ...finished, reason, error...])
-                    if t[1]:
-                        first.setdefault(t[0], now)
-                        tokens += len(t[1])
-                    if len(t) > 5 and t[5]:
-                        if t[7]:
-                            raise RuntimeError(t[7])
-                        left -= 1
-            if taken:
-                send(key.fileobj, ("ack", taken))  # type: ignore[arg-type]
-    seconds = time.perf_counter() - t0
-    ttft = pct([t - t0 for t in first.values()], 50)
-    results.put({"tok_s": tokens / seconds, "ttft_p50_ms": 1e3 * ttft if ttft is not None else None})
+    for r, tokens_each in enumerate(out_tokens):
+        go.get()
+        sampling = SamplingParams(max_new_tokens=tokens_each, ignore_eos=True)
+        t0 = time.perf_counter()
+        for sock, batch in zip(socks, batches, strict=True):
+            for rid, ids in batch:
+                send(sock, ("submit", GenerationRequest(f"{r}-{rid}", ids, sampling)))
+        first: dict[str, float] = {}
+        tokens, left = 0, sum(len(b) for b in batches)
+        while left:
+            for key, _ in selector.select():
+                taken = 0
+                for message in receive(key.fileobj):  # type: ignore[arg-type]
+                    if message[0] != "outs" or not message[1]:
+                        continue
+                    taken += 1
+                    now = time.perf_counter()
+                    for t in message[1]:  # engine_link's wire: (id, tokens, log-probs[, ...finished, reason, error...])
+                        if t[1]:
+                            first.setdefault(t[0], now)
+                            tokens += len(t[1])
+                        if len(t) > 5 and t[5]:
+                            if t[7]:
+                                raise RuntimeError(t[7])
+                            left -= 1
+                if taken:
+                    send(key.fileobj, ("ack", taken))  # type: ignore[arg-type]
+        seconds = time.perf_counter() - t0
+        ttft = pct([t - t0 for t in first.values()], 50)
+        results.put({"tok_s": tokens / seconds, "ttft_p50_ms": 1e3 * ttft if ttft is not None else None})
     for sock in socks:
         sock.close()
 
 
+# The decode loop's counters (decode_loop.py) that say where a round's time went: steps, and host seconds.
+LOOP_COUNTERS = (
+    "prefill_steps",
+    "mixed_steps",
+    "decode_steps",
+    "decode_rows",
+    "wait_s",
+    "plan_s",
+    "launch_s",
+    "emit_s",
+)
+
+
 async def _engine_process(
-    model_dir: Path, streams: int, prompt: int, out_tokens: int, vocab: int, batch_size: int, fronts: int = 4
+    model_dir: Path,
+    streams: int,
+    prompt: int,
+    out_tokens: int,
+    vocab: int,
+    batch_size: int,
+    rounds: int = 1,
+    fronts: int = 4,
+    profile: Path | None = None,
 ) -> dict:
     """The decode loop in an engine process of its own (frontends.py's EngineServer, no HTTP here): tokens/s and
-    TTFT p50 with ``fronts`` bare front ends in another process."""
+    TTFT p50 with ``fronts`` bare front ends in another process, the median of ``rounds`` runs of one engine (after
+    a warm-up round), each with its decode-loop counters and this process's CPU seconds. With ``profile``: py-spy's
+    collapsed stacks of this process over the rounds (every thread, idle samples too; ``pip install py-spy``)."""
     import multiprocessing
 
     from gpu_torch import prompts
@@ -463,48 +499,94 @@ async def _engine_process(
     await server.start()
     server.ready(engine, None)
     spawn = multiprocessing.get_context("spawn")  # this process holds CUDA
-    results = spawn.Queue()
+    results, go = spawn.Queue(), spawn.Queue()
+    batches = [[(str(i), ids) for i, ids in enumerate(batch) if i % fronts == f] for f in range(fronts)]
+    proc = spawn.Process(
+        target=_bare_front_ends, args=(server.address, batches, [8] + [out_tokens] * rounds, results, go)
+    )
+    proc.start()
+    counters = engine._backend.counters
+    runs, spy = [], None
     try:
-        for label, tokens in (("w", 8), ("r", out_tokens)):
-            batches = [[(f"{label}{i}", ids) for i, ids in enumerate(batch) if i % fronts == f] for f in range(fronts)]
-            proc = spawn.Process(target=_bare_front_ends, args=(server.address, batches, tokens, results))
-            proc.start()
+        for r in range(rounds + 1):  # the first: the warm-up
+            if r == 1 and profile is not None:
+                spy = _spy(os.getpid(), profile)
+            before, cpu = dict(counters), time.process_time()
+            go.put(r)
             while proc.is_alive() and results.empty():
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             result = await asyncio.to_thread(results.get, True, 60)
-            proc.join()
+            if r:
+                result["cpu_s"] = round(time.process_time() - cpu, 3)
+                result["loop"] = {k: round(counters[k] - before[k], 4) for k in LOOP_COUNTERS}
+                runs.append(result)
+        proc.join()
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled when interrupted
+            spy.wait()
         await server.close()
         await engine.close()
-    return result
+    return _median_run(runs) | {"rounds": runs}
+
+
+def _spy(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy sampling process ``pid`` (every thread, idle samples too, without pausing it) until interrupted."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--nonblocking"]
+    command += ["--threads", "--idle", "--output", str(out / "engine-process.txt")]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL)
 
 
 APIS = ("openai", "lmi", "tgi")
 
 
-def gpu(args: argparse.Namespace) -> dict:
+def _gpu_model() -> tuple[Path, int, Callable[[int], float]]:
+    """gpu_decode.py's ~1.1B model (16 layers, bf16, the test tokenizer's vocabulary) in a new folder: the folder, the
+    vocabulary's size, and the decode bound at n streams of 128 + 128 tokens."""
     import torch
     from gpu_decode import decode_bound, kv_bytes_per_position
     from gpu_torch import build_model, copy_bandwidth
     from tinymodels import build_tokenizer
 
     model_dir = Path(tempfile.mkdtemp(prefix="frontends-model-"))
-    tokenizer = build_tokenizer(model_dir)
-    vocab = len(tokenizer)
+    vocab = len(build_tokenizer(model_dir))
     weights = build_model(model_dir, layers=16, dtype=torch.bfloat16, vocab_size=vocab)
     bandwidth = copy_bandwidth()
+    return model_dir, vocab, lambda n: decode_bound(n, bandwidth, weights, kv_bytes_per_position(16), 128, 128)
+
+
+def loop(args: argparse.Namespace) -> dict:
+    """The decode loop in an engine process of its own alone (gpu mode's ``engine_process``), ``--rounds`` runs per
+    stream count with the loop's counters per run; ``--profile-dir``: py-spy's stacks of the engine's process."""
+    model_dir, vocab, bound = _gpu_model()
+    top = max(args.concurrency)
+    own = {}
+    for c in args.concurrency:
+        profile = args.profile_dir / f"c{c}" if args.profile_dir else None
+        own[c] = asyncio.run(_engine_process(model_dir, c, 128, 128, vocab, top, args.rounds, profile=profile))
+        own[c]["bound_tok_s"], own[c]["of_bound"] = bound(c), own[c]["tok_s"] / bound(c)
+        print(f"{c} streams: {own[c]['tok_s']:,.0f} tok/s = {own[c]['of_bound']:.1%} of the decode bound", flush=True)
+        for run in own[c]["rounds"]:
+            print(f"  {run['tok_s']:,.0f} tok/s ({run['tok_s'] / bound(c):.1%}), cpu {run['cpu_s']} s, {run['loop']}")
+    return {"mode": "loop", "cpus": os.cpu_count(), "engine_process": own}
+
+
+def gpu(args: argparse.Namespace) -> dict:
+    import torch
+
+    model_dir, vocab, bound = _gpu_model()
     rows = []
     top = max(args.concurrency)
     engine = {
         c: asyncio.run(_engine_protocol(model_dir, c, 128, 128, vocab, top, args.rounds)) for c in args.concurrency
     }
-    own = {c: asyncio.run(_engine_process(model_dir, c, 128, 128, vocab, top)) for c in args.concurrency}
+    own = {c: asyncio.run(_engine_process(model_dir, c, 128, 128, vocab, top, args.rounds)) for c in args.concurrency}
     for c in args.concurrency:
-        bound = decode_bound(c, bandwidth, weights, kv_bytes_per_position(16), 128, 128)
         for figure in (engine[c], own[c]):
-            figure["bound_tok_s"], figure["of_bound"] = bound, figure["tok_s"] / bound
+            figure["bound_tok_s"], figure["of_bound"] = bound(c), figure["tok_s"] / bound(c)
         print(
-            f"{c} streams: decode bound {bound:,.0f} tok/s; engine protocol {engine[c]['tok_s']:,.0f} "
+            f"{c} streams: decode bound {bound(c):,.0f} tok/s; engine protocol {engine[c]['tok_s']:,.0f} "
             f"({engine[c]['of_bound']:.0%}), in an engine process of its own {own[c]['tok_s']:,.0f} "
             f"({own[c]['of_bound']:.0%}), TTFT p50 {own[c]['ttft_p50_ms']} ms",
             flush=True,
@@ -573,7 +655,7 @@ def gpu(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=("synthetic", "gpu", "cost"))
+    ap.add_argument("mode", choices=("synthetic", "gpu", "loop", "cost"))
     ap.add_argument("--counts", default="1,2,4,8", help="front-end counts (option.api_server_count)")
     ap.add_argument("-c", "--concurrency", default="256", help="streams, comma-separated")
     ap.add_argument("--api", default="openai", choices=("openai", "lmi", "tgi"), help="synthetic: the streams' API")
@@ -595,19 +677,21 @@ def main() -> None:
         "--rounds",
         type=int,
         default=1,
-        help="synthetic, gpu: runs per level (gpu: per API, interleaved; the engine protocol's too); the median counts",
+        help="synthetic, gpu, loop: runs per level (gpu: per API, interleaved; the engine protocol's and the engine "
+        "process's too); the median counts",
     )
     ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--profile-dir",
         type=Path,
         default=None,
-        help="synthetic: py-spy's collapsed stacks of the engine's process and front end 0 at the largest N",
+        help="synthetic: py-spy's collapsed stacks of the engine's process and front end 0 at the largest N; loop: of "
+        "the engine's process over its rounds, every thread, idle samples too",
     )
     args = ap.parse_args()
     args.counts = [int(x) for x in args.counts.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
-    doc = {"synthetic": synthetic, "gpu": gpu, "cost": cost}[args.mode](args)
+    doc = {"synthetic": synthetic, "gpu": gpu, "loop": loop, "cost": cost}[args.mode](args)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -40,14 +40,13 @@ import cProfile
 import functools
 import io
 import json
-import os
 import pstats
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from interleaved import interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tiny models (this checkout's)
@@ -295,26 +294,15 @@ def compare(trees: list[str], speculative: list[str], concurrency: str, rounds: 
     names = [
         " ".join(filter(None, (tree, f"speculative={spec}" if len(speculative) > 1 else ""))) for tree, spec in variants
     ]
-    runs: dict[str, list[list[dict]]] = {name: [] for name in names}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            for name, (tree, spec) in zip(names, variants):
-                out = Path(tmp) / f"{r}-{len(runs[name])}-{names.index(name)}.json"
-                env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))}
-                command = [
-                    sys.executable,
-                    __file__,
-                    "-c",
-                    concurrency,
-                    "--json",
-                    str(out),
-                    "--speculative",
-                    spec,
-                    *extra,
-                ]
-                subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-                runs[name].append(json.loads(out.read_text()))
-                print(f"round {r + 1}/{rounds}: {name} done", file=sys.stderr, flush=True)
+    commands = {
+        name: (tree, ["-c", concurrency, "--speculative", spec, *extra]) for name, (tree, spec) in zip(names, variants)
+    }
+    outputs = interleaved(__file__, commands, rounds)
+    # Each run prints one JSON line per level of concurrency, last.
+    levels = len(concurrency.split(","))
+    runs = {
+        name: [[json.loads(line) for line in out.splitlines()[-levels:]] for out in outputs[name]] for name in names
+    }
     for i, n in enumerate(concurrency.split(",")):
         figures = {name: [flat(run[i]) for run in runs[name]] for name in names}
         print(f"\n{n} streams, median of {rounds} interleaved rounds")

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from interleaved import interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the synthetic app and the tiny tokenizer (this checkout's)
@@ -91,20 +91,10 @@ async def measure(api: str, requests: int, tokens: int) -> dict[str, float]:
 
 def compare(trees: list[str], apis: list[str], rounds: int, extra: list[str]) -> None:
     """This script once per round, tree and API, interleaved, each tree's ``lmi_trt`` first on the path; medians."""
-    runs: dict[tuple[str, str], list[dict]] = {(tree, api): [] for api in apis for tree in trees}
-    for r in range(rounds):
-        for api in apis:
-            for tree in trees:
-                env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))}
-                out = subprocess.run(
-                    [sys.executable, __file__, "--api", api, "--print-json", *extra],
-                    env=env,
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                runs[tree, api].append(json.loads(out.splitlines()[-1]))
-                print(f"round {r + 1}/{rounds}: {api} {tree} done", file=sys.stderr, flush=True)
+    pairs = [(api, tree) for api in apis for tree in trees]
+    variants = {f"{api} {tree}": (tree, ["--api", api, "--print-json", *extra]) for api, tree in pairs}
+    outputs = interleaved(__file__, variants, rounds)  # each run's figures: its last line
+    runs = {(tree, api): [json.loads(out.splitlines()[-1]) for out in outputs[f"{api} {tree}"]] for api, tree in pairs}
     print(f"median of {rounds} interleaved rounds")
     print("| API | figure | " + " | ".join(trees) + " |")
     print("| --- | --- |" + " ---: |" * len(trees))

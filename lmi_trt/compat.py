@@ -17,6 +17,22 @@ from packaging.version import Version
 _DTYPE_KEYWORD = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
 
 
+# transformers 5.24 renamed the forward pass's ``past_key_values`` (the argument and the output's field) to
+# ``cache`` and warns at the old name (transformers/utils/generic.py: "`past_key_values`/`cache_params` are
+# deprecated. Use `cache` instead."); 5.23 and earlier (every release image's) know only the old name.
+_CACHE_NAME = "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+
+
+def cache_kwargs(cache: Any) -> dict[str, Any]:
+    """The forward pass's keyword for the KV cache to continue from, spelled as this transformers expects."""
+    return {_CACHE_NAME: cache}
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward pass returned (its output's field, named as this transformers names it)."""
+    return getattr(out, _CACHE_NAME)
+
+
 def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keyword for the weights' dtype, spelled as this transformers expects."""
     return {_DTYPE_KEYWORD: dtype}

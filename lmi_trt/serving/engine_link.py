@@ -205,6 +205,7 @@ class _Connection(asyncio.Protocol):
         self._on_drained = on_drained
         self._frames = Frames()
         self.transport: asyncio.Transport | None = None
+        self.name: str | None = None  # on the engine's side: the front end's, from its hello
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a Unix stream socket's
@@ -260,7 +261,6 @@ class EngineServer:
         self.engine: Engine | None = None
         self.state = EngineState()
         self._peers: dict[str, _Peer] = {}  # by the front end's name (its hello's)
-        self._names: dict[_Connection, str] = {}
         self._owner: dict[str, str] = {}  # request id → the front end that sent it, until its final output
         self._tasks: dict[str, asyncio.Task[None]] = {}  # a request no BatchedEngine sinks: a task relays it
         self._flushing = False
@@ -306,7 +306,7 @@ class EngineServer:
         slots freed), nobody else's."""
         peer = self._peers.pop(name, None)
         if peer is not None:
-            self._names.pop(peer.connection, None)
+            peer.connection.name = None  # its socket's closing is this death, not another
             peer.connection.close()
         self._room.set()  # what waited for it is no longer waited for (``taken`` looks again)
         gone = [rid for rid, owner in self._owner.items() if owner == name]
@@ -316,7 +316,7 @@ class EngineServer:
             self._cancel(rid)
 
     def _connection_lost(self, connection: _Connection) -> None:
-        name = self._names.pop(connection, None)
+        name, connection.name = connection.name, None
         if name is not None:
             self.frontend_gone(name)
 
@@ -326,8 +326,8 @@ class EngineServer:
                 task.cancel()
         if self._heart is not None:
             await asyncio.gather(self._heart, return_exceptions=True)
-        self._names.clear()  # closing the sockets below is not a front end's death: nothing to cancel
         for peer in self._peers.values():
+            peer.connection.name = None  # closing its socket is not a front end's death: nothing to cancel
             peer.connection.close()
         if self._server is not None:
             self._server.close()
@@ -337,12 +337,12 @@ class EngineServer:
 
     # --- receiving
     def _receive(self, connection: _Connection, payload: bytes) -> None:
-        name = self._names.get(connection)
+        name = connection.name
         try:
             message = pickle.loads(payload)
             kind = message[0]
             if kind == "hello":
-                name = self._names[connection] = message[1]
+                name = connection.name = message[1]
                 self._peers[name] = _Peer(connection)
                 self._send(name, ("state", self.state))
             elif name is None:  # nothing before its hello

@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 import torch
 from cliserver import serve
+from sinks import RecordingSink
 from test_torch_engine import (
     assert_greedy,
     one_torch_thread,  # noqa: F401 - the same module-wide thread limit
@@ -136,6 +137,49 @@ async def test_greedy_equals_generate_with_prompt_chunks_mixed_into_decode_steps
         assert counters["largest_step"] <= budget and counters["prefill_steps"] >= sum(map(len, PROMPTS)) / budget
     else:  # whole prompts; a step exceeds the budget only by the decode tokens of the 2 other slots
         assert counters["largest_step"] <= budget + 2
+
+
+async def test_behind_a_sink_a_streams_middle_is_plain_deltas_in_order(small_steps):
+    """Behind the engine link (a sink), every output but a stream's first (its queue time) and last (its end) is a
+    plain delta, a ``TokenDelta`` tuple; each run of them in one put_deltas, in order with the outputs around
+    them; the tokens are those of the same requests through ``submit``. A closed request's deltas are dropped."""
+    path, engine = small_steps
+    sink = RecordingSink()
+    engine.attach(sink)
+    lengths = [24, 3, 17, 9]
+    requests = [
+        GenerationRequest(f"s{i}", p, SamplingParams(max_new_tokens=n, ignore_eos=True, logprobs=i == 0))
+        for i, (p, n) in enumerate(zip(PROMPTS, lengths))
+    ]
+    for r in requests:
+        engine.submit_to_sink(r)
+    await sink.wait(*(r.request_id for r in requests))
+    assert engine.stats().active_requests == 0
+    for r, n in zip(requests, lengths):
+        stream = sink.stream(r.request_id)
+        first, *middle, last = stream
+        assert first[0] == "put" and first[1].queue_time_s is not None and not first[1].finished
+        assert last[0] == "put" and last[1].finish_reason is FinishReason.LENGTH
+        assert [kind for kind, _ in middle] == ["deltas"] * (n - 2)
+        assert all(len(d) == 3 and len(d[1]) == 1 for _, d in middle)
+        if r.sampling.logprobs:
+            assert all(isinstance(d[2][0], float) for _, d in middle)
+        else:
+            assert all(d[2] is None for _, d in middle)
+        got = first[1].token_ids + [t for _, d in middle for t in d[1]] + last[1].token_ids
+        assert got == tokens(
+            await run(engine, f"again-{r.request_id}", r.prompt_token_ids, max_new_tokens=n, ignore_eos=True)
+        )
+    # A request closed mid-stream: nothing of it reaches the sink after its cancellation.
+    engine.submit_to_sink(GenerationRequest("gone", PROMPTS[0], SamplingParams(max_new_tokens=24, ignore_eos=True)))
+    while not sink.stream("gone"):
+        await asyncio.sleep(0.001)
+    await engine.cancel("gone")
+    await asyncio.sleep(0)  # the sink takes a turn of the loop's outputs together, the cancellation's too
+    stream = sink.stream("gone")
+    await asyncio.sleep(0.2)  # the loop's steps in flight
+    assert sink.stream("gone") == stream and stream[-1][1].finish_reason is FinishReason.CANCELLED
+    assert engine.stats().active_requests == 0
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

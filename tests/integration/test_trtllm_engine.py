@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+from sinks import RecordingSink
 from tinymodels import tiny_model
 from trtllm_testing import FAKES, fake_tensorrt_llm, make_engine_dir
 
@@ -484,36 +485,6 @@ def test_selftest_on_a_host_without_a_gpu_or_tensorrt_llm_says_what_it_needs_in_
     assert "lmi-trt:trtllm lmi-trt selftest" in out and "Quick start" in out, out
 
 
-class RecordingSink:
-    """An ``OutputSink`` that takes everything at once (as serving/engine_link's does once acknowledged) and keeps
-    each ``put`` call, to see how the engine hands its outputs over."""
-
-    def __init__(self) -> None:
-        self.calls: list[list] = []
-        self.ended: dict[str, asyncio.Event] = {}
-
-    def put(self, outputs: list) -> None:
-        self.calls.append(list(outputs))
-        for out in outputs:
-            if out.finished:
-                self.ended.setdefault(out.request_id, asyncio.Event()).set()
-
-    def consumer(self, request_id: str) -> None:
-        return None
-
-    def backlogged(self, consumer: object) -> bool:
-        return False
-
-    async def taken(self) -> None:
-        return None
-
-    def outputs_of(self, rid: str) -> list:
-        return [out for call in self.calls for out in call if out.request_id == rid]
-
-    async def wait(self, *rids: str) -> None:
-        await asyncio.wait_for(asyncio.gather(*(self.ended.setdefault(r, asyncio.Event()).wait() for r in rids)), 60)
-
-
 async def test_behind_a_sink_a_batch_of_responses_is_one_put_and_no_task_per_request(engine_dir, reference):
     from lmi_trt.engines.base import BatchedEngine
 
@@ -540,7 +511,7 @@ async def test_behind_a_sink_a_batch_of_responses_is_one_put_and_no_task_per_req
         assert sink.outputs_of("beams")[-1].beams  # a beam search, through the same path
         assert sink.outputs_of("bad")[-1].error is not None and sink.outputs_of("bad")[-1].error_code == 400
         # One await_responses batch is one put: the concurrent streams' steps share calls.
-        assert any(len({out.request_id for out in call}) > 1 for call in sink.calls)
+        assert any(len({out.request_id for out in call}) > 1 for _, call in sink.calls)
         assert engine.stats().active_requests == 0
     finally:
         await engine.close()

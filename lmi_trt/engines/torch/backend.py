@@ -19,7 +19,7 @@ import torch
 
 from ...speculative import Speculation
 from ..adapters import LoraAdapter
-from ..base import EngineOutput, FinishReason, GenerationRequest, OutputChannel, SamplingParams
+from ..base import EngineOutput, FinishReason, GenerationRequest, OutputChannel, SamplingParams, TokenDelta
 from ..guided import Guide
 
 CLOSE_TIMEOUT_S = 30.0
@@ -144,7 +144,10 @@ class Host(Protocol):
         on_finished: Callable[[Slot, FinishReason], None],
     ) -> list[int]: ...
 
-    def deliver(self, items: list[tuple[Slot, EngineOutput]]) -> None: ...
+    def deliver(self, items: list[tuple[Slot, EngineOutput | TokenDelta]]) -> None:
+        """Hand outputs to the event loop, in order; a ``TokenDelta`` (a plain delta, ``engines/base.py``) only for a
+        ``sunk`` slot's output that is neither its first nor its last."""
+        ...
 
     def fail(self, slot: Slot, message: str, code: int, field: str | None = None) -> None: ...
 

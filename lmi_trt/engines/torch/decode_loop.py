@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..adapters import LoraAdapter
-from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, error_output
+from ..base import MAX_TOP_LOGPROBS, Beam, EngineError, EngineOutput, FinishReason, TokenDelta, error_output
 from ..guided import allowed_tokens
 from ..lora_sizes import buffer_bytes
 from . import decode_kernels
@@ -101,6 +101,7 @@ from .backend import (
 )
 from .beams import BeamSearch
 from .gpu_sampler import Mode, SamplerState, row_mode, sample, top_logprobs
+from .host_copies import Downloads
 from .kv_blocks import BlockPool
 from .llama_decoder import LAYOUT, Batch, LlamaDecoder, batch_layout, unsupported_reason
 from .speculation import DEFAULT_MAX_CONCURRENCY, Drafting, NgramIndex, position_rows, verify
@@ -364,6 +365,7 @@ class DecodeLoopBackend(QueuedBackend):
         self._lora_users = [0] * lora_slots
         self._lora_taken = [0] * lora_slots
         # One slot more than requests: the slot a verification step's padding rows point at.
+        self._downloads = Downloads()
         self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
         # Device buffers the decode graphs read and write at fixed addresses. The tables have spare
@@ -444,7 +446,7 @@ class DecodeLoopBackend(QueuedBackend):
         # repeated indices writes any of them).
         self._table_writes: dict[tuple[int, int], int] = {}
         self._inflight: list[_Launch] = []
-        self._outbox: list[tuple[Slot, EngineOutput]] = []  # emitted, not yet handed to the event loop
+        self._outbox: list[tuple[Slot, EngineOutput | TokenDelta]] = []  # emitted, not yet handed to the event loop
         log.info(
             "built-in decode loop: KV cache of %d blocks of %d tokens = %d tokens (%.2f GiB, %s), "
             "%d sequences of the full %d positions; up to %d requests at once, %d tokens per step, "
@@ -700,7 +702,7 @@ class DecodeLoopBackend(QueuedBackend):
     def _to_host(self, out: torch.Tensor, rows: list[_Row | None]) -> _Launch:
         if not self._cuda:
             return _Launch(rows, out.clone())
-        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host = self._downloads.take(out.shape, out.dtype)
         host.copy_(out, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -1573,8 +1575,10 @@ class DecodeLoopBackend(QueuedBackend):
 
     def _emit(self, launch: _Launch) -> None:
         tokens, logprobs, status, *more = launch.host.tolist()
+        if launch.event is not None:  # read: its pinned buffer takes the next step's tokens
+            self._downloads.give(launch.host)
         emitted, top = (more[0], more[1:]) if launch.proposed is not None else (None, more)
-        items: list[tuple[Slot, EngineOutput]] = []
+        items: list[tuple[Slot, EngineOutput | TokenDelta]] = []
         width = launch.width
         for column, row in enumerate(launch.rows):  # every row of every step passes here: locals, no properties
             if row is None:
@@ -1601,16 +1605,22 @@ class DecodeLoopBackend(QueuedBackend):
                 new, lps, alternatives, reason, failure = self._take(row, tokens, logprobs, status, top, first, count)
             if new:
                 slot.finished = reason is not None
-                output = EngineOutput(
-                    request.request_id,
-                    new,
-                    lps if row.logprobs else None,
-                    alternatives,
-                    finished=slot.finished,
-                    finish_reason=reason,
-                    queue_time_s=slot.take_queue_time(),
-                )
-                items.append((slot, output))
+                queue_time = slot.take_queue_time()
+                if slot.sunk and reason is None and queue_time is None and alternatives is None:
+                    # A plain delta for the engine's sink (nearly every output behind the engine link): its tuple,
+                    # no EngineOutput to build here and take apart again on the event loop (engines/base.py).
+                    items.append((slot, (request.request_id, new, lps if row.logprobs else None)))
+                else:
+                    output = EngineOutput(
+                        request.request_id,
+                        new,
+                        lps if row.logprobs else None,
+                        alternatives,
+                        finished=slot.finished,
+                        finish_reason=reason,
+                        queue_time_s=queue_time,
+                    )
+                    items.append((slot, output))
             if failure is not None:
                 slot.finished = True
                 row.broken = row.broken or failure == _NAN_LOGITS  # NaN/inf: its cache may hold them too

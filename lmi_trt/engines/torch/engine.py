@@ -64,6 +64,7 @@ from ..base import (
     OutputChannel,
     OutputSink,
     SamplingParams,
+    TokenDelta,
     can,
     cannot,
     error_output,
@@ -311,11 +312,11 @@ class TorchEngine:
         self._backend: Backend | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sink: OutputSink | None = None
-        self._sunk: list[EngineOutput] = []  # the sink's outputs of this turn of the loop
+        self._sunk: list[EngineOutput | TokenDelta] = []  # the sink's outputs of this turn of the loop
         # Outputs the engine thread handed over that the event loop has not pushed yet; while a
         # push is scheduled, more outputs join it rather than scheduling another (a wake-up of the
         # loop through its self-pipe costs a syscall and a GIL hand-over per call).
-        self._handed: list[tuple[Slot, EngineOutput]] = []
+        self._handed: list[tuple[Slot, EngineOutput | TokenDelta]] = []
         self._handed_lock = threading.Lock()
         self._push_scheduled = False
         self._vocab_size = 0
@@ -435,7 +436,10 @@ class TorchEngine:
 
     def _put_sunk(self) -> None:
         outs, self._sunk = self._sunk, []
-        self._sink.put(outs)  # type: ignore[union-attr]
+        sink = self._sink
+        # In order: each run of plain deltas in one put_deltas, each run of outputs in one put.
+        for plain, run in itertools.groupby(outs, key=lambda out: out.__class__ is tuple):
+            (sink.put_deltas if plain else sink.put)(list(run))  # type: ignore[union-attr]
 
     def _check_request(self, request: GenerationRequest) -> None:
         self._check_ready()
@@ -788,18 +792,27 @@ class TorchEngine:
             slot.closed = True
             slot.cancelled = slot.cancelled or out.finish_reason == FinishReason.CANCELLED
             self._forget(slot)
-        if slot.sunk:  # to the sink, with the other outputs of this turn of the loop (one engine step)
-            self._sunk.append(out)
-            if len(self._sunk) == 1:
-                self._loop.call_soon(self._put_sunk)  # type: ignore[union-attr]
+        if slot.sunk:
+            self._to_sink(out)
         else:
             slot.queue.put_nowait(out)
+
+    def _to_sink(self, out: EngineOutput | TokenDelta) -> None:
+        """To the sink, with the other outputs of this turn of the loop (one engine step)."""
+        self._sunk.append(out)
+        if len(self._sunk) == 1:
+            self._loop.call_soon(self._put_sunk)  # type: ignore[union-attr]
 
     def _push_handed(self) -> None:
         with self._handed_lock:
             items, self._handed, self._push_scheduled = self._handed, [], False
         for slot, out in items:
-            self._push(slot, out)
+            if out.__class__ is tuple:  # a sunk slot's plain delta (TokenDelta): what _push does for one
+                if not slot.closed:
+                    self._total_tokens += len(out[1])  # type: ignore[arg-type]
+                    self._to_sink(out)
+            else:
+                self._push(slot, out)  # type: ignore[arg-type]
 
     def _fail_open(self, message: str, code: int) -> None:
         self._push_handed()  # what came before the failure first
@@ -811,7 +824,7 @@ class TorchEngine:
     def slot_by_key(self, key: str) -> Slot | None:
         return self._by_key.get(key)
 
-    def deliver(self, items: list[tuple[Slot, EngineOutput]]) -> None:
+    def deliver(self, items: list[tuple[Slot, EngineOutput | TokenDelta]]) -> None:
         if not items:
             return
         with self._handed_lock:

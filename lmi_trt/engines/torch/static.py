@@ -9,7 +9,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from ...compat import reorder_cache
+from ...compat import cache_kwargs, reorder_cache, returned_cache
 from .backend import Host, QueuedBackend, Slot
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,11 @@ class StaticBackend(QueuedBackend):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **cache_kwargs(cache),
             **kwargs,
         )
-        return out.logits[:, -1, :].float(), out.past_key_values
+        return out.logits[:, -1, :].float(), returned_cache(out)
 
     def _decode(self, slots: list[Slot]) -> None:
         prompts = [s.request.prompt_token_ids for s in slots]

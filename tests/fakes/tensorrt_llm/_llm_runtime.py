@@ -69,6 +69,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from lmi_trt.compat import cache_kwargs, returned_cache  # the cache keyword as this transformers spells it
 from tensorrt_llm import _state
 from tensorrt_llm._grammar import MatcherFactory, tokenizer_info
 from tensorrt_llm._lora import Loras
@@ -461,7 +462,7 @@ class LlmRuntime:
         self._iter_spec[0] += len(drafts)
         self._iter_spec[1] += accepted
         self._iter_spec[2] += 1
-        seq.past = res.past_key_values
+        seq.past = returned_cache(res)
         del seq.features[len(seq.prompt) + len(seq.generated) - 1 :]  # the last token's comes with its forward
         if accepted < len(
             drafts
@@ -479,7 +480,7 @@ class LlmRuntime:
         heads = self._spec is not None and self._spec.head is not None
         with self._adapter(seq, prefill):
             res = self._model(
-                input_ids=_tensor([ids]), past_key_values=seq.past, use_cache=True, output_hidden_states=heads
+                input_ids=_tensor([ids]), use_cache=True, output_hidden_states=heads, **cache_kwargs(seq.past)
             )
         if heads:
             seq.features.extend(self._spec.feature(res.hidden_states))
@@ -489,7 +490,7 @@ class LlmRuntime:
         import torch
 
         res = self._run(seq, ids, prefill)
-        seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+        seq.past, seq.logits = returned_cache(res), res.logits[0, -1].float()
         if seq.prompt_logprobs and seq.context_logprobs is None:
             seq.context_logprobs = torch.log_softmax(res.logits[0].float(), -1)
 

@@ -95,6 +95,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmi_trt.compat import cache_kwargs, returned_cache  # the cache keyword as this transformers spells it
 from tensorrt_llm import _state
 from tensorrt_llm._executor_lora import LoraRuntime
 from tensorrt_llm._grammar import MatcherFactory
@@ -754,9 +755,9 @@ class ExecutorImpl:
         self._lora.use(seq.lora)  # every pass sets the adapter it runs with (None: the base model)
         medusa = self._medusa is not None
         res = self._model(
-            input_ids=torch.tensor([ids]), past_key_values=seq.past, use_cache=True, output_hidden_states=medusa
+            input_ids=torch.tensor([ids]), use_cache=True, output_hidden_states=medusa, **cache_kwargs(seq.past)
         )
-        seq.past, seq.logits = res.past_key_values, res.logits[0, -1].float()
+        seq.past, seq.logits = returned_cache(res), res.logits[0, -1].float()
         if medusa:  # transformers' last hidden state is after the final norm, as the heads read it (model.py)
             seq.hidden = res.hidden_states[-1][0, -1].float()
 
