@@ -4,6 +4,21 @@ serving/engine_link's ``EngineServer`` takes their outputs."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import fields
+
+from lmi_trt.engines.base import EngineOutput
+from lmi_trt.serving.engine_link import _wire
+
+_QUEUE_TIME = [f.name for f in fields(EngineOutput)].index("queue_time_s")
+
+
+def on_the_wire(out: EngineOutput | tuple) -> tuple:
+    """An output as the engine link sends it (``_wire``; a plain delta is its own wire tuple), its queue time only
+    as whether it has one (it is measured, so it differs between runs)."""
+    t = out if isinstance(out, tuple) else _wire(out)
+    if len(t) > _QUEUE_TIME:
+        t = (*t[:_QUEUE_TIME], t[_QUEUE_TIME] is not None, *t[_QUEUE_TIME + 1 :])
+    return t
 
 
 class RecordingSink:
@@ -40,6 +55,10 @@ class RecordingSink:
             for out in outs
             if (out[0] if kind == "deltas" else out.request_id) == rid
         ]
+
+    def wired(self, rid: str) -> list[tuple]:
+        """The request's stream as the engine link would send it (``on_the_wire``)."""
+        return [on_the_wire(out) for _, out in self.stream(rid)]
 
     def outputs_of(self, rid: str) -> list:
         """The request's ``EngineOutput``s (``put``'s), in order."""

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 import torch
 from cliserver import serve
-from sinks import RecordingSink
+from sinks import RecordingSink, on_the_wire
 from test_torch_engine import (
     assert_greedy,
     one_torch_thread,  # noqa: F401 - the same module-wide thread limit
@@ -76,6 +76,10 @@ def qwen3(tmp_path_factory) -> Path:
 
 async def run(engine: TorchEngine, rid: str, prompt: list[int], **sampling) -> list:
     return [o async for o in engine.submit(GenerationRequest(rid, prompt, SamplingParams(**sampling)))]
+
+
+async def collect(outputs) -> list:
+    return [o async for o in outputs]
 
 
 def tokens(outs) -> list[int]:
@@ -170,16 +174,91 @@ async def test_behind_a_sink_a_streams_middle_is_plain_deltas_in_order(small_ste
         assert got == tokens(
             await run(engine, f"again-{r.request_id}", r.prompt_token_ids, max_new_tokens=n, ignore_eos=True)
         )
-    # A request closed mid-stream: nothing of it reaches the sink after its cancellation.
+    # A request closed mid-stream: nothing of it reaches the sink after its cancellation, nor the figures; until
+    # then it ran (its first output, never a plain delta, started it) and its tokens counted.
+    generated = engine.stats().total_generated_tokens
     engine.submit_to_sink(GenerationRequest("gone", PROMPTS[0], SamplingParams(max_new_tokens=24, ignore_eos=True)))
     while not sink.stream("gone"):
         await asyncio.sleep(0.001)
+    slot = engine._slots.get("gone")
+    assert slot is None or slot.started
     await engine.cancel("gone")
     await asyncio.sleep(0)  # the sink takes a turn of the loop's outputs together, the cancellation's too
     stream = sink.stream("gone")
     await asyncio.sleep(0.2)  # the loop's steps in flight
     assert sink.stream("gone") == stream and stream[-1][1].finish_reason is FinishReason.CANCELLED
     assert engine.stats().active_requests == 0
+    got = sum(len(out[1] if kind == "deltas" else out.token_ids) for kind, out in stream)
+    assert engine.stats().total_generated_tokens - generated == got
+
+
+async def same_on_the_wire(engine: TorchEngine, requests: list[GenerationRequest]) -> RecordingSink:
+    """Runs ``requests`` through ``submit``, then through the engine's sink, each way all at once: each stream at
+    the sink, as the engine link sends it, is what ``submit`` streamed (``_wire`` of each output), its first and
+    last outputs whole. Returns the sink."""
+    submitted = await asyncio.gather(*(collect(engine.submit(r)) for r in requests))
+    sink = RecordingSink()
+    engine.attach(sink)
+    for r in requests:
+        engine.submit_to_sink(r)
+    await sink.wait(*(r.request_id for r in requests))
+    for r, outs in zip(requests, submitted):
+        assert sink.wired(r.request_id) == [on_the_wire(o) for o in outs], r.request_id
+        assert sink.stream(r.request_id)[0][0] == sink.stream(r.request_id)[-1][0] == "put"
+    return sink
+
+
+async def test_behind_a_sink_each_stream_is_on_the_wire_what_submit_streams(small_steps):
+    """Every kind of request the loop sinks (all but grammars, prompt log-probs and beams: ``sinks``), all at once,
+    is on the wire what ``submit`` streams (``same_on_the_wire``), in plain deltas where ``_wire`` makes them:
+    log-probs, top log-probs (never plain), stop tokens, EOS, min_new_tokens, bans (the loop waits for each token),
+    logit_bias, seeded sampling, one and two tokens, and a failure mid-stream (every token excluded after one)."""
+    path, engine = small_steps
+    base = tokens(await run(engine, "base", PROMPTS[0], max_new_tokens=24, ignore_eos=True))
+    stop = next(t for i, t in enumerate(base[4:], 4) if t not in base[:i])  # first seen mid-way
+
+    def request(rid: str, n: int = 16, stops=(), bad=(), **sampling) -> GenerationRequest:
+        return GenerationRequest(
+            rid,
+            PROMPTS[0],
+            SamplingParams(max_new_tokens=n, **sampling),
+            stop_token_ids=[list(s) for s in stops],
+            bad_words_ids=[list(b) for b in bad],
+        )
+
+    requests = [
+        request("logprobs", logprobs=True, ignore_eos=True),
+        request("top", logprobs=True, top_logprobs=3, ignore_eos=True),
+        request("one", 1, ignore_eos=True),
+        request("two", 2, logprobs=True, ignore_eos=True),
+        request("stop", 24, stops=[[stop]], logprobs=True, ignore_eos=True),
+        request("bans", bad=[[base[2], base[3]], [base[5]]], ignore_eos=True),
+        request("bias", logit_bias=((base[1], -50.0),), ignore_eos=True),
+        request("seeded", do_sample=True, temperature=0.8, top_k=20, seed=3, logprobs=True, ignore_eos=True),
+        request("excluded", 24, bad=[[stop, t] for t in range(engine._vocab_size)], ignore_eos=True),
+    ]
+    sink = await same_on_the_wire(engine, requests)
+    ends = {r.request_id: sink.outputs_of(r.request_id)[-1] for r in requests}
+    assert ends["stop"].finish_reason is FinishReason.STOP_SEQUENCE and ends["excluded"].error_field == "bad_words"
+    for rid in ("logprobs", "stop", "bans", "bias", "seeded", "excluded"):
+        assert any(kind == "deltas" for kind, _ in sink.stream(rid)), rid
+    assert not any(kind == "deltas" for kind, _ in sink.stream("top"))
+    # EOS, and min_new_tokens holding it back: an engine whose EOS is a token the model reaches mid-way.
+    eos = small_engine(
+        path,
+        max_num_tokens=engine.max_num_tokens,
+        enable_chunked_context=engine.enable_chunked_context,
+        eos_token_ids=[stop],
+    )
+    await eos.start()
+    try:
+        sink = await same_on_the_wire(
+            eos, [request("eos", 24), request("min", 24, min_new_tokens=base.index(stop) + 3)]
+        )
+        assert sink.outputs_of("eos")[-1].finish_reason is FinishReason.EOS
+        assert len(sink.wired("min")) > len(sink.wired("eos"))
+    finally:
+        await eos.close()
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -196,6 +275,17 @@ async def test_a_cache_too_small_for_every_request_preempts_and_resumes(arch, qw
         assert stats["kv_cache_max_blocks"] == 6 and stats["kv_cache_used_blocks"] == 0
         # The pool holds one sequence of the full 44 positions, yet the short ones ran 3 at once.
         assert stats["peak_running_requests"] == 3 and stats["running_requests"] == 0
+        # Behind a sink, the same: a resumed request goes on in plain deltas (its queue time went with its first
+        # output), its stream on the wire what submit streams.
+        requests = [
+            GenerationRequest(f"p{i}", p, SamplingParams(max_new_tokens=n, ignore_eos=True, logprobs=i % 2 == 0))
+            for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
+        ]
+        before = engine.stats()
+        await same_on_the_wire(engine, requests)
+        after = engine.stats()
+        assert after.extra["num_preemptions"] - before.extra["num_preemptions"] > stats["num_preemptions"]
+        assert after.total_generated_tokens - before.total_generated_tokens == 2 * sum(LENGTHS)
     finally:
         await engine.close()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from cliserver import serve
+from sinks import RecordingSink, on_the_wire
 from test_torch_engine import (
     assert_greedy,
     one_torch_thread,  # noqa: F401 - the same module-wide thread limit
@@ -29,7 +30,7 @@ from tinymodels import tiny_model
 from transformers import AutoModelForCausalLM
 
 from lmi_trt.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams
-from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.engines.torch import TorchEngine, decode_loop
 from lmi_trt.engines.torch.decode_loop import DecodeLoopBackend
 from lmi_trt.speculative import Speculation, SpeculationError
 
@@ -195,6 +196,55 @@ async def test_stops_and_max_tokens_inside_accepted_drafts_end_there(llama, shal
     try:
         outs = await run(e, "eos", prompt, max_new_tokens=30)
         assert tokens(outs) == full[: full.index(eos) + 1] and outs[-1].finish_reason == FinishReason.EOS
+    finally:
+        await e.close()
+
+
+async def test_behind_a_sink_verified_tokens_are_on_the_wire_what_submit_streams(llama, monkeypatch):
+    """Through the engine's sink (the engine link's), a verification step's tokens reach it as ``submit`` streams
+    them, ``_wire`` of each output: several tokens in one plain delta, with their log-probs; top log-probs never
+    plain; a stop or max_new_tokens inside accepted drafts; and a step that keeps a token and then fails (NaN
+    logits at its next position) a plain delta then the error. One request at a time: the same steps each way."""
+    prompt = PROMPTS[4]
+    failing = {"at": 0, "calls": 0}
+    original = decode_loop.verify
+
+    def verify(*args, **kwargs):
+        tokens_, logprobs, status, emitted = original(*args, **kwargs)
+        failing["calls"] += 1
+        if failing["calls"] == failing["at"]:  # every position after the first: NaN/inf logits
+            status = status.clone()
+            status[:, 1:] = 1
+        return tokens_, logprobs, status, emitted
+
+    monkeypatch.setattr(decode_loop, "verify", verify)
+    e = engine(llama, drafted(llama, k=4))  # the model as its own draft: every draft accepted
+    await e.start()
+    try:
+        full = tokens(await run(e, "ref", prompt, max_new_tokens=30, ignore_eos=True))
+        requests = [
+            GenerationRequest("lp", prompt, SamplingParams(max_new_tokens=20, logprobs=True, ignore_eos=True)),
+            GenerationRequest("top", prompt, SamplingParams(max_new_tokens=12, top_logprobs=2, ignore_eos=True)),
+            GenerationRequest("n", prompt, SamplingParams(max_new_tokens=13, ignore_eos=True)),
+            GenerationRequest("stop", prompt, SamplingParams(max_new_tokens=30), stop_token_ids=[full[10:12]]),
+            GenerationRequest("nan", prompt, SamplingParams(max_new_tokens=30, logprobs=True, ignore_eos=True)),
+        ]
+        sink = RecordingSink()
+        e.attach(sink)
+        for r in requests:
+            failing["calls"], failing["at"] = 0, 3 if r.request_id == "nan" else 0
+            submitted = [o async for o in e.submit(r)]
+            failing["calls"] = 0
+            e.submit_to_sink(r)
+            await sink.wait(r.request_id)
+            assert sink.wired(r.request_id) == [on_the_wire(o) for o in submitted], r.request_id
+            deltas = [out for kind, out in sink.stream(r.request_id) if kind == "deltas"]
+            if r.request_id != "top":
+                assert any(len(d[1]) > 1 for d in deltas), r.request_id  # a step's accepted tokens in one
+            else:
+                assert not deltas
+        *_, (kept_kind, kept), (_, error) = sink.stream("nan")
+        assert kept_kind == "deltas" and kept[1] and error.error_code == 424  # the step's token, then its failure
     finally:
         await e.close()
 

@@ -1,5 +1,5 @@
-"""How engines hand tokens to consumers: the synthetic engine's steps and clock, and the
-TensorRT-LLM adapter's merging of outputs queued for a consumer that fell behind."""
+"""How engines hand tokens to consumers: the synthetic engine's steps and clock, the TensorRT-LLM adapter's merging
+of outputs queued for a consumer that fell behind, and the torch engine's hand-over to its sink."""
 
 from __future__ import annotations
 
@@ -7,9 +7,20 @@ import asyncio
 import time
 
 import pytest
+from sinks import RecordingSink
+from tinymodels import tiny_model
 
-from lmi_trt.engines.base import EngineOutput, FinishReason, GenerationRequest, SamplingParams
+from lmi_trt.engines.base import (
+    EngineOutput,
+    FinishReason,
+    GenerationRequest,
+    OutputChannel,
+    SamplingParams,
+    error_output,
+)
 from lmi_trt.engines.synthetic import SyntheticEngine
+from lmi_trt.engines.torch import TorchEngine
+from lmi_trt.engines.torch.backend import Slot
 
 
 def _req(rid: str, n: int, prompt: list[int] | None = None, **sampling) -> GenerationRequest:
@@ -159,3 +170,35 @@ async def test_trtllm_consumer_wakes_for_each_push():
     assert waiter.done() and stream.waiter is None and len(stream.pending) == 1
     _push(stream, EngineOutput("r", [2]))  # nobody waiting: queued only
     assert len(stream.pending) == 2
+
+
+async def test_torch_sunk_outputs_reach_the_sink_in_order_each_run_in_one_call():
+    """The torch engine's outputs for its sink (TorchEngine._push_handed, _put_sunk): what one turn of the event loop
+    takes, over several hand-overs from the engine thread, reaches the sink in order, each run of plain deltas in one
+    put_deltas and each run of outputs in one put; nothing of a request after its end; its tokens counted and its
+    first output starting it, as ``_push`` does for outputs."""
+    engine = TorchEngine(tiny_model("llama"))
+    engine._loop = asyncio.get_running_loop()
+    sink = RecordingSink()
+    engine.attach(sink)
+    a, b = (Slot(GenerationRequest(rid, [1]), rid, (), None, OutputChannel(), frozenset(), sunk=True) for rid in "ab")
+    for slot in (a, b):
+        engine._slots[slot.request.request_id] = slot
+    first_a, first_b = EngineOutput("a", [1], queue_time_s=0.5), EngineOutput("b", [1], queue_time_s=0.25)
+    failed = error_output("b", "the model produced NaN/inf logits", 424)
+    last_a = EngineOutput("a", [6], finished=True, finish_reason=FinishReason.LENGTH)
+    engine.deliver([(a, first_a), (b, first_b), (a, ("a", [2], None)), (b, ("b", [3], [-0.5]))])
+    await asyncio.sleep(0)  # the hand-over's push: the sink not called yet (the turn's outputs go together)
+    assert sink.calls == [] and a.started and b.started
+    engine._handed = [(a, ("a", [4], None)), (b, ("b", [5], [-1.0])), (b, failed), (b, ("b", [7], None))]
+    engine._push_handed()  # a second hand-over in the same turn
+    engine._handed = [(a, last_a), (a, ("a", [8], None))]
+    engine._push_handed()
+    await asyncio.sleep(0)
+    assert sink.calls == [
+        ("put", [first_a, first_b]),
+        ("deltas", [("a", [2], None), ("b", [3], [-0.5]), ("a", [4], None), ("b", [5], [-1.0])]),
+        ("put", [failed, last_a]),
+    ]
+    stats = engine.stats()
+    assert stats.total_generated_tokens == 7 and stats.active_requests == stats.queued_requests == 0
