@@ -261,6 +261,72 @@ async def test_behind_a_sink_each_stream_is_on_the_wire_what_submit_streams(smal
         await eos.close()
 
 
+class FakeEvent:
+    """``torch.cuda.Event`` on a CPU: records when it was synchronized."""
+
+    def __init__(self) -> None:
+        self.synchronized = False
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+
+
+async def test_step_downloads_are_reused_only_once_read(small_steps, monkeypatch):
+    """The GPU path's host copies (``_to_host``'s CUDA branch, host_copies.Downloads) run on a CPU, a fake event
+    standing for the copy: a buffer is given back only after the step's event was synchronized and its tokens read
+    (``_drain`` then ``_emit``), never taken again while a step in flight holds it, and reused, not taken anew per
+    step; the streams are those of the CPU path."""
+    from lmi_trt.engines.torch import host_copies
+
+    path, engine = small_steps
+    backend = engine._backend
+    expected = [
+        tokens(await run(engine, f"cpu{i}", p, max_new_tokens=n, ignore_eos=True))
+        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
+    ]
+    held: dict[int, FakeEvent] = {}  # buffers of the steps in flight, by id, with their step's event
+    created: list[int] = []
+    to_host, give = type(backend)._to_host, host_copies.Downloads.give
+
+    def gpu_to_host(self, out, rows):
+        self._cuda = True  # the CUDA branch, for this call only (the engine's thread)
+        try:
+            launch = to_host(self, out, rows)
+        finally:
+            self._cuda = False
+        assert id(launch.host) not in held  # a buffer a step in flight still holds is never taken
+        held[id(launch.host)] = launch.event
+        return launch
+
+    def checked_give(self, host):
+        assert held.pop(id(host)).synchronized  # read after the copy was waited for
+        give(self, host)
+
+    def unpinned(shape, dtype, pin_memory):
+        created.append(1)
+        return torch.empty(shape, dtype=dtype)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(host_copies, "torch", type("Torch", (), {"empty": staticmethod(unpinned)}))
+    monkeypatch.setattr(type(backend), "_to_host", gpu_to_host)
+    monkeypatch.setattr(host_copies.Downloads, "give", checked_give)
+    before = backend.counters["decode_steps"] + backend.counters["prefill_steps"]
+    results = await asyncio.gather(
+        *(
+            run(engine, f"gpu{i}", p, max_new_tokens=n, ignore_eos=True)
+            for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
+        )
+    )
+    assert [tokens(outs) for outs in results] == expected
+    while held:  # a step launched before its rows ended, drained (and its buffer given back) once the loop turns
+        await asyncio.sleep(0.01)
+    steps = backend.counters["decode_steps"] + backend.counters["prefill_steps"] - before
+    assert 0 < len(created) < steps / 4
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 async def test_a_cache_too_small_for_every_request_preempts_and_resumes(arch, qwen3):
     """6 blocks of 8 tokens: one request of 20 + 24 positions fits, three do not; requests that
