@@ -348,8 +348,11 @@ async def test_a_cache_too_small_for_every_request_preempts_and_resumes(arch, qw
             for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
         ]
         before = engine.stats()
-        await same_on_the_wire(engine, requests)
+        sink = await same_on_the_wire(engine, requests)
         after = engine.stats()
+        for r in requests:  # one queue time, on the first output, however often the request was preempted
+            outs = sink.outputs_of(r.request_id)
+            assert [o for o in outs if o.queue_time_s is not None] == outs[:1]
         assert after.extra["num_preemptions"] - before.extra["num_preemptions"] > stats["num_preemptions"]
         assert after.total_generated_tokens - before.total_generated_tokens == 2 * sum(LENGTHS)
     finally:
