@@ -460,6 +460,9 @@ async def test_decode_failure_fails_that_step_and_the_engine_lives_on(small_step
     monkeypatch.setattr(LlamaDecoder, "forward", original)
     again = await run(engine, "after", [1, 5, 6], max_new_tokens=10, ignore_eos=True)
     assert len(tokens(again)) == 10 and engine.healthy
+    # Every token the steps before the failure made reaches the stream before its error: the prompt's step's and
+    # the decode step's still in flight when the next one failed.
+    assert tokens(failed) == tokens(again)[:2]
 
 
 async def test_which_path_runs():

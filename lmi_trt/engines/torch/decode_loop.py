@@ -1148,7 +1148,10 @@ class DecodeLoopBackend(QueuedBackend):
         return [launch] if launch is not None else []
 
     def _fail(self, rows: list[_Row], exc: Exception) -> None:
-        self._flush()  # the tokens before the error first
+        # The tokens before the error first: the step still in flight (it ran; only the next one failed), then
+        # everything emitted.
+        self._drain([])
+        self._flush()
         for row in rows:
             row.broken = True
             if not row.done:
