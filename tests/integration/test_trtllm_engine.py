@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from sinks import RecordingSink
@@ -256,9 +257,21 @@ async def test_another_beam_width_does_not_hold_back_the_others(engine_dir):
         await engine.close()
 
 
-async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(engine_dir):
+async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(engine_dir, monkeypatch):
     """No starvation: once a request of another width waits, at most max_batch_size (4) later requests of
     the running width go ahead of it; the rest wait for its group to finish."""
+    from tensorrt_llm import _runtime
+
+    # The scenario needs "long" running while every later request arrives: the fake steps at a pace (2 ms a
+    # sequence's step, the GIL released) that the arrivals below outrun on a loaded machine too (at full speed
+    # a 40-token "long" could end before them, and then the beam had nothing to wait for).
+    step = _runtime.ExecutorImpl._step
+
+    def paced(self, *args):
+        time.sleep(0.002)
+        return step(self, *args)
+
+    monkeypatch.setattr(_runtime.ExecutorImpl, "_step", paced)
     engine = await started(engine_dir, BEAMS)
     try:
         done: list[str] = []
@@ -268,7 +281,7 @@ async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(e
             assert outs[-1].error is None, outs[-1]
             done.append(rid)
 
-        long = asyncio.create_task(run("long", max_new_tokens=40))
+        long = asyncio.create_task(run("long", max_new_tokens=BUILD["max_seq_len"] - len(PROMPTS[0])))
         while engine.stats().total_generated_tokens == 0:
             await asyncio.sleep(0.01)
         tasks = [asyncio.create_task(run("beam", streaming=False, beam_width=2, max_new_tokens=4))]
@@ -278,6 +291,7 @@ async def test_a_held_beam_width_gets_its_turn_after_a_batch_of_later_arrivals(e
             tasks.append(asyncio.create_task(run(f"later{i}", max_new_tokens=4)))
             while engine.stats().total_requests < 3 + i:
                 await asyncio.sleep(0.01)
+        assert "long" not in done, f"the scenario's premise: every later request arrived while long ran ({done})"
         await asyncio.gather(long, *tasks)
         assert done.index("beam") < done.index("later4") and done.index("beam") < done.index("later5"), done
         assert max(done.index(f"later{i}") for i in range(3)) < done.index("beam"), done  # these went ahead
