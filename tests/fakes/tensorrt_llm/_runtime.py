@@ -783,7 +783,7 @@ class ExecutorImpl:
         for leaf in leaves:
             draft = [proposals[d][rank] for d, rank in enumerate(leaf)]
             res = self._model(
-                input_ids=torch.tensor([[root, *draft]]), past_key_values=copy.deepcopy(seq.past), use_cache=True
+                input_ids=torch.tensor([[root, *draft]]), use_cache=True, **cache_kwargs(copy.deepcopy(seq.past))
             )
             kept = accepted_prefix([int(t) for t in res.logits[0].argmax(-1)], draft)  # [i]: the target after i
             if len(kept) > len(best):
@@ -812,7 +812,7 @@ class ExecutorImpl:
         first = int(torch.argmax(seq.logits))
         accepted, targets = [], [first]
         for draft in lookahead_candidates(seq.prompt + seq.generated, ngram - 1, verification_set):
-            res = self._model(input_ids=torch.tensor([draft]), past_key_values=copy.deepcopy(seq.past), use_cache=True)
+            res = self._model(input_ids=torch.tensor([draft]), use_cache=True, **cache_kwargs(copy.deepcopy(seq.past)))
             greedy = [first, *(int(t) for t in res.logits[0].argmax(-1))]
             kept = accepted_prefix(greedy, draft)
             if len(kept) > len(accepted):
