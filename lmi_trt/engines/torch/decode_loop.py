@@ -364,8 +364,8 @@ class DecodeLoopBackend(QueuedBackend):
         self._lora_held: list[LoraAdapter | None] = [None] * lora_slots
         self._lora_users = [0] * lora_slots
         self._lora_taken = [0] * lora_slots
+        self._downloads = Downloads()  # where each step's tokens come back
         # One slot more than requests: the slot a verification step's padding rows point at.
-        self._downloads = Downloads()
         self._state = SamplerState(self.slots + 1, vocab, self._device, engine.eos_token_ids)
         self._width = -(-self._max_seq // block_size)  # block-table entries per slot
         # Device buffers the decode graphs read and write at fixed addresses. The tables have spare

@@ -2,8 +2,8 @@
 
 Every step's sampled tokens come back with an asynchronous copy, which needs pinned host memory. Taking it per step
 (``torch.empty(..., pin_memory=True)``) goes through torch's pinned-memory cache each time (a lock, events to query,
-a ``cudaHostAlloc`` when no cached block of the size is free). On an H100 a take-copy-give of a step's 3 × 256
-outputs here costs 9 µs of host time against 21 µs that way (benchmarks/gpu_host_copies.py). Uploads stay with
+a ``cudaHostAlloc`` when no cached block of the size is free). On H100 hosts a take-copy-give of a step's 3 × 256
+outputs here cost 5–9 µs of host time against 11–21 µs that way (benchmarks/gpu_host_copies.py). Uploads stay with
 ``Tensor.pin_memory()``: staging them in a buffer pinned once measured slower (32 µs against 23 µs a call, the
 slicing and views it needs being torch calls of their own).
 """
